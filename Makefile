@@ -1,0 +1,36 @@
+# kvrouter: run `make help` for the targets.
+GO       ?= go
+BIN      ?= bin
+FUZZTIME ?= 20s
+
+.DEFAULT_GOAL := help
+
+.PHONY: help
+help: ## List the targets.
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+.PHONY: build
+build: ## Build every command into ./bin.
+	@mkdir -p $(BIN)
+	$(GO) build -o $(BIN)/ ./cmd/...
+
+.PHONY: test
+test: ## Run all tests with the race detector.
+	$(GO) test -race -count=1 ./...
+
+.PHONY: bench
+bench: ## Run the benchmarks (one core, 5 runs each; compare with benchstat).
+	$(GO) test -run '^$$' -bench . -benchmem -count 5 -cpu 1 ./...
+
+.PHONY: fuzz
+fuzz: ## Run every fuzz target for FUZZTIME each.
+	@for pkg in $$($(GO) list ./...); do \
+	  for f in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz'); do \
+	    echo "fuzz $$pkg $$f"; $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; \
+	  done; \
+	done
+
+.PHONY: lint
+lint: ## gofmt and go vet.
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt: $$out"; exit 1; fi
+	$(GO) vet ./...

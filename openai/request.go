@@ -1,0 +1,53 @@
+package openai
+
+import "encoding/json"
+
+// Request is the part of an OpenAI /v1/completions or /v1/chat/completions body that
+// routing needs. Fields the router does not interpret stay in the raw body, which is
+// forwarded unchanged.
+//
+// Messages, Tools and ChatTemplateKwargs are kept as raw JSON so that a chat template
+// sees objects with their keys in request order, as vLLM (Python) does.
+type Request struct {
+	// Model is the served model name (a base model or a LoRA adapter name).
+	Model string
+	// Kind tells which endpoint the body was parsed for.
+	Kind Kind
+
+	// Prompt is set for completions: a string, a list of strings, a list of token ids or a
+	// list of lists of token ids, as raw JSON.
+	Prompt json.RawMessage
+
+	// Messages, Tools and ChatTemplateKwargs are set for chat completions.
+	Messages           json.RawMessage
+	Tools              json.RawMessage
+	ChatTemplateKwargs json.RawMessage
+	// ChatTemplate is a request-supplied template; non-empty means the router cannot
+	// reproduce vLLM's rendering from the model's own template.
+	ChatTemplate string
+	// AddGenerationPrompt defaults to true when absent.
+	AddGenerationPrompt  bool
+	ContinueFinalMessage bool
+	// AddSpecialTokens is vLLM's add_special_tokens: true by default for completions,
+	// false by default for chat.
+	AddSpecialTokens bool
+
+	// Stream and IncludeUsage (stream_options.include_usage) describe the response shape.
+	Stream       bool
+	IncludeUsage bool
+
+	// CacheSalt is vLLM's cache_salt, folded into the first block's hash.
+	CacheSalt string
+}
+
+// Kind is the API a request body belongs to.
+type Kind int
+
+const (
+	// KindUnknown is a body for another path (or none).
+	KindUnknown Kind = iota
+	// KindCompletions is /v1/completions.
+	KindCompletions
+	// KindChat is /v1/chat/completions.
+	KindChat
+)

@@ -1,0 +1,74 @@
+package scoring
+
+import "errors"
+
+// Endpoint is one candidate for a request as a policy sees it: its address and the load
+// the router knows of. Policies never see protobufs, sockets or configuration.
+type Endpoint struct {
+	// Address is the endpoint's HTTP address, "ip:port", exactly as it is named to Envoy.
+	Address string
+	// InFlight counts requests the router has sent to the endpoint and not yet seen finish.
+	InFlight int
+	// Metrics holds the endpoint's last scraped vLLM metrics; Metrics.Valid is false when
+	// they were never scraped or are older than the staleness limit.
+	Metrics Metrics
+}
+
+// Metrics are the load figures vLLM reports on /metrics.
+type Metrics struct {
+	Valid        bool
+	Running      int     // vllm:num_requests_running
+	Waiting      int     // vllm:num_requests_waiting
+	KVCacheUsage float64 // vllm:kv_cache_usage_perc, 0..1
+	NumGPUBlocks int     // vllm:cache_config_info{num_gpu_blocks}
+	BlockSize    int     // vllm:cache_config_info{block_size}
+}
+
+// Request is what a policy knows of one request.
+type Request struct {
+	// ID is unique among the router's in-flight requests; Observers key on it.
+	ID string
+	// Model is the served model name the client asked for (a base model or a LoRA adapter).
+	Model string
+	// BaseModel is the base model behind Model (equal to Model when no adapter is used).
+	BaseModel string
+	// LoRA is the adapter name, empty for the base model.
+	LoRA string
+	// CacheSalt is the request's cache_salt, folded into the first block's key.
+	CacheSalt string
+	// TokenIDs are the prompt's token ids exactly as vLLM computes them; nil when the
+	// router could not tokenize the request (policies then choose by load).
+	TokenIDs []uint32
+}
+
+// Decision is a policy's answer.
+type Decision struct {
+	// Endpoint is the chosen address; it is always one of the candidates.
+	Endpoint string
+	// Fallbacks are further candidates, best first, for the proxy's retries.
+	Fallbacks []string
+	// Scores, when the policy keeps them, maps each candidate's address to its score
+	// (higher is better) for the debug view. May be nil.
+	Scores map[string]float64
+}
+
+// Policy picks one endpoint among candidates. Candidates are never empty, are all
+// eligible (healthy, serving the request's model) and are in a stable order.
+// Implementations must be safe for concurrent use.
+type Policy interface {
+	Name() string
+	Pick(req *Request, candidates []Endpoint) (Decision, error)
+}
+
+// Observer is implemented by policies that follow the requests they routed, for instance
+// to count the prefill and decode load already on an endpoint. The router calls Routed once
+// the decision is final, FirstToken when the endpoint's response starts, and Finished
+// exactly once when the request ends for any reason.
+type Observer interface {
+	Routed(req *Request, endpoint string)
+	FirstToken(reqID string)
+	Finished(reqID string)
+}
+
+// ErrNoCandidates is returned by Pick when it is called with no candidates.
+var ErrNoCandidates = errors.New("scoring: no candidate endpoints")
