@@ -1,0 +1,716 @@
+package kvevents
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+)
+
+// Sink consumes the events of every endpoint and data-parallel rank. The subscriber calls
+// it from one goroutine per (endpoint, rank), so calls for one pair are sequential and in
+// the publisher's order; calls for different pairs may be concurrent.
+type Sink interface {
+	// Apply delivers a batch's events in order. AllBlocksCleared never appears in b: the
+	// subscriber turns it into Clear at its place in the stream. b and everything it
+	// points to are valid only during the call: copy what you keep.
+	Apply(endpoint string, rank int, b *Batch)
+	// Clear drops everything known for the endpoint's rank: the stream lost events that
+	// cannot be recovered, the publisher restarted, or the endpoint was removed.
+	Clear(endpoint string, rank int)
+}
+
+// Clock is the time source; time.Now in production.
+type Clock interface{ Now() time.Time }
+
+type systemClock struct{}
+
+func (systemClock) Now() time.Time { return time.Now() }
+
+// SystemClock is the wall clock.
+var SystemClock Clock = systemClock{}
+
+// StreamStatus is a snapshot of one (endpoint, rank) stream, for the debug view.
+type StreamStatus struct {
+	Endpoint      string
+	Rank          int
+	Address       string
+	ReplayAddress string
+	// Connected is true while the socket is connected to the publisher (as far as the
+	// socket can tell: it has no heartbeats).
+	Connected bool
+	// LastSeq is the last sequence number applied; HasSeq is false before the first.
+	LastSeq uint64
+	HasSeq  bool
+	Batches uint64
+	Events  uint64
+	Gaps    uint64
+	// Replays counts recoveries attempted; ReplayFailures those that did not recover
+	// everything (evicted, unreachable or garbled).
+	Replays        uint64
+	ReplayFailures uint64
+	// ReplayRounds counts replay requests sent: more than Replays when the publisher's
+	// replay socket truncated a reply.
+	ReplayRounds uint64
+	// Clears counts Clear calls by reason (ClearGap, ClearRestart, ...).
+	Clears map[string]uint64
+	// Drops counts messages dropped before decoding (wrong frame count, sequence frame
+	// size, topic).
+	Drops uint64
+	// DecodeErrors counts undecodable payloads by reason.
+	DecodeErrors map[Reason]uint64
+	Redials      uint64
+	// LastBatchAt is when the last batch was applied; LastLag is that time minus the
+	// batch's timestamp.
+	LastBatchAt time.Time
+	LastLag     time.Duration
+}
+
+// Subscriber subscribes to the KV events of a set of vLLM endpoints and feeds a Sink.
+type Subscriber struct {
+	cfg   Config
+	topic []byte
+	sink  Sink
+	log   *zap.Logger
+	m     *metrics
+	clock Clock
+
+	mu        sync.Mutex
+	endpoints map[string]*endpoint
+	runCtx    context.Context // nil until Run
+	wg        sync.WaitGroup
+}
+
+type endpoint struct {
+	cfg     EndpointConfig
+	streams []*stream
+	cancel  context.CancelFunc
+	done    chan struct{} // closed when every stream goroutine returned; nil if not started
+}
+
+// NewSubscriber builds a subscriber for cfg.Endpoints. logger and reg may be nil (no
+// logging, metrics discarded), clock nil means SystemClock. It starts nothing: call Run.
+func NewSubscriber(cfg Config, sink Sink, logger *zap.Logger, reg prometheus.Registerer, clock Clock) (*Subscriber, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if sink == nil {
+		return nil, errors.New("kvevents: nil sink")
+	}
+	if logger == nil {
+		logger = zap.NewNop()
+	}
+	if clock == nil {
+		clock = SystemClock
+	}
+	m, err := newMetrics(reg)
+	if err != nil {
+		return nil, err
+	}
+	s := &Subscriber{cfg: cfg.withDefaults(), topic: []byte(cfg.Topic), sink: sink,
+		log: logger.Named("kvevents"), m: m, clock: clock, endpoints: map[string]*endpoint{}}
+	for _, e := range cfg.Endpoints {
+		if err := s.add(e); err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// Run subscribes to every endpoint and blocks until ctx ends; it then closes every socket
+// and waits for the stream goroutines. It returns nil after ctx ends.
+func (s *Subscriber) Run(ctx context.Context) error {
+	s.mu.Lock()
+	if s.runCtx != nil {
+		s.mu.Unlock()
+		return errors.New("kvevents: Run called twice")
+	}
+	s.runCtx = ctx
+	for _, e := range s.endpoints {
+		s.start(e)
+	}
+	s.mu.Unlock()
+	<-ctx.Done()
+	s.wg.Wait()
+	return nil
+}
+
+// Add subscribes to one more endpoint (at once if Run is running).
+func (s *Subscriber) Add(e EndpointConfig) error {
+	if err := e.Validate(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.add(e); err != nil {
+		return err
+	}
+	if s.runCtx != nil && s.runCtx.Err() == nil {
+		s.start(s.endpoints[e.Name])
+	}
+	return nil
+}
+
+func (s *Subscriber) add(e EndpointConfig) error {
+	if _, ok := s.endpoints[e.Name]; ok {
+		return fmt.Errorf("kvevents: endpoint %q already subscribed", e.Name)
+	}
+	ep := &endpoint{cfg: e}
+	for r := range e.ranks() {
+		addr, err := rankAddress(e.Address, r)
+		if err != nil {
+			return fmt.Errorf("kvevents: endpoint %q: %w", e.Name, err)
+		}
+		var replay string
+		if e.ReplayAddress != "" {
+			if replay, err = rankAddress(e.ReplayAddress, r); err != nil {
+				return fmt.Errorf("kvevents: endpoint %q: %w", e.Name, err)
+			}
+		}
+		st := &stream{s: s, name: e.Name, rank: r, addr: addr, replay: replay}
+		st.st = StreamStatus{Endpoint: e.Name, Rank: r, Address: addr, ReplayAddress: replay,
+			Clears: map[string]uint64{}, DecodeErrors: map[Reason]uint64{}}
+		ep.streams = append(ep.streams, st)
+	}
+	s.endpoints[e.Name] = ep
+	return nil
+}
+
+// start launches ep's streams; s.mu is held.
+func (s *Subscriber) start(ep *endpoint) {
+	ctx, cancel := context.WithCancel(s.runCtx)
+	ep.cancel = cancel
+	ep.done = make(chan struct{})
+	var wg sync.WaitGroup
+	for _, st := range ep.streams {
+		wg.Add(1)
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			defer wg.Done()
+			st.run(ctx)
+		}()
+	}
+	go func() { wg.Wait(); close(ep.done) }()
+}
+
+// Remove unsubscribes from an endpoint: it closes its sockets, waits for its streams to
+// stop, then clears the endpoint's ranks in the Sink.
+func (s *Subscriber) Remove(name string) error {
+	s.mu.Lock()
+	ep, ok := s.endpoints[name]
+	if ok {
+		delete(s.endpoints, name)
+	}
+	s.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("kvevents: endpoint %q not subscribed", name)
+	}
+	if ep.cancel != nil {
+		ep.cancel()
+		<-ep.done
+	}
+	for _, st := range ep.streams {
+		st.clear(ClearRemoved)
+		st.setConnected(false)
+	}
+	return nil
+}
+
+// Status returns a snapshot of every stream, sorted by endpoint and rank.
+func (s *Subscriber) Status() []StreamStatus {
+	s.mu.Lock()
+	var out []StreamStatus
+	for _, ep := range s.endpoints {
+		for _, st := range ep.streams {
+			out = append(out, st.status())
+		}
+	}
+	s.mu.Unlock()
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Endpoint != out[j].Endpoint {
+			return out[i].Endpoint < out[j].Endpoint
+		}
+		return out[i].Rank < out[j].Rank
+	})
+	return out
+}
+
+// stream is one (endpoint, rank): one SUB socket, its sequence state and status.
+type stream struct {
+	s      *Subscriber
+	name   string
+	rank   int
+	addr   string
+	replay string
+
+	// Owned by the stream goroutine.
+	batch   Batch
+	hasLast bool
+	last    uint64
+	// resumed is set after a disconnect: the publisher may have restarted meanwhile.
+	resumed bool
+
+	mu sync.Mutex // guards st
+	st StreamStatus
+}
+
+func (st *stream) status() StreamStatus {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	c := st.st
+	c.Clears = make(map[string]uint64, len(st.st.Clears))
+	for k, v := range st.st.Clears {
+		c.Clears[k] = v
+	}
+	c.DecodeErrors = make(map[Reason]uint64, len(st.st.DecodeErrors))
+	for k, v := range st.st.DecodeErrors {
+		c.DecodeErrors[k] = v
+	}
+	return c
+}
+
+func (st *stream) setConnected(c bool) {
+	st.mu.Lock()
+	was := st.st.Connected
+	st.st.Connected = c
+	st.mu.Unlock()
+	switch {
+	case c && !was:
+		st.s.m.connected.Inc()
+	case !c && was:
+		st.s.m.connected.Dec()
+	}
+}
+
+var discardLog = log.New(io.Discard, "", 0)
+
+type recvResult struct {
+	msg zmq4.Msg
+	err error
+}
+
+// recvLoop forwards sock's messages to ch until ctx ends.
+func recvLoop(ctx context.Context, sock zmq4.Socket, ch chan<- recvResult) {
+	for {
+		msg, err := sock.Recv()
+		if ctx.Err() != nil {
+			return
+		}
+		select {
+		case ch <- recvResult{msg, err}:
+		case <-ctx.Done():
+			return
+		}
+		if err != nil && !errors.Is(err, io.EOF) {
+			// Not a disconnect: do not spin.
+			select {
+			case <-time.After(10 * time.Millisecond):
+			case <-ctx.Done():
+				return
+			}
+		}
+	}
+}
+
+func (st *stream) run(ctx context.Context) {
+	cfg := &st.s.cfg
+	backoff := cfg.BackoffMin
+	for {
+		progressed := st.session(ctx, backoff)
+		st.setConnected(false)
+		if ctx.Err() != nil {
+			return
+		}
+		if progressed {
+			backoff = cfg.BackoffMin
+		} else {
+			backoff = min(2*backoff, cfg.BackoffMax)
+		}
+		st.mu.Lock()
+		st.st.Redials++
+		st.mu.Unlock()
+		st.s.m.redials.Inc()
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+	}
+}
+
+// session runs one SUB socket until ctx ends or the watchdog gives up on it. It reports
+// whether the socket ever connected or received anything.
+func (st *stream) session(ctx context.Context, retry time.Duration) (progressed bool) {
+	cfg := &st.s.cfg
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	sock := zmq4.NewSub(sctx, zmq4.WithAutomaticReconnect(true), zmq4.WithDialerMaxRetries(-1),
+		zmq4.WithDialerRetry(retry), zmq4.WithLogger(discardLog))
+	defer sock.Close()
+	if err := sock.SetOption(zmq4.OptionSubscribe, cfg.Topic); err != nil {
+		st.s.log.Warn("subscribe", zap.String("endpoint", st.name), zap.Error(err))
+		return false
+	}
+	dialed := make(chan error, 1)
+	go func() { dialed <- sock.Dial(st.addr) }()
+	ch := make(chan recvResult, 64)
+	go recvLoop(sctx, sock, ch)
+
+	tick := min(cfg.Watchdog/4, time.Second)
+	ticker := time.NewTicker(tick)
+	defer ticker.Stop()
+	connected := false
+	downSince := st.s.clock.Now()
+	st.resumed = st.hasLast
+	for {
+		select {
+		case <-ctx.Done():
+			return progressed
+		case err := <-dialed:
+			if err != nil {
+				if ctx.Err() == nil {
+					st.s.log.Warn("dial failed", zap.String("endpoint", st.name),
+						zap.String("address", st.addr), zap.Error(err))
+				}
+				return progressed
+			}
+			connected, progressed = true, true
+			st.setConnected(true)
+		case r := <-ch:
+			if r.err != nil {
+				if connected {
+					connected = false
+					downSince = st.s.clock.Now()
+					st.setConnected(false)
+				}
+				st.resumed = st.hasLast
+				continue
+			}
+			if !connected {
+				connected = true
+				st.setConnected(true)
+			}
+			progressed = true
+			st.handle(ctx, r.msg.Frames)
+		case <-ticker.C:
+			if !connected && st.s.clock.Now().Sub(downSince) >= cfg.Watchdog {
+				return progressed
+			}
+		}
+	}
+}
+
+func (st *stream) drop(reason string) {
+	st.s.m.badMessages.WithLabelValues(reason).Inc()
+	st.mu.Lock()
+	st.st.Drops++
+	st.mu.Unlock()
+}
+
+// handle processes one live message: [topic, 8-byte big-endian seq, payload].
+func (st *stream) handle(ctx context.Context, frames [][]byte) {
+	if len(frames) != 3 {
+		st.drop(badFrames)
+		return
+	}
+	if !bytes.HasPrefix(frames[0], st.s.topic) {
+		st.drop(badTopic)
+		return
+	}
+	if len(frames[1]) != 8 {
+		st.drop(badSeq)
+		return
+	}
+	seq := binary.BigEndian.Uint64(frames[1])
+	resumed := st.resumed
+	st.resumed = false
+	switch {
+	case !st.hasLast:
+		// First batch seen from this publisher: fetch what came before it (slow joiner)
+		// when a replay socket exists. Nothing is known yet, so nothing needs clearing.
+		if seq > 0 && st.replay != "" {
+			st.recover(ctx, 0, seq)
+		}
+	case seq == st.last+1:
+	case seq <= st.last:
+		// The publisher restarted (vLLM's sequence starts again at 0).
+		st.clear(ClearRestart)
+		st.hasLast = false
+		if seq > 0 && st.replay != "" {
+			st.recover(ctx, 0, seq)
+		}
+	case resumed:
+		// Batches were lost across a reconnect, or the publisher restarted and already
+		// passed our sequence: the two cannot be told apart, and replaying from st.last+1
+		// would splice two processes' streams. Start over from 0.
+		st.countGap()
+		if st.replay == "" {
+			st.clear(ClearGap)
+			break
+		}
+		st.clear(ClearReconnect)
+		st.hasLast = false
+		st.recover(ctx, 0, seq)
+	default:
+		st.countGap()
+		st.recover(ctx, st.last+1, seq)
+	}
+	st.applyPayload(ctx, seq, frames[2])
+}
+
+// applyPayload decodes and applies the live batch seq; an undecodable one is a gap.
+func (st *stream) applyPayload(ctx context.Context, seq uint64, payload []byte) {
+	if err := Decode(payload, &st.batch); err != nil {
+		st.decodeError(err)
+		// Treat it as a lost batch: its replayed copy may decode (it will not if the
+		// publisher sent garbage), otherwise the endpoint is cleared.
+		st.countGap()
+		st.recover(ctx, seq, seq+1)
+		st.advance(seq)
+		return
+	}
+	st.apply(&st.batch)
+	st.advance(seq)
+}
+
+func (st *stream) advance(seq uint64) {
+	st.hasLast, st.last = true, seq
+	st.mu.Lock()
+	st.st.HasSeq, st.st.LastSeq = true, seq
+	st.mu.Unlock()
+}
+
+func (st *stream) decodeError(err error) {
+	reason := ReasonInvalidMsgpack
+	var de *DecodeError
+	if errors.As(err, &de) {
+		reason = de.Reason
+	}
+	st.s.m.decodeErrors.WithLabelValues(string(reason)).Inc()
+	st.mu.Lock()
+	st.st.DecodeErrors[reason]++
+	st.mu.Unlock()
+}
+
+func (st *stream) clear(reason string) {
+	st.s.sink.Clear(st.name, st.rank)
+	st.s.m.clears.WithLabelValues(reason).Inc()
+	st.mu.Lock()
+	st.st.Clears[reason]++
+	st.mu.Unlock()
+}
+
+// apply hands b to the Sink, turning AllBlocksCleared into Clear at its place.
+func (st *stream) apply(b *Batch) {
+	m := st.s.m
+	now := st.s.clock.Now()
+	lag := now.Sub(time.Unix(0, int64(b.TS*1e9)))
+	m.batches.Inc()
+	m.lag.Observe(lag.Seconds())
+	var stored, removed, cleared int
+	start := 0
+	for i, ev := range b.Events {
+		switch ev := ev.(type) {
+		case *BlockStored:
+			stored += len(ev.BlockHashes)
+		case *BlockRemoved:
+			removed += len(ev.BlockHashes)
+		case *AllBlocksCleared:
+			cleared++
+			if i > start {
+				sub := *b
+				sub.Events = b.Events[start:i]
+				st.s.sink.Apply(st.name, st.rank, &sub)
+			}
+			st.clear(ClearAllBlocks)
+			start = i + 1
+		}
+	}
+	switch {
+	case start == 0 && len(b.Events) > 0:
+		st.s.sink.Apply(st.name, st.rank, b)
+	case start > 0 && start < len(b.Events):
+		sub := *b
+		sub.Events = b.Events[start:]
+		st.s.sink.Apply(st.name, st.rank, &sub)
+	}
+	nStored, nRemoved := 0, 0
+	for _, ev := range b.Events {
+		switch ev.(type) {
+		case *BlockStored:
+			nStored++
+		case *BlockRemoved:
+			nRemoved++
+		}
+	}
+	m.events.WithLabelValues("BlockStored").Add(float64(nStored))
+	m.events.WithLabelValues("BlockRemoved").Add(float64(nRemoved))
+	m.events.WithLabelValues("AllBlocksCleared").Add(float64(cleared))
+	m.blocks.WithLabelValues("stored").Add(float64(stored))
+	m.blocks.WithLabelValues("removed").Add(float64(removed))
+	st.mu.Lock()
+	st.st.Batches++
+	st.st.Events += uint64(len(b.Events))
+	st.st.LastBatchAt = now
+	st.st.LastLag = lag
+	st.mu.Unlock()
+}
+
+var endSeq = [8]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
+
+type replayResult int
+
+const (
+	replayOK replayResult = iota
+	replayEvicted
+	replayFailed
+)
+
+func (st *stream) countGap() {
+	st.s.m.gaps.Inc()
+	st.mu.Lock()
+	st.st.Gaps++
+	st.mu.Unlock()
+}
+
+// recover fetches and applies batches [from, upto) through the replay socket. When that
+// is impossible or incomplete, the endpoint's entries are cleared (a partially applied
+// replay leaves a hole too).
+func (st *stream) recover(ctx context.Context, from, upto uint64) {
+	if st.replay == "" {
+		st.clear(ClearGap)
+		return
+	}
+	res := st.replayRange(ctx, from, upto)
+	st.mu.Lock()
+	st.st.Replays++
+	if res != replayOK {
+		st.st.ReplayFailures++
+	}
+	st.mu.Unlock()
+	switch res {
+	case replayOK:
+		st.s.m.replays.WithLabelValues("ok").Inc()
+	case replayEvicted:
+		st.s.m.replays.WithLabelValues("evicted").Inc()
+		st.clear(ClearEvicted)
+	default:
+		st.s.m.replays.WithLabelValues("failed").Inc()
+		st.clear(ClearReplayFailed)
+	}
+}
+
+// replayRange runs the replay protocol against vLLM's ROUTER: send ["", seq]; replies
+// are ["", topic, seq, payload] (vLLM >= 0.26) or ["", seq, payload], ending with seq
+// 0xFF x 8. The ROUTER's send high-water mark truncates long replays with holes, so only
+// the contiguous prefix is applied and the next round asks again from the first hole. A
+// round ends on END or after ReplayIdle without a reply. A first reply past the requested
+// seq means the batches were evicted from the replay buffer.
+func (st *stream) replayRange(ctx context.Context, from, upto uint64) replayResult {
+	cfg := &st.s.cfg
+	rctx, cancel := context.WithTimeout(ctx, cfg.ReplayTimeout)
+	defer cancel()
+	sock := zmq4.NewDealer(rctx, zmq4.WithDialerMaxRetries(3),
+		zmq4.WithDialerRetry(100*time.Millisecond), zmq4.WithLogger(discardLog))
+	defer sock.Close()
+	if err := sock.Dial(st.replay); err != nil {
+		return replayFailed
+	}
+	ch := make(chan recvResult, 64)
+	go recvLoop(rctx, sock, ch)
+	idle := time.NewTimer(cfg.ReplayIdle)
+	defer idle.Stop()
+
+	want := from
+	for round := 0; round < cfg.ReplayMaxRounds && want < upto; round++ {
+		var req [8]byte
+		binary.BigEndian.PutUint64(req[:], want)
+		if err := sock.SendMulti(zmq4.NewMsgFrom([]byte{}, req[:])); err != nil {
+			return replayFailed
+		}
+		st.mu.Lock()
+		st.st.ReplayRounds++
+		st.mu.Unlock()
+		first, holed, progressed := true, false, false
+		idle.Reset(cfg.ReplayIdle)
+	round:
+		for {
+			select {
+			case <-rctx.Done():
+				return replayFailed
+			case <-idle.C:
+				break round
+			case r := <-ch:
+				if r.err != nil {
+					return replayFailed
+				}
+				idle.Reset(cfg.ReplayIdle)
+				f := r.msg.Frames
+				if len(f) > 0 && len(f[0]) == 0 {
+					f = f[1:] // the DEALER's empty delimiter
+				}
+				var seqB, payload []byte
+				switch len(f) {
+				case 2:
+					seqB, payload = f[0], f[1]
+				case 3:
+					seqB, payload = f[1], f[2]
+				default:
+					st.drop(badFrames)
+					continue
+				}
+				if len(seqB) != 8 {
+					st.drop(badSeq)
+					continue
+				}
+				if [8]byte(seqB) == endSeq {
+					break round
+				}
+				if holed || want >= upto {
+					continue // drain the round
+				}
+				seq := binary.BigEndian.Uint64(seqB)
+				if first && seq > want {
+					return replayEvicted
+				}
+				first = false
+				switch {
+				case seq < want:
+					continue
+				case seq > want:
+					holed = true
+					continue
+				}
+				if err := Decode(payload, &st.batch); err != nil {
+					st.decodeError(err)
+					return replayFailed
+				}
+				st.apply(&st.batch)
+				st.advance(seq)
+				want++
+				progressed = true
+				if want >= upto {
+					return replayOK
+				}
+			}
+		}
+		if !progressed {
+			return replayFailed
+		}
+	}
+	if want >= upto {
+		return replayOK
+	}
+	return replayFailed
+}
