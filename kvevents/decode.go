@@ -320,16 +320,22 @@ func (d *decoder) hashes(dst []uint64) ([]uint64, error) {
 	if !ok {
 		return dst, d.fail(ReasonBadType)
 	}
-	dst = dst[:0]
 	if cap(dst) < n {
-		dst = make([]uint64, 0, n)
+		dst = make([]uint64, n)
 	}
-	for range n {
+	dst = dst[:n]
+	for i := range dst {
+		// Fast path: vLLM's default hashes are uint64s.
+		if off := d.off; off+8 < len(d.b) && d.b[off] == 0xcf {
+			dst[i] = binary.BigEndian.Uint64(d.b[off+1 : off+9])
+			d.off += 9
+			continue
+		}
 		h, err := d.hash()
 		if err != nil {
-			return dst, err
+			return dst[:i], err
 		}
-		dst = append(dst, h)
+		dst[i] = h
 	}
 	return dst, nil
 }
@@ -342,42 +348,48 @@ func (d *decoder) tokens(dst []uint32) ([]uint32, error) {
 	if !ok {
 		return dst, d.fail(ReasonBadType)
 	}
-	dst = dst[:0]
 	if cap(dst) < n {
-		dst = make([]uint32, 0, n)
+		dst = make([]uint32, n)
 	}
-	b := d.b
-	for range n {
-		// Fast paths for the widths token ids take in practice.
-		if d.off < len(b) {
-			c := b[d.off]
-			if c <= 0x7f {
-				dst = append(dst, uint32(c))
-				d.off++
-				continue
-			}
-			if c == 0xcd && d.off+3 <= len(b) {
-				dst = append(dst, uint32(b[d.off+1])<<8|uint32(b[d.off+2]))
-				d.off += 3
-				continue
-			}
-			if c == 0xce && d.off+5 <= len(b) {
-				dst = append(dst, binary.BigEndian.Uint32(b[d.off+1:]))
-				d.off += 5
-				continue
-			}
+	dst = dst[:n]
+	b, off := d.b, d.off
+	for i := range dst {
+		if off >= len(b) {
+			d.off = off
+			return dst[:i], d.fail(ReasonTruncated)
 		}
-		start := d.off
+		// Fast paths for the widths token ids take in practice.
+		switch c := b[off]; {
+		case c <= 0x7f:
+			dst[i] = uint32(c)
+			off++
+			continue
+		case c == 0xcc && off+1 < len(b):
+			dst[i] = uint32(b[off+1])
+			off += 2
+			continue
+		case c == 0xcd && off+2 < len(b):
+			dst[i] = uint32(b[off+1])<<8 | uint32(b[off+2])
+			off += 3
+			continue
+		case c == 0xce && off+4 < len(b):
+			dst[i] = binary.BigEndian.Uint32(b[off+1 : off+5])
+			off += 5
+			continue
+		}
+		d.off = off
 		u, neg, err := d.integer()
 		if err != nil {
-			return dst, err
+			return dst[:i], err
 		}
 		if neg || u > math.MaxUint32 {
-			d.off = start
-			return dst, d.fail(ReasonBadType)
+			d.off = off
+			return dst[:i], d.fail(ReasonBadType)
 		}
-		dst = append(dst, uint32(u))
+		dst[i] = uint32(u)
+		off = d.off
 	}
+	d.off = off
 	return dst, nil
 }
 
