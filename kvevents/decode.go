@@ -61,8 +61,9 @@ const maxDepth = 64
 // parent hash that is nil or the integer 0 (sent by simulators for "no parent") means no
 // parent.
 //
-// Decode reuses the memory of the events already in into (their structs and slices), so
-// a caller that keeps events beyond the next Decode into the same Batch must copy them.
+// Decode reuses the event structs and slices of earlier decodes into the same Batch, so a
+// caller that keeps events beyond the next Decode into that Batch must copy them (or
+// decode into a fresh Batch).
 // Strings and ExtraKeys never alias payload. On error, into holds a partial batch and the
 // error is a *DecodeError; Decode never panics.
 func Decode(payload []byte, into *Batch) error {
@@ -476,6 +477,10 @@ func (d *decoder) skip(depth int) error {
 func (d *decoder) batch(into *Batch) error {
 	into.TS, into.DPRank, into.HasDPRank = 0, 0, false
 	into.Events = into.Events[:0]
+	if into.scratch == nil {
+		into.scratch = &decodeScratch{}
+	}
+	into.scratch.ns, into.scratch.nr = 0, 0
 	n, ok, err := d.arrayLen()
 	if err != nil {
 		return err
@@ -648,30 +653,42 @@ func kindOf(tag []byte) kind {
 	return kindUnknown
 }
 
-// slot returns the next reusable event struct of the wanted kind and appends it.
+// decodeScratch holds the event structs of earlier decodes into a Batch.
+type decodeScratch struct {
+	stored  []*BlockStored
+	removed []*BlockRemoved
+	// ns and nr count the structs of each type used by the current decode.
+	ns, nr int
+}
+
+// slot returns the next reusable event struct of the wanted kind, reset, and appends it.
 func (d *decoder) slot(into *Batch, k kind) Event {
-	i := len(into.Events)
-	var prev Event
-	if i < cap(into.Events) {
-		prev = into.Events[:i+1][i]
-	}
+	sc := into.scratch
 	var ev Event
 	switch k {
 	case kindStored:
-		if p, ok := prev.(*BlockStored); ok && p != nil {
+		var p *BlockStored
+		if sc.ns < len(sc.stored) {
+			p = sc.stored[sc.ns]
 			*p = BlockStored{BlockHashes: p.BlockHashes[:0], TokenIDs: p.TokenIDs[:0],
 				ExtraKeys: p.ExtraKeys[:0]}
-			ev = p
 		} else {
-			ev = &BlockStored{}
+			p = &BlockStored{}
+			sc.stored = append(sc.stored, p)
 		}
+		sc.ns++
+		ev = p
 	case kindRemoved:
-		if p, ok := prev.(*BlockRemoved); ok && p != nil {
+		var p *BlockRemoved
+		if sc.nr < len(sc.removed) {
+			p = sc.removed[sc.nr]
 			*p = BlockRemoved{BlockHashes: p.BlockHashes[:0]}
-			ev = p
 		} else {
-			ev = &BlockRemoved{}
+			p = &BlockRemoved{}
+			sc.removed = append(sc.removed, p)
 		}
+		sc.nr++
+		ev = p
 	case kindCleared:
 		ev = clearedEvent
 	}

@@ -151,3 +151,27 @@ func FuzzDecode(f *testing.F) {
 		}
 	})
 }
+
+// TestDecodeSteadyStateAllocs: once a Batch has seen batches of each shape, decoding
+// alternately into it allocates nothing.
+func TestDecodeSteadyStateAllocs(t *testing.T) {
+	g := loadGolden(t)
+	var payloads [][]byte
+	for _, x := range g {
+		if x.name == "array_realistic" || x.name == "map_basic" || x.name == "array_v10" {
+			payloads = append(payloads, x.payload)
+		}
+	}
+	var b kvevents.Batch
+	decodeAll := func() {
+		for _, p := range payloads {
+			if err := kvevents.Decode(p, &b); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	decodeAll()
+	if n := testing.AllocsPerRun(20, decodeAll); n != 0 {
+		t.Fatalf("%v allocations per round of %d decodes, want 0", n, len(payloads))
+	}
+}

@@ -10,6 +10,10 @@ type Batch struct {
 	// (2-element batches from older vLLM).
 	DPRank    int
 	HasDPRank bool
+
+	// scratch keeps the event structs Decode allocated, by type, for reuse by the next
+	// Decode into this Batch whatever the order of event types.
+	scratch *decodeScratch
 }
 
 // Event is one of *BlockStored, *BlockRemoved or *AllBlocksCleared. Unknown event types
