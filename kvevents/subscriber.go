@@ -593,6 +593,9 @@ func (st *stream) recover(ctx context.Context, from, upto uint64) {
 		return
 	}
 	res := st.replayRange(ctx, from, upto)
+	if ctx.Err() != nil {
+		return // stopping (Run ended or the endpoint was removed): not a replay failure
+	}
 	st.mu.Lock()
 	st.st.Replays++
 	if res != replayOK {
