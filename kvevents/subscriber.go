@@ -40,40 +40,41 @@ func (systemClock) Now() time.Time { return time.Now() }
 // SystemClock is the wall clock.
 var SystemClock Clock = systemClock{}
 
-// StreamStatus is a snapshot of one (endpoint, rank) stream, for the debug view.
+// StreamStatus is a snapshot of one (endpoint, rank) stream, for the debug view (JSON
+// field names in tags; LastLag in nanoseconds).
 type StreamStatus struct {
-	Endpoint      string
-	Rank          int
-	Address       string
-	ReplayAddress string
+	Endpoint      string `json:"endpoint"`
+	Rank          int    `json:"rank"`
+	Address       string `json:"address"`
+	ReplayAddress string `json:"replay_address,omitempty"`
 	// Connected is true while the socket is connected to the publisher (as far as the
 	// socket can tell: it has no heartbeats).
-	Connected bool
+	Connected bool `json:"connected"`
 	// LastSeq is the last sequence number applied; HasSeq is false before the first.
-	LastSeq uint64
-	HasSeq  bool
-	Batches uint64
-	Events  uint64
-	Gaps    uint64
+	LastSeq uint64 `json:"last_seq"`
+	HasSeq  bool   `json:"has_seq"`
+	Batches uint64 `json:"batches"`
+	Events  uint64 `json:"events"`
+	Gaps    uint64 `json:"gaps"`
 	// Replays counts recoveries attempted; ReplayFailures those that did not recover
 	// everything (evicted, unreachable or garbled).
-	Replays        uint64
-	ReplayFailures uint64
+	Replays        uint64 `json:"replays"`
+	ReplayFailures uint64 `json:"replay_failures"`
 	// ReplayRounds counts replay requests sent: more than Replays when the publisher's
 	// replay socket truncated a reply.
-	ReplayRounds uint64
+	ReplayRounds uint64 `json:"replay_rounds"`
 	// Clears counts Clear calls by reason (ClearGap, ClearRestart, ...).
-	Clears map[string]uint64
+	Clears map[string]uint64 `json:"clears"`
 	// Drops counts messages dropped before decoding (wrong frame count, sequence frame
 	// size, topic).
-	Drops uint64
+	Drops uint64 `json:"drops"`
 	// DecodeErrors counts undecodable payloads by reason.
-	DecodeErrors map[Reason]uint64
-	Redials      uint64
+	DecodeErrors map[Reason]uint64 `json:"decode_errors"`
+	Redials      uint64            `json:"redials"`
 	// LastBatchAt is when the last batch was applied; LastLag is that time minus the
 	// batch's timestamp.
-	LastBatchAt time.Time
-	LastLag     time.Duration
+	LastBatchAt time.Time     `json:"last_batch_at"`
+	LastLag     time.Duration `json:"last_lag_ns"`
 }
 
 // Subscriber subscribes to the KV events of a set of vLLM endpoints and feeds a Sink.
