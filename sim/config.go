@@ -49,7 +49,7 @@ type Timing struct {
 }
 
 // DefaultTiming is the calibrated step-time model (see README.md, Fidelity).
-var DefaultTiming = Timing{Base: 0.006, PrefillToken: 0.00002, DecodeSeq: 0.0002, Attention: 0.005}
+var DefaultTiming = Timing{Base: 0.0045, PrefillToken: 0.00003, DecodeSeq: 0.0002, Attention: 0.005}
 
 // Config describes one simulated vLLM engine.
 type Config struct {
@@ -63,6 +63,10 @@ type Config struct {
 	MaxNumBatchedTokens int
 	// MaxModelLen caps prompt plus output tokens.
 	MaxModelLen int
+	// ReserveFullISL admits a waiting request only when its whole prompt fits in the free
+	// blocks, not just its first chunk (vLLM's scheduler_reserve_full_isl, on by default in
+	// recent versions; off reproduces older versions' over-admission and thrashing).
+	ReserveFullISL bool
 	// HashSeed derives the root of the block hash chain. Engines with different seeds
 	// publish different hashes for the same tokens, as unseeded vLLM processes do.
 	HashSeed uint64
@@ -83,6 +87,7 @@ func DefaultConfig() Config {
 		MaxNumSeqs:          256,
 		MaxNumBatchedTokens: 2048,
 		MaxModelLen:         40960,
+		ReserveFullISL:      true,
 		EnableEvents:        true,
 		Timing:              DefaultTiming,
 		Speed:               1,

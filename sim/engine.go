@@ -257,6 +257,9 @@ func (e *Engine) Begin() (duration float64, ok bool) {
 			r := e.waiting[0]
 			hits := e.findCacheHit(r)
 			n := min(r.numTokens()-hits*e.cfg.BlockSize, budget)
+			if e.cfg.ReserveFullISL && !e.fits(r, r.numTokens()-hits*e.cfg.BlockSize, hits) {
+				break
+			}
 			if !e.allocateSlots(r, n, hits) {
 				break
 			}
@@ -355,25 +358,31 @@ func (e *Engine) findCacheHit(r *request) int {
 	return n
 }
 
+// fits reports whether numNew tokens after hitBlocks cached blocks would find free blocks
+// (vLLM's get_num_blocks_to_allocate against the free queue).
+func (e *Engine) fits(r *request, numNew, hitBlocks int) bool {
+	bs := e.cfg.BlockSize
+	computed := r.numComputed + hitBlocks*bs
+	need := (computed+numNew+bs-1)/bs - len(r.blocks) - hitBlocks
+	for i := range hitBlocks {
+		id, _ := e.pool.lookup(r.hashes[i])
+		if e.pool.blocks[id].ref == 0 {
+			need++ // a free cached block leaves the free queue when touched
+		}
+	}
+	return need <= e.pool.numFree
+}
+
 // allocateSlots is KVCacheManager.allocate_slots for one request scheduling numNew tokens
 // after hitBlocks newly found cached blocks. It returns false, changing nothing, when the
 // free queue cannot supply the blocks.
 func (e *Engine) allocateSlots(r *request, numNew, hitBlocks int) bool {
+	if !e.fits(r, numNew, hitBlocks) {
+		return false
+	}
 	bs := e.cfg.BlockSize
 	computed := r.numComputed + hitBlocks*bs
 	need := (computed+numNew+bs-1)/bs - len(r.blocks) - hitBlocks
-	// Cached blocks that are free count against the free queue too: touching them takes
-	// them out of it.
-	evictable := 0
-	for i := range hitBlocks {
-		id, _ := e.pool.lookup(r.hashes[i])
-		if e.pool.blocks[id].ref == 0 {
-			evictable++
-		}
-	}
-	if need+evictable > e.pool.numFree {
-		return false
-	}
 	if hitBlocks > 0 {
 		hit := e.spare[:0]
 		for i := range hitBlocks {
