@@ -264,7 +264,7 @@ func TestPreemptionByRecompute(t *testing.T) {
 func TestReserveFullISLWaitsInsteadOfPreempting(t *testing.T) {
 	e := small(t, 7, nil) // 6 usable
 	tr := newTracker()
-	add(t, e, tr, "big", seq(100, 16), 4)   // 5 blocks at the end
+	add(t, e, tr, "big", seq(100, 16), 4)  // 5 blocks at the end
 	add(t, e, tr, "late", seq(200, 12), 2) // 4 blocks: must wait
 	r := e.Step()
 	if e.Stats().Waiting != 1 || r.PrefillTokens != 16 {
