@@ -34,6 +34,7 @@ type publisher struct {
 	ready  chan struct{}
 	addrMu sync.Mutex
 	addr   net.Addr
+	repAdr net.Addr
 }
 
 type replayEntry struct {
@@ -58,9 +59,12 @@ func offsetEndpoint(ep string, rank int) string {
 		return ""
 	}
 	i := strings.LastIndexByte(ep, ':')
-	port, err := strconv.Atoi(ep[i+1:])
-	if i < 0 || err != nil {
+	if i < 0 {
 		return ep
+	}
+	port, err := strconv.Atoi(ep[i+1:])
+	if err != nil || port == 0 {
+		return ep // port 0 asks for an ephemeral port per rank
 	}
 	return fmt.Sprintf("%s:%d", ep[:i], port+rank)
 }
@@ -81,6 +85,11 @@ func (p *publisher) publish(b kvevents.Batch) bool {
 func (p *publisher) run(ctx context.Context) error {
 	pub := zmq4.NewPub(ctx)
 	defer pub.Close()
+	if p.cfg.HWM > 0 {
+		if err := pub.SetOption(zmq4.OptionHWM, p.cfg.HWM); err != nil {
+			return fmt.Errorf("server: kv events hwm: %w", err)
+		}
+	}
 	var err error
 	if strings.Contains(p.pubEP, "*") {
 		err = pub.Listen(listenAddr(p.pubEP))
@@ -99,6 +108,9 @@ func (p *publisher) run(ctx context.Context) error {
 		if err := rep.Listen(listenAddr(p.repEP)); err != nil {
 			return fmt.Errorf("server: kv events replay %s: %w", p.repEP, err)
 		}
+		p.addrMu.Lock()
+		p.repAdr = rep.Addr()
+		p.addrMu.Unlock()
 		go p.serveReplay(ctx, rep)
 	}
 	close(p.ready)

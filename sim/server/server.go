@@ -123,20 +123,25 @@ func (s *Server) Run(ctx context.Context) error {
 	return g.Wait()
 }
 
-// PublisherAddr returns rank's bound KV events address once its publisher is up, or nil.
-func (s *Server) PublisherAddr(ctx context.Context, rank int) (string, error) {
+// PublisherAddr waits until rank's publisher is up and returns the addresses its PUB and
+// replay sockets are bound to (replay is "" without a replay endpoint), for endpoints
+// given with port 0.
+func (s *Server) PublisherAddr(ctx context.Context, rank int) (pub, replay string, err error) {
 	if rank < 0 || rank >= len(s.ranks) || s.ranks[rank].pub == nil {
-		return "", errors.New("server: no publisher for that rank")
+		return "", "", errors.New("server: no publisher for that rank")
 	}
 	p := s.ranks[rank].pub
 	select {
 	case <-p.ready:
 	case <-ctx.Done():
-		return "", ctx.Err()
+		return "", "", ctx.Err()
 	}
 	p.addrMu.Lock()
 	defer p.addrMu.Unlock()
-	return p.addr.String(), nil
+	if p.repAdr != nil {
+		replay = p.repAdr.String()
+	}
+	return p.addr.String(), replay, nil
 }
 
 func (s *Server) loop(ctx context.Context, r *rank) {
