@@ -335,7 +335,9 @@ type submitted struct {
 func (s *Server) submit(prefix string, prompt []uint32, maxTokens int, salt string) (*submitted, *apiError) {
 	id := fmt.Sprintf("%s-%016x", prefix, s.nextID.Add(1))
 	r := s.pick()
-	ch := make(chan event, maxTokens+2)
+	// Room for every token and the finish, so the engine loop never blocks; the engine
+	// rejects max_tokens beyond max_model_len below.
+	ch := make(chan event, min(maxTokens, s.cfg.Engine.MaxModelLen)+2)
 	// FirstToken delivers the first token; Token delivers every later one.
 	count := 0
 	cb := sim.Callbacks{

@@ -176,6 +176,7 @@ func TestErrors(t *testing.T) {
 		{"two prompts", "/v1/completions", `{"prompt":[[1,2],[3]]}`, 400, "one prompt per request"},
 		{"zero max tokens", "/v1/completions", `{"prompt":[1,2],"max_tokens":0}`, 400, "max_tokens must be at least 1"},
 		{"too long", "/v1/completions", `{"prompt":[1,2],"max_tokens":50000}`, 400, "maximum context length is 40960"},
+		{"huge max_tokens", "/v1/completions", `{"prompt":[1,2],"max_tokens":1000000000000}`, 400, "maximum context length"},
 		{"n=2", "/v1/completions", `{"prompt":[1,2],"n":2}`, 400, "n=1"},
 		{"empty token list", "/v1/completions", `{"prompt":[]}`, 400, "prompt is empty"},
 		{"tokenizer error", "/v1/completions", `{"prompt":"a\u0000b"}`, 400, "tokenizing the prompt"},
@@ -343,4 +344,44 @@ func TestKVEventsOverZMQ(t *testing.T) {
 			}
 		})
 	}
+}
+
+// FuzzRequestBody feeds arbitrary bodies to every POST endpoint: the server must answer
+// 200, 400 or 404 and never panic.
+func FuzzRequestBody(f *testing.F) {
+	for _, s := range []string{`{"prompt":[1,2,3],"max_tokens":2}`, `{"prompt":"hi","stream":true}`,
+		`{"messages":[{"role":"user","content":"x"}]}`, `{"prompt":[[1]]}`, `{`, `null`, `{"prompt":[-1]}`} {
+		f.Add(s)
+	}
+	cfg := server.DefaultConfig()
+	cfg.TimeScale = 1e6
+	cfg.Engine.MaxModelLen = 4096
+	s, err := server.New(cfg, server.Options{Tokenizer: fakeTokenizer{}, Chat: fakeChat{}})
+	if err != nil {
+		f.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { _ = s.Run(ctx) }()
+	h := s.Handler()
+	f.Fuzz(func(t *testing.T, body string) {
+		for _, path := range []string{"/v1/completions", "/v1/chat/completions", "/tokenize"} {
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, path, strings.NewReader(body)))
+			if c := rec.Code; c != 200 && c != 400 && c != 404 {
+				t.Errorf("%s %q: status %d", path, body, c)
+			}
+		}
+	})
+}
+
+func FuzzParseKVEventsConfig(f *testing.F) {
+	f.Add(`{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:5557"}`)
+	f.Add(`{}`)
+	f.Fuzz(func(t *testing.T, s string) {
+		c, err := server.ParseKVEventsConfig(s)
+		if err == nil && c.Validate() != nil {
+			t.Errorf("accepted an invalid config %q", s)
+		}
+	})
 }
