@@ -19,7 +19,9 @@ func ExampleEngine() {
 		prompt := append(append([]uint32{}, prefix...), 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23)
 		prompt[32] += uint32(len(id)) // the tails differ from their first token
 		_ = e.AddRequest(id, prompt, 2, sim.Callbacks{
-			Finish: func(r sim.Result) { fmt.Printf("%s: %d of %d prompt tokens cached\n", r.ID, r.CachedTokens, r.PromptTokens) },
+			Finish: func(r sim.Result) {
+				fmt.Printf("%s: %d of %d prompt tokens cached\n", r.ID, r.CachedTokens, r.PromptTokens)
+			},
 		})
 		for e.HasWork() {
 			for _, ev := range e.Step().Events {
