@@ -99,3 +99,52 @@ func BenchmarkFleetGridPoint(b *testing.B) {
 		}
 	}
 }
+
+// With one server, one prefix and one client, every request after the first hits the
+// whole 2,032-token prefix (127 blocks) and nothing else.
+func TestClosedLoopSingleServer(t *testing.T) {
+	c := sim.DefaultConfig()
+	f, err := sim.NewFleet([]sim.Config{c}, sim.FleetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := sim.NewWorkload(1, 10, sim.RefPrefixTokens, sim.RefTailTokens, 3)
+	loop := sim.ClosedLoop{Concurrency: 1, MaxTokens: 5, RTT: 0.01, Route: func(int, sim.WorkloadRequest) int { return 0 }}
+	outs, err := loop.Run(f, w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := sim.Summarize(outs)
+	if want := 9 * 2032.0 / (10 * 2371); math.Abs(s.CachedRatio-want) > 1e-12 || s.HitRate != 0.9 {
+		t.Errorf("ratio %v hit %v, want %v and 0.9", s.CachedRatio, s.HitRate, want)
+	}
+	for i := 1; i < len(outs); i++ {
+		if outs[i].Submitted < outs[i-1].Finished {
+			t.Errorf("request %d sent at %v before %d finished at %v", i, outs[i].Submitted, i-1, outs[i-1].Finished)
+		}
+	}
+	if s.TTFTP50 <= 0.01 || s.Throughput <= 0 || s.Preemptions != 0 {
+		t.Errorf("summary %+v", s)
+	}
+}
+
+func TestCellResidual(t *testing.T) {
+	tests := []struct {
+		name string
+		c    sim.Cell
+		res  float64
+		ok   bool
+	}{
+		{"absolute inside", sim.Cell{Ref: 0.5, Sim: 0.52, Tol: 0.03}, 0.02, true},
+		{"absolute outside", sim.Cell{Ref: 0.5, Sim: 0.46, Tol: 0.03}, -0.04, false},
+		{"relative inside", sim.Cell{Ref: 100, Sim: 125, Tol: 0.3, Relative: true}, 0.25, true},
+		{"relative outside", sim.Cell{Ref: 100, Sim: 65, Tol: 0.3, Relative: true}, -0.35, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if r := tc.c.Residual(); math.Abs(r-tc.res) > 1e-12 || tc.c.OK() != tc.ok {
+				t.Errorf("residual %v ok %v, want %v %v", r, tc.c.OK(), tc.res, tc.ok)
+			}
+		})
+	}
+}
