@@ -161,7 +161,9 @@ func (e *Engine) AddRequestSalted(id string, prompt []uint32, maxTokens int, sal
 	h.Write([]byte(id))
 	toks := make([]uint32, len(prompt), len(prompt)+maxTokens)
 	copy(toks, prompt)
-	r := &request{id: id, tokens: toks, numPrompt: len(prompt), maxTokens: maxTokens, cached: -1, seed: h.Sum64(), salt: salt, cb: cb}
+	nb := (len(prompt) + maxTokens) / e.cfg.BlockSize
+	r := &request{id: id, tokens: toks, numPrompt: len(prompt), maxTokens: maxTokens, cached: -1, seed: h.Sum64(), salt: salt, cb: cb,
+		digests: make([][32]byte, 0, nb), hashes: make([]uint64, 0, nb), blocks: make([]int32, 0, nb+1)}
 	e.reqs[id] = r
 	e.waiting = append(e.waiting, r)
 	return nil
