@@ -70,6 +70,7 @@ func run(args []string) error {
 	}
 	if *hashSeed >= 0 {
 		cfg.Engine.HashSeed = uint64(*hashSeed)
+		cfg.HashSeeded = true
 	} else {
 		var b [8]byte
 		if _, err := rand.Read(b[:]); err != nil {

@@ -97,6 +97,10 @@ type Config struct {
 	// LegacyErrors writes errors flat ({"object":"error",...}) as vLLM did before the
 	// OpenAI-compatible {"error":{...}} shape.
 	LegacyErrors bool
+	// HashSeeded makes every data-parallel rank hash with Engine.HashSeed, as vLLM ranks
+	// agree when PYTHONHASHSEED is set; otherwise rank r uses Engine.HashSeed + r, so ranks
+	// disagree as unseeded vLLM engine processes do.
+	HashSeeded bool
 	// GPUMemoryUtilization is only reported in cache_config_info.
 	GPUMemoryUtilization float64
 }

@@ -92,7 +92,9 @@ func New(cfg Config, opts Options) (*Server, error) {
 	for i := range cfg.DataParallelSize {
 		ec := cfg.Engine
 		ec.EnableEvents = cfg.KVEvents.EnableKVCacheEvents
-		ec.HashSeed = cfg.Engine.HashSeed + uint64(i)
+		if !cfg.HashSeeded {
+			ec.HashSeed = cfg.Engine.HashSeed + uint64(i)
+		}
 		e, err := sim.New(ec)
 		if err != nil {
 			return nil, err
@@ -502,7 +504,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, b *body, prompt [
 	var out any
 	if chat {
 		out = chatResponse{ID: sub.id, Object: "chat.completion", Created: sub.created, Model: s.cfg.servedName(),
-			Choices: []chatChoice{{Message: &chatMessage{Role: "assistant", Content: text.String(), ToolCalls: []any{}},
+			Choices: []chatChoice{{Message: &fullMessage{Role: "assistant", Content: text.String(), ToolCalls: []any{}},
 				FinishReason: finishReason(res)}}, Usage: u}
 	} else {
 		out = completionResponse{ID: sub.id, Object: "text_completion", Created: sub.created, Model: s.cfg.servedName(),
@@ -545,17 +547,29 @@ type chatResponse struct {
 
 type chatChoice struct {
 	Index        int          `json:"index"`
-	Message      *chatMessage `json:"message,omitempty"`
+	Message      *fullMessage `json:"message,omitempty"`
 	Delta        *chatMessage `json:"delta,omitempty"`
 	Logprobs     any          `json:"logprobs"`
 	FinishReason *string      `json:"finish_reason"`
 	StopReason   any          `json:"stop_reason"`
 }
 
+// chatMessage is a streamed delta.
 type chatMessage struct {
-	Role      string `json:"role,omitempty"`
-	Content   string `json:"content"`
-	ToolCalls []any  `json:"tool_calls,omitempty"`
+	Role    string `json:"role,omitempty"`
+	Content string `json:"content"`
+}
+
+// fullMessage is a non-streamed assistant message with vLLM's fields.
+type fullMessage struct {
+	Role             string `json:"role"`
+	Content          string `json:"content"`
+	Refusal          any    `json:"refusal"`
+	Annotations      any    `json:"annotations"`
+	Audio            any    `json:"audio"`
+	FunctionCall     any    `json:"function_call"`
+	ToolCalls        []any  `json:"tool_calls"`
+	ReasoningContent any    `json:"reasoning_content"`
 }
 
 // stream writes Server-Sent Events as vLLM does: one chunk per token, the finish reason on
