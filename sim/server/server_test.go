@@ -385,3 +385,76 @@ func FuzzParseKVEventsConfig(f *testing.F) {
 		}
 	})
 }
+
+// TestConcurrentAndCancelled runs many streaming and plain requests at once across two
+// ranks, cancelling some mid-flight: every survivor completes, and the engines end idle
+// with their KV cache free.
+func TestConcurrentAndCancelled(t *testing.T) {
+	_, hs := start(t, func(c *server.Config) {
+		c.DataParallelSize = 2
+		c.TimeScale = 200 // a 2-token step lasts about 25 us of wall time
+		c.Engine.NumGPUBlocks = 40
+	})
+	const n = 24
+	errs := make(chan error, n)
+	for i := range n {
+		go func() {
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			stream := i%2 == 0
+			body := fmt.Sprintf(`{"prompt":%s,"max_tokens":40,"stream":%v}`, ids(100+i%3*50, 100), stream)
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, hs.URL+"/v1/completions", strings.NewReader(body))
+			if i%4 == 1 {
+				time.AfterFunc(time.Millisecond, cancel)
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				if i%4 == 1 {
+					errs <- nil
+					return
+				}
+				errs <- err
+				return
+			}
+			raw, err := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			switch {
+			case i%4 == 1:
+				errs <- nil
+			case err != nil:
+				errs <- err
+			case resp.StatusCode != 200:
+				errs <- fmt.Errorf("status %d: %s", resp.StatusCode, raw)
+			case stream && !strings.HasSuffix(string(raw), "data: [DONE]\n\n"):
+				errs <- fmt.Errorf("stream did not end with [DONE]: %q", raw[max(0, len(raw)-80):])
+			case !stream && !strings.Contains(string(raw), `"completion_tokens":40`):
+				errs <- fmt.Errorf("body: %s", raw)
+			default:
+				errs <- nil
+			}
+		}()
+	}
+	for range n {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		m := get(t, hs, "/metrics")
+		idle := strings.Count(m, "vllm:num_requests_running{") == 2 &&
+			!strings.Contains(m, `vllm:kv_cache_usage_perc{engine="0",model_name="Qwen/Qwen3-0.6B"} 0.`) &&
+			!strings.Contains(m, `vllm:kv_cache_usage_perc{engine="1",model_name="Qwen/Qwen3-0.6B"} 0.`) &&
+			strings.Contains(m, `vllm:num_requests_running{engine="0",model_name="Qwen/Qwen3-0.6B"} 0`) &&
+			strings.Contains(m, `vllm:num_requests_running{engine="1",model_name="Qwen/Qwen3-0.6B"} 0`) &&
+			strings.Contains(m, `vllm:num_requests_waiting{engine="0",model_name="Qwen/Qwen3-0.6B"} 0`) &&
+			strings.Contains(m, `vllm:num_requests_waiting{engine="1",model_name="Qwen/Qwen3-0.6B"} 0`)
+		if idle {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("engines not idle:\n%s", m)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
