@@ -287,7 +287,11 @@ func Load(path string) (*Config, error) {
 	if err != nil {
 		return nil, fmt.Errorf("config: %w", err)
 	}
-	return parse(data, path, filepath.Dir(path))
+	base, err := filepath.Abs(filepath.Dir(path))
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	return parse(data, path, base)
 }
 
 // Parse decodes and validates a configuration document; file names it in errors. It
