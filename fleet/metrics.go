@@ -23,6 +23,9 @@ const (
 	metricGPUUsageOld = "vllm:gpu_cache_usage_perc" // the name before vLLM 0.10
 	metricCacheConfig = "vllm:cache_config_info"
 	labelModelName    = "model_name"
+
+	// maxCount bounds a believable request count.
+	maxCount = 1 << 30
 )
 
 // ParseError is returned by ParseMetrics for a body that is not usable; Reason is a
@@ -63,6 +66,9 @@ func ParseMetrics(r io.Reader, models []string) (scoring.Metrics, error) {
 	usage, _, err := reduce(usageFam, models, true)
 	if err != nil {
 		return m, err
+	}
+	if running > maxCount || waiting > maxCount {
+		return m, &ParseError{Reason: "value", Err: fmt.Errorf("request count %v/%v out of range", running, waiting)}
 	}
 	m.Running = int(math.Round(running))
 	m.Waiting = int(math.Round(waiting))
