@@ -340,4 +340,3 @@ func checkRoutes(where string, rc *routev3.RouteConfiguration, clusters map[stri
 	}
 	return errs
 }
-
