@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"sync"
@@ -21,6 +22,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/kvrouter/kvrouter/config"
+	"github.com/kvrouter/kvrouter/extproc"
 	"github.com/kvrouter/kvrouter/fleet"
 )
 
@@ -47,6 +49,11 @@ type Options struct {
 	Now func() time.Time
 	// HTTPClient scrapes the endpoints' /metrics. Nil: a default client.
 	HTTPClient *http.Client
+	// Tokenizer gives requests their prompt token ids. Nil: requests are routed without
+	// tokens (by the fallback policy's load view).
+	Tokenizer extproc.Tokenizer
+	// Rand feeds the random policy. Nil: seeded from the clock.
+	Rand rand.Source
 }
 
 // Addrs are the addresses the App listens on (resolved, so port 0 becomes a real port).
@@ -56,10 +63,11 @@ type Addrs struct {
 
 // App is one kvrouter service instance.
 type App struct {
-	cfg   *config.Config
-	log   *zap.Logger
-	reg   *prometheus.Registry
-	fleet *fleet.Fleet
+	cfg     *config.Config
+	log     *zap.Logger
+	reg     *prometheus.Registry
+	fleet   *fleet.Fleet
+	extproc *extproc.Server
 
 	extGRPC    *grpc.Server // ext_proc + health for Envoy
 	probeGRPC  *grpc.Server // health for Kubernetes
@@ -110,7 +118,7 @@ func New(cfg *config.Config, o Options) (*App, error) {
 	a.probeHlth = health.NewServer()
 	a.extGRPC = grpc.NewServer()
 	healthpb.RegisterHealthServer(a.extGRPC, a.extHealth)
-	if err := a.registerExtProc(a.extGRPC); err != nil {
+	if err := a.registerExtProc(o); err != nil {
 		return nil, err
 	}
 	a.probeGRPC = grpc.NewServer()
@@ -200,6 +208,7 @@ func (a *App) drain() {
 	start := time.Now()
 	a.draining.Store(true)
 	a.updateHealth()
+	a.extproc.Drain()
 	a.log.Info("draining", zap.Duration("timeout", a.cfg.Limits.DrainTimeout))
 
 	done := make(chan struct{})

@@ -51,7 +51,8 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		fs.PrintDefaults()
 	}
 	cfgPath := fs.String("config", "", "path of the YAML configuration file (required)")
-	level := zap.LevelFlag("log-level", zapcore.InfoLevel, "log level: debug, info, warn, error")
+	level := zapcore.InfoLevel
+	fs.Var(&level, "log-level", "log level: debug, info, warn, error")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -62,7 +63,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		fs.Usage()
 		return 2
 	}
-	log, err := newLogger(*level, stderr)
+	log, err := newLogger(level, stderr)
 	if err != nil {
 		fmt.Fprintf(stderr, "kvrouter: %v\n", err)
 		return 1
