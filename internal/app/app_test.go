@@ -367,3 +367,47 @@ func TestMetricsEndpoint(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestHealthFollowsEndpoint: the endpoint's metrics stop answering, then recover; both
+// health ports and /readyz follow.
+func TestHealthFollowsEndpoint(t *testing.T) {
+	vllm := newFakeVLLM(t)
+	vllm.up.Store(true)
+	a, err := app.New(testConfig(t, vllm), app.Options{Registry: prometheus.NewRegistry()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	addrs, err := a.Listen()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	runErr := make(chan error, 1)
+	go func() { runErr <- a.Run(ctx) }()
+	ext, probe := dial(t, addrs.ExtProc), dial(t, addrs.Health)
+	steps := []struct {
+		name string
+		up   bool
+		want healthpb.HealthCheckResponse_ServingStatus
+		code int
+	}{
+		{"serving", true, healthpb.HealthCheckResponse_SERVING, http.StatusOK},
+		{"endpoint stops answering", false, healthpb.HealthCheckResponse_NOT_SERVING, http.StatusServiceUnavailable},
+		{"endpoint recovers", true, healthpb.HealthCheckResponse_SERVING, http.StatusOK},
+	}
+	for _, s := range steps {
+		t.Run(s.name, func(t *testing.T) {
+			vllm.up.Store(s.up)
+			waitHealth(t, ext, app.ExtProcService, s.want)
+			waitHealth(t, probe, app.ReadinessService, s.want)
+			checkHealth(t, probe, app.LivenessService, healthpb.HealthCheckResponse_SERVING)
+			if code, body := httpGet(t, "http://"+addrs.Metrics+"/readyz"); code != s.code {
+				t.Errorf("/readyz = %d %q, want %d", code, body, s.code)
+			}
+		})
+	}
+	cancel()
+	if err := <-runErr; err != nil {
+		t.Fatal(err)
+	}
+}
