@@ -32,8 +32,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Requests routed, by chosen endpoint and by the policy that chose it.",
 		}, []string{"endpoint", "policy"})),
 		decisionLatency: register(reg, prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name: "kvrouter_routing_decision_duration_seconds",
-			Help: "Time from the last request message the decision needs to the decision (parse, tokenize, pick).",
+			Name:    "kvrouter_routing_decision_duration_seconds",
+			Help:    "Time from the last request message the decision needs to the decision (parse, tokenize, pick).",
 			Buckets: []float64{10e-6, 25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 100e-3},
 		})),
 		parseErrors: register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{

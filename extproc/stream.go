@@ -147,7 +147,11 @@ func (st *stream) onRequestBody(b *extprocv3.HttpBody) (bool, error) {
 		if st.through {
 			return false, st.sendBody(b.GetBody(), eos)
 		}
-		st.body = append(st.body, b.GetBody()...)
+		if st.body == nil && eos {
+			st.body = b.GetBody() // the whole body in one message: no copy needed
+		} else {
+			st.body = append(st.body, b.GetBody()...)
+		}
 		if len(st.body) > st.s.maxBody {
 			// Too large to parse: route by load now and stream the rest through.
 			st.through = true

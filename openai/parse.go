@@ -1,9 +1,9 @@
 package openai
 
 import (
-	"bytes"
-	"encoding/json"
+	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"unicode/utf8"
 )
@@ -67,9 +67,11 @@ func KindOf(path string) Kind {
 }
 
 // Parse reads an OpenAI /v1/completions or /v1/chat/completions body sent to path (a query
-// string is ignored). It never modifies body; the returned Request holds copies.
-// Keys are matched exactly (case-sensitive), as vLLM's pydantic models do. Errors are
-// always *ParseError.
+// string is ignored). It never modifies body; the raw JSON fields of the returned Request
+// are sub-slices of body, so body must not be modified while the Request is in use.
+// Keys are matched exactly (case-sensitive), as vLLM's pydantic models do; a repeated key
+// counts once, its last value winning, as in Python's json module. Errors are always
+// *ParseError.
 func Parse(path string, body []byte) (*Request, error) {
 	kind := KindOf(path)
 	if kind == KindUnknown {
@@ -78,20 +80,20 @@ func Parse(path string, body []byte) (*Request, error) {
 	if !utf8.Valid(body) {
 		return nil, &ParseError{Reason: ReasonNonUTF8}
 	}
-	var top map[string]json.RawMessage
-	if err := json.Unmarshal(body, &top); err != nil {
+	members, err := objectMembers(body)
+	if err != nil {
 		return nil, &ParseError{Reason: ReasonMalformedJSON, Err: err}
 	}
-	if top == nil { // the body was the JSON literal null
-		return nil, &ParseError{Reason: ReasonMalformedJSON, Err: fmt.Errorf("body is not an object")}
+	var f fields
+	for _, m := range members {
+		f.set(m.key, m.raw)
 	}
 	req := &Request{Kind: kind, AddGenerationPrompt: true, AddSpecialTokens: kind == KindCompletions}
 
-	rawModel, ok := present(top, "model")
-	if !ok {
+	if f.model == nil {
 		return nil, &ParseError{Reason: ReasonMissingModel, Field: "model"}
 	}
-	if err := json.Unmarshal(rawModel, &req.Model); err != nil {
+	if req.Model, err = asString(f.model); err != nil {
 		return nil, &ParseError{Reason: ReasonMalformedJSON, Field: "model", Err: err}
 	}
 	if req.Model == "" {
@@ -100,129 +102,206 @@ func Parse(path string, body []byte) (*Request, error) {
 
 	switch kind {
 	case KindCompletions:
-		raw, ok := present(top, "prompt")
-		if !ok {
-			return nil, &ParseError{Reason: ReasonMalformedJSON, Field: "prompt", Err: fmt.Errorf("missing")}
+		if f.prompt == nil {
+			return nil, &ParseError{Reason: ReasonMalformedJSON, Field: "prompt", Err: errors.New("missing")}
 		}
-		if err := checkPrompt(raw); err != nil {
+		if err := checkPrompt(f.prompt); err != nil {
 			return nil, &ParseError{Reason: ReasonMalformedJSON, Field: "prompt", Err: err}
 		}
-		req.Prompt = raw
+		req.Prompt = f.prompt
 	case KindChat:
-		raw, ok := present(top, "messages")
-		if !ok || firstByte(raw) != '[' {
-			return nil, &ParseError{Reason: ReasonMalformedJSON, Field: "messages", Err: fmt.Errorf("missing or not a list")}
+		if f.messages == nil || f.messages[0] != '[' {
+			return nil, &ParseError{Reason: ReasonMalformedJSON, Field: "messages", Err: errors.New("missing or not a list")}
 		}
-		req.Messages = raw
-		if raw, ok := present(top, "tools"); ok {
-			if firstByte(raw) != '[' {
-				return nil, &ParseError{Reason: ReasonMalformedJSON, Field: "tools", Err: fmt.Errorf("not a list")}
+		req.Messages = f.messages
+		if f.tools != nil {
+			if f.tools[0] != '[' {
+				return nil, &ParseError{Reason: ReasonMalformedJSON, Field: "tools", Err: errors.New("not a list")}
 			}
-			req.Tools = raw
+			req.Tools = f.tools
 		}
-		if raw, ok := present(top, "chat_template_kwargs"); ok {
-			if firstByte(raw) != '{' {
-				return nil, &ParseError{Reason: ReasonMalformedJSON, Field: "chat_template_kwargs", Err: fmt.Errorf("not an object")}
+		if f.kwargs != nil {
+			if f.kwargs[0] != '{' {
+				return nil, &ParseError{Reason: ReasonMalformedJSON, Field: "chat_template_kwargs", Err: errors.New("not an object")}
 			}
-			req.ChatTemplateKwargs = raw
+			req.ChatTemplateKwargs = f.kwargs
 		}
-		if err := optional(top, "chat_template", &req.ChatTemplate); err != nil {
+		if f.template != nil {
+			if req.ChatTemplate, err = asString(f.template); err != nil {
+				return nil, &ParseError{Reason: ReasonMalformedJSON, Field: "chat_template", Err: err}
+			}
+		}
+		if err := optBool(f.addGen, "add_generation_prompt", &req.AddGenerationPrompt); err != nil {
 			return nil, err
 		}
-		if err := optional(top, "add_generation_prompt", &req.AddGenerationPrompt); err != nil {
-			return nil, err
-		}
-		if err := optional(top, "continue_final_message", &req.ContinueFinalMessage); err != nil {
+		if err := optBool(f.contFinal, "continue_final_message", &req.ContinueFinalMessage); err != nil {
 			return nil, err
 		}
 	}
-	if err := optional(top, "add_special_tokens", &req.AddSpecialTokens); err != nil {
+	if err := optBool(f.addSpecial, "add_special_tokens", &req.AddSpecialTokens); err != nil {
 		return nil, err
 	}
-	if err := optional(top, "stream", &req.Stream); err != nil {
+	if err := optBool(f.stream, "stream", &req.Stream); err != nil {
 		return nil, err
 	}
-	if raw, ok := present(top, "stream_options"); ok {
-		var so map[string]json.RawMessage
-		if err := json.Unmarshal(raw, &so); err != nil {
+	if f.streamOpts != nil {
+		so, err := objectMembers(f.streamOpts)
+		if err != nil {
 			return nil, &ParseError{Reason: ReasonMalformedJSON, Field: "stream_options", Err: err}
 		}
-		if err := optional(so, "include_usage", &req.IncludeUsage); err != nil {
-			err.Field = "stream_options." + err.Field
+		var inc []byte
+		for _, m := range so {
+			if m.key == "include_usage" {
+				inc = nonNull(m.raw)
+			}
+		}
+		if err := optBool(inc, "stream_options.include_usage", &req.IncludeUsage); err != nil {
 			return nil, err
 		}
 	}
-	if err := optional(top, "cache_salt", &req.CacheSalt); err != nil {
-		return nil, err
+	if f.salt != nil {
+		if req.CacheSalt, err = asString(f.salt); err != nil {
+			return nil, &ParseError{Reason: ReasonMalformedJSON, Field: "cache_salt", Err: err}
+		}
 	}
 	return req, nil
 }
 
-// present returns the raw value of key unless it is absent or JSON null (pydantic treats
-// an explicit null as "use the default" for the optional fields we read).
-func present(m map[string]json.RawMessage, key string) (json.RawMessage, bool) {
-	raw, ok := m[key]
-	if !ok || bytes.Equal(raw, []byte("null")) {
-		return nil, false
-	}
-	return raw, true
+// fields holds the raw values of the members Parse reads; nil means absent or null
+// (pydantic treats an explicit null as "use the default" for these optional fields).
+type fields struct {
+	model, prompt, messages, tools, kwargs, template        []byte
+	addGen, contFinal, addSpecial, stream, streamOpts, salt []byte
 }
 
-// optional decodes key into dst when it is present and not null.
-func optional[T any](m map[string]json.RawMessage, key string, dst *T) *ParseError {
-	raw, ok := present(m, key)
-	if !ok {
+func nonNull(raw []byte) []byte {
+	if string(raw) == "null" {
 		return nil
 	}
-	if err := json.Unmarshal(raw, dst); err != nil {
-		return &ParseError{Reason: ReasonMalformedJSON, Field: key, Err: err}
+	return raw
+}
+
+func (f *fields) set(key string, raw []byte) {
+	raw = nonNull(raw)
+	switch key {
+	case "model":
+		f.model = raw
+	case "prompt":
+		f.prompt = raw
+	case "messages":
+		f.messages = raw
+	case "tools":
+		f.tools = raw
+	case "chat_template_kwargs":
+		f.kwargs = raw
+	case "chat_template":
+		f.template = raw
+	case "add_generation_prompt":
+		f.addGen = raw
+	case "continue_final_message":
+		f.contFinal = raw
+	case "add_special_tokens":
+		f.addSpecial = raw
+	case "stream":
+		f.stream = raw
+	case "stream_options":
+		f.streamOpts = raw
+	case "cache_salt":
+		f.salt = raw
 	}
+}
+
+func optBool(raw []byte, field string, dst *bool) *ParseError {
+	if raw == nil {
+		return nil
+	}
+	v, err := asBool(raw)
+	if err != nil {
+		return &ParseError{Reason: ReasonMalformedJSON, Field: field, Err: err}
+	}
+	*dst = v
 	return nil
 }
 
-func firstByte(raw json.RawMessage) byte {
-	if len(raw) == 0 {
-		return 0
+// arrayItems returns the elements of a validated JSON array.
+func arrayItems(raw []byte) ([][]byte, error) {
+	if len(raw) == 0 || raw[0] != '[' {
+		return nil, errors.New("want a list")
 	}
-	return raw[0] // json.RawMessage from Unmarshal carries no leading whitespace
+	var items [][]byte
+	i := skipWS(raw, 1)
+	if raw[i] == ']' {
+		return nil, nil
+	}
+	for {
+		e, err := skipValue(raw, i, 1)
+		if err != nil {
+			return nil, err
+		}
+		items = append(items, raw[i:e])
+		i = skipWS(raw, e)
+		if raw[i] == ']' {
+			return items, nil
+		}
+		i = skipWS(raw, i+1) // ','
+	}
+}
+
+// isTokenID reports whether raw is a JSON integer in uint32 range.
+func isTokenID(raw []byte) bool {
+	if len(raw) == 0 || len(raw) > 10 {
+		return false
+	}
+	for _, c := range raw {
+		if !isDigit(c) {
+			return false
+		}
+	}
+	if len(raw) > 1 && raw[0] == '0' {
+		return false
+	}
+	n, err := strconv.ParseUint(string(raw), 10, 32)
+	return err == nil && n <= 1<<32-1
 }
 
 // checkPrompt accepts the four prompt forms: a string, a list of strings, a list of token
-// ids, a list of lists of token ids.
-func checkPrompt(raw json.RawMessage) error {
-	switch firstByte(raw) {
-	case '"':
+// ids, a list of lists of token ids (none of the lists empty).
+func checkPrompt(raw []byte) error {
+	if raw[0] == '"' {
 		return nil
-	case '[':
-	default:
-		return fmt.Errorf("want a string or a list")
 	}
-	var items []json.RawMessage
-	if err := json.Unmarshal(raw, &items); err != nil {
-		return err
+	items, err := arrayItems(raw)
+	if err != nil {
+		return fmt.Errorf("want a string or a list: %w", err)
 	}
 	if len(items) == 0 {
-		return fmt.Errorf("empty list")
+		return errors.New("empty list")
 	}
-	switch firstByte(items[0]) {
+	switch items[0][0] {
 	case '"':
 		for _, it := range items {
-			if firstByte(it) != '"' {
-				return fmt.Errorf("mixed list")
+			if it[0] != '"' {
+				return errors.New("mixed list")
 			}
 		}
-		return nil
 	case '[':
-		var ids [][]uint32
-		if err := json.Unmarshal(raw, &ids); err != nil {
-			return fmt.Errorf("want lists of token ids: %w", err)
+		for _, it := range items {
+			ids, err := arrayItems(it)
+			if err != nil {
+				return fmt.Errorf("want lists of token ids: %w", err)
+			}
+			for _, id := range ids {
+				if !isTokenID(id) {
+					return errors.New("want lists of token ids")
+				}
+			}
 		}
-		return nil
 	default:
-		var ids []uint32
-		if err := json.Unmarshal(raw, &ids); err != nil {
-			return fmt.Errorf("want token ids: %w", err)
+		for _, it := range items {
+			if !isTokenID(it) {
+				return errors.New("want token ids")
+			}
 		}
-		return nil
 	}
+	return nil
 }

@@ -2,9 +2,11 @@ package openai_test
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/kvrouter/kvrouter/openai"
 )
@@ -40,6 +42,13 @@ func TestParse(t *testing.T) {
 			path: "/v1/chat/completions",
 			body: `{"model":"m","messages":[],"tools":null,"add_generation_prompt":null,"stream_options":null,"cache_salt":null}`,
 			want: openai.Request{Model: "m", Kind: openai.KindChat, Messages: []byte(`[]`), AddGenerationPrompt: true},
+		},
+		{
+			name: "escapes, duplicates and whitespace",
+			path: "/v1/completions",
+			body: " \n{ \"model\" : \"old\", \"model\":\"m\\u00e9\\n\", \"prompt\" : [ [1, 2] , [4294967295] ], \"x\": {\"y\": [-1.5e-3, true, null]} }\t",
+			want: openai.Request{Model: "m\u00e9\n", Kind: openai.KindCompletions, Prompt: []byte(`[ [1, 2] , [4294967295] ]`),
+				AddGenerationPrompt: true, AddSpecialTokens: true},
 		},
 		{
 			name: "completion string prompt",
@@ -101,6 +110,15 @@ func TestParseErrors(t *testing.T) {
 		{"empty", "/v1/completions", ``, openai.ReasonMalformedJSON, ""},
 		{"null body", "/v1/completions", `null`, openai.ReasonMalformedJSON, ""},
 		{"array body", "/v1/completions", `[1]`, openai.ReasonMalformedJSON, ""},
+		{"trailing data", "/v1/completions", `{"model":"m","prompt":"x"} x`, openai.ReasonMalformedJSON, ""},
+		{"two objects", "/v1/completions", `{"model":"m","prompt":"x"}{}`, openai.ReasonMalformedJSON, ""},
+		{"leading zero", "/v1/completions", `{"model":"m","prompt":"x","n":01}`, openai.ReasonMalformedJSON, ""},
+		{"bad escape", "/v1/completions", `{"model":"m","prompt":"\x"}`, openai.ReasonMalformedJSON, ""},
+		{"control char", "/v1/completions", "{\"model\":\"m\",\"prompt\":\"a\tb\"}", openai.ReasonMalformedJSON, ""},
+		{"trailing comma", "/v1/completions", `{"model":"m","prompt":"x",}`, openai.ReasonMalformedJSON, ""},
+		{"too deep", "/v1/chat/completions", `{"model":"m","messages":` + strings.Repeat("[", 10001) + strings.Repeat("]", 10001) + `}`, openai.ReasonMalformedJSON, ""},
+		{"prompt id too big", "/v1/completions", `{"model":"m","prompt":[4294967296]}`, openai.ReasonMalformedJSON, "prompt"},
+		{"prompt float id", "/v1/completions", `{"model":"m","prompt":[1.0]}`, openai.ReasonMalformedJSON, "prompt"},
 		{"no model", "/v1/completions", `{"prompt":"x"}`, openai.ReasonMissingModel, "model"},
 		{"null model", "/v1/completions", `{"model":null,"prompt":"x"}`, openai.ReasonMissingModel, "model"},
 		{"empty model", "/v1/completions", `{"model":"","prompt":"x"}`, openai.ReasonMissingModel, "model"},
@@ -153,11 +171,25 @@ func FuzzParse(f *testing.F) {
 	f.Add("/v1/completions", []byte(`{"model":"m","prompt":[[1,2],[3]]}`))
 	f.Add("/v1/completions", []byte(`{"model":"m","prompt":["a"],"stream_options":{"include_usage":true}}`))
 	f.Add("/v1/completions", []byte("\xff"))
+	f.Add("/v1/chat/completions", []byte(` {"model":"m\u00e9","messages":[{"a":[1.5e3,-0,true,null,"\\\"x"]}]} `))
+	f.Add("/v1/completions", []byte(`{"model":"m","prompt":[[1,2],[]],"x":{"y":[01]}}`))
 	f.Fuzz(func(t *testing.T, path string, body []byte) {
 		orig := bytes.Clone(body)
 		req, err := openai.Parse(path, body)
 		if !bytes.Equal(orig, body) {
 			t.Fatal("body modified")
+		}
+		// Differential check against encoding/json's validator.
+		if utf8.Valid(body) && openai.KindOf(path) != openai.KindUnknown {
+			valid := json.Valid(body)
+			if err == nil && !valid {
+				t.Fatalf("accepted invalid JSON %q", body)
+			}
+			var pe *openai.ParseError
+			isObject := len(bytes.TrimLeft(body, " \t\r\n")) > 0 && bytes.TrimLeft(body, " \t\r\n")[0] == '{'
+			if valid && isObject && errors.As(err, &pe) && pe.Reason == openai.ReasonMalformedJSON && pe.Field == "" {
+				t.Fatalf("rejected valid JSON %q: %v", body, err)
+			}
 		}
 		if err != nil {
 			var pe *openai.ParseError

@@ -127,7 +127,7 @@ func Start(ctx context.Context, c extprocv3.ExternalProcessorClient, cfg Config)
 		cfg: cfg, stream: st, cancel: cancel,
 		replies:  make(chan *extprocv3.ProcessingResponse, 16),
 		recvDone: make(chan struct{}),
-		sent:     make(chan sentItem, 4096),
+		sent:     make(chan sentItem, 64),
 	}
 	go x.receive()
 	return x, nil
