@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
@@ -406,6 +407,48 @@ func TestHealthFollowsEndpoint(t *testing.T) {
 			}
 		})
 	}
+	cancel()
+	if err := <-runErr; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestBufferedLargeBody: in BUFFERED mode a body above gRPC's default 4 MiB message limit
+// (but within limits.max_body_bytes) still reaches kvrouter and is routed.
+func TestBufferedLargeBody(t *testing.T) {
+	vllm := newFakeVLLM(t)
+	vllm.up.Store(true)
+	a, err := app.New(testConfig(t, vllm), app.Options{Registry: prometheus.NewRegistry()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	addrs, err := a.Listen()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	runErr := make(chan error, 1)
+	go func() { runErr <- a.Run(ctx) }()
+	ext := dial(t, addrs.ExtProc)
+	waitHealth(t, ext, app.ExtProcService, healthpb.HealthCheckResponse_SERVING)
+
+	cfg := envoytest.Config{RequestBodyMode: filterv3.ProcessingMode_BUFFERED, SendProtocolConfig: true}
+	x, err := envoytest.Start(context.Background(), extprocv3.NewExternalProcessorClient(ext), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := `{"model":"` + model + `","prompt":"` + strings.Repeat("a", 6<<20) + `"}`
+	res, err := x.Request(envoytest.Request{
+		Headers: envoytest.Headers{{Key: ":method", Value: "POST"}, {Key: ":path", Value: "/v1/completions"}, {Key: "content-type", Value: "application/json"}},
+		Body:    [][]byte{[]byte(body)},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := res.Headers.Values("x-gateway-destination-endpoint"); len(got) != 1 || got[0] != vllm.Listener.Addr().String() {
+		t.Errorf("destination = %q (immediate %v)", got, res.Immediate)
+	}
+	x.Cancel()
 	cancel()
 	if err := <-runErr; err != nil {
 		t.Fatal(err)
