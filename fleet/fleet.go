@@ -99,7 +99,7 @@ type Options struct {
 	// Client performs scrapes. Nil: a client with no overall timeout (each scrape is
 	// bounded by ScrapeConfig.Timeout).
 	Client *http.Client
-	// ScrapeConcurrency bounds the scrapes in flight at once. Zero: 16.
+	// ScrapeConcurrency bounds the scrapes in flight at once in ScrapeAll. Zero: 16.
 	ScrapeConcurrency int
 }
 
@@ -463,23 +463,83 @@ func (f *Fleet) Status() []EndpointStatus {
 	return out
 }
 
-// Run scrapes every endpoint with a metrics URL now and then every scrape interval, until
-// ctx ends; it returns nil then.
+// Run scrapes each endpoint that has a metrics URL in its own loop (at once, then every
+// scrape interval), so that a slow or dead endpoint delays no other. Loops start and stop
+// as endpoints are added, changed or removed. Run returns nil once ctx ends and every
+// loop has stopped.
 func (f *Fleet) Run(ctx context.Context) error {
+	changed := make(chan struct{}, 1)
+	unsubscribe := f.Subscribe(func(c Change) {
+		if c.Kind != StateChanged {
+			select {
+			case changed <- struct{}{}:
+			default:
+			}
+		}
+	})
+	defer unsubscribe()
+
+	type loop struct {
+		url    string
+		cancel context.CancelFunc
+	}
+	loops := map[*endpoint]loop{}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	reconcile := func() {
+		live := map[*endpoint]bool{}
+		for _, ep := range f.table.Load().all {
+			url := ep.cfg.Load().MetricsURL
+			if url == "" {
+				continue
+			}
+			live[ep] = true
+			if l, ok := loops[ep]; ok && l.url == url {
+				continue
+			} else if ok {
+				l.cancel()
+			}
+			lctx, cancel := context.WithCancel(ctx)
+			loops[ep] = loop{url: url, cancel: cancel}
+			wg.Go(func() { f.scrapeLoop(lctx, ep) })
+		}
+		for ep, l := range loops {
+			if !live[ep] {
+				l.cancel()
+				delete(loops, ep)
+			}
+		}
+	}
+	reconcile()
+	for {
+		select {
+		case <-ctx.Done():
+			for _, l := range loops {
+				l.cancel()
+			}
+			return nil
+		case <-changed:
+			reconcile()
+		}
+	}
+}
+
+func (f *Fleet) scrapeLoop(ctx context.Context, ep *endpoint) {
 	tick := time.NewTicker(f.scrape.Interval)
 	defer tick.Stop()
 	for {
-		f.ScrapeAll(ctx)
+		f.scrapeOne(ctx, ep)
 		select {
 		case <-ctx.Done():
-			return nil
+			return
 		case <-tick.C:
 		}
 	}
 }
 
-// ScrapeAll scrapes every endpoint that has a metrics URL once, concurrently, and
-// returns when all scrapes ended. Run calls it on every tick; tests call it directly.
+// ScrapeAll scrapes every endpoint that has a metrics URL once, concurrently (at most
+// Options.ScrapeConcurrency at a time), and returns when all scrapes ended: one
+// deterministic round, for tests and tools. Run scrapes on its own.
 func (f *Fleet) ScrapeAll(ctx context.Context) {
 	var g errgroup.Group
 	g.SetLimit(f.conc)

@@ -526,3 +526,59 @@ func BenchmarkCandidates(b *testing.B) {
 		})
 	}
 }
+
+// TestRunFollowsRegistry: Run scrapes endpoints added after it started and stops
+// scraping removed ones.
+func TestRunFollowsRegistry(t *testing.T) {
+	first := newFakeVLLM(t, load{Running: 1})
+	second := newFakeVLLM(t, load{Running: 2})
+	cfg := scrapeCfg()
+	cfg.Interval, cfg.Timeout = 10*time.Millisecond, 10*time.Millisecond
+	f, err := fleet.New(fleet.Config{Scrape: cfg, Endpoints: []fleet.EndpointConfig{
+		{Address: "127.0.0.1:8000", Models: []string{qwen}, MetricsURL: first.metricsURL()}}}, fleet.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	healthy := make(chan string, 16)
+	f.Subscribe(func(c fleet.Change) {
+		if c.Kind == fleet.StateChanged && c.State == fleet.StateHealthy {
+			healthy <- c.Address
+		}
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- f.Run(ctx) }()
+	if got := <-healthy; got != "127.0.0.1:8000" {
+		t.Fatalf("first healthy endpoint %s", got)
+	}
+	// Remove the first endpoint and add the second in one step: once the second is
+	// scraped, Run has seen the removal too.
+	f.Remove("127.0.0.1:8000")
+	if err := f.Upsert(fleet.EndpointConfig{Address: "127.0.0.1:8001", Models: []string{qwen}, MetricsURL: second.metricsURL()}); err != nil {
+		t.Fatal(err)
+	}
+	if got := <-healthy; got != "127.0.0.1:8001" {
+		t.Fatalf("second healthy endpoint %s", got)
+	}
+	if st := status(t, f, "127.0.0.1:8001"); st.Metrics.Running != 2 {
+		t.Errorf("second endpoint metrics %+v", st.Metrics)
+	}
+	hitsOf := func(v *fakeVLLM) int {
+		v.mu.Lock()
+		defer v.mu.Unlock()
+		return v.hits
+	}
+	// Let the second endpoint be scraped five more times; the removed one may finish at
+	// most the one scrape that was in flight when it was removed.
+	before, base := hitsOf(first), hitsOf(second)
+	for hitsOf(second) < base+5 {
+		time.Sleep(time.Millisecond)
+	}
+	if after := hitsOf(first); after > before+1 {
+		t.Errorf("removed endpoint scraped %d more times", after-before)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Run = %v", err)
+	}
+}
