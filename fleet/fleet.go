@@ -39,6 +39,7 @@ const (
 
 var stateNames = [...]string{"pending", "healthy", "unhealthy", "unscraped"}
 
+// String returns the state's metric label: pending, healthy, unhealthy or unscraped.
 func (s State) String() string {
 	if s >= 0 && int(s) < len(stateNames) {
 		return stateNames[s]
@@ -63,6 +64,7 @@ const (
 	StateChanged
 )
 
+// String returns the kind's metric label: added, updated, removed or state_changed.
 func (k ChangeKind) String() string {
 	switch k {
 	case Added:
@@ -558,7 +560,7 @@ func (f *Fleet) ScrapeAll(ctx context.Context) {
 	_ = g.Wait()
 }
 
-// scrapeReason labels scrape failures in metrics.
+// scrapeError is a failed scrape with the reason label it is counted under.
 type scrapeError struct {
 	reason string
 	err    error

@@ -35,7 +35,9 @@ type ParseError struct {
 	Err    error
 }
 
+// Error describes the problem with the metrics text.
 func (e *ParseError) Error() string { return "fleet: vllm metrics: " + e.Err.Error() }
+// Unwrap returns the underlying error.
 func (e *ParseError) Unwrap() error { return e.Err }
 
 // ParseMetrics reads vLLM's /metrics in the Prometheus text format and returns the load

@@ -23,6 +23,7 @@ type Error struct {
 	Msg string
 }
 
+// Error returns "path: message", or the message alone for a document-wide problem.
 func (e *Error) Error() string {
 	if e.Path == "" {
 		return e.Msg
