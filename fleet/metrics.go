@@ -37,6 +37,7 @@ type ParseError struct {
 
 // Error describes the problem with the metrics text.
 func (e *ParseError) Error() string { return "fleet: vllm metrics: " + e.Err.Error() }
+
 // Unwrap returns the underlying error.
 func (e *ParseError) Unwrap() error { return e.Err }
 
