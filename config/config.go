@@ -1,0 +1,397 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"reflect"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/kvrouter/kvrouter/config/field"
+	"github.com/kvrouter/kvrouter/fleet"
+)
+
+// Config is kvrouter's whole configuration file. Each section is owned by the package
+// that uses it; later features add sections or fields, never reshape existing ones.
+type Config struct {
+	// Listen holds the addresses kvrouter serves on.
+	Listen ListenConfig `yaml:"listen"`
+	// Endpoints is the static list of vLLM servers.
+	Endpoints []fleet.EndpointConfig `yaml:"endpoints"`
+	// Models maps a base model's served name to how the router tokenizes for it. A model
+	// served by some endpoint but absent here is routed by load only.
+	Models map[string]ModelConfig `yaml:"models"`
+	// Policy chooses and tunes the placement policy.
+	Policy PolicyConfig `yaml:"policy"`
+	// Limits bounds sizes and times.
+	Limits LimitsConfig `yaml:"limits"`
+}
+
+// Default returns the configuration with every default and no endpoint.
+func Default() Config {
+	return Config{
+		Listen: DefaultListenConfig(),
+		Policy: DefaultPolicyConfig(),
+		Limits: DefaultLimitsConfig(),
+	}
+}
+
+// Fleet returns the fleet's part of the configuration.
+func (c *Config) Fleet() fleet.Config {
+	return fleet.Config{Endpoints: c.Endpoints, Scrape: c.Limits.Scrape}
+}
+
+// Validate checks every section and the rules across sections. Paths in the returned
+// field.Errors are those of the YAML file.
+func (c *Config) Validate() error {
+	var errs field.Errors
+	errs.Nest("listen", c.Listen.Validate())
+	if len(c.Endpoints) == 0 {
+		errs.Addf("endpoints", "at least one endpoint is required")
+	}
+	errs.Nest("endpoints", fleet.ValidateEndpoints(c.Endpoints))
+	adapters := map[string]string{}
+	for _, ep := range c.Endpoints {
+		for _, a := range ep.LoRAAdapters {
+			adapters[a.Name] = a.BaseModel
+		}
+	}
+	for _, name := range sortedKeys(c.Models) {
+		m := c.Models[name]
+		p := field.Key("models", name)
+		if base, ok := adapters[name]; ok {
+			errs.Addf(p, "%q is a LoRA adapter of %q; configure the base model instead", name, base)
+		}
+		errs.Nest(p, m.Validate())
+	}
+	errs.Nest("policy", c.Policy.Validate())
+	errs.Nest("limits", c.Limits.Validate())
+	return errs.Err()
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}
+
+// ListenConfig holds the addresses kvrouter listens on ("host:port"; port 0 picks a free
+// port, for tests).
+type ListenConfig struct {
+	// ExtProc serves Envoy's ext_proc stream and the gRPC health service Envoy checks.
+	ExtProc string `yaml:"extproc"`
+	// Health serves the gRPC health service for Kubernetes probes.
+	Health string `yaml:"health"`
+	// Metrics serves HTTP /metrics, /healthz and /readyz.
+	Metrics string `yaml:"metrics"`
+}
+
+// DefaultListenConfig returns ":9002", ":9003" and ":9090".
+func DefaultListenConfig() ListenConfig {
+	return ListenConfig{ExtProc: ":9002", Health: ":9003", Metrics: ":9090"}
+}
+
+// Validate checks each address and that no two share a fixed port.
+func (c *ListenConfig) Validate() error {
+	var errs field.Errors
+	seen := map[string]string{}
+	for _, a := range []struct{ name, addr string }{
+		{"extproc", c.ExtProc}, {"health", c.Health}, {"metrics", c.Metrics},
+	} {
+		host, port, err := net.SplitHostPort(a.addr)
+		if err != nil {
+			errs.Addf(a.name, "%q is not host:port", a.addr)
+			continue
+		}
+		if n, err := strconv.ParseUint(port, 10, 16); err != nil {
+			errs.Addf(a.name, "%q: port must be 0..65535", a.addr)
+			continue
+		} else if n == 0 {
+			continue
+		}
+		key := host + ":" + port
+		if other, dup := seen[key]; dup {
+			errs.Addf(a.name, "%q is already used by %s", a.addr, other)
+		}
+		seen[key] = a.name
+	}
+	return errs.Err()
+}
+
+// ModelConfig says how the router tokenizes prompts for one base model: either a
+// Hugging Face model directory, or the paths of its two tokenizer files. Relative paths
+// are relative to the configuration file's directory.
+type ModelConfig struct {
+	// Tokenizer is a directory holding tokenizer.json and tokenizer_config.json.
+	Tokenizer string `yaml:"tokenizer"`
+	// TokenizerJSON and TokenizerConfig name the two files directly (both or neither).
+	TokenizerJSON   string `yaml:"tokenizer_json"`
+	TokenizerConfig string `yaml:"tokenizer_config"`
+	// BlockSize is the number of tokens per KV block, as the model's vLLM servers run with
+	// (default 16).
+	BlockSize int `yaml:"block_size"`
+}
+
+// DefaultBlockSize is vLLM's default KV block size.
+const DefaultBlockSize = 16
+
+// SetDefaults fills the defaults of a model entry (block size 16).
+func (m *ModelConfig) SetDefaults() { m.BlockSize = DefaultBlockSize }
+
+// Validate checks that the tokenizer is named exactly one way and the block size.
+func (m *ModelConfig) Validate() error {
+	var errs field.Errors
+	files := m.TokenizerJSON != "" || m.TokenizerConfig != ""
+	switch {
+	case m.Tokenizer != "" && files:
+		errs.Addf("tokenizer", "set either tokenizer (a directory) or tokenizer_json and tokenizer_config, not both")
+	case m.Tokenizer == "" && !files:
+		errs.Addf("tokenizer", "is required (a directory), or set tokenizer_json and tokenizer_config")
+	case files && m.TokenizerJSON == "":
+		errs.Addf("tokenizer_json", "is required with tokenizer_config")
+	case files && m.TokenizerConfig == "":
+		errs.Addf("tokenizer_config", "is required with tokenizer_json")
+	}
+	if m.BlockSize < 1 || m.BlockSize > 4096 {
+		errs.Addf("block_size", "%d is out of range [1, 4096]", m.BlockSize)
+	}
+	return errs.Err()
+}
+
+// PolicyNames lists the policies this build knows.
+func PolicyNames() []string { return []string{"random", "round-robin", "least-load"} }
+
+// PolicyConfig chooses the placement policy.
+type PolicyConfig struct {
+	// Name is the policy used when the request's tokens are known.
+	Name string `yaml:"name"`
+	// Fallback is the policy used when they are not (no tokenizer for the model,
+	// unparsable body); it must not need tokens.
+	Fallback string `yaml:"fallback"`
+	// Weights tunes the policy's scorers by name; each weight is finite and >= 0.
+	Weights map[string]float64 `yaml:"weights"`
+}
+
+// DefaultPolicyConfig returns least-load for both.
+func DefaultPolicyConfig() PolicyConfig {
+	return PolicyConfig{Name: "least-load", Fallback: "least-load"}
+}
+
+var weightName = regexp.MustCompile(`^[a-z][a-z0-9_-]*$`)
+
+// Validate checks the names and weights.
+func (c *PolicyConfig) Validate() error {
+	var errs field.Errors
+	known := PolicyNames()
+	for _, f := range []struct{ path, name string }{{"name", c.Name}, {"fallback", c.Fallback}} {
+		if !slices.Contains(known, f.name) {
+			errs.Addf(f.path, "unknown policy %q (known: %s)", f.name, strings.Join(known, ", "))
+		}
+	}
+	for _, k := range sortedKeys(c.Weights) {
+		w := c.Weights[k]
+		p := field.Key("weights", k)
+		if !weightName.MatchString(k) {
+			errs.Addf(p, "weight names are lower-case words ([a-z][a-z0-9_-]*)")
+		}
+		if w < 0 {
+			errs.Addf(p, "weight %v is negative", w)
+		}
+	}
+	return errs.Err()
+}
+
+// LimitsConfig bounds sizes and times.
+type LimitsConfig struct {
+	// MaxBodyBytes is the largest request body the router reads to route; a larger body
+	// is routed by load (default 16 MiB).
+	MaxBodyBytes int `yaml:"max_body_bytes"`
+	// DrainTimeout bounds how long in-flight streams may run on after SIGTERM.
+	DrainTimeout time.Duration `yaml:"drain_timeout"`
+	// Scrape tunes the scraping of each endpoint's /metrics.
+	Scrape fleet.ScrapeConfig `yaml:",inline"`
+}
+
+// DefaultLimitsConfig returns 16 MiB bodies, a 30s drain and the scrape defaults.
+func DefaultLimitsConfig() LimitsConfig {
+	return LimitsConfig{
+		MaxBodyBytes: 16 << 20,
+		DrainTimeout: 30 * time.Second,
+		Scrape:       fleet.DefaultScrapeConfig(),
+	}
+}
+
+// Validate checks the ranges.
+func (c *LimitsConfig) Validate() error {
+	var errs field.Errors
+	if c.MaxBodyBytes < 1<<10 || c.MaxBodyBytes > 1<<30 {
+		errs.Addf("max_body_bytes", "%d is out of range [1 KiB, 1 GiB]", c.MaxBodyBytes)
+	}
+	if c.DrainTimeout < 0 || c.DrainTimeout > time.Hour {
+		errs.Addf("drain_timeout", "%v is out of range [0, 1h]", c.DrainTimeout)
+	}
+	errs.Nest("", c.Scrape.Validate())
+	return errs.Err()
+}
+
+// Problem is one thing wrong with a configuration file.
+type Problem struct {
+	// Line is the 1-based line the problem is on (the line of the field, or of its
+	// closest enclosing field when the field is missing).
+	Line int
+	// Path names the field, e.g. "endpoints[1].address"; empty for a syntax error.
+	Path string
+	// Msg says what is wrong.
+	Msg string
+}
+
+// Error lists every problem found in one file. Load returns it (use errors.As) when the
+// file is unreadable as YAML or breaks any rule.
+type Error struct {
+	File     string
+	Problems []Problem
+}
+
+// Error prints the problems one per line as "FILE:LINE: field.path: message".
+func (e *Error) Error() string {
+	var b strings.Builder
+	for i, p := range e.Problems {
+		if i > 0 {
+			b.WriteByte('\n')
+		}
+		fmt.Fprintf(&b, "%s:%d: ", e.File, p.Line)
+		if p.Path != "" {
+			b.WriteString(p.Path + ": ")
+		}
+		b.WriteString(p.Msg)
+	}
+	return b.String()
+}
+
+// Load reads, decodes and validates the file at path, and checks that the files it
+// names exist (relative paths are resolved against the file's directory). Every problem
+// is reported, not just the first: the error is an *Error unless the file cannot be read.
+func Load(path string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	base, err := filepath.Abs(filepath.Dir(path))
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	return parse(data, path, base)
+}
+
+// Parse decodes and validates a configuration document; file names it in errors. It
+// touches no file system path (Load does).
+func Parse(data []byte, file string) (*Config, error) {
+	return parse(data, file, "")
+}
+
+var yamlLine = regexp.MustCompile(`^yaml: line (\d+): (.*)$`)
+
+// parse decodes and validates; when base is not empty it also resolves and checks the
+// model file paths.
+func parse(data []byte, file, base string) (*Config, error) {
+	var root yaml.Node
+	if err := yaml.Unmarshal(data, &root); err != nil {
+		p := Problem{Line: 1, Msg: strings.TrimPrefix(err.Error(), "yaml: ")}
+		if m := yamlLine.FindStringSubmatch(err.Error()); m != nil {
+			p.Line, _ = strconv.Atoi(m[1])
+			p.Msg = m[2]
+		}
+		return nil, &Error{File: file, Problems: []Problem{p}}
+	}
+	cfg := Default()
+	d := &decoder{lines: map[string]int{}}
+	if len(root.Content) == 0 {
+		d.addf(1, "", "the file is empty")
+		return nil, &Error{File: file, Problems: d.problems}
+	}
+	d.decode(&root, reflect.ValueOf(&cfg).Elem(), "")
+
+	// A field that failed to decode keeps its default; validating that default would
+	// report a second, misleading problem, so rules on such fields are skipped.
+	bad := map[string]bool{}
+	for _, p := range d.problems {
+		bad[p.Path] = true
+	}
+	var errs field.Errors
+	errs.Nest("", cfg.Validate())
+	if base != "" {
+		errs = append(errs, resolveFiles(&cfg, base)...)
+	}
+	for _, e := range errs {
+		if underBad(e.Path, bad) {
+			continue
+		}
+		d.problems = append(d.problems, Problem{Line: d.lineOf(e.Path), Path: e.Path, Msg: e.Msg})
+	}
+	if len(d.problems) > 0 {
+		slices.SortStableFunc(d.problems, func(a, b Problem) int { return a.Line - b.Line })
+		return nil, &Error{File: file, Problems: d.problems}
+	}
+	return &cfg, nil
+}
+
+func underBad(path string, bad map[string]bool) bool {
+	for p := path; p != ""; p = parent(p) {
+		if bad[p] {
+			return true
+		}
+	}
+	return false
+}
+
+// resolveFiles makes the model file paths absolute against base and checks they exist.
+func resolveFiles(cfg *Config, base string) field.Errors {
+	var errs field.Errors
+	for _, name := range sortedKeys(cfg.Models) {
+		m := cfg.Models[name]
+		p := field.Key("models", name)
+		for _, f := range []struct {
+			path string
+			val  *string
+			dir  bool
+		}{{"tokenizer", &m.Tokenizer, true}, {"tokenizer_json", &m.TokenizerJSON, false}, {"tokenizer_config", &m.TokenizerConfig, false}} {
+			if *f.val == "" {
+				continue
+			}
+			if !filepath.IsAbs(*f.val) {
+				*f.val = filepath.Join(base, *f.val)
+			}
+			if msg := checkPath(*f.val, f.dir); msg != "" {
+				errs.Addf(field.Join(p, f.path), "%s", msg)
+			}
+		}
+		cfg.Models[name] = m
+	}
+	return errs
+}
+
+func checkPath(p string, dir bool) string {
+	st, err := os.Stat(p)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		return fmt.Sprintf("%s does not exist", p)
+	case err != nil:
+		return err.Error()
+	case dir && !st.IsDir():
+		return fmt.Sprintf("%s is not a directory", p)
+	case !dir && st.IsDir():
+		return fmt.Sprintf("%s is a directory, want a file", p)
+	}
+	return ""
+}

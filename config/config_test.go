@@ -1,0 +1,197 @@
+package config_test
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvrouter/kvrouter/config"
+)
+
+// wantProblems reads the "# want: LINE: path: message" lines of a fixture; {DIR} stands
+// for the absolute path of testdata.
+func wantProblems(t *testing.T, path string) []string {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir, _ := filepath.Abs(filepath.Join(filepath.Dir(path), ".."))
+	var want []string
+	for _, line := range strings.Split(string(data), "\n") {
+		if w, ok := strings.CutPrefix(line, "# want: "); ok {
+			want = append(want, strings.ReplaceAll(w, "{DIR}", dir))
+		}
+	}
+	if len(want) == 0 {
+		t.Fatalf("%s has no \"# want:\" line", path)
+	}
+	return want
+}
+
+func TestLoadInvalid(t *testing.T) {
+	files, err := filepath.Glob("testdata/invalid/*.yaml")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no fixtures: %v", err)
+	}
+	for _, file := range files {
+		t.Run(strings.TrimSuffix(filepath.Base(file), ".yaml"), func(t *testing.T) {
+			abs, _ := filepath.Abs(file)
+			want := wantProblems(t, abs)
+			cfg, err := config.Load(abs)
+			if err == nil {
+				t.Fatalf("Load accepted the file: %+v", cfg)
+			}
+			var cerr *config.Error
+			if !errors.As(err, &cerr) {
+				t.Fatalf("error is %T (%v), want *config.Error", err, err)
+			}
+			var got []string
+			for _, p := range cerr.Problems {
+				s := fmt.Sprintf("%d: ", p.Line)
+				if p.Path != "" {
+					s += p.Path + ": "
+				}
+				got = append(got, s+p.Msg)
+			}
+			if strings.Join(got, "\n") != strings.Join(want, "\n") {
+				t.Errorf("problems:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+			}
+			// The error text is what check-config prints: FILE:LINE: path: message.
+			first := strings.SplitN(err.Error(), "\n", 2)[0]
+			if wantFirst := abs + ":" + want[0]; first != wantFirst {
+				t.Errorf("Error() first line = %q, want %q", first, wantFirst)
+			}
+		})
+	}
+}
+
+func TestLoadValid(t *testing.T) {
+	cfg, err := config.Load("testdata/valid.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir, _ := filepath.Abs("testdata")
+	tests := []struct {
+		name      string
+		got, want any
+	}{
+		{"listen defaults", cfg.Listen, config.DefaultListenConfig()},
+		{"policy defaults", cfg.Policy, config.DefaultPolicyConfig()},
+		{"limits defaults", cfg.Limits, config.DefaultLimitsConfig()},
+		{"tokenizer dir resolved", cfg.Models["m"].Tokenizer, filepath.Join(dir, "tokenizer")},
+		{"block size default", cfg.Models["m"].BlockSize, 16},
+		{"block size set", cfg.Models["n"].BlockSize, 32},
+		{"tokenizer file resolved", cfg.Models["n"].TokenizerJSON, filepath.Join(dir, "tokenizer/tokenizer.json")},
+		{"endpoint", cfg.Endpoints[0].Address, "127.0.0.1:8000"},
+		{"fleet scrape settings", cfg.Fleet().Scrape, config.DefaultLimitsConfig().Scrape},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if fmt.Sprint(tc.got) != fmt.Sprint(tc.want) {
+				t.Errorf("got %v, want %v", tc.got, tc.want)
+			}
+		})
+	}
+}
+
+func TestExamplesParse(t *testing.T) {
+	files, _ := filepath.Glob("../examples/*.yaml")
+	n := 0
+	for _, file := range files {
+		if strings.HasPrefix(filepath.Base(file), "envoy") {
+			continue
+		}
+		n++
+		t.Run(filepath.Base(file), func(t *testing.T) {
+			data, err := os.ReadFile(file)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// Parse, not Load: the example names tokenizer directories of a deployment.
+			cfg, err := config.Parse(data, file)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(cfg.Endpoints) == 0 {
+				t.Error("example has no endpoints")
+			}
+		})
+	}
+	if n == 0 {
+		t.Fatal("no example configuration found")
+	}
+}
+
+func TestDefaultsOverridden(t *testing.T) {
+	doc := `
+endpoints: [{address: "127.0.0.1:1", models: [m]}]
+listen: {metrics: "127.0.0.1:0"}
+limits: {drain_timeout: 2s, metrics_scrape_interval: 250ms, metrics_scrape_timeout: 100ms, metrics_staleness_limit: 1s}
+policy: {name: random, weights: {load: 0.5}}
+`
+	cfg, err := config.Parse([]byte(doc), "inline")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name      string
+		got, want any
+	}{
+		{"listen.metrics", cfg.Listen.Metrics, "127.0.0.1:0"},
+		{"listen.extproc default", cfg.Listen.ExtProc, ":9002"},
+		{"drain_timeout", cfg.Limits.DrainTimeout, 2 * time.Second},
+		{"scrape interval", cfg.Limits.Scrape.Interval, 250 * time.Millisecond},
+		{"failures default", cfg.Limits.Scrape.FailuresBeforeIneligible, 3},
+		{"max body default", cfg.Limits.MaxBodyBytes, 16 << 20},
+		{"policy name", cfg.Policy.Name, "random"},
+		{"policy fallback default", cfg.Policy.Fallback, "least-load"},
+		{"weight", cfg.Policy.Weights["load"], 0.5},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.got != tc.want {
+				t.Errorf("got %v, want %v", tc.got, tc.want)
+			}
+		})
+	}
+}
+
+func TestLoadMissingFile(t *testing.T) {
+	_, err := config.Load("testdata/no-such-file.yaml")
+	var cerr *config.Error
+	if err == nil || errors.As(err, &cerr) || !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("err = %v, want a wrapped os.ErrNotExist", err)
+	}
+}
+
+func FuzzParse(f *testing.F) {
+	files, _ := filepath.Glob("testdata/invalid/*.yaml")
+	files = append(files, "testdata/valid.yaml", "../examples/kvrouter.yaml")
+	for _, file := range files {
+		data, err := os.ReadFile(file)
+		if err == nil {
+			f.Add(data)
+		}
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		cfg, err := config.Parse(data, "fuzz")
+		if err == nil {
+			if cfg == nil {
+				t.Fatal("nil config without error")
+			}
+			if verr := cfg.Validate(); verr != nil {
+				t.Fatalf("Parse accepted a config that fails Validate: %v", verr)
+			}
+			return
+		}
+		var cerr *config.Error
+		if errors.As(err, &cerr) && len(cerr.Problems) == 0 {
+			t.Fatal("*config.Error without problems")
+		}
+	})
+}

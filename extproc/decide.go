@@ -1,0 +1,249 @@
+package extproc
+
+import (
+	"errors"
+	"slices"
+	"strings"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/kvrouter/kvrouter/openai"
+	"github.com/kvrouter/kvrouter/scoring"
+)
+
+// Reasons a request is routed by the Fallback policy; they label
+// kvrouter_routing_fallbacks_total.
+const (
+	fallbackNoBody       = "no_body"       // no body reached the router before it had to answer
+	fallbackParseError   = "parse_error"   // body not parsed (see kvrouter_request_parse_errors_total)
+	fallbackUnknownModel = "unknown_model" // no endpoint serves the model
+	fallbackPolicyError  = "policy_error"  // Policy failed or named an endpoint it was not offered
+)
+
+// Reasons for a 503; they label kvrouter_no_endpoint_total.
+const (
+	noEndpointNone   = "no_healthy_endpoint"
+	noEndpointSubset = "subset_excludes_all"
+	noEndpointPolicy = "fallback_failed"
+)
+
+type decideInput struct {
+	body     []byte
+	hasBody  bool
+	parseErr string // a parse-error reason known before parsing (too large, unsupported path)
+	fallback string // a fallback reason known before parsing (no body)
+}
+
+type replyKind int
+
+const (
+	replyHeaders replyKind = iota // decision in the request-headers reply
+	replyBody                     // decision in the request-body reply (BUFFERED)
+)
+
+// decideAndReply picks the endpoint and sends the reply that carries the decision, or an
+// ImmediateResponse 503 when no endpoint is eligible (done is then true).
+func (st *stream) decideAndReply(in decideInput, kind replyKind) (done bool, err error) {
+	s := st.s
+	start := s.now()
+	dest, reason := st.decide(in)
+	s.m.decisionLatency.Observe(s.now().Sub(start).Seconds())
+	if dest == "" {
+		s.m.noEndpoint.WithLabelValues(reason).Inc()
+		st.phase = phaseDone
+		return true, st.send(immediate503(reason))
+	}
+	mut := decisionMutation(dest, st.spoofed)
+	common := &extprocv3.CommonResponse{HeaderMutation: mut, ClearRouteCache: true}
+	r := &extprocv3.ProcessingResponse{DynamicMetadata: decisionMetadata(dest)}
+	if kind == replyHeaders {
+		r.Response = &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{Response: common}}
+	} else {
+		r.Response = &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{Response: common}}
+	}
+	return false, st.send(r)
+}
+
+// decide returns the destination header value, or "" and a no-endpoint reason. On
+// success the endpoint is begun in the Fleet and the Observer told.
+func (st *stream) decide(in decideInput) (dest, noEndpointReason string) {
+	s := st.s
+	fallback := in.fallback
+	var parsed *openai.Request
+	switch {
+	case in.parseErr != "":
+		s.m.parseErrors.WithLabelValues(in.parseErr).Inc()
+		fallback = fallbackParseError
+	case in.hasBody:
+		var err error
+		parsed, err = openai.Parse(st.path, in.body)
+		if err != nil {
+			reason := openai.ReasonMalformedJSON
+			var pe *openai.ParseError
+			if errors.As(err, &pe) {
+				reason = pe.Reason
+			}
+			s.m.parseErrors.WithLabelValues(reason).Inc()
+			fallback = fallbackParseError
+		}
+	}
+	model := ""
+	if parsed != nil {
+		model = parsed.Model
+	}
+	eps, base, lora, ok := s.fleet.Candidates(model)
+	if parsed != nil && !ok {
+		fallback = fallbackUnknownModel
+	}
+	if len(eps) == 0 {
+		return "", noEndpointNone
+	}
+	if st.hasSubset {
+		eps = inSubset(eps, st.subset)
+		if len(eps) == 0 {
+			return "", noEndpointSubset
+		}
+	}
+
+	st.reqID = s.nextID()
+	req := scoring.Request{ID: st.reqID, Model: model, BaseModel: base, LoRA: lora}
+	if parsed != nil {
+		req.CacheSalt = parsed.CacheSalt
+	}
+	if fallback == "" && s.tok != nil {
+		ids, err := s.tok.PromptTokens(parsed, base)
+		if err != nil {
+			s.m.tokenizeErrors.Inc()
+		} else {
+			req.TokenIDs = ids
+		}
+	}
+
+	policy := s.policy
+	if fallback != "" {
+		policy = s.fallback
+	}
+	d, err := policy.Pick(&req, eps)
+	if fallback == "" && (err != nil || !contains(eps, d.Endpoint)) {
+		fallback, policy = fallbackPolicyError, s.fallback
+		d, err = policy.Pick(&req, eps)
+	}
+	if err != nil || !contains(eps, d.Endpoint) {
+		return "", noEndpointPolicy
+	}
+	if fallback != "" {
+		s.m.fallbacks.WithLabelValues(fallback).Inc()
+	}
+	s.m.decisions.WithLabelValues(d.Endpoint, policy.Name()).Inc()
+
+	dest = d.Endpoint
+	if s.maxFalls > 0 && len(d.Fallbacks) > 0 {
+		var b strings.Builder
+		b.WriteString(d.Endpoint)
+		n := 0
+		for _, f := range d.Fallbacks {
+			if n == s.maxFalls {
+				break
+			}
+			if f != d.Endpoint && contains(eps, f) {
+				b.WriteByte(',')
+				b.WriteString(f)
+				n++
+			}
+		}
+		dest = b.String()
+	}
+	st.routed, st.endpoint = true, d.Endpoint
+	s.fleet.Begin(d.Endpoint)
+	if s.observer != nil {
+		s.observer.Routed(&req, d.Endpoint)
+	}
+	return dest, ""
+}
+
+func contains(eps []scoring.Endpoint, addr string) bool {
+	if addr == "" {
+		return false
+	}
+	for i := range eps {
+		if eps[i].Address == addr {
+			return true
+		}
+	}
+	return false
+}
+
+func inSubset(eps []scoring.Endpoint, subset []string) []scoring.Endpoint {
+	out := make([]scoring.Endpoint, 0, len(subset))
+	for _, e := range eps {
+		if slices.Contains(subset, e.Address) {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+func setHeader(key, value string) *corev3.HeaderValueOption {
+	return &corev3.HeaderValueOption{
+		Header:       &corev3.HeaderValue{Key: key, RawValue: []byte(value)},
+		AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD,
+	}
+}
+
+// decisionMutation sets the destination header and removes every other client-sent
+// x-gateway-destination-* header (the destination itself is overwritten).
+func decisionMutation(dest string, spoofed []string) *extprocv3.HeaderMutation {
+	m := &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{setHeader(HeaderDestination, dest)}}
+	for _, h := range spoofed {
+		if h != HeaderDestination {
+			m.RemoveHeaders = append(m.RemoveHeaders, h)
+		}
+	}
+	return m
+}
+
+// headersResponse is a request-headers reply with an optional mutation and the removal of
+// the spoofed headers.
+func headersResponse(set []*corev3.HeaderValueOption, remove []string, clearRoute bool) *extprocv3.ProcessingResponse {
+	var mut *extprocv3.HeaderMutation
+	if len(set) > 0 || len(remove) > 0 {
+		mut = &extprocv3.HeaderMutation{SetHeaders: set, RemoveHeaders: remove}
+	}
+	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{
+		RequestHeaders: &extprocv3.HeadersResponse{Response: &extprocv3.CommonResponse{HeaderMutation: mut, ClearRouteCache: clearRoute}}}}
+}
+
+func decisionMetadata(dest string) *structpb.Struct {
+	return &structpb.Struct{Fields: map[string]*structpb.Value{
+		NamespaceLB: structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
+			HeaderDestination: structpb.NewStringValue(dest),
+		}}),
+	}}
+}
+
+var errorBodies = map[string][]byte{
+	noEndpointNone:   errorBody("no healthy endpoint can serve this request"),
+	noEndpointSubset: errorBody("no endpoint in the proxy's subset hint can serve this request"),
+	noEndpointPolicy: errorBody("the router could not choose an endpoint"),
+}
+
+func errorBody(msg string) []byte {
+	return []byte(`{"error":{"message":"kvrouter: ` + msg + `","type":"service_unavailable","param":null,"code":503}}`)
+}
+
+// immediate503 is the OpenAI-style error Envoy returns to the client when no endpoint is
+// eligible.
+func immediate503(reason string) *extprocv3.ProcessingResponse {
+	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ImmediateResponse{
+		ImmediateResponse: &extprocv3.ImmediateResponse{
+			Status: &typev3.HttpStatus{Code: typev3.StatusCode_ServiceUnavailable},
+			Headers: &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{
+				setHeader("content-type", "application/json"),
+			}},
+			Body:    errorBodies[reason],
+			Details: "kvrouter_" + reason,
+		}}}
+}

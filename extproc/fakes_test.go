@@ -1,0 +1,140 @@
+package extproc_test
+
+import (
+	"errors"
+	"slices"
+	"sync"
+
+	"github.com/kvrouter/kvrouter/openai"
+	"github.com/kvrouter/kvrouter/scoring"
+)
+
+// fakeFleet is a hand-written Fleet: a fixed endpoint list, models per endpoint, and
+// in-flight counts kept by Begin/End.
+type fakeFleet struct {
+	mu       sync.Mutex
+	order    []string            // healthy endpoints in stable order
+	serves   map[string][]string // model -> endpoints
+	inflight map[string]int
+	begins   int
+	ends     int
+}
+
+func newFleet(order ...string) *fakeFleet {
+	return &fakeFleet{order: order, serves: map[string][]string{}, inflight: map[string]int{}}
+}
+
+func (f *fakeFleet) serve(model string, addrs ...string) *fakeFleet {
+	f.serves[model] = addrs
+	return f
+}
+
+func (f *fakeFleet) Candidates(model string) ([]scoring.Endpoint, string, string, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var addrs []string
+	ok := true
+	base, lora := model, ""
+	if model != "" {
+		addrs, ok = f.serves[model]
+	}
+	if model == "" || !ok {
+		addrs = f.order
+	}
+	var eps []scoring.Endpoint
+	for _, a := range f.order { // stable order, healthy only
+		if slices.Contains(addrs, a) {
+			eps = append(eps, scoring.Endpoint{Address: a, InFlight: f.inflight[a]})
+		}
+	}
+	if model == "lora-x" {
+		base, lora = "base", "lora-x"
+	}
+	return eps, base, lora, ok
+}
+
+func (f *fakeFleet) Begin(addr string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.inflight[addr]++
+	f.begins++
+}
+
+func (f *fakeFleet) End(addr string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.inflight[addr]--
+	f.ends++
+}
+
+func (f *fakeFleet) counts() (begins, ends int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.begins, f.ends
+}
+
+// recordingPolicy wraps least-load and records the Observer calls it receives.
+type recordingPolicy struct {
+	scoring.LeastLoad
+	mu       sync.Mutex
+	picks    []scoring.Request
+	routed   []string
+	first    []string
+	finished []string
+}
+
+func (p *recordingPolicy) Name() string { return "recording" }
+
+func (p *recordingPolicy) Pick(r *scoring.Request, c []scoring.Endpoint) (scoring.Decision, error) {
+	p.mu.Lock()
+	p.picks = append(p.picks, *r)
+	p.mu.Unlock()
+	return p.LeastLoad.Pick(r, c)
+}
+
+func (p *recordingPolicy) Routed(r *scoring.Request, ep string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.routed = append(p.routed, r.ID+"@"+ep)
+}
+
+func (p *recordingPolicy) FirstToken(id string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.first = append(p.first, id)
+}
+
+func (p *recordingPolicy) Finished(id string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.finished = append(p.finished, id)
+}
+
+func (p *recordingPolicy) snapshot() (picks []scoring.Request, routed, first, finished []string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.picks), slices.Clone(p.routed), slices.Clone(p.first), slices.Clone(p.finished)
+}
+
+// fixedPolicy always answers the same endpoint or error.
+type fixedPolicy struct {
+	endpoint string
+	err      error
+}
+
+func (p fixedPolicy) Name() string { return "fixed" }
+
+func (p fixedPolicy) Pick(*scoring.Request, []scoring.Endpoint) (scoring.Decision, error) {
+	return scoring.Decision{Endpoint: p.endpoint, Fallbacks: []string{"10.0.0.3:8000", "10.0.0.2:8000", "6.6.6.6:1"}}, p.err
+}
+
+// fakeTokenizer returns one id per byte of the messages or prompt, or an error.
+type fakeTokenizer struct{ fail bool }
+
+func (t fakeTokenizer) PromptTokens(req *openai.Request, base string) ([]uint32, error) {
+	if t.fail {
+		return nil, errors.New("tokenizer: no template")
+	}
+	n := len(req.Messages) + len(req.Prompt)
+	return make([]uint32, n), nil
+}

@@ -1,0 +1,71 @@
+package extproc_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"testing"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc/metadata"
+
+	"github.com/kvrouter/kvrouter/extproc"
+	"github.com/kvrouter/kvrouter/scoring"
+)
+
+// memStream is an in-memory ExternalProcessor_ProcessServer: it hands Process a fixed
+// message sequence and counts the replies, so the server's own cost is measured without
+// gRPC.
+type memStream struct {
+	msgs    []*extprocv3.ProcessingRequest
+	i       int
+	replies int
+}
+
+func (m *memStream) Recv() (*extprocv3.ProcessingRequest, error) {
+	if m.i == len(m.msgs) {
+		return nil, io.EOF
+	}
+	m.i++
+	return m.msgs[m.i-1], nil
+}
+func (m *memStream) Send(*extprocv3.ProcessingResponse) error { m.replies++; return nil }
+func (m *memStream) SetHeader(metadata.MD) error              { return nil }
+func (m *memStream) SendHeader(metadata.MD) error             { return nil }
+func (m *memStream) SetTrailer(metadata.MD)                   {}
+func (m *memStream) Context() context.Context                 { return context.Background() }
+func (m *memStream) SendMsg(any) error                        { return nil }
+func (m *memStream) RecvMsg(any) error                        { return nil }
+
+// BenchmarkServerExchange is the server's work for one FULL_DUPLEX_STREAMED exchange
+// (2,400-token chat body, least-load) without any transport: the router's own overhead.
+func BenchmarkServerExchange(b *testing.B) {
+	body := chat2400()
+	hdrs := &corev3.HeaderMap{}
+	for _, h := range postHeaders() {
+		hdrs.Headers = append(hdrs.Headers, &corev3.HeaderValue{Key: h.Key, RawValue: []byte(h.Value)})
+	}
+	msgs := []*extprocv3.ProcessingRequest{
+		{ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: filterv3.ProcessingMode_FULL_DUPLEX_STREAMED,
+			ResponseBodyMode: filterv3.ProcessingMode_FULL_DUPLEX_STREAMED},
+			Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{Headers: hdrs}}},
+		{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: body, EndOfStream: true}}},
+		{Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: &extprocv3.HttpHeaders{
+			Headers: &corev3.HeaderMap{Headers: []*corev3.HeaderValue{{Key: ":status", RawValue: []byte("200")}}}, EndOfStream: true}}},
+	}
+	for _, n := range []int{6, 64, 512} {
+		b.Run(fmt.Sprintf("endpoints=%d", n), func(b *testing.B) {
+			srv := extproc.New(extproc.Options{Policy: scoring.NewLeastLoad(), Fleet: newBenchFleet(n)})
+			b.SetBytes(int64(len(body)))
+			b.ReportAllocs()
+			for b.Loop() {
+				st := &memStream{msgs: msgs}
+				if err := srv.Process(st); err != nil || st.replies != 3 {
+					b.Fatal(err, st.replies)
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,96 @@
+package extproc
+
+import (
+	"errors"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics is the server's typed metrics set.
+type metrics struct {
+	decisions       *prometheus.CounterVec
+	decisionLatency prometheus.Histogram
+	parseErrors     *prometheus.CounterVec
+	tokenizeErrors  prometheus.Counter
+	fallbacks       *prometheus.CounterVec
+	noEndpoint      *prometheus.CounterVec
+	streams         prometheus.Gauge
+	refused         prometheus.Counter
+	streamErrors    *prometheus.CounterVec
+	responses       *prometheus.CounterVec
+	promptTokens    *prometheus.CounterVec
+	cachedTokens    *prometheus.CounterVec
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	if reg == nil {
+		reg = prometheus.NewRegistry() // discard
+	}
+	m := &metrics{
+		decisions: register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvrouter_routing_decisions_total",
+			Help: "Requests routed, by chosen endpoint and by the policy that chose it.",
+		}, []string{"endpoint", "policy"})),
+		decisionLatency: register(reg, prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "kvrouter_routing_decision_duration_seconds",
+			Help:    "Time from the last request message the decision needs to the decision (parse, tokenize, pick).",
+			Buckets: []float64{10e-6, 25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 100e-3},
+		})),
+		parseErrors: register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvrouter_request_parse_errors_total",
+			Help: "Request bodies not parsed, by reason; such requests are routed by load.",
+		}, []string{"reason"})),
+		tokenizeErrors: register(reg, prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvrouter_tokenize_errors_total",
+			Help: "Parsed requests the tokenizer failed on; the policy gets no token ids.",
+		})),
+		fallbacks: register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvrouter_routing_fallbacks_total",
+			Help: "Requests routed by the fallback (load) policy instead of the configured one, by reason.",
+		}, []string{"reason"})),
+		noEndpoint: register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvrouter_no_endpoint_total",
+			Help: "Requests answered 503 because no endpoint was eligible, by reason.",
+		}, []string{"reason"})),
+		streams: register(reg, prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kvrouter_extproc_streams_in_flight",
+			Help: "Open ext_proc streams (HTTP requests being processed).",
+		})),
+		refused: register(reg, prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvrouter_extproc_streams_refused_total",
+			Help: "ext_proc streams refused because the server is draining.",
+		})),
+		streamErrors: register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvrouter_extproc_stream_errors_total",
+			Help: "ext_proc streams that ended in error: recv (client gone or stream broken), send, protocol (message out of order).",
+		}, []string{"reason"})),
+		responses: register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvrouter_responses_total",
+			Help: "Upstream responses seen, by endpoint and status class.",
+		}, []string{"endpoint", "code"})),
+		promptTokens: register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvrouter_prompt_tokens_total",
+			Help: "Prompt tokens reported in response usage, by endpoint.",
+		}, []string{"endpoint"})),
+		cachedTokens: register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvrouter_cached_prompt_tokens_total",
+			Help: "Prompt tokens served from the endpoint's prefix cache (usage.prompt_tokens_details.cached_tokens), by endpoint.",
+		}, []string{"endpoint"})),
+	}
+	return m
+}
+
+// register adds c to reg, or returns the collector already registered under its name so
+// that several Servers can share one registry.
+func register[C prometheus.Collector](reg prometheus.Registerer, c C) C {
+	if err := reg.Register(c); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if errors.As(err, &are) {
+			if existing, ok := are.ExistingCollector.(C); ok {
+				return existing
+			}
+		}
+		panic("extproc: registering metrics: " + err.Error())
+	}
+	return c
+}

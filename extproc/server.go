@@ -1,0 +1,209 @@
+package extproc
+
+import (
+	"errors"
+	"io"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+
+	"github.com/kvrouter/kvrouter/openai"
+	"github.com/kvrouter/kvrouter/scoring"
+)
+
+// Names on the wire, shared with the proxy configuration.
+const (
+	// ServiceName is the gRPC service name Envoy's health check of the ext_proc cluster uses.
+	ServiceName = "envoy.service.ext_proc.v3.ExternalProcessor"
+	// HeaderDestination carries the chosen endpoint ("ip:port", fallbacks after commas).
+	HeaderDestination = "x-gateway-destination-endpoint"
+	// HeaderServed is added to the response: the endpoint that served it.
+	HeaderServed = "x-gateway-destination-endpoint-served"
+	// HeaderPrefix starts every header the router owns; client-sent ones are removed.
+	HeaderPrefix = "x-gateway-destination-"
+	// NamespaceLB is the dynamic-metadata namespace of the decision and of the served endpoint.
+	NamespaceLB = "envoy.lb"
+	// NamespaceSubsetHint is the metadata namespace of the proxy's subset hint.
+	NamespaceSubsetHint = "envoy.lb.subset_hint"
+	// KeySubset is the subset hint's key: a list of "ip:port" or one comma-separated string.
+	KeySubset = "x-gateway-destination-endpoint-subset"
+	// MaxChunkBytes bounds each streamed_response chunk, as the endpoint-picker protocol asks.
+	MaxChunkBytes = 62000
+	// DefaultMaxBodyBytes is the largest request body the router parses.
+	DefaultMaxBodyBytes = 16 << 20
+)
+
+// Fleet is what the server needs from the endpoint registry.
+type Fleet interface {
+	// Candidates returns the healthy endpoints serving model, in stable order; base and lora
+	// name the base model and adapter; ok=false when no endpoint serves that model (then eps
+	// is every healthy endpoint, so the request is still routed by load). model "" = any.
+	Candidates(model string) (eps []scoring.Endpoint, base, lora string, ok bool)
+	// Begin records that a request was routed to addr.
+	Begin(addr string)
+	// End records that the request routed to addr ended; called exactly once per Begin.
+	End(addr string)
+}
+
+// Tokenizer turns a parsed request into vLLM's prompt token ids.
+type Tokenizer interface {
+	PromptTokens(req *openai.Request, baseModel string) ([]uint32, error)
+}
+
+// Options configure a Server. Policy and Fleet are required.
+type Options struct {
+	// Policy picks the endpoint for requests whose body was parsed and whose model is served.
+	Policy scoring.Policy
+	// Fallback picks by load when Policy cannot be used (no body, parse error, unknown
+	// model) or fails. Nil means scoring.NewLeastLoad().
+	Fallback scoring.Policy
+	// Fleet names the candidate endpoints and counts in-flight requests.
+	Fleet Fleet
+	// Tokenizer is optional: nil routes without token ids.
+	Tokenizer Tokenizer
+	// MaxBodyBytes bounds the request body the router parses; larger bodies are routed by
+	// load and streamed through. 0 means DefaultMaxBodyBytes.
+	MaxBodyBytes int
+	// MaxFallbacks bounds the fallback endpoints appended to the destination after commas.
+	// 0 names only the chosen endpoint, which an ORIGINAL_DST cluster requires.
+	MaxFallbacks int
+	// AssumedModes gives the body modes when Envoy does not send protocol_config (Envoy
+	// releases before 1.33). Nil means FULL_DUPLEX_STREAMED for request and response.
+	AssumedModes *extprocv3.ProtocolConfiguration
+	// Logger receives stream-level failures (never per-request successes). Nil = no logs.
+	Logger *zap.Logger
+	// Registerer receives the server's metrics. Nil = discard.
+	Registerer prometheus.Registerer
+	// Now is the clock for latency metrics. Nil = time.Now.
+	Now func() time.Time
+}
+
+// Server implements Envoy's ExternalProcessor service. Create it with New.
+type Server struct {
+	policy   scoring.Policy
+	fallback scoring.Policy
+	observer scoring.Observer // Policy's, when it implements scoring.Observer
+	fleet    Fleet
+	tok      Tokenizer
+	maxBody  int
+	maxFalls int
+	reqMode  filterv3.ProcessingMode_BodySendMode
+	respMode filterv3.ProcessingMode_BodySendMode
+	log      *zap.Logger
+	now      func() time.Time
+	m        *metrics
+
+	seq      atomic.Uint64
+	active   atomic.Int64
+	draining atomic.Bool
+}
+
+// New builds a Server; it starts nothing. It panics only if Policy or Fleet is nil, a
+// programming error.
+func New(o Options) *Server {
+	if o.Policy == nil || o.Fleet == nil {
+		panic("extproc: New needs Options.Policy and Options.Fleet")
+	}
+	s := &Server{
+		policy:   o.Policy,
+		fallback: o.Fallback,
+		fleet:    o.Fleet,
+		tok:      o.Tokenizer,
+		maxBody:  o.MaxBodyBytes,
+		maxFalls: o.MaxFallbacks,
+		reqMode:  filterv3.ProcessingMode_FULL_DUPLEX_STREAMED,
+		respMode: filterv3.ProcessingMode_FULL_DUPLEX_STREAMED,
+		log:      o.Logger,
+		now:      o.Now,
+		m:        newMetrics(o.Registerer),
+	}
+	if s.fallback == nil {
+		s.fallback = scoring.NewLeastLoad()
+	}
+	if obs, ok := o.Policy.(scoring.Observer); ok {
+		s.observer = obs
+	}
+	if s.maxBody <= 0 {
+		s.maxBody = DefaultMaxBodyBytes
+	}
+	if o.AssumedModes != nil {
+		s.reqMode, s.respMode = o.AssumedModes.RequestBodyMode, o.AssumedModes.ResponseBodyMode
+	}
+	if s.log == nil {
+		s.log = zap.NewNop()
+	}
+	if s.now == nil {
+		s.now = time.Now
+	}
+	return s
+}
+
+// Register adds the ExternalProcessor service to g.
+func (s *Server) Register(g *grpc.Server) {
+	extprocv3.RegisterExternalProcessorServer(g, s)
+}
+
+// ErrDraining is the status new streams get once Drain was called.
+var ErrDraining = status.Error(codes.Unavailable, "kvrouter: draining, not accepting new streams")
+
+// Drain makes the server refuse new streams with codes.Unavailable (ErrDraining) while
+// the streams already open run to their end. Poll Active until it is 0, then stop the
+// gRPC server. (grpc.Server.GracefulStop alone also finishes open streams, but only once
+// the listener is closed; Drain lets health checks and refusals start first.)
+func (s *Server) Drain() { s.draining.Store(true) }
+
+// Active returns the number of open ext_proc streams.
+func (s *Server) Active() int { return int(s.active.Load()) }
+
+// Process serves one Envoy ext_proc stream (one HTTP request and its response).
+func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
+	s.active.Add(1)
+	defer s.active.Add(-1)
+	if s.draining.Load() {
+		s.m.refused.Inc()
+		return ErrDraining
+	}
+	s.m.streams.Inc()
+	defer s.m.streams.Dec()
+
+	st := stream{s: s, srv: srv, reqMode: s.reqMode, respMode: s.respMode}
+	defer st.release()
+	for {
+		msg, err := srv.Recv()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			// The client (Envoy) went away or the stream broke: release the endpoint.
+			s.m.streamErrors.WithLabelValues("recv").Inc()
+			return err
+		}
+		done, err := st.handle(msg)
+		if err != nil {
+			var pe *protocolError
+			if errors.As(err, &pe) {
+				s.m.streamErrors.WithLabelValues("protocol").Inc()
+				s.log.Warn("ext_proc protocol violation", zap.Error(err))
+				return status.Error(codes.FailedPrecondition, err.Error())
+			}
+			s.m.streamErrors.WithLabelValues("send").Inc()
+			return err
+		}
+		if done {
+			return nil
+		}
+	}
+}
+
+func (s *Server) nextID() string {
+	return strconv.FormatUint(s.seq.Add(1), 10)
+}

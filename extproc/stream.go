@@ -1,0 +1,409 @@
+package extproc
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+
+	"github.com/kvrouter/kvrouter/openai"
+	"github.com/kvrouter/kvrouter/scoring"
+)
+
+// phase is where a stream stands; each Envoy message is accepted only in some phases.
+type phase int
+
+const (
+	// phaseStart expects request headers.
+	phaseStart phase = iota
+	// phaseRequestBody expects request body chunks or request trailers.
+	phaseRequestBody
+	// phaseRequestTrailers expects request trailers only (BUFFERED body already answered
+	// with end_of_stream unset).
+	phaseRequestTrailers
+	// phaseResponse expects the response: headers, body chunks, trailers.
+	phaseResponse
+	// phaseDone accepts nothing more; the stream waits for Envoy to close it.
+	phaseDone
+)
+
+func (p phase) String() string {
+	return [...]string{"start", "request_body", "request_trailers", "response", "done"}[p]
+}
+
+// protocolError is a message Envoy would never send in the stream's phase.
+type protocolError struct{ msg string }
+
+func (e *protocolError) Error() string { return "extproc: " + e.msg }
+
+func protocolErrorf(format string, a ...any) error {
+	return &protocolError{msg: fmt.Sprintf(format, a...)}
+}
+
+// stream is the per-stream protocol state. It lives on the stream's goroutine only.
+type stream struct {
+	s                 *Server
+	srv               extprocv3.ExternalProcessor_ProcessServer
+	reqMode, respMode filterv3.ProcessingMode_BodySendMode
+	phase             phase
+	first             bool // the first message was seen
+
+	// request
+	path      string
+	spoofed   []string // client-sent x-gateway-destination-* header names
+	subset    []string
+	hasSubset bool
+	body      []byte
+	through   bool // FDS: decided already; body chunks pass straight through
+
+	// decision
+	routed   bool
+	endpoint string
+	reqID    string
+
+	// response
+	respHeaders bool
+	firstToken  bool
+	released    bool
+	usage       openai.UsageReader
+}
+
+// handle processes one message; done means the stream is over (an immediate response
+// was sent) and Process should return.
+func (st *stream) handle(msg *extprocv3.ProcessingRequest) (done bool, err error) {
+	if !st.first {
+		st.first = true
+		if pc := msg.GetProtocolConfig(); pc != nil {
+			st.reqMode, st.respMode = pc.GetRequestBodyMode(), pc.GetResponseBodyMode()
+		}
+	}
+	switch r := msg.Request.(type) {
+	case *extprocv3.ProcessingRequest_RequestHeaders:
+		return st.onRequestHeaders(msg, r.RequestHeaders)
+	case *extprocv3.ProcessingRequest_RequestBody:
+		return st.onRequestBody(r.RequestBody)
+	case *extprocv3.ProcessingRequest_RequestTrailers:
+		return st.onRequestTrailers()
+	case *extprocv3.ProcessingRequest_ResponseHeaders:
+		return false, st.onResponseHeaders(msg, r.ResponseHeaders)
+	case *extprocv3.ProcessingRequest_ResponseBody:
+		return false, st.onResponseBody(r.ResponseBody)
+	case *extprocv3.ProcessingRequest_ResponseTrailers:
+		return false, st.onResponseTrailers()
+	default:
+		return false, protocolErrorf("unexpected message %T in phase %s", msg.Request, st.phase)
+	}
+}
+
+func (st *stream) onRequestHeaders(msg *extprocv3.ProcessingRequest, h *extprocv3.HttpHeaders) (bool, error) {
+	if st.phase != phaseStart {
+		return false, protocolErrorf("request_headers in phase %s", st.phase)
+	}
+	for _, hv := range h.GetHeaders().GetHeaders() {
+		key := strings.ToLower(hv.GetKey())
+		switch {
+		case key == ":path":
+			st.path = headerValue(hv)
+		case strings.HasPrefix(key, HeaderPrefix):
+			st.spoofed = append(st.spoofed, key)
+		}
+	}
+	st.subset, st.hasSubset = subsetHint(msg.GetMetadataContext())
+	st.phase = phaseRequestBody
+
+	if h.GetEndOfStream() { // no body: GET /v1/models and the like
+		st.phase = phaseResponse
+		return st.decideAndReply(decideInput{fallback: fallbackNoBody}, replyHeaders)
+	}
+	switch st.reqMode {
+	case filterv3.ProcessingMode_FULL_DUPLEX_STREAMED:
+		if openai.KindOf(st.path) == openai.KindUnknown {
+			// Nothing to parse: decide now and let the body stream through.
+			st.through = true
+			return st.decideAndReply(decideInput{parseErr: openai.ReasonUnsupportedPath}, replyHeaders)
+		}
+		return false, nil // wait for the body
+	case filterv3.ProcessingMode_BUFFERED, filterv3.ProcessingMode_BUFFERED_PARTIAL:
+		// The decision goes in the body reply; strip spoofed headers now.
+		return false, st.send(headersResponse(nil, st.spoofed, false))
+	default: // STREAMED, NONE, GRPC: Envoy waits for this reply before any body.
+		return st.decideAndReply(decideInput{fallback: fallbackNoBody}, replyHeaders)
+	}
+}
+
+func (st *stream) onRequestBody(b *extprocv3.HttpBody) (bool, error) {
+	if st.phase != phaseRequestBody {
+		return false, protocolErrorf("request_body in phase %s", st.phase)
+	}
+	eos := b.GetEndOfStream()
+	switch st.reqMode {
+	case filterv3.ProcessingMode_FULL_DUPLEX_STREAMED:
+		if eos {
+			st.phase = phaseResponse
+		}
+		if st.through {
+			return false, st.sendBody(b.GetBody(), eos)
+		}
+		if st.body == nil && eos {
+			st.body = b.GetBody() // the whole body in one message: no copy needed
+		} else {
+			st.body = append(st.body, b.GetBody()...)
+		}
+		if len(st.body) > st.s.maxBody {
+			// Too large to parse: route by load now and stream the rest through.
+			st.through = true
+			if done, err := st.decideAndReply(decideInput{parseErr: openai.ReasonTooLarge}, replyHeaders); done || err != nil {
+				return done, err
+			}
+			body := st.body
+			st.body = nil
+			return false, st.sendBody(body, eos)
+		}
+		if !eos {
+			return false, nil
+		}
+		if done, err := st.decideAndReply(decideInput{body: st.body, hasBody: true}, replyHeaders); done || err != nil {
+			return done, err
+		}
+		body := st.body
+		st.body = nil
+		return false, st.sendBody(body, true)
+	case filterv3.ProcessingMode_BUFFERED, filterv3.ProcessingMode_BUFFERED_PARTIAL:
+		if st.routed {
+			return false, protocolErrorf("second request_body in %s mode", st.reqMode)
+		}
+		if eos {
+			st.phase = phaseResponse
+		} else {
+			st.phase = phaseRequestTrailers
+		}
+		in := decideInput{body: b.GetBody(), hasBody: true}
+		if len(in.body) > st.s.maxBody {
+			in = decideInput{parseErr: openai.ReasonTooLarge}
+		}
+		return st.decideAndReply(in, replyBody)
+	default: // STREAMED (and NONE, leniently): decided at the headers; pass each chunk on.
+		if eos {
+			st.phase = phaseResponse
+		}
+		return false, st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{
+			RequestBody: &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{}}}})
+	}
+}
+
+func (st *stream) onRequestTrailers() (bool, error) {
+	if st.phase != phaseRequestBody && st.phase != phaseRequestTrailers {
+		return false, protocolErrorf("request_trailers in phase %s", st.phase)
+	}
+	st.phase = phaseResponse
+	if st.reqMode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED && !st.through {
+		// Trailers end the body: decide, reply headers, the body without end_of_stream, then
+		// the trailers.
+		if done, err := st.decideAndReply(decideInput{body: st.body, hasBody: true}, replyHeaders); done || err != nil {
+			return done, err
+		}
+		body := st.body
+		st.body = nil
+		if len(body) > 0 {
+			if err := st.sendBody(body, false); err != nil {
+				return false, err
+			}
+		}
+	}
+	if !st.routed {
+		// Only BUFFERED can get here: Envoy sends the buffered body before trailers.
+		return false, protocolErrorf("request_trailers before the body in %s mode", st.reqMode)
+	}
+	return false, st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestTrailers{
+		RequestTrailers: &extprocv3.TrailersResponse{}}})
+}
+
+// responseAllowed reports whether the response may start: the request was routed. Envoy
+// can start the response before the request body ends (an upstream answering early), so
+// the request phase is not required to be over.
+func (st *stream) responseAllowed(what string) error {
+	if !st.routed || st.phase == phaseDone {
+		return protocolErrorf("%s before the request was routed (phase %s)", what, st.phase)
+	}
+	return nil
+}
+
+func (st *stream) onResponseHeaders(msg *extprocv3.ProcessingRequest, h *extprocv3.HttpHeaders) error {
+	if err := st.responseAllowed("response_headers"); err != nil {
+		return err
+	}
+	if st.respHeaders {
+		return protocolErrorf("second response_headers")
+	}
+	st.respHeaders = true
+	code := 0
+	for _, hv := range h.GetHeaders().GetHeaders() {
+		if hv.GetKey() == ":status" {
+			code, _ = strconv.Atoi(headerValue(hv))
+			break
+		}
+	}
+	st.s.m.responses.WithLabelValues(st.endpoint, statusClass(code)).Inc()
+	served := st.endpoint
+	if v := metadataString(msg.GetMetadataContext(), NamespaceLB, HeaderServed); v != "" {
+		served = v
+	}
+	mut := &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{setHeader(HeaderServed, served)}}
+	err := st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{
+		ResponseHeaders: &extprocv3.HeadersResponse{Response: &extprocv3.CommonResponse{HeaderMutation: mut}}}})
+	if h.GetEndOfStream() {
+		st.markFirstToken()
+		st.endResponse()
+	}
+	return err
+}
+
+func (st *stream) onResponseBody(b *extprocv3.HttpBody) error {
+	if err := st.responseAllowed("response_body"); err != nil {
+		return err
+	}
+	st.markFirstToken()
+	st.usage.Write(b.GetBody())
+	var err error
+	if st.respMode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
+		err = st.sendChunks(b.GetBody(), b.GetEndOfStream(), false)
+	} else {
+		err = st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{
+			ResponseBody: &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{}}}})
+	}
+	if b.GetEndOfStream() {
+		st.endResponse()
+	}
+	return err
+}
+
+func (st *stream) onResponseTrailers() error {
+	if err := st.responseAllowed("response_trailers"); err != nil {
+		return err
+	}
+	err := st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseTrailers{
+		ResponseTrailers: &extprocv3.TrailersResponse{}}})
+	st.endResponse()
+	return err
+}
+
+func (st *stream) markFirstToken() {
+	if st.firstToken {
+		return
+	}
+	st.firstToken = true
+	if st.s.observer != nil {
+		st.s.observer.FirstToken(st.reqID)
+	}
+}
+
+// endResponse counts usage and releases the endpoint; further messages are refused.
+func (st *stream) endResponse() {
+	if u, ok := st.usage.Finish(); ok {
+		st.s.m.promptTokens.WithLabelValues(st.endpoint).Add(float64(u.PromptTokens))
+		if u.HasCached {
+			st.s.m.cachedTokens.WithLabelValues(st.endpoint).Add(float64(u.CachedTokens))
+		}
+	}
+	st.release()
+	st.phase = phaseDone
+}
+
+// release ends the routed request exactly once: at the end of the response, or when the
+// stream ends early (client disconnect, stream error, Envoy closing without a response).
+func (st *stream) release() {
+	if !st.routed || st.released {
+		return
+	}
+	st.released = true
+	st.s.fleet.End(st.endpoint)
+	if st.s.observer != nil {
+		st.s.observer.Finished(st.reqID)
+	}
+}
+
+func (st *stream) send(r *extprocv3.ProcessingResponse) error {
+	if err := st.srv.Send(r); err != nil {
+		return fmt.Errorf("extproc: send: %w", err)
+	}
+	return nil
+}
+
+// sendBody returns request body bytes to Envoy in FULL_DUPLEX_STREAMED mode.
+func (st *stream) sendBody(body []byte, eos bool) error {
+	return st.sendChunks(body, eos, true)
+}
+
+// sendChunks sends body as streamed_response chunks of at most MaxChunkBytes, the last
+// carrying eos. An empty body still sends one (empty) chunk, so every body message Envoy
+// sent gets a reply and end_of_stream is passed on.
+func (st *stream) sendChunks(body []byte, eos, request bool) error {
+	for {
+		n := min(len(body), MaxChunkBytes)
+		last := n == len(body)
+		sbr := &extprocv3.StreamedBodyResponse{Body: body[:n], EndOfStream: eos && last}
+		br := &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{BodyMutation: &extprocv3.BodyMutation{
+			Mutation: &extprocv3.BodyMutation_StreamedResponse{StreamedResponse: sbr}}}}
+		r := &extprocv3.ProcessingResponse{}
+		if request {
+			r.Response = &extprocv3.ProcessingResponse_RequestBody{RequestBody: br}
+		} else {
+			r.Response = &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: br}
+		}
+		if err := st.send(r); err != nil {
+			return err
+		}
+		if last {
+			return nil
+		}
+		body = body[n:]
+	}
+}
+
+func headerValue(hv *corev3.HeaderValue) string {
+	if len(hv.GetRawValue()) > 0 {
+		return string(hv.GetRawValue())
+	}
+	return hv.GetValue()
+}
+
+func statusClass(code int) string {
+	if code < 100 || code > 599 {
+		return "unknown"
+	}
+	return strconv.Itoa(code/100) + "xx"
+}
+
+// subsetHint reads the proxy's subset hint: a list of strings or one comma-separated
+// string. present is true whenever the key exists, even if it names nothing.
+func subsetHint(md *corev3.Metadata) (addrs []string, present bool) {
+	ns := md.GetFilterMetadata()[NamespaceSubsetHint]
+	v, ok := ns.GetFields()[KeySubset]
+	if !ok {
+		return nil, false
+	}
+	add := func(s string) {
+		for _, p := range strings.Split(s, ",") {
+			if p = strings.TrimSpace(p); p != "" {
+				addrs = append(addrs, p)
+			}
+		}
+	}
+	if l := v.GetListValue(); l != nil {
+		for _, item := range l.GetValues() {
+			add(item.GetStringValue())
+		}
+	} else {
+		add(v.GetStringValue())
+	}
+	return addrs, true
+}
+
+func metadataString(md *corev3.Metadata, ns, key string) string {
+	return md.GetFilterMetadata()[ns].GetFields()[key].GetStringValue()
+}
+
+var _ scoring.Policy = (*scoring.LeastLoad)(nil)

@@ -1,0 +1,665 @@
+package fleet
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/kvrouter/kvrouter/scoring"
+)
+
+// State is an endpoint's health as the fleet sees it.
+type State int32
+
+const (
+	// StatePending: the endpoint has a metrics URL and no scrape has succeeded yet. Not
+	// eligible.
+	StatePending State = iota
+	// StateHealthy: the last scrape succeeded, or fewer than FailuresBeforeIneligible
+	// have failed since. Eligible.
+	StateHealthy
+	// StateUnhealthy: FailuresBeforeIneligible scrapes in a row failed. Not eligible
+	// until a scrape succeeds.
+	StateUnhealthy
+	// StateUnscraped: the endpoint has no metrics URL. Always eligible.
+	StateUnscraped
+)
+
+var stateNames = [...]string{"pending", "healthy", "unhealthy", "unscraped"}
+
+// String returns the state's metric label: pending, healthy, unhealthy or unscraped.
+func (s State) String() string {
+	if s >= 0 && int(s) < len(stateNames) {
+		return stateNames[s]
+	}
+	return fmt.Sprintf("State(%d)", int32(s))
+}
+
+// Eligible reports whether an endpoint in this state may receive requests.
+func (s State) Eligible() bool { return s == StateHealthy || s == StateUnscraped }
+
+// ChangeKind says what happened to an endpoint.
+type ChangeKind int
+
+const (
+	// Added: a new endpoint.
+	Added ChangeKind = iota
+	// Updated: an endpoint's configuration changed (models, adapters, URLs).
+	Updated
+	// Removed: the endpoint is gone; its KV state should be forgotten.
+	Removed
+	// StateChanged: the endpoint's State changed (and maybe its eligibility).
+	StateChanged
+)
+
+// String returns the kind's metric label: added, updated, removed or state_changed.
+func (k ChangeKind) String() string {
+	switch k {
+	case Added:
+		return "added"
+	case Updated:
+		return "updated"
+	case Removed:
+		return "removed"
+	case StateChanged:
+		return "state_changed"
+	}
+	return fmt.Sprintf("ChangeKind(%d)", int(k))
+}
+
+// Change tells subscribers about one endpoint.
+type Change struct {
+	Kind ChangeKind
+	// Address identifies the endpoint.
+	Address string
+	// Endpoint is the endpoint's configuration (the last one, for Removed).
+	Endpoint EndpointConfig
+	// State is the endpoint's state after the change.
+	State State
+}
+
+// Options are the fleet's collaborators; every field may be left zero.
+type Options struct {
+	// Logger logs state changes (never per request). Nil: no logs.
+	Logger *zap.Logger
+	// Registerer receives the fleet's metrics. Nil: metrics are not exported.
+	Registerer prometheus.Registerer
+	// Now is the clock used for metric ages and staleness. Nil: time.Now.
+	Now func() time.Time
+	// Client performs scrapes. Nil: a client with no overall timeout (each scrape is
+	// bounded by ScrapeConfig.Timeout).
+	Client *http.Client
+	// ScrapeConcurrency bounds the scrapes in flight at once in ScrapeAll. Zero: 16.
+	ScrapeConcurrency int
+}
+
+// Fleet is the endpoint registry. See the package documentation for its concurrency
+// guarantees.
+type Fleet struct {
+	scrape  ScrapeConfig
+	log     *zap.Logger
+	now     func() time.Time
+	client  *http.Client
+	conc    int
+	metrics *metrics
+
+	mu    sync.Mutex // serializes Upsert, Remove and the notification of changes
+	table atomic.Pointer[table]
+	subs  atomic.Pointer[[]*subscriber]
+}
+
+type subscriber struct{ fn func(Change) }
+
+// endpoint is one registry entry. Its identity (address) never changes; an Upsert with a
+// new configuration swaps cfg and keeps the counters.
+type endpoint struct {
+	addr     string
+	cfg      atomic.Pointer[EndpointConfig]
+	inFlight atomic.Int64
+	state    atomic.Int32
+	failures atomic.Int32
+	last     atomic.Pointer[sample]
+	scraping sync.Mutex // one scrape of this endpoint at a time
+}
+
+type sample struct {
+	m  scoring.Metrics
+	at time.Time
+}
+
+// table is an immutable routing snapshot, rebuilt on every Upsert and Remove.
+type table struct {
+	all      []*endpoint // by address
+	byAddr   map[string]*endpoint
+	byModel  map[string][]*endpoint
+	adapters map[string]adapterRoute
+}
+
+type adapterRoute struct {
+	base string
+	eps  []*endpoint
+}
+
+// New builds a fleet holding cfg's static endpoints; it starts nothing (Run scrapes).
+func New(cfg Config, o Options) (*Fleet, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("fleet: invalid configuration: %w", err)
+	}
+	f := &Fleet{
+		scrape: cfg.Scrape,
+		log:    o.Logger,
+		now:    o.Now,
+		client: o.Client,
+		conc:   o.ScrapeConcurrency,
+	}
+	if f.log == nil {
+		f.log = zap.NewNop()
+	}
+	if f.now == nil {
+		f.now = time.Now
+	}
+	if f.client == nil {
+		f.client = &http.Client{}
+	}
+	if f.conc <= 0 {
+		f.conc = 16
+	}
+	f.table.Store(buildTable(nil))
+	f.subs.Store(&[]*subscriber{})
+	for _, ep := range cfg.Endpoints {
+		if err := f.Upsert(ep); err != nil {
+			return nil, err
+		}
+	}
+	f.metrics = newMetrics(f, o.Registerer)
+	return f, nil
+}
+
+func buildTable(eps []*endpoint) *table {
+	t := &table{
+		all:      eps,
+		byAddr:   make(map[string]*endpoint, len(eps)),
+		byModel:  map[string][]*endpoint{},
+		adapters: map[string]adapterRoute{},
+	}
+	for _, ep := range eps {
+		t.byAddr[ep.addr] = ep
+		cfg := ep.cfg.Load()
+		for _, m := range cfg.Models {
+			t.byModel[m] = append(t.byModel[m], ep)
+		}
+		for _, a := range cfg.LoRAAdapters {
+			r := t.adapters[a.Name]
+			r.base = a.BaseModel
+			r.eps = append(r.eps, ep)
+			t.adapters[a.Name] = r
+		}
+	}
+	return t
+}
+
+// ErrConflict is returned (wrapped) by Upsert when the endpoint disagrees with the
+// others: a LoRA adapter tied to another base model elsewhere, or named like a model.
+var ErrConflict = errors.New("fleet: endpoint conflicts with the fleet")
+
+// Upsert adds the endpoint, or replaces the configuration of the endpoint with the same
+// address (keeping its in-flight count, last metrics and health). Subscribers hear Added
+// or Updated; an identical configuration changes nothing.
+func (f *Fleet) Upsert(cfg EndpointConfig) error {
+	if err := cfg.Validate(); err != nil {
+		return fmt.Errorf("fleet: endpoint %q: %w", cfg.Address, err)
+	}
+	cfg = cloneConfig(cfg)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	old := f.table.Load()
+	if err := conflicts(old, &cfg); err != nil {
+		return err
+	}
+	kind := Added
+	eps := slices.Clone(old.all)
+	ep, exists := old.byAddr[cfg.Address]
+	if exists {
+		if equalConfig(ep.cfg.Load(), &cfg) {
+			return nil
+		}
+		kind = Updated
+		prevURL := ep.cfg.Load().MetricsURL
+		ep.cfg.Store(&cfg)
+		if (prevURL == "") != (cfg.MetricsURL == "") {
+			f.resetState(ep, &cfg)
+		}
+	} else {
+		ep = &endpoint{addr: cfg.Address}
+		ep.cfg.Store(&cfg)
+		f.resetState(ep, &cfg)
+		i, _ := slices.BinarySearchFunc(eps, cfg.Address, func(e *endpoint, a string) int { return strings.Compare(e.addr, a) })
+		eps = slices.Insert(eps, i, ep)
+	}
+	f.table.Store(buildTable(eps))
+	f.notify(Change{Kind: kind, Address: cfg.Address, Endpoint: cfg, State: State(ep.state.Load())})
+	if f.metrics != nil {
+		f.metrics.changes.WithLabelValues(kind.String()).Inc()
+	}
+	f.log.Info("endpoint "+kind.String(), zap.String("endpoint", cfg.Address), zap.Strings("models", cfg.Models))
+	return nil
+}
+
+func (f *Fleet) resetState(ep *endpoint, cfg *EndpointConfig) {
+	ep.failures.Store(0)
+	ep.last.Store(nil)
+	if cfg.MetricsURL == "" {
+		ep.state.Store(int32(StateUnscraped))
+	} else {
+		ep.state.Store(int32(StatePending))
+	}
+}
+
+func conflicts(t *table, cfg *EndpointConfig) error {
+	for _, a := range cfg.LoRAAdapters {
+		if r, ok := t.adapters[a.Name]; ok && r.base != a.BaseModel {
+			for _, ep := range r.eps {
+				if ep.addr != cfg.Address {
+					return fmt.Errorf("%w: adapter %q has base model %q on %s, not %q", ErrConflict, a.Name, r.base, ep.addr, a.BaseModel)
+				}
+			}
+		}
+		for _, ep := range t.byModel[a.Name] {
+			if ep.addr != cfg.Address {
+				return fmt.Errorf("%w: adapter %q is a model served by %s", ErrConflict, a.Name, ep.addr)
+			}
+		}
+	}
+	for _, m := range cfg.Models {
+		for _, ep := range t.adapters[m].eps {
+			if ep.addr != cfg.Address {
+				return fmt.Errorf("%w: model %q is a LoRA adapter on %s", ErrConflict, m, ep.addr)
+			}
+		}
+	}
+	return nil
+}
+
+func cloneConfig(c EndpointConfig) EndpointConfig {
+	c.Models = slices.Clone(c.Models)
+	c.LoRAAdapters = slices.Clone(c.LoRAAdapters)
+	c.KVEvents.Endpoints = slices.Clone(c.KVEvents.Endpoints)
+	c.KVEvents.ReplayEndpoints = slices.Clone(c.KVEvents.ReplayEndpoints)
+	return c
+}
+
+func equalConfig(a, b *EndpointConfig) bool {
+	return a.Address == b.Address && slices.Equal(a.Models, b.Models) &&
+		slices.Equal(a.LoRAAdapters, b.LoRAAdapters) && a.MetricsURL == b.MetricsURL &&
+		slices.Equal(a.KVEvents.Endpoints, b.KVEvents.Endpoints) && a.KVEvents.Topic == b.KVEvents.Topic &&
+		slices.Equal(a.KVEvents.ReplayEndpoints, b.KVEvents.ReplayEndpoints)
+}
+
+// Remove deletes the endpoint with this address and tells subscribers; it reports
+// whether the endpoint existed. Requests already routed to it finish normally.
+func (f *Fleet) Remove(addr string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	old := f.table.Load()
+	ep, ok := old.byAddr[addr]
+	if !ok {
+		return false
+	}
+	eps := slices.DeleteFunc(slices.Clone(old.all), func(e *endpoint) bool { return e == ep })
+	f.table.Store(buildTable(eps))
+	if f.metrics != nil {
+		f.metrics.forget(addr)
+		f.metrics.changes.WithLabelValues(Removed.String()).Inc()
+	}
+	f.notify(Change{Kind: Removed, Address: addr, Endpoint: *ep.cfg.Load(), State: State(ep.state.Load())})
+	f.log.Info("endpoint removed", zap.String("endpoint", addr))
+	return true
+}
+
+// Subscribe registers fn to hear of every later change, in order. fn runs in the
+// goroutine making the change, with the registry's write lock held: it must return
+// quickly and must not call Upsert, Remove or Subscribe. The returned function
+// unsubscribes.
+func (f *Fleet) Subscribe(fn func(Change)) (unsubscribe func()) {
+	s := &subscriber{fn: fn}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	subs := append(slices.Clone(*f.subs.Load()), s)
+	f.subs.Store(&subs)
+	return func() {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		subs := slices.DeleteFunc(slices.Clone(*f.subs.Load()), func(x *subscriber) bool { return x == s })
+		f.subs.Store(&subs)
+	}
+}
+
+// notify runs with f.mu held.
+func (f *Fleet) notify(c Change) {
+	for _, s := range *f.subs.Load() {
+		s.fn(c)
+	}
+}
+
+// Candidates returns the eligible endpoints serving model, ordered by address, with the
+// base model and LoRA adapter the name resolves to. For an adapter name, base is its base
+// model and lora the adapter; for a base model, lora is empty. ok is false when no
+// endpoint serves model: eps then holds every eligible endpoint (so the caller can still
+// route by load) and base and lora are empty. Model "" means any model: every eligible
+// endpoint, ok true. The slice is the caller's.
+func (f *Fleet) Candidates(model string) (eps []scoring.Endpoint, base, lora string, ok bool) {
+	t := f.table.Load()
+	list := t.all
+	switch {
+	case model == "":
+		ok = true
+	case t.byModel[model] != nil:
+		list, base, ok = t.byModel[model], model, true
+	case t.adapters[model].eps != nil:
+		r := t.adapters[model]
+		list, base, lora, ok = r.eps, r.base, model, true
+	}
+	now := f.now()
+	out := make([]scoring.Endpoint, 0, len(list))
+	for _, ep := range list {
+		if !State(ep.state.Load()).Eligible() {
+			continue
+		}
+		out = append(out, scoring.Endpoint{
+			Address:  ep.addr,
+			InFlight: int(ep.inFlight.Load()),
+			Metrics:  f.fresh(ep, now),
+		})
+	}
+	return out, base, lora, ok
+}
+
+// fresh returns the endpoint's last metrics, Valid only when within the staleness limit.
+func (f *Fleet) fresh(ep *endpoint, now time.Time) scoring.Metrics {
+	s := ep.last.Load()
+	if s == nil {
+		return scoring.Metrics{}
+	}
+	m := s.m
+	if age := now.Sub(s.at); age > f.scrape.StalenessLimit || age < -f.scrape.StalenessLimit {
+		m.Valid = false
+	}
+	return m
+}
+
+// Begin counts one more request routed to addr; unknown addresses are ignored.
+func (f *Fleet) Begin(addr string) {
+	if ep := f.table.Load().byAddr[addr]; ep != nil {
+		ep.inFlight.Add(1)
+	}
+}
+
+// End counts one request to addr as finished; the count never goes below zero, and
+// unknown addresses (an endpoint removed meanwhile) are ignored.
+func (f *Fleet) End(addr string) {
+	ep := f.table.Load().byAddr[addr]
+	if ep == nil {
+		return
+	}
+	for {
+		n := ep.inFlight.Load()
+		if n <= 0 || ep.inFlight.CompareAndSwap(n, n-1) {
+			return
+		}
+	}
+}
+
+// Ready reports whether at least one endpoint is eligible.
+func (f *Fleet) Ready() bool {
+	for _, ep := range f.table.Load().all {
+		if State(ep.state.Load()).Eligible() {
+			return true
+		}
+	}
+	return false
+}
+
+// EndpointStatus is a point-in-time view of one endpoint, for debugging and tests.
+type EndpointStatus struct {
+	Config   EndpointConfig
+	State    State
+	InFlight int
+	// Failures counts the scrapes that failed since the last good one.
+	Failures int
+	// Metrics are the last scraped figures (Valid false once stale or never scraped).
+	Metrics scoring.Metrics
+	// ScrapedAt is when the last good scrape ended; zero if none.
+	ScrapedAt time.Time
+}
+
+// Status returns every endpoint, ordered by address.
+func (f *Fleet) Status() []EndpointStatus {
+	t := f.table.Load()
+	now := f.now()
+	out := make([]EndpointStatus, 0, len(t.all))
+	for _, ep := range t.all {
+		st := EndpointStatus{
+			Config:   cloneConfig(*ep.cfg.Load()),
+			State:    State(ep.state.Load()),
+			InFlight: int(ep.inFlight.Load()),
+			Failures: int(ep.failures.Load()),
+			Metrics:  f.fresh(ep, now),
+		}
+		if s := ep.last.Load(); s != nil {
+			st.ScrapedAt = s.at
+		}
+		out = append(out, st)
+	}
+	return out
+}
+
+// Run scrapes each endpoint that has a metrics URL in its own loop (at once, then every
+// scrape interval), so that a slow or dead endpoint delays no other. Loops start and stop
+// as endpoints are added, changed or removed. Run returns nil once ctx ends and every
+// loop has stopped.
+func (f *Fleet) Run(ctx context.Context) error {
+	changed := make(chan struct{}, 1)
+	unsubscribe := f.Subscribe(func(c Change) {
+		if c.Kind != StateChanged {
+			select {
+			case changed <- struct{}{}:
+			default:
+			}
+		}
+	})
+	defer unsubscribe()
+
+	type loop struct {
+		url    string
+		cancel context.CancelFunc
+	}
+	loops := map[*endpoint]loop{}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	reconcile := func() {
+		live := map[*endpoint]bool{}
+		for _, ep := range f.table.Load().all {
+			url := ep.cfg.Load().MetricsURL
+			if url == "" {
+				continue
+			}
+			live[ep] = true
+			if l, ok := loops[ep]; ok && l.url == url {
+				continue
+			} else if ok {
+				l.cancel()
+			}
+			lctx, cancel := context.WithCancel(ctx)
+			loops[ep] = loop{url: url, cancel: cancel}
+			wg.Go(func() { f.scrapeLoop(lctx, ep) })
+		}
+		for ep, l := range loops {
+			if !live[ep] {
+				l.cancel()
+				delete(loops, ep)
+			}
+		}
+	}
+	reconcile()
+	for {
+		select {
+		case <-ctx.Done():
+			for _, l := range loops {
+				l.cancel()
+			}
+			return nil
+		case <-changed:
+			reconcile()
+		}
+	}
+}
+
+func (f *Fleet) scrapeLoop(ctx context.Context, ep *endpoint) {
+	tick := time.NewTicker(f.scrape.Interval)
+	defer tick.Stop()
+	for {
+		f.scrapeOne(ctx, ep)
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// ScrapeAll scrapes every endpoint that has a metrics URL once, concurrently (at most
+// Options.ScrapeConcurrency at a time), and returns when all scrapes ended: one
+// deterministic round, for tests and tools. Run scrapes on its own.
+func (f *Fleet) ScrapeAll(ctx context.Context) {
+	var g errgroup.Group
+	g.SetLimit(f.conc)
+	for _, ep := range f.table.Load().all {
+		if ctx.Err() != nil {
+			break
+		}
+		if ep.cfg.Load().MetricsURL == "" {
+			continue
+		}
+		g.Go(func() error {
+			f.scrapeOne(ctx, ep)
+			return nil
+		})
+	}
+	_ = g.Wait()
+}
+
+// scrapeError is a failed scrape with the reason label it is counted under.
+type scrapeError struct {
+	reason string
+	err    error
+}
+
+func (e *scrapeError) Error() string { return e.err.Error() }
+
+func (f *Fleet) scrapeOne(ctx context.Context, ep *endpoint) {
+	ep.scraping.Lock()
+	defer ep.scraping.Unlock()
+	cfg := ep.cfg.Load()
+	start := time.Now()
+	m, err := f.fetch(ctx, cfg)
+	if f.metrics != nil {
+		f.metrics.duration.Observe(time.Since(start).Seconds())
+	}
+	if ctx.Err() != nil && err != nil {
+		return // shutting down: not the endpoint's fault
+	}
+	if f.table.Load().byAddr[ep.addr] != ep {
+		return // removed meanwhile
+	}
+	prev := State(ep.state.Load())
+	next := prev
+	if err == nil {
+		ep.last.Store(&sample{m: m, at: f.now()})
+		ep.failures.Store(0)
+		next = StateHealthy
+	} else {
+		var se *scrapeError
+		reason := "other"
+		if errors.As(err, &se) {
+			reason = se.reason
+		}
+		if f.metrics != nil {
+			f.metrics.scrapeErrors.WithLabelValues(ep.addr, reason).Inc()
+		}
+		if n := ep.failures.Add(1); int(n) >= f.scrape.FailuresBeforeIneligible {
+			next = StateUnhealthy
+		}
+		if prev == StateHealthy && next == StateUnhealthy {
+			f.log.Warn("endpoint ineligible: metrics scrapes failing", zap.String("endpoint", ep.addr),
+				zap.Int32("failures", ep.failures.Load()), zap.Error(err))
+		}
+	}
+	if next == prev {
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.table.Load().byAddr[ep.addr] != ep || !ep.state.CompareAndSwap(int32(prev), int32(next)) {
+		return
+	}
+	if next == StateHealthy {
+		f.log.Info("endpoint eligible", zap.String("endpoint", ep.addr), zap.Stringer("was", prev))
+	}
+	f.notify(Change{Kind: StateChanged, Address: ep.addr, Endpoint: *ep.cfg.Load(), State: next})
+}
+
+func (f *Fleet) fetch(ctx context.Context, cfg *EndpointConfig) (scoring.Metrics, error) {
+	ctx, cancel := context.WithTimeout(ctx, f.scrape.Timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, cfg.MetricsURL, nil)
+	if err != nil {
+		return scoring.Metrics{}, &scrapeError{"request", err}
+	}
+	req.Header.Set("Accept", "text/plain;version=0.0.4")
+	resp, err := f.client.Do(req)
+	if err != nil {
+		reason := "connect"
+		if errors.Is(err, context.DeadlineExceeded) {
+			reason = "timeout"
+		}
+		return scoring.Metrics{}, &scrapeError{reason, err}
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10))
+		return scoring.Metrics{}, &scrapeError{"status", fmt.Errorf("fleet: GET %s: HTTP %d", cfg.MetricsURL, resp.StatusCode)}
+	}
+	body, err := io.ReadAll(io.LimitReader(resp.Body, f.scrape.MaxBytes+1))
+	if err != nil {
+		reason := "read"
+		if errors.Is(err, context.DeadlineExceeded) {
+			reason = "timeout"
+		}
+		return scoring.Metrics{}, &scrapeError{reason, err}
+	}
+	if int64(len(body)) > f.scrape.MaxBytes {
+		return scoring.Metrics{}, &scrapeError{"too_large", fmt.Errorf("fleet: GET %s: body over %d bytes", cfg.MetricsURL, f.scrape.MaxBytes)}
+	}
+	m, err := ParseMetrics(bytes.NewReader(body), cfg.Models)
+	if err != nil {
+		var pe *ParseError
+		reason := "parse"
+		if errors.As(err, &pe) {
+			reason = "parse_" + pe.Reason
+		}
+		return scoring.Metrics{}, &scrapeError{reason, err}
+	}
+	return m, nil
+}

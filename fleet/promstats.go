@@ -1,0 +1,96 @@
+package fleet
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics is the fleet's typed set of Prometheus metrics. Per-endpoint gauges are read
+// from the registry at collection time, so removed endpoints vanish without bookkeeping.
+type metrics struct {
+	f            *Fleet
+	scrapeErrors *prometheus.CounterVec
+	duration     prometheus.Histogram
+	changes      *prometheus.CounterVec
+
+	endpoints  *prometheus.Desc
+	inFlight   *prometheus.Desc
+	running    *prometheus.Desc
+	waiting    *prometheus.Desc
+	kvUsage    *prometheus.Desc
+	eligible   *prometheus.Desc
+	metricsAge *prometheus.Desc
+}
+
+func newMetrics(f *Fleet, reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		f: f,
+		scrapeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvrouter_fleet_scrape_errors_total",
+			Help: "Failed scrapes of endpoints' vLLM /metrics, by endpoint and reason.",
+		}, []string{"endpoint", "reason"}),
+		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "kvrouter_fleet_scrape_duration_seconds",
+			Help:    "Time taken by one scrape of an endpoint's vLLM /metrics.",
+			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5},
+		}),
+		changes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvrouter_fleet_changes_total",
+			Help: "Endpoints added, updated and removed.",
+		}, []string{"kind"}),
+		endpoints: prometheus.NewDesc("kvrouter_fleet_endpoints",
+			"Endpoints by state (pending, healthy, unhealthy, unscraped).", []string{"state"}, nil),
+		inFlight: prometheus.NewDesc("kvrouter_endpoint_in_flight_requests",
+			"Requests the router sent to the endpoint that have not finished.", []string{"endpoint"}, nil),
+		running: prometheus.NewDesc("kvrouter_endpoint_running_requests",
+			"The endpoint's vllm:num_requests_running at the last good scrape.", []string{"endpoint"}, nil),
+		waiting: prometheus.NewDesc("kvrouter_endpoint_waiting_requests",
+			"The endpoint's vllm:num_requests_waiting at the last good scrape.", []string{"endpoint"}, nil),
+		kvUsage: prometheus.NewDesc("kvrouter_endpoint_kv_cache_usage_ratio",
+			"The endpoint's vllm:kv_cache_usage_perc (0..1) at the last good scrape.", []string{"endpoint"}, nil),
+		eligible: prometheus.NewDesc("kvrouter_endpoint_eligible",
+			"1 when the endpoint may receive requests, else 0.", []string{"endpoint"}, nil),
+		metricsAge: prometheus.NewDesc("kvrouter_endpoint_metrics_age_seconds",
+			"Age of the endpoint's last good scrape.", []string{"endpoint"}, nil),
+	}
+	if reg != nil {
+		reg.MustRegister(m.scrapeErrors, m.duration, m.changes, m)
+	}
+	return m
+}
+
+func (m *metrics) forget(addr string) {
+	m.scrapeErrors.DeletePartialMatch(prometheus.Labels{"endpoint": addr})
+}
+
+// Describe implements prometheus.Collector for the per-endpoint gauges.
+func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{m.endpoints, m.inFlight, m.running, m.waiting, m.kvUsage, m.eligible, m.metricsAge} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (m *metrics) Collect(ch chan<- prometheus.Metric) {
+	counts := make([]int, len(stateNames))
+	now := m.f.now()
+	for _, ep := range m.f.table.Load().all {
+		st := State(ep.state.Load())
+		counts[st]++
+		a := ep.addr
+		ch <- prometheus.MustNewConstMetric(m.inFlight, prometheus.GaugeValue, float64(ep.inFlight.Load()), a)
+		el := 0.0
+		if st.Eligible() {
+			el = 1
+		}
+		ch <- prometheus.MustNewConstMetric(m.eligible, prometheus.GaugeValue, el, a)
+		if s := ep.last.Load(); s != nil {
+			ch <- prometheus.MustNewConstMetric(m.running, prometheus.GaugeValue, float64(s.m.Running), a)
+			ch <- prometheus.MustNewConstMetric(m.waiting, prometheus.GaugeValue, float64(s.m.Waiting), a)
+			ch <- prometheus.MustNewConstMetric(m.kvUsage, prometheus.GaugeValue, s.m.KVCacheUsage, a)
+			ch <- prometheus.MustNewConstMetric(m.metricsAge, prometheus.GaugeValue, now.Sub(s.at).Seconds(), a)
+		}
+	}
+	for i, n := range counts {
+		ch <- prometheus.MustNewConstMetric(m.endpoints, prometheus.GaugeValue, float64(n), stateNames[i])
+	}
+}

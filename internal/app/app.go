@@ -1,0 +1,293 @@
+package app
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.uber.org/zap"
+	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/kvrouter/kvrouter/config"
+	"github.com/kvrouter/kvrouter/extproc"
+	"github.com/kvrouter/kvrouter/fleet"
+)
+
+// Health service names.
+const (
+	// ExtProcService is the service name Envoy's gRPC health check of the ext_proc
+	// cluster asks for.
+	ExtProcService = "envoy.service.ext_proc.v3.ExternalProcessor"
+	// LivenessService is SERVING on the probe port for as long as the process runs.
+	LivenessService = "liveness"
+	// ReadinessService (and "") is SERVING on the probe port while at least one endpoint
+	// is eligible and the router is not draining.
+	ReadinessService = "readiness"
+)
+
+// Options are the App's collaborators; every field may be left zero.
+type Options struct {
+	// Logger receives the service's logs. Nil: no logs.
+	Logger *zap.Logger
+	// Registry receives every metric and is served on /metrics. Nil: a new registry with
+	// the Go and process collectors.
+	Registry *prometheus.Registry
+	// Now is the clock. Nil: time.Now.
+	Now func() time.Time
+	// HTTPClient scrapes the endpoints' /metrics. Nil: a default client.
+	HTTPClient *http.Client
+	// Tokenizer gives requests their prompt token ids. Nil: requests are routed without
+	// tokens (by the fallback policy's load view).
+	Tokenizer extproc.Tokenizer
+	// Rand feeds the random policy. Nil: seeded from the clock.
+	Rand rand.Source
+}
+
+// Addrs are the addresses the App listens on (resolved, so port 0 becomes a real port).
+type Addrs struct {
+	ExtProc, Health, Metrics string
+}
+
+// App is one kvrouter service instance.
+type App struct {
+	cfg     *config.Config
+	log     *zap.Logger
+	reg     *prometheus.Registry
+	fleet   *fleet.Fleet
+	extproc *extproc.Server
+
+	extGRPC    *grpc.Server // ext_proc + health for Envoy
+	probeGRPC  *grpc.Server // health for Kubernetes
+	extHealth  *health.Server
+	probeHlth  *health.Server
+	httpServer *http.Server
+
+	draining atomic.Bool
+	healthMu sync.Mutex // orders health updates
+
+	lnExt, lnProbe, lnHTTP net.Listener
+}
+
+// New builds the service from a validated configuration; it starts nothing.
+func New(cfg *config.Config, o Options) (*App, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("app: invalid configuration: %w", err)
+	}
+	a := &App{cfg: cfg, log: o.Logger, reg: o.Registry}
+	if a.log == nil {
+		a.log = zap.NewNop()
+	}
+	if a.reg == nil {
+		a.reg = prometheus.NewRegistry()
+		a.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	}
+	f, err := fleet.New(cfg.Fleet(), fleet.Options{
+		Logger:     a.log.Named("fleet"),
+		Registerer: a.reg,
+		Now:        o.Now,
+		Client:     o.HTTPClient,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("app: %w", err)
+	}
+	a.fleet = f
+	a.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "kvrouter_ready",
+		Help: "1 while at least one endpoint is eligible and the router is not draining.",
+	}, func() float64 {
+		if a.ready() {
+			return 1
+		}
+		return 0
+	}))
+
+	a.extHealth = health.NewServer()
+	a.probeHlth = health.NewServer()
+	// In BUFFERED mode Envoy sends the whole body in one message: allow the largest body
+	// kvrouter reads plus room for headers, so that it arrives rather than failing the
+	// stream (gRPC's default limit is 4 MiB).
+	a.extGRPC = grpc.NewServer(grpc.MaxRecvMsgSize(cfg.Limits.MaxBodyBytes + 1<<20))
+	healthpb.RegisterHealthServer(a.extGRPC, a.extHealth)
+	if err := a.registerExtProc(o); err != nil {
+		return nil, err
+	}
+	a.probeGRPC = grpc.NewServer()
+	healthpb.RegisterHealthServer(a.probeGRPC, a.probeHlth)
+
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{Registry: a.reg}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	mux.HandleFunc("GET /readyz", a.serveReadyz)
+	mux.HandleFunc("GET /debug/endpoints", a.serveEndpoints)
+	a.httpServer = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+
+	a.updateHealth()
+	return a, nil
+}
+
+// Fleet returns the endpoint registry, for discovery to add and remove endpoints.
+func (a *App) Fleet() *fleet.Fleet { return a.fleet }
+
+// Listen binds the three listeners and returns their addresses. Run calls it when it has
+// not been called; call it first to learn the ports chosen for port 0.
+func (a *App) Listen() (Addrs, error) {
+	if a.lnExt == nil {
+		var err error
+		l := a.cfg.Listen
+		if a.lnExt, err = net.Listen("tcp", l.ExtProc); err != nil {
+			return Addrs{}, fmt.Errorf("app: listen extproc: %w", err)
+		}
+		if a.lnProbe, err = net.Listen("tcp", l.Health); err != nil {
+			a.lnExt.Close()
+			return Addrs{}, fmt.Errorf("app: listen health: %w", err)
+		}
+		if a.lnHTTP, err = net.Listen("tcp", l.Metrics); err != nil {
+			a.lnExt.Close()
+			a.lnProbe.Close()
+			return Addrs{}, fmt.Errorf("app: listen metrics: %w", err)
+		}
+	}
+	return Addrs{ExtProc: a.lnExt.Addr().String(), Health: a.lnProbe.Addr().String(), Metrics: a.lnHTTP.Addr().String()}, nil
+}
+
+// Run serves until ctx ends, then drains: health turns NOT_SERVING, no new ext_proc
+// stream is accepted, streams in flight run to their end (at most limits.drain_timeout),
+// and Run returns nil. It returns an error when a server fails.
+func (a *App) Run(ctx context.Context) error {
+	addrs, err := a.Listen()
+	if err != nil {
+		return err
+	}
+	unsubscribe := a.fleet.Subscribe(func(fleet.Change) { a.updateHealth() })
+	defer unsubscribe()
+	a.updateHealth()
+	a.probeHlth.SetServingStatus(LivenessService, healthpb.HealthCheckResponse_SERVING)
+	a.log.Info("kvrouter serving", zap.String("extproc", addrs.ExtProc), zap.String("health", addrs.Health),
+		zap.String("metrics", addrs.Metrics), zap.Int("endpoints", len(a.cfg.Endpoints)))
+
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return a.fleet.Run(gctx) })
+	g.Go(func() error { return serveGRPC(a.extGRPC, a.lnExt, "extproc") })
+	g.Go(func() error { return serveGRPC(a.probeGRPC, a.lnProbe, "health") })
+	g.Go(func() error {
+		if err := a.httpServer.Serve(a.lnHTTP); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			return fmt.Errorf("app: metrics server: %w", err)
+		}
+		return nil
+	})
+	g.Go(func() error {
+		<-gctx.Done()
+		a.drain()
+		return nil
+	})
+	return g.Wait()
+}
+
+func serveGRPC(s *grpc.Server, l net.Listener, name string) error {
+	if err := s.Serve(l); err != nil {
+		return fmt.Errorf("app: %s server: %w", name, err)
+	}
+	return nil
+}
+
+// drain stops the servers: Envoy and the probes first see NOT_SERVING, then the
+// ext_proc server stops taking streams and waits for those in flight.
+func (a *App) drain() {
+	start := time.Now()
+	a.draining.Store(true)
+	a.updateHealth()
+	a.extproc.Drain()
+	a.log.Info("draining", zap.Duration("timeout", a.cfg.Limits.DrainTimeout))
+
+	done := make(chan struct{})
+	go func() {
+		a.extGRPC.GracefulStop()
+		close(done)
+	}()
+	timer := time.NewTimer(a.cfg.Limits.DrainTimeout)
+	defer timer.Stop()
+	select {
+	case <-done:
+	case <-timer.C:
+		a.log.Warn("drain timeout: cutting the streams still open")
+		a.extGRPC.Stop()
+		<-done
+	}
+	a.probeGRPC.Stop()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	_ = a.httpServer.Shutdown(ctx)
+	a.log.Info("drained", zap.Duration("took", time.Since(start)))
+}
+
+func (a *App) ready() bool { return !a.draining.Load() && a.fleet.Ready() }
+
+// updateHealth sets every readiness-tracking health service from the fleet's state.
+func (a *App) updateHealth() {
+	a.healthMu.Lock()
+	defer a.healthMu.Unlock()
+	st := healthpb.HealthCheckResponse_NOT_SERVING
+	if a.ready() {
+		st = healthpb.HealthCheckResponse_SERVING
+	}
+	a.extHealth.SetServingStatus(ExtProcService, st)
+	a.extHealth.SetServingStatus("", st)
+	a.probeHlth.SetServingStatus(ReadinessService, st)
+	a.probeHlth.SetServingStatus("", st)
+}
+
+func (a *App) serveReadyz(w http.ResponseWriter, _ *http.Request) {
+	switch {
+	case a.draining.Load():
+		http.Error(w, "draining", http.StatusServiceUnavailable)
+	case !a.fleet.Ready():
+		http.Error(w, "no eligible endpoint", http.StatusServiceUnavailable)
+	default:
+		_, _ = w.Write([]byte("ok\n"))
+	}
+}
+
+// serveEndpoints shows the registry, for operators.
+func (a *App) serveEndpoints(w http.ResponseWriter, _ *http.Request) {
+	type ep struct {
+		Address   string   `json:"address"`
+		Models    []string `json:"models"`
+		State     string   `json:"state"`
+		InFlight  int      `json:"in_flight"`
+		Failures  int      `json:"scrape_failures"`
+		Valid     bool     `json:"metrics_valid"`
+		Running   int      `json:"running"`
+		Waiting   int      `json:"waiting"`
+		KVUsage   float64  `json:"kv_cache_usage"`
+		ScrapedAt string   `json:"scraped_at,omitempty"`
+	}
+	var out []ep
+	for _, s := range a.fleet.Status() {
+		e := ep{Address: s.Config.Address, Models: s.Config.Models, State: s.State.String(), InFlight: s.InFlight,
+			Failures: s.Failures, Valid: s.Metrics.Valid, Running: s.Metrics.Running, Waiting: s.Metrics.Waiting,
+			KVUsage: s.Metrics.KVCacheUsage}
+		if !s.ScrapedAt.IsZero() {
+			e.ScrapedAt = s.ScrapedAt.UTC().Format(time.RFC3339Nano)
+		}
+		out = append(out, e)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(out)
+}

@@ -1,0 +1,456 @@
+package app_test
+
+import (
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
+
+	"github.com/kvrouter/kvrouter/config"
+	"github.com/kvrouter/kvrouter/extproc/envoytest"
+	"github.com/kvrouter/kvrouter/fleet"
+	"github.com/kvrouter/kvrouter/internal/app"
+)
+
+const model = "Qwen/Qwen3-0.6B"
+
+// vllmMetrics is what vLLM 0.11 serves on /metrics (trimmed to the families kvrouter
+// reads, plus one it ignores).
+const vllmMetrics = `# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="Qwen/Qwen3-0.6B"} 1.0
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="Qwen/Qwen3-0.6B"} 0.0
+# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="Qwen/Qwen3-0.6B"} 0.1
+# HELP vllm:prefix_cache_hits_total Prefix cache hits, in terms of number of cached tokens.
+# TYPE vllm:prefix_cache_hits_total counter
+vllm:prefix_cache_hits_total{engine="0",model_name="Qwen/Qwen3-0.6B"} 1024.0
+# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="585"} 1.0
+`
+
+// fakeVLLM serves /metrics, failing with 503 until up is set.
+type fakeVLLM struct {
+	*httptest.Server
+	up atomic.Bool
+}
+
+func newFakeVLLM(t *testing.T) *fakeVLLM {
+	f := &fakeVLLM{}
+	f.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !f.up.Load() || r.URL.Path != "/metrics" {
+			http.Error(w, "not ready", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = io.WriteString(w, vllmMetrics)
+	}))
+	t.Cleanup(f.Close)
+	return f
+}
+
+func testConfig(t *testing.T, vllm *fakeVLLM) *config.Config {
+	t.Helper()
+	cfg := config.Default()
+	cfg.Listen = config.ListenConfig{ExtProc: "127.0.0.1:0", Health: "127.0.0.1:0", Metrics: "127.0.0.1:0"}
+	addr := vllm.Listener.Addr().String()
+	cfg.Endpoints = []fleet.EndpointConfig{{Address: addr, Models: []string{model}, MetricsURL: vllm.URL + "/metrics"}}
+	cfg.Limits.Scrape.Interval = 20 * time.Millisecond
+	cfg.Limits.Scrape.Timeout = 20 * time.Millisecond
+	cfg.Limits.Scrape.StalenessLimit = time.Second
+	cfg.Limits.Scrape.FailuresBeforeIneligible = 1
+	cfg.Limits.DrainTimeout = 30 * time.Second
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	return &cfg
+}
+
+func dial(t *testing.T, addr string) *grpc.ClientConn {
+	t.Helper()
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	return cc
+}
+
+// waitHealth waits until service on cc reports want. It waits for a condition; it
+// asserts nothing about time.
+func waitHealth(t *testing.T, cc *grpc.ClientConn, service string, want healthpb.HealthCheckResponse_ServingStatus) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	w, err := healthpb.NewHealthClient(cc).Watch(ctx, &healthpb.HealthCheckRequest{Service: service})
+	if err != nil {
+		t.Fatalf("watch %q: %v", service, err)
+	}
+	for {
+		r, err := w.Recv()
+		if err != nil {
+			t.Fatalf("health %q never became %v: %v", service, want, err)
+		}
+		if r.GetStatus() == want {
+			return
+		}
+	}
+}
+
+func checkHealth(t *testing.T, cc *grpc.ClientConn, service string, want healthpb.HealthCheckResponse_ServingStatus) {
+	t.Helper()
+	r, err := healthpb.NewHealthClient(cc).Check(context.Background(), &healthpb.HealthCheckRequest{Service: service})
+	if err != nil {
+		t.Fatalf("check %q: %v", service, err)
+	}
+	if r.GetStatus() != want {
+		t.Errorf("health %q = %v, want %v", service, r.GetStatus(), want)
+	}
+}
+
+func httpGet(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// TestServeAndDrain runs the whole service on ephemeral ports against a fake vLLM: the
+// health transitions, a real ext_proc stream, and a drain that lets that stream finish.
+func TestServeAndDrain(t *testing.T) {
+	vllm := newFakeVLLM(t)
+	cfg := testConfig(t, vllm)
+	a, err := app.New(cfg, app.Options{Registry: prometheus.NewRegistry()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	addrs, err := a.Listen()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	runErr := make(chan error, 1)
+	go func() { runErr <- a.Run(ctx) }()
+
+	ext := dial(t, addrs.ExtProc)
+	probe := dial(t, addrs.Health)
+	metricsURL := "http://" + addrs.Metrics
+
+	t.Run("not ready while no endpoint answers", func(t *testing.T) {
+		for _, s := range []string{app.ExtProcService, ""} {
+			checkHealth(t, ext, s, healthpb.HealthCheckResponse_NOT_SERVING)
+		}
+		for _, s := range []string{app.ReadinessService, ""} {
+			checkHealth(t, probe, s, healthpb.HealthCheckResponse_NOT_SERVING)
+		}
+		checkHealth(t, probe, app.LivenessService, healthpb.HealthCheckResponse_SERVING)
+		if code, body := httpGet(t, metricsURL+"/readyz"); code != http.StatusServiceUnavailable {
+			t.Errorf("/readyz = %d %q, want 503", code, body)
+		}
+		if code, _ := httpGet(t, metricsURL+"/healthz"); code != http.StatusOK {
+			t.Errorf("/healthz = %d, want 200", code)
+		}
+	})
+
+	vllm.up.Store(true)
+	t.Run("ready once the endpoint's metrics answer", func(t *testing.T) {
+		waitHealth(t, ext, app.ExtProcService, healthpb.HealthCheckResponse_SERVING)
+		waitHealth(t, probe, app.ReadinessService, healthpb.HealthCheckResponse_SERVING)
+		checkHealth(t, ext, "", healthpb.HealthCheckResponse_SERVING)
+		checkHealth(t, probe, "", healthpb.HealthCheckResponse_SERVING)
+		if code, body := httpGet(t, metricsURL+"/readyz"); code != http.StatusOK {
+			t.Errorf("/readyz = %d %q, want 200", code, body)
+		}
+	})
+
+	endpoint := cfg.Endpoints[0].Address
+	client := extprocv3.NewExternalProcessorClient(ext)
+	x, err := envoytest.Start(context.Background(), client, envoytest.FullDuplex())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Run("ext_proc stream routes to the endpoint", func(t *testing.T) {
+		body := `{"model":"` + model + `","messages":[{"role":"user","content":"hi"}],"stream":true,"stream_options":{"include_usage":true}}`
+		res, err := x.Request(envoytest.Request{
+			Headers: envoytest.Headers{{Key: ":method", Value: "POST"}, {Key: ":path", Value: "/v1/chat/completions"},
+				{Key: ":authority", Value: "gw"}, {Key: "content-type", Value: "application/json"},
+				{Key: "x-gateway-destination-endpoint", Value: "6.6.6.6:666"}},
+			Body: [][]byte{[]byte(body[:20]), []byte(body[20:])},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := res.Headers.Values("x-gateway-destination-endpoint"); len(got) != 1 || got[0] != endpoint {
+			t.Fatalf("destination = %q, want [%s]", got, endpoint)
+		}
+		if string(res.Body) != body {
+			t.Errorf("body changed: %q", res.Body)
+		}
+		h, err := x.ResponseHeaders(envoytest.Headers{{Key: ":status", Value: "200"}}, false, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v, _ := h.Get("x-gateway-destination-endpoint-served"); v != endpoint {
+			t.Errorf("served header = %q, want %s", v, endpoint)
+		}
+		if !strings.Contains(metricsText(t, metricsURL), `kvrouter_endpoint_in_flight_requests{endpoint="`+endpoint+`"} 1`) {
+			t.Error("in-flight count is not 1 while the response streams")
+		}
+	})
+
+	// SIGTERM: the stream above is still open.
+	cancel()
+	t.Run("draining refuses new work", func(t *testing.T) {
+		waitHealth(t, probe, app.ReadinessService, healthpb.HealthCheckResponse_NOT_SERVING)
+		checkHealth(t, probe, app.LivenessService, healthpb.HealthCheckResponse_SERVING)
+		if code, body := httpGet(t, metricsURL+"/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "draining") {
+			t.Errorf("/readyz = %d %q, want 503 draining", code, body)
+		}
+		y, err := envoytest.Start(context.Background(), client, envoytest.FullDuplex())
+		if err == nil {
+			_, err = y.Request(envoytest.Request{Headers: envoytest.Headers{{Key: ":method", Value: "GET"}, {Key: ":path", Value: "/v1/models"}}})
+		}
+		if status.Code(unwrapStatus(err)) != codes.Unavailable {
+			t.Errorf("new stream during drain: %v, want Unavailable", err)
+		}
+	})
+	select {
+	case err := <-runErr:
+		t.Fatalf("Run returned (%v) while a stream was open", err)
+	default:
+	}
+
+	t.Run("the open stream finishes", func(t *testing.T) {
+		var wg sync.WaitGroup
+		var got []byte
+		wg.Go(func() {
+			for {
+				chunk, eos, err := x.ReadResponseBody()
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				got = append(got, chunk...)
+				if eos {
+					return
+				}
+			}
+		})
+		sse := "data: {\"choices\":[{\"delta\":{\"content\":\"hello\"}}]}\n\ndata: [DONE]\n\n"
+		if err := x.ResponseBody([]byte(sse), true); err != nil {
+			t.Fatal(err)
+		}
+		wg.Wait()
+		if string(got) != sse {
+			t.Errorf("response body %q, want %q", got, sse)
+		}
+		if err := x.Close(); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if err := <-runErr; err != nil {
+		t.Fatalf("Run = %v, want nil after drain", err)
+	}
+	if st := a.Fleet().Status(); st[0].InFlight != 0 {
+		t.Errorf("in flight after the response ended: %d", st[0].InFlight)
+	}
+	if _, err := net.Dial("tcp", addrs.ExtProc); err == nil {
+		t.Error("ext_proc port still accepts connections after Run returned")
+	}
+}
+
+// unwrapStatus finds the gRPC status inside envoytest's wrapped errors.
+func unwrapStatus(err error) error {
+	for e := err; e != nil; {
+		if _, ok := status.FromError(e); ok {
+			return e
+		}
+		u, ok := e.(interface{ Unwrap() error })
+		if !ok {
+			break
+		}
+		e = u.Unwrap()
+	}
+	return err
+}
+
+func metricsText(t *testing.T, base string) string {
+	t.Helper()
+	code, body := httpGet(t, base+"/metrics")
+	if code != http.StatusOK {
+		t.Fatalf("/metrics = %d", code)
+	}
+	return body
+}
+
+func TestDrainTimeoutCutsStreams(t *testing.T) {
+	vllm := newFakeVLLM(t)
+	vllm.up.Store(true)
+	cfg := testConfig(t, vllm)
+	cfg.Limits.DrainTimeout = 50 * time.Millisecond
+	a, err := app.New(cfg, app.Options{Registry: prometheus.NewRegistry()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	addrs, err := a.Listen()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	runErr := make(chan error, 1)
+	go func() { runErr <- a.Run(ctx) }()
+	ext := dial(t, addrs.ExtProc)
+	waitHealth(t, ext, app.ExtProcService, healthpb.HealthCheckResponse_SERVING)
+	x, err := envoytest.Start(context.Background(), extprocv3.NewExternalProcessorClient(ext), envoytest.FullDuplex())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := x.Request(envoytest.Request{Headers: envoytest.Headers{{Key: ":method", Value: "GET"}, {Key: ":path", Value: "/v1/models"}}}); err != nil {
+		t.Fatal(err)
+	}
+	cancel() // the stream never ends: the drain timeout must cut it
+	if err := <-runErr; err != nil {
+		t.Fatalf("Run = %v, want nil", err)
+	}
+	x.Cancel()
+	if st := a.Fleet().Status(); st[0].InFlight != 0 {
+		t.Errorf("in flight after the stream was cut: %d", st[0].InFlight)
+	}
+}
+
+func TestMetricsEndpoint(t *testing.T) {
+	vllm := newFakeVLLM(t)
+	vllm.up.Store(true)
+	a, err := app.New(testConfig(t, vllm), app.Options{}) // own registry with Go/process collectors
+	if err != nil {
+		t.Fatal(err)
+	}
+	addrs, err := a.Listen()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	runErr := make(chan error, 1)
+	go func() { runErr <- a.Run(ctx) }()
+	waitHealth(t, dial(t, addrs.Health), app.ReadinessService, healthpb.HealthCheckResponse_SERVING)
+	text := metricsText(t, "http://"+addrs.Metrics)
+	for _, name := range []string{"kvrouter_ready 1", "kvrouter_fleet_endpoints{state=\"healthy\"} 1", "go_goroutines", "process_cpu_seconds_total",
+		"kvrouter_extproc_streams_in_flight"} {
+		if !strings.Contains(text, name) {
+			t.Errorf("/metrics lacks %q", name)
+		}
+	}
+	cancel()
+	if err := <-runErr; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestHealthFollowsEndpoint: the endpoint's metrics stop answering, then recover; both
+// health ports and /readyz follow.
+func TestHealthFollowsEndpoint(t *testing.T) {
+	vllm := newFakeVLLM(t)
+	vllm.up.Store(true)
+	a, err := app.New(testConfig(t, vllm), app.Options{Registry: prometheus.NewRegistry()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	addrs, err := a.Listen()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	runErr := make(chan error, 1)
+	go func() { runErr <- a.Run(ctx) }()
+	ext, probe := dial(t, addrs.ExtProc), dial(t, addrs.Health)
+	steps := []struct {
+		name string
+		up   bool
+		want healthpb.HealthCheckResponse_ServingStatus
+		code int
+	}{
+		{"serving", true, healthpb.HealthCheckResponse_SERVING, http.StatusOK},
+		{"endpoint stops answering", false, healthpb.HealthCheckResponse_NOT_SERVING, http.StatusServiceUnavailable},
+		{"endpoint recovers", true, healthpb.HealthCheckResponse_SERVING, http.StatusOK},
+	}
+	for _, s := range steps {
+		t.Run(s.name, func(t *testing.T) {
+			vllm.up.Store(s.up)
+			waitHealth(t, ext, app.ExtProcService, s.want)
+			waitHealth(t, probe, app.ReadinessService, s.want)
+			checkHealth(t, probe, app.LivenessService, healthpb.HealthCheckResponse_SERVING)
+			if code, body := httpGet(t, "http://"+addrs.Metrics+"/readyz"); code != s.code {
+				t.Errorf("/readyz = %d %q, want %d", code, body, s.code)
+			}
+		})
+	}
+	cancel()
+	if err := <-runErr; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestBufferedLargeBody: in BUFFERED mode a body above gRPC's default 4 MiB message limit
+// (but within limits.max_body_bytes) still reaches kvrouter and is routed.
+func TestBufferedLargeBody(t *testing.T) {
+	vllm := newFakeVLLM(t)
+	vllm.up.Store(true)
+	a, err := app.New(testConfig(t, vllm), app.Options{Registry: prometheus.NewRegistry()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	addrs, err := a.Listen()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	runErr := make(chan error, 1)
+	go func() { runErr <- a.Run(ctx) }()
+	ext := dial(t, addrs.ExtProc)
+	waitHealth(t, ext, app.ExtProcService, healthpb.HealthCheckResponse_SERVING)
+
+	cfg := envoytest.Config{RequestBodyMode: filterv3.ProcessingMode_BUFFERED, SendProtocolConfig: true}
+	x, err := envoytest.Start(context.Background(), extprocv3.NewExternalProcessorClient(ext), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := `{"model":"` + model + `","prompt":"` + strings.Repeat("a", 6<<20) + `"}`
+	res, err := x.Request(envoytest.Request{
+		Headers: envoytest.Headers{{Key: ":method", Value: "POST"}, {Key: ":path", Value: "/v1/completions"}, {Key: "content-type", Value: "application/json"}},
+		Body:    [][]byte{[]byte(body)},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := res.Headers.Values("x-gateway-destination-endpoint"); len(got) != 1 || got[0] != vllm.Listener.Addr().String() {
+		t.Errorf("destination = %q (immediate %v)", got, res.Immediate)
+	}
+	x.Cancel()
+	cancel()
+	if err := <-runErr; err != nil {
+		t.Fatal(err)
+	}
+}

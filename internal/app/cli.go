@@ -1,0 +1,112 @@
+package app
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/kvrouter/kvrouter/config"
+)
+
+const usage = `kvrouter: a KV-cache-aware router for vLLM fleets, serving Envoy's ext_proc.
+
+Usage:
+  kvrouter --config FILE [--log-level LEVEL]   serve
+  kvrouter check-config FILE                   report every problem in FILE, exit 1 if any
+
+Flags:
+`
+
+// subcommands maps a first argument to its command. Each takes the remaining
+// arguments and returns the exit code.
+func subcommands(stdout, stderr io.Writer) map[string]func(args []string) int {
+	return map[string]func(args []string) int{
+		"check-config": func(args []string) int { return checkConfig(args, stdout, stderr) },
+		// "tokenize" joins here with the tokenizer: it prints the token ids kvrouter
+		// computes for a request body, to compare with vLLM's POST /tokenize.
+	}
+}
+
+// Main is the kvrouter command line; cmd/kvrouter calls it with os.Args[1:]. It
+// returns the process exit code. SIGTERM and SIGINT start a drain; the exit code is 0
+// when the drain completes.
+func Main(args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 {
+		if cmd, ok := subcommands(stdout, stderr)[args[0]]; ok {
+			return cmd(args[1:])
+		}
+	}
+	fs := flag.NewFlagSet("kvrouter", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(stderr, usage)
+		fs.PrintDefaults()
+	}
+	cfgPath := fs.String("config", "", "path of the YAML configuration file (required)")
+	level := zapcore.InfoLevel
+	fs.Var(&level, "log-level", "log level: debug, info, warn, error")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if *cfgPath == "" || fs.NArg() > 0 {
+		fs.Usage()
+		return 2
+	}
+	log, err := newLogger(level, stderr)
+	if err != nil {
+		fmt.Fprintf(stderr, "kvrouter: %v\n", err)
+		return 1
+	}
+	defer func() { _ = log.Sync() }()
+
+	cfg, err := config.Load(*cfgPath)
+	if err != nil {
+		fmt.Fprintf(stderr, "%v\n", err)
+		return 1
+	}
+	a, err := New(cfg, Options{Logger: log})
+	if err != nil {
+		log.Error("cannot start", zap.Error(err))
+		return 1
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	if err := a.Run(ctx); err != nil {
+		log.Error("stopped", zap.Error(err))
+		return 1
+	}
+	return 0
+}
+
+func newLogger(level zapcore.Level, w io.Writer) (*zap.Logger, error) {
+	enc := zap.NewProductionEncoderConfig()
+	enc.EncodeTime = zapcore.ISO8601TimeEncoder
+	enc.EncodeDuration = zapcore.StringDurationEncoder
+	core := zapcore.NewCore(zapcore.NewJSONEncoder(enc), zapcore.Lock(zapcore.AddSync(w)), level)
+	return zap.New(core, zap.ErrorOutput(zapcore.Lock(zapcore.AddSync(w)))), nil
+}
+
+// checkConfig implements `kvrouter check-config FILE`.
+func checkConfig(args []string, stdout, stderr io.Writer) int {
+	if len(args) != 1 {
+		fmt.Fprintln(stderr, "usage: kvrouter check-config FILE")
+		return 2
+	}
+	if _, err := config.Load(args[0]); err != nil {
+		fmt.Fprintln(stderr, err)
+		return 1
+	}
+	fmt.Fprintf(stdout, "%s: ok\n", args[0])
+	return 0
+}

@@ -1,0 +1,47 @@
+package app_test
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+
+	"github.com/kvrouter/kvrouter/internal/app"
+)
+
+func TestMain_CommandLine(t *testing.T) {
+	tests := []struct {
+		name       string
+		args       []string
+		code       int
+		stdout     string // substring
+		stderrLine string // exact first line of stderr, when set
+	}{
+		{"check-config ok", []string{"check-config", "../../config/testdata/valid.yaml"}, 0, "valid.yaml: ok", ""},
+		{"check-config problems", []string{"check-config", "../../config/testdata/invalid/address-hostname.yaml"}, 1, "",
+			`../../config/testdata/invalid/address-hostname.yaml:3: endpoints[0].address: "vllm-0:8000": host must be an IP address, not a name (Envoy's ORIGINAL_DST cluster needs ip:port)`},
+		{"check-config missing file", []string{"check-config", "no-such.yaml"}, 1, "", "config: open no-such.yaml: no such file or directory"},
+		{"check-config without file", []string{"check-config"}, 2, "", "usage: kvrouter check-config FILE"},
+		{"no config flag", nil, 2, "", "kvrouter: a KV-cache-aware router for vLLM fleets, serving Envoy's ext_proc."},
+		{"bad log level", []string{"--config", "x.yaml", "--log-level", "loud"}, 2, "", ""},
+		{"invalid config file", []string{"--config", "../../config/testdata/invalid/no-endpoints.yaml"}, 1, "",
+			"../../config/testdata/invalid/no-endpoints.yaml:2: endpoints: at least one endpoint is required"},
+		{"help", []string{"--help"}, 0, "", ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var out, errOut bytes.Buffer
+			code := app.Main(tc.args, &out, &errOut)
+			if code != tc.code {
+				t.Errorf("exit %d, want %d (stderr %q)", code, tc.code, errOut.String())
+			}
+			if !strings.Contains(out.String(), tc.stdout) {
+				t.Errorf("stdout %q lacks %q", out.String(), tc.stdout)
+			}
+			if tc.stderrLine != "" {
+				if first, _, _ := strings.Cut(errOut.String(), "\n"); first != tc.stderrLine {
+					t.Errorf("stderr first line\n%q\nwant\n%q", first, tc.stderrLine)
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,276 @@
+package openai
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+)
+
+// A small strict JSON scanner: Parse needs only the spans of the top-level members, so it
+// validates the whole body in one pass (RFC 8259 grammar; UTF-8 is checked before) and
+// decodes just the few scalar fields routing reads. encoding/json would decode the body
+// twice over and copy every raw member.
+
+const maxDepth = 10000 // as encoding/json
+
+var errSyntax = errors.New("invalid JSON")
+
+func syntaxErr(i int, what string) error {
+	return fmt.Errorf("%w at offset %d: %s", errSyntax, i, what)
+}
+
+func isWS(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
+
+func skipWS(d []byte, i int) int {
+	for i < len(d) && isWS(d[i]) {
+		i++
+	}
+	return i
+}
+
+// member is one top-level "key": value pair; raw is the value's exact bytes.
+type member struct {
+	key string
+	raw []byte
+}
+
+// objectMembers validates d as one JSON object (surrounding whitespace allowed) and
+// returns its members in order. Keys are decoded; values are left raw.
+func objectMembers(d []byte) ([]member, error) {
+	i := skipWS(d, 0)
+	if i == len(d) || d[i] != '{' {
+		return nil, syntaxErr(i, "body is not a JSON object")
+	}
+	members := make([]member, 0, 16)
+	i = skipWS(d, i+1)
+	if i < len(d) && d[i] == '}' {
+		i++
+	} else {
+		for {
+			if i == len(d) || d[i] != '"' {
+				return nil, syntaxErr(i, "want a key")
+			}
+			ke, err := skipString(d, i)
+			if err != nil {
+				return nil, err
+			}
+			key, err := decodeString(d[i:ke])
+			if err != nil {
+				return nil, err
+			}
+			i = skipWS(d, ke)
+			if i == len(d) || d[i] != ':' {
+				return nil, syntaxErr(i, "want ':'")
+			}
+			i = skipWS(d, i+1)
+			ve, err := skipValue(d, i, 1)
+			if err != nil {
+				return nil, err
+			}
+			members = append(members, member{key: key, raw: d[i:ve]})
+			i = skipWS(d, ve)
+			if i == len(d) {
+				return nil, syntaxErr(i, "unterminated object")
+			}
+			if d[i] == '}' {
+				i++
+				break
+			}
+			if d[i] != ',' {
+				return nil, syntaxErr(i, "want ',' or '}'")
+			}
+			i = skipWS(d, i+1)
+		}
+	}
+	if i = skipWS(d, i); i != len(d) {
+		return nil, syntaxErr(i, "data after the object")
+	}
+	return members, nil
+}
+
+// skipValue returns the end of the JSON value starting at d[i].
+func skipValue(d []byte, i, depth int) (int, error) {
+	if i >= len(d) {
+		return i, syntaxErr(i, "unexpected end")
+	}
+	switch c := d[i]; {
+	case c == '"':
+		return skipString(d, i)
+	case c == '{', c == '[':
+		if depth >= maxDepth {
+			return i, syntaxErr(i, "nested too deeply")
+		}
+		closer := byte('}')
+		if c == '[' {
+			closer = ']'
+		}
+		i = skipWS(d, i+1)
+		if i < len(d) && d[i] == closer {
+			return i + 1, nil
+		}
+		for {
+			if c == '{' {
+				if i >= len(d) || d[i] != '"' {
+					return i, syntaxErr(i, "want a key")
+				}
+				e, err := skipString(d, i)
+				if err != nil {
+					return e, err
+				}
+				i = skipWS(d, e)
+				if i >= len(d) || d[i] != ':' {
+					return i, syntaxErr(i, "want ':'")
+				}
+				i = skipWS(d, i+1)
+			}
+			e, err := skipValue(d, i, depth+1)
+			if err != nil {
+				return e, err
+			}
+			i = skipWS(d, e)
+			if i >= len(d) {
+				return i, syntaxErr(i, "unterminated container")
+			}
+			if d[i] == closer {
+				return i + 1, nil
+			}
+			if d[i] != ',' {
+				return i, syntaxErr(i, "want ',' or a closing bracket")
+			}
+			i = skipWS(d, i+1)
+		}
+	case c == 't':
+		return skipLiteral(d, i, "true")
+	case c == 'f':
+		return skipLiteral(d, i, "false")
+	case c == 'n':
+		return skipLiteral(d, i, "null")
+	case c == '-' || (c >= '0' && c <= '9'):
+		return skipNumber(d, i)
+	default:
+		return i, syntaxErr(i, "unexpected character")
+	}
+}
+
+func skipLiteral(d []byte, i int, lit string) (int, error) {
+	if len(d)-i < len(lit) || string(d[i:i+len(lit)]) != lit {
+		return i, syntaxErr(i, "bad literal")
+	}
+	return i + len(lit), nil
+}
+
+func isDigit(c byte) bool { return c >= '0' && c <= '9' }
+
+func skipNumber(d []byte, i int) (int, error) {
+	start := i
+	if d[i] == '-' {
+		i++
+	}
+	switch {
+	case i < len(d) && d[i] == '0':
+		i++
+	case i < len(d) && d[i] >= '1' && d[i] <= '9':
+		for i < len(d) && isDigit(d[i]) {
+			i++
+		}
+	default:
+		return i, syntaxErr(start, "bad number")
+	}
+	if i < len(d) && d[i] == '.' {
+		i++
+		if i >= len(d) || !isDigit(d[i]) {
+			return i, syntaxErr(start, "bad number")
+		}
+		for i < len(d) && isDigit(d[i]) {
+			i++
+		}
+	}
+	if i < len(d) && (d[i] == 'e' || d[i] == 'E') {
+		i++
+		if i < len(d) && (d[i] == '+' || d[i] == '-') {
+			i++
+		}
+		if i >= len(d) || !isDigit(d[i]) {
+			return i, syntaxErr(start, "bad number")
+		}
+		for i < len(d) && isDigit(d[i]) {
+			i++
+		}
+	}
+	return i, nil
+}
+
+func isHex(c byte) bool {
+	return isDigit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F')
+}
+
+// skipString returns the end of the string starting at d[i] == '"'.
+func skipString(d []byte, i int) (int, error) {
+	start := i
+	i++
+	for i < len(d) {
+		c := d[i]
+		switch {
+		case c == '"':
+			return i + 1, nil
+		case c == '\\':
+			if i+1 >= len(d) {
+				return i, syntaxErr(start, "unterminated string")
+			}
+			switch d[i+1] {
+			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+				i += 2
+			case 'u':
+				if i+5 >= len(d) || !isHex(d[i+2]) || !isHex(d[i+3]) || !isHex(d[i+4]) || !isHex(d[i+5]) {
+					return i, syntaxErr(i, "bad \\u escape")
+				}
+				i += 6
+			default:
+				return i, syntaxErr(i, "bad escape")
+			}
+		case c < 0x20:
+			return i, syntaxErr(i, "control character in string")
+		default:
+			i++
+		}
+	}
+	return i, syntaxErr(start, "unterminated string")
+}
+
+// decodeString decodes a validated JSON string token (quotes included).
+func decodeString(tok []byte) (string, error) {
+	plain := true
+	for _, c := range tok[1 : len(tok)-1] {
+		if c == '\\' {
+			plain = false
+			break
+		}
+	}
+	if plain {
+		return string(tok[1 : len(tok)-1]), nil
+	}
+	var s string
+	if err := json.Unmarshal(tok, &s); err != nil {
+		return "", err
+	}
+	return s, nil
+}
+
+// asString decodes raw as a JSON string.
+func asString(raw []byte) (string, error) {
+	if len(raw) == 0 || raw[0] != '"' {
+		return "", errors.New("want a string")
+	}
+	return decodeString(raw)
+}
+
+// asBool decodes raw as a JSON boolean.
+func asBool(raw []byte) (bool, error) {
+	switch string(raw) {
+	case "true":
+		return true, nil
+	case "false":
+		return false, nil
+	}
+	return false, errors.New("want a boolean")
+}
