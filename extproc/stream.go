@@ -10,7 +10,6 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 
 	"github.com/kvrouter/kvrouter/openai"
-	"github.com/kvrouter/kvrouter/scoring"
 )
 
 // phase is where a stream stands; each Envoy message is accepted only in some phases.
@@ -407,5 +406,3 @@ func subsetHint(md *corev3.Metadata) (addrs []string, present bool) {
 func metadataString(md *corev3.Metadata, ns, key string) string {
 	return md.GetFilterMetadata()[ns].GetFields()[key].GetStringValue()
 }
-
-var _ scoring.Policy = (*scoring.LeastLoad)(nil)

@@ -55,6 +55,7 @@ func (c Config) respTrailers() bool {
 // OrderError is a reply Envoy would reject (it fails the request with 500).
 type OrderError struct{ Msg string }
 
+// Error describes the rejected reply.
 func (e *OrderError) Error() string { return "envoytest: envoy would reject: " + e.Msg }
 
 func orderErrorf(format string, a ...any) error { return &OrderError{Msg: fmt.Sprintf(format, a...)} }
