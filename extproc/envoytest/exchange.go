@@ -421,8 +421,8 @@ func (x *Exchange) requestBuffered(req Request, res *RequestResult, hasBody, has
 		body = append(body, c...)
 	}
 	res.Body = body
-	if hasBody || hasTrailers {
-		// Envoy sends the buffered body (possibly empty) before the trailers.
+	if hasBody {
+		// Envoy sends the buffered body once it is complete; an empty body sends no message.
 		if err := x.send(reqBody(body, !hasTrailers)); err != nil {
 			return nil, err
 		}
@@ -450,7 +450,7 @@ func (x *Exchange) requestBuffered(req Request, res *RequestResult, hasBody, has
 			res.Body = nil
 		}
 	}
-	if hasTrailers {
+	if hasTrailers && x.cfg.reqTrailers() {
 		if err := x.sendTrailersAndApply(req.Trailers, res); err != nil {
 			return nil, err
 		}
