@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/prometheus/client_golang/prometheus"
@@ -833,5 +834,94 @@ func TestMetricsGolden(t *testing.T) {
 		"kvrouter_no_endpoint_total", "kvrouter_extproc_streams_in_flight", "kvrouter_responses_total",
 		"kvrouter_prompt_tokens_total", "kvrouter_cached_prompt_tokens_total"); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// An upstream may answer before the request body ends; in FULL_DUPLEX_STREAMED the rest
+// of the body still passes through.
+func TestResponseBeforeRequestBodyEnds(t *testing.T) {
+	fl := newFleet(epA).serve("m", epA)
+	srv := extproc.New(extproc.Options{Policy: &recordingPolicy{}, Fleet: fl, MaxBodyBytes: 8})
+	hdrs := func(kv ...string) *corev3.HeaderMap {
+		m := &corev3.HeaderMap{}
+		for i := 0; i < len(kv); i += 2 {
+			m.Headers = append(m.Headers, &corev3.HeaderValue{Key: kv[i], RawValue: []byte(kv[i+1])})
+		}
+		return m
+	}
+	st := &memStream{msgs: []*extprocv3.ProcessingRequest{
+		{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{Headers: hdrs(":path", "/v1/completions")}}},
+		{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: []byte(`{"model":"m","prompt":"`)}}},
+		{Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: &extprocv3.HttpHeaders{Headers: hdrs(":status", "413"), EndOfStream: true}}},
+		{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: []byte(`x"}`), EndOfStream: true}}},
+	}}
+	if err := srv.Process(st); err != nil {
+		t.Fatal(err)
+	}
+	if st.replies != 4 {
+		t.Fatalf("replies %d, want 4", st.replies)
+	}
+	if b, e := fl.counts(); b != 1 || e != 1 {
+		t.Fatalf("begins/ends %d/%d", b, e)
+	}
+}
+
+// In BUFFERED mode Envoy sends no body message for an empty body: the headers reply
+// already names an endpoint, committed when the trailers or the response come.
+func TestBufferedEmptyBody(t *testing.T) {
+	tests := []struct {
+		name        string
+		sendTrailer bool
+		replies     []string
+	}{
+		{"trailers sent", true, []string{"request_headers", "request_trailers"}},
+		{"trailers skipped", false, []string{"request_headers"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			h.fleet.inflight[epA] = 3
+			x := h.start(mode(filterv3.ProcessingMode_BUFFERED, tc.sendTrailer))
+			res, err := x.Request(envoytest.Request{Headers: postHeaders(), Trailers: envoytest.Headers{{Key: "x-t", Value: "1"}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkDecision(t, res, epB)
+			if got := x.Replies(); !slices.Equal(got, tc.replies) {
+				t.Fatalf("replies %v, want %v", got, tc.replies)
+			}
+			if _, err := x.Response(200, nil, [][]byte{[]byte("{}")}, nil, nil); err != nil {
+				t.Fatal(err)
+			}
+			x.Close()
+			h.waitIdle()
+			if b, e := h.fleet.counts(); b != 1 || e != 1 {
+				t.Fatalf("begins/ends %d/%d", b, e)
+			}
+			if got := h.counter("kvrouter_routing_decisions_total"); got != 1 {
+				t.Fatalf("decisions %v", got)
+			}
+		})
+	}
+}
+
+// In BUFFERED mode the body decision overrides the endpoint named in the headers reply,
+// and only the final one is begun.
+func TestBufferedBodyOverridesHeadersReply(t *testing.T) {
+	h := newHarness(t)
+	h.fleet.inflight[epB] = 3 // the headers reply names A (load); the body needs B
+	x := h.start(mode(filterv3.ProcessingMode_BUFFERED, false))
+	res, err := x.Request(envoytest.Request{Headers: postHeaders(), Body: [][]byte{chatBody("only-b")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkDecision(t, res, epB)
+	x.Close()
+	h.waitIdle()
+	if b, e := h.fleet.counts(); b != 1 || e != 1 {
+		t.Fatalf("begins/ends %d/%d", b, e)
+	}
+	if got := h.counter("kvrouter_routing_decisions_total", "endpoint", epA); got != 0 {
+		t.Fatalf("tentative endpoint counted as a decision")
 	}
 }

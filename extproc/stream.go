@@ -10,7 +10,6 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 
 	"github.com/kvrouter/kvrouter/openai"
-	"github.com/kvrouter/kvrouter/scoring"
 )
 
 // phase is where a stream stands; each Envoy message is accepted only in some phases.
@@ -60,12 +59,14 @@ type stream struct {
 	through   bool // FDS: decided already; body chunks pass straight through
 
 	// decision
-	routed   bool
-	endpoint string
-	reqID    string
+	routed    bool
+	endpoint  string
+	reqID     string
+	tentative *choice // BUFFERED: named in the headers reply, committed if no body comes
 
 	// response
 	respHeaders bool
+	respDone    bool // the response ended; only request-side messages may still come
 	firstToken  bool
 	released    bool
 	usage       openai.UsageReader
@@ -127,8 +128,16 @@ func (st *stream) onRequestHeaders(msg *extprocv3.ProcessingRequest, h *extprocv
 		}
 		return false, nil // wait for the body
 	case filterv3.ProcessingMode_BUFFERED, filterv3.ProcessingMode_BUFFERED_PARTIAL:
-		// The decision goes in the body reply; strip spoofed headers now.
-		return false, st.send(headersResponse(nil, st.spoofed, false))
+		// The decision goes in the body reply. Envoy sends no body message when the body is
+		// empty (only trailers, or nothing at all with trailer mode SKIP), so this reply
+		// already names a load-based endpoint; the body reply overrides it, and it is
+		// committed only if no body comes.
+		c, reason := st.choose(decideInput{fallback: fallbackNoBody})
+		if reason != "" {
+			return true, st.reply503(reason)
+		}
+		st.tentative = &c
+		return false, st.send(decisionReply(c.dest, st.spoofed, replyHeaders))
 	default: // STREAMED, NONE, GRPC: Envoy waits for this reply before any body.
 		return st.decideAndReply(decideInput{fallback: fallbackNoBody}, replyHeaders)
 	}
@@ -214,8 +223,10 @@ func (st *stream) onRequestTrailers() (bool, error) {
 		}
 	}
 	if !st.routed {
-		// Only BUFFERED can get here: Envoy sends the buffered body before trailers.
-		return false, protocolErrorf("request_trailers before the body in %s mode", st.reqMode)
+		if st.tentative == nil {
+			return false, protocolErrorf("request_trailers before a routing decision in %s mode", st.reqMode)
+		}
+		st.commit(*st.tentative) // BUFFERED with an empty body: Envoy sends no body message
 	}
 	return false, st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestTrailers{
 		RequestTrailers: &extprocv3.TrailersResponse{}}})
@@ -225,8 +236,14 @@ func (st *stream) onRequestTrailers() (bool, error) {
 // can start the response before the request body ends (an upstream answering early), so
 // the request phase is not required to be over.
 func (st *stream) responseAllowed(what string) error {
+	if !st.routed && st.tentative != nil && st.phase != phaseDone {
+		st.commit(*st.tentative) // BUFFERED, empty body, trailers not sent: the request went on
+	}
 	if !st.routed || st.phase == phaseDone {
 		return protocolErrorf("%s before the request was routed (phase %s)", what, st.phase)
+	}
+	if st.respDone {
+		return protocolErrorf("%s after the end of the response", what)
 	}
 	return nil
 }
@@ -252,13 +269,13 @@ func (st *stream) onResponseHeaders(msg *extprocv3.ProcessingRequest, h *extproc
 		served = v
 	}
 	mut := &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{setHeader(HeaderServed, served)}}
-	err := st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{
-		ResponseHeaders: &extprocv3.HeadersResponse{Response: &extprocv3.CommonResponse{HeaderMutation: mut}}}})
+	// Bookkeeping first, so that it is done by the time Envoy has the reply.
 	if h.GetEndOfStream() {
 		st.markFirstToken()
 		st.endResponse()
 	}
-	return err
+	return st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{
+		ResponseHeaders: &extprocv3.HeadersResponse{Response: &extprocv3.CommonResponse{HeaderMutation: mut}}}})
 }
 
 func (st *stream) onResponseBody(b *extprocv3.HttpBody) error {
@@ -267,27 +284,23 @@ func (st *stream) onResponseBody(b *extprocv3.HttpBody) error {
 	}
 	st.markFirstToken()
 	st.usage.Write(b.GetBody())
-	var err error
-	if st.respMode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
-		err = st.sendChunks(b.GetBody(), b.GetEndOfStream(), false)
-	} else {
-		err = st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{
-			ResponseBody: &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{}}}})
-	}
 	if b.GetEndOfStream() {
 		st.endResponse()
 	}
-	return err
+	if st.respMode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
+		return st.sendChunks(b.GetBody(), b.GetEndOfStream(), false)
+	}
+	return st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{
+		ResponseBody: &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{}}}})
 }
 
 func (st *stream) onResponseTrailers() error {
 	if err := st.responseAllowed("response_trailers"); err != nil {
 		return err
 	}
-	err := st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseTrailers{
-		ResponseTrailers: &extprocv3.TrailersResponse{}}})
 	st.endResponse()
-	return err
+	return st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseTrailers{
+		ResponseTrailers: &extprocv3.TrailersResponse{}}})
 }
 
 func (st *stream) markFirstToken() {
@@ -300,7 +313,9 @@ func (st *stream) markFirstToken() {
 	}
 }
 
-// endResponse counts usage and releases the endpoint; further messages are refused.
+// endResponse counts usage and releases the endpoint; further response messages are
+// refused. Request messages may still come when the upstream answered before the
+// request body ended (FULL_DUPLEX_STREAMED passes such a body through).
 func (st *stream) endResponse() {
 	if u, ok := st.usage.Finish(); ok {
 		st.s.m.promptTokens.WithLabelValues(st.endpoint).Add(float64(u.PromptTokens))
@@ -309,7 +324,7 @@ func (st *stream) endResponse() {
 		}
 	}
 	st.release()
-	st.phase = phaseDone
+	st.respDone = true
 }
 
 // release ends the routed request exactly once: at the end of the response, or when the
@@ -405,5 +420,3 @@ func subsetHint(md *corev3.Metadata) (addrs []string, present bool) {
 func metadataString(md *corev3.Metadata, ns, key string) string {
 	return md.GetFilterMetadata()[ns].GetFields()[key].GetStringValue()
 }
-
-var _ scoring.Policy = (*scoring.LeastLoad)(nil)
