@@ -286,7 +286,7 @@ func TestStats(t *testing.T) {
 	prompt := seq(0, 10*bs)
 	ix.SetCapacity("A", 6)
 	mustStore(t, ix, "A", 0, a.stored(prompt, 0, 4))
-	mustStore(t, ix, "A", 0, a.stored(prompt, 4, 8)) // evicts 2
+	mustStore(t, ix, "A", 0, a.stored(prompt, 4, 8))  // evicts 2
 	_ = ix.Store("A", 0, pod{9}.stored(prompt, 2, 3)) // orphan
 	ix.Remove("A", 0, []uint64{a.handles(prompt)[7], 12345})
 	mustStore(t, ix, "A", 1, a.stored(prompt, 0, 1))

@@ -34,9 +34,9 @@ type source struct {
 	newest uint32
 	live   int
 
-	htab   []uint32 // record number + 1; 0 is empty
-	dups   map[uint64]uint32
-	stats  RankStats
+	htab  []uint32 // record number + 1; 0 is empty
+	dups  map[uint64]uint32
+	stats RankStats
 }
 
 func newSource(id uint32, endpoint string, rank, capacity int) *source {
