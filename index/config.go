@@ -34,8 +34,8 @@ func (c Config) Validate() error {
 	if !(c.Headroom >= 1) {
 		errs = append(errs, fmt.Errorf("index: headroom must be >= 1, got %v", c.Headroom))
 	}
-	if c.MaxBlocksPerRank <= 0 {
-		errs = append(errs, fmt.Errorf("index: max_blocks_per_rank must be > 0, got %d", c.MaxBlocksPerRank))
+	if c.MaxBlocksPerRank <= 0 || c.MaxBlocksPerRank > maxRecords {
+		errs = append(errs, fmt.Errorf("index: max_blocks_per_rank must be in [1, %d], got %d", maxRecords, c.MaxBlocksPerRank))
 	}
 	if c.MaxBlocksPerRank > 0 && c.DefaultBlocksPerRank > c.MaxBlocksPerRank {
 		errs = append(errs, fmt.Errorf("index: default_blocks_per_rank (%d) exceeds max_blocks_per_rank (%d)",

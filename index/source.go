@@ -54,9 +54,20 @@ func mix(h uint64) uint64 {
 	return h
 }
 
-func (s *source) hhome(h uint64) int {
-	hi, _ := bits.Mul64(mix(h), uint64(len(s.htab)))
-	return int(hi)
+// The handle table's slots hold a record number + 1 in the low recBits bits (0 is an
+// empty slot) and a tag of the handle's hash in the high bits, so that a probe reads a
+// record's handle only when the tag matches (1 in 512 otherwise).
+const (
+	recBits = 23
+	recMask = 1<<recBits - 1
+	// MaxRecords bounds the records of one rank; Config.MaxBlocksPerRank may not exceed it.
+	maxRecords = recMask - 1
+)
+
+func (s *source) hhome(h uint64) (int, uint32) {
+	m := mix(h)
+	hi, _ := bits.Mul64(m, uint64(len(s.htab)))
+	return int(hi), uint32(m) &^ recMask
 }
 
 // lookup returns the record holding handle h, or nilRec.
@@ -65,77 +76,72 @@ func (s *source) lookup(h uint64) uint32 {
 	if n == 0 {
 		return nilRec
 	}
-	i := s.hhome(h)
+	i, tag := s.hhome(h)
 	for {
-		r := s.htab[i]
-		if r == 0 {
+		e := s.htab[i]
+		if e == 0 {
 			return nilRec
 		}
-		if s.handle[r-1] == h {
-			return r - 1
+		if e&^recMask == tag && s.handle[e&recMask-1] == h {
+			return e&recMask - 1
 		}
-		i++
-		if i == n {
+		if i++; i == n {
 			i = 0
 		}
 	}
 }
 
 func (s *source) hinsert(r uint32) {
-	if (s.live+1)*10 > len(s.htab)*7 {
-		s.hresize(max(minSlots, 2*len(s.htab)))
+	if (s.live+1)*maxLoadDen > len(s.htab)*maxLoadNum {
+		s.hresize(max(minSlots, len(s.htab)*3/2))
 	}
 	n := len(s.htab)
-	i := s.hhome(s.handle[r])
+	i, tag := s.hhome(s.handle[r])
 	for s.htab[i] != 0 {
-		i++
-		if i == n {
+		if i++; i == n {
 			i = 0
 		}
 	}
-	s.htab[i] = r + 1
+	s.htab[i] = r + 1 | tag
 }
 
 func (s *source) hresize(n int) {
 	old := s.htab
 	s.htab = make([]uint32, n)
-	for _, r := range old {
-		if r == 0 {
+	for _, e := range old {
+		if e == 0 {
 			continue
 		}
-		i := s.hhome(s.handle[r-1])
+		i, _ := s.hhome(s.handle[e&recMask-1])
 		for s.htab[i] != 0 {
-			i++
-			if i == n {
+			if i++; i == n {
 				i = 0
 			}
 		}
-		s.htab[i] = r
+		s.htab[i] = e
 	}
 }
 
 // hdelete removes record r from the handle table (backward-shift deletion).
 func (s *source) hdelete(r uint32) {
 	n := len(s.htab)
-	i := s.hhome(s.handle[r])
-	for s.htab[i] != r+1 {
-		i++
-		if i == n {
+	i, tag := s.hhome(s.handle[r])
+	for s.htab[i] != r+1|tag {
+		if i++; i == n {
 			i = 0
 		}
 	}
 	s.htab[i] = 0
 	j := i
 	for {
-		j++
-		if j == n {
+		if j++; j == n {
 			j = 0
 		}
 		e := s.htab[j]
 		if e == 0 {
 			return
 		}
-		h := s.hhome(s.handle[e-1])
+		h, _ := s.hhome(s.handle[e&recMask-1])
 		if i <= j {
 			if i < h && h <= j {
 				continue

@@ -3,39 +3,42 @@ package index
 import "math/bits"
 
 // keyTable maps a block key to the set of sources (endpoint ranks) holding it, as a bitset
-// of `words` uint64 words per slot. It is an open-addressing table with linear probing and
-// backward-shift deletion, sized to any slot count (slots are addressed by multiply-shift,
-// so growth is by 3/2, not doubling). A slot is empty exactly when its bitset is zero: a key
-// whose last holder leaves is deleted at once, so key 0 needs no special case.
+// of `words` uint64 words. It is an open-addressing table with linear probing and
+// backward-shift deletion; each slot is 1+words consecutive uint64s (the key, then the
+// bitset), so a probe touches one cache line. Slots are addressed by multiply-shift, so
+// the table grows by 3/2 rather than doubling. A slot is empty exactly when its bitset is
+// zero: a key whose last holder leaves is deleted at once, so key 0 needs no special case.
 //
 // Not safe for concurrent use; the index guards each shard's table with the shard's lock.
 type keyTable struct {
-	keys  []uint64
-	masks []uint64 // len(keys) * words
-	words int
-	count int
+	slots  []uint64 // n * stride
+	n      int
+	stride int // 1 + words
+	count  int
 }
 
 const (
-	// maxLoadNum/maxLoadDen is the load factor that triggers growth.
+	// maxLoadNum/maxLoadDen is the load factor that triggers growth (by 3/2).
 	maxLoadNum = 4
 	maxLoadDen = 5
 	minSlots   = 16
 )
 
 func newKeyTable(words int) keyTable {
-	return keyTable{words: words}
+	return keyTable{stride: 1 + words}
 }
 
 // home is the first slot probed for key.
 func (t *keyTable) home(key uint64) int {
-	hi, _ := bits.Mul64(key, uint64(len(t.keys)))
+	hi, _ := bits.Mul64(key, uint64(t.n))
 	return int(hi)
 }
 
 func (t *keyTable) empty(i int) bool {
-	m := t.masks[i*t.words : (i+1)*t.words]
-	for _, w := range m {
+	if t.stride == 2 {
+		return t.slots[2*i+1] == 0
+	}
+	for _, w := range t.slots[i*t.stride+1 : (i+1)*t.stride] {
 		if w != 0 {
 			return false
 		}
@@ -45,8 +48,7 @@ func (t *keyTable) empty(i int) bool {
 
 // find returns the slot holding key, or -1.
 func (t *keyTable) find(key uint64) int {
-	n := len(t.keys)
-	if n == 0 {
+	if t.n == 0 {
 		return -1
 	}
 	i := t.home(key)
@@ -54,11 +56,10 @@ func (t *keyTable) find(key uint64) int {
 		if t.empty(i) {
 			return -1
 		}
-		if t.keys[i] == key {
+		if t.slots[i*t.stride] == key {
 			return i
 		}
-		i++
-		if i == n {
+		if i++; i == t.n {
 			i = 0
 		}
 	}
@@ -66,30 +67,29 @@ func (t *keyTable) find(key uint64) int {
 
 // mask returns the bitset of slot i; the caller must not retain it past the lock.
 func (t *keyTable) mask(i int) []uint64 {
-	return t.masks[i*t.words : (i+1)*t.words]
+	return t.slots[i*t.stride+1 : (i+1)*t.stride]
 }
 
 // set marks src as holding key and reports whether it already did.
 func (t *keyTable) set(key uint64, src uint32) (already bool) {
-	w, b := int(src/64), uint64(1)<<(src%64)
+	w, b := 1+int(src/64), uint64(1)<<(src%64)
 	if i := t.find(key); i >= 0 {
-		m := &t.masks[i*t.words+w]
+		m := &t.slots[i*t.stride+w]
 		already = *m&b != 0
 		*m |= b
 		return already
 	}
-	if (t.count+1)*maxLoadDen > len(t.keys)*maxLoadNum {
-		t.resize(max(minSlots, len(t.keys)*3/2), t.words)
+	if (t.count+1)*maxLoadDen > t.n*maxLoadNum {
+		t.resize(max(minSlots, t.n*3/2), t.stride)
 	}
 	i := t.home(key)
 	for !t.empty(i) {
-		i++
-		if i == len(t.keys) {
+		if i++; i == t.n {
 			i = 0
 		}
 	}
-	t.keys[i] = key
-	t.masks[i*t.words+w] |= b
+	t.slots[i*t.stride] = key
+	t.slots[i*t.stride+w] |= b
 	t.count++
 	return false
 }
@@ -101,8 +101,8 @@ func (t *keyTable) clear(key uint64, src uint32) bool {
 	if i < 0 {
 		return false
 	}
-	w, b := int(src/64), uint64(1)<<(src%64)
-	m := &t.masks[i*t.words+w]
+	w, b := 1+int(src/64), uint64(1)<<(src%64)
+	m := &t.slots[i*t.stride+w]
 	if *m&b == 0 {
 		return false
 	}
@@ -117,17 +117,15 @@ func (t *keyTable) clear(key uint64, src uint32) bool {
 // shiftBack refills the hole at slot i (already empty) by moving later entries of its probe
 // run back, so that every remaining key stays reachable from its home slot.
 func (t *keyTable) shiftBack(i int) {
-	n := len(t.keys)
 	j := i
 	for {
-		j++
-		if j == n {
+		if j++; j == t.n {
 			j = 0
 		}
 		if t.empty(j) {
 			return
 		}
-		h := t.home(t.keys[j])
+		h := t.home(t.slots[j*t.stride])
 		// The entry at j may move to i only if its home is not cyclically in (i, j].
 		if i <= j {
 			if i < h && h <= j {
@@ -136,48 +134,39 @@ func (t *keyTable) shiftBack(i int) {
 		} else if i < h || h <= j {
 			continue
 		}
-		t.keys[i] = t.keys[j]
-		copy(t.masks[i*t.words:(i+1)*t.words], t.masks[j*t.words:(j+1)*t.words])
-		clear(t.masks[j*t.words : (j+1)*t.words])
+		copy(t.slots[i*t.stride:(i+1)*t.stride], t.slots[j*t.stride:(j+1)*t.stride])
+		clear(t.slots[j*t.stride+1 : (j+1)*t.stride])
 		i = j
 	}
 }
 
-// resize rehashes into n slots of the given width (words >= t.words).
-func (t *keyTable) resize(n, words int) {
+// resize rehashes into n slots of the given stride (>= t.stride).
+func (t *keyTable) resize(n, stride int) {
 	old := *t
-	t.keys = make([]uint64, n)
-	t.masks = make([]uint64, n*words)
-	t.words = words
-	for i := range old.keys {
+	t.slots = make([]uint64, n*stride)
+	t.n, t.stride = n, stride
+	for i := range old.n {
 		if old.empty(i) {
 			continue
 		}
-		j := t.home(old.keys[i])
+		j := t.home(old.slots[i*old.stride])
 		for !t.empty(j) {
-			j++
-			if j == n {
+			if j++; j == n {
 				j = 0
 			}
 		}
-		t.keys[j] = old.keys[i]
-		copy(t.masks[j*words:], old.masks[i*old.words:(i+1)*old.words])
+		copy(t.slots[j*stride:], old.slots[i*old.stride:(i+1)*old.stride])
 	}
 }
 
 // widen grows every slot's bitset to words words.
 func (t *keyTable) widen(words int) {
-	if words <= t.words {
+	if 1+words <= t.stride {
 		return
 	}
-	if len(t.keys) == 0 {
-		t.words = words
+	if t.n == 0 {
+		t.stride = 1 + words
 		return
 	}
-	t.resize(len(t.keys), words)
-}
-
-// bytes is the table's heap footprint.
-func (t *keyTable) bytes() int {
-	return 8 * (cap(t.keys) + cap(t.masks))
+	t.resize(t.n, 1+words)
 }
