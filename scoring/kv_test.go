@@ -518,3 +518,41 @@ func TestKVConcurrent(t *testing.T) {
 		t.Fatal(d)
 	}
 }
+
+// TestKVWithRealIndex runs the kv policy over the real block index fed as the event
+// adapter feeds it, with data-parallel ranks: the endpoint scores its best rank.
+func TestKVWithRealIndex(t *testing.T) {
+	ix, err := index.New(index.DefaultConfig(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	long := kvTokens(0, 2371)
+	store := func(ep string, rank int, toks []uint32, handleBase uint64) {
+		nb := len(toks) / 16
+		hs := make([]uint64, nb)
+		for i := range hs {
+			hs[i] = handleBase + uint64(i)
+		}
+		if err := ix.Store(ep, rank, index.Blocks{Root: index.Root("m", "", ""), Handles: hs,
+			Tokens: toks[:nb*16], BlockSize: 16}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	store("A", 0, long[:16*40], 1000)  // rank 0 holds 40 blocks
+	store("A", 1, long[:16*127], 5000) // rank 1 holds the whole 127-block prefix
+	store("B", 0, long[:16*100], 9000)
+	p, err := scoring.NewKV(scoring.DefaultKVConfig(), ix, nil, rand.NewPCG(1, 2), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := p.Pick(kvReq(long), kvCands("A", "B", "C"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := kvCosts(d)
+	// prefill: 2371/16 - overlap; decode: 148 new blocks.
+	want := map[string]float64{"A": 2371.0/16 - 127 + 148, "B": 2371.0/16 - 100 + 148, "C": 2371.0/16 + 148}
+	if fmt.Sprint(c) != fmt.Sprint(want) || d.Endpoint != "A" {
+		t.Fatalf("chose %s with costs %v, want A with %v", d.Endpoint, c, want)
+	}
+}
