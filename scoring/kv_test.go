@@ -556,3 +556,54 @@ func TestKVWithRealIndex(t *testing.T) {
 		t.Fatalf("chose %s with costs %v, want A with %v", d.Endpoint, c, want)
 	}
 }
+
+func TestApproximateCapacityFollowsMetrics(t *testing.T) {
+	ep := func(blocks int) []scoring.Endpoint {
+		return []scoring.Endpoint{{Address: "A", Metrics: scoring.Metrics{Valid: true, NumGPUBlocks: blocks, BlockSize: 16}}}
+	}
+	p, err := scoring.NewApproximate(scoring.DefaultKVConfig(), rand.NewPCG(1, 2), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, toks := range [][]uint32{kvOther, kvPrompt} {
+		r := kvReq(toks)
+		p.Pick(r, ep(8))
+		p.Routed(r, "A")
+		p.Finished(r.ID)
+	}
+	tests := []struct {
+		name   string
+		blocks int
+		want   float64
+	}{
+		{"both prompts fit in 8 blocks", 8, 4},
+		{"shrinking to 6 evicts the oldest: kvOther's tail, then its head", 6, 4},
+		{"shrinking to 2 keeps kvPrompt's first 2 blocks", 2, 6},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			d, _ := p.Pick(kvReq(kvPrompt), ep(tc.blocks))
+			if c := kvCosts(d)["A"]; c != tc.want {
+				t.Fatalf("cost %v, want %v", c, tc.want)
+			}
+		})
+	}
+}
+
+func TestForget(t *testing.T) {
+	p, _ := scoring.NewApproximate(scoring.DefaultKVConfig(), rand.NewPCG(1, 2), nil)
+	r := kvReq(kvPrompt)
+	kvRoute(t, p, r, "A")
+	p.Forget("A")
+	d, _ := p.Pick(kvReq(kvPrompt), kvCands("A"))
+	if c := kvCosts(d)["A"]; c != 8 {
+		t.Fatalf("cost %v after Forget, want 8 (nothing predicted, no load)", c)
+	}
+	p.Finished(r.ID) // the forgotten endpoint's request may still finish
+	k, _ := scoring.NewKV(scoring.DefaultKVConfig(), newKVFakeIndex(), nil, rand.NewPCG(1, 2), nil)
+	kvRoute(t, k, kvReq(kvOther), "A")
+	k.Forget("A")
+	if d, _ := k.Pick(kvReq(kvPrompt), kvCands("A")); kvCosts(d)["A"] != 8 {
+		t.Fatalf("kv cost %v after Forget, want 8", kvCosts(d))
+	}
+}
