@@ -101,10 +101,11 @@ func (s *Sink) Apply(endpoint string, rank int, b *kvevents.Batch) {
 				lora = fmt.Sprintf("\x00lora-id:%d", e.LoRAID)
 				s.skipped.WithLabelValues("lora_id_only").Inc()
 			}
-			// cache_salt travels in extra_keys, which kvevents keeps raw; salted
-			// sequences are therefore keyed unsalted here (see README).
+			// cache_salt rides in the first block's extra_keys; the root only matters
+			// for a block without a parent, which is the only one that can carry it.
+			salt, _ := e.CacheSalt()
 			_ = s.ix.Store(endpoint, rank, index.Blocks{
-				Root:      index.Root(model, lora, ""),
+				Root:      index.Root(model, lora, salt),
 				Parent:    e.ParentHash,
 				HasParent: e.HasParent,
 				Handles:   e.BlockHashes,

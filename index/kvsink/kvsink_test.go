@@ -17,6 +17,13 @@ func toks(start, n int) []uint32 {
 	return t
 }
 
+// salted sets the first block's extra_keys to vLLM's [(salt,)] shape, msgpack-encoded.
+func salted(salt string) func(*kvevents.BlockStored) {
+	return func(e *kvevents.BlockStored) {
+		e.ExtraKeys = append([]byte{0x91, 0x91, 0xa0 | byte(len(salt))}, salt...)
+	}
+}
+
 func TestApply(t *testing.T) {
 	prompt := toks(0, 64)
 	stored := func(from, to int, mut func(*kvevents.BlockStored)) *kvevents.BlockStored {
@@ -38,21 +45,25 @@ func TestApply(t *testing.T) {
 		model  string
 		lora   string
 		want   int
+		salt   string
 	}{
-		{"stored blocks chain across events", []kvevents.Event{stored(0, 2, nil), stored(2, 4, nil)}, "m", "", 4},
-		{"the endpoint's model roots the keys", []kvevents.Event{stored(0, 4, nil)}, "other", "", 0},
-		{"removal ends the run", []kvevents.Event{stored(0, 4, nil), &kvevents.BlockRemoved{BlockHashes: []uint64{102}}}, "m", "", 2},
-		{"all blocks cleared", []kvevents.Event{stored(0, 4, nil), &kvevents.AllBlocksCleared{}}, "m", "", 0},
-		{"CPU blocks are not indexed", []kvevents.Event{stored(0, 4, func(e *kvevents.BlockStored) { e.Medium = "CPU" })}, "m", "", 0},
-		{"GPU medium is indexed", []kvevents.Event{stored(0, 4, func(e *kvevents.BlockStored) { e.Medium = "GPU" })}, "m", "", 4},
+		{"stored blocks chain across events", []kvevents.Event{stored(0, 2, nil), stored(2, 4, nil)}, "m", "", 4, ""},
+		{"the endpoint's model roots the keys", []kvevents.Event{stored(0, 4, nil)}, "other", "", 0, ""},
+		{"removal ends the run", []kvevents.Event{stored(0, 4, nil), &kvevents.BlockRemoved{BlockHashes: []uint64{102}}}, "m", "", 2, ""},
+		{"all blocks cleared", []kvevents.Event{stored(0, 4, nil), &kvevents.AllBlocksCleared{}}, "m", "", 0, ""},
+		{"CPU blocks are not indexed", []kvevents.Event{stored(0, 4, func(e *kvevents.BlockStored) { e.Medium = "CPU" })}, "m", "", 0, ""},
+		{"GPU medium is indexed", []kvevents.Event{stored(0, 4, func(e *kvevents.BlockStored) { e.Medium = "GPU" })}, "m", "", 4, ""},
 		{"removals of CPU copies leave GPU blocks", []kvevents.Event{stored(0, 4, nil),
-			&kvevents.BlockRemoved{BlockHashes: []uint64{100}, Medium: "CPU"}}, "m", "", 4},
+			&kvevents.BlockRemoved{BlockHashes: []uint64{100}, Medium: "CPU"}}, "m", "", 4, ""},
 		{"other KV-cache groups are skipped", []kvevents.Event{stored(0, 4, nil), stored(0, 4, func(e *kvevents.BlockStored) { e.GroupIdx = 1 }),
-			&kvevents.BlockRemoved{BlockHashes: []uint64{101}, GroupIdx: 1}}, "m", "", 4},
-		{"LoRA blocks match LoRA requests", []kvevents.Event{stored(0, 4, func(e *kvevents.BlockStored) { e.LoRAName = "ad" })}, "m", "ad", 4},
-		{"LoRA blocks do not match base requests", []kvevents.Event{stored(0, 4, func(e *kvevents.BlockStored) { e.LoRAName = "ad" })}, "m", "", 0},
-		{"a LoRA known by id only matches nothing", []kvevents.Event{stored(0, 4, func(e *kvevents.BlockStored) { e.LoRAID, e.HasLoRAID = 3, true })}, "m", "", 0},
-		{"an orphan does not stop the batch", []kvevents.Event{stored(3, 4, nil), stored(0, 2, nil)}, "m", "", 2},
+			&kvevents.BlockRemoved{BlockHashes: []uint64{101}, GroupIdx: 1}}, "m", "", 4, ""},
+		{"LoRA blocks match LoRA requests", []kvevents.Event{stored(0, 4, func(e *kvevents.BlockStored) { e.LoRAName = "ad" })}, "m", "ad", 4, ""},
+		{"LoRA blocks do not match base requests", []kvevents.Event{stored(0, 4, func(e *kvevents.BlockStored) { e.LoRAName = "ad" })}, "m", "", 0, ""},
+		{"a LoRA known by id only matches nothing", []kvevents.Event{stored(0, 4, func(e *kvevents.BlockStored) { e.LoRAID, e.HasLoRAID = 3, true })}, "m", "", 0, ""},
+		{"an orphan does not stop the batch", []kvevents.Event{stored(3, 4, nil), stored(0, 2, nil)}, "m", "", 2, ""},
+		{"salted blocks match requests with that salt", []kvevents.Event{stored(0, 4, salted("s1"))}, "m", "", 4, "s1"},
+		{"salted blocks do not match unsalted requests", []kvevents.Event{stored(0, 4, salted("s1"))}, "m", "", 0, ""},
+		{"unsalted blocks do not match salted requests", []kvevents.Event{stored(0, 4, nil)}, "m", "", 0, "s1"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -65,7 +76,7 @@ func TestApply(t *testing.T) {
 				t.Fatal(err)
 			}
 			s.Apply("A", 0, &kvevents.Batch{Events: tc.events})
-			keys := index.Keys(index.Root("m", tc.lora, ""), prompt, 16, nil)
+			keys := index.Keys(index.Root("m", tc.lora, tc.salt), prompt, 16, nil)
 			if got := ix.LeadingBlocks(keys, []string{"A"}, nil); !slices.Equal(got, []int{tc.want}) {
 				t.Fatalf("LeadingBlocks = %v, want [%d]", got, tc.want)
 			}
