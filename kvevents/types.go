@@ -35,6 +35,18 @@ type BlockStored struct {
 	Medium    string // "GPU", "CPU", ... empty when nil
 	// GroupIdx is the KV cache group, for hybrid models; 0 when nil.
 	GroupIdx int
+	// HasGroupIdx is false when group_idx was nil or absent.
+	HasGroupIdx bool
+	// ExtraKeys is the raw msgpack of extra_keys (one entry per block: MM identifiers,
+	// LoRA name, cache_salt, ...), copied out of the payload; empty when nil or absent.
+	ExtraKeys []byte
+	// KVCacheSpecKind is the cache-spec kind of the group ("full_attention", ...); empty
+	// when nil or absent.
+	KVCacheSpecKind string
+	// KVCacheSpecSlidingWindow is the sliding window of the group's cache spec;
+	// HasSlidingWindow is false when nil or absent.
+	KVCacheSpecSlidingWindow int
+	HasSlidingWindow         bool
 }
 
 // BlockRemoved reports evicted blocks.
@@ -42,6 +54,8 @@ type BlockRemoved struct {
 	BlockHashes []uint64
 	Medium      string
 	GroupIdx    int
+	// HasGroupIdx is false when group_idx was nil or absent.
+	HasGroupIdx bool
 }
 
 // AllBlocksCleared reports that the publisher dropped its whole prefix cache.
