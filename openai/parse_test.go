@@ -1,0 +1,173 @@
+package openai_test
+
+import (
+	"bytes"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/kvrouter/kvrouter/openai"
+)
+
+func TestParse(t *testing.T) {
+	tests := []struct {
+		name string
+		path string
+		body string
+		want openai.Request
+	}{
+		{
+			name: "chat defaults",
+			path: "/v1/chat/completions",
+			body: `{"model":"m","messages":[{"role":"user","content":"hi"}]}`,
+			want: openai.Request{Model: "m", Kind: openai.KindChat, Messages: []byte(`[{"role":"user","content":"hi"}]`),
+				AddGenerationPrompt: true, AddSpecialTokens: false},
+		},
+		{
+			name: "chat all fields",
+			path: "/v1/chat/completions?x=1",
+			body: `{"model":"lora-a","messages":[{"content":"x","role":"system"}],"tools":[{"type":"function"}],
+				"chat_template_kwargs":{"enable_thinking":false},"chat_template":"{{ x }}","add_generation_prompt":false,
+				"continue_final_message":true,"add_special_tokens":true,"stream":true,"stream_options":{"include_usage":true},
+				"cache_salt":"s1"}`,
+			want: openai.Request{Model: "lora-a", Kind: openai.KindChat, Messages: []byte(`[{"content":"x","role":"system"}]`),
+				Tools: []byte(`[{"type":"function"}]`), ChatTemplateKwargs: []byte(`{"enable_thinking":false}`),
+				ChatTemplate: "{{ x }}", AddGenerationPrompt: false, ContinueFinalMessage: true, AddSpecialTokens: true,
+				Stream: true, IncludeUsage: true, CacheSalt: "s1"},
+		},
+		{
+			name: "nulls mean defaults",
+			path: "/v1/chat/completions",
+			body: `{"model":"m","messages":[],"tools":null,"add_generation_prompt":null,"stream_options":null,"cache_salt":null}`,
+			want: openai.Request{Model: "m", Kind: openai.KindChat, Messages: []byte(`[]`), AddGenerationPrompt: true},
+		},
+		{
+			name: "completion string prompt",
+			path: "/v1/completions",
+			body: `{"model":"m","prompt":"hello","stream":false}`,
+			want: openai.Request{Model: "m", Kind: openai.KindCompletions, Prompt: []byte(`"hello"`),
+				AddGenerationPrompt: true, AddSpecialTokens: true},
+		},
+		{
+			name: "completion list of strings",
+			path: "/v1/completions",
+			body: `{"model":"m","prompt":["a","b"],"add_special_tokens":false}`,
+			want: openai.Request{Model: "m", Kind: openai.KindCompletions, Prompt: []byte(`["a","b"]`), AddGenerationPrompt: true},
+		},
+		{
+			name: "completion token ids",
+			path: "/v1/completions",
+			body: `{"model":"m","prompt":[1,2,3]}`,
+			want: openai.Request{Model: "m", Kind: openai.KindCompletions, Prompt: []byte(`[1,2,3]`), AddGenerationPrompt: true, AddSpecialTokens: true},
+		},
+		{
+			name: "completion lists of token ids",
+			path: "/v1/completions",
+			body: `{"model":"m","prompt":[[1,2],[3]]}`,
+			want: openai.Request{Model: "m", Kind: openai.KindCompletions, Prompt: []byte(`[[1,2],[3]]`), AddGenerationPrompt: true, AddSpecialTokens: true},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			body := []byte(tc.body)
+			orig := bytes.Clone(body)
+			got, err := openai.Parse(tc.path, body)
+			if err != nil {
+				t.Fatalf("Parse: %v", err)
+			}
+			if !bytes.Equal(body, orig) {
+				t.Fatal("Parse modified the body")
+			}
+			if got.Model != tc.want.Model || got.Kind != tc.want.Kind || !bytes.Equal(got.Prompt, tc.want.Prompt) ||
+				!bytes.Equal(got.Messages, tc.want.Messages) || !bytes.Equal(got.Tools, tc.want.Tools) ||
+				!bytes.Equal(got.ChatTemplateKwargs, tc.want.ChatTemplateKwargs) || got.ChatTemplate != tc.want.ChatTemplate ||
+				got.AddGenerationPrompt != tc.want.AddGenerationPrompt || got.ContinueFinalMessage != tc.want.ContinueFinalMessage ||
+				got.AddSpecialTokens != tc.want.AddSpecialTokens || got.Stream != tc.want.Stream ||
+				got.IncludeUsage != tc.want.IncludeUsage || got.CacheSalt != tc.want.CacheSalt {
+				t.Fatalf("got %+v\nwant %+v", *got, tc.want)
+			}
+		})
+	}
+}
+
+func TestParseErrors(t *testing.T) {
+	tests := []struct {
+		name, path, body, reason, field string
+	}{
+		{"unsupported path", "/v1/embeddings", `{"model":"m"}`, openai.ReasonUnsupportedPath, ""},
+		{"models path", "/v1/models", ``, openai.ReasonUnsupportedPath, ""},
+		{"not utf8", "/v1/completions", "{\"model\":\"m\xff\",\"prompt\":\"x\"}", openai.ReasonNonUTF8, ""},
+		{"truncated", "/v1/completions", `{"model":"m","prompt":"x`, openai.ReasonMalformedJSON, ""},
+		{"empty", "/v1/completions", ``, openai.ReasonMalformedJSON, ""},
+		{"null body", "/v1/completions", `null`, openai.ReasonMalformedJSON, ""},
+		{"array body", "/v1/completions", `[1]`, openai.ReasonMalformedJSON, ""},
+		{"no model", "/v1/completions", `{"prompt":"x"}`, openai.ReasonMissingModel, "model"},
+		{"null model", "/v1/completions", `{"model":null,"prompt":"x"}`, openai.ReasonMissingModel, "model"},
+		{"empty model", "/v1/completions", `{"model":"","prompt":"x"}`, openai.ReasonMissingModel, "model"},
+		{"model case matters", "/v1/completions", `{"MODEL":"m","prompt":"x"}`, openai.ReasonMissingModel, "model"},
+		{"model not string", "/v1/completions", `{"model":7,"prompt":"x"}`, openai.ReasonMalformedJSON, "model"},
+		{"no prompt", "/v1/completions", `{"model":"m"}`, openai.ReasonMalformedJSON, "prompt"},
+		{"prompt object", "/v1/completions", `{"model":"m","prompt":{}}`, openai.ReasonMalformedJSON, "prompt"},
+		{"prompt mixed", "/v1/completions", `{"model":"m","prompt":["a",1]}`, openai.ReasonMalformedJSON, "prompt"},
+		{"prompt negative id", "/v1/completions", `{"model":"m","prompt":[-1]}`, openai.ReasonMalformedJSON, "prompt"},
+		{"prompt empty list", "/v1/completions", `{"model":"m","prompt":[]}`, openai.ReasonMalformedJSON, "prompt"},
+		{"no messages", "/v1/chat/completions", `{"model":"m"}`, openai.ReasonMalformedJSON, "messages"},
+		{"messages object", "/v1/chat/completions", `{"model":"m","messages":{}}`, openai.ReasonMalformedJSON, "messages"},
+		{"tools object", "/v1/chat/completions", `{"model":"m","messages":[],"tools":{}}`, openai.ReasonMalformedJSON, "tools"},
+		{"kwargs list", "/v1/chat/completions", `{"model":"m","messages":[],"chat_template_kwargs":[]}`, openai.ReasonMalformedJSON, "chat_template_kwargs"},
+		{"stream string", "/v1/chat/completions", `{"model":"m","messages":[],"stream":"yes"}`, openai.ReasonMalformedJSON, "stream"},
+		{"include_usage string", "/v1/chat/completions", `{"model":"m","messages":[],"stream_options":{"include_usage":1}}`, openai.ReasonMalformedJSON, "stream_options.include_usage"},
+		{"stream_options list", "/v1/chat/completions", `{"model":"m","messages":[],"stream_options":[]}`, openai.ReasonMalformedJSON, "stream_options"},
+		{"salt number", "/v1/chat/completions", `{"model":"m","messages":[],"cache_salt":1}`, openai.ReasonMalformedJSON, "cache_salt"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := openai.Parse(tc.path, []byte(tc.body))
+			var pe *openai.ParseError
+			if !errors.As(err, &pe) {
+				t.Fatalf("err = %v, want *ParseError", err)
+			}
+			if pe.Reason != tc.reason || pe.Field != tc.field {
+				t.Fatalf("reason/field = %q/%q, want %q/%q (%v)", pe.Reason, pe.Field, tc.reason, tc.field, err)
+			}
+			if !strings.HasPrefix(err.Error(), "openai: "+tc.reason) {
+				t.Fatalf("message %q", err)
+			}
+		})
+	}
+}
+
+func TestKindOf(t *testing.T) {
+	for path, want := range map[string]openai.Kind{
+		"/v1/completions": openai.KindCompletions, "/v1/chat/completions?a=b": openai.KindChat,
+		"/v1/models": openai.KindUnknown, "": openai.KindUnknown, "/v1/chat/completions/": openai.KindUnknown,
+	} {
+		if got := openai.KindOf(path); got != want {
+			t.Errorf("KindOf(%q) = %v, want %v", path, got, want)
+		}
+	}
+}
+
+func FuzzParse(f *testing.F) {
+	f.Add("/v1/chat/completions", []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}`))
+	f.Add("/v1/completions", []byte(`{"model":"m","prompt":[[1,2],[3]]}`))
+	f.Add("/v1/completions", []byte(`{"model":"m","prompt":["a"],"stream_options":{"include_usage":true}}`))
+	f.Add("/v1/completions", []byte("\xff"))
+	f.Fuzz(func(t *testing.T, path string, body []byte) {
+		orig := bytes.Clone(body)
+		req, err := openai.Parse(path, body)
+		if !bytes.Equal(orig, body) {
+			t.Fatal("body modified")
+		}
+		if err != nil {
+			var pe *openai.ParseError
+			if !errors.As(err, &pe) || pe.Reason == "" {
+				t.Fatalf("untyped error %v", err)
+			}
+			return
+		}
+		if req.Model == "" || req.Kind == openai.KindUnknown {
+			t.Fatalf("accepted request without model or kind: %+v", req)
+		}
+	})
+}
