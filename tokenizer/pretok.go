@@ -42,7 +42,7 @@ func foldEq(r rune, l byte) bool {
 }
 
 // contraction returns the end of a match of 's|'t|'re|'ve|'m|'ll|'d at s[i] (which
-// holds '\''), or -1. fold selects case-insensitive matching.
+// holds an apostrophe), or -1. fold selects case-insensitive matching.
 func contraction(s string, i int, fold bool) int {
 	j := i + 1
 	if j >= len(s) {

@@ -1487,4 +1487,3 @@ var unassigned9 = []runeRange{
 	{0xFFFFE, 0xFFFFF},
 	{0x10FFFE, 0x10FFFF},
 }
-
