@@ -20,6 +20,7 @@ type Progress struct {
 	done     int
 	start    time.Time
 	last     time.Time
+	printed  bool
 	now      func() time.Time
 	// Quiet is how long a run on a non-terminal stays silent; Every the interval of its
 	// lines after that.
@@ -49,8 +50,9 @@ func (p *Progress) Add(n int) {
 			return
 		}
 		fmt.Fprintf(p.w, "\r%s", p.line(t))
-	case t.Sub(p.start) >= p.Quiet && (t.Sub(p.last) >= p.Every || p.done == p.total):
+	case t.Sub(p.start) >= p.Quiet && (!p.printed || t.Sub(p.last) >= p.Every || p.done == p.total):
 		fmt.Fprintln(p.w, p.line(t))
+		p.printed = true
 	default:
 		return
 	}
