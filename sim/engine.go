@@ -65,6 +65,7 @@ type request struct {
 	status      status
 	aborted     bool
 	seed        uint64
+	salt        string
 	cb          Callbacks
 	scheduled   int // tokens scheduled in the current step
 }
@@ -134,6 +135,12 @@ func (e *Engine) Config() Config { return e.cfg }
 // AddRequest queues a request. maxTokens <= 0 means up to max_model_len. The prompt is
 // copied. Errors are *RequestError for requests vLLM would reject, or ErrDuplicateID.
 func (e *Engine) AddRequest(id string, prompt []uint32, maxTokens int, cb Callbacks) error {
+	return e.AddRequestSalted(id, prompt, maxTokens, "", cb)
+}
+
+// AddRequestSalted is AddRequest with vLLM's cache_salt, folded into the first block's
+// hash so that requests with different salts never share cached blocks.
+func (e *Engine) AddRequestSalted(id string, prompt []uint32, maxTokens int, salt string, cb Callbacks) error {
 	if _, ok := e.reqs[id]; ok {
 		return fmt.Errorf("%w: %q", ErrDuplicateID, id)
 	}
@@ -154,7 +161,7 @@ func (e *Engine) AddRequest(id string, prompt []uint32, maxTokens int, cb Callba
 	h.Write([]byte(id))
 	toks := make([]uint32, len(prompt), len(prompt)+maxTokens)
 	copy(toks, prompt)
-	r := &request{id: id, tokens: toks, numPrompt: len(prompt), maxTokens: maxTokens, cached: -1, seed: h.Sum64(), cb: cb}
+	r := &request{id: id, tokens: toks, numPrompt: len(prompt), maxTokens: maxTokens, cached: -1, seed: h.Sum64(), salt: salt, cb: cb}
 	e.reqs[id] = r
 	e.waiting = append(e.waiting, r)
 	return nil
@@ -431,10 +438,11 @@ func (e *Engine) ensureHashes(r *request, n int) {
 	bs := e.cfg.BlockSize
 	for i := len(r.hashes); i < n; i++ {
 		var parent *[32]byte
+		extra := r.salt
 		if i > 0 {
-			parent = &r.digests[i-1]
+			parent, extra = &r.digests[i-1], ""
 		}
-		d := e.hasher.next(parent, r.tokens[i*bs:(i+1)*bs], "")
+		d := e.hasher.next(parent, r.tokens[i*bs:(i+1)*bs], extra)
 		r.digests = append(r.digests, d)
 		r.hashes = append(r.hashes, handle(d))
 	}

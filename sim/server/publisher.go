@@ -1,0 +1,185 @@
+package server
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/go-zeromq/zmq4"
+	"go.uber.org/zap"
+
+	"github.com/kvrouter/kvrouter/kvevents"
+)
+
+// endSeq marks the end of a replay, as vLLM's ZmqEventPublisher.END_SEQ.
+var endSeq = []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
+
+// publisher is one data-parallel rank's KV event publisher: a PUB socket sending
+// [topic, 8-byte big-endian seq from 0, msgpack batch] and an optional ROUTER socket
+// replaying the last BufferSteps batches.
+type publisher struct {
+	cfg    KVEventsConfig
+	rank   int
+	log    *zap.Logger
+	queue  chan kvevents.Batch
+	mu     sync.Mutex
+	ring   []replayEntry // last BufferSteps batches, oldest first
+	seq    uint64
+	pubEP  string
+	repEP  string
+	ready  chan struct{}
+	addrMu sync.Mutex
+	addr   net.Addr
+	repAdr net.Addr
+}
+
+type replayEntry struct {
+	seq     uint64
+	payload []byte
+}
+
+func newPublisher(cfg KVEventsConfig, rank int, log *zap.Logger) *publisher {
+	q := cfg.MaxQueueSize
+	if q <= 0 {
+		q = 100000
+	}
+	return &publisher{cfg: cfg, rank: rank, log: log, queue: make(chan kvevents.Batch, q),
+		pubEP: offsetEndpoint(cfg.Endpoint, rank), repEP: offsetEndpoint(cfg.ReplayEndpoint, rank),
+		ready: make(chan struct{})}
+}
+
+// offsetEndpoint adds rank to the endpoint's port, as vLLM does for data-parallel ranks,
+// and turns vLLM's bind wildcard host "*" into one Go can listen on.
+func offsetEndpoint(ep string, rank int) string {
+	if ep == "" {
+		return ""
+	}
+	i := strings.LastIndexByte(ep, ':')
+	if i < 0 {
+		return ep
+	}
+	port, err := strconv.Atoi(ep[i+1:])
+	if err != nil || port == 0 {
+		return ep // port 0 asks for an ephemeral port per rank
+	}
+	return fmt.Sprintf("%s:%d", ep[:i], port+rank)
+}
+
+func listenAddr(ep string) string { return strings.Replace(ep, "://*:", "://0.0.0.0:", 1) }
+
+// publish queues a batch; it drops the batch when the queue is full, as vLLM does.
+func (p *publisher) publish(b kvevents.Batch) bool {
+	select {
+	case p.queue <- b:
+		return true
+	default:
+		return false
+	}
+}
+
+// run binds (endpoint with '*') or connects the sockets and sends until ctx ends.
+func (p *publisher) run(ctx context.Context) error {
+	pub := zmq4.NewPub(ctx)
+	defer pub.Close()
+	if p.cfg.HWM > 0 {
+		if err := pub.SetOption(zmq4.OptionHWM, p.cfg.HWM); err != nil {
+			return fmt.Errorf("server: kv events hwm: %w", err)
+		}
+	}
+	var err error
+	if strings.Contains(p.pubEP, "*") {
+		err = pub.Listen(listenAddr(p.pubEP))
+	} else {
+		err = pub.Dial(p.pubEP)
+	}
+	if err != nil {
+		return fmt.Errorf("server: kv events %s: %w", p.pubEP, err)
+	}
+	p.addrMu.Lock()
+	p.addr = pub.Addr()
+	p.addrMu.Unlock()
+	if p.repEP != "" {
+		rep := zmq4.NewRouter(ctx)
+		defer rep.Close()
+		if err := rep.Listen(listenAddr(p.repEP)); err != nil {
+			return fmt.Errorf("server: kv events replay %s: %w", p.repEP, err)
+		}
+		p.addrMu.Lock()
+		p.repAdr = rep.Addr()
+		p.addrMu.Unlock()
+		go p.serveReplay(ctx, rep)
+	}
+	close(p.ready)
+	topic := []byte(p.cfg.Topic)
+	enc := p.cfg.encoding()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case b := <-p.queue:
+			payload := kvevents.Encode(&b, enc)
+			p.mu.Lock()
+			seq := p.seq
+			p.seq++
+			if p.cfg.BufferSteps > 0 {
+				if len(p.ring) >= p.cfg.BufferSteps {
+					p.ring = p.ring[1:]
+				}
+				p.ring = append(p.ring, replayEntry{seq, payload})
+			}
+			p.mu.Unlock()
+			var s [8]byte
+			binary.BigEndian.PutUint64(s[:], seq)
+			if err := pub.Send(zmq4.NewMsgFrom(topic, s[:], payload)); err != nil {
+				p.log.Warn("kv events send failed", zap.Uint64("seq", seq), zap.Error(err))
+			}
+		}
+	}
+}
+
+// serveReplay answers DEALER requests ["", start seq] with every buffered batch from
+// start on, then END.
+func (p *publisher) serveReplay(ctx context.Context, rep zmq4.Socket) {
+	topic := []byte(p.cfg.Topic)
+	for {
+		msg, err := rep.Recv()
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			continue
+		}
+		if len(msg.Frames) < 3 || len(msg.Frames[2]) != 8 {
+			continue // not ["id", "", seq]: ignore, as vLLM logs and drops it
+		}
+		id := msg.Frames[0]
+		start := binary.BigEndian.Uint64(msg.Frames[2])
+		p.mu.Lock()
+		var entries []replayEntry
+		for _, e := range p.ring {
+			if e.seq >= start {
+				entries = append(entries, e)
+			}
+		}
+		p.mu.Unlock()
+		for _, e := range entries {
+			var s [8]byte
+			binary.BigEndian.PutUint64(s[:], e.seq)
+			if err := rep.Send(p.replayMsg(id, topic, s[:], e.payload)); err != nil {
+				break
+			}
+		}
+		_ = rep.Send(p.replayMsg(id, topic, endSeq, nil))
+	}
+}
+
+func (p *publisher) replayMsg(id, topic, seq, payload []byte) zmq4.Msg {
+	if p.cfg.ReplayFraming == "legacy" {
+		return zmq4.NewMsgFrom(id, nil, seq, payload)
+	}
+	return zmq4.NewMsgFrom(id, nil, topic, seq, payload)
+}
