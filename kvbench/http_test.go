@@ -8,6 +8,7 @@ import (
 	"math"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -332,4 +333,40 @@ func FuzzParseEngineMetrics(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte) {
 		_, _ = ParseEngineMetrics(strings.NewReader(string(b)))
 	})
+}
+
+// TestExecuteURLMode runs a two-cell URL-mode grid against the fake fleet and reads the
+// JSON back: the bound comes from the engines' cache_config_info.
+func TestExecuteURLMode(t *testing.T) {
+	_, url, metrics := newFakeFleet(t, 2)
+	wl := smallConfig()
+	wl.OutputTokens = 3
+	path := t.TempDir() + "/out.json"
+	o := Options{
+		Workload: wl, Prefixes: []int{2, 5}, Concurrency: []int{2}, Policies: []string{"gateway"},
+		Workers: 2, Reps: 1, HTTP: &HTTPConfig{URL: url, Model: "m", MetricsURLs: metrics},
+		JSONPath: path, BlockSize: 16, BlocksPerServer: 1,
+	}
+	var b strings.Builder
+	if _, err := Execute(context.Background(), o, &b); err != nil {
+		t.Fatal(err)
+	}
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var recs []map[string]any
+	if err := json.Unmarshal(raw, &recs); err != nil {
+		t.Fatal(err)
+	}
+	if len(recs) != 2 || recs[0]["mode"] != "url" || recs[0]["policy"] != "gateway" {
+		t.Fatalf("records %v", recs)
+	}
+	// 2 servers x 100 blocks x 16 tokens / 84-token prompts = 38 prompts: the bound is 1.
+	if recs[1]["bound_hit_rate"] != float64(1) || recs[1]["servers_per_prefix"] != float64(1) || recs[1]["errors"] != float64(0) {
+		t.Errorf("record %v", recs[1])
+	}
+	if !strings.Contains(b.String(), "gateway W=2 N=2 C=2") {
+		t.Errorf("report %q", b.String())
+	}
 }
