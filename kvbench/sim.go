@@ -22,7 +22,8 @@ type ServerSpec struct {
 
 // ChurnEvent takes a server out of the fleet or brings it back at a virtual time. A server
 // that leaves gets no new requests, finishes those it has, then drops its prefix cache
-// (as a restarted pod would); one that joins starts routable with that empty cache.
+// (as a restarted pod would); one that joins starts routable with that empty cache. When
+// a server leaves, policies and event sinks with a Forget(endpoint) method are told.
 type ChurnEvent struct {
 	At     time.Duration
 	Server int
@@ -513,10 +514,21 @@ func (r *simRun) setErr(err error) {
 	}
 }
 
+// forgetter is implemented by policies and indexes that can drop an endpoint that left.
+type forgetter interface{ Forget(endpoint string) }
+
 func (r *simRun) churn(ev ChurnEvent) {
 	if ev.Leave {
 		r.up[ev.Server] = false
 		r.leaving[ev.Server] = true
+		for _, rt := range r.routers {
+			if f, ok := rt.Policy.(forgetter); ok {
+				f.Forget(r.addrs[ev.Server])
+			}
+			if f, ok := rt.Events.(forgetter); ok {
+				f.Forget(r.addrs[ev.Server])
+			}
+		}
 		r.maybeReset(ev.Server)
 		return
 	}
