@@ -23,6 +23,10 @@ var policies = []struct {
 	{"round-robin", func(kvbench.PolicyEnv) (kvbench.Router, error) {
 		return kvbench.Router{Policy: scoring.NewRoundRobin()}, nil
 	}},
+	{"approximate", func(env kvbench.PolicyEnv) (kvbench.Router, error) {
+		p, err := scoring.NewApproximate(scoring.DefaultKVConfig(), rand.NewPCG(env.Seed, 0x617070726f78), nil)
+		return kvbench.Router{Policy: p}, err
+	}},
 	{"least-load", func(kvbench.PolicyEnv) (kvbench.Router, error) {
 		return kvbench.Router{Policy: scoring.NewLeastLoad()}, nil
 	}},
