@@ -169,8 +169,8 @@ func (ix *Index) addSource(name string, rank int) *source {
 
 // withSource runs fn with the source of (endpoint, rank) locked and ix.mu held for
 // reading, registering the source first when create is set. fn is not run for a source
-// that does not exist or was purged.
-func (ix *Index) withSource(name string, rank int, create bool, fn func(s *source)) {
+// that does not exist or was purged; withSource reports whether fn ran.
+func (ix *Index) withSource(name string, rank int, create bool, fn func(s *source)) bool {
 	ix.mu.RLock()
 	s := ix.find(name, rank)
 	if s == nil && create {
@@ -183,14 +183,17 @@ func (ix *Index) withSource(name string, rank int, create bool, fn func(s *sourc
 		ix.mu.RLock()
 		s = ix.find(name, rank)
 	}
+	ran := false
 	if s != nil {
 		s.mu.Lock()
 		if !s.dead {
 			fn(s)
+			ran = true
 		}
 		s.mu.Unlock()
 	}
 	ix.mu.RUnlock()
+	return ran
 }
 
 // Store indexes the blocks of one BlockStored event from an endpoint's rank. Each block's
@@ -271,7 +274,7 @@ func (ix *Index) Remove(endpoint string, rank int, handles []uint64) {
 	if len(handles) == 0 {
 		return
 	}
-	ix.withSource(endpoint, rank, false, func(s *source) {
+	ran := ix.withSource(endpoint, rank, false, func(s *source) {
 		before := s.live
 		var removed, unknown int
 		for _, h := range handles {
@@ -293,16 +296,9 @@ func (ix *Index) Remove(endpoint string, rank int, handles []uint64) {
 			ix.m.unknownRemovals.Add(float64(unknown))
 		}
 	})
-	// Removals for a rank never seen are all unknown.
-	if !ix.has(endpoint, rank) {
+	if !ran { // removals for a rank never seen are all unknown
 		ix.m.unknownRemovals.Add(float64(len(handles)))
 	}
-}
-
-func (ix *Index) has(name string, rank int) bool {
-	ix.mu.RLock()
-	defer ix.mu.RUnlock()
-	return ix.find(name, rank) != nil
 }
 
 // Clear drops every block of an endpoint's rank (AllBlocksCleared, a sequence gap that
