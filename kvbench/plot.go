@@ -90,7 +90,7 @@ type layout struct {
 }
 
 func (p Plot) layout() layout {
-	l := layout{w: 720, h: 440, left: 70, right: 170, top: 40, bott: 60, xmin: math.Inf(1), xmax: math.Inf(-1)}
+	l := layout{w: 720, h: 450, left: 70, right: 170, top: 50, bott: 60, xmin: math.Inf(1), xmax: math.Inf(-1)}
 	for _, s := range p.Series {
 		for i := range s.X {
 			l.xmin = math.Min(l.xmin, s.X[i])
@@ -217,7 +217,7 @@ func (p Plot) WritePNG(w io.Writer) error {
 	drawLine(img, x0, y0, x1, y0, 0.6, black, false)
 	drawText(img, (l.left+l.w-l.right)/2-float64(textWidth(p.Title))/2, 22, p.Title)
 	drawText(img, (x0+x1)/2-float64(textWidth(p.XLabel))/2, l.h-16, p.XLabel)
-	drawText(img, 4, y1-12, p.YLabel)
+	drawText(img, 8, y1-14, p.YLabel)
 	for i, s := range p.Series {
 		c := p.colorOf(i)
 		for j := 1; j < len(s.X); j++ {

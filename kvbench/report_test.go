@@ -155,13 +155,13 @@ func TestPlot(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if img.Bounds().Dx() != 720 || img.Bounds().Dy() != 440 {
+		if img.Bounds().Dx() != 720 || img.Bounds().Dy() != 450 {
 			t.Errorf("size %v", img.Bounds())
 		}
 		// The first series' colour appears (its line was drawn).
 		c := palette[0]
 		found := false
-		for y := 0; y < 440 && !found; y++ {
+		for y := 0; y < 450 && !found; y++ {
 			for x := 0; x < 720; x++ {
 				r, g, bl, _ := img.At(x, y).RGBA()
 				if uint8(r>>8) == c.R && uint8(g>>8) == c.G && uint8(bl>>8) == c.B {

@@ -17,6 +17,8 @@ func TestRun(t *testing.T) {
 			"random W=6 N=7 C=8", ""},
 		{"homogeneous fleet of another size", []string{"--sim", "--workers", "3", "--policy", "round-robin", "--requests", "12", "--progress", "never"},
 			"round-robin W=3 N=7 C=8", ""},
+		{"default policy is kv", []string{"--sim", "--requests", "24", "--output-tokens", "10", "--progress", "never"},
+			"kv W=6 N=7 C=8", ""},
 		{"no target", nil, "", "choose --url URL or --sim"},
 		{"both targets", []string{"--sim", "--url", "http://x"}, "", "choose one"},
 		{"unknown policy", []string{"--sim", "--policy", "nope"}, "", "unknown policy"},
