@@ -153,6 +153,12 @@ func WriteTables(w io.Writer, results []CellResult, kvPolicy string) error {
 		errs += r.Median.Errors
 	}
 	fmt.Fprintf(&b, "Errors: %d in %d cells.\n", errs, len(results))
+	for _, r := range results {
+		if r.Median.FirstError != "" {
+			fmt.Fprintf(&b, "First error, %s: %s\n", r.Cell, r.Median.FirstError)
+			break
+		}
+	}
 	_, err := io.WriteString(w, b.String())
 	return err
 }
@@ -178,6 +184,9 @@ func WriteSummary(w io.Writer, r CellResult) error {
 	}
 	writeTable(&b, header, rows)
 	fmt.Fprintf(&b, "\nbound: hit rate %s, cached-token ratio %.3f\n", pct(r.Median.BoundHitRate, 1), r.Median.BoundCachedRatio)
+	if r.Median.FirstError != "" {
+		fmt.Fprintf(&b, "first error: %s\n", r.Median.FirstError)
+	}
 	_, err := io.WriteString(w, b.String())
 	return err
 }

@@ -297,9 +297,10 @@ func (r *simRun) closedLoop(ctx context.Context, reqs []Request, concurrency int
 			r.dispatch(req, sent, func() {
 				r.pending--
 				left--
+				last := left == 0 // only the request that ends the phase starts the next
 				r.f.After(r.cfg.RTT.Seconds()/2, func() {
 					send()
-					if left == 0 && then != nil {
+					if last && then != nil {
 						then()
 					}
 				})

@@ -307,3 +307,65 @@ func TestExecuteSimSmallGrid(t *testing.T) {
 		}
 	}
 }
+
+func TestStaticPartition(t *testing.T) {
+	p := NewStaticPartition()
+	cands := []scoring.Endpoint{{Address: "a", Metrics: scoring.Metrics{NumGPUBlocks: 100}}, {Address: "b", Metrics: scoring.Metrics{NumGPUBlocks: 200}}}
+	req := func(first uint32) *scoring.Request {
+		ids := make([]uint32, 40)
+		ids[0] = first
+		return &scoring.Request{TokenIDs: ids}
+	}
+	pick := func(first uint32, c []scoring.Endpoint) string {
+		d, err := p.Pick(req(first), c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d.Endpoint
+	}
+	// Homes by capacity: b holds twice as many prefixes as a.
+	got := map[string]int{}
+	for k := uint32(1); k <= 6; k++ {
+		got[pick(k, cands)]++
+	}
+	if got["a"] != 2 || got["b"] != 4 {
+		t.Errorf("homes %v, want a:2 b:4", got)
+	}
+	for k := uint32(1); k <= 6; k++ {
+		first := pick(k, cands)
+		if again := pick(k, cands); again != first {
+			t.Errorf("prefix %d moved from %s to %s", k, first, again)
+		}
+	}
+	// A home that left is replaced.
+	if pick(1, cands[:1]) != "a" {
+		t.Error("prefix not rehomed on the remaining server")
+	}
+	if _, err := p.Pick(req(1), nil); err == nil {
+		t.Error("no error without candidates")
+	}
+}
+
+// TestRunSimWarmupHandsOverOnce: when several warmup requests end at the same instant
+// (sticky routing makes that common), the measured phase still starts exactly once.
+func TestRunSimWarmupHandsOverOnce(t *testing.T) {
+	for seed := uint64(1); seed <= 4; seed++ {
+		cfg := DefaultWorkloadConfig()
+		cfg.Prefixes, cfg.Warmup, cfg.Requests, cfg.OutputTokens, cfg.Seed = 12, 60, 60, 20, seed
+		w, err := NewWorkload(cfg, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sc := DefaultSimConfig()
+		sc.Policies = func(PolicyEnv) (Router, error) { return Router{Policy: NewStaticPartition()}, nil }
+		out, err := RunSim(context.Background(), sc, w, "partition", 8, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range out.Results {
+			if r.Err != "" {
+				t.Fatalf("seed %d: request %d: %s", seed, r.Seq, r.Err)
+			}
+		}
+	}
+}

@@ -59,6 +59,8 @@ type Summary struct {
 	BoundHitRate     float64 `json:"bound_hit_rate"`
 	// DurationS is the measured window, seconds.
 	DurationS float64 `json:"duration_s"`
+	// FirstError is the first failed request's error, empty when none failed.
+	FirstError string `json:"first_error,omitempty"`
 }
 
 // Bound is the best a router can do for a cell: prefixes partitioned across servers with
@@ -143,6 +145,9 @@ func Summarize(results []Result, in SummaryInput) Summary {
 		}
 		started = true
 		if r.Err != "" {
+			if s.Errors == 0 {
+				s.FirstError = r.Err
+			}
 			s.Errors++
 			continue
 		}
@@ -232,9 +237,12 @@ func Median(runs []Summary) Summary {
 		v := Percentile(xs, 50)
 		return &v
 	}
-	errs := 0
+	errs, firstErr := 0, ""
 	for _, r := range runs {
 		errs += r.Errors
+		if firstErr == "" {
+			firstErr = r.FirstError
+		}
 	}
 	return Summary{
 		Requests:         int(math.Round(med(func(s Summary) float64 { return float64(s.Requests) }))),
@@ -252,5 +260,6 @@ func Median(runs []Summary) Summary {
 		BoundCachedRatio: med(func(s Summary) float64 { return s.BoundCachedRatio }),
 		BoundHitRate:     med(func(s Summary) float64 { return s.BoundHitRate }),
 		DurationS:        med(func(s Summary) float64 { return s.DurationS }),
+		FirstError:       firstErr,
 	}
 }

@@ -82,7 +82,7 @@ func TestSummarize(t *testing.T) {
 			t.Errorf("%s = %v, want %v", name, got, want)
 		}
 	}
-	if s.Requests != 4 || s.Errors != 1 {
+	if s.Requests != 4 || s.Errors != 1 || s.FirstError != "boom" {
 		t.Errorf("requests %d errors %d, want 4 and 1", s.Requests, s.Errors)
 	}
 	check("hit_any", s.HitAny, 2.0/3)

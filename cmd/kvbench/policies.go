@@ -48,6 +48,10 @@ var policies = []struct {
 	{"least-load", func(kvbench.PolicyEnv) (kvbench.Router, error) {
 		return kvbench.Router{Policy: scoring.NewLeastLoad()}, nil
 	}},
+	// partition is the bound's perfect static partition, measured: a reference point.
+	{"partition", func(kvbench.PolicyEnv) (kvbench.Router, error) {
+		return kvbench.Router{Policy: kvbench.NewStaticPartition()}, nil
+	}},
 }
 
 // indexSink feeds one router replica's index from decoded batches, as the ZeroMQ
