@@ -11,6 +11,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -115,6 +116,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	o.Workload.Prefixes = o.Prefixes[0]
 
 	var tok kvbench.Tokenizer
+	if !set["tokenizer"] {
+		*tokDir = findUp(*tokDir)
+	}
 	if t, err := tokenizer.LoadDir(*tokDir); err == nil {
 		tok = encoder{t}
 	} else if set["tokenizer"] {
@@ -243,6 +247,26 @@ func intList(s, name string) ([]int, error) {
 		out = append(out, n)
 	}
 	return out, nil
+}
+
+// findUp returns rel under the nearest directory, from the working directory up, that has
+// it (so the repository's model cache is found from any subdirectory); rel otherwise.
+func findUp(rel string) string {
+	dir, err := os.Getwd()
+	if err != nil {
+		return rel
+	}
+	for {
+		p := filepath.Join(dir, rel)
+		if _, err := os.Stat(p); err == nil {
+			return p
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return rel
+		}
+		dir = parent
+	}
 }
 
 func or(s, def string) string {
