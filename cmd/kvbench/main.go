@@ -69,7 +69,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		eventLag     = fs.Duration("event-lag", sc.EventLag, "KV event delivery lag (sim mode)")
 		scrape       = fs.Duration("scrape-interval", sc.ScrapeInterval, "how stale the router's view of server metrics may be (sim mode; 0 = live)")
 		rtt          = fs.Duration("rtt", sc.RTT, "client round trip to the fleet (sim mode)")
-		tokDir       = fs.String("tokenizer", defaultTokenizerDir, "directory with the model's tokenizer.json and tokenizer_config.json")
+		tokDir       = fs.String("tokenizer", defaultTokenizerDir, "directory with the model's tokenizer.json and tokenizer_config.json; none = the embedded Qwen3 ids")
 		metricsURLs  = fs.String("metrics-urls", "", "engines' /metrics URLs, comma list (URL mode)")
 		kvBlocks     = fs.Int("kv-blocks", 585, "KV blocks per server for the bound when /metrics does not say (URL mode)")
 		blockSize    = fs.Int("block-size", 16, "tokens per KV block (URL mode, for hit_full and the bound)")
@@ -115,19 +115,6 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	o.Workload.Prefixes = o.Prefixes[0]
 
-	var tok kvbench.Tokenizer
-	if !set["tokenizer"] {
-		*tokDir = findUp(*tokDir)
-	}
-	if t, err := tokenizer.LoadDir(*tokDir); err == nil {
-		tok = encoder{t}
-	} else if set["tokenizer"] {
-		return fmt.Errorf("loading the tokenizer: %w", err)
-	} else {
-		fmt.Fprintf(stderr, "kvbench: no tokenizer in %s (run `make models`): using the embedded Qwen3 token ids, unchecked\n", *tokDir)
-	}
-	o.Tokenizer = tok
-
 	switch {
 	case *url != "" && *simMode:
 		return errors.New("choose one of --url and --sim")
@@ -142,7 +129,6 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		o.Policies = []string{or(*policy, "url")}
 	case *simMode:
 		sc.Model, sc.EventLag, sc.ScrapeInterval, sc.RTT, sc.Replicas = *model, *eventLag, *scrape, *rtt, *replicas
-		sc.Tokenizer = tok
 		if sc.Servers, err = serverSpecs(*servers, *workers, *kvBytes, *speeds, set); err != nil {
 			return err
 		}
@@ -168,6 +154,26 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	default:
 		fs.Usage()
 		return errors.New("choose --url URL or --sim")
+	}
+
+	var tok kvbench.Tokenizer
+	if !set["tokenizer"] {
+		*tokDir = findUp(*tokDir)
+	}
+	if *tokDir != "none" { // none: the embedded Qwen3 ids, on request
+		t, err := tokenizer.LoadDir(*tokDir)
+		switch {
+		case err == nil:
+			tok = encoder{t}
+		case set["tokenizer"]:
+			return fmt.Errorf("loading the tokenizer: %w", err)
+		default:
+			fmt.Fprintf(stderr, "kvbench: no tokenizer in %s (run `make models`): using the embedded Qwen3 token ids, unchecked\n", *tokDir)
+		}
+	}
+	o.Tokenizer = tok
+	if o.Sim != nil {
+		o.Sim.Tokenizer = tok
 	}
 
 	switch *progress {

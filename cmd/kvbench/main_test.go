@@ -15,9 +15,9 @@ func TestRun(t *testing.T) {
 	}{
 		{"one sim cell", []string{"--sim", "--policy", "random", "--requests", "24", "--output-tokens", "10", "--progress", "never"},
 			"random W=6 N=7 C=8", ""},
-		{"homogeneous fleet of another size", []string{"--sim", "--workers", "3", "--policy", "round-robin", "--requests", "12", "--progress", "never"},
+		{"homogeneous fleet of another size", []string{"--sim", "--tokenizer", "none", "--workers", "3", "--policy", "round-robin", "--requests", "12", "--progress", "never"},
 			"round-robin W=3 N=7 C=8", ""},
-		{"default policy is kv", []string{"--sim", "--requests", "24", "--output-tokens", "10", "--progress", "never"},
+		{"default policy is kv", []string{"--sim", "--tokenizer", "none", "--requests", "24", "--output-tokens", "10", "--progress", "never"},
 			"kv W=6 N=7 C=8", ""},
 		{"no target", nil, "", "choose --url URL or --sim"},
 		{"both targets", []string{"--sim", "--url", "http://x"}, "", "choose one"},
@@ -25,7 +25,8 @@ func TestRun(t *testing.T) {
 		{"bad list", []string{"--sim", "--prefixes", "2,x"}, "", "not an integer"},
 		{"speeds for another fleet", []string{"--sim", "--workers", "2", "--speed-factors", "1,1,1"}, "", "3 values for 2 workers"},
 		{"bad churn", []string{"--sim", "--churn", "soon"}, "", "churn"},
-		{"bad progress", []string{"--sim", "--progress", "maybe"}, "", "--progress"},
+		{"bad progress", []string{"--sim", "--tokenizer", "none", "--progress", "maybe"}, "", "--progress"},
+		{"missing tokenizer", []string{"--sim", "--tokenizer", "/nonexistent"}, "", "loading the tokenizer"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
