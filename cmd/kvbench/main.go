@@ -74,6 +74,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		kvBlocks     = fs.Int("kv-blocks", 585, "KV blocks per server for the bound when /metrics does not say (URL mode)")
 		blockSize    = fs.Int("block-size", 16, "tokens per KV block (URL mode, for hit_full and the bound)")
 		ignoreEOS    = fs.Bool("ignore-eos", true, "ask vLLM for exactly --output-tokens tokens (URL mode)")
+		resetCache   = fs.Bool("reset-prefix-cache", false, "POST /reset_prefix_cache to every --metrics-urls engine before each run (URL mode; vLLM needs VLLM_SERVER_DEV_MODE=1)")
 		timeout      = fs.Duration("timeout", 5*time.Minute, "per-request timeout (URL mode)")
 		parallel     = fs.Int("parallel", runtime.GOMAXPROCS(0), "sim runs at once")
 		progress     = fs.String("progress", "auto", "progress bar on stderr: auto, always or never")
@@ -119,7 +120,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	case *url != "" && *simMode:
 		return errors.New("choose one of --url and --sim")
 	case *url != "":
-		o.HTTP = &kvbench.HTTPConfig{URL: *url, Model: *model, IgnoreEOS: *ignoreEOS, Timeout: *timeout}
+		o.HTTP = &kvbench.HTTPConfig{URL: *url, Model: *model, IgnoreEOS: *ignoreEOS, Timeout: *timeout, ResetPrefixCache: *resetCache}
 		if *metricsURLs != "" {
 			o.HTTP.MetricsURLs = strings.Split(*metricsURLs, ",")
 			if !set["workers"] {
