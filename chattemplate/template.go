@@ -76,9 +76,15 @@ type Input struct {
 // Template is a compiled chat template. It is immutable after Compile; Render is safe
 // for concurrent use.
 type Template struct {
+	main     compiled
+	toolUse  *compiled // used when the request has tools, if the model defines one
+	special  map[string]any
+	defaults *exec.Dict
+	now      func() time.Time
+}
+
+type compiled struct {
 	tmpl          *exec.Template
-	special       map[string]any
-	defaults      *exec.Dict
 	openaiContent bool
 }
 
@@ -102,10 +108,9 @@ func Compile(src string, opts Options) (*Template, error) {
 	if err != nil {
 		return nil, fmt.Errorf("chattemplate: %w", err)
 	}
-	const id = "chat_template"
-	t, err := exec.NewTemplate(id, engineConfig(), rootLoader{id: id, src: src}, env)
+	main, err := compileSource(src, env)
 	if err != nil {
-		return nil, fmt.Errorf("chattemplate: compile: %w", err)
+		return nil, err
 	}
 	special := make(map[string]any, len(opts.SpecialTokens))
 	for k, v := range opts.SpecialTokens {
@@ -118,12 +123,44 @@ func Compile(src string, opts Options) (*Template, error) {
 		}
 		special[k] = v
 	}
-	return &Template{
-		tmpl:          t,
-		special:       special,
-		defaults:      defaults,
-		openaiContent: contentLoop.MatchString(src),
-	}, nil
+	return &Template{main: main, special: special, defaults: defaults, now: now}, nil
+}
+
+func compileSource(src string, env *exec.Environment) (compiled, error) {
+	const id = "chat_template"
+	t, err := exec.NewTemplate(id, engineConfig(), rootLoader{id: id, src: src}, env)
+	if err != nil {
+		return compiled{}, fmt.Errorf("chattemplate: compile: %w", err)
+	}
+	return compiled{tmpl: t, openaiContent: contentLoop.MatchString(src)}, nil
+}
+
+// CompileConfig compiles the chat template(s) of a tokenizer config. The config's
+// special tokens are used unless opts.SpecialTokens is set. It returns ErrNoTemplate
+// when the config defines none.
+func CompileConfig(c *TokenizerConfig, opts Options) (*Template, error) {
+	if c.Template == "" {
+		return nil, ErrNoTemplate
+	}
+	if opts.SpecialTokens == nil {
+		opts.SpecialTokens = c.SpecialTokens
+	}
+	t, err := Compile(c.Template, opts)
+	if err != nil {
+		return nil, err
+	}
+	if c.ToolUseTemplate != "" {
+		env, err := newEnvironment(t.now)
+		if err != nil {
+			return nil, fmt.Errorf("chattemplate: environment: %w", err)
+		}
+		tu, err := compileSource(c.ToolUseTemplate, env)
+		if err != nil {
+			return nil, fmt.Errorf("chattemplate: tool_use template: %w", err)
+		}
+		t.toolUse = &tu
+	}
+	return t, nil
 }
 
 // Render renders the conversation as vLLM would before tokenizing it. Errors:
@@ -136,7 +173,11 @@ func (t *Template) Render(in Input) (string, error) {
 	if in.ContinueFinalMessage {
 		return "", &UnsupportedError{Reason: ReasonContinueFinalMessage}
 	}
-	if t.openaiContent {
+	c := t.main
+	if t.toolUse != nil && hasValue(in.Tools) {
+		c = *t.toolUse
+	}
+	if c.openaiContent {
 		return "", &UnsupportedError{Reason: ReasonOpenAIContentFormat}
 	}
 	vars, err := t.variables(in)
@@ -153,7 +194,7 @@ func (t *Template) Render(in Input) (string, error) {
 		return nil, raised
 	}
 	var out bytes.Buffer
-	if err := t.tmpl.Execute(&out, exec.NewContext(vars)); err != nil {
+	if err := c.tmpl.Execute(&out, exec.NewContext(vars)); err != nil {
 		if raised != nil {
 			return "", raised
 		}
@@ -218,4 +259,10 @@ func (t *Template) variables(in Input) (map[string]any, error) {
 	vars["documents"], _ = dictGet(kwargs, "documents")
 	vars["add_generation_prompt"], _ = dictGet(kwargs, "add_generation_prompt")
 	return vars, nil
+}
+
+// hasValue reports whether raw holds a JSON value other than null.
+func hasValue(raw json.RawMessage) bool {
+	trimmed := bytes.TrimSpace(raw)
+	return len(trimmed) > 0 && !bytes.Equal(trimmed, []byte("null"))
 }
