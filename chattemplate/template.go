@@ -194,6 +194,7 @@ func (t *Template) Render(in Input) (string, error) {
 		return nil, raised
 	}
 	var out bytes.Buffer
+	out.Grow(len(in.Messages) + len(in.Tools) + 512)
 	if err := c.tmpl.Execute(&out, exec.NewContext(vars)); err != nil {
 		if raised != nil {
 			return "", raised

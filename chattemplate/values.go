@@ -245,33 +245,39 @@ func (d *jsonDecoder) number() (any, error) {
 	return bi, nil
 }
 
+// plainByte marks the bytes a JSON string holds unescaped (not '"', '\\' or a control
+// character).
+var plainByte = func() (t [256]bool) {
+	for i := 0x20; i < 256; i++ {
+		t[i] = i != '"' && i != '\\'
+	}
+	return t
+}()
+
+func (d *jsonDecoder) plainRun() int {
+	i := d.pos
+	for i < len(d.data) && plainByte[d.data[i]] {
+		i++
+	}
+	return i
+}
+
 func (d *jsonDecoder) str() (string, error) {
 	d.pos++ // opening quote
 	start := d.pos
-	// Fast path: no escapes.
-	for d.pos < len(d.data) {
-		c := d.data[d.pos]
-		if c == '"' {
-			s := d.data[start:d.pos]
-			if !utf8.Valid(s) {
-				return "", d.errorf("invalid UTF-8 in string")
-			}
-			d.pos++
-			return string(s), nil
-		}
-		if c == '\\' {
-			break
-		}
-		if c < 0x20 {
-			return "", d.errorf("control character in string")
+	d.pos = d.plainRun()
+	if d.pos < len(d.data) && d.data[d.pos] == '"' { // no escapes
+		s := d.data[start:d.pos]
+		if !utf8.Valid(s) {
+			return "", d.errorf("invalid UTF-8 in string")
 		}
 		d.pos++
+		return string(s), nil
 	}
-	buf := make([]byte, 0, d.pos-start+16)
+	buf := make([]byte, 0, d.pos-start+64)
 	buf = append(buf, d.data[start:d.pos]...)
 	for d.pos < len(d.data) {
-		c := d.data[d.pos]
-		switch {
+		switch c := d.data[d.pos]; {
 		case c == '"':
 			if !utf8.Valid(buf) {
 				return "", d.errorf("invalid UTF-8 in string")
@@ -281,8 +287,9 @@ func (d *jsonDecoder) str() (string, error) {
 		case c < 0x20:
 			return "", d.errorf("control character in string")
 		case c != '\\':
-			buf = append(buf, c)
-			d.pos++
+			end := d.plainRun()
+			buf = append(buf, d.data[d.pos:end]...)
+			d.pos = end
 			continue
 		}
 		d.pos++
