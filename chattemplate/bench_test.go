@@ -35,10 +35,10 @@ func benchText(seed uint64, n int) string {
 // and a ~340-token user turn after a short exchange.
 func benchChatMessages(tail uint64) json.RawMessage {
 	msgs := []map[string]string{
-		{"role": "system", "content": benchText(1, 2000)},
+		{"role": "system", "content": benchText(1, 2540)},
 		{"role": "user", "content": "Summarise the policy in one line."},
 		{"role": "assistant", "content": "The router sends each request to the pod that caches most of its prefix."},
-		{"role": "user", "content": benchText(100+tail, 340)},
+		{"role": "user", "content": benchText(100+tail, 430)},
 	}
 	raw, _ := json.Marshal(msgs)
 	return raw
