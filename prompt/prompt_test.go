@@ -15,17 +15,21 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/kvrouter/kvrouter/chattemplate"
 	"github.com/kvrouter/kvrouter/openai"
 	"github.com/kvrouter/kvrouter/prompt"
+	"github.com/kvrouter/kvrouter/tokenizer"
 	"github.com/kvrouter/kvrouter/tokenizer/testmodels"
 )
 
 var (
 	buildersMu sync.Mutex
 	builders   = map[string]*prompt.Builder{}
+	tokenizers = map[string]*tokenizer.Tokenizer{}
 )
 
-// builder loads a model once per distinct server default kwargs.
+// builder returns a model's Builder for the given server default kwargs, loading each
+// model's tokenizer once (loading is the slow part of these tests).
 func builder(t testing.TB, model string, defaults json.RawMessage) *prompt.Builder {
 	t.Helper()
 	dir := testmodels.Dir(t, model)
@@ -35,10 +39,27 @@ func builder(t testing.TB, model string, defaults json.RawMessage) *prompt.Build
 	if b, ok := builders[key]; ok {
 		return b
 	}
-	b, err := prompt.LoadDir(dir, prompt.LoadOptions{DefaultChatTemplateKwargs: defaults})
-	if err != nil {
-		t.Fatalf("load %s: %v", model, err)
+	tok, ok := tokenizers[model]
+	if !ok {
+		var err error
+		if tok, err = tokenizer.LoadDir(dir); err != nil {
+			t.Fatalf("load %s: %v", model, err)
+		}
+		tokenizers[model] = tok
 	}
+	raw, err := os.ReadFile(filepath.Join(dir, "tokenizer_config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := chattemplate.ParseTokenizerConfig(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl, err := chattemplate.CompileConfig(cfg, chattemplate.Options{DefaultKwargs: defaults})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := prompt.New(tok, tmpl, nil)
 	builders[key] = b
 	return b
 }
