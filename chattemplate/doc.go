@@ -12,8 +12,9 @@
 // json.dumps(ensure_ascii=False) does (1.0, 1e-07, -0.0, 1e+16, ints of any size).
 //
 // Request shapes that cannot be reproduced byte for byte (multimodal parts, a
-// request-supplied template, continue_final_message, templates that iterate over
-// content parts) return *UnsupportedError, so callers can route them by load.
+// request-supplied template, continue_final_message) return *UnsupportedError, so
+// callers can route them by load. Templates that loop over message content get content
+// as a list of parts, as vLLM's "openai" content format does.
 //
 // Concurrency: a *Template is immutable after Compile; Render is safe for concurrent
 // use. Nothing in the package logs or starts goroutines.

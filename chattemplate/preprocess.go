@@ -20,7 +20,6 @@ const (
 	ReasonRequestChatTemplate  = "request_chat_template"
 	ReasonContinueFinalMessage = "continue_final_message"
 	ReasonKwargsOverride       = "chat_template_kwargs_override"
-	ReasonOpenAIContentFormat  = "openai_content_format"
 )
 
 const (
@@ -68,8 +67,9 @@ func decodeField(name string, raw json.RawMessage) (any, error) {
 	return v, nil
 }
 
-// conversation turns the request's messages into vLLM's ConversationMessage list.
-func conversation(raw json.RawMessage) ([]any, error) {
+// conversation turns the request's messages into vLLM's ConversationMessage list;
+// openai selects vLLM's "openai" content format (content kept as a list of parts).
+func conversation(raw json.RawMessage, openai bool) ([]any, error) {
 	v, err := decodeField("messages", raw)
 	if err != nil {
 		return nil, err
@@ -84,7 +84,7 @@ func conversation(raw json.RawMessage) ([]any, error) {
 		if !ok {
 			return nil, badRequest("messages[%d] must be an object", i)
 		}
-		out, err := conversationMessage(msg)
+		out, err := conversationMessage(msg, openai)
 		if err != nil {
 			return nil, fmt.Errorf("messages[%d]: %w", i, err)
 		}
@@ -93,7 +93,7 @@ func conversation(raw json.RawMessage) ([]any, error) {
 	return conv, nil
 }
 
-func conversationMessage(msg *exec.Dict) (*exec.Dict, error) {
+func conversationMessage(msg *exec.Dict, openai bool) (*exec.Dict, error) {
 	roleV, _ := dictGet(msg, "role")
 	role, ok := roleV.(string)
 	if !ok {
@@ -118,11 +118,11 @@ func conversationMessage(msg *exec.Dict) (*exec.Dict, error) {
 	if role == "system" {
 		parts = stripBillingHeader(parts)
 	}
-	text, err := joinTextParts(parts)
+	content, err := parseParts(parts, openai)
 	if err != nil {
 		return nil, err
 	}
-	out := newDict("role", role, "content", text)
+	out := newDict("role", role, "content", content)
 
 	switch role {
 	case "assistant":
@@ -146,6 +146,7 @@ func conversationMessage(msg *exec.Dict) (*exec.Dict, error) {
 		if id, ok := dictGet(msg, "tool_call_id"); ok {
 			dictSet(out, "tool_call_id", id)
 		}
+		dictSet(out, "content", toolContent(content))
 	}
 	if name, ok := dictGet(msg, "name"); ok {
 		if s, ok := name.(string); ok {
@@ -208,14 +209,29 @@ func stringOf(d *exec.Dict, key string) (string, bool) {
 	return s, ok
 }
 
-// joinTextParts is vLLM's "string" content format: the text of every text-like part,
-// empty ones dropped, joined with "\n". Multimodal parts cannot be reproduced.
-func joinTextParts(parts []any) (string, error) {
+// knownPartFields are the keys of vLLM's content-part types; others are copied into
+// "openai"-format text parts as extra fields.
+var knownPartFields = map[string]bool{
+	"type": true, "text": true, "image_url": true, "input_audio": true, "file": true,
+	"audio_url": true, "video_url": true, "refusal": true, "image_pil": true, "uuid": true,
+	"image_embeds": true, "audio_embeds": true, "video_embeds": true, "data": true,
+	"thinking": true, "closed": true, "name": true,
+}
+
+// parseParts applies vLLM's content parsing. In the "string" format (openai false) the
+// text of every text-like part is kept, empty ones dropped, and the texts joined with
+// "\n". In the "openai" format (templates that loop over content) content stays a list:
+// {"type": "text", "text": ...} per text-like part (plus unknown fields), and
+// {"type": "tool_reference", "name": ...}. Multimodal parts cannot be reproduced.
+func parseParts(parts []any, openai bool) (any, error) {
 	var texts []string
+	var items []any
 	for i, p := range parts {
 		switch p := p.(type) {
 		case string:
-			if p != "" {
+			if openai {
+				items = append(items, newDict("type", "text", "text", p))
+			} else if p != "" {
 				texts = append(texts, p)
 			}
 			continue
@@ -224,13 +240,36 @@ func joinTextParts(parts []any) (string, error) {
 			uuid, _ := dictGet(p, "uuid")
 			if t, ok := typ.(string); ok && uuid == nil {
 				if key, ok := textPartKey[t]; ok {
-					if s, _ := stringOf(p, key); s != "" {
-						texts = append(texts, s)
+					v, _ := dictGet(p, key)
+					if v == nil && (t == "text" || t == "refusal") {
+						continue
+					}
+					if openai {
+						d := newDict("type", "text", "text", v)
+						for _, pair := range p.Pairs {
+							if k := pair.Key.String(); !knownPartFields[k] {
+								dictSet(d, k, pair.Value.Interface())
+							}
+						}
+						items = append(items, d)
+						continue
+					}
+					switch s := v.(type) {
+					case nil:
+					case string:
+						if s != "" {
+							texts = append(texts, s)
+						}
+					default:
+						return nil, badRequest("content[%d].%s must be a string", i, key)
 					}
 					continue
 				}
 				if t == "tool_reference" {
-					if s, _ := stringOf(p, "name"); s != "" {
+					name, _ := dictGet(p, "name")
+					if openai {
+						items = append(items, newDict("type", "tool_reference", "name", name))
+					} else if s, _ := name.(string); s != "" {
 						texts = append(texts, s)
 					}
 					continue
@@ -238,18 +277,47 @@ func joinTextParts(parts []any) (string, error) {
 			}
 			for _, k := range mediaKeys {
 				if typ == k {
-					return "", &UnsupportedError{Reason: ReasonMediaContent}
+					return nil, &UnsupportedError{Reason: ReasonMediaContent}
 				}
 				if _, ok := dictGet(p, k); ok {
-					return "", &UnsupportedError{Reason: ReasonMediaContent}
+					return nil, &UnsupportedError{Reason: ReasonMediaContent}
 				}
 			}
-			return "", badRequest("content[%d]: unsupported part type %v", i, typ)
+			return nil, badRequest("content[%d]: unsupported part type %v", i, typ)
 		default:
-			return "", badRequest("content[%d] must be a string or an object", i)
+			return nil, badRequest("content[%d] must be a string or an object", i)
 		}
 	}
+	if openai {
+		if items == nil {
+			items = []any{}
+		}
+		return items, nil
+	}
 	return strings.Join(texts, "\n"), nil
+}
+
+// toolContent is vLLM's normalisation of a tool message's list content: all-text parts
+// are joined with "\n" into a string; anything else keeps the list.
+func toolContent(content any) any {
+	items, ok := content.([]any)
+	if !ok {
+		return content
+	}
+	var texts []string
+	for _, it := range items {
+		d, ok := it.(*exec.Dict)
+		if !ok {
+			continue
+		}
+		if typ, _ := dictGet(d, "type"); typ != "text" {
+			return content
+		}
+		s, _ := dictGet(d, "text")
+		str, _ := s.(string)
+		texts = append(texts, str)
+	}
+	return strings.Join(texts, "\n")
 }
 
 // toolCalls rebuilds an assistant message's tool calls as pydantic and

@@ -89,7 +89,9 @@ type compiled struct {
 }
 
 // contentLoop finds `for x in message['content']`-style loops: vLLM then passes
-// content as a list of parts (its "openai" content format), which is not implemented.
+// content as a list of parts (its "openai" content format). vLLM inspects the template's
+// syntax tree for a loop over the content of a loop variable over messages; this
+// pattern is the same test on the source text.
 var contentLoop = regexp.MustCompile(`for\s+\w+\s+in\s+\w+(?:\.content\b|\[\s*['"]content['"]\s*\])`)
 
 // Compile parses a Jinja chat template with the environment transformers uses:
@@ -177,10 +179,7 @@ func (t *Template) Render(in Input) (string, error) {
 	if t.toolUse != nil && hasValue(in.Tools) {
 		c = *t.toolUse
 	}
-	if c.openaiContent {
-		return "", &UnsupportedError{Reason: ReasonOpenAIContentFormat}
-	}
-	vars, err := t.variables(in)
+	vars, err := t.variables(in, c.openaiContent)
 	if err != nil {
 		return "", err
 	}
@@ -207,7 +206,7 @@ func (t *Template) Render(in Input) (string, error) {
 // variables builds the template namespace as transformers' render_jinja_template
 // does: special tokens, then the chat template kwargs, then messages, tools, documents
 // and add_generation_prompt.
-func (t *Template) variables(in Input) (map[string]any, error) {
+func (t *Template) variables(in Input, openaiContent bool) (map[string]any, error) {
 	user, err := kwargsDict("chat_template_kwargs", in.ChatTemplateKwargs)
 	if err != nil {
 		return nil, err
@@ -237,7 +236,7 @@ func (t *Template) variables(in Input) (map[string]any, error) {
 		kwargs = mergeKwargs(t.defaults, kwargs)
 	}
 
-	messages, err := conversation(in.Messages)
+	messages, err := conversation(in.Messages, openaiContent)
 	if err != nil {
 		return nil, err
 	}

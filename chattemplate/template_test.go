@@ -63,16 +63,25 @@ func TestRenderErrors(t *testing.T) {
 	}
 }
 
-func TestOpenAIContentFormatIsUnsupported(t *testing.T) {
-	src := `{% for message in messages %}{% for part in message['content'] %}{{ part.text }}{% endfor %}{% endfor %}`
-	tmpl, err := chattemplate.Compile(src, chattemplate.Options{})
-	if err != nil {
-		t.Fatal(err)
+func TestOpenAIContentFormatDetected(t *testing.T) {
+	tests := []struct {
+		name, src, want string
+	}{
+		{"loop over content", `{% for message in messages %}{% for part in message['content'] %}{{ part.type }};{% endfor %}{% endfor %}`, "text;"},
+		{"loop over content attribute", `{% for m in messages %}{% for p in m.content %}{{ p.text }}{% endfor %}{% endfor %}`, "x"},
+		{"string content", `{% for m in messages %}{{ m.content }}{% endfor %}`, "x"},
 	}
-	_, err = tmpl.Render(chattemplate.Input{Messages: json.RawMessage(`[{"role":"user","content":"x"}]`)})
-	var unsupported *chattemplate.UnsupportedError
-	if !errors.As(err, &unsupported) || unsupported.Reason != chattemplate.ReasonOpenAIContentFormat {
-		t.Fatalf("want openai content format unsupported, got %v", err)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tmpl, err := chattemplate.Compile(tt.src, chattemplate.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := tmpl.Render(chattemplate.Input{Messages: json.RawMessage(`[{"role":"user","content":"x"}]`)})
+			if err != nil || got != tt.want {
+				t.Fatalf("got %q, %v; want %q", got, err, tt.want)
+			}
+		})
 	}
 }
 

@@ -73,7 +73,12 @@ MEDIA = ("image_url", "input_image", "image_embeds", "audio_embeds",
          "input_audio", "video_url", "file")
 
 
-def parse_parts(role, parts):
+KNOWN_PART_FIELDS = {"type", "text", "image_url", "input_audio", "file", "audio_url",
+                     "video_url", "refusal", "image_pil", "uuid", "image_embeds",
+                     "audio_embeds", "video_embeds", "data", "thinking", "closed", "name"}
+
+
+def parse_parts(role, parts, fmt="string"):
     if role == "system":
         out = []
         for p in parts:
@@ -87,31 +92,43 @@ def parse_parts(role, parts):
                 continue
             out.append(rest if isinstance(p, str) else {**p, "text": rest})
         parts = out
+    openai = fmt == "openai"
     texts = []
     for p in parts:
         if isinstance(p, str):
-            if p:
-                texts.append(p)
+            res = {"type": "text", "text": p} if openai else p
+            if res:
+                texts.append(res)
             continue
         if not isinstance(p, dict):
             raise BadRequest("content part is not an object")
         t = p.get("type")
         if isinstance(t, str) and p.get("uuid") is None and t in TEXT_TYPES:
             v = p.get(TEXT_KEY[t])
-            if v:
-                texts.append(v)
+            if v is None and t in ("text", "refusal"):
+                continue
+            if openai:
+                res = {"type": "text", "text": v}
+                res.update({k: x for k, x in p.items() if k not in KNOWN_PART_FIELDS})
+            else:
+                res = v
+            if res:
+                texts.append(res)
             continue
         if isinstance(t, str) and p.get("uuid") is None and t == "tool_reference":
-            if p.get("name"):
-                texts.append(p.get("name"))
+            res = {"type": "tool_reference", "name": p.get("name")} if openai else p.get("name")
+            if res:
+                texts.append(res)
             continue
         if t in MEDIA or any(k in p for k in MEDIA):
             raise Unsupported("media part")
         raise BadRequest("bad content part")
+    if openai:
+        return texts
     return "\n".join(texts)
 
 
-def preprocess(messages):
+def preprocess(messages, fmt="string"):
     conv = []
     for msg in messages:
         msg = dict(msg)
@@ -124,7 +141,7 @@ def preprocess(messages):
             content = []
         elif isinstance(content, str):
             content = [{"type": "text", "text": content}]
-        out = {"role": role, "content": parse_parts(role, content)}
+        out = {"role": role, "content": parse_parts(role, content, fmt)}
         if role == "assistant":
             if msg.get("tool_calls") is not None:
                 calls = []
@@ -145,6 +162,12 @@ def preprocess(messages):
         elif role == "tool":
             if "tool_call_id" in msg:
                 out["tool_call_id"] = msg["tool_call_id"]
+            c = out["content"]
+            if isinstance(c, list):
+                if not any(isinstance(i, dict) and i.get("type") != "text" for i in c):
+                    texts = [i.get("text", "") for i in c
+                             if isinstance(i, dict) and i.get("type") == "text"]
+                    out["content"] = "\n".join(texts) if texts else ""
         if isinstance(msg.get("name"), str):
             out["name"] = msg["name"]
         if isinstance(msg.get("task"), str):
@@ -220,7 +243,7 @@ CONSUMED = {"conversation", "tools", "chat_template", "add_generation_prompt",
             "return_assistant_tokens_mask", "tokenizer_kwargs", "documents"}
 
 
-def render(tmpl, special, body, server_defaults=None):
+def render(tmpl, special, body, server_defaults=None, fmt="string"):
     if body.get("chat_template") is not None:
         raise Unsupported("request chat_template")
     if body.get("continue_final_message"):
@@ -238,7 +261,7 @@ def render(tmpl, special, body, server_defaults=None):
     kwargs = merge_kwargs(user, extra)
     if server_defaults:
         kwargs = merge_kwargs(server_defaults, kwargs)
-    conv = preprocess(body["messages"])
+    conv = preprocess(body["messages"], fmt)
     tools = dump_tools(body.get("tools"))
     template_kwargs = {**special, **{k: v for k, v in kwargs.items() if k not in CONSUMED}}
     return tmpl.render(messages=conv, tools=tools,
@@ -249,11 +272,14 @@ def render(tmpl, special, body, server_defaults=None):
 
 def main():
     models = {}
-    for name in ("qwen3", "llama3", "features"):
+    # Content format per template, as vLLM detects it (a loop over message content
+    # means "openai": content stays a list of parts).
+    formats = {"openai_content": "openai"}
+    for name in ("qwen3", "llama3", "features", "openai_content"):
         src = open(os.path.join(HERE, "templates", name + ".jinja")).read()
         special_path = os.path.join(HERE, "templates", name + ".special.json")
         special = json.load(open(special_path)) if os.path.exists(special_path) else {}
-        models[name] = (compile_template(src), special)
+        models[name] = (compile_template(src), special, formats.get(name, "string"))
     outs = {name: [] for name in models}
     with open(os.path.join(HERE, "cases.jsonl")) as f:
         for line in f:
@@ -262,11 +288,11 @@ def main():
                 continue
             case = json.loads(line)
             for name in case.get("models", ["qwen3", "llama3"]):
-                tmpl, special = models[name]
+                tmpl, special, fmt = models[name]
                 rec = {"name": case["name"]}
                 try:
                     rec["rendered"] = render(tmpl, special, case["body"],
-                                             case.get("server_defaults"))
+                                             case.get("server_defaults"), fmt)
                 except Unsupported as e:
                     rec["unsupported"] = str(e)
                 except jinja2.exceptions.TemplateError as e:
