@@ -29,8 +29,10 @@ func engineConfig() *config.Config {
 // list methods) and the two globals transformers adds.
 func newEnvironment(now func() time.Time) (*exec.Environment, error) {
 	filters := exec.NewFilterSet(map[string]exec.FilterFunction{}).Update(builtins.Filters)
-	if err := filters.Replace("tojson", filterToJSON); err != nil {
-		return nil, err
+	for name, fn := range map[string]exec.FilterFunction{"tojson": filterToJSON, "dictsort": filterDictsort} {
+		if err := filters.Replace(name, fn); err != nil {
+			return nil, err
+		}
 	}
 
 	tests := exec.NewTestSet(map[string]exec.TestFunction{}).Update(builtins.Tests)
@@ -66,7 +68,7 @@ func newEnvironment(now func() time.Time) (*exec.Environment, error) {
 			Bool:  builtins.Methods.Bool,
 			Int:   builtins.Methods.Int,
 			Float: builtins.Methods.Float,
-			Str:   builtins.Methods.Str,
+			Str:   newStrMethods(),
 			Dict:  dictMethods,
 			List:  listMethods,
 		},

@@ -192,13 +192,33 @@ func (t *Template) Render(in Input) (string, error) {
 		}
 		return nil, raised
 	}
-	var out bytes.Buffer
-	out.Grow(len(in.Messages) + len(in.Tools) + 512)
-	if err := c.tmpl.Execute(&out, exec.NewContext(vars)); err != nil {
+	out, err := execute(c.tmpl, vars)
+	if err != nil {
 		if raised != nil {
 			return "", raised
 		}
 		return "", fmt.Errorf("chattemplate: render: %w", err)
+	}
+	return out, nil
+}
+
+// ErrEnginePanic is wrapped by the error Render returns when the template engine
+// panicked (gonja does on some expressions, e.g. a Python-style '%s' % x formats as an
+// integer modulo by zero). The panic is contained to the one request.
+var ErrEnginePanic = errors.New("chattemplate: template engine panicked")
+
+// execute runs the engine. gonja panics on some expressions whose operands come from
+// the request, so a panic is turned into an error here rather than crashing the
+// router: this is a guard around a third-party interpreter, not control flow.
+func execute(t *exec.Template, vars map[string]any) (s string, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%w: %v", ErrEnginePanic, r)
+		}
+	}()
+	var out bytes.Buffer
+	if err := t.Execute(&out, exec.NewContext(vars)); err != nil {
+		return "", err
 	}
 	return out.String(), nil
 }

@@ -300,6 +300,19 @@ def main():
                 except BadRequest as e:
                     rec["bad_request"] = str(e)
                 outs[name].append(rec)
+    # Jinja semantics snippets, rendered with fixed variables (see snippets_test.go).
+    snippets = json.load(open(os.path.join(HERE, "snippets.json")))
+    snip_out = []
+    for src in snippets:
+        try:
+            snip_out.append({"rendered": compile_template(src).render(
+                messages=[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}],
+                tools=None, documents=None, add_generation_prompt=True, bos_token="<s>",
+                x=1, y=2, items=["a", "b"], d={"b": 1, "a": 2})})
+        except Exception as e:  # noqa: BLE001 - any template error is an outcome
+            snip_out.append({"error": str(e)})
+    with open(os.path.join(HERE, "golden", "snippets.json"), "w") as f:
+        json.dump(snip_out, f, ensure_ascii=False, indent=1)
     for name, recs in outs.items():
         with open(os.path.join(HERE, "golden", name + ".jsonl"), "w") as f:
             for r in recs:
