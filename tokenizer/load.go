@@ -191,6 +191,7 @@ func (t *Tokenizer) parseModel(raw json.RawMessage) error {
 			t.model.merges[key] = merge{rank: uint32(rank), id: ab}
 		}
 	}
+	t.model.precomputeWhole(len(t.pieces))
 	return nil
 }
 
