@@ -162,13 +162,10 @@ func TestGolden(t *testing.T) {
 	if len(corpus) < 20000 {
 		t.Fatalf("corpus has %d strings, want >= 20000", len(corpus))
 	}
-	for _, model := range []string{"qwen3", "llama3"} {
-		t.Run(model, func(t *testing.T) {
-			tk, err := tokenizer.LoadDir(testmodels.Dir(t, model))
-			if err != nil {
-				t.Fatal(err)
-			}
-			want := readJSONL[goldenIDs](t, model+".jsonl.gz")
+	for _, name := range []string{"qwen3", "llama3"} {
+		t.Run(name, func(t *testing.T) {
+			tk := model(t, name)
+			want := readJSONL[goldenIDs](t, name+".jsonl.gz")
 			if len(want) != len(corpus) {
 				t.Fatalf("%d golden lines for %d corpus strings", len(want), len(corpus))
 			}
