@@ -227,7 +227,7 @@ func TestRegistry(t *testing.T) {
 	r, err := prompt.NewRegistry(prompt.Config{Models: []prompt.ModelConfig{
 		{Name: "Qwen/Qwen3-0.6B", Dir: dir},
 		{Name: "missing", Dir: filepath.Join(t.TempDir(), "nothing")},
-	}}, m, nil)
+	}}, prompt.RegistryOptions{Metrics: m, TokenizerMetrics: tokenizer.NewMetrics(reg)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -275,8 +275,11 @@ kvrouter_prompt_failures_total{kind="unknown_model"} 1
 # TYPE kvrouter_prompt_unsupported_total counter
 kvrouter_prompt_unsupported_total{reason="prompt_batch"} 1
 `
-	if err := testutil.GatherAndCompare(reg, strings.NewReader(want)); err != nil {
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "kvrouter_prompt_failures_total", "kvrouter_prompt_unsupported_total"); err != nil {
 		t.Fatal(err)
+	}
+	if n, err := testutil.GatherAndCount(reg, "kvrouter_tokenizer_segment_cache_lookups_total"); err != nil || n == 0 {
+		t.Fatalf("tokenizer cache metrics not wired: %d series, %v", n, err)
 	}
 }
 
