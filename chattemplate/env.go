@@ -11,6 +11,9 @@ import (
 	"github.com/nikolalohinski/gonja/v2/config"
 	"github.com/nikolalohinski/gonja/v2/exec"
 	"github.com/nikolalohinski/gonja/v2/loaders"
+	"github.com/nikolalohinski/gonja/v2/nodes"
+	"github.com/nikolalohinski/gonja/v2/parser"
+	"github.com/nikolalohinski/gonja/v2/tokens"
 )
 
 // engineConfig is the Jinja configuration transformers uses for chat templates.
@@ -59,11 +62,16 @@ func newEnvironment(now func() time.Time) (*exec.Environment, error) {
 		return strftime(now(), va.Args[0].String()), nil
 	})
 
+	controls := exec.NewControlStructureSet(map[string]parser.ControlStructureParser{}).Update(builtins.ControlStructures)
+	if err := controls.Register("generation", generationParser); err != nil {
+		return nil, err
+	}
+
 	return &exec.Environment{
 		Context:           globals,
 		Filters:           filters,
 		Tests:             tests,
-		ControlStructures: builtins.ControlStructures,
+		ControlStructures: controls,
 		Methods: exec.Methods{
 			Bool:  builtins.Methods.Bool,
 			Int:   builtins.Methods.Int,
@@ -241,4 +249,35 @@ func (l rootLoader) Resolve(path string) (string, error) { return path, nil }
 
 func (l rootLoader) Inherit(string) (loaders.Loader, error) {
 	return nil, errors.New("includes are not supported")
+}
+
+// generationBlock is transformers' {% generation %} ... {% endgeneration %} tag
+// (AssistantTracker): the body renders as is, in its own scope, as Jinja2 renders a
+// call block.
+type generationBlock struct {
+	position *tokens.Token
+	body     *nodes.Wrapper
+}
+
+func (g *generationBlock) Position() *tokens.Token { return g.position }
+
+func (g *generationBlock) String() string {
+	return fmt.Sprintf("GenerationControlStructure(Line=%d Col=%d)", g.position.Line, g.position.Col)
+}
+
+func (g *generationBlock) Execute(r *exec.Renderer, _ *nodes.ControlStructureBlock) error {
+	return r.Inherit().ExecuteWrapper(g.body)
+}
+
+func generationParser(p *parser.Parser, args *parser.Parser) (nodes.ControlStructure, error) {
+	g := &generationBlock{position: p.Current()}
+	if !args.End() {
+		return nil, args.Error("generation takes no arguments", nil)
+	}
+	body, _, err := p.WrapUntil("endgeneration")
+	if err != nil {
+		return nil, err
+	}
+	g.body = body
+	return g, nil
 }
