@@ -17,7 +17,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvrouter/kvrouter/chattemplate"
 	"github.com/kvrouter/kvrouter/kvbench"
+	"github.com/kvrouter/kvrouter/openai"
+	"github.com/kvrouter/kvrouter/prompt"
 	"github.com/kvrouter/kvrouter/tokenizer"
 )
 
@@ -44,7 +47,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		url          = fs.String("url", "", "OpenAI-compatible base URL to benchmark (URL mode)")
 		simMode      = fs.Bool("sim", false, "benchmark an in-process simulated fleet (sim mode)")
 		model        = fs.String("model", sc.Model, "model name sent in requests")
-		api          = fs.String("api", string(wl.API), "request API: completions or chat (chat in URL mode only)")
+		api          = fs.String("api", string(wl.API), "request API: completions or chat")
 		workers      = fs.Int("workers", len(sc.Servers), "servers in the fleet (sim mode; in URL mode, for the bound)")
 		prefixes     = fs.String("prefixes", "", "N, shared prefixes (comma list allowed; default 7, sweep 2,7,12,24)")
 		prefixTokens = fs.Int("prefix-tokens", wl.PrefixTokens, "P, tokens per shared prefix")
@@ -161,11 +164,19 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if !set["tokenizer"] {
 		*tokDir = findUp(*tokDir)
 	}
+	var prompts kvbench.RequestTokenizer
 	if *tokDir != "none" { // none: the embedded Qwen3 ids, on request
 		t, err := tokenizer.LoadDir(*tokDir)
 		switch {
 		case err == nil:
 			tok = encoder{t}
+			if wl.API == kvbench.APIChat {
+				tmpl, err := loadTemplate(*tokDir)
+				if err != nil {
+					return fmt.Errorf("loading the chat template: %w", err)
+				}
+				prompts = requestTokenizer{prompt.New(t, tmpl, nil)}
+			}
 		case set["tokenizer"]:
 			return fmt.Errorf("loading the tokenizer: %w", err)
 		default:
@@ -174,7 +185,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	o.Tokenizer = tok
 	if o.Sim != nil {
-		o.Sim.Tokenizer = tok
+		o.Sim.Tokenizer, o.Sim.Prompts = tok, prompts
 	}
 
 	switch *progress {
@@ -203,6 +214,32 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 type encoder struct{ t *tokenizer.Tokenizer }
 
 func (e encoder) Encode(text string) ([]uint32, error) { return e.t.Encode(text, true), nil }
+
+// loadTemplate compiles the chat template of the model in dir (its tokenizer_config.json),
+// as prompt.LoadDir does, without loading the tokenizer a second time.
+func loadTemplate(dir string) (*chattemplate.Template, error) {
+	raw, err := os.ReadFile(filepath.Join(dir, "tokenizer_config.json"))
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := chattemplate.ParseTokenizerConfig(raw)
+	if err != nil {
+		return nil, err
+	}
+	return chattemplate.CompileConfig(cfg, chattemplate.Options{})
+}
+
+// requestTokenizer is the router's path for a chat body: parse it, render the chat
+// template, tokenize.
+type requestTokenizer struct{ b *prompt.Builder }
+
+func (r requestTokenizer) PromptTokens(path string, body []byte) ([]uint32, error) {
+	req, err := openai.Parse(path, body)
+	if err != nil {
+		return nil, err
+	}
+	return r.b.PromptTokens(req)
+}
 
 func serverSpecs(spec string, workers int, kvBytes, speeds string, set map[string]bool) ([]kvbench.ServerSpec, error) {
 	b, err := kvbench.ParseBytes(kvBytes)
