@@ -14,8 +14,12 @@ build: ## Build every command into ./bin.
 	@mkdir -p $(BIN)
 	$(GO) build -o $(BIN)/ ./cmd/...
 
+.PHONY: models
+models: ## Fetch the tokenizer files the tests use into .cache/models (sha256-verified).
+	bash scripts/fetch-models.sh
+
 .PHONY: test
-test: ## Run all tests with the race detector.
+test: models ## Run all tests with the race detector.
 	$(GO) test -race -count=1 ./...
 
 .PHONY: bench
