@@ -282,6 +282,26 @@ func runSubscriber(t *testing.T, cfg kvevents.Config, sink kvevents.Sink) *kveve
 	return sub
 }
 
+// awaitSeq waits until the subscriber has applied the batch with sequence seq on that
+// stream. A sink state can equal the publisher's holdings before the last batches arrive
+// (batches whose stores and removals cancel out), so tests that then read the status
+// counters wait for the last sequence first.
+func awaitSeq(t *testing.T, sub *kvevents.Subscriber, endpoint string, rank int, seq uint64) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		for _, s := range sub.Status() {
+			if s.Endpoint == endpoint && s.Rank == rank && s.HasSeq && s.LastSeq >= seq {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s/%d: sequence %d never applied", endpoint, rank, seq)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
 func statusOf(t *testing.T, sub *kvevents.Subscriber, endpoint string, rank int) kvevents.StreamStatus {
 	t.Helper()
 	for _, s := range sub.Status() {
@@ -321,6 +341,7 @@ func TestRealPeerReplayAndRestart(t *testing.T) {
 	if !maps.Equal(r1.View, r1.Holds) {
 		t.Fatal("publisher: with replay the subscriber's view must equal the holdings")
 	}
+	awaitSeq(t, sub, "pod-a", 0, 119)
 	awaitState(t, sink, "pod-a", 0, toHandles(t, r1.Holds))
 	st := statusOf(t, sub, "pod-a", 0)
 	if st.Gaps != 3 || st.Replays != 3 || st.ReplayFailures != 0 || st.Clears[kvevents.ClearAllBlocks] != 1 {
@@ -332,6 +353,7 @@ func TestRealPeerReplayAndRestart(t *testing.T) {
 	p2 := startPeer(t, append(common, "--seed", "2", "--batches", "50", "--drop", "5")...)
 	p2.line() // waiting
 	r2 := p2.result()
+	awaitSeq(t, sub, "pod-a", 0, 49)
 	awaitState(t, sink, "pod-a", 0, toHandles(t, r2.Holds))
 	st = statusOf(t, sub, "pod-a", 0)
 	if st.Clears[kvevents.ClearRestart] != 1 || st.LastSeq != 49 || !st.Connected {
@@ -361,6 +383,8 @@ func TestRealPeerNoReplay(t *testing.T) {
 	if maps.Equal(r0.View, r0.Holds) {
 		t.Fatal("publisher: rank 0 lost batches, yet its view equals its holdings")
 	}
+	awaitSeq(t, sub, "pod-b", 0, 89)
+	awaitSeq(t, sub, "pod-b", 1, 59)
 	awaitState(t, sink, "pod-b", 0, toHandles(t, r0.View))
 	awaitState(t, sink, "pod-b", 1, toHandles(t, r1.Holds))
 	st := statusOf(t, sub, "pod-b", 0)
@@ -402,6 +426,7 @@ func TestRealPeerSlowJoinerLongReplay(t *testing.T) {
 			t.Logf("status: %+v", statusOf(t, sub, "pod-c", 0))
 		}
 	}()
+	awaitSeq(t, sub, "pod-c", 0, 3009)
 	awaitState(t, sink, "pod-c", 0, toHandles(t, r.Holds))
 	st := statusOf(t, sub, "pod-c", 0)
 	if st.Replays != 1 || st.ReplayFailures != 0 || st.Batches != 3010 {
