@@ -65,6 +65,25 @@ func (t *Tokenizer) initCache(o options) error {
 	return nil
 }
 
+// Derive returns a tokenizer that shares t's (immutable) vocabulary, merges and
+// settings but has its own segment cache and metrics, configured by opts from the
+// defaults. Deriving is cheap; loading is not.
+func (t *Tokenizer) Derive(opts ...Option) (*Tokenizer, error) {
+	o := defaultOptions()
+	for _, opt := range opts {
+		opt(&o)
+	}
+	d := &Tokenizer{
+		model: t.model, nfc: t.nfc, split: t.split, rawMatcher: t.rawMatcher, normMatcher: t.normMatcher,
+		added: t.added, pieces: t.pieces, prefix: t.prefix, suffix: t.suffix,
+		bos: t.bos, eos: t.eos, chatTemplate: t.chatTemplate,
+	}
+	if err := d.initCache(o); err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
 // Encode returns the token ids of text exactly as HuggingFace tokenizers'
 // encode(text, add_special_tokens) does. Added tokens in text (special or not) are
 // recognised. Invalid UTF-8 is first replaced with U+FFFD, one per invalid run.

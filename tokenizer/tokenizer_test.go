@@ -13,7 +13,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/kvrouter/kvrouter/tokenizer"
-	"github.com/kvrouter/kvrouter/tokenizer/testmodels"
 )
 
 var helloMerges = [][2]string{{"h", "e"}, {"l", "l"}, {"he", "ll"}, {" ", "w"}, {"a", "a"}}
@@ -237,11 +236,11 @@ func TestCacheIdentical(t *testing.T) {
 			plain := model(t, name)
 			reg := prometheus.NewPedanticRegistry()
 			m := tokenizer.NewMetrics(reg)
-			small, err := tokenizer.LoadDir(testmodels.Dir(t, name), tokenizer.WithSegmentCache(64, 1), tokenizer.WithMetrics(m, name))
+			small, err := plain.Derive(tokenizer.WithSegmentCache(64, 1), tokenizer.WithMetrics(m, name))
 			if err != nil {
 				t.Fatal(err)
 			}
-			off, err := tokenizer.LoadDir(testmodels.Dir(t, name), tokenizer.WithSegmentCache(0, 0))
+			off, err := plain.Derive(tokenizer.WithSegmentCache(0, 0))
 			if err != nil {
 				t.Fatal(err)
 			}
