@@ -59,7 +59,7 @@ func loadBench(b *testing.B, model string, opts ...tokenizer.Option) *tokenizer.
 func BenchmarkEncodeChat(b *testing.B) {
 	for _, model := range []string{"qwen3", "llama3"} {
 		b.Run(model+"/cold", func(b *testing.B) {
-			tk := loadBench(b, model, tokenizer.WithSegmentCache(0, 0))
+			tk := loadBench(b, model, tokenizer.WithSegmentCache(0, 0, 1<<20))
 			system, user := chatPrompt(b, tk, 2000, 400)
 			prompt := render(model, system, user)
 			n := len(tk.Encode(prompt, false))

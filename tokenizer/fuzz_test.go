@@ -20,8 +20,8 @@ func FuzzEncode(f *testing.F) {
 	}
 	added := []string{"<|x|>", "<|xy|>", "he"}
 	tks := [][2]*tokenizer.Tokenizer{
-		{tiny(f, helloMerges, added, nil), tiny(f, helloMerges, added, nil, tokenizer.WithSegmentCache(0, 0))},
-		{tiny(f, helloMerges, added, gpt2, tokenizer.WithSegmentCache(4, 0)), tiny(f, helloMerges, added, gpt2, tokenizer.WithSegmentCache(0, 0))},
+		{tiny(f, helloMerges, added, nil), tiny(f, helloMerges, added, nil, tokenizer.WithSegmentCache(0, 0, 1<<20))},
+		{tiny(f, helloMerges, added, gpt2, tokenizer.WithSegmentCache(4, 0, 1<<20)), tiny(f, helloMerges, added, gpt2, tokenizer.WithSegmentCache(0, 0, 1<<20))},
 	}
 	f.Fuzz(func(t *testing.T, s string) {
 		want := strings.ToValidUTF8(s, "\uFFFD")
