@@ -172,8 +172,9 @@ func (t *Tokenizer) parseModel(raw json.RawMessage) error {
 		if !ok {
 			return unsupported("model", "vocabulary token %q is not byte-level", tok)
 		}
-		t.model.vocab[string(b)] = id
-		t.pieces[id] = string(b)
+		raw := string(b) // shared by the map key and the id -> bytes table
+		t.model.vocab[raw] = id
+		t.pieces[id] = raw
 	}
 	for c := 0; c < 256; c++ {
 		id, ok := t.model.vocab[string([]byte{byte(c)})]

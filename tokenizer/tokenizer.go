@@ -182,8 +182,10 @@ func (t *Tokenizer) encodeWords(s string, out []uint32) []uint32 {
 }
 
 // Decode returns the text of ids: vocabulary tokens as their bytes, added tokens
-// (special ones included) as their content. Byte sequences that are not valid UTF-8
-// become U+FFFD. Unknown ids are skipped.
+// (special ones included) as their content, like HF's decode(ids,
+// skip_special_tokens=False) with a ByteLevel decoder. Each run of bytes that is not
+// valid UTF-8 becomes one U+FFFD (HF may emit one per invalid subsequence). Unknown
+// ids are skipped.
 func (t *Tokenizer) Decode(ids []uint32) string {
 	var b strings.Builder
 	for _, id := range ids {
