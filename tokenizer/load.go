@@ -30,7 +30,7 @@ type typed struct {
 }
 
 type fileJSON struct {
-	AddedTokens   []AddedToken    `json:"added_tokens"`
+	AddedTokens   []addedToken    `json:"added_tokens"`
 	Normalizer    json.RawMessage `json:"normalizer"`
 	PreTokenizer  json.RawMessage `json:"pre_tokenizer"`
 	PostProcessor json.RawMessage `json:"post_processor"`
@@ -313,8 +313,8 @@ func (t *Tokenizer) parsePreTokenizer(raw json.RawMessage) error {
 	return nil
 }
 
-func (t *Tokenizer) parseAdded(tokens []AddedToken) error {
-	var raw, normalized []AddedToken
+func (t *Tokenizer) parseAdded(tokens []addedToken) error {
+	var raw, normalized []addedToken
 	t.added = make(map[string]uint32, len(tokens))
 	for _, a := range tokens {
 		if a.Content == "" {
@@ -404,7 +404,7 @@ func (t *Tokenizer) parsePostProcessor(raw json.RawMessage) error {
 	return unsupported("post_processor", "type %q", p.Type)
 }
 
-// tokenString reads bos_token/eos_token: a string, an AddedToken object or null.
+// tokenString reads bos_token/eos_token: a string, an addedToken object or null.
 func tokenString(raw json.RawMessage) (string, error) {
 	if isNull(raw) {
 		return "", nil
