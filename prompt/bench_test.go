@@ -95,7 +95,7 @@ func benchPromptTokens(b *testing.B, opts []tokenizer.Option) {
 // BenchmarkPromptTokensCold: render + tokenize a 2,400-token chat with the segment
 // cache disabled, so every request tokenizes its whole prompt.
 func BenchmarkPromptTokensCold(b *testing.B) {
-	benchPromptTokens(b, []tokenizer.Option{tokenizer.WithSegmentCache(0, 0)})
+	benchPromptTokens(b, []tokenizer.Option{tokenizer.WithSegmentCache(0, 0, 0)})
 }
 
 // BenchmarkPromptTokensSystemCached: the same requests with the default segment cache:
