@@ -21,6 +21,9 @@ const (
 	ReasonNoTokenizer = "unsupported_tokenizer"
 	// ReasonKind is a request that is neither completions nor chat.
 	ReasonKind = "unknown_endpoint"
+	// ReasonTruncated is a prompt longer than its truncate_prompt_tokens: vLLM cuts it,
+	// on a side that depends on the tokenizer and the request.
+	ReasonTruncated = "truncate_prompt_tokens"
 )
 
 // UnsupportedError reports a request whose prompt ids cannot be reproduced exactly;
@@ -80,13 +83,22 @@ func (b *Builder) PromptTokens(req *openai.Request) ([]uint32, error) {
 }
 
 func (b *Builder) promptTokens(req *openai.Request) ([]uint32, error) {
+	var ids []uint32
+	var err error
 	switch req.Kind {
 	case openai.KindCompletions:
-		return b.completion(req)
+		ids, err = b.completion(req)
 	case openai.KindChat:
-		return b.chat(req)
+		ids, err = b.chat(req)
+	default:
+		return nil, &UnsupportedError{Reason: ReasonKind}
 	}
-	return nil, &UnsupportedError{Reason: ReasonKind}
+	// truncate_prompt_tokens N >= 0 cuts longer prompts; -1 (cut to the context length)
+	// only matters for prompts vLLM would otherwise reject.
+	if n := req.TruncatePromptTokens; err == nil && n != nil && *n >= 0 && len(ids) > *n {
+		return nil, &UnsupportedError{Reason: ReasonTruncated}
+	}
+	return ids, err
 }
 
 func (b *Builder) chat(req *openai.Request) ([]uint32, error) {

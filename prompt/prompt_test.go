@@ -186,6 +186,9 @@ func TestPromptTokensShapes(t *testing.T) {
 		{name: "messages not a list", body: `{"messages":{"role":"user"}}`, badRequest: true},
 		{name: "lone surrogate", body: `{"messages":[{"role":"user","content":"\ud800"}]}`, badRequest: true},
 		{name: "template raises on empty messages", body: `{"messages":[]}`, badRequest: false},
+		{name: "truncation cuts the prompt", body: `{"prompt":"Hello world, how are you?","truncate_prompt_tokens":2}`, unsupported: prompt.ReasonTruncated},
+		{name: "truncation longer than the prompt", body: `{"prompt":[5, 6],"truncate_prompt_tokens":2}`, wantIDs: []uint32{5, 6}},
+		{name: "truncation to the context length", body: `{"prompt":[5, 6, 7],"truncate_prompt_tokens":-1}`, wantIDs: []uint32{5, 6, 7}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
