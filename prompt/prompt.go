@@ -83,6 +83,9 @@ func (b *Builder) PromptTokens(req *openai.Request) ([]uint32, error) {
 }
 
 func (b *Builder) promptTokens(req *openai.Request) ([]uint32, error) {
+	if req == nil {
+		return nil, fmt.Errorf("%w: no request", ErrBadRequest)
+	}
 	var ids []uint32
 	var err error
 	switch req.Kind {

@@ -259,6 +259,9 @@ func TestRegistry(t *testing.T) {
 	if _, err := r.PromptTokens(chat, "missing"); !errors.As(err, &loadErr) {
 		t.Fatalf("want the remembered LoadError, got %v", err)
 	}
+	if _, err := r.PromptTokens(nil, "Qwen/Qwen3-0.6B"); !errors.Is(err, prompt.ErrBadRequest) {
+		t.Fatalf("nil request: want ErrBadRequest, got %v", err)
+	}
 	batch, _ := prompt.RequestFromBody([]byte(`{"prompt":["a","b"]}`))
 	if _, err := r.PromptTokens(batch, "Qwen/Qwen3-0.6B"); err == nil {
 		t.Fatal("want an error for a batch")
@@ -271,7 +274,7 @@ func TestRegistry(t *testing.T) {
 	want := `
 # HELP kvrouter_prompt_failures_total Requests whose prompt token ids could not be computed, by kind: bad_request (vLLM rejects it too), unknown_model, load, render.
 # TYPE kvrouter_prompt_failures_total counter
-kvrouter_prompt_failures_total{kind="bad_request"} 1
+kvrouter_prompt_failures_total{kind="bad_request"} 2
 kvrouter_prompt_failures_total{kind="load"} 2
 kvrouter_prompt_failures_total{kind="unknown_model"} 1
 # HELP kvrouter_prompt_unsupported_total Requests whose prompt token ids cannot be reproduced exactly (routed by load), by reason.
