@@ -130,7 +130,7 @@ func Compile(src string, opts Options) (*Template, error) {
 
 func compileSource(src string, env *exec.Environment) (compiled, error) {
 	const id = "chat_template"
-	t, err := exec.NewTemplate(id, engineConfig(), rootLoader{id: id, src: src}, env)
+	t, err := exec.NewTemplate(id, engineConfig(), rootLoader{id: id, src: rewriteConditionals(src)}, env)
 	if err != nil {
 		return compiled{}, fmt.Errorf("chattemplate: compile: %w", err)
 	}
