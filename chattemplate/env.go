@@ -32,8 +32,14 @@ func engineConfig() *config.Config {
 // list methods) and the two globals transformers adds.
 func newEnvironment(now func() time.Time) (*exec.Environment, error) {
 	filters := exec.NewFilterSet(map[string]exec.FilterFunction{}).Update(builtins.Filters)
-	for name, fn := range map[string]exec.FilterFunction{"tojson": filterToJSON, "dictsort": filterDictsort} {
-		if err := filters.Replace(name, fn); err != nil {
+	for name, fn := range map[string]exec.FilterFunction{"tojson": filterToJSON, "dictsort": filterDictsort, "items": filterItems} {
+		var err error
+		if filters.Exists(name) {
+			err = filters.Replace(name, fn)
+		} else {
+			err = filters.Register(name, fn)
+		}
+		if err != nil {
 			return nil, err
 		}
 	}
