@@ -271,12 +271,13 @@ func (t *Template) variables(in Input, openaiContent bool) (map[string]any, erro
 	}
 	for _, p := range kwargs.Pairs {
 		if k := p.Key.String(); !consumedKwargs[k] {
-			vars[k] = p.Value.Interface()
+			vars[k] = withNone(p.Value.Interface())
 		}
 	}
-	vars["messages"] = messages
-	vars["tools"] = tools
-	vars["documents"], _ = dictGet(kwargs, "documents")
+	vars["messages"] = withNone(messages)
+	vars["tools"] = withNone(tools)
+	documents, _ = dictGet(kwargs, "documents")
+	vars["documents"] = withNone(documents)
 	vars["add_generation_prompt"], _ = dictGet(kwargs, "add_generation_prompt")
 	return vars, nil
 }
