@@ -24,6 +24,7 @@ type UnsupportedError struct {
 	Reason string
 }
 
+// Error implements error.
 func (e *UnsupportedError) Error() string {
 	return "chattemplate: unsupported request: " + e.Reason
 }
@@ -34,6 +35,7 @@ type TemplateError struct {
 	Message string
 }
 
+// Error implements error.
 func (e *TemplateError) Error() string { return "chattemplate: template raised: " + e.Message }
 
 // Options configure a compiled template for one model.

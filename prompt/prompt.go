@@ -35,6 +35,7 @@ type UnsupportedError struct {
 	Err error
 }
 
+// Error implements error.
 func (e *UnsupportedError) Error() string {
 	if e.Err != nil {
 		return "prompt: unsupported request (" + e.Reason + "): " + e.Err.Error()
@@ -42,6 +43,7 @@ func (e *UnsupportedError) Error() string {
 	return "prompt: unsupported request: " + e.Reason
 }
 
+// Unwrap returns the underlying error.
 func (e *UnsupportedError) Unwrap() error { return e.Err }
 
 // UnknownModelError is returned by Registry for a model it has no files for.
@@ -49,6 +51,7 @@ type UnknownModelError struct {
 	Model string
 }
 
+// Error implements error.
 func (e *UnknownModelError) Error() string { return "prompt: unknown model " + strconv.Quote(e.Model) }
 
 // ErrBadRequest is wrapped by errors for bodies vLLM itself rejects: the request fails

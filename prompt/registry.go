@@ -66,8 +66,10 @@ type LoadError struct {
 	Err   error
 }
 
+// Error implements error.
 func (e *LoadError) Error() string { return fmt.Sprintf("prompt: load model %q: %v", e.Model, e.Err) }
 
+// Unwrap returns the underlying error.
 func (e *LoadError) Unwrap() error { return e.Err }
 
 // LoadOptions tune LoadDir.
