@@ -47,6 +47,9 @@ type Options struct {
 	// DefaultKwargs is the server's --default-chat-template-kwargs (a JSON object), merged
 	// under each request's chat_template_kwargs as vLLM merges them.
 	DefaultKwargs json.RawMessage
+	// MessageCacheSize bounds the memo of long messages (1 KiB and more) converted
+	// for the template, such as a shared system prompt: 0 means 128, negative disables.
+	MessageCacheSize int
 	// Now is strftime_now's clock; nil means time.Now. vLLM renders with the pod's
 	// local clock, so dates can only match when clocks and time zones agree.
 	Now func() time.Time
@@ -83,6 +86,7 @@ type Template struct {
 	special  map[string]any
 	defaults *exec.Dict
 	now      func() time.Time
+	messages *messageCache // nil: disabled
 }
 
 type compiled struct {
@@ -127,7 +131,7 @@ func Compile(src string, opts Options) (*Template, error) {
 		}
 		special[k] = v
 	}
-	return &Template{main: main, special: special, defaults: defaults, now: now}, nil
+	return &Template{main: main, special: special, defaults: defaults, now: now, messages: newMessageCache(opts.MessageCacheSize)}, nil
 }
 
 func compileSource(src string, env *exec.Environment) (compiled, error) {
@@ -258,7 +262,7 @@ func (t *Template) variables(in Input, openaiContent bool) (map[string]any, erro
 		kwargs = mergeKwargs(t.defaults, kwargs)
 	}
 
-	messages, err := conversation(in.Messages, openaiContent)
+	messages, err := conversation(in.Messages, openaiContent, t.messages)
 	if err != nil {
 		return nil, err
 	}
