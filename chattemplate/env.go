@@ -32,8 +32,14 @@ func engineConfig() *config.Config {
 // list methods) and the two globals transformers adds.
 func newEnvironment(now func() time.Time) (*exec.Environment, error) {
 	filters := exec.NewFilterSet(map[string]exec.FilterFunction{}).Update(builtins.Filters)
-	for name, fn := range map[string]exec.FilterFunction{"tojson": filterToJSON, "dictsort": filterDictsort} {
-		if err := filters.Replace(name, fn); err != nil {
+	for name, fn := range map[string]exec.FilterFunction{"tojson": filterToJSON, "dictsort": filterDictsort, "items": filterItems} {
+		var err error
+		if filters.Exists(name) {
+			err = filters.Replace(name, fn)
+		} else {
+			err = filters.Register(name, fn)
+		}
+		if err != nil {
 			return nil, err
 		}
 	}
@@ -47,6 +53,14 @@ func newEnvironment(now func() time.Time) (*exec.Environment, error) {
 		},
 		"false": func(_ *exec.Context, in *exec.Value, _ *exec.VarArgs) (bool, error) {
 			return in.IsBool() && !in.Bool(), nil
+		},
+		// None is a value (see pyNone); gonja's none test only knows Go nil.
+		"none": func(_ *exec.Context, in *exec.Value, _ *exec.VarArgs) (bool, error) {
+			return isNone(in), nil
+		},
+		// Jinja2's number test is isinstance(x, Number): booleans are numbers.
+		"number": func(_ *exec.Context, in *exec.Value, _ *exec.VarArgs) (bool, error) {
+			return in.IsNumber() || in.IsBool(), nil
 		},
 	} {
 		if err := tests.Replace(name, fn); err != nil {
@@ -201,7 +215,7 @@ var dictMethods = exec.NewMethodSet[map[string]any](map[string]exec.Method[map[s
 		if len(args.Args) == 2 {
 			return args.Args[1].Interface(), nil
 		}
-		return nil, nil
+		return noneValue, nil
 	},
 })
 

@@ -66,8 +66,10 @@ type LoadError struct {
 	Err   error
 }
 
+// Error implements error.
 func (e *LoadError) Error() string { return fmt.Sprintf("prompt: load model %q: %v", e.Model, e.Err) }
 
+// Unwrap returns the underlying error.
 func (e *LoadError) Unwrap() error { return e.Err }
 
 // LoadOptions tune LoadDir.
@@ -78,6 +80,8 @@ type LoadOptions struct {
 	Now func() time.Time
 	// Tokenizer options (segment cache size).
 	Tokenizer []tokenizer.Option
+	// MessageCacheSize is chattemplate.Options.MessageCacheSize (0: default, <0: off).
+	MessageCacheSize int
 	// Metrics may be nil.
 	Metrics *Metrics
 }
@@ -109,8 +113,9 @@ func LoadDir(dir string, o LoadOptions) (*Builder, error) {
 		return nil, fmt.Errorf("prompt: %w", err)
 	}
 	tmpl, err := chattemplate.CompileConfig(cfg, chattemplate.Options{
-		DefaultKwargs: o.DefaultChatTemplateKwargs,
-		Now:           o.Now,
+		DefaultKwargs:    o.DefaultChatTemplateKwargs,
+		Now:              o.Now,
+		MessageCacheSize: o.MessageCacheSize,
 	})
 	if err != nil && !errors.Is(err, chattemplate.ErrNoTemplate) {
 		return nil, err

@@ -291,7 +291,7 @@ def main():
     # Content format per template, as vLLM detects it (a loop over message content
     # means "openai": content stays a list of parts).
     formats = {"openai_content": "openai"}
-    for name in ("qwen3", "llama3", "features", "openai_content"):
+    for name in ("qwen3", "llama3", "features", "openai_content", "llama31_style"):
         src = open(os.path.join(HERE, "templates", name + ".jinja")).read()
         special_path = os.path.join(HERE, "templates", name + ".special.json")
         special = json.load(open(special_path)) if os.path.exists(special_path) else {}
