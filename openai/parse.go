@@ -139,6 +139,24 @@ func Parse(path string, body []byte) (*Request, error) {
 		if err := optBool(f.contFinal, "continue_final_message", &req.ContinueFinalMessage); err != nil {
 			return nil, err
 		}
+		if f.effort != nil {
+			if req.ReasoningEffort, err = asString(f.effort); err != nil {
+				return nil, &ParseError{Reason: ReasonMalformedJSON, Field: "reasoning_effort", Err: err}
+			}
+		}
+		if f.documents != nil {
+			if f.documents[0] != '[' {
+				return nil, &ParseError{Reason: ReasonMalformedJSON, Field: "documents", Err: errors.New("not a list")}
+			}
+			req.Documents = f.documents
+		}
+	}
+	if f.truncate != nil {
+		n, err := strconv.Atoi(string(f.truncate))
+		if err != nil || n < -1 {
+			return nil, &ParseError{Reason: ReasonMalformedJSON, Field: "truncate_prompt_tokens", Err: errors.New("want an integer >= -1")}
+		}
+		req.TruncatePromptTokens = &n
 	}
 	if err := optBool(f.addSpecial, "add_special_tokens", &req.AddSpecialTokens); err != nil {
 		return nil, err
@@ -174,6 +192,7 @@ func Parse(path string, body []byte) (*Request, error) {
 type fields struct {
 	model, prompt, messages, tools, kwargs, template        []byte
 	addGen, contFinal, addSpecial, stream, streamOpts, salt []byte
+	effort, documents, truncate                             []byte
 }
 
 func nonNull(raw []byte) []byte {
@@ -210,6 +229,12 @@ func (f *fields) set(key string, raw []byte) {
 		f.streamOpts = raw
 	case "cache_salt":
 		f.salt = raw
+	case "reasoning_effort":
+		f.effort = raw
+	case "documents":
+		f.documents = raw
+	case "truncate_prompt_tokens":
+		f.truncate = raw
 	}
 }
 

@@ -31,11 +31,12 @@ func TestParse(t *testing.T) {
 			body: `{"model":"lora-a","messages":[{"content":"x","role":"system"}],"tools":[{"type":"function"}],
 				"chat_template_kwargs":{"enable_thinking":false},"chat_template":"{{ x }}","add_generation_prompt":false,
 				"continue_final_message":true,"add_special_tokens":true,"stream":true,"stream_options":{"include_usage":true},
-				"cache_salt":"s1"}`,
+				"cache_salt":"s1","reasoning_effort":"none","documents":[{"title":"t"}],"truncate_prompt_tokens":100}`,
 			want: openai.Request{Model: "lora-a", Kind: openai.KindChat, Messages: []byte(`[{"content":"x","role":"system"}]`),
 				Tools: []byte(`[{"type":"function"}]`), ChatTemplateKwargs: []byte(`{"enable_thinking":false}`),
 				ChatTemplate: "{{ x }}", AddGenerationPrompt: false, ContinueFinalMessage: true, AddSpecialTokens: true,
-				Stream: true, IncludeUsage: true, CacheSalt: "s1"},
+				Stream: true, IncludeUsage: true, CacheSalt: "s1", ReasoningEffort: "none",
+				Documents: []byte(`[{"title":"t"}]`), TruncatePromptTokens: intPtr(100)},
 		},
 		{
 			name: "nulls mean defaults",
@@ -137,6 +138,10 @@ func TestParseErrors(t *testing.T) {
 		{"include_usage string", "/v1/chat/completions", `{"model":"m","messages":[],"stream_options":{"include_usage":1}}`, openai.ReasonMalformedJSON, "stream_options.include_usage"},
 		{"stream_options list", "/v1/chat/completions", `{"model":"m","messages":[],"stream_options":[]}`, openai.ReasonMalformedJSON, "stream_options"},
 		{"salt number", "/v1/chat/completions", `{"model":"m","messages":[],"cache_salt":1}`, openai.ReasonMalformedJSON, "cache_salt"},
+		{"reasoning_effort number", "/v1/chat/completions", `{"model":"m","messages":[],"reasoning_effort":1}`, openai.ReasonMalformedJSON, "reasoning_effort"},
+		{"documents object", "/v1/chat/completions", `{"model":"m","messages":[],"documents":{}}`, openai.ReasonMalformedJSON, "documents"},
+		{"truncate below -1", "/v1/completions", `{"model":"m","prompt":"x","truncate_prompt_tokens":-2}`, openai.ReasonMalformedJSON, "truncate_prompt_tokens"},
+		{"truncate float", "/v1/completions", `{"model":"m","prompt":"x","truncate_prompt_tokens":1.5}`, openai.ReasonMalformedJSON, "truncate_prompt_tokens"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -203,3 +208,5 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+func intPtr(n int) *int { return &n }
