@@ -64,7 +64,22 @@ func (st *stream) decideAndReply(in decideInput, kind replyKind) (done bool, err
 		return true, st.reply503(reason)
 	}
 	st.commit(c)
-	return false, st.send(decisionReply(c.dest, st.spoofed, kind))
+	return false, st.send(st.decisionReply(c.dest, kind))
+}
+
+// decisionReply is the reply naming dest; without client-sent x-gateway-destination-*
+// headers to remove (the usual case) it comes from the server's reply cache.
+func (st *stream) decisionReply(dest string, kind replyKind) *extprocv3.ProcessingResponse {
+	for _, h := range st.spoofed {
+		if h != HeaderDestination {
+			return decisionReply(dest, st.spoofed, kind)
+		}
+	}
+	cache := &st.s.headerReplies
+	if kind == replyBody {
+		cache = &st.s.bodyReplies
+	}
+	return cache.get(dest, func() *extprocv3.ProcessingResponse { return decisionReply(dest, nil, kind) })
 }
 
 func (st *stream) reply503(reason string) error {

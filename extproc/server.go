@@ -101,6 +101,9 @@ type Server struct {
 	log      *zap.Logger
 	now      func() time.Time
 	m        *metrics
+	// Replies that depend only on an endpoint address: decisions in a headers reply or a
+	// body reply, and the response-headers reply naming the served endpoint.
+	headerReplies, bodyReplies, servedReplies replyCache
 
 	seq      atomic.Uint64
 	active   atomic.Int64

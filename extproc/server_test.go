@@ -925,3 +925,44 @@ func TestBufferedBodyOverridesHeadersReply(t *testing.T) {
 		t.Fatalf("tentative endpoint counted as a decision")
 	}
 }
+
+// TestRepliesPerEndpoint interleaves requests routed to different endpoints, in the modes
+// whose decision goes in the headers reply and in the body reply, with and without
+// client-sent x-gateway-destination-* headers and with differing served endpoints: each
+// reply must name its own endpoint (the server reuses replies per endpoint).
+func TestRepliesPerEndpoint(t *testing.T) {
+	h := newHarness(t)
+	spoof := envoytest.Header{Key: "x-gateway-destination-other", Value: "x"}
+	for round := range 3 {
+		for _, cfg := range []envoytest.Config{envoytest.FullDuplex(), mode(filterv3.ProcessingMode_BUFFERED, false)} {
+			for _, tc := range []struct{ model, want, served string }{{"only-b", epB, ""}, {"lora-x", epC, epA}, {"only-b", epB, epC}} {
+				t.Run(fmt.Sprintf("%d/%s/%s/%s", round, cfg.RequestBodyMode, tc.model, tc.served), func(t *testing.T) {
+					hdrs := postHeaders()
+					if round == 1 {
+						hdrs = postHeaders(spoof)
+					}
+					x := h.start(cfg)
+					res, err := x.Request(envoytest.Request{Headers: hdrs, Body: [][]byte{chatBody(tc.model)}})
+					if err != nil {
+						t.Fatal(err)
+					}
+					checkDecision(t, res, tc.want)
+					resp, err := x.Response(200, nil, nil, nil, envoytest.ServedMetadata(tc.served))
+					if err != nil {
+						t.Fatal(err)
+					}
+					wantServed := tc.want
+					if tc.served != "" {
+						wantServed = tc.served
+					}
+					if got := resp.Headers.Values(extproc.HeaderServed); len(got) != 1 || got[0] != wantServed {
+						t.Fatalf("served header %q, want [%s]", got, wantServed)
+					}
+					if err := x.Close(); err != nil {
+						t.Fatal(err)
+					}
+				})
+			}
+		}
+	}
+}
