@@ -42,7 +42,8 @@ func (m *memStream) SendMsg(any) error                        { return nil }
 func (m *memStream) RecvMsg(any) error                        { return nil }
 
 // BenchmarkServerExchange is the server's work for one FULL_DUPLEX_STREAMED exchange
-// (2,400-token chat body, least-load) without any transport: the router's own overhead.
+// (2,400-token chat body, least-load over the real endpoint registry) without any
+// transport: the router's own overhead.
 func BenchmarkServerExchange(b *testing.B) {
 	body := chat2400()
 	hdrs := &corev3.HeaderMap{}
@@ -59,7 +60,7 @@ func BenchmarkServerExchange(b *testing.B) {
 	}
 	for _, n := range []int{6, 64, 512} {
 		b.Run(fmt.Sprintf("endpoints=%d", n), func(b *testing.B) {
-			srv := extproc.New(extproc.Options{Policy: scoring.NewLeastLoad(), Fleet: newBenchFleet(n)})
+			srv := extproc.New(extproc.Options{Policy: scoring.NewLeastLoad(), Fleet: newRegistryFleet(b, "model", n)})
 			b.SetBytes(int64(len(body)))
 			b.ReportAllocs()
 			cpu := cpuTime()

@@ -137,13 +137,16 @@ func newSBSKV(b *testing.B, w *sbsWorkload, n int) *sbsKV {
 	return s
 }
 
-// newSBSFleet is the real endpoint registry with n static endpoints serving the model
+// newSBSFleet is the real endpoint registry with n static endpoints serving the model.
+func newSBSFleet(b *testing.B, n int) *fleet.Fleet { return newRegistryFleet(b, sbsModel, n) }
+
+// newRegistryFleet is the real endpoint registry with n static endpoints serving model
 // (no metrics URL, so always eligible, routed on in-flight counts alone).
-func newSBSFleet(b *testing.B, n int) *fleet.Fleet {
+func newRegistryFleet(b *testing.B, model string, n int) *fleet.Fleet {
 	cfg := fleet.Config{Scrape: fleet.DefaultScrapeConfig()}
 	for i := range n {
 		cfg.Endpoints = append(cfg.Endpoints, fleet.EndpointConfig{Address: fmt.Sprintf("10.1.%d.%d:8000", i/250, i%250+1),
-			Models: []string{sbsModel}})
+			Models: []string{model}})
 	}
 	f, err := fleet.New(cfg, fleet.Options{})
 	if err != nil {
