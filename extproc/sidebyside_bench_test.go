@@ -167,7 +167,9 @@ func sbsHeaders() envoytest.Headers {
 // least-load over the real fleet registry, and the full KV path (exact Qwen3
 // tokenization through the prompt registry, the index, the kv policy) over 6 and 64
 // endpoints. It reports p50/p99 of the request phase and of the decision wait for both
-// servers, and their ratios. Run with
+// servers, their ratios, and the quantiles of the paired differences (kvrouter minus
+// trivial for the same request at the same tick: what kvrouter adds, with the stalls
+// of a shared machine cancelled out). Run with
 //
 //	go test ./extproc -run XXX -bench SideBySide -benchtime 1x -args -load [-rate 1000] [-seconds 3]
 //
@@ -231,6 +233,11 @@ func BenchmarkSideBySide(b *testing.B) {
 				b.ReportMetric(us(kr.DecisionP99), "kvrouter-decision-p99-us")
 				b.ReportMetric(us(tr.DecisionP50), "trivial-decision-p50-us")
 				b.ReportMetric(us(tr.DecisionP99), "trivial-decision-p99-us")
+				added50, added99, addedDec50, addedDec99 := kr.Added(tr)
+				b.ReportMetric(us(added50), "added-p50-us")
+				b.ReportMetric(us(added99), "added-p99-us")
+				b.ReportMetric(us(addedDec50), "added-decision-p50-us")
+				b.ReportMetric(us(addedDec99), "added-decision-p99-us")
 				b.ReportMetric(kr.AchievedRatePerS, "kvrouter-req/s")
 				b.ReportMetric(tr.AchievedRatePerS, "trivial-req/s")
 				b.ReportMetric(us(kr.CPUPerExchange), "cpu-us/exchange")

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"testing"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -193,9 +194,12 @@ func TestTrivial(t *testing.T) {
 					return envoytest.Request{Headers: envoytest.Headers{{Key: ":path", Value: "/"}}, Body: [][]byte{[]byte(fmt.Sprint(i))}}
 				}})
 		for i, r := range rs {
-			if r.Sent != 20 || r.Errors != 0 || r.Destinations[ep] != 20 || r.P50 <= 0 {
+			if r.Sent != 20 || r.Errors != 0 || r.Destinations[ep] != 20 || r.P50 <= 0 || len(r.Latencies) != 20 || slices.Contains(r.Latencies, 0) {
 				t.Fatalf("client %d: %v %v", i, r, r.FirstError)
 			}
+		}
+		if p50, p99, _, _ := rs[0].Added(rs[0]); p50 != 0 || p99 != 0 {
+			t.Fatalf("a run adds %v/%v to itself", p50, p99)
 		}
 	})
 }

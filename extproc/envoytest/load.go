@@ -34,7 +34,11 @@ type LoadResult struct {
 	Destinations                          map[string]int
 	FirstError                            error
 	AchievedRatePerS                      float64
-	// CPU is the whole process's CPU time (user + system) during the run, divided by
+	// Latencies and DecisionLatencies are the request phase and the decision wait of each
+	// exchange, by index (0 <= i < Sent), 0 where it failed. In Compare, index i of two
+	// results is the same request sent at the same tick, so their differences pair up.
+	Latencies, DecisionLatencies []time.Duration
+	// CPUPerExchange is the whole process's CPU time (user + system) during the run, divided by
 	// the exchanges of every client: fake Envoy, gRPC client and, when in-process, the
 	// servers too. Zero where getrusage is unavailable.
 	CPUPerExchange time.Duration
@@ -57,16 +61,16 @@ func Load(ctx context.Context, client extprocv3.ExternalProcessorClient, cfg Loa
 func Compare(ctx context.Context, clients []extprocv3.ExternalProcessorClient, cfg LoadConfig) []LoadResult {
 	interval := time.Duration(float64(time.Second) / cfg.Rate)
 	type acc struct {
-		mu         sync.Mutex
-		lats, decs []time.Duration
-		res        LoadResult
+		mu  sync.Mutex
+		res LoadResult
 	}
 	accs := make([]*acc, len(clients))
 	for i := range accs {
-		accs[i] = &acc{res: LoadResult{Destinations: map[string]int{}}}
+		accs[i] = &acc{res: LoadResult{Destinations: map[string]int{},
+			Latencies: make([]time.Duration, cfg.Requests), DecisionLatencies: make([]time.Duration, cfg.Requests)}}
 	}
 	var wg sync.WaitGroup
-	one := func(a *acc, client extprocv3.ExternalProcessorClient, req Request) {
+	one := func(a *acc, client extprocv3.ExternalProcessorClient, i int, req Request) {
 		t0 := time.Now()
 		x, err := Start(ctx, client, cfg.Config)
 		var dest string
@@ -84,10 +88,11 @@ func Compare(ctx context.Context, clients []extprocv3.ExternalProcessorClient, c
 			if cerr := x.Close(); err == nil {
 				err = cerr
 			}
-			a.mu.Lock()
-			a.lats = append(a.lats, lat)
-			a.decs = append(a.decs, x.DecisionLatency())
-			a.mu.Unlock()
+			if err == nil {
+				a.mu.Lock()
+				a.res.Latencies[i], a.res.DecisionLatencies[i] = lat, x.DecisionLatency()
+				a.mu.Unlock()
+			}
 		}
 		a.mu.Lock()
 		defer a.mu.Unlock()
@@ -115,7 +120,7 @@ func Compare(ctx context.Context, clients []extprocv3.ExternalProcessorClient, c
 		}
 		for k := range clients {
 			c := (i + k) % len(clients)
-			wg.Go(func() { one(accs[c], clients[c], req) })
+			wg.Go(func() { one(accs[c], clients[c], i, req) })
 		}
 	}
 	wg.Wait()
@@ -130,14 +135,37 @@ func Compare(ctx context.Context, clients []extprocv3.ExternalProcessorClient, c
 		r := a.res
 		r.Elapsed = elapsed
 		r.AchievedRatePerS = float64(r.Sent) / elapsed.Seconds()
-		r.P50, r.P99, r.Max = quantiles(a.lats)
-		r.DecisionP50, r.DecisionP99, r.DecisionMax = quantiles(a.decs)
+		r.Latencies, r.DecisionLatencies = r.Latencies[:r.Sent], r.DecisionLatencies[:r.Sent]
+		var lats, decs []time.Duration
+		for i, l := range r.Latencies {
+			if l > 0 {
+				lats, decs = append(lats, l), append(decs, r.DecisionLatencies[i])
+			}
+		}
+		r.P50, r.P99, r.Max = quantiles(lats)
+		r.DecisionP50, r.DecisionP99, r.DecisionMax = quantiles(decs)
 		if total > 0 && cpu > 0 {
 			r.CPUPerExchange = cpu / time.Duration(total)
 		}
 		out[i] = r
 	}
 	return out
+}
+
+// Added pairs the exchanges of two results of one Compare run (same request, same tick)
+// and returns the quantiles of r's latency minus base's, request phase and decision wait:
+// what r adds to each request. Machine stalls that delay both cancel out.
+func (r LoadResult) Added(base LoadResult) (p50, p99, decisionP50, decisionP99 time.Duration) {
+	var d, dd []time.Duration
+	for i := range min(len(r.Latencies), len(base.Latencies)) {
+		if r.Latencies[i] > 0 && base.Latencies[i] > 0 {
+			d = append(d, r.Latencies[i]-base.Latencies[i])
+			dd = append(dd, r.DecisionLatencies[i]-base.DecisionLatencies[i])
+		}
+	}
+	p50, p99, _ = quantiles(d)
+	decisionP50, decisionP99, _ = quantiles(dd)
+	return p50, p99, decisionP50, decisionP99
 }
 
 func quantiles(d []time.Duration) (p50, p99, max time.Duration) {
