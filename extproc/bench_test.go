@@ -4,17 +4,48 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc"
 
 	"github.com/kvrouter/kvrouter/extproc"
 	"github.com/kvrouter/kvrouter/extproc/envoytest"
 	"github.com/kvrouter/kvrouter/scoring"
 )
 
-var loadBench = flag.Bool("load", false, "run BenchmarkLoad")
+var (
+	loadBench  = flag.Bool("load", false, "run BenchmarkLoad and BenchmarkSideBySide")
+	serverOpts = flag.String("serveropts", "", "BenchmarkRoundTrip and BenchmarkLoad: comma-separated gRPC server options to try: "+
+		"workers (NumStreamWorkers=GOMAXPROCS), window (1 MiB initial stream and connection windows), shared (SharedWriteBuffer), "+
+		"bufs (64 KiB read and write buffers), recommended (extproc.ServerOptions)")
+)
+
+// benchServerOptions parses -serveropts.
+func benchServerOptions(b *testing.B) []grpc.ServerOption {
+	var out []grpc.ServerOption
+	for _, o := range strings.Split(*serverOpts, ",") {
+		switch o {
+		case "":
+		case "workers":
+			out = append(out, grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0))))
+		case "window":
+			out = append(out, grpc.InitialWindowSize(1<<20), grpc.InitialConnWindowSize(1<<20))
+		case "shared":
+			out = append(out, grpc.SharedWriteBuffer(true))
+		case "bufs":
+			out = append(out, grpc.ReadBufferSize(64<<10), grpc.WriteBufferSize(64<<10))
+		case "recommended":
+			out = append(out, extproc.ServerOptions()...)
+		default:
+			b.Fatalf("unknown -serveropts %q", o)
+		}
+	}
+	return out
+}
 
 // benchFleet serves one model on n endpoints; Candidates copies the endpoint list with
 // current in-flight counts, as a registry does.
@@ -60,7 +91,7 @@ func benchServer(b *testing.B, n int, tcp bool) *envoytest.Conn {
 	if tcp {
 		dial = envoytest.TCP
 	}
-	conn, err := dial(srv.Register)
+	conn, err := dial(srv.Register, benchServerOptions(b)...)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -81,6 +112,7 @@ func BenchmarkRoundTrip(b *testing.B) {
 				ctx := context.Background()
 				b.SetBytes(int64(len(body)))
 				b.ReportAllocs()
+				cpu := cpuTime()
 				for b.Loop() {
 					x, err := envoytest.Start(ctx, conn.Client, envoytest.FullDuplex())
 					if err != nil {
@@ -97,6 +129,7 @@ func BenchmarkRoundTrip(b *testing.B) {
 						b.Fatal(err)
 					}
 				}
+				b.ReportMetric(float64(cpuTime()-cpu)/float64(b.N)/1e3, "cpu-us/op")
 			})
 		}
 	}
@@ -128,6 +161,7 @@ func BenchmarkLoad(b *testing.B) {
 				b.ReportMetric(float64(res.DecisionP50)/float64(time.Microsecond), "decision-p50-us")
 				b.ReportMetric(float64(res.DecisionP99)/float64(time.Microsecond), "decision-p99-us")
 				b.ReportMetric(res.AchievedRatePerS, "req/s")
+				b.ReportMetric(float64(res.CPUPerExchange)/1e3, "cpu-us/exchange")
 			})
 		}
 	}

@@ -64,7 +64,22 @@ func (st *stream) decideAndReply(in decideInput, kind replyKind) (done bool, err
 		return true, st.reply503(reason)
 	}
 	st.commit(c)
-	return false, st.send(decisionReply(c.dest, st.spoofed, kind))
+	return false, st.send(st.decisionReply(c.dest, kind))
+}
+
+// decisionReply is the reply naming dest; without client-sent x-gateway-destination-*
+// headers to remove (the usual case) it comes from the server's reply cache.
+func (st *stream) decisionReply(dest string, kind replyKind) *extprocv3.ProcessingResponse {
+	for _, h := range st.spoofed {
+		if h != HeaderDestination {
+			return decisionReply(dest, st.spoofed, kind)
+		}
+	}
+	cache := &st.s.headerReplies
+	if kind == replyBody {
+		cache = &st.s.bodyReplies
+	}
+	return cache.get(dest, func() *extprocv3.ProcessingResponse { return decisionReply(dest, nil, kind) })
 }
 
 func (st *stream) reply503(reason string) error {
@@ -128,7 +143,8 @@ func (st *stream) choose(in decideInput) (c choice, noEndpointReason string) {
 	if parsed != nil {
 		model = parsed.Model
 	}
-	eps, base, lora, ok := s.fleet.Candidates(model)
+	eps, base, lora, ok, buf := s.candidates(model)
+	defer s.putCandidates(buf)
 	if parsed != nil && !ok {
 		fallback = fallbackUnknownModel
 	}
@@ -185,6 +201,41 @@ func (st *stream) choose(in decideInput) (c choice, noEndpointReason string) {
 		dest = b.String()
 	}
 	return choice{dest: dest, endpoint: d.Endpoint, policy: policy.Name(), fallback: fallback, req: req}, ""
+}
+
+// candidateAppender is implemented by fleets that can write the candidates into a
+// caller's buffer (fleet.Fleet does), so that a decision allocates no candidate slice.
+type candidateAppender interface {
+	AppendCandidates(dst []scoring.Endpoint, model string) (eps []scoring.Endpoint, base, lora string, ok bool)
+}
+
+// maxPooledCandidates bounds the candidate buffers kept for reuse.
+const maxPooledCandidates = 4096
+
+// candidates asks the Fleet for model's candidates, into a pooled buffer when the Fleet
+// supports it; buf (maybe nil) goes back with putCandidates once the decision no longer
+// reads eps. Policies do not keep the candidate slice past Pick.
+func (s *Server) candidates(model string) (eps []scoring.Endpoint, base, lora string, ok bool, buf *[]scoring.Endpoint) {
+	if s.appender == nil {
+		eps, base, lora, ok = s.fleet.Candidates(model)
+		return eps, base, lora, ok, nil
+	}
+	buf, _ = s.candidateBufs.Get().(*[]scoring.Endpoint)
+	if buf == nil {
+		buf = new([]scoring.Endpoint)
+	}
+	eps, base, lora, ok = s.appender.AppendCandidates(*buf, model)
+	*buf = eps
+	return eps, base, lora, ok, buf
+}
+
+func (s *Server) putCandidates(buf *[]scoring.Endpoint) {
+	if buf == nil || cap(*buf) > maxPooledCandidates {
+		return
+	}
+	clear(*buf) // drop the address strings while pooled (entries past len were cleared before)
+	*buf = (*buf)[:0]
+	s.candidateBufs.Put(buf)
 }
 
 func contains(eps []scoring.Endpoint, addr string) bool {

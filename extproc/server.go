@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -93,6 +94,7 @@ type Server struct {
 	fallback scoring.Policy
 	observer scoring.Observer // Policy's, when it implements scoring.Observer
 	fleet    Fleet
+	appender candidateAppender // fleet, when it can fill a reused buffer
 	tok      Tokenizer
 	maxBody  int
 	maxFalls int
@@ -101,6 +103,11 @@ type Server struct {
 	log      *zap.Logger
 	now      func() time.Time
 	m        *metrics
+	// candidateBufs pools *[]scoring.Endpoint for fleets implementing candidateAppender.
+	candidateBufs sync.Pool
+	// Replies that depend only on an endpoint address: decisions in a headers reply or a
+	// body reply, and the response-headers reply naming the served endpoint.
+	headerReplies, bodyReplies, servedReplies replyCache
 
 	seq      atomic.Uint64
 	active   atomic.Int64
@@ -125,6 +132,9 @@ func New(o Options) *Server {
 		log:      o.Logger,
 		now:      o.Now,
 		m:        newMetrics(o.Registerer),
+	}
+	if a, ok := o.Fleet.(candidateAppender); ok {
+		s.appender = a
 	}
 	if s.fallback == nil {
 		s.fallback = scoring.NewLeastLoad()

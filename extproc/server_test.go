@@ -7,6 +7,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -20,6 +21,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/extproc"
 	"github.com/kvrouter/kvrouter/extproc/envoytest"
+	"github.com/kvrouter/kvrouter/fleet"
 	"github.com/kvrouter/kvrouter/scoring"
 )
 
@@ -923,5 +925,117 @@ func TestBufferedBodyOverridesHeadersReply(t *testing.T) {
 	}
 	if got := h.counter("kvrouter_routing_decisions_total", "endpoint", epA); got != 0 {
 		t.Fatalf("tentative endpoint counted as a decision")
+	}
+}
+
+// TestRepliesPerEndpoint interleaves requests routed to different endpoints, in the modes
+// whose decision goes in the headers reply and in the body reply, with and without
+// client-sent x-gateway-destination-* headers and with differing served endpoints: each
+// reply must name its own endpoint (the server reuses replies per endpoint).
+func TestRepliesPerEndpoint(t *testing.T) {
+	h := newHarness(t)
+	spoof := envoytest.Header{Key: "x-gateway-destination-other", Value: "x"}
+	for round := range 3 {
+		for _, cfg := range []envoytest.Config{envoytest.FullDuplex(), mode(filterv3.ProcessingMode_BUFFERED, false)} {
+			for _, tc := range []struct{ model, want, served string }{{"only-b", epB, ""}, {"lora-x", epC, epA}, {"only-b", epB, epC}} {
+				t.Run(fmt.Sprintf("%d/%s/%s/%s", round, cfg.RequestBodyMode, tc.model, tc.served), func(t *testing.T) {
+					hdrs := postHeaders()
+					if round == 1 {
+						hdrs = postHeaders(spoof)
+					}
+					x := h.start(cfg)
+					res, err := x.Request(envoytest.Request{Headers: hdrs, Body: [][]byte{chatBody(tc.model)}})
+					if err != nil {
+						t.Fatal(err)
+					}
+					checkDecision(t, res, tc.want)
+					resp, err := x.Response(200, nil, nil, nil, envoytest.ServedMetadata(tc.served))
+					if err != nil {
+						t.Fatal(err)
+					}
+					wantServed := tc.want
+					if tc.served != "" {
+						wantServed = tc.served
+					}
+					if got := resp.Headers.Values(extproc.HeaderServed); len(got) != 1 || got[0] != wantServed {
+						t.Fatalf("served header %q, want [%s]", got, wantServed)
+					}
+					if err := x.Close(); err != nil {
+						t.Fatal(err)
+					}
+				})
+			}
+		}
+	}
+}
+
+// TestRegistryFleetConcurrent routes concurrent requests through the real endpoint
+// registry, whose candidates the server reads into pooled buffers: every decision names
+// an endpoint serving the model (within the subset hint when there is one), and every
+// in-flight count returns to zero.
+func TestRegistryFleetConcurrent(t *testing.T) {
+	f, err := fleet.New(fleet.Config{Scrape: fleet.DefaultScrapeConfig(), Endpoints: []fleet.EndpointConfig{
+		{Address: epA, Models: []string{"m"}}, {Address: epB, Models: []string{"m", "only-b"}}, {Address: epC, Models: []string{"other"}}}},
+		fleet.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := extproc.New(extproc.Options{Policy: scoring.NewLeastLoad(), Fleet: f})
+	conn, err := envoytest.Bufconn(srv.Register)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	tests := []struct {
+		model string
+		hint  []string
+		want  []string
+	}{
+		{"m", nil, []string{epA, epB}},
+		{"only-b", nil, []string{epB}},
+		{"other", nil, []string{epC}},
+		{"unknown", nil, []string{epA, epB, epC}},
+		{"m", []string{epB}, []string{epB}},
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 200)
+	for i := range 200 {
+		tc := tests[i%len(tests)]
+		wg.Go(func() {
+			x, err := envoytest.Start(context.Background(), conn.Client, envoytest.FullDuplex())
+			if err != nil {
+				errs <- err
+				return
+			}
+			var md *corev3.Metadata
+			if tc.hint != nil {
+				md = envoytest.SubsetHint(tc.hint...)
+			}
+			res, err := x.Request(envoytest.Request{Headers: postHeaders(), Body: [][]byte{chatBody(tc.model)}, Metadata: md})
+			if err == nil {
+				if dest, _ := res.Headers.Get(extproc.HeaderDestination); !slices.Contains(tc.want, dest) {
+					err = fmt.Errorf("model %s hint %v: routed to %q, want one of %v", tc.model, tc.hint, dest, tc.want)
+				}
+			}
+			if err == nil {
+				_, err = x.Response(200, nil, nil, nil, nil)
+			}
+			if cerr := x.Close(); err == nil {
+				err = cerr
+			}
+			if err != nil {
+				errs <- err
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	for _, st := range f.Status() {
+		if st.InFlight != 0 {
+			t.Errorf("%s: %d in flight after every response ended", st.Config.Address, st.InFlight)
+		}
 	}
 }

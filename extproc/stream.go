@@ -137,7 +137,7 @@ func (st *stream) onRequestHeaders(msg *extprocv3.ProcessingRequest, h *extprocv
 			return true, st.reply503(reason)
 		}
 		st.tentative = &c
-		return false, st.send(decisionReply(c.dest, st.spoofed, replyHeaders))
+		return false, st.send(st.decisionReply(c.dest, replyHeaders))
 	default: // STREAMED, NONE, GRPC: Envoy waits for this reply before any body.
 		return st.decideAndReply(decideInput{fallback: fallbackNoBody}, replyHeaders)
 	}
@@ -268,14 +268,19 @@ func (st *stream) onResponseHeaders(msg *extprocv3.ProcessingRequest, h *extproc
 	if v := metadataString(msg.GetMetadataContext(), NamespaceLB, HeaderServed); v != "" {
 		served = v
 	}
-	mut := &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{setHeader(HeaderServed, served)}}
 	// Bookkeeping first, so that it is done by the time Envoy has the reply.
 	if h.GetEndOfStream() {
 		st.markFirstToken()
 		st.endResponse()
 	}
-	return st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{
-		ResponseHeaders: &extprocv3.HeadersResponse{Response: &extprocv3.CommonResponse{HeaderMutation: mut}}}})
+	return st.send(st.s.servedReplies.get(served, func() *extprocv3.ProcessingResponse { return servedReply(served) }))
+}
+
+// servedReply is the response-headers reply adding HeaderServed.
+func servedReply(served string) *extprocv3.ProcessingResponse {
+	mut := &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{setHeader(HeaderServed, served)}}
+	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{
+		ResponseHeaders: &extprocv3.HeadersResponse{Response: &extprocv3.CommonResponse{HeaderMutation: mut}}}}
 }
 
 func (st *stream) onResponseBody(b *extprocv3.HttpBody) error {
@@ -359,16 +364,7 @@ func (st *stream) sendChunks(body []byte, eos, request bool) error {
 	for {
 		n := min(len(body), MaxChunkBytes)
 		last := n == len(body)
-		sbr := &extprocv3.StreamedBodyResponse{Body: body[:n], EndOfStream: eos && last}
-		br := &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{BodyMutation: &extprocv3.BodyMutation{
-			Mutation: &extprocv3.BodyMutation_StreamedResponse{StreamedResponse: sbr}}}}
-		r := &extprocv3.ProcessingResponse{}
-		if request {
-			r.Response = &extprocv3.ProcessingResponse_RequestBody{RequestBody: br}
-		} else {
-			r.Response = &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: br}
-		}
-		if err := st.send(r); err != nil {
+		if err := st.send(newChunkReply(body[:n], eos && last, request)); err != nil {
 			return err
 		}
 		if last {
@@ -376,6 +372,38 @@ func (st *stream) sendChunks(body []byte, eos, request bool) error {
 		}
 		body = body[n:]
 	}
+}
+
+// chunkReply holds every message of one streamed_response reply, so that a reply costs
+// one allocation instead of seven. The messages are never copied, only pointed to.
+type chunkReply struct {
+	r      extprocv3.ProcessingResponse
+	reqB   extprocv3.ProcessingResponse_RequestBody
+	respB  extprocv3.ProcessingResponse_ResponseBody
+	br     extprocv3.BodyResponse
+	common extprocv3.CommonResponse
+	bm     extprocv3.BodyMutation
+	sr     extprocv3.BodyMutation_StreamedResponse
+	sbr    extprocv3.StreamedBodyResponse
+}
+
+// newChunkReply is the request-body (request true) or response-body reply carrying one
+// streamed_response chunk.
+func newChunkReply(chunk []byte, eos, request bool) *extprocv3.ProcessingResponse {
+	c := &chunkReply{}
+	c.sbr.Body, c.sbr.EndOfStream = chunk, eos
+	c.sr.StreamedResponse = &c.sbr
+	c.bm.Mutation = &c.sr
+	c.common.BodyMutation = &c.bm
+	c.br.Response = &c.common
+	if request {
+		c.reqB.RequestBody = &c.br
+		c.r.Response = &c.reqB
+	} else {
+		c.respB.ResponseBody = &c.br
+		c.r.Response = &c.respB
+	}
+	return &c.r
 }
 
 func headerValue(hv *corev3.HeaderValue) string {
@@ -389,7 +417,7 @@ func statusClass(code int) string {
 	if code < 100 || code > 599 {
 		return "unknown"
 	}
-	return strconv.Itoa(code/100) + "xx"
+	return [...]string{"1xx", "2xx", "3xx", "4xx", "5xx"}[code/100-1]
 }
 
 // subsetHint reads the proxy's subset hint: a list of strings or one comma-separated

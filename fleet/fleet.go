@@ -361,18 +361,34 @@ func (f *Fleet) notify(c Change) {
 // endpoint, ok true. The slice is the caller's.
 func (f *Fleet) Candidates(model string) (eps []scoring.Endpoint, base, lora string, ok bool) {
 	t := f.table.Load()
-	list := t.all
+	list, base, lora, ok := t.resolve(model)
+	return f.appendEligible(make([]scoring.Endpoint, 0, len(list)), list), base, lora, ok
+}
+
+// AppendCandidates is Candidates writing into dst[:0] (grown when too small), so that a
+// caller on the hot path can reuse one buffer instead of allocating a slice per request.
+// The endpoints come from the registry's current snapshot: one atomic load, then one
+// atomic read per endpoint for its state, in-flight count and last metrics; no lock.
+func (f *Fleet) AppendCandidates(dst []scoring.Endpoint, model string) (eps []scoring.Endpoint, base, lora string, ok bool) {
+	list, base, lora, ok := f.table.Load().resolve(model)
+	return f.appendEligible(dst[:0], list), base, lora, ok
+}
+
+func (t *table) resolve(model string) (list []*endpoint, base, lora string, ok bool) {
 	switch {
 	case model == "":
-		ok = true
+		return t.all, "", "", true
 	case t.byModel[model] != nil:
-		list, base, ok = t.byModel[model], model, true
+		return t.byModel[model], model, "", true
 	case t.adapters[model].eps != nil:
 		r := t.adapters[model]
-		list, base, lora, ok = r.eps, r.base, model, true
+		return r.eps, r.base, model, true
 	}
+	return t.all, "", "", false
+}
+
+func (f *Fleet) appendEligible(out []scoring.Endpoint, list []*endpoint) []scoring.Endpoint {
 	now := f.now()
-	out := make([]scoring.Endpoint, 0, len(list))
 	for _, ep := range list {
 		if !State(ep.state.Load()).Eligible() {
 			continue
@@ -383,7 +399,7 @@ func (f *Fleet) Candidates(model string) (eps []scoring.Endpoint, base, lora str
 			Metrics:  f.fresh(ep, now),
 		})
 	}
-	return out, base, lora, ok
+	return out
 }
 
 // fresh returns the endpoint's last metrics, Valid only when within the staleness limit.

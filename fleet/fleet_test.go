@@ -64,6 +64,9 @@ func TestCandidatesResolvesModels(t *testing.T) {
 		{"unknown model: every endpoint, not ok", "gpt-9", []string{"10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"}, "", "", false},
 		{"any model", "", []string{"10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"}, "", "", true},
 	}
+	// AppendCandidates must give the same answer into a reused buffer, whatever it held.
+	buf := make([]scoring.Endpoint, 1, 2)
+	buf[0].Address = "stale"
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			eps, base, lora, ok := f.Candidates(tc.model)
@@ -71,6 +74,12 @@ func TestCandidatesResolvesModels(t *testing.T) {
 				t.Errorf("Candidates(%q) = %v, %q, %q, %v; want %v, %q, %q, %v",
 					tc.model, addrs(eps), base, lora, ok, tc.want, tc.base, tc.lora, tc.ok)
 			}
+			eps, base, lora, ok = f.AppendCandidates(buf, tc.model)
+			if !slices.Equal(addrs(eps), tc.want) || base != tc.base || lora != tc.lora || ok != tc.ok {
+				t.Errorf("AppendCandidates(%q) = %v, %q, %q, %v; want %v, %q, %q, %v",
+					tc.model, addrs(eps), base, lora, ok, tc.want, tc.base, tc.lora, tc.ok)
+			}
+			buf = eps
 		})
 	}
 }
@@ -520,6 +529,23 @@ func BenchmarkCandidates(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
 				c, _, _, _ := f.Candidates(qwen)
+				f.Begin(c[0].Address)
+				f.End(c[0].Address)
+			}
+		})
+		b.Run(fmt.Sprintf("%d/append", n), func(b *testing.B) {
+			var eps []fleet.EndpointConfig
+			for i := range n {
+				eps = append(eps, fleet.EndpointConfig{Address: fmt.Sprintf("10.0.%d.%d:8000", i/250, i%250+1), Models: []string{qwen}})
+			}
+			f, err := fleet.New(fleet.Config{Endpoints: eps, Scrape: fleet.DefaultScrapeConfig()}, fleet.Options{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.ReportAllocs()
+			var c []scoring.Endpoint
+			for b.Loop() {
+				c, _, _, _ = f.AppendCandidates(c, qwen)
 				f.Begin(c[0].Address)
 				f.End(c[0].Address)
 			}

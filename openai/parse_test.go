@@ -210,3 +210,42 @@ func FuzzParse(f *testing.F) {
 }
 
 func intPtr(n int) *int { return &n }
+
+// TestParseStringBytesAtEveryOffset puts each byte that ends or breaks a JSON string's
+// plain run ('"', '\\', control characters, and neighbours of the scanner's 8-byte
+// blocks) at every offset of a long string, so both the word-at-a-time and the bytewise
+// paths meet it; the verdict must agree with encoding/json.
+func TestParseStringBytesAtEveryOffset(t *testing.T) {
+	specials := []string{`"`, `\`, `\"`, `\\`, `\n`, `\u00e9`, `\x`, "\x00", "\x1f", "\x20", "\x21", "\x7f", "é", "\n", "\t", "[", "]"}
+	for _, sp := range specials {
+		for off := 0; off < 24; off++ {
+			for _, tail := range []int{0, 1, 7, 8, 9} {
+				content := strings.Repeat("a", off) + sp + strings.Repeat("b", tail)
+				body := []byte(`{"model":"m","prompt":"` + content + `"}`)
+				t.Run("", func(t *testing.T) {
+					req, err := openai.Parse("/v1/completions", body)
+					if valid := json.Valid(body); valid != (err == nil) {
+						t.Fatalf("%q: json.Valid=%v, Parse err=%v", body, valid, err)
+					}
+					if err == nil && req.Model != "m" {
+						t.Fatalf("%q: model %q", body, req.Model)
+					}
+				})
+			}
+		}
+	}
+}
+
+// BenchmarkParse is the body parse of a ~2,400-token chat request (~10 KB).
+func BenchmarkParse(b *testing.B) {
+	words := strings.Repeat("the quick brown fox jumps over the lazy dog. ", 210)
+	body := []byte(`{"model":"model","messages":[{"role":"system","content":"You are a helpful assistant."},` +
+		`{"role":"user","content":"` + words + `"}],"stream":true,"stream_options":{"include_usage":true},"max_tokens":128}`)
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := openai.Parse("/v1/chat/completions", body); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

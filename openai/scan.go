@@ -1,6 +1,7 @@
 package openai
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -209,6 +210,13 @@ func skipString(d []byte, i int) (int, error) {
 	start := i
 	i++
 	for i < len(d) {
+		// Fast path: skip 8 plain bytes at a time (no '"', '\\' or control character).
+		for i+8 <= len(d) && !specialIn8(binary.LittleEndian.Uint64(d[i:])) {
+			i += 8
+		}
+		if i == len(d) {
+			break
+		}
 		c := d[i]
 		switch {
 		case c == '"':
@@ -235,6 +243,22 @@ func skipString(d []byte, i int) (int, error) {
 		}
 	}
 	return i, syntaxErr(start, "unterminated string")
+}
+
+const (
+	ones  = 0x0101010101010101
+	highs = 0x8080808080808080
+)
+
+// specialIn8 reports whether any of the 8 bytes in w is '"', '\\' or below 0x20, the bytes
+// that end the plain run of a JSON string. SWAR: hasZero(x) is non-zero exactly when some
+// byte of x is zero, and hasLess(w, 0x20) exactly when some byte is below 0x20 (both may
+// flag extra bytes above a true one, which only matters for finding which byte; the
+// caller then steps bytewise).
+func specialIn8(w uint64) bool {
+	hasZero := func(x uint64) uint64 { return (x - ones) & ^x & highs }
+	less20 := (w - 0x20*ones) & ^w & highs
+	return hasZero(w^('"'*ones))|hasZero(w^('\\'*ones))|less20 != 0
 }
 
 // decodeString decodes a validated JSON string token (quotes included).

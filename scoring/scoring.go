@@ -53,8 +53,10 @@ type Decision struct {
 }
 
 // Policy picks one endpoint among candidates. Candidates are never empty, are all
-// eligible (healthy, serving the request's model) and are in a stable order.
-// Implementations must be safe for concurrent use.
+// eligible (healthy, serving the request's model) and are in a stable order. Pick must
+// not keep the candidates slice once it returns (the router reuses it for the next
+// request); the strings in it may be kept. Implementations must be safe for concurrent
+// use.
 type Policy interface {
 	Name() string
 	Pick(req *Request, candidates []Endpoint) (Decision, error)

@@ -9,6 +9,8 @@
 //
 // Concurrency: an Exchange may be used by two goroutines at once, one sending the response
 // (ResponseHeaders, ResponseBody, ResponseTrailers) and one reading it (ReadResponseBody,
-// ReadResponseTrailers); otherwise calls are sequential. Helpers (Bufconn, TCP, Load) are
-// safe for concurrent use.
+// ReadResponseTrailers); otherwise calls are sequential. Helpers (Bufconn, TCP, Load,
+// Compare) are safe for concurrent use. Trivial is a minimal FULL_DUPLEX_STREAMED
+// processor (a fixed endpoint, no parsing or scoring), the baseline that Compare puts a
+// real router next to; it is safe for concurrent use.
 package envoytest

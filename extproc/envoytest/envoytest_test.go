@@ -1,9 +1,12 @@
 package envoytest_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
+	"slices"
 	"testing"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -128,4 +131,75 @@ func TestFullDuplexStrictness(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestTrivial drives the trivial processor through the fake filter in
+// FULL_DUPLEX_STREAMED with bodies in 0, 1, 2 and many chunks (one over MaxChunkBytes),
+// with and without trailers, and through Compare next to itself.
+func TestTrivial(t *testing.T) {
+	const ep = "10.9.9.9:8000"
+	conn, err := envoytest.Bufconn(envoytest.NewTrivial(ep).Register)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	big := bytes.Repeat([]byte("x"), 2*envoytest.MaxChunkBytes+5)
+	for _, tc := range []struct {
+		name     string
+		body     [][]byte
+		trailers envoytest.Headers
+	}{
+		{"no body", nil, nil},
+		{"one chunk", [][]byte{[]byte("abc")}, nil},
+		{"two chunks", [][]byte{[]byte("ab"), []byte("c")}, nil},
+		{"many chunks, large", [][]byte{big[:10], big[10:70000], big[70000:]}, nil},
+		{"trailers", [][]byte{[]byte("ab"), []byte("c")}, envoytest.Headers{{Key: "x-t", Value: "1"}}},
+		{"trailers only", nil, envoytest.Headers{{Key: "x-t", Value: "1"}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			x, err := envoytest.Start(context.Background(), conn.Client, envoytest.FullDuplex())
+			if err != nil {
+				t.Fatal(err)
+			}
+			res, err := x.Request(envoytest.Request{Headers: envoytest.Headers{{Key: ":path", Value: "/"}},
+				Body: tc.body, Trailers: tc.trailers})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got, _ := res.Headers.Get("x-gateway-destination-endpoint"); got != ep {
+				t.Fatalf("destination %q", got)
+			}
+			if got := envoytest.MetadataString(res.DynamicMetadata, "envoy.lb", "x-gateway-destination-endpoint"); got != ep {
+				t.Fatalf("metadata %q", got)
+			}
+			if want := bytes.Join(tc.body, nil); !bytes.Equal(res.Body, want) {
+				t.Fatalf("body %d bytes, want %d", len(res.Body), len(want))
+			}
+			resp, err := x.Response(200, nil, [][]byte{[]byte("data: a\n\n"), []byte("data: [DONE]\n\n")}, nil, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got, _ := resp.Headers.Get("x-gateway-destination-endpoint-served"); got != ep || string(resp.Body) != "data: a\n\ndata: [DONE]\n\n" {
+				t.Fatalf("response %v %q", resp.Headers, resp.Body)
+			}
+			if err := x.Close(); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+	t.Run("compare", func(t *testing.T) {
+		rs := envoytest.Compare(context.Background(), []extprocv3.ExternalProcessorClient{conn.Client, conn.Client},
+			envoytest.LoadConfig{Rate: 2000, Requests: 20, Config: envoytest.FullDuplex(),
+				Next: func(i int) envoytest.Request {
+					return envoytest.Request{Headers: envoytest.Headers{{Key: ":path", Value: "/"}}, Body: [][]byte{[]byte(fmt.Sprint(i))}}
+				}})
+		for i, r := range rs {
+			if r.Sent != 20 || r.Errors != 0 || r.Destinations[ep] != 20 || r.P50 <= 0 || len(r.Latencies) != 20 || slices.Contains(r.Latencies, 0) {
+				t.Fatalf("client %d: %v %v", i, r, r.FirstError)
+			}
+		}
+		if p50, p99, _, _ := rs[0].Added(rs[0]); p50 != 0 || p99 != 0 {
+			t.Fatalf("a run adds %v/%v to itself", p50, p99)
+		}
+	})
 }
