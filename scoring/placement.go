@@ -1,0 +1,502 @@
+package scoring
+
+import (
+	"errors"
+	"math"
+	"slices"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvrouter/kvrouter/index"
+)
+
+// Placement is the placement policy: it keeps a table of where each prefix lives and
+// sends requests there, so that prefixes stay partitioned over the fleet instead of
+// being recomputed, and evicting one another, wherever load happens to be lowest.
+//
+// A request's prefix is named by the key of its PrefixDepth-th block (no workload
+// knowledge needed); its size is estimated as the blocks two consecutive requests with
+// that name share. For each request, in order:
+//
+//  1. Holders are the endpoints the table places the prefix on, plus any the index says
+//     hold HoldFraction of it (adopted into the table, so router replicas converge on
+//     the placements each other made). The least-loaded holder below Saturated wins.
+//  2. A prefix with no holder gets a home: the endpoint with the least home-placed
+//     blocks per block of KV capacity (a capacity-weighted partition), preferring those
+//     below SpillLoad.
+//  3. When every holder is at Saturated or more, a less-loaded endpoint whose live
+//     placements leave room for the prefix within Fill of its capacity takes a replica
+//     (it evicts nothing live).
+//  4. Only when the least-loaded holder reaches SpillLoad (a real queue) does the prefix
+//     spill to the endpoint below Saturated whose live placements it would overflow least.
+//  5. Otherwise the request queues at the least-loaded holder.
+//
+// Placements not used for LiveWindow picks expire, so capacity held by prefixes no
+// longer requested is released; a departed endpoint (Forget) loses its placements and
+// only its prefixes move. Requests without token ids go to the least-loaded candidate.
+//
+// Placement implements Observer: a request routed elsewhere than picked (a fallback)
+// places its prefix where it went. It is safe for concurrent use.
+type Placement struct {
+	cfg     PlacementConfig
+	ix      PrefixIndex
+	m       *placementMetrics
+	scratch sync.Pool
+
+	mu       sync.Mutex
+	tick     uint64
+	eps      map[string]*plEndpoint
+	prefixes map[uint64]*plPrefix
+	pending  map[string]plPending
+}
+
+// maxPending bounds the picks remembered until Routed or Finished.
+const maxPending = 1 << 16
+
+type plEndpoint struct {
+	used     int // blocks of live placements
+	homeUsed int // blocks of live home placements
+}
+
+type plPrefix struct {
+	blocks int      // estimated shared blocks
+	keys   []uint64 // the last request's keys, to estimate blocks
+	seen   uint64
+	on     []plPlace
+}
+
+type plPlace struct {
+	ep   *plEndpoint
+	addr string
+	home bool
+	used uint64
+}
+
+type plPending struct {
+	key  uint64
+	addr string
+}
+
+type plScratch struct {
+	keys  []uint64
+	names []string
+	lead  []int
+	loads []int
+	pos   []int
+}
+
+type placementMetrics struct {
+	decisions *prometheus.CounterVec
+}
+
+// Decision kinds counted by kvrouter_scoring_placement_decisions_total.
+const (
+	plHolder      = "holder"
+	plHome        = "home"
+	plReplica     = "replica"
+	plSpill       = "spill"
+	plQueue       = "queue"
+	plUntokenized = "untokenized"
+)
+
+// NewPlacement returns a Placement policy over ix; reg may be nil.
+func NewPlacement(cfg PlacementConfig, ix PrefixIndex, reg prometheus.Registerer) (*Placement, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if ix == nil {
+		return nil, errors.New("scoring: placement policy needs an index")
+	}
+	m := &placementMetrics{decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kvrouter_scoring_placement_decisions_total",
+		Help: "Placement policy decisions by kind: holder, home, replica, spill, queue, untokenized.",
+	}, []string{"kind"})}
+	for _, k := range []string{plHolder, plHome, plReplica, plSpill, plQueue, plUntokenized} {
+		m.decisions.WithLabelValues(k)
+	}
+	if reg != nil {
+		reg.MustRegister(m.decisions)
+	}
+	return &Placement{
+		cfg: cfg, ix: ix, m: m,
+		eps:      make(map[string]*plEndpoint),
+		prefixes: make(map[uint64]*plPrefix),
+		pending:  make(map[string]plPending),
+	}, nil
+}
+
+// Name returns "placement".
+func (*Placement) Name() string { return "placement" }
+
+func (p *Placement) load(e *Endpoint) int {
+	l := e.InFlight
+	if p.cfg.ScrapedLoad && e.Metrics.Valid {
+		l = max(l, e.Metrics.Running+e.Metrics.Waiting)
+	}
+	return l
+}
+
+func (p *Placement) capacity(e *Endpoint) int {
+	if e.Metrics.Valid && e.Metrics.NumGPUBlocks > 0 {
+		return e.Metrics.NumGPUBlocks
+	}
+	return p.cfg.DefaultBlocks
+}
+
+func (p *Placement) blockSize(e *Endpoint) int {
+	if e.Metrics.Valid && e.Metrics.BlockSize > 0 {
+		return e.Metrics.BlockSize
+	}
+	return p.cfg.BlockSize
+}
+
+// Pick returns the candidate chosen by the rules on Placement; Fallbacks are the other
+// holders by load, then the rest by load.
+func (p *Placement) Pick(req *Request, cands []Endpoint) (Decision, error) {
+	n := len(cands)
+	if n == 0 {
+		return Decision{}, ErrNoCandidates
+	}
+	sc, _ := p.scratch.Get().(*plScratch)
+	if sc == nil {
+		sc = &plScratch{}
+	}
+	defer p.scratch.Put(sc)
+	sc.loads = slices.Grow(sc.loads[:0], n)[:n]
+	for i := range cands {
+		sc.loads[i] = p.load(&cands[i])
+	}
+	// Keys at the first candidate's block size: a fleet serving one model has one.
+	bs := p.blockSize(&cands[0])
+	if req.TokenIDs != nil {
+		sc.keys = index.Keys(rootOf(req), req.TokenIDs, bs, sc.keys[:0])
+	} else {
+		sc.keys = sc.keys[:0]
+	}
+	if len(sc.keys) == 0 {
+		best := argminLoad(sc.loads, nil)
+		p.m.decisions.WithLabelValues(plUntokenized).Inc()
+		return p.decision(cands, sc, best, nil), nil
+	}
+	sc.names = slices.Grow(sc.names[:0], n)[:n]
+	for i := range cands {
+		sc.names[i] = cands[i].Address
+	}
+	sc.lead = p.ix.LeadingBlocks(sc.keys, sc.names, sc.lead)
+	key := sc.keys[min(p.cfg.PrefixDepth, len(sc.keys))-1]
+
+	p.mu.Lock()
+	p.tick++
+	if p.tick%uint64(p.cfg.LiveWindow) == 0 || len(p.prefixes) > p.cfg.MaxPrefixes {
+		p.sweep()
+	}
+	e := p.prefix(key, sc.keys)
+	best, kind := p.choose(e, cands, sc)
+	addr := cands[best].Address
+	p.touch(e, addr, kind == plHome)
+	if len(p.pending) >= maxPending {
+		for id := range p.pending { // any one: Go's map order is random
+			delete(p.pending, id)
+			break
+		}
+	}
+	if req.ID != "" {
+		p.pending[req.ID] = plPending{key: key, addr: addr}
+	}
+	p.mu.Unlock()
+	p.m.decisions.WithLabelValues(kind).Inc()
+	return p.decision(cands, sc, best, sc.pos), nil
+}
+
+// prefix returns key's entry, creating it, and refreshes its size estimate from keys;
+// p.mu must be held.
+func (p *Placement) prefix(key uint64, keys []uint64) *plPrefix {
+	e := p.prefixes[key]
+	if e == nil {
+		e = &plPrefix{blocks: len(keys), keys: append([]uint64(nil), keys...)}
+		p.prefixes[key] = e
+	} else {
+		common := 0
+		for common < len(keys) && common < len(e.keys) && keys[common] == e.keys[common] {
+			common++
+		}
+		if common != e.blocks {
+			for _, pl := range e.on {
+				pl.ep.used += common - e.blocks
+				if pl.home {
+					pl.ep.homeUsed += common - e.blocks
+				}
+			}
+			e.blocks = common
+		}
+		e.keys = append(e.keys[:0], keys...)
+	}
+	e.seen = p.tick
+	p.expire(e)
+	return e
+}
+
+// expire drops e's placements unused for LiveWindow picks; p.mu must be held.
+func (p *Placement) expire(e *plPrefix) {
+	e.on = slices.DeleteFunc(e.on, func(pl plPlace) bool {
+		if p.tick-pl.used <= uint64(p.cfg.LiveWindow) {
+			return false
+		}
+		p.unplace(e, &pl)
+		return true
+	})
+}
+
+func (p *Placement) unplace(e *plPrefix, pl *plPlace) {
+	pl.ep.used -= e.blocks
+	if pl.home {
+		pl.ep.homeUsed -= e.blocks
+	}
+}
+
+// sweep expires placements everywhere and drops prefixes with none left; if the table
+// is still too large, it drops prefixes at random. p.mu must be held.
+func (p *Placement) sweep() {
+	for k, e := range p.prefixes {
+		p.expire(e)
+		if len(e.on) == 0 && p.tick-e.seen > uint64(p.cfg.LiveWindow) {
+			delete(p.prefixes, k)
+		}
+	}
+	for k, e := range p.prefixes {
+		if len(p.prefixes) <= p.cfg.MaxPrefixes {
+			break
+		}
+		for i := range e.on {
+			p.unplace(e, &e.on[i])
+		}
+		delete(p.prefixes, k)
+	}
+}
+
+func (p *Placement) endpoint(addr string) *plEndpoint {
+	ep := p.eps[addr]
+	if ep == nil {
+		ep = &plEndpoint{}
+		p.eps[addr] = ep
+	}
+	return ep
+}
+
+// place adds (or finds) e's placement on addr and returns its position; p.mu must be held.
+func (p *Placement) place(e *plPrefix, addr string, home bool) int {
+	for i := range e.on {
+		if e.on[i].addr == addr {
+			if home && !e.on[i].home {
+				e.on[i].home = true
+				e.on[i].ep.homeUsed += e.blocks
+			}
+			return i
+		}
+	}
+	ep := p.endpoint(addr)
+	ep.used += e.blocks
+	if home {
+		ep.homeUsed += e.blocks
+	}
+	e.on = append(e.on, plPlace{ep: ep, addr: addr, home: home, used: p.tick})
+	return len(e.on) - 1
+}
+
+func (p *Placement) touch(e *plPrefix, addr string, home bool) {
+	e.on[p.place(e, addr, home)].used = p.tick
+}
+
+// choose applies the rules documented on Placement and returns the chosen candidate and
+// the kind of decision; sc.pos[i] is set to candidate i's placement position or -1.
+func (p *Placement) choose(e *plPrefix, cands []Endpoint, sc *plScratch) (int, string) {
+	n := len(cands)
+	sc.pos = slices.Grow(sc.pos[:0], n)[:n]
+	hold := int(math.Ceil(p.cfg.HoldFraction * float64(e.blocks)))
+	hasHome := false
+	for _, pl := range e.on {
+		hasHome = hasHome || pl.home
+	}
+	for i := range cands {
+		sc.pos[i] = -1
+		for j := range e.on {
+			if e.on[j].addr == cands[i].Address {
+				sc.pos[i] = j
+				break
+			}
+		}
+		if sc.pos[i] < 0 && sc.lead[i] >= max(hold, 1) {
+			sc.pos[i] = p.place(e, cands[i].Address, false)
+		}
+	}
+	// A prefix whose home expired or left keeps its most-cached holder as home.
+	h := -1
+	for i := range cands {
+		if sc.pos[i] < 0 {
+			continue
+		}
+		if h < 0 || sc.loads[i] < sc.loads[h] ||
+			(sc.loads[i] == sc.loads[h] && (sc.lead[i] > sc.lead[h] ||
+				(sc.lead[i] == sc.lead[h] && e.on[sc.pos[i]].home && !e.on[sc.pos[h]].home))) {
+			h = i
+		}
+	}
+	if h >= 0 && !hasHome {
+		home := h
+		for i := range cands {
+			if sc.pos[i] >= 0 && sc.lead[i] > sc.lead[home] {
+				home = i
+			}
+		}
+		p.place(e, cands[home].Address, true)
+	}
+	if h >= 0 && sc.loads[h] < p.cfg.Saturated {
+		return h, plHolder
+	}
+	if h < 0 {
+		return p.newHome(e, cands, sc), plHome
+	}
+	// Every holder is saturated: a replica where it evicts nothing live.
+	r := -1
+	for i := range cands {
+		if sc.pos[i] >= 0 || sc.loads[i] >= min(p.cfg.Saturated, sc.loads[h]) {
+			continue
+		}
+		c := p.capacity(&cands[i])
+		ep := p.endpoint(cands[i].Address)
+		if float64(ep.used+e.blocks) > p.cfg.Fill*float64(c) {
+			continue
+		}
+		if r < 0 || sc.loads[i] < sc.loads[r] ||
+			(sc.loads[i] == sc.loads[r] && p.fillOf(&cands[i]) < p.fillOf(&cands[r])) {
+			r = i
+		}
+	}
+	if r >= 0 {
+		sc.pos[r] = p.place(e, cands[r].Address, false)
+		return r, plReplica
+	}
+	if sc.loads[h] < p.cfg.SpillLoad {
+		return h, plQueue
+	}
+	// A real queue: spill where the prefix overflows live placements least.
+	s, sOver := -1, 0.0
+	for i := range cands {
+		if sc.pos[i] >= 0 || sc.loads[i] >= p.cfg.Saturated {
+			continue
+		}
+		c := float64(p.capacity(&cands[i]))
+		over := max(0, float64(p.endpoint(cands[i].Address).used+e.blocks)-p.cfg.Fill*c) / c
+		if s < 0 || over < sOver || (over == sOver && sc.loads[i] < sc.loads[s]) {
+			s, sOver = i, over
+		}
+	}
+	if s < 0 {
+		return h, plQueue
+	}
+	sc.pos[s] = p.place(e, cands[s].Address, false)
+	return s, plSpill
+}
+
+func (p *Placement) fillOf(c *Endpoint) float64 {
+	return float64(p.endpoint(c.Address).used) / float64(p.capacity(c))
+}
+
+// newHome places a prefix no candidate holds on the candidate with the least home
+// blocks per block of capacity, among those below SpillLoad if any.
+func (p *Placement) newHome(e *plPrefix, cands []Endpoint, sc *plScratch) int {
+	best, bestShare, bestOK := -1, 0.0, false
+	for i := range cands {
+		ok := sc.loads[i] < p.cfg.SpillLoad
+		share := float64(p.endpoint(cands[i].Address).homeUsed+e.blocks) / float64(p.capacity(&cands[i]))
+		better := best < 0 || (ok && !bestOK) ||
+			(ok == bestOK && (share < bestShare || (share == bestShare && sc.loads[i] < sc.loads[best])))
+		if better {
+			best, bestShare, bestOK = i, share, ok
+		}
+	}
+	sc.pos[best] = p.place(e, cands[best].Address, true)
+	return best
+}
+
+func argminLoad(loads []int, skip []bool) int {
+	best := -1
+	for i, l := range loads {
+		if (skip == nil || !skip[i]) && (best < 0 || l < loads[best]) {
+			best = i
+		}
+	}
+	return best
+}
+
+// decision builds the answer: best first, then holders (pos >= 0) by load, then the rest
+// by load.
+func (p *Placement) decision(cands []Endpoint, sc *plScratch, best int, pos []int) Decision {
+	d := Decision{Endpoint: cands[best].Address}
+	if len(cands) == 1 {
+		return d
+	}
+	order := make([]int, 0, len(cands)-1)
+	for i := range cands {
+		if i != best {
+			order = append(order, i)
+		}
+	}
+	holder := func(i int) int {
+		if pos != nil && pos[i] >= 0 {
+			return 0
+		}
+		return 1
+	}
+	slices.SortStableFunc(order, func(a, b int) int {
+		if d := holder(a) - holder(b); d != 0 {
+			return d
+		}
+		return sc.loads[a] - sc.loads[b]
+	})
+	d.Fallbacks = make([]string, len(order))
+	for j, i := range order {
+		d.Fallbacks[j] = cands[i].Address
+	}
+	return d
+}
+
+// Routed places the request's prefix on endpoint when the router sent it somewhere other
+// than Pick chose (a fallback).
+func (p *Placement) Routed(req *Request, endpoint string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	pd, ok := p.pending[req.ID]
+	if !ok {
+		return
+	}
+	delete(p.pending, req.ID)
+	if pd.addr == endpoint {
+		return
+	}
+	if e := p.prefixes[pd.key]; e != nil {
+		p.touch(e, endpoint, false)
+	}
+}
+
+// FirstToken does nothing: loads come from the candidates' in-flight counts.
+func (p *Placement) FirstToken(string) {}
+
+// Finished forgets a pick whose Routed never came.
+func (p *Placement) Finished(reqID string) {
+	p.mu.Lock()
+	delete(p.pending, reqID)
+	p.mu.Unlock()
+}
+
+// Forget drops every placement on an endpoint that left the fleet; only its prefixes
+// move.
+func (p *Placement) Forget(endpoint string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, e := range p.prefixes {
+		e.on = slices.DeleteFunc(e.on, func(pl plPlace) bool { return pl.addr == endpoint })
+	}
+	delete(p.eps, endpoint)
+}

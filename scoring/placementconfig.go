@@ -1,0 +1,89 @@
+package scoring
+
+import (
+	"errors"
+	"fmt"
+	"math"
+)
+
+// PlacementConfig tunes the placement policy (see Placement). Loads are request counts:
+// the router's own in-flight requests on an endpoint, or, when its scraped metrics are
+// valid and say more, vLLM's running plus waiting requests (which include other router
+// replicas' requests).
+type PlacementConfig struct {
+	// PrefixDepth is the block whose key names a request's prefix: the key of block
+	// min(PrefixDepth, full blocks) - 1, i.e. the first PrefixDepth x block_size tokens.
+	// Requests sharing those tokens share a placement. Default 4.
+	PrefixDepth int `yaml:"prefix_depth"`
+	// Saturated is the load at which a holder of the prefix stops taking more of it while
+	// another holder, or an endpoint with room to spare, is less loaded. Default 3.
+	Saturated int `yaml:"saturated"`
+	// SpillLoad is the load a prefix's least-loaded holder must reach before the prefix
+	// spills to an endpoint where its blocks would evict other live prefixes; below it,
+	// requests queue at the holder. Default 6.
+	SpillLoad int `yaml:"spill_load"`
+	// Fill is the share of an endpoint's KV capacity that live placements may take
+	// before an extra replica placed there would evict other live prefixes. Default 0.75.
+	Fill float64 `yaml:"fill"`
+	// HoldFraction is the share of a prefix's estimated blocks an endpoint must hold, per
+	// the index, to count as holding it. Default 0.5.
+	HoldFraction float64 `yaml:"hold_fraction"`
+	// LiveWindow is how many of the policy's own picks a placement stays live without
+	// being used. Default 1024.
+	LiveWindow int `yaml:"live_window"`
+	// BlockSize is used for an endpoint whose scraped block size is unknown. Default 16.
+	BlockSize int `yaml:"block_size"`
+	// DefaultBlocks is the KV capacity assumed for an endpoint whose num_gpu_blocks is
+	// unknown. Default 4096.
+	DefaultBlocks int `yaml:"default_blocks"`
+	// MaxPrefixes bounds the placement table; beyond it the least recently seen prefixes
+	// are dropped. Default 65536.
+	MaxPrefixes int `yaml:"max_prefixes"`
+	// ScrapedLoad adds scraped running and waiting requests to the load (as the maximum of
+	// the two figures). Default true.
+	ScrapedLoad bool `yaml:"scraped_load"`
+}
+
+// DefaultPlacementConfig returns the defaults measured in docs/results-policy.md.
+func DefaultPlacementConfig() PlacementConfig {
+	return PlacementConfig{
+		PrefixDepth:   4,
+		Saturated:     3,
+		SpillLoad:     6,
+		Fill:          0.75,
+		HoldFraction:  0.5,
+		LiveWindow:    1024,
+		BlockSize:     16,
+		DefaultBlocks: 4096,
+		MaxPrefixes:   65536,
+		ScrapedLoad:   true,
+	}
+}
+
+// Validate reports every invalid field.
+func (c PlacementConfig) Validate() error {
+	var errs []error
+	pos := func(name string, v int) {
+		if v <= 0 {
+			errs = append(errs, fmt.Errorf("scoring: placement %s must be > 0, got %d", name, v))
+		}
+	}
+	pos("prefix_depth", c.PrefixDepth)
+	pos("saturated", c.Saturated)
+	pos("spill_load", c.SpillLoad)
+	pos("live_window", c.LiveWindow)
+	pos("block_size", c.BlockSize)
+	pos("default_blocks", c.DefaultBlocks)
+	pos("max_prefixes", c.MaxPrefixes)
+	share := func(name string, v float64) {
+		if math.IsNaN(v) || v <= 0 || v > 1 {
+			errs = append(errs, fmt.Errorf("scoring: placement %s must be in (0, 1], got %v", name, v))
+		}
+	}
+	share("fill", c.Fill)
+	share("hold_fraction", c.HoldFraction)
+	if c.SpillLoad < c.Saturated && c.Saturated > 0 && c.SpillLoad > 0 {
+		errs = append(errs, fmt.Errorf("scoring: placement spill_load (%d) must be >= saturated (%d)", c.SpillLoad, c.Saturated))
+	}
+	return errors.Join(errs...)
+}
