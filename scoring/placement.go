@@ -49,6 +49,7 @@ type Placement struct {
 	eps      map[string]*plEndpoint
 	prefixes map[uint64]*plPrefix
 	pending  map[string]plPending
+	reqs     map[string]plReq
 }
 
 // maxPending bounds the picks remembered until Routed or Finished.
@@ -57,6 +58,15 @@ const maxPending = 1 << 16
 type plEndpoint struct {
 	used     int // blocks of live placements
 	homeUsed int // blocks of live home placements
+	// footprint is the KV blocks the endpoint's in-flight requests (routed by this
+	// router) occupy: each active prefix's blocks once, plus each request's own.
+	footprint int
+	active    map[uint64]*plActive
+}
+
+type plActive struct {
+	requests int
+	blocks   int // the prefix's blocks as counted into footprint
 }
 
 type plPrefix struct {
@@ -74,8 +84,17 @@ type plPlace struct {
 }
 
 type plPending struct {
-	key  uint64
-	addr string
+	key     uint64
+	addr    string
+	blocks  int // the request's full blocks
+	pblocks int // its prefix's estimated blocks at the pick
+}
+
+// plReq is an in-flight request's share of an endpoint's footprint.
+type plReq struct {
+	ep     *plEndpoint
+	key    uint64
+	unique int
 }
 
 type plScratch struct {
@@ -84,6 +103,7 @@ type plScratch struct {
 	lead  []int
 	loads []int
 	pos   []int
+	ok    []bool
 }
 
 type placementMetrics struct {
@@ -123,6 +143,7 @@ func NewPlacement(cfg PlacementConfig, ix PrefixIndex, reg prometheus.Registerer
 		eps:      make(map[string]*plEndpoint),
 		prefixes: make(map[uint64]*plPrefix),
 		pending:  make(map[string]plPending),
+		reqs:     make(map[string]plReq),
 	}, nil
 }
 
@@ -192,7 +213,7 @@ func (p *Placement) Pick(req *Request, cands []Endpoint) (Decision, error) {
 		p.sweep()
 	}
 	e := p.prefix(key, sc.keys)
-	best, kind := p.choose(e, cands, sc)
+	best, kind := p.choose(e, key, cands, sc)
 	addr := cands[best].Address
 	p.touch(e, addr, kind == plHome)
 	if len(p.pending) >= maxPending {
@@ -202,7 +223,7 @@ func (p *Placement) Pick(req *Request, cands []Endpoint) (Decision, error) {
 		}
 	}
 	if req.ID != "" {
-		p.pending[req.ID] = plPending{key: key, addr: addr}
+		p.pending[req.ID] = plPending{key: key, addr: addr, blocks: len(sc.keys), pblocks: e.blocks}
 	}
 	p.mu.Unlock()
 	p.m.decisions.WithLabelValues(kind).Inc()
@@ -310,7 +331,7 @@ func (p *Placement) touch(e *plPrefix, addr string, home bool) {
 
 // choose applies the rules documented on Placement and returns the chosen candidate and
 // the kind of decision; sc.pos[i] is set to candidate i's placement position or -1.
-func (p *Placement) choose(e *plPrefix, cands []Endpoint, sc *plScratch) (int, string) {
+func (p *Placement) choose(e *plPrefix, key uint64, cands []Endpoint, sc *plScratch) (int, string) {
 	n := len(cands)
 	sc.pos = slices.Grow(sc.pos[:0], n)[:n]
 	hold := int(math.Ceil(p.cfg.HoldFraction * float64(e.blocks)))
@@ -331,28 +352,42 @@ func (p *Placement) choose(e *plPrefix, cands []Endpoint, sc *plScratch) (int, s
 		}
 	}
 	// A prefix whose home expired or left keeps its most-cached holder as home.
-	h := -1
+	if !hasHome {
+		home := -1
+		for i := range cands {
+			if sc.pos[i] >= 0 && (home < 0 || sc.lead[i] > sc.lead[home]) {
+				home = i
+			}
+		}
+		if home >= 0 {
+			p.place(e, cands[home].Address, true)
+		}
+	}
+	blocks := len(sc.keys)
+	sc.ok = slices.Grow(sc.ok[:0], n)[:n]
+	for i := range cands {
+		sc.ok[i] = sc.loads[i] < p.cfg.Saturated && p.room(e, key, &cands[i], blocks)
+	}
+	// The least-loaded holder (h), and the least-loaded holder that can take it now (g).
+	h, g := -1, -1
+	better := func(i, j int) bool {
+		return j < 0 || sc.loads[i] < sc.loads[j] ||
+			(sc.loads[i] == sc.loads[j] && (sc.lead[i] > sc.lead[j] ||
+				(sc.lead[i] == sc.lead[j] && e.on[sc.pos[i]].home && !e.on[sc.pos[j]].home)))
+	}
 	for i := range cands {
 		if sc.pos[i] < 0 {
 			continue
 		}
-		if h < 0 || sc.loads[i] < sc.loads[h] ||
-			(sc.loads[i] == sc.loads[h] && (sc.lead[i] > sc.lead[h] ||
-				(sc.lead[i] == sc.lead[h] && e.on[sc.pos[i]].home && !e.on[sc.pos[h]].home))) {
+		if better(i, h) {
 			h = i
 		}
-	}
-	if h >= 0 && !hasHome {
-		home := h
-		for i := range cands {
-			if sc.pos[i] >= 0 && sc.lead[i] > sc.lead[home] {
-				home = i
-			}
+		if sc.ok[i] && better(i, g) {
+			g = i
 		}
-		p.place(e, cands[home].Address, true)
 	}
-	if h >= 0 && sc.loads[h] < p.cfg.Saturated {
-		return h, plHolder
+	if g >= 0 {
+		return g, plHolder
 	}
 	if h < 0 {
 		return p.newHome(e, cands, sc), plHome
@@ -360,7 +395,7 @@ func (p *Placement) choose(e *plPrefix, cands []Endpoint, sc *plScratch) (int, s
 	// Every holder is saturated: a replica where it evicts nothing live.
 	r := -1
 	for i := range cands {
-		if sc.pos[i] >= 0 || sc.loads[i] >= min(p.cfg.Saturated, sc.loads[h]) {
+		if sc.pos[i] >= 0 || !sc.ok[i] || sc.loads[i] >= sc.loads[h] {
 			continue
 		}
 		c := p.capacity(&cands[i])
@@ -377,13 +412,14 @@ func (p *Placement) choose(e *plPrefix, cands []Endpoint, sc *plScratch) (int, s
 		sc.pos[r] = p.place(e, cands[r].Address, false)
 		return r, plReplica
 	}
-	if sc.loads[h] < p.cfg.SpillLoad {
+	full := p.cfg.SpillOnFull && !p.room(e, key, &cands[h], blocks)
+	if sc.loads[h] < p.cfg.SpillLoad && !full {
 		return h, plQueue
 	}
 	// A real queue: spill where the prefix overflows live placements least.
 	s, sOver := -1, 0.0
 	for i := range cands {
-		if sc.pos[i] >= 0 || sc.loads[i] >= p.cfg.Saturated {
+		if sc.pos[i] >= 0 || !sc.ok[i] {
 			continue
 		}
 		c := float64(p.capacity(&cands[i]))
@@ -408,7 +444,7 @@ func (p *Placement) fillOf(c *Endpoint) float64 {
 func (p *Placement) newHome(e *plPrefix, cands []Endpoint, sc *plScratch) int {
 	best, bestShare, bestOK := -1, 0.0, false
 	for i := range cands {
-		ok := sc.loads[i] < p.cfg.SpillLoad
+		ok := sc.ok[i]
 		share := float64(p.endpoint(cands[i].Address).homeUsed+e.blocks) / float64(p.capacity(&cands[i]))
 		better := best < 0 || (ok && !bestOK) ||
 			(ok == bestOK && (share < bestShare || (share == bestShare && sc.loads[i] < sc.loads[best])))
@@ -462,8 +498,8 @@ func (p *Placement) decision(cands []Endpoint, sc *plScratch, best int, pos []in
 	return d
 }
 
-// Routed places the request's prefix on endpoint when the router sent it somewhere other
-// than Pick chose (a fallback).
+// Routed counts the request into endpoint's KV footprint and, when the router sent it
+// somewhere other than Pick chose (a fallback), places its prefix there.
 func (p *Placement) Routed(req *Request, endpoint string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -472,22 +508,78 @@ func (p *Placement) Routed(req *Request, endpoint string) {
 		return
 	}
 	delete(p.pending, req.ID)
-	if pd.addr == endpoint {
+	if _, dup := p.reqs[req.ID]; dup {
 		return
 	}
-	if e := p.prefixes[pd.key]; e != nil {
-		p.touch(e, endpoint, false)
+	if pd.addr != endpoint {
+		if e := p.prefixes[pd.key]; e != nil {
+			p.touch(e, endpoint, false)
+		}
 	}
+	if len(p.reqs) >= maxPending {
+		for id := range p.reqs {
+			p.release(id)
+			break
+		}
+	}
+	ep := p.endpoint(endpoint)
+	if ep.active == nil {
+		ep.active = make(map[uint64]*plActive)
+	}
+	a := ep.active[pd.key]
+	if a == nil {
+		a = &plActive{blocks: pd.pblocks}
+		ep.active[pd.key] = a
+		ep.footprint += a.blocks
+	}
+	a.requests++
+	r := plReq{ep: ep, key: pd.key, unique: max(0, pd.blocks-a.blocks) + p.cfg.OutputBlocks}
+	ep.footprint += r.unique
+	p.reqs[req.ID] = r
 }
 
-// FirstToken does nothing: loads come from the candidates' in-flight counts.
+// FirstToken does nothing: the footprint lasts until the request finishes.
 func (p *Placement) FirstToken(string) {}
 
-// Finished forgets a pick whose Routed never came.
+// Finished releases the request's footprint.
 func (p *Placement) Finished(reqID string) {
 	p.mu.Lock()
 	delete(p.pending, reqID)
+	p.release(reqID)
 	p.mu.Unlock()
+}
+
+// release drops a tracked request; p.mu must be held.
+func (p *Placement) release(id string) {
+	r, ok := p.reqs[id]
+	if !ok {
+		return
+	}
+	delete(p.reqs, id)
+	r.ep.footprint -= r.unique
+	if a := r.ep.active[r.key]; a != nil {
+		if a.requests--; a.requests <= 0 {
+			r.ep.footprint -= a.blocks
+			delete(r.ep.active, r.key)
+		}
+	}
+}
+
+// room reports whether candidate i can start the request without waiting for KV blocks:
+// its footprint, plus the request's blocks not already active there, stays within
+// Headroom of its capacity. p.mu must be held.
+func (p *Placement) room(e *plPrefix, key uint64, c *Endpoint, blocks int) bool {
+	ep := p.endpoint(c.Address)
+	capacity := float64(p.capacity(c))
+	used := float64(ep.footprint)
+	if p.cfg.ScrapedLoad && c.Metrics.Valid {
+		used = max(used, c.Metrics.KVCacheUsage*capacity)
+	}
+	need := blocks + p.cfg.OutputBlocks
+	if a := ep.active[key]; a != nil {
+		need -= min(a.blocks, blocks)
+	}
+	return used+float64(need) <= p.cfg.Headroom*capacity
 }
 
 // Forget drops every placement on an endpoint that left the fleet; only its prefixes

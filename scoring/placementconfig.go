@@ -25,6 +25,16 @@ type PlacementConfig struct {
 	// Fill is the share of an endpoint's KV capacity that live placements may take
 	// before an extra replica placed there would evict other live prefixes. Default 0.75.
 	Fill float64 `yaml:"fill"`
+	// Headroom is the share of an endpoint's KV capacity its in-flight requests may
+	// occupy (each active prefix once, plus every request's own blocks and OutputBlocks)
+	// before a new request would wait there for blocks. A holder without room counts as
+	// saturated. Default 0.9.
+	Headroom float64 `yaml:"headroom"`
+	// OutputBlocks is the blocks a request is expected to add while decoding. Default 4.
+	OutputBlocks int `yaml:"output_blocks"`
+	// SpillOnFull spills (rule 4) as soon as the least-loaded holder has no KV room,
+	// without waiting for SpillLoad. Default true.
+	SpillOnFull bool `yaml:"spill_on_full"`
 	// HoldFraction is the share of a prefix's estimated blocks an endpoint must hold, per
 	// the index, to count as holding it. Default 0.5.
 	HoldFraction float64 `yaml:"hold_fraction"`
@@ -51,6 +61,9 @@ func DefaultPlacementConfig() PlacementConfig {
 		Saturated:     3,
 		SpillLoad:     6,
 		Fill:          0.75,
+		Headroom:      0.9,
+		OutputBlocks:  4,
+		SpillOnFull:   true,
 		HoldFraction:  0.5,
 		LiveWindow:    1024,
 		BlockSize:     16,
@@ -82,6 +95,10 @@ func (c PlacementConfig) Validate() error {
 	}
 	share("fill", c.Fill)
 	share("hold_fraction", c.HoldFraction)
+	share("headroom", c.Headroom)
+	if c.OutputBlocks < 0 {
+		errs = append(errs, fmt.Errorf("scoring: placement output_blocks must be >= 0, got %d", c.OutputBlocks))
+	}
 	if c.SpillLoad < c.Saturated && c.Saturated > 0 && c.SpillLoad > 0 {
 		errs = append(errs, fmt.Errorf("scoring: placement spill_load (%d) must be >= saturated (%d)", c.SpillLoad, c.Saturated))
 	}

@@ -153,6 +153,12 @@ func parsePlacement(spec string, c *scoring.PlacementConfig) error {
 			c.Fill, err = strconv.ParseFloat(v, 64)
 		case "hold_fraction":
 			c.HoldFraction, err = strconv.ParseFloat(v, 64)
+		case "headroom":
+			c.Headroom, err = strconv.ParseFloat(v, 64)
+		case "output_blocks":
+			c.OutputBlocks, err = strconv.Atoi(v)
+		case "spill_on_full":
+			c.SpillOnFull, err = strconv.ParseBool(v)
 		case "scraped_load":
 			c.ScrapedLoad, err = strconv.ParseBool(v)
 		default:
