@@ -5,6 +5,7 @@ import (
 	"math"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -42,6 +43,7 @@ type Placement struct {
 	cfg     PlacementConfig
 	ix      PrefixIndex
 	m       *placementMetrics
+	now     func() time.Time
 	scratch sync.Pool
 
 	mu       sync.Mutex
@@ -62,6 +64,9 @@ type plEndpoint struct {
 	// router) occupy: each active prefix's blocks once, plus each request's own.
 	footprint int
 	active    map[uint64]*plActive
+	// decode is a moving average of the time from first token to finish, seconds; 0
+	// until measured. It ranks endpoints by speed.
+	decode float64
 }
 
 type plActive struct {
@@ -95,6 +100,7 @@ type plReq struct {
 	ep     *plEndpoint
 	key    uint64
 	unique int
+	first  time.Time // zero until FirstToken
 }
 
 type plScratch struct {
@@ -104,6 +110,10 @@ type plScratch struct {
 	loads []int
 	pos   []int
 	ok    []bool
+	// decode is each candidate's measured decode time, meanDecode their mean (1 when
+	// none is measured).
+	decode     []float64
+	meanDecode float64
 }
 
 type placementMetrics struct {
@@ -120,8 +130,9 @@ const (
 	plUntokenized = "untokenized"
 )
 
-// NewPlacement returns a Placement policy over ix; reg may be nil.
-func NewPlacement(cfg PlacementConfig, ix PrefixIndex, reg prometheus.Registerer) (*Placement, error) {
+// NewPlacement returns a Placement policy over ix. now is the clock that times responses
+// to rank endpoints by speed (nil: time.Now); reg may be nil.
+func NewPlacement(cfg PlacementConfig, ix PrefixIndex, now func() time.Time, reg prometheus.Registerer) (*Placement, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -138,8 +149,11 @@ func NewPlacement(cfg PlacementConfig, ix PrefixIndex, reg prometheus.Registerer
 	if reg != nil {
 		reg.MustRegister(m.decisions)
 	}
+	if now == nil {
+		now = time.Now
+	}
 	return &Placement{
-		cfg: cfg, ix: ix, m: m,
+		cfg: cfg, ix: ix, m: m, now: now,
 		eps:      make(map[string]*plEndpoint),
 		prefixes: make(map[uint64]*plPrefix),
 		pending:  make(map[string]plPending),
@@ -364,6 +378,21 @@ func (p *Placement) choose(e *plPrefix, key uint64, cands []Endpoint, sc *plScra
 		}
 	}
 	blocks := len(sc.keys)
+	sc.decode = slices.Grow(sc.decode[:0], n)[:n]
+	sc.meanDecode = 0
+	var measured int
+	for i := range cands {
+		sc.decode[i] = p.endpoint(cands[i].Address).decode
+		if sc.decode[i] > 0 {
+			sc.meanDecode += sc.decode[i]
+			measured++
+		}
+	}
+	if measured > 0 {
+		sc.meanDecode /= float64(measured)
+	} else {
+		sc.meanDecode = 1
+	}
 	sc.ok = slices.Grow(sc.ok[:0], n)[:n]
 	for i := range cands {
 		sc.ok[i] = sc.loads[i] < p.cfg.Saturated && p.room(e, key, &cands[i], blocks)
@@ -371,8 +400,12 @@ func (p *Placement) choose(e *plPrefix, key uint64, cands []Endpoint, sc *plScra
 	// The least-loaded holder (h), and the least-loaded holder that can take it now (g).
 	h, g := -1, -1
 	better := func(i, j int) bool {
-		return j < 0 || sc.loads[i] < sc.loads[j] ||
-			(sc.loads[i] == sc.loads[j] && (sc.lead[i] > sc.lead[j] ||
+		if j < 0 {
+			return true
+		}
+		wi, wj := p.wait(sc, i), p.wait(sc, j)
+		return wi < wj ||
+			(wi == wj && (sc.lead[i] > sc.lead[j] ||
 				(sc.lead[i] == sc.lead[j] && e.on[sc.pos[i]].home && !e.on[sc.pos[j]].home)))
 	}
 	for i := range cands {
@@ -386,13 +419,14 @@ func (p *Placement) choose(e *plPrefix, key uint64, cands []Endpoint, sc *plScra
 			g = i
 		}
 	}
-	if g >= 0 {
-		return g, plHolder
-	}
 	if h < 0 {
 		return p.newHome(e, cands, sc), plHome
 	}
-	// Every holder is saturated: a replica where it evicts nothing live.
+	if g >= 0 && sc.loads[g] < p.cfg.ReplicaLoad {
+		return g, plHolder
+	}
+	// The holders are busy: a replica where it evicts nothing live, on an endpoint less
+	// loaded than every holder.
 	r := -1
 	for i := range cands {
 		if sc.pos[i] >= 0 || !sc.ok[i] || sc.loads[i] >= sc.loads[h] {
@@ -403,14 +437,17 @@ func (p *Placement) choose(e *plPrefix, key uint64, cands []Endpoint, sc *plScra
 		if float64(ep.used+e.blocks) > p.cfg.Fill*float64(c) {
 			continue
 		}
-		if r < 0 || sc.loads[i] < sc.loads[r] ||
-			(sc.loads[i] == sc.loads[r] && p.fillOf(&cands[i]) < p.fillOf(&cands[r])) {
+		if r < 0 || p.wait(sc, i) < p.wait(sc, r) ||
+			(p.wait(sc, i) == p.wait(sc, r) && p.fillOf(&cands[i]) < p.fillOf(&cands[r])) {
 			r = i
 		}
 	}
 	if r >= 0 {
 		sc.pos[r] = p.place(e, cands[r].Address, false)
 		return r, plReplica
+	}
+	if g >= 0 {
+		return g, plHolder
 	}
 	full := p.cfg.SpillOnFull && !p.room(e, key, &cands[h], blocks)
 	if sc.loads[h] < p.cfg.SpillLoad && !full {
@@ -447,7 +484,7 @@ func (p *Placement) newHome(e *plPrefix, cands []Endpoint, sc *plScratch) int {
 		ok := sc.ok[i]
 		share := float64(p.endpoint(cands[i].Address).homeUsed+e.blocks) / float64(p.capacity(&cands[i]))
 		better := best < 0 || (ok && !bestOK) ||
-			(ok == bestOK && (share < bestShare || (share == bestShare && sc.loads[i] < sc.loads[best])))
+			(ok == bestOK && (share < bestShare || (share == bestShare && p.wait(sc, i) < p.wait(sc, best))))
 		if better {
 			best, bestShare, bestOK = i, share, ok
 		}
@@ -538,15 +575,48 @@ func (p *Placement) Routed(req *Request, endpoint string) {
 	p.reqs[req.ID] = r
 }
 
-// FirstToken does nothing: the footprint lasts until the request finishes.
-func (p *Placement) FirstToken(string) {}
+// FirstToken starts timing the request's decode.
+func (p *Placement) FirstToken(reqID string) {
+	t := p.now()
+	p.mu.Lock()
+	if r, ok := p.reqs[reqID]; ok && r.first.IsZero() {
+		r.first = t
+		p.reqs[reqID] = r
+	}
+	p.mu.Unlock()
+}
 
-// Finished releases the request's footprint.
+// Finished releases the request's footprint and folds its decode time into the
+// endpoint's speed estimate.
 func (p *Placement) Finished(reqID string) {
+	t := p.now()
 	p.mu.Lock()
 	delete(p.pending, reqID)
+	if r, ok := p.reqs[reqID]; ok && !r.first.IsZero() {
+		if d := t.Sub(r.first).Seconds(); d > 0 {
+			if r.ep.decode == 0 {
+				r.ep.decode = d
+			} else {
+				r.ep.decode += decodeAlpha * (d - r.ep.decode)
+			}
+		}
+	}
 	p.release(reqID)
 	p.mu.Unlock()
+}
+
+// decodeAlpha weighs the newest decode time in an endpoint's moving average.
+const decodeAlpha = 0.1
+
+// wait ranks candidate i by the time its queue takes to drain past a new request: its
+// load plus one, times its measured decode time (the mean of the measured ones when it
+// has none yet). p.mu must be held.
+func (p *Placement) wait(sc *plScratch, i int) float64 {
+	d := sc.decode[i]
+	if d == 0 {
+		d = sc.meanDecode
+	}
+	return float64(sc.loads[i]+1) * d
 }
 
 // release drops a tracked request; p.mu must be held.

@@ -18,6 +18,10 @@ type PlacementConfig struct {
 	// Saturated is the load at which a holder of the prefix stops taking more of it while
 	// another holder, or an endpoint with room to spare, is less loaded. Default 3.
 	Saturated int `yaml:"saturated"`
+	// ReplicaLoad is the load of the least-loaded holder at which the prefix takes a
+	// replica on a less-loaded endpoint where it fits within Fill (evicting nothing live).
+	// Default 1.
+	ReplicaLoad int `yaml:"replica_load"`
 	// SpillLoad is the load a prefix's least-loaded holder must reach before the prefix
 	// spills to an endpoint where its blocks would evict other live prefixes; below it,
 	// requests queue at the holder. Default 6.
@@ -58,12 +62,13 @@ type PlacementConfig struct {
 func DefaultPlacementConfig() PlacementConfig {
 	return PlacementConfig{
 		PrefixDepth:   4,
-		Saturated:     3,
-		SpillLoad:     6,
-		Fill:          0.75,
+		Saturated:     6,
+		SpillLoad:     10,
+		ReplicaLoad:   1,
+		Fill:          0.5,
 		Headroom:      0.9,
 		OutputBlocks:  4,
-		SpillOnFull:   true,
+		SpillOnFull:   false,
 		HoldFraction:  0.5,
 		LiveWindow:    1024,
 		BlockSize:     16,
@@ -84,6 +89,7 @@ func (c PlacementConfig) Validate() error {
 	pos("prefix_depth", c.PrefixDepth)
 	pos("saturated", c.Saturated)
 	pos("spill_load", c.SpillLoad)
+	pos("replica_load", c.ReplicaLoad)
 	pos("live_window", c.LiveWindow)
 	pos("block_size", c.BlockSize)
 	pos("default_blocks", c.DefaultBlocks)

@@ -48,7 +48,7 @@ var policies = []struct {
 		if err != nil {
 			return kvbench.Router{}, err
 		}
-		p, err := scoring.NewPlacement(placementConfig, ix, nil)
+		p, err := scoring.NewPlacement(placementConfig, ix, env.Now, nil)
 		return kvbench.Router{Policy: p, Events: indexSink{ix, sink}}, err
 	}},
 	{"approximate", func(env kvbench.PolicyEnv) (kvbench.Router, error) {
@@ -153,6 +153,8 @@ func parsePlacement(spec string, c *scoring.PlacementConfig) error {
 			c.Fill, err = strconv.ParseFloat(v, 64)
 		case "hold_fraction":
 			c.HoldFraction, err = strconv.ParseFloat(v, 64)
+		case "replica_load":
+			c.ReplicaLoad, err = strconv.Atoi(v)
 		case "headroom":
 			c.Headroom, err = strconv.ParseFloat(v, 64)
 		case "output_blocks":
