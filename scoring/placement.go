@@ -64,6 +64,8 @@ type plEndpoint struct {
 	// router) occupy: each active prefix's blocks once, plus each request's own.
 	footprint int
 	active    map[uint64]*plActive
+	// prefill is the uncached prompt tokens of in-flight requests without a first token.
+	prefill int
 	// decode is a moving average of the time from first token to finish, seconds; 0
 	// until measured. It ranks endpoints by speed.
 	decode float64
@@ -93,14 +95,16 @@ type plPending struct {
 	addr    string
 	blocks  int // the request's full blocks
 	pblocks int // its prefix's estimated blocks at the pick
+	prefill int // its uncached prompt tokens on addr, per the index at the pick
 }
 
 // plReq is an in-flight request's share of an endpoint's footprint.
 type plReq struct {
-	ep     *plEndpoint
-	key    uint64
-	unique int
-	first  time.Time // zero until FirstToken
+	ep      *plEndpoint
+	key     uint64
+	unique  int
+	prefill int       // uncached tokens, released at the first token
+	first   time.Time // zero until FirstToken
 }
 
 type plScratch struct {
@@ -110,6 +114,7 @@ type plScratch struct {
 	loads []int
 	pos   []int
 	ok    []bool
+	room  []bool
 	// decode is each candidate's measured decode time, meanDecode their mean (1 when
 	// none is measured).
 	decode     []float64
@@ -126,6 +131,7 @@ const (
 	plHome        = "home"
 	plReplica     = "replica"
 	plSpill       = "spill"
+	plDivert      = "divert"
 	plQueue       = "queue"
 	plUntokenized = "untokenized"
 )
@@ -141,9 +147,9 @@ func NewPlacement(cfg PlacementConfig, ix PrefixIndex, now func() time.Time, reg
 	}
 	m := &placementMetrics{decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kvrouter_scoring_placement_decisions_total",
-		Help: "Placement policy decisions by kind: holder, home, replica, spill, queue, untokenized.",
+		Help: "Placement policy decisions by kind: holder, home, replica, spill, divert, queue, untokenized.",
 	}, []string{"kind"})}
-	for _, k := range []string{plHolder, plHome, plReplica, plSpill, plQueue, plUntokenized} {
+	for _, k := range []string{plHolder, plHome, plReplica, plSpill, plDivert, plQueue, plUntokenized} {
 		m.decisions.WithLabelValues(k)
 	}
 	if reg != nil {
@@ -228,8 +234,12 @@ func (p *Placement) Pick(req *Request, cands []Endpoint) (Decision, error) {
 	}
 	e := p.prefix(key, sc.keys)
 	best, kind := p.choose(e, key, cands, sc)
+	if d := p.divert(cands, sc, best, len(req.TokenIDs), bs); d >= 0 {
+		best, kind = d, plDivert
+	} else {
+		p.touch(e, cands[best].Address, kind == plHome)
+	}
 	addr := cands[best].Address
-	p.touch(e, addr, kind == plHome)
 	if len(p.pending) >= maxPending {
 		for id := range p.pending { // any one: Go's map order is random
 			delete(p.pending, id)
@@ -237,7 +247,8 @@ func (p *Placement) Pick(req *Request, cands []Endpoint) (Decision, error) {
 		}
 	}
 	if req.ID != "" {
-		p.pending[req.ID] = plPending{key: key, addr: addr, blocks: len(sc.keys), pblocks: e.blocks}
+		p.pending[req.ID] = plPending{key: key, addr: addr, blocks: len(sc.keys), pblocks: e.blocks,
+			prefill: max(0, len(req.TokenIDs)-sc.lead[best]*bs)}
 	}
 	p.mu.Unlock()
 	p.m.decisions.WithLabelValues(kind).Inc()
@@ -394,8 +405,10 @@ func (p *Placement) choose(e *plPrefix, key uint64, cands []Endpoint, sc *plScra
 		sc.meanDecode = 1
 	}
 	sc.ok = slices.Grow(sc.ok[:0], n)[:n]
+	sc.room = slices.Grow(sc.room[:0], n)[:n]
 	for i := range cands {
-		sc.ok[i] = sc.loads[i] < p.cfg.Saturated && p.room(e, key, &cands[i], blocks)
+		sc.room[i] = p.room(e, key, &cands[i], blocks)
+		sc.ok[i] = sc.loads[i] < p.cfg.Saturated && sc.room[i]
 	}
 	// The least-loaded holder (h), and the least-loaded holder that can take it now (g).
 	h, g := -1, -1
@@ -571,7 +584,13 @@ func (p *Placement) Routed(req *Request, endpoint string) {
 	}
 	a.requests++
 	r := plReq{ep: ep, key: pd.key, unique: max(0, pd.blocks-a.blocks) + p.cfg.OutputBlocks}
+	if pd.addr == endpoint {
+		r.prefill = pd.prefill
+	} else {
+		r.prefill = len(req.TokenIDs)
+	}
 	ep.footprint += r.unique
+	ep.prefill += r.prefill
 	p.reqs[req.ID] = r
 }
 
@@ -581,6 +600,7 @@ func (p *Placement) FirstToken(reqID string) {
 	p.mu.Lock()
 	if r, ok := p.reqs[reqID]; ok && r.first.IsZero() {
 		r.first = t
+		r.ep.prefill -= r.prefill
 		p.reqs[reqID] = r
 	}
 	p.mu.Unlock()
@@ -608,6 +628,43 @@ func (p *Placement) Finished(reqID string) {
 // decodeAlpha weighs the newest decode time in an endpoint's moving average.
 const decodeAlpha = 0.1
 
+// divert returns the candidate a request should go to instead of best when best's
+// estimated time to first token, its prefill backlog plus the request's uncached tokens
+// scaled by its measured speed, exceeds DeadlineTokens and another candidate with KV room
+// would start it at least twice as soon; -1 otherwise. A diverted request places nothing.
+// p.mu must be held.
+func (p *Placement) divert(cands []Endpoint, sc *plScratch, best, tokens, bs int) int {
+	if p.cfg.DeadlineTokens <= 0 {
+		return -1
+	}
+	est := func(i int) float64 {
+		d := sc.decode[i]
+		if d == 0 {
+			d = sc.meanDecode
+		}
+		backlog := p.endpoint(cands[i].Address).prefill + max(0, tokens-sc.lead[i]*bs)
+		return float64(backlog) * d / sc.meanDecode
+	}
+	eb := est(best)
+	full := p.cfg.DivertOnFull && !sc.room[best]
+	if eb <= float64(p.cfg.DeadlineTokens) && !full {
+		return -1
+	}
+	alt, ea := -1, 0.0
+	for i := range cands {
+		if i == best || !sc.ok[i] {
+			continue
+		}
+		if x := est(i); alt < 0 || x < ea {
+			alt, ea = i, x
+		}
+	}
+	if alt < 0 || (!full && 2*ea > eb) {
+		return -1
+	}
+	return alt
+}
+
 // wait ranks candidate i by the time its queue takes to drain past a new request: its
 // load plus one, times its measured decode time (the mean of the measured ones when it
 // has none yet). p.mu must be held.
@@ -627,6 +684,9 @@ func (p *Placement) release(id string) {
 	}
 	delete(p.reqs, id)
 	r.ep.footprint -= r.unique
+	if r.first.IsZero() {
+		r.ep.prefill -= r.prefill
+	}
 	if a := r.ep.active[r.key]; a != nil {
 		if a.requests--; a.requests <= 0 {
 			r.ep.footprint -= a.blocks

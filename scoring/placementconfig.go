@@ -39,6 +39,15 @@ type PlacementConfig struct {
 	// SpillOnFull spills (rule 4) as soon as the least-loaded holder has no KV room,
 	// without waiting for SpillLoad. Default true.
 	SpillOnFull bool `yaml:"spill_on_full"`
+	// DeadlineTokens bounds the prefill backlog (uncached prompt tokens ahead of and in
+	// the request, scaled by the endpoint's measured speed) a request accepts at the
+	// chosen endpoint: beyond it, and when another endpoint with KV room would start it
+	// at least twice as soon, the request alone goes there (placing nothing). 0 disables.
+	// Default 4096.
+	DeadlineTokens int `yaml:"deadline_tokens"`
+	// DivertOnFull sends a request alone (placing nothing) to the candidate with KV room
+	// that would start it soonest when the chosen endpoint has no KV room. Default true.
+	DivertOnFull bool `yaml:"divert_on_full"`
 	// HoldFraction is the share of a prefix's estimated blocks an endpoint must hold, per
 	// the index, to count as holding it. Default 0.5.
 	HoldFraction float64 `yaml:"hold_fraction"`
@@ -61,20 +70,21 @@ type PlacementConfig struct {
 // DefaultPlacementConfig returns the defaults measured in docs/results-policy.md.
 func DefaultPlacementConfig() PlacementConfig {
 	return PlacementConfig{
-		PrefixDepth:   4,
-		Saturated:     6,
-		SpillLoad:     10,
-		ReplicaLoad:   1,
-		Fill:          0.5,
-		Headroom:      0.9,
-		OutputBlocks:  4,
-		SpillOnFull:   false,
-		HoldFraction:  0.5,
-		LiveWindow:    1024,
-		BlockSize:     16,
-		DefaultBlocks: 4096,
-		MaxPrefixes:   65536,
-		ScrapedLoad:   true,
+		PrefixDepth:    4,
+		Saturated:      6,
+		SpillLoad:      10,
+		ReplicaLoad:    1,
+		Fill:           0.5,
+		Headroom:       0.9,
+		OutputBlocks:   4,
+		SpillOnFull:    false,
+		DeadlineTokens: 4096,
+		HoldFraction:   0.5,
+		LiveWindow:     1024,
+		BlockSize:      16,
+		DefaultBlocks:  4096,
+		MaxPrefixes:    65536,
+		ScrapedLoad:    true,
 	}
 }
 
@@ -102,6 +112,9 @@ func (c PlacementConfig) Validate() error {
 	share("fill", c.Fill)
 	share("hold_fraction", c.HoldFraction)
 	share("headroom", c.Headroom)
+	if c.DeadlineTokens < 0 {
+		errs = append(errs, fmt.Errorf("scoring: placement deadline_tokens must be >= 0, got %d", c.DeadlineTokens))
+	}
 	if c.OutputBlocks < 0 {
 		errs = append(errs, fmt.Errorf("scoring: placement output_blocks must be >= 0, got %d", c.OutputBlocks))
 	}

@@ -155,6 +155,10 @@ func parsePlacement(spec string, c *scoring.PlacementConfig) error {
 			c.HoldFraction, err = strconv.ParseFloat(v, 64)
 		case "replica_load":
 			c.ReplicaLoad, err = strconv.Atoi(v)
+		case "deadline_tokens":
+			c.DeadlineTokens, err = strconv.Atoi(v)
+		case "divert_on_full":
+			c.DivertOnFull, err = strconv.ParseBool(v)
 		case "headroom":
 			c.Headroom, err = strconv.ParseFloat(v, 64)
 		case "output_blocks":
