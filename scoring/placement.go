@@ -84,10 +84,11 @@ type plPrefix struct {
 }
 
 type plPlace struct {
-	ep   *plEndpoint
-	addr string
-	home bool
-	used uint64
+	ep     *plEndpoint
+	addr   string
+	home   bool
+	used   uint64
+	placed uint64 // the pick that made it
 }
 
 type plPending struct {
@@ -346,7 +347,7 @@ func (p *Placement) place(e *plPrefix, addr string, home bool) int {
 	if home {
 		ep.homeUsed += e.blocks
 	}
-	e.on = append(e.on, plPlace{ep: ep, addr: addr, home: home, used: p.tick})
+	e.on = append(e.on, plPlace{ep: ep, addr: addr, home: home, used: p.tick, placed: p.tick})
 	return len(e.on) - 1
 }
 
@@ -364,6 +365,20 @@ func (p *Placement) choose(e *plPrefix, key uint64, cands []Endpoint, sc *plScra
 	for _, pl := range e.on {
 		hasHome = hasHome || pl.home
 	}
+	// A replica the index still does not confirm ConfirmPicks picks after it was made has
+	// been evicted: drop it. Homes stay, so the partition stays put.
+	e.on = slices.DeleteFunc(e.on, func(pl plPlace) bool {
+		if pl.home || p.tick-pl.placed <= uint64(p.cfg.ConfirmPicks) {
+			return false
+		}
+		for i := range cands {
+			if cands[i].Address == pl.addr && sc.lead[i] < max(hold, 1) {
+				p.unplace(e, &pl)
+				return true
+			}
+		}
+		return false
+	})
 	for i := range cands {
 		sc.pos[i] = -1
 		for j := range e.on {

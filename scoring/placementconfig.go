@@ -51,6 +51,9 @@ type PlacementConfig struct {
 	// HoldFraction is the share of a prefix's estimated blocks an endpoint must hold, per
 	// the index, to count as holding it. Default 0.5.
 	HoldFraction float64 `yaml:"hold_fraction"`
+	// ConfirmPicks is how many picks a replica may go unconfirmed by the index (KV events
+	// lag) before it is taken for evicted and dropped. Default 32.
+	ConfirmPicks int `yaml:"confirm_picks"`
 	// LiveWindow is how many of the policy's own picks a placement stays live without
 	// being used. Default 1024.
 	LiveWindow int `yaml:"live_window"`
@@ -62,8 +65,10 @@ type PlacementConfig struct {
 	// MaxPrefixes bounds the placement table; beyond it the least recently seen prefixes
 	// are dropped. Default 65536.
 	MaxPrefixes int `yaml:"max_prefixes"`
-	// ScrapedLoad adds scraped running and waiting requests to the load (as the maximum of
-	// the two figures). Default true.
+	// ScrapedLoad takes an endpoint's load as the larger of the router's in-flight count
+	// and its scraped running plus waiting requests, and its KV use as the larger of the
+	// footprint and the scraped usage: for several router replicas, each seeing only its
+	// own requests. Stale by the scrape interval, so off by default (false).
 	ScrapedLoad bool `yaml:"scraped_load"`
 }
 
@@ -81,10 +86,11 @@ func DefaultPlacementConfig() PlacementConfig {
 		DeadlineTokens: 4096,
 		HoldFraction:   0.5,
 		LiveWindow:     1024,
+		ConfirmPicks:   32,
 		BlockSize:      16,
 		DefaultBlocks:  4096,
 		MaxPrefixes:    65536,
-		ScrapedLoad:    true,
+		ScrapedLoad:    false,
 	}
 }
 
@@ -101,6 +107,7 @@ func (c PlacementConfig) Validate() error {
 	pos("spill_load", c.SpillLoad)
 	pos("replica_load", c.ReplicaLoad)
 	pos("live_window", c.LiveWindow)
+	pos("confirm_picks", c.ConfirmPicks)
 	pos("block_size", c.BlockSize)
 	pos("default_blocks", c.DefaultBlocks)
 	pos("max_prefixes", c.MaxPrefixes)

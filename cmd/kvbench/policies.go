@@ -159,6 +159,8 @@ func parsePlacement(spec string, c *scoring.PlacementConfig) error {
 			c.DeadlineTokens, err = strconv.Atoi(v)
 		case "divert_on_full":
 			c.DivertOnFull, err = strconv.ParseBool(v)
+		case "confirm_picks":
+			c.ConfirmPicks, err = strconv.Atoi(v)
 		case "headroom":
 			c.Headroom, err = strconv.ParseFloat(v, 64)
 		case "output_blocks":
