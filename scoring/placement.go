@@ -235,7 +235,7 @@ func (p *Placement) Pick(req *Request, cands []Endpoint) (Decision, error) {
 	}
 	e := p.prefix(key, sc.keys)
 	best, kind := p.choose(e, key, cands, sc)
-	if d := p.divert(cands, sc, best, len(req.TokenIDs), bs); d >= 0 {
+	if d := p.divert(e, cands, sc, best, len(req.TokenIDs), bs); d >= 0 {
 		best, kind = d, plDivert
 	} else {
 		p.touch(e, cands[best].Address, kind == plHome)
@@ -648,7 +648,7 @@ const decodeAlpha = 0.1
 // scaled by its measured speed, exceeds DeadlineTokens and another candidate with KV room
 // would start it at least twice as soon; -1 otherwise. A diverted request places nothing.
 // p.mu must be held.
-func (p *Placement) divert(cands []Endpoint, sc *plScratch, best, tokens, bs int) int {
+func (p *Placement) divert(e *plPrefix, cands []Endpoint, sc *plScratch, best, tokens, bs int) int {
 	if p.cfg.DeadlineTokens <= 0 {
 		return -1
 	}
@@ -662,7 +662,10 @@ func (p *Placement) divert(cands []Endpoint, sc *plScratch, best, tokens, bs int
 	}
 	eb := est(best)
 	full := p.cfg.DivertOnFull && !sc.room[best]
-	if eb <= float64(p.cfg.DeadlineTokens) && !full {
+	// A busy endpoint that lost most of the prefix would recompute it behind others.
+	miss := p.cfg.DivertMisses && sc.loads[best] > 0 &&
+		float64(sc.lead[best]) < p.cfg.HoldFraction*float64(e.blocks)
+	if eb <= float64(p.cfg.DeadlineTokens) && !full && !miss {
 		return -1
 	}
 	alt, ea := -1, 0.0
@@ -670,11 +673,14 @@ func (p *Placement) divert(cands []Endpoint, sc *plScratch, best, tokens, bs int
 		if i == best || !sc.ok[i] {
 			continue
 		}
+		if miss && !full && (sc.loads[i] > 0 || !(sc.decode[i] > 0 && sc.decode[i] < p.cfg.MissSpeedup*sc.decode[best])) {
+			continue
+		}
 		if x := est(i); alt < 0 || x < ea {
 			alt, ea = i, x
 		}
 	}
-	if alt < 0 || (!full && 2*ea > eb) {
+	if alt < 0 || (!full && !miss && 2*ea > eb) {
 		return -1
 	}
 	return alt

@@ -46,8 +46,17 @@ type PlacementConfig struct {
 	// Default 4096.
 	DeadlineTokens int `yaml:"deadline_tokens"`
 	// DivertOnFull sends a request alone (placing nothing) to the candidate with KV room
-	// that would start it soonest when the chosen endpoint has no KV room. Default true.
+	// that would start it soonest when the chosen endpoint has no KV room. Default false
+	// (measured: at N=24 every endpoint is short of room and the diverts cost hits).
 	DivertOnFull bool `yaml:"divert_on_full"`
+	// DivertMisses sends a request alone to an idle candidate with KV room when the
+	// chosen endpoint is busy and holds less than HoldFraction of the prefix (it would
+	// recompute the prefix behind other requests) and the idle one is faster (see
+	// MissSpeedup). Default true.
+	DivertMisses bool `yaml:"divert_misses"`
+	// MissSpeedup is how much shorter an idle candidate's measured decode time must be,
+	// as a share of the chosen endpoint's, to take a diverted miss. Default 0.85.
+	MissSpeedup float64 `yaml:"miss_speedup"`
 	// HoldFraction is the share of a prefix's estimated blocks an endpoint must hold, per
 	// the index, to count as holding it. Default 0.5.
 	HoldFraction float64 `yaml:"hold_fraction"`
@@ -84,9 +93,12 @@ func DefaultPlacementConfig() PlacementConfig {
 		OutputBlocks:   4,
 		SpillOnFull:    false,
 		DeadlineTokens: 4096,
+		DivertOnFull:   false,
+		DivertMisses:   true,
 		HoldFraction:   0.5,
 		LiveWindow:     1024,
 		ConfirmPicks:   32,
+		MissSpeedup:    0.85,
 		BlockSize:      16,
 		DefaultBlocks:  4096,
 		MaxPrefixes:    65536,
@@ -119,6 +131,9 @@ func (c PlacementConfig) Validate() error {
 	share("fill", c.Fill)
 	share("hold_fraction", c.HoldFraction)
 	share("headroom", c.Headroom)
+	if math.IsNaN(c.MissSpeedup) || c.MissSpeedup <= 0 {
+		errs = append(errs, fmt.Errorf("scoring: placement miss_speedup must be > 0, got %v", c.MissSpeedup))
+	}
 	if c.DeadlineTokens < 0 {
 		errs = append(errs, fmt.Errorf("scoring: placement deadline_tokens must be >= 0, got %d", c.DeadlineTokens))
 	}

@@ -161,6 +161,10 @@ func parsePlacement(spec string, c *scoring.PlacementConfig) error {
 			c.DivertOnFull, err = strconv.ParseBool(v)
 		case "confirm_picks":
 			c.ConfirmPicks, err = strconv.Atoi(v)
+		case "divert_misses":
+			c.DivertMisses, err = strconv.ParseBool(v)
+		case "miss_speedup":
+			c.MissSpeedup, err = strconv.ParseFloat(v, 64)
 		case "headroom":
 			c.Headroom, err = strconv.ParseFloat(v, 64)
 		case "output_blocks":
