@@ -164,8 +164,11 @@ func (m *matcher) split(s string, out []piece) []piece {
 	return out
 }
 
+// isWordRune is the regex crate's Unicode \w, which HF uses for single_word:
+// Alphabetic, Mark, Decimal_Number, Connector_Punctuation and Join_Control.
 func isWordRune(r rune) bool {
-	return unicode.IsLetter(r) || unicode.IsNumber(r) || unicode.Is(unicode.Other_Alphabetic, r)
+	return unicode.IsLetter(r) || unicode.Is(unicode.Nl, r) || unicode.Is(unicode.Other_Alphabetic, r) ||
+		unicode.IsMark(r) || unicode.Is(unicode.Nd, r) || unicode.Is(unicode.Pc, r) || r == 0x200C || r == 0x200D
 }
 
 func endsWithWord(s string) bool {

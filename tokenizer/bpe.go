@@ -56,6 +56,23 @@ type bpeModel struct {
 	byteID       [256]uint32       // id of each single-byte token
 	merges       map[uint64]merge  // left<<32|right -> merge
 	ignoreMerges bool              // a word found whole in vocab is emitted as is
+	// whole[id] is true when BPE applied to the bytes of vocabulary token id yields
+	// exactly [id]: such words skip the merge loop (precomputed at load, so exact).
+	whole []bool
+}
+
+// precomputeWhole runs BPE once over every multi-byte vocabulary token and records
+// those that merge back into themselves.
+func (m *bpeModel) precomputeWhole(size int) {
+	m.whole = make([]bool, size)
+	var buf []uint32
+	for tok, id := range m.vocab {
+		if len(tok) < 2 {
+			continue
+		}
+		buf = m.merge(tok, buf[:0])
+		m.whole[id] = len(buf) == 1 && buf[0] == id
+	}
 }
 
 const noRank = math.MaxUint32
@@ -76,11 +93,14 @@ func (m *bpeModel) encodeWord(word string, out []uint32) []uint32 {
 	if len(word) == 1 {
 		return append(out, m.byteID[word[0]])
 	}
-	if m.ignoreMerges {
-		if id, ok := m.vocab[word]; ok {
-			return append(out, id)
-		}
+	if id, ok := m.vocab[word]; ok && (m.ignoreMerges || m.whole[id]) {
+		return append(out, id)
 	}
+	return m.merge(word, out)
+}
+
+// merge applies the BPE merges to word (at least two bytes) and appends the ids.
+func (m *bpeModel) merge(word string, out []uint32) []uint32 {
 	if len(word) > longWord {
 		return m.encodeLong(word, out)
 	}

@@ -38,14 +38,14 @@ type fileJSON struct {
 }
 
 type modelJSON struct {
-	Type                    string            `json:"type"`
-	Dropout                 *float64          `json:"dropout"`
-	ContinuingSubwordPrefix *string           `json:"continuing_subword_prefix"`
-	EndOfWordSuffix         *string           `json:"end_of_word_suffix"`
-	ByteFallback            bool              `json:"byte_fallback"`
-	IgnoreMerges            bool              `json:"ignore_merges"`
-	Vocab                   map[string]uint32 `json:"vocab"`
-	Merges                  json.RawMessage   `json:"merges"`
+	Type                    string          `json:"type"`
+	Dropout                 *float64        `json:"dropout"`
+	ContinuingSubwordPrefix *string         `json:"continuing_subword_prefix"`
+	EndOfWordSuffix         *string         `json:"end_of_word_suffix"`
+	ByteFallback            bool            `json:"byte_fallback"`
+	IgnoreMerges            bool            `json:"ignore_merges"`
+	Vocab                   json.RawMessage `json:"vocab"`
+	Merges                  json.RawMessage `json:"merges"`
 }
 
 type configJSON struct {
@@ -140,14 +140,21 @@ func (t *Tokenizer) parseModel(raw json.RawMessage) error {
 	case m.EndOfWordSuffix != nil && *m.EndOfWordSuffix != "":
 		return unsupported("model", "BPE end_of_word_suffix %q", *m.EndOfWordSuffix)
 	}
+	vocab, err := scanVocab(m.Vocab)
+	if err != nil {
+		return fmt.Errorf("tokenizer: model %w", err)
+	}
 	maxID := uint32(0)
-	for _, id := range m.Vocab {
+	for _, id := range vocab {
 		maxID = max(maxID, id)
 	}
+	if len(vocab) > 0 && int(maxID) >= 4*len(vocab) {
+		return fmt.Errorf("tokenizer: model vocab: ids up to %d for %d tokens", maxID, len(vocab))
+	}
 	t.pieces = make([]string, int(maxID)+1)
-	t.model.vocab = make(map[string]uint32, len(m.Vocab))
+	t.model.vocab = make(map[string]uint32, len(vocab))
 	t.model.ignoreMerges = m.IgnoreMerges
-	for tok, id := range m.Vocab {
+	for tok, id := range vocab {
 		b, ok := byteLevelDecode(tok)
 		if !ok {
 			return unsupported("model", "vocabulary token %q is not byte-level", tok)
@@ -162,27 +169,15 @@ func (t *Tokenizer) parseModel(raw json.RawMessage) error {
 		}
 		t.model.byteID[c] = id
 	}
-	var pairs [][2]string
-	if err := json.Unmarshal(m.Merges, &pairs); err != nil {
-		// Older files store each merge as "left right".
-		var lines []string
-		if err2 := json.Unmarshal(m.Merges, &lines); err2 != nil {
-			return fmt.Errorf("tokenizer: model merges: %w", err)
-		}
-		pairs = make([][2]string, len(lines))
-		for i, l := range lines {
-			a, b, ok := strings.Cut(l, " ")
-			if !ok {
-				return fmt.Errorf("tokenizer: model merges: entry %d %q has no space", i, l)
-			}
-			pairs[i] = [2]string{a, b}
-		}
+	pairs, err := scanMerges(m.Merges)
+	if err != nil {
+		return fmt.Errorf("tokenizer: model %w", err)
 	}
 	t.model.merges = make(map[uint64]merge, len(pairs))
 	for rank, p := range pairs {
-		a, okA := t.vocabID(p[0])
-		b, okB := t.vocabID(p[1])
-		ab, okAB := t.vocabID(p[0] + p[1])
+		a, okA := vocab[p[0]]
+		b, okB := vocab[p[1]]
+		ab, okAB := vocab[p[0]+p[1]]
 		if !okA || !okB || !okAB {
 			return fmt.Errorf("tokenizer: model merges: entry %d (%q %q) uses a token missing from the vocabulary", rank, p[0], p[1])
 		}
@@ -190,6 +185,9 @@ func (t *Tokenizer) parseModel(raw json.RawMessage) error {
 		if _, dup := t.model.merges[key]; !dup {
 			t.model.merges[key] = merge{rank: uint32(rank), id: ab}
 		}
+	}
+	if !t.model.ignoreMerges {
+		t.model.precomputeWhole(len(t.pieces))
 	}
 	return nil
 }

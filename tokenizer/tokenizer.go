@@ -26,6 +26,7 @@ type Tokenizer struct {
 
 	cache       *lru.Cache[string, []uint32]
 	cacheMinLen int
+	counters    cacheCounters
 }
 
 // Option configures a Tokenizer at load time.
@@ -34,6 +35,8 @@ type Option func(*options)
 type options struct {
 	cacheSize   int
 	cacheMinLen int
+	metrics     *Metrics
+	model       string
 }
 
 func defaultOptions() options { return options{cacheSize: 1024, cacheMinLen: 64} }
@@ -50,6 +53,7 @@ func (t *Tokenizer) initCache(o options) error {
 		return fmt.Errorf("tokenizer: negative segment cache size %d or minimum length %d", o.cacheSize, o.cacheMinLen)
 	}
 	t.cacheMinLen = o.cacheMinLen
+	t.counters = newCacheCounters(o.metrics, o.model)
 	if o.cacheSize == 0 {
 		return nil
 	}
@@ -91,7 +95,9 @@ func (t *Tokenizer) Encode(text string, addSpecialTokens bool) []uint32 {
 func (t *Tokenizer) encodeSegment(seg string, out []uint32) []uint32 {
 	cacheable := t.cache != nil && len(seg) >= t.cacheMinLen
 	if cacheable {
-		if ids, ok := t.cache.Get(seg); ok {
+		ids, ok := t.cache.Get(seg)
+		t.counters.count(ok)
+		if ok {
 			return append(out, ids...)
 		}
 	}
