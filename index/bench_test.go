@@ -201,3 +201,46 @@ func BenchmarkMemory(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkLeadingBlocksDuringIngest times lookups (as BenchmarkLeadingBlocks, shared
+// prefixes) while another goroutine ingests batches for one of the endpoints without
+// pause. Run it with -cpu 2 or more: with one, the two merely take turns.
+func BenchmarkLeadingBlocksDuringIngest(b *testing.B) {
+	ix, keys, eps := fleet(b, true)
+	rng := rand.New(rand.NewPCG(9, 9))
+	bs := batches(rng, 64)
+	stop := make(chan struct{})
+	done := make(chan int)
+	go func() {
+		n := 0
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				done <- n
+				return
+			default:
+			}
+			_ = ix.Store(eps[1], 0, bs[i%len(bs)])
+			ix.Remove(eps[1], 0, bs[(i+32)%len(bs)].Handles)
+			n += batchBlocks
+		}
+	}()
+	lat := make([]time.Duration, 0, 1<<16)
+	var dst []int
+	b.ResetTimer()
+	for b.Loop() {
+		t0 := time.Now()
+		dst = ix.LeadingBlocks(keys, eps, dst)
+		if len(lat) < cap(lat) {
+			lat = append(lat, time.Since(t0))
+		}
+	}
+	b.StopTimer()
+	close(stop)
+	ingested := <-done
+	slices.Sort(lat)
+	b.ReportMetric(float64(lat[len(lat)/2].Nanoseconds()), "p50-ns")
+	b.ReportMetric(float64(lat[len(lat)*99/100].Nanoseconds()), "p99-ns")
+	b.ReportMetric(float64(lat[len(lat)*999/1000].Nanoseconds()), "p999-ns")
+	b.ReportMetric(float64(ingested)/b.Elapsed().Seconds(), "ingested-blocks/s")
+}

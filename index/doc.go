@@ -35,11 +35,12 @@
 //
 // A key table split into 64 shards maps each key to a bitset of the ranks holding it:
 // open addressing with linear probing, one 16-byte slot per key up to 64 ranks (8 bytes
-// more per further 64 ranks). Per rank, a slab of records (handle, key, reference count,
-// links oldest-to-newest: 28 bytes) is found by handle through an open-addressing table of
-// 4-byte slots (record number plus a tag of the handle's hash). Measured with 64 endpoints
-// x 50k distinct blocks: 62.8 bytes per (block, endpoint) entry; shared prefixes only
-// lower it. A lookup walks the request's keys once, intersecting each key's bitset with
+// more per further 64 ranks), load kept in [0.64, 0.8] by growing 5/4 at a time. Per
+// rank, a slab of records (handle, key, and one word packing the links oldest-to-newest
+// and the reference count: 24 bytes) is found by handle through an open-addressing table
+// of 4-byte slots (record number plus a tag of the handle's hash, load in [0.47, 0.7]).
+// Measured with 64 endpoints x 35k, 50k and 70k distinct blocks: 56-58 bytes per (block,
+// endpoint) entry; keys shared between endpoints only lower it. A lookup walks the request's keys once, intersecting each key's bitset with
 // the ranks still matching, so its cost grows with the matched prefix, not with the
 // number of endpoints.
 //
@@ -49,10 +50,12 @@
 // rank's lock; different ranks ingest in parallel. Lookups take no rank lock: they read
 // each key's bitset under its shard's read lock, held for one probe, so a lookup waits at
 // most for one key update in that shard (tens of nanoseconds), or, rarely, for a shard's
-// growth by 3/2 (a rehash of 1/64 of the keys). Registering an endpoint rank, widening
-// the bitsets past a multiple of 64 ranks, and the two short bookkeeping steps of Purge
-// hold the index-wide lock exclusively and so wait for lookups in progress; dropping a
-// purged or cleared rank's blocks does not block lookups. A lookup concurrent with
+// growth by 5/4 (a rehash of 1/64 of the keys). Registering an endpoint rank and the two
+// short bookkeeping steps of Purge hold the index-wide lock exclusively and so wait for
+// lookups in progress (microseconds). Widening the bitsets when the 65th, 129th, ... rank
+// registers rehashes every key under that lock: lookups and ingestion then wait for a
+// time proportional to the number of keys, once per 64 ranks. Dropping a purged or
+// cleared rank's blocks does not block lookups. A lookup concurrent with
 // ingestion sees each key either before or after each update; it may see a chain
 // half-stored or half-removed, never a key the rank did not hold at some point during the
 // lookup.

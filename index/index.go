@@ -235,9 +235,7 @@ func (ix *Index) Store(endpoint string, rank int, b Blocks) error {
 			k := chain(prev, b.Tokens[i*b.BlockSize:(i+1)*b.BlockSize])
 			prev = k
 			if r := s.lookup(h); r != nilRec {
-				if s.refs[r] < math.MaxUint32 {
-					s.refs[r]++
-				}
+				s.setRefs(r, s.refs(r)+1)
 				s.touch(r)
 				if s.key[r] != k {
 					conflicts++
@@ -284,7 +282,9 @@ func (ix *Index) Remove(endpoint string, rank int, handles []uint64) {
 				continue
 			}
 			removed++
-			if s.refs[r]--; s.refs[r] == 0 {
+			if n := s.refs(r) - 1; n > 0 {
+				s.setRefs(r, n)
+			} else {
 				ix.dropKey(s, s.release(r))
 			}
 		}
@@ -313,7 +313,7 @@ func (ix *Index) Clear(endpoint string, rank int) {
 
 // clearSource drops every record of s; s.mu and ix.mu (read) must be held.
 func (ix *Index) clearSource(s *source) {
-	for r := s.oldest; r != nilRec; r = s.next[r] {
+	for r := s.oldest; r != nilRec; r = s.next(r) {
 		ix.dropKey(s, s.key[r])
 	}
 	ix.blocks.Add(-int64(s.live))

@@ -5,8 +5,18 @@ import (
 	"sync"
 )
 
-// nilRec marks the absence of a record in links and free lists.
-const nilRec = ^uint32(0)
+// nilRec marks the absence of a record in links and free lists; record numbers stay below
+// it (Config.MaxBlocksPerRank <= maxRecords).
+const nilRec = linkMask
+
+// A record's meta word packs its links and reference count: prev in bits 0-22, next in
+// bits 23-45, refs in bits 46-63 (saturating at maxRefs).
+const (
+	linkBits  = 23
+	linkMask  = 1<<linkBits - 1
+	refsShift = 2 * linkBits
+	maxRefs   = 1<<(64-refsShift) - 1
+)
 
 // source is the state of one (endpoint, data-parallel rank): the blocks it reported, as
 // records in a slab of parallel slices, found by vLLM handle through an open-addressing
@@ -14,8 +24,8 @@ const nilRec = ^uint32(0)
 // table (id) is set for every key one of its records holds; dups counts the records beyond
 // the first that hold the same key, so the bit is cleared only with the last of them.
 //
-// Per record: handle 8 + key 8 + refs 4 + prev 4 + next 4 = 28 bytes, plus its handle-table
-// slot (4 bytes at load 0.35..0.7).
+// Per record: handle 8 + key 8 + meta 8 (links and reference count) = 24 bytes, plus its
+// handle-table slot (4 bytes at load 0.47..0.7).
 type source struct {
 	mu       sync.Mutex
 	id       uint32
@@ -26,9 +36,9 @@ type source struct {
 
 	handle []uint64
 	key    []uint64
-	refs   []uint32 // references to the handle (stores minus removals); 0 on free records
-	prev   []uint32 // toward older; on free records unused
-	next   []uint32 // toward newer; on free records, the next free record
+	// meta: prev (toward older), next (toward newer; on free records, the next free
+	// record) and refs (stores minus removals of the handle; 0 on free records).
+	meta   []uint64
 	free   uint32
 	oldest uint32
 	newest uint32
@@ -42,6 +52,18 @@ type source struct {
 func newSource(id uint32, endpoint string, rank, capacity int) *source {
 	return &source{id: id, endpoint: endpoint, rank: rank, capacity: capacity,
 		free: nilRec, oldest: nilRec, newest: nilRec}
+}
+
+func (s *source) prev(r uint32) uint32 { return uint32(s.meta[r] & linkMask) }
+func (s *source) next(r uint32) uint32 { return uint32(s.meta[r] >> linkBits & linkMask) }
+func (s *source) refs(r uint32) uint32 { return uint32(s.meta[r] >> refsShift) }
+
+func (s *source) setPrev(r, p uint32) { s.meta[r] = s.meta[r]&^linkMask | uint64(p) }
+func (s *source) setNext(r, n uint32) {
+	s.meta[r] = s.meta[r]&^(linkMask<<linkBits) | uint64(n)<<linkBits
+}
+func (s *source) setRefs(r, n uint32) {
+	s.meta[r] = s.meta[r]&(1<<refsShift-1) | uint64(min(n, maxRefs))<<refsShift
 }
 
 // mix scrambles a vLLM handle, which may be a small integer from a simulator.
@@ -92,7 +114,9 @@ func (s *source) lookup(h uint64) uint32 {
 }
 
 func (s *source) hinsert(r uint32) {
-	if (s.live+1)*maxLoadDen > len(s.htab)*maxLoadNum {
+	// The handle table's 4-byte slots are cheap: keep its load lower than the key
+	// table's, in [0.47, 0.7], for shorter probes.
+	if (s.live+1)*10 > len(s.htab)*7 {
 		s.hresize(max(minSlots, len(s.htab)*3/2))
 	}
 	n := len(s.htab)
@@ -160,16 +184,15 @@ func (s *source) alloc(h, key uint64) uint32 {
 	var r uint32
 	if s.free != nilRec {
 		r = s.free
-		s.free = s.next[r]
+		s.free = s.next(r)
 	} else {
 		r = uint32(len(s.handle))
 		s.handle = append(s.handle, 0)
 		s.key = append(s.key, 0)
-		s.refs = append(s.refs, 0)
-		s.prev = append(s.prev, 0)
-		s.next = append(s.next, 0)
+		s.meta = append(s.meta, 0)
 	}
-	s.handle[r], s.key[r], s.refs[r] = h, key, 1
+	s.handle[r], s.key[r] = h, key
+	s.setRefs(r, 1)
 	s.linkNewest(r)
 	s.live++
 	s.hinsert(r)
@@ -177,9 +200,10 @@ func (s *source) alloc(h, key uint64) uint32 {
 }
 
 func (s *source) linkNewest(r uint32) {
-	s.prev[r], s.next[r] = s.newest, nilRec
+	s.setPrev(r, s.newest)
+	s.setNext(r, nilRec)
 	if s.newest != nilRec {
-		s.next[s.newest] = r
+		s.setNext(s.newest, r)
 	} else {
 		s.oldest = r
 	}
@@ -187,14 +211,14 @@ func (s *source) linkNewest(r uint32) {
 }
 
 func (s *source) unlink(r uint32) {
-	p, n := s.prev[r], s.next[r]
+	p, n := s.prev(r), s.next(r)
 	if p != nilRec {
-		s.next[p] = n
+		s.setNext(p, n)
 	} else {
 		s.oldest = n
 	}
 	if n != nilRec {
-		s.prev[n] = p
+		s.setPrev(n, p)
 	} else {
 		s.newest = p
 	}
@@ -214,8 +238,8 @@ func (s *source) release(r uint32) uint64 {
 	s.hdelete(r)
 	s.unlink(r)
 	k := s.key[r]
-	s.refs[r] = 0
-	s.next[r] = s.free
+	s.setRefs(r, 0)
+	s.setNext(r, s.free)
 	s.free = r
 	s.live--
 	return k
@@ -223,12 +247,6 @@ func (s *source) release(r uint32) uint64 {
 
 // reset drops every record and gives the memory back.
 func (s *source) reset() {
-	s.handle, s.key, s.refs, s.prev, s.next, s.htab, s.dups = nil, nil, nil, nil, nil, nil, nil
+	s.handle, s.key, s.meta, s.htab, s.dups = nil, nil, nil, nil, nil
 	s.free, s.oldest, s.newest, s.live = nilRec, nilRec, nilRec, 0
-}
-
-// bytes is the source's heap footprint.
-func (s *source) bytes() int {
-	return 8*(cap(s.handle)+cap(s.key)) + 4*(cap(s.refs)+cap(s.prev)+cap(s.next)+cap(s.htab)) +
-		24*len(s.dups)
 }

@@ -6,7 +6,7 @@ import "math/bits"
 // of `words` uint64 words. It is an open-addressing table with linear probing and
 // backward-shift deletion; each slot is 1+words consecutive uint64s (the key, then the
 // bitset), so a probe touches one cache line. Slots are addressed by multiply-shift, so
-// the table grows by 3/2 rather than doubling. A slot is empty exactly when its bitset is
+// the table grows by 5/4 rather than doubling. A slot is empty exactly when its bitset is
 // zero: a key whose last holder leaves is deleted at once, so key 0 needs no special case.
 //
 // Not safe for concurrent use; the index guards each shard's table with the shard's lock.
@@ -18,10 +18,13 @@ type keyTable struct {
 }
 
 const (
-	// maxLoadNum/maxLoadDen is the load factor that triggers growth (by 3/2).
+	// maxLoadNum/maxLoadDen is the load factor that triggers growth, by growNum/growDen:
+	// between growths the load stays in [0.64, 0.8].
 	maxLoadNum = 4
 	maxLoadDen = 5
 	minSlots   = 16
+	growNum    = 5
+	growDen    = 4
 )
 
 func newKeyTable(words int) keyTable {
@@ -80,7 +83,7 @@ func (t *keyTable) set(key uint64, src uint32) (already bool) {
 		return already
 	}
 	if (t.count+1)*maxLoadDen > t.n*maxLoadNum {
-		t.resize(max(minSlots, t.n*3/2), t.stride)
+		t.resize(max(minSlots, t.n*growNum/growDen), t.stride)
 	}
 	i := t.home(key)
 	for !t.empty(i) {
