@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -14,10 +16,59 @@ import (
 	"github.com/kvrouter/kvrouter/scoring"
 )
 
+// plFakeIndex holds, per endpoint, a set of block keys.
+type plFakeIndex struct {
+	mu   sync.Mutex
+	held map[string]map[uint64]bool
+}
+
+func newPlFakeIndex() *plFakeIndex { return &plFakeIndex{held: map[string]map[uint64]bool{}} }
+
+func (f *plFakeIndex) hold(ep string, keys []uint64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.held[ep] == nil {
+		f.held[ep] = map[uint64]bool{}
+	}
+	for _, k := range keys {
+		f.held[ep][k] = true
+	}
+}
+
+func (f *plFakeIndex) LeadingBlocks(keys []uint64, eps []string, dst []int) []int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	dst = dst[:0]
+	for _, ep := range eps {
+		n := 0
+		for n < len(keys) && f.held[ep][keys[n]] {
+			n++
+		}
+		dst = append(dst, n)
+	}
+	return dst
+}
+
+func plTokens(start, n int) []uint32 {
+	t := make([]uint32, n)
+	for i := range t {
+		t[i] = uint32(start + i)
+	}
+	return t
+}
+
+var plReqN atomic.Int64
+
+func plRequest(toks []uint32) *scoring.Request {
+	return &scoring.Request{ID: fmt.Sprint("p", plReqN.Add(1)), Model: "m", BaseModel: "m", TokenIDs: toks}
+}
+
+func plKeysOf(toks []uint32) []uint64 { return index.Keys(index.Root("m", "", ""), toks, 16, nil) }
+
 // prefixed is a prompt of 64 blocks of prefix p followed by 8 blocks of tail t.
 func prefixed(p, t int) []uint32 {
-	out := tokens(1_000_000*(p+1), 64*16)
-	return append(out, tokens(500_000_000+10_000*t, 8*16)...)
+	out := plTokens(1_000_000*(p+1), 64*16)
+	return append(out, plTokens(500_000_000+10_000*t, 8*16)...)
 }
 
 // fleet is n endpoints with valid metrics and the given KV capacities (all 1000 blocks
@@ -47,7 +98,7 @@ func newPlacement(t testing.TB, cfg scoring.PlacementConfig, ix scoring.PrefixIn
 // place picks, tells the policy it was routed and finished, and returns the endpoint.
 func place(t testing.TB, p *scoring.Placement, toks []uint32, cs []scoring.Endpoint) string {
 	t.Helper()
-	req := request(toks)
+	req := plRequest(toks)
 	d, err := p.Pick(req, cs)
 	if err != nil {
 		t.Fatal(err)
@@ -63,7 +114,7 @@ func TestPlacementHomeIsStable(t *testing.T) {
 		prefixes int
 	}{{"one prefix", 1}, {"six prefixes over six", 6}, {"twenty over six", 20}} {
 		t.Run(tc.name, func(t *testing.T) {
-			p := newPlacement(t, scoring.DefaultPlacementConfig(), newFakeIndex())
+			p := newPlacement(t, scoring.DefaultPlacementConfig(), newPlFakeIndex())
 			cs := fleet(6, nil)
 			home := map[int]string{}
 			for rep := 0; rep < 5; rep++ {
@@ -90,7 +141,7 @@ func TestPlacementCapacityWeighting(t *testing.T) {
 		{"one half", []int{1000, 500, 1000}, []int{4, 2, 4}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			p := newPlacement(t, scoring.DefaultPlacementConfig(), newFakeIndex())
+			p := newPlacement(t, scoring.DefaultPlacementConfig(), newPlFakeIndex())
 			cs := fleet(len(tc.caps), tc.caps)
 			total := 0
 			for _, w := range tc.want {
@@ -129,7 +180,7 @@ func TestPlacementSpillsOnlyOnSaturation(t *testing.T) {
 		{"others saturated too", cfg.SpillLoad + 2, cfg.Saturated, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			p := newPlacement(t, cfg, newFakeIndex())
+			p := newPlacement(t, cfg, newPlFakeIndex())
 			cs := fleet(3, nil)
 			home := place(t, p, prefixed(0, 0), cs)
 			for i := range cs {
@@ -158,7 +209,7 @@ func TestPlacementReplicatesOnlyWithinFreeCapacity(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := scoring.DefaultPlacementConfig()
 			cfg.Fill = tc.fill
-			p := newPlacement(t, cfg, newFakeIndex())
+			p := newPlacement(t, cfg, newPlFakeIndex())
 			cs := fleet(2, nil)
 			home := place(t, p, prefixed(0, 0), cs)
 			for i := range cs {
@@ -175,11 +226,11 @@ func TestPlacementReplicatesOnlyWithinFreeCapacity(t *testing.T) {
 }
 
 func TestPlacementAdoptsWhatTheIndexHolds(t *testing.T) {
-	ix := newFakeIndex()
+	ix := newPlFakeIndex()
 	p := newPlacement(t, scoring.DefaultPlacementConfig(), ix)
 	cs := fleet(4, nil)
 	// Another router replica placed prefix 0 on the third endpoint: the index says so.
-	ix.hold(cs[2].Address, keysOf(prefixed(0, 99))[:64])
+	ix.hold(cs[2].Address, plKeysOf(prefixed(0, 99))[:64])
 	for tail := 0; tail < 3; tail++ {
 		if got := place(t, p, prefixed(0, tail), cs); got != cs[2].Address {
 			t.Fatalf("request %d went to %s, want the holder %s", tail, got, cs[2].Address)
@@ -188,7 +239,7 @@ func TestPlacementAdoptsWhatTheIndexHolds(t *testing.T) {
 }
 
 func TestPlacementChurnRemapsOnlyTheDepartedPrefixes(t *testing.T) {
-	p := newPlacement(t, scoring.DefaultPlacementConfig(), newFakeIndex())
+	p := newPlacement(t, scoring.DefaultPlacementConfig(), newPlFakeIndex())
 	cs := fleet(4, nil)
 	home := map[int]string{}
 	for k := 0; k < 12; k++ {
@@ -226,12 +277,12 @@ func TestPlacementChurnRemapsOnlyTheDepartedPrefixes(t *testing.T) {
 func TestPlacementDivertsPastTheDeadline(t *testing.T) {
 	cfg := scoring.DefaultPlacementConfig()
 	cfg.Fill = 0.01
-	p := newPlacement(t, cfg, newFakeIndex())
+	p := newPlacement(t, cfg, newPlFakeIndex())
 	cs := fleet(2, nil)
 	home := place(t, p, prefixed(0, 0), cs)
 	// Four misses routed to home have not produced a first token: a large prefill backlog.
 	for i := 1; i <= 4; i++ {
-		req := request(prefixed(0, i))
+		req := plRequest(prefixed(0, i))
 		d, err := p.Pick(req, cs)
 		if err != nil {
 			t.Fatal(err)
@@ -244,11 +295,11 @@ func TestPlacementDivertsPastTheDeadline(t *testing.T) {
 }
 
 func TestPlacementWithoutTokensPicksLeastLoaded(t *testing.T) {
-	p := newPlacement(t, scoring.DefaultPlacementConfig(), newFakeIndex())
+	p := newPlacement(t, scoring.DefaultPlacementConfig(), newPlFakeIndex())
 	cs := fleet(3, nil)
 	cs[0].InFlight, cs[1].InFlight, cs[2].InFlight = 3, 1, 2
-	for _, toks := range [][]uint32{nil, tokens(0, 15)} {
-		d, err := p.Pick(request(toks), cs)
+	for _, toks := range [][]uint32{nil, plTokens(0, 15)} {
+		d, err := p.Pick(plRequest(toks), cs)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -256,14 +307,14 @@ func TestPlacementWithoutTokensPicksLeastLoaded(t *testing.T) {
 			t.Fatalf("got %+v, want %s first and two fallbacks", d, cs[1].Address)
 		}
 	}
-	if _, err := p.Pick(request(nil), nil); !errors.Is(err, scoring.ErrNoCandidates) {
+	if _, err := p.Pick(plRequest(nil), nil); !errors.Is(err, scoring.ErrNoCandidates) {
 		t.Fatalf("no candidates: err = %v", err)
 	}
 }
 
 func TestPlacementMetrics(t *testing.T) {
 	reg := prometheus.NewPedanticRegistry()
-	p, err := scoring.NewPlacement(scoring.DefaultPlacementConfig(), newFakeIndex(), nil, reg)
+	p, err := scoring.NewPlacement(scoring.DefaultPlacementConfig(), newPlFakeIndex(), nil, reg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -307,7 +358,7 @@ func TestPlacementConfigValidate(t *testing.T) {
 			if (err == nil) != (tc.want == "") || (err != nil && !strings.Contains(err.Error(), tc.want)) {
 				t.Fatalf("Validate() = %v, want an error naming %q", err, tc.want)
 			}
-			if _, nerr := scoring.NewPlacement(c, newFakeIndex(), nil, nil); (nerr == nil) != (err == nil) {
+			if _, nerr := scoring.NewPlacement(c, newPlFakeIndex(), nil, nil); (nerr == nil) != (err == nil) {
 				t.Fatalf("NewPlacement error %v disagrees with Validate %v", nerr, err)
 			}
 		})
@@ -339,7 +390,7 @@ func benchPlacement(b *testing.B, n int) {
 	p := newPlacement(b, scoring.DefaultPlacementConfig(), ix)
 	reqs := make([]*scoring.Request, 256)
 	for i := range reqs {
-		reqs[i] = request(prefixed(i%24, i))
+		reqs[i] = plRequest(prefixed(i%24, i))
 	}
 	b.ReportAllocs()
 	b.ResetTimer()
