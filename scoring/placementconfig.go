@@ -32,7 +32,7 @@ type PlacementConfig struct {
 	// Headroom is the share of an endpoint's KV capacity its in-flight requests may
 	// occupy (each active prefix once, plus every request's own blocks and OutputBlocks)
 	// before a new request would wait there for blocks. A holder without room counts as
-	// saturated. Default 0.9.
+	// saturated. Default 1.
 	Headroom float64 `yaml:"headroom"`
 	// OutputBlocks is the blocks a request is expected to add while decoding. Default 4.
 	OutputBlocks int `yaml:"output_blocks"`
@@ -46,8 +46,8 @@ type PlacementConfig struct {
 	// Default 4096.
 	DeadlineTokens int `yaml:"deadline_tokens"`
 	// DivertOnFull sends a request alone (placing nothing) to the candidate with KV room
-	// that would start it soonest when the chosen endpoint has no KV room. Default false
-	// (measured: at N=24 every endpoint is short of room and the diverts cost hits).
+	// that would start it soonest when the chosen endpoint has no KV room (vLLM would
+	// queue it until blocks free up). Default true.
 	DivertOnFull bool `yaml:"divert_on_full"`
 	// DivertMisses sends a request alone to an idle candidate with KV room when the
 	// chosen endpoint is busy and holds less than HoldFraction of the prefix (it would
@@ -89,11 +89,11 @@ func DefaultPlacementConfig() PlacementConfig {
 		SpillLoad:      10,
 		ReplicaLoad:    1,
 		Fill:           0.5,
-		Headroom:       0.9,
+		Headroom:       1,
 		OutputBlocks:   4,
 		SpillOnFull:    false,
 		DeadlineTokens: 4096,
-		DivertOnFull:   false,
+		DivertOnFull:   true,
 		DivertMisses:   true,
 		HoldFraction:   0.5,
 		LiveWindow:     1024,
