@@ -18,27 +18,38 @@ import (
 //
 // A request's prefix is named by the key of its PrefixDepth-th block (no workload
 // knowledge needed); its size is estimated as the blocks two consecutive requests with
-// that name share. For each request, in order:
+// that name share. Load is the router's in-flight count (ScrapedLoad: or vLLM's running
+// plus waiting, when larger); "wait" ranks endpoints by (load + 1) x their measured
+// decode time, so faster endpoints take more. For each request, in order:
 //
 //  1. Holders are the endpoints the table places the prefix on, plus any the index says
-//     hold HoldFraction of it (adopted into the table, so router replicas converge on
-//     the placements each other made). The least-loaded holder below Saturated wins.
+//     hold HoldFraction of it (adopted, so router replicas converge on one another's
+//     placements). A replica the index does not confirm within ConfirmPicks is dropped.
 //  2. A prefix with no holder gets a home: the endpoint with the least home-placed
 //     blocks per block of KV capacity (a capacity-weighted partition), preferring those
-//     below SpillLoad.
-//  3. When every holder is at Saturated or more, a less-loaded endpoint whose live
-//     placements leave room for the prefix within Fill of its capacity takes a replica
-//     (it evicts nothing live).
-//  4. Only when the least-loaded holder reaches SpillLoad (a real queue) does the prefix
-//     spill to the endpoint below Saturated whose live placements it would overflow least.
-//  5. Otherwise the request queues at the least-loaded holder.
+//     below Saturated with KV room.
+//  3. The holder of least wait takes it if its load is below ReplicaLoad.
+//  4. Otherwise a less-loaded endpoint whose live placements leave room for the prefix
+//     within Fill of its capacity takes a replica (it evicts nothing live).
+//  5. Otherwise the holder of least wait with KV room takes it; failing that, the
+//     request queues at the least-loaded holder until it reaches SpillLoad, where the
+//     prefix spills to the endpoint whose live placements it would overflow least.
 //
-// Placements not used for LiveWindow picks expire, so capacity held by prefixes no
-// longer requested is released; a departed endpoint (Forget) loses its placements and
-// only its prefixes move. Requests without token ids go to the least-loaded candidate.
+// The chosen endpoint may then be overridden for this request alone (nothing placed),
+// toward the candidate with KV room that would start it soonest: when the chosen one
+// has no KV room for it (DivertOnFull), when its prefill backlog exceeds DeadlineTokens
+// and the other would start it twice as soon, or when it is busy, holds too little of
+// the prefix to hit, and an idle faster endpoint exists (DivertMisses).
 //
-// Placement implements Observer: a request routed elsewhere than picked (a fallback)
-// places its prefix where it went. It is safe for concurrent use.
+// KV room is each endpoint's footprint, tracked from Routed to Finished: every active
+// prefix once plus each request's own blocks, against Headroom of its capacity.
+// Placements not used for LiveWindow picks expire; a departed endpoint (Forget) loses
+// its placements and only its prefixes move. Requests without a full block of token ids
+// go to the least-loaded candidate.
+//
+// Placement implements Observer (footprint, prefill backlog and decode timing; a request
+// routed elsewhere than picked places its prefix where it went). It is safe for
+// concurrent use.
 type Placement struct {
 	cfg     PlacementConfig
 	ix      PrefixIndex

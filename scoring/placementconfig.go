@@ -15,8 +15,8 @@ type PlacementConfig struct {
 	// min(PrefixDepth, full blocks) - 1, i.e. the first PrefixDepth x block_size tokens.
 	// Requests sharing those tokens share a placement. Default 4.
 	PrefixDepth int `yaml:"prefix_depth"`
-	// Saturated is the load at which a holder of the prefix stops taking more of it while
-	// another holder, or an endpoint with room to spare, is less loaded. Default 3.
+	// Saturated is the load at which an endpoint no longer takes replicas, spills or
+	// diverts. Default 6.
 	Saturated int `yaml:"saturated"`
 	// ReplicaLoad is the load of the least-loaded holder at which the prefix takes a
 	// replica on a less-loaded endpoint where it fits within Fill (evicting nothing live).
@@ -24,10 +24,10 @@ type PlacementConfig struct {
 	ReplicaLoad int `yaml:"replica_load"`
 	// SpillLoad is the load a prefix's least-loaded holder must reach before the prefix
 	// spills to an endpoint where its blocks would evict other live prefixes; below it,
-	// requests queue at the holder. Default 6.
+	// requests queue at the holder. Default 10.
 	SpillLoad int `yaml:"spill_load"`
 	// Fill is the share of an endpoint's KV capacity that live placements may take
-	// before an extra replica placed there would evict other live prefixes. Default 0.75.
+	// before an extra replica placed there would evict other live prefixes. Default 0.5.
 	Fill float64 `yaml:"fill"`
 	// Headroom is the share of an endpoint's KV capacity its in-flight requests may
 	// occupy (each active prefix once, plus every request's own blocks and OutputBlocks)
@@ -37,7 +37,8 @@ type PlacementConfig struct {
 	// OutputBlocks is the blocks a request is expected to add while decoding. Default 4.
 	OutputBlocks int `yaml:"output_blocks"`
 	// SpillOnFull spills (rule 4) as soon as the least-loaded holder has no KV room,
-	// without waiting for SpillLoad. Default true.
+	// without waiting for SpillLoad, and records the new placement. Default false (the
+	// recorded spills cascade; DivertOnFull moves the one request instead).
 	SpillOnFull bool `yaml:"spill_on_full"`
 	// DeadlineTokens bounds the prefill backlog (uncached prompt tokens ahead of and in
 	// the request, scaled by the endpoint's measured speed) a request accepts at the
