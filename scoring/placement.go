@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cespare/xxhash/v2"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvrouter/kvrouter/index"
@@ -69,8 +70,9 @@ type Placement struct {
 const maxPending = 1 << 16
 
 type plEndpoint struct {
-	used     int // blocks of live placements
-	homeUsed int // blocks of live home placements
+	hash     uint64 // of the address, for rendezvous hashing
+	used     int    // blocks of live placements
+	homeUsed int    // blocks of live home placements
 	// footprint is the KV blocks the endpoint's in-flight requests (routed by this
 	// router) occupy: each active prefix's blocks once, plus each request's own.
 	footprint int
@@ -336,7 +338,7 @@ func (p *Placement) sweep() {
 func (p *Placement) endpoint(addr string) *plEndpoint {
 	ep := p.eps[addr]
 	if ep == nil {
-		ep = &plEndpoint{}
+		ep = &plEndpoint{hash: xxhash.Sum64String(addr)}
 		p.eps[addr] = ep
 	}
 	return ep
@@ -390,17 +392,33 @@ func (p *Placement) choose(e *plPrefix, key uint64, cands []Endpoint, sc *plScra
 		}
 		return false
 	})
+	placed := false
 	for i := range cands {
 		sc.pos[i] = -1
 		for j := range e.on {
 			if e.on[j].addr == cands[i].Address {
 				sc.pos[i] = j
+				placed = true
 				break
 			}
 		}
-		if sc.pos[i] < 0 && sc.lead[i] >= max(hold, 1) {
-			sc.pos[i] = p.place(e, cands[i].Address, false)
+	}
+	// Adopt what the index shows: every holder (AdoptAll), or, for a prefix this router
+	// has no placement for, the one holding most of it (another replica's home, or the
+	// cache that survived a restart). Copies left by diverted requests are not adopted.
+	adopt := -1
+	for i := range cands {
+		if sc.pos[i] >= 0 || sc.lead[i] < max(hold, 1) {
+			continue
 		}
+		if p.cfg.AdoptAll {
+			sc.pos[i] = p.place(e, cands[i].Address, false)
+		} else if !placed && (adopt < 0 || sc.lead[i] > sc.lead[adopt]) {
+			adopt = i
+		}
+	}
+	if adopt >= 0 {
+		sc.pos[adopt] = p.place(e, cands[adopt].Address, false)
 	}
 	// A prefix whose home expired or left keeps its most-cached holder as home.
 	if !hasHome {
@@ -459,7 +477,7 @@ func (p *Placement) choose(e *plPrefix, key uint64, cands []Endpoint, sc *plScra
 		}
 	}
 	if h < 0 {
-		return p.newHome(e, cands, sc), plHome
+		return p.newHome(e, key, cands, sc), plHome
 	}
 	if g >= 0 && sc.loads[g] < p.cfg.ReplicaLoad {
 		return g, plHolder
@@ -517,7 +535,13 @@ func (p *Placement) fillOf(c *Endpoint) float64 {
 
 // newHome places a prefix no candidate holds on the candidate with the least home
 // blocks per block of capacity, among those below SpillLoad if any.
-func (p *Placement) newHome(e *plPrefix, cands []Endpoint, sc *plScratch) int {
+func (p *Placement) newHome(e *plPrefix, key uint64, cands []Endpoint, sc *plScratch) int {
+	if p.cfg.Balance > 0 {
+		if i := p.rendezvous(e, key, cands, sc); i >= 0 {
+			sc.pos[i] = p.place(e, cands[i].Address, true)
+			return i
+		}
+	}
 	best, bestShare, bestOK := -1, 0.0, false
 	for i := range cands {
 		ok := sc.ok[i]
@@ -530,6 +554,44 @@ func (p *Placement) newHome(e *plPrefix, cands []Endpoint, sc *plScratch) int {
 	}
 	sc.pos[best] = p.place(e, cands[best].Address, true)
 	return best
+}
+
+// rendezvous returns the candidate of highest capacity-weighted rendezvous score for key
+// among those with KV room whose home blocks stay within Balance of their capacity
+// share (bounded-load rendezvous hashing: router replicas with the same view choose the
+// same home without talking), or -1 when none qualifies. p.mu must be held.
+func (p *Placement) rendezvous(e *plPrefix, key uint64, cands []Endpoint, sc *plScratch) int {
+	var used, capacity float64
+	for i := range cands {
+		used += float64(p.endpoint(cands[i].Address).homeUsed)
+		capacity += float64(p.capacity(&cands[i]))
+	}
+	used += float64(e.blocks)
+	best, bestScore := -1, 0.0
+	for i := range cands {
+		ep := p.endpoint(cands[i].Address)
+		c := float64(p.capacity(&cands[i]))
+		bound := max(float64(e.blocks), p.cfg.Balance*used*c/capacity)
+		if !sc.ok[i] || float64(ep.homeUsed+e.blocks) > bound {
+			continue
+		}
+		// Weighted rendezvous: capacity / -ln(u), u uniform in (0, 1) from the key and
+		// the endpoint.
+		u := (float64(mix64(key^ep.hash)>>11) + 0.5) / (1 << 53)
+		if score := c / -math.Log(u); best < 0 || score > bestScore {
+			best, bestScore = i, score
+		}
+	}
+	return best
+}
+
+// mix64 is a 64-bit finaliser (splitmix64's).
+func mix64(x uint64) uint64 {
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	return x ^ x>>31
 }
 
 func argminLoad(loads []int, skip []bool) int {

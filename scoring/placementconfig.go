@@ -64,6 +64,15 @@ type PlacementConfig struct {
 	// ConfirmPicks is how many picks a replica may go unconfirmed by the index (KV events
 	// lag) before it is taken for evicted and dropped. Default 32.
 	ConfirmPicks int `yaml:"confirm_picks"`
+	// Balance > 0 chooses a new prefix's home by capacity-weighted rendezvous hashing,
+	// skipping endpoints whose home blocks would exceed Balance x their capacity share
+	// of all home blocks (bounded load); 0 takes the endpoint with the least home blocks
+	// per block of capacity. Default 0.
+	Balance float64 `yaml:"balance"`
+	// AdoptAll adopts every endpoint the index shows holding HoldFraction of a prefix as
+	// a holder; by default only the one holding most of a prefix the router has no
+	// placement for is adopted. Default true (measured better with router replicas).
+	AdoptAll bool `yaml:"adopt_all"`
 	// LiveWindow is how many of the policy's own picks a placement stays live without
 	// being used. Default 1024.
 	LiveWindow int `yaml:"live_window"`
@@ -99,6 +108,7 @@ func DefaultPlacementConfig() PlacementConfig {
 		HoldFraction:   0.5,
 		LiveWindow:     1024,
 		ConfirmPicks:   32,
+		AdoptAll:       true,
 		MissSpeedup:    0.85,
 		BlockSize:      16,
 		DefaultBlocks:  4096,
@@ -132,6 +142,9 @@ func (c PlacementConfig) Validate() error {
 	share("fill", c.Fill)
 	share("hold_fraction", c.HoldFraction)
 	share("headroom", c.Headroom)
+	if math.IsNaN(c.Balance) || c.Balance < 0 || (c.Balance > 0 && c.Balance < 1) {
+		errs = append(errs, fmt.Errorf("scoring: placement balance must be 0 or >= 1, got %v", c.Balance))
+	}
 	if math.IsNaN(c.MissSpeedup) || c.MissSpeedup <= 0 {
 		errs = append(errs, fmt.Errorf("scoring: placement miss_speedup must be > 0, got %v", c.MissSpeedup))
 	}

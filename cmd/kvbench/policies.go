@@ -165,6 +165,10 @@ func parsePlacement(spec string, c *scoring.PlacementConfig) error {
 			c.DivertMisses, err = strconv.ParseBool(v)
 		case "miss_speedup":
 			c.MissSpeedup, err = strconv.ParseFloat(v, 64)
+		case "adopt_all":
+			c.AdoptAll, err = strconv.ParseBool(v)
+		case "balance":
+			c.Balance, err = strconv.ParseFloat(v, 64)
 		case "headroom":
 			c.Headroom, err = strconv.ParseFloat(v, 64)
 		case "output_blocks":
