@@ -460,6 +460,11 @@ func (p *Placement) choose(e *plPrefix, key uint64, cands []Endpoint, sc *plScra
 		if j < 0 {
 			return true
 		}
+		if p.cfg.StickyHolders && sc.loads[i] < p.cfg.ReplicaLoad && sc.loads[j] < p.cfg.ReplicaLoad {
+			// Both idle: the same holder for every router replica, so duplicate copies
+			// made by replicas' concurrent placements go unused and are evicted.
+			return p.score(key, &cands[i]) > p.score(key, &cands[j])
+		}
 		wi, wj := p.wait(sc, i), p.wait(sc, j)
 		return wi < wj ||
 			(wi == wj && (sc.lead[i] > sc.lead[j] ||
@@ -575,14 +580,18 @@ func (p *Placement) rendezvous(e *plPrefix, key uint64, cands []Endpoint, sc *pl
 		if !sc.ok[i] || float64(ep.homeUsed+e.blocks) > bound {
 			continue
 		}
-		// Weighted rendezvous: capacity / -ln(u), u uniform in (0, 1) from the key and
-		// the endpoint.
-		u := (float64(mix64(key^ep.hash)>>11) + 0.5) / (1 << 53)
-		if score := c / -math.Log(u); best < 0 || score > bestScore {
+		if score := p.score(key, &cands[i]); best < 0 || score > bestScore {
 			best, bestScore = i, score
 		}
 	}
 	return best
+}
+
+// score is candidate c's capacity-weighted rendezvous score for key: capacity / -ln(u),
+// u uniform in (0, 1) from the key and the endpoint. p.mu must be held.
+func (p *Placement) score(key uint64, c *Endpoint) float64 {
+	u := (float64(mix64(key^p.endpoint(c.Address).hash)>>11) + 0.5) / (1 << 53)
+	return float64(p.capacity(c)) / -math.Log(u)
 }
 
 // mix64 is a 64-bit finaliser (splitmix64's).

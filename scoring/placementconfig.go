@@ -69,6 +69,10 @@ type PlacementConfig struct {
 	// of all home blocks (bounded load); 0 takes the endpoint with the least home blocks
 	// per block of capacity. Default 0.
 	Balance float64 `yaml:"balance"`
+	// StickyHolders ranks holders whose load is below ReplicaLoad by rendezvous score
+	// instead of wait, so that router replicas all use the same copy of a prefix while
+	// it is not busy and duplicates die out. Default false.
+	StickyHolders bool `yaml:"sticky_holders"`
 	// AdoptAll adopts every endpoint the index shows holding HoldFraction of a prefix as
 	// a holder; by default only the one holding most of a prefix the router has no
 	// placement for is adopted. Default true (measured better with router replicas).

@@ -169,6 +169,8 @@ func parsePlacement(spec string, c *scoring.PlacementConfig) error {
 			c.AdoptAll, err = strconv.ParseBool(v)
 		case "balance":
 			c.Balance, err = strconv.ParseFloat(v, 64)
+		case "sticky_holders":
+			c.StickyHolders, err = strconv.ParseBool(v)
 		case "headroom":
 			c.Headroom, err = strconv.ParseFloat(v, 64)
 		case "output_blocks":
