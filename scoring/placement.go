@@ -133,6 +133,8 @@ type plScratch struct {
 	// none is measured).
 	decode     []float64
 	meanDecode float64
+	// eps is each candidate's state, looked up once per pick under p.mu.
+	eps []*plEndpoint
 }
 
 type placementMetrics struct {
@@ -238,8 +240,15 @@ func (p *Placement) Pick(req *Request, cands []Endpoint) (Decision, error) {
 	for i := range cands {
 		sc.names[i] = cands[i].Address
 	}
-	sc.lead = p.ix.LeadingBlocks(sc.keys, sc.names, sc.lead)
 	key := sc.keys[min(p.cfg.PrefixDepth, len(sc.keys))-1]
+	// Only the prefix's blocks (plus one, to see it grow) matter: look those up.
+	look := len(sc.keys)
+	p.mu.Lock()
+	if e := p.prefixes[key]; e != nil {
+		look = min(look, max(e.blocks+1, p.cfg.PrefixDepth))
+	}
+	p.mu.Unlock()
+	sc.lead = p.ix.LeadingBlocks(sc.keys[:look], sc.names, sc.lead)
 
 	p.mu.Lock()
 	p.tick++
@@ -373,6 +382,10 @@ func (p *Placement) touch(e *plPrefix, addr string, home bool) {
 func (p *Placement) choose(e *plPrefix, key uint64, cands []Endpoint, sc *plScratch) (int, string) {
 	n := len(cands)
 	sc.pos = slices.Grow(sc.pos[:0], n)[:n]
+	sc.eps = slices.Grow(sc.eps[:0], n)[:n]
+	for i := range cands {
+		sc.eps[i] = p.endpoint(cands[i].Address)
+	}
 	hold := int(math.Ceil(p.cfg.HoldFraction * float64(e.blocks)))
 	hasHome := false
 	for _, pl := range e.on {
@@ -437,7 +450,7 @@ func (p *Placement) choose(e *plPrefix, key uint64, cands []Endpoint, sc *plScra
 	sc.meanDecode = 0
 	var measured int
 	for i := range cands {
-		sc.decode[i] = p.endpoint(cands[i].Address).decode
+		sc.decode[i] = sc.eps[i].decode
 		if sc.decode[i] > 0 {
 			sc.meanDecode += sc.decode[i]
 			measured++
@@ -451,7 +464,7 @@ func (p *Placement) choose(e *plPrefix, key uint64, cands []Endpoint, sc *plScra
 	sc.ok = slices.Grow(sc.ok[:0], n)[:n]
 	sc.room = slices.Grow(sc.room[:0], n)[:n]
 	for i := range cands {
-		sc.room[i] = p.room(e, key, &cands[i], blocks)
+		sc.room[i] = p.room(sc.eps[i], key, &cands[i], blocks)
 		sc.ok[i] = sc.loads[i] < p.cfg.Saturated && sc.room[i]
 	}
 	// The least-loaded holder (h), and the least-loaded holder that can take it now (g).
@@ -463,7 +476,7 @@ func (p *Placement) choose(e *plPrefix, key uint64, cands []Endpoint, sc *plScra
 		if p.cfg.StickyHolders && sc.loads[i] < p.cfg.ReplicaLoad && sc.loads[j] < p.cfg.ReplicaLoad {
 			// Both idle: the same holder for every router replica, so duplicate copies
 			// made by replicas' concurrent placements go unused and are evicted.
-			return p.score(key, &cands[i]) > p.score(key, &cands[j])
+			return p.score(key, sc.eps[i], &cands[i]) > p.score(key, sc.eps[j], &cands[j])
 		}
 		wi, wj := p.wait(sc, i), p.wait(sc, j)
 		return wi < wj ||
@@ -495,12 +508,11 @@ func (p *Placement) choose(e *plPrefix, key uint64, cands []Endpoint, sc *plScra
 			continue
 		}
 		c := p.capacity(&cands[i])
-		ep := p.endpoint(cands[i].Address)
-		if float64(ep.used+e.blocks) > p.cfg.Fill*float64(c) {
+		if float64(sc.eps[i].used+e.blocks) > p.cfg.Fill*float64(c) {
 			continue
 		}
 		if r < 0 || p.wait(sc, i) < p.wait(sc, r) ||
-			(p.wait(sc, i) == p.wait(sc, r) && p.fillOf(&cands[i]) < p.fillOf(&cands[r])) {
+			(p.wait(sc, i) == p.wait(sc, r) && p.fillOf(sc.eps[i], &cands[i]) < p.fillOf(sc.eps[r], &cands[r])) {
 			r = i
 		}
 	}
@@ -511,7 +523,7 @@ func (p *Placement) choose(e *plPrefix, key uint64, cands []Endpoint, sc *plScra
 	if g >= 0 {
 		return g, plHolder
 	}
-	full := p.cfg.SpillOnFull && !p.room(e, key, &cands[h], blocks)
+	full := p.cfg.SpillOnFull && !sc.room[h]
 	if sc.loads[h] < p.cfg.SpillLoad && !full {
 		return h, plQueue
 	}
@@ -522,7 +534,7 @@ func (p *Placement) choose(e *plPrefix, key uint64, cands []Endpoint, sc *plScra
 			continue
 		}
 		c := float64(p.capacity(&cands[i]))
-		over := max(0, float64(p.endpoint(cands[i].Address).used+e.blocks)-p.cfg.Fill*c) / c
+		over := max(0, float64(sc.eps[i].used+e.blocks)-p.cfg.Fill*c) / c
 		if s < 0 || over < sOver || (over == sOver && sc.loads[i] < sc.loads[s]) {
 			s, sOver = i, over
 		}
@@ -534,8 +546,8 @@ func (p *Placement) choose(e *plPrefix, key uint64, cands []Endpoint, sc *plScra
 	return s, plSpill
 }
 
-func (p *Placement) fillOf(c *Endpoint) float64 {
-	return float64(p.endpoint(c.Address).used) / float64(p.capacity(c))
+func (p *Placement) fillOf(ep *plEndpoint, c *Endpoint) float64 {
+	return float64(ep.used) / float64(p.capacity(c))
 }
 
 // newHome places a prefix no candidate holds on the candidate with the least home
@@ -550,7 +562,7 @@ func (p *Placement) newHome(e *plPrefix, key uint64, cands []Endpoint, sc *plScr
 	best, bestShare, bestOK := -1, 0.0, false
 	for i := range cands {
 		ok := sc.ok[i]
-		share := float64(p.endpoint(cands[i].Address).homeUsed+e.blocks) / float64(p.capacity(&cands[i]))
+		share := float64(sc.eps[i].homeUsed+e.blocks) / float64(p.capacity(&cands[i]))
 		better := best < 0 || (ok && !bestOK) ||
 			(ok == bestOK && (share < bestShare || (share == bestShare && p.wait(sc, i) < p.wait(sc, best))))
 		if better {
@@ -568,19 +580,18 @@ func (p *Placement) newHome(e *plPrefix, key uint64, cands []Endpoint, sc *plScr
 func (p *Placement) rendezvous(e *plPrefix, key uint64, cands []Endpoint, sc *plScratch) int {
 	var used, capacity float64
 	for i := range cands {
-		used += float64(p.endpoint(cands[i].Address).homeUsed)
+		used += float64(sc.eps[i].homeUsed)
 		capacity += float64(p.capacity(&cands[i]))
 	}
 	used += float64(e.blocks)
 	best, bestScore := -1, 0.0
 	for i := range cands {
-		ep := p.endpoint(cands[i].Address)
 		c := float64(p.capacity(&cands[i]))
 		bound := max(float64(e.blocks), p.cfg.Balance*used*c/capacity)
-		if !sc.ok[i] || float64(ep.homeUsed+e.blocks) > bound {
+		if !sc.ok[i] || float64(sc.eps[i].homeUsed+e.blocks) > bound {
 			continue
 		}
-		if score := p.score(key, &cands[i]); best < 0 || score > bestScore {
+		if score := p.score(key, sc.eps[i], &cands[i]); best < 0 || score > bestScore {
 			best, bestScore = i, score
 		}
 	}
@@ -589,8 +600,8 @@ func (p *Placement) rendezvous(e *plPrefix, key uint64, cands []Endpoint, sc *pl
 
 // score is candidate c's capacity-weighted rendezvous score for key: capacity / -ln(u),
 // u uniform in (0, 1) from the key and the endpoint. p.mu must be held.
-func (p *Placement) score(key uint64, c *Endpoint) float64 {
-	u := (float64(mix64(key^p.endpoint(c.Address).hash)>>11) + 0.5) / (1 << 53)
+func (p *Placement) score(key uint64, ep *plEndpoint, c *Endpoint) float64 {
+	u := (float64(mix64(key^ep.hash)>>11) + 0.5) / (1 << 53)
 	return float64(p.capacity(c)) / -math.Log(u)
 }
 
@@ -613,34 +624,45 @@ func argminLoad(loads []int, skip []bool) int {
 	return best
 }
 
-// decision builds the answer: best first, then holders (pos >= 0) by load, then the rest
-// by load.
+// maxFallbacks bounds Decision.Fallbacks: enough for the proxy's retries, and a pick
+// over many endpoints does not sort them all.
+const maxFallbacks = 4
+
+// decision builds the answer: best first, then up to maxFallbacks others, holders (pos
+// >= 0) before the rest, each by load.
 func (p *Placement) decision(cands []Endpoint, sc *plScratch, best int, pos []int) Decision {
 	d := Decision{Endpoint: cands[best].Address}
 	if len(cands) == 1 {
 		return d
 	}
-	order := make([]int, 0, len(cands)-1)
+	rank := func(i int) int {
+		r := sc.loads[i]
+		if pos == nil || pos[i] < 0 {
+			r += 1 << 30
+		}
+		return r
+	}
+	var top [maxFallbacks]int
+	k := 0
 	for i := range cands {
-		if i != best {
-			order = append(order, i)
+		if i == best {
+			continue
 		}
+		// Insert i into top[:k], kept sorted by rank (stable: earlier candidates first).
+		j := min(k, maxFallbacks-1)
+		if k == maxFallbacks && rank(i) >= rank(top[j]) {
+			continue
+		}
+		for j > 0 && rank(i) < rank(top[j-1]) {
+			top[j] = top[j-1]
+			j--
+		}
+		top[j] = i
+		k = min(k+1, maxFallbacks)
 	}
-	holder := func(i int) int {
-		if pos != nil && pos[i] >= 0 {
-			return 0
-		}
-		return 1
-	}
-	slices.SortStableFunc(order, func(a, b int) int {
-		if d := holder(a) - holder(b); d != 0 {
-			return d
-		}
-		return sc.loads[a] - sc.loads[b]
-	})
-	d.Fallbacks = make([]string, len(order))
-	for j, i := range order {
-		d.Fallbacks[j] = cands[i].Address
+	d.Fallbacks = make([]string, k)
+	for j := range k {
+		d.Fallbacks[j] = cands[top[j]].Address
 	}
 	return d
 }
@@ -739,7 +761,7 @@ func (p *Placement) divert(e *plPrefix, cands []Endpoint, sc *plScratch, best, t
 		if d == 0 {
 			d = sc.meanDecode
 		}
-		backlog := p.endpoint(cands[i].Address).prefill + max(0, tokens-sc.lead[i]*bs)
+		backlog := sc.eps[i].prefill + max(0, tokens-sc.lead[i]*bs)
 		return float64(backlog) * d / sc.meanDecode
 	}
 	eb := est(best)
@@ -801,8 +823,7 @@ func (p *Placement) release(id string) {
 // room reports whether candidate i can start the request without waiting for KV blocks:
 // its footprint, plus the request's blocks not already active there, stays within
 // Headroom of its capacity. p.mu must be held.
-func (p *Placement) room(e *plPrefix, key uint64, c *Endpoint, blocks int) bool {
-	ep := p.endpoint(c.Address)
+func (p *Placement) room(ep *plEndpoint, key uint64, c *Endpoint, blocks int) bool {
 	capacity := float64(p.capacity(c))
 	used := float64(ep.footprint)
 	if p.cfg.ScrapedLoad && c.Metrics.Valid {

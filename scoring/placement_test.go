@@ -312,6 +312,28 @@ func TestPlacementWithoutTokensPicksLeastLoaded(t *testing.T) {
 	}
 }
 
+func TestPlacementFallbacks(t *testing.T) {
+	ix := newPlFakeIndex()
+	p := newPlacement(t, scoring.DefaultPlacementConfig(), ix)
+	cs := fleet(8, nil)
+	for i := range cs {
+		cs[i].InFlight = 10 - i // the last candidates are the least loaded of the rest
+	}
+	// Endpoints 1 and 2 hold the prefix; 2 is idle, so it is chosen.
+	cs[1].InFlight, cs[2].InFlight = 1, 0
+	ix.hold(cs[1].Address, plKeysOf(prefixed(0, 0))[:64])
+	ix.hold(cs[2].Address, plKeysOf(prefixed(0, 0))[:64])
+	d, err := p.Pick(plRequest(prefixed(0, 1)), cs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{cs[1].Address, cs[7].Address, cs[6].Address, cs[5].Address}
+	if d.Endpoint != cs[2].Address || fmt.Sprint(d.Fallbacks) != fmt.Sprint(want) {
+		t.Fatalf("got %s then %v, want %s then %v (holders first, then by load, at most 4)",
+			d.Endpoint, d.Fallbacks, cs[2].Address, want)
+	}
+}
+
 func TestPlacementMetrics(t *testing.T) {
 	reg := prometheus.NewPedanticRegistry()
 	p, err := scoring.NewPlacement(scoring.DefaultPlacementConfig(), newPlFakeIndex(), nil, reg)
@@ -368,8 +390,10 @@ func TestPlacementConfigValidate(t *testing.T) {
 	}
 }
 
-// benchPlacement measures Pick over n endpoints against the real index, with 24 prefixes
-// spread over them and the request's prefix held by one.
+// benchPlacement measures Pick (with Routed and Finished) over n endpoints against the
+// real index for reference-workload requests (one of 24 shared 2,032-token prefixes +
+// a unique 339-token tail), each prefix stored on one endpoint. cpu-ns/op is the
+// process's CPU time per pick: on a shared machine wall time overstates it.
 func benchPlacement(b *testing.B, n int) {
 	ix, err := index.New(index.DefaultConfig(), nil)
 	if err != nil {
@@ -377,9 +401,10 @@ func benchPlacement(b *testing.B, n int) {
 	}
 	cs := fleet(n, nil)
 	root := index.Root("m", "", "")
+	prefix := func(k int) []uint32 { return plTokens(1_000_000*(k+1), 2032) }
 	for k := 0; k < 24; k++ {
-		toks := prefixed(k, 0)[:64*16]
-		handles := make([]uint64, 64)
+		toks := prefix(k)[:127*16]
+		handles := make([]uint64, 127)
 		for i := range handles {
 			handles[i] = uint64(k*1000 + i + 1)
 		}
@@ -390,9 +415,10 @@ func benchPlacement(b *testing.B, n int) {
 	p := newPlacement(b, scoring.DefaultPlacementConfig(), ix)
 	reqs := make([]*scoring.Request, 256)
 	for i := range reqs {
-		reqs[i] = plRequest(prefixed(i%24, i))
+		reqs[i] = plRequest(append(prefix(i%24), plTokens(500_000_000+1000*i, 339)...))
 	}
 	b.ReportAllocs()
+	cpu := kvCPUTime()
 	b.ResetTimer()
 	for i := 0; b.Loop(); i++ {
 		req := reqs[i%len(reqs)]
@@ -403,6 +429,7 @@ func benchPlacement(b *testing.B, n int) {
 		p.Routed(req, d.Endpoint)
 		p.Finished(req.ID)
 	}
+	b.ReportMetric(float64((kvCPUTime()-cpu).Nanoseconds())/float64(b.N), "cpu-ns/op")
 }
 
 func BenchmarkPlacementPick6(b *testing.B)  { benchPlacement(b, 6) }
