@@ -2,9 +2,11 @@ package main
 
 import (
 	"context"
+	"strings"
 	"testing"
 
 	"github.com/kvrouter/kvrouter/kvbench"
+	"github.com/kvrouter/kvrouter/scoring"
 )
 
 // cachedRatio runs one small sim cell and returns its measured cached-token ratio.
@@ -53,4 +55,42 @@ func TestPlacementBeatsKVInSim(t *testing.T) {
 			}
 		})
 	}
+}
+
+func TestParsePlacement(t *testing.T) {
+	for _, tc := range []struct {
+		name, spec, wantErr string
+	}{
+		{"empty keeps defaults", "", ""},
+		{"overrides", "balance=1.25,sticky_holders=true,fill=0.4,deadline_tokens=0", ""},
+		{"not key=value", "balance", "not key=value"},
+		{"unknown key", "speed=2", "unknown key"},
+		{"bad number", "fill=lots", "fill"},
+		{"invalid value", "fill=2", "fill must be in (0, 1]"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := scoring.DefaultPlacementConfig()
+			err := parsePlacement(tc.spec, &c)
+			if (err == nil) != (tc.wantErr == "") || (err != nil && !strings.Contains(err.Error(), tc.wantErr)) {
+				t.Fatalf("parsePlacement(%q) = %v, want error containing %q", tc.spec, err, tc.wantErr)
+			}
+		})
+	}
+	c := scoring.DefaultPlacementConfig()
+	if err := parsePlacement("balance=1.25,sticky_holders=true", &c); err != nil || c.Balance != 1.25 || !c.StickyHolders {
+		t.Fatalf("overrides not applied: %+v, %v", c, err)
+	}
+}
+
+func FuzzParsePlacement(f *testing.F) {
+	f.Add("balance=1.25,sticky_holders=true")
+	f.Add("fill=0.5,,=")
+	f.Fuzz(func(t *testing.T, spec string) {
+		c := scoring.DefaultPlacementConfig()
+		if err := parsePlacement(spec, &c); err == nil {
+			if verr := c.Validate(); verr != nil {
+				t.Fatalf("accepted %q into an invalid config: %v", spec, verr)
+			}
+		}
+	})
 }
