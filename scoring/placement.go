@@ -66,6 +66,10 @@ type Placement struct {
 	reqs     map[string]plReq
 }
 
+// maxKeptKeys bounds the keys kept per prefix to estimate its size (64k tokens at 16 per
+// block): the table holds about 2 x LiveWindow prefixes, so at most ~64 MB of keys.
+const maxKeptKeys = 4096
+
 // maxPending bounds the picks remembered until Routed or Finished.
 const maxPending = 1 << 16
 
@@ -283,7 +287,7 @@ func (p *Placement) Pick(req *Request, cands []Endpoint) (Decision, error) {
 func (p *Placement) prefix(key uint64, keys []uint64) *plPrefix {
 	e := p.prefixes[key]
 	if e == nil {
-		e = &plPrefix{blocks: len(keys), keys: append([]uint64(nil), keys...)}
+		e = &plPrefix{blocks: len(keys), keys: append([]uint64(nil), keys[:min(len(keys), maxKeptKeys)]...)}
 		p.prefixes[key] = e
 	} else {
 		common := 0
@@ -299,7 +303,7 @@ func (p *Placement) prefix(key uint64, keys []uint64) *plPrefix {
 			}
 			e.blocks = common
 		}
-		e.keys = append(e.keys[:0], keys...)
+		e.keys = append(e.keys[:0], keys[:min(len(keys), maxKeptKeys)]...)
 	}
 	e.seen = p.tick
 	p.expire(e)
