@@ -45,6 +45,9 @@ type PolicyEnv struct {
 	NumGPUBlocks []int
 	BlockSize    int
 	Model        string
+	// Now is the run's clock (the fleet's virtual clock in sim mode), for policies that
+	// measure time.
+	Now func() time.Time
 }
 
 // EventSink receives one server's decoded KV event batches (a block index).
@@ -229,6 +232,7 @@ func RunSim(ctx context.Context, cfg SimConfig, w *Workload, policy string, conc
 		rt, err := cfg.Policies(PolicyEnv{
 			Policy: policy, Seed: uint64(rep)<<16 | uint64(k), Replica: k,
 			Endpoints: r.addrs, NumGPUBlocks: blocks, BlockSize: cfg.Engine.BlockSize, Model: cfg.Model,
+			Now: func() time.Time { return time.Unix(0, 0).Add(secs(f.Now())) },
 		})
 		if err != nil {
 			return RunOutput{}, fmt.Errorf("kvbench: policy %q: %w", policy, err)

@@ -80,6 +80,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		resetCache   = fs.Bool("reset-prefix-cache", false, "POST /reset_prefix_cache to every --metrics-urls engine before each run (URL mode; vLLM needs VLLM_SERVER_DEV_MODE=1)")
 		timeout      = fs.Duration("timeout", 5*time.Minute, "per-request timeout (URL mode)")
 		parallel     = fs.Int("parallel", runtime.GOMAXPROCS(0), "sim runs at once")
+		placement    = fs.String("placement", "", `placement policy overrides, e.g. "saturated=3,spill_load=6,fill=0.75" (sim mode)`)
 		progress     = fs.String("progress", "auto", "progress bar on stderr: auto, always or never")
 	)
 	fs.Usage = func() {
@@ -140,6 +141,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 		o.Workers = len(sc.Servers)
+		if err := parsePlacement(*placement, &placementConfig); err != nil {
+			return err
+		}
 		sc.Policies = newRouter
 		o.Sim = &sc
 		switch {

@@ -3,6 +3,8 @@ package main
 import (
 	"fmt"
 	"math/rand/v2"
+	"strconv"
+	"strings"
 
 	"github.com/kvrouter/kvrouter/index"
 	"github.com/kvrouter/kvrouter/index/kvsink"
@@ -41,6 +43,14 @@ var policies = []struct {
 		p, err := scoring.NewKV(scoring.DefaultKVConfig(), ix, nil, rand.NewPCG(env.Seed, 0x6b76), nil)
 		return kvbench.Router{Policy: p, Events: indexSink{ix, sink}}, err
 	}},
+	{"placement", func(env kvbench.PolicyEnv) (kvbench.Router, error) {
+		ix, sink, err := newIndex(env)
+		if err != nil {
+			return kvbench.Router{}, err
+		}
+		p, err := scoring.NewPlacement(placementConfig, ix, env.Now, nil)
+		return kvbench.Router{Policy: p, Events: indexSink{ix, sink}}, err
+	}},
 	{"approximate", func(env kvbench.PolicyEnv) (kvbench.Router, error) {
 		p, err := scoring.NewApproximate(scoring.DefaultKVConfig(), rand.NewPCG(env.Seed, 0x617070726f78), nil)
 		return kvbench.Router{Policy: p}, err
@@ -52,6 +62,25 @@ var policies = []struct {
 	{"partition", func(kvbench.PolicyEnv) (kvbench.Router, error) {
 		return kvbench.Router{Policy: kvbench.NewStaticPartition()}, nil
 	}},
+}
+
+// placementConfig is the placement policy's configuration (flags may tune it).
+var placementConfig = scoring.DefaultPlacementConfig()
+
+// newIndex builds one router replica's index, sized to the servers, and its event sink.
+func newIndex(env kvbench.PolicyEnv) (*index.Index, *kvsink.Sink, error) {
+	ix, err := index.New(index.DefaultConfig(), nil)
+	if err != nil {
+		return nil, nil, err
+	}
+	for i, ep := range env.Endpoints {
+		ix.SetCapacity(ep, env.NumGPUBlocks[i])
+	}
+	sink, err := kvsink.New(ix, func(string) string { return env.Model }, kvsink.DefaultConfig(), nil)
+	if err != nil {
+		return nil, nil, err
+	}
+	return ix, sink, nil
 }
 
 // indexSink feeds one router replica's index from decoded batches, as the ZeroMQ
@@ -97,4 +126,65 @@ func policyNames() []string {
 		out[i] = p.name
 	}
 	return out
+}
+
+// parsePlacement applies "key=value,..." overrides (the YAML field names of
+// scoring.PlacementConfig) to the placement policy's configuration.
+func parsePlacement(spec string, c *scoring.PlacementConfig) error {
+	if strings.TrimSpace(spec) == "" {
+		return nil
+	}
+	for _, kv := range strings.Split(spec, ",") {
+		k, v, ok := strings.Cut(strings.TrimSpace(kv), "=")
+		if !ok {
+			return fmt.Errorf("--placement: %q is not key=value", kv)
+		}
+		var err error
+		switch k {
+		case "prefix_depth":
+			c.PrefixDepth, err = strconv.Atoi(v)
+		case "saturated":
+			c.Saturated, err = strconv.Atoi(v)
+		case "spill_load":
+			c.SpillLoad, err = strconv.Atoi(v)
+		case "live_window":
+			c.LiveWindow, err = strconv.Atoi(v)
+		case "fill":
+			c.Fill, err = strconv.ParseFloat(v, 64)
+		case "hold_fraction":
+			c.HoldFraction, err = strconv.ParseFloat(v, 64)
+		case "replica_load":
+			c.ReplicaLoad, err = strconv.Atoi(v)
+		case "deadline_tokens":
+			c.DeadlineTokens, err = strconv.Atoi(v)
+		case "divert_on_full":
+			c.DivertOnFull, err = strconv.ParseBool(v)
+		case "confirm_picks":
+			c.ConfirmPicks, err = strconv.Atoi(v)
+		case "divert_misses":
+			c.DivertMisses, err = strconv.ParseBool(v)
+		case "miss_speedup":
+			c.MissSpeedup, err = strconv.ParseFloat(v, 64)
+		case "adopt_all":
+			c.AdoptAll, err = strconv.ParseBool(v)
+		case "balance":
+			c.Balance, err = strconv.ParseFloat(v, 64)
+		case "sticky_holders":
+			c.StickyHolders, err = strconv.ParseBool(v)
+		case "headroom":
+			c.Headroom, err = strconv.ParseFloat(v, 64)
+		case "output_blocks":
+			c.OutputBlocks, err = strconv.Atoi(v)
+		case "spill_on_full":
+			c.SpillOnFull, err = strconv.ParseBool(v)
+		case "scraped_load":
+			c.ScrapedLoad, err = strconv.ParseBool(v)
+		default:
+			return fmt.Errorf("--placement: unknown key %q", k)
+		}
+		if err != nil {
+			return fmt.Errorf("--placement: %s: %w", k, err)
+		}
+	}
+	return c.Validate()
 }

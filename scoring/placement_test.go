@@ -1,0 +1,436 @@
+package scoring_test
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/kvrouter/kvrouter/index"
+	"github.com/kvrouter/kvrouter/scoring"
+)
+
+// plFakeIndex holds, per endpoint, a set of block keys.
+type plFakeIndex struct {
+	mu   sync.Mutex
+	held map[string]map[uint64]bool
+}
+
+func newPlFakeIndex() *plFakeIndex { return &plFakeIndex{held: map[string]map[uint64]bool{}} }
+
+func (f *plFakeIndex) hold(ep string, keys []uint64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.held[ep] == nil {
+		f.held[ep] = map[uint64]bool{}
+	}
+	for _, k := range keys {
+		f.held[ep][k] = true
+	}
+}
+
+func (f *plFakeIndex) LeadingBlocks(keys []uint64, eps []string, dst []int) []int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	dst = dst[:0]
+	for _, ep := range eps {
+		n := 0
+		for n < len(keys) && f.held[ep][keys[n]] {
+			n++
+		}
+		dst = append(dst, n)
+	}
+	return dst
+}
+
+func plTokens(start, n int) []uint32 {
+	t := make([]uint32, n)
+	for i := range t {
+		t[i] = uint32(start + i)
+	}
+	return t
+}
+
+var plReqN atomic.Int64
+
+func plRequest(toks []uint32) *scoring.Request {
+	return &scoring.Request{ID: fmt.Sprint("p", plReqN.Add(1)), Model: "m", BaseModel: "m", TokenIDs: toks}
+}
+
+func plKeysOf(toks []uint32) []uint64 { return index.Keys(index.Root("m", "", ""), toks, 16, nil) }
+
+// prefixed is a prompt of 64 blocks of prefix p followed by 8 blocks of tail t.
+func prefixed(p, t int) []uint32 {
+	out := plTokens(1_000_000*(p+1), 64*16)
+	return append(out, plTokens(500_000_000+10_000*t, 8*16)...)
+}
+
+// fleet is n endpoints with valid metrics and the given KV capacities (all 1000 blocks
+// when caps is nil).
+func fleet(n int, caps []int) []scoring.Endpoint {
+	out := make([]scoring.Endpoint, n)
+	for i := range out {
+		c := 1000
+		if caps != nil {
+			c = caps[i]
+		}
+		out[i] = scoring.Endpoint{Address: fmt.Sprintf("10.0.0.%d:8000", i+1),
+			Metrics: scoring.Metrics{Valid: true, NumGPUBlocks: c, BlockSize: 16}}
+	}
+	return out
+}
+
+func newPlacement(t testing.TB, cfg scoring.PlacementConfig, ix scoring.PrefixIndex) *scoring.Placement {
+	t.Helper()
+	p, err := scoring.NewPlacement(cfg, ix, func() time.Time { return time.Unix(0, 0) }, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// place picks, tells the policy it was routed and finished, and returns the endpoint.
+func place(t testing.TB, p *scoring.Placement, toks []uint32, cs []scoring.Endpoint) string {
+	t.Helper()
+	req := plRequest(toks)
+	d, err := p.Pick(req, cs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Routed(req, d.Endpoint)
+	p.Finished(req.ID)
+	return d.Endpoint
+}
+
+func TestPlacementHomeIsStable(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		prefixes int
+	}{{"one prefix", 1}, {"six prefixes over six", 6}, {"twenty over six", 20}} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := newPlacement(t, scoring.DefaultPlacementConfig(), newPlFakeIndex())
+			cs := fleet(6, nil)
+			home := map[int]string{}
+			for rep := 0; rep < 5; rep++ {
+				for k := 0; k < tc.prefixes; k++ {
+					got := place(t, p, prefixed(k, rep*100+k), cs)
+					if h, ok := home[k]; ok && h != got {
+						t.Fatalf("prefix %d moved from %s to %s on idle endpoints", k, h, got)
+					}
+					home[k] = got
+				}
+			}
+		})
+	}
+}
+
+func TestPlacementCapacityWeighting(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		caps []int
+		want []int // homes per endpoint
+	}{
+		{"equal", []int{1000, 1000, 1000}, []int{3, 3, 3}},
+		{"one double", []int{1000, 1000, 2000}, []int{2, 2, 4}},
+		{"one half", []int{1000, 500, 1000}, []int{4, 2, 4}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := newPlacement(t, scoring.DefaultPlacementConfig(), newPlFakeIndex())
+			cs := fleet(len(tc.caps), tc.caps)
+			total := 0
+			for _, w := range tc.want {
+				total += w
+			}
+			got := make([]int, len(cs))
+			for k := 0; k < total; k++ {
+				ep := place(t, p, prefixed(k, k), cs)
+				for i := range cs {
+					if cs[i].Address == ep {
+						got[i]++
+					}
+				}
+			}
+			if fmt.Sprint(got) != fmt.Sprint(tc.want) {
+				t.Fatalf("homes per endpoint = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestPlacementSpillsOnlyOnSaturation(t *testing.T) {
+	cfg := scoring.DefaultPlacementConfig()
+	cfg.Fill = 0.01 // no endpoint has room for a replica: only spills can move a prefix
+	cfg.DeadlineTokens = 0
+	for _, tc := range []struct {
+		name      string
+		homeLoad  int
+		otherLoad int
+		wantHome  bool
+	}{
+		{"idle home", 0, 0, true},
+		{"one-request imbalance", 1, 0, true},
+		{"below spill load", cfg.SpillLoad - 1, 0, true},
+		{"at spill load", cfg.SpillLoad, 0, false},
+		{"others saturated too", cfg.SpillLoad + 2, cfg.Saturated, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := newPlacement(t, cfg, newPlFakeIndex())
+			cs := fleet(3, nil)
+			home := place(t, p, prefixed(0, 0), cs)
+			for i := range cs {
+				cs[i].InFlight = tc.otherLoad
+				if cs[i].Address == home {
+					cs[i].InFlight = tc.homeLoad
+				}
+			}
+			got := place(t, p, prefixed(0, 1), cs)
+			if (got == home) != tc.wantHome {
+				t.Fatalf("went to %s, home %s, want home: %v", got, home, tc.wantHome)
+			}
+		})
+	}
+}
+
+func TestPlacementReplicatesOnlyWithinFreeCapacity(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		fill        float64
+		wantReplica bool
+	}{
+		{"room for a replica", 0.5, true},
+		{"no room: queue at home", 0.05, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := scoring.DefaultPlacementConfig()
+			cfg.Fill = tc.fill
+			p := newPlacement(t, cfg, newPlFakeIndex())
+			cs := fleet(2, nil)
+			home := place(t, p, prefixed(0, 0), cs)
+			for i := range cs {
+				if cs[i].Address == home {
+					cs[i].InFlight = cfg.ReplicaLoad
+				}
+			}
+			got := place(t, p, prefixed(0, 1), cs)
+			if (got != home) != tc.wantReplica {
+				t.Fatalf("went to %s, home %s, want replica: %v", got, home, tc.wantReplica)
+			}
+		})
+	}
+}
+
+func TestPlacementAdoptsWhatTheIndexHolds(t *testing.T) {
+	ix := newPlFakeIndex()
+	p := newPlacement(t, scoring.DefaultPlacementConfig(), ix)
+	cs := fleet(4, nil)
+	// Another router replica placed prefix 0 on the third endpoint: the index says so.
+	ix.hold(cs[2].Address, plKeysOf(prefixed(0, 99))[:64])
+	for tail := 0; tail < 3; tail++ {
+		if got := place(t, p, prefixed(0, tail), cs); got != cs[2].Address {
+			t.Fatalf("request %d went to %s, want the holder %s", tail, got, cs[2].Address)
+		}
+	}
+}
+
+func TestPlacementChurnRemapsOnlyTheDepartedPrefixes(t *testing.T) {
+	p := newPlacement(t, scoring.DefaultPlacementConfig(), newPlFakeIndex())
+	cs := fleet(4, nil)
+	home := map[int]string{}
+	for k := 0; k < 12; k++ {
+		home[k] = place(t, p, prefixed(k, k), cs)
+	}
+	gone := cs[1].Address
+	p.Forget(gone)
+	left := append([]scoring.Endpoint{cs[0]}, cs[2:]...)
+	moved := 0
+	for k := 0; k < 12; k++ {
+		got := place(t, p, prefixed(k, 100+k), left)
+		switch {
+		case home[k] == gone:
+			moved++
+		case got != home[k]:
+			t.Fatalf("prefix %d moved from %s to %s though its home stayed", k, home[k], got)
+		}
+		home[k] = got
+	}
+	if moved != 3 {
+		t.Fatalf("%d prefixes were homed on the departed endpoint, want 3", moved)
+	}
+	// A joining endpoint takes new prefixes; old ones stay where they are.
+	joined := append(left, fleet(5, nil)[4])
+	for k := 0; k < 12; k++ {
+		if got := place(t, p, prefixed(k, 200+k), joined); got != home[k] {
+			t.Fatalf("prefix %d moved from %s to %s when an endpoint joined", k, home[k], got)
+		}
+	}
+	if got := place(t, p, prefixed(12, 300), joined); got != joined[3].Address {
+		t.Fatalf("a new prefix went to %s, want the empty endpoint %s", got, joined[3].Address)
+	}
+}
+
+func TestPlacementDivertsPastTheDeadline(t *testing.T) {
+	cfg := scoring.DefaultPlacementConfig()
+	cfg.Fill = 0.01
+	p := newPlacement(t, cfg, newPlFakeIndex())
+	cs := fleet(2, nil)
+	home := place(t, p, prefixed(0, 0), cs)
+	// Four misses routed to home have not produced a first token: a large prefill backlog.
+	for i := 1; i <= 4; i++ {
+		req := plRequest(prefixed(0, i))
+		d, err := p.Pick(req, cs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.Routed(req, d.Endpoint)
+	}
+	if got := place(t, p, prefixed(0, 9), cs); got == home {
+		t.Fatalf("went to the home %s behind %d backlog tokens", home, 4*72*16)
+	}
+}
+
+func TestPlacementWithoutTokensPicksLeastLoaded(t *testing.T) {
+	p := newPlacement(t, scoring.DefaultPlacementConfig(), newPlFakeIndex())
+	cs := fleet(3, nil)
+	cs[0].InFlight, cs[1].InFlight, cs[2].InFlight = 3, 1, 2
+	for _, toks := range [][]uint32{nil, plTokens(0, 15)} {
+		d, err := p.Pick(plRequest(toks), cs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Endpoint != cs[1].Address || len(d.Fallbacks) != 2 {
+			t.Fatalf("got %+v, want %s first and two fallbacks", d, cs[1].Address)
+		}
+	}
+	if _, err := p.Pick(plRequest(nil), nil); !errors.Is(err, scoring.ErrNoCandidates) {
+		t.Fatalf("no candidates: err = %v", err)
+	}
+}
+
+func TestPlacementFallbacks(t *testing.T) {
+	ix := newPlFakeIndex()
+	p := newPlacement(t, scoring.DefaultPlacementConfig(), ix)
+	cs := fleet(8, nil)
+	for i := range cs {
+		cs[i].InFlight = 10 - i // the last candidates are the least loaded of the rest
+	}
+	// Endpoints 1 and 2 hold the prefix; 2 is idle, so it is chosen.
+	cs[1].InFlight, cs[2].InFlight = 1, 0
+	ix.hold(cs[1].Address, plKeysOf(prefixed(0, 0))[:64])
+	ix.hold(cs[2].Address, plKeysOf(prefixed(0, 0))[:64])
+	d, err := p.Pick(plRequest(prefixed(0, 1)), cs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{cs[1].Address, cs[7].Address, cs[6].Address, cs[5].Address}
+	if d.Endpoint != cs[2].Address || fmt.Sprint(d.Fallbacks) != fmt.Sprint(want) {
+		t.Fatalf("got %s then %v, want %s then %v (holders first, then by load, at most 4)",
+			d.Endpoint, d.Fallbacks, cs[2].Address, want)
+	}
+}
+
+func TestPlacementMetrics(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	p, err := scoring.NewPlacement(scoring.DefaultPlacementConfig(), newPlFakeIndex(), nil, reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs := fleet(2, nil)
+	place(t, p, prefixed(0, 0), cs)
+	place(t, p, prefixed(0, 1), cs)
+	place(t, p, nil, cs)
+	want := `
+# HELP kvrouter_scoring_placement_decisions_total Placement policy decisions by kind: holder, home, replica, spill, divert, queue, untokenized.
+# TYPE kvrouter_scoring_placement_decisions_total counter
+kvrouter_scoring_placement_decisions_total{kind="divert"} 0
+kvrouter_scoring_placement_decisions_total{kind="holder"} 1
+kvrouter_scoring_placement_decisions_total{kind="home"} 1
+kvrouter_scoring_placement_decisions_total{kind="queue"} 0
+kvrouter_scoring_placement_decisions_total{kind="replica"} 0
+kvrouter_scoring_placement_decisions_total{kind="spill"} 0
+kvrouter_scoring_placement_decisions_total{kind="untokenized"} 1
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestPlacementConfigValidate(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		modify func(*scoring.PlacementConfig)
+		want   string
+	}{
+		{"defaults", func(*scoring.PlacementConfig) {}, ""},
+		{"zero depth", func(c *scoring.PlacementConfig) { c.PrefixDepth = 0 }, "prefix_depth"},
+		{"fill above one", func(c *scoring.PlacementConfig) { c.Fill = 1.5 }, "fill"},
+		{"spill below saturated", func(c *scoring.PlacementConfig) { c.SpillLoad = 1; c.Saturated = 2 }, "spill_load"},
+		{"negative deadline", func(c *scoring.PlacementConfig) { c.DeadlineTokens = -1 }, "deadline_tokens"},
+		{"zero headroom", func(c *scoring.PlacementConfig) { c.Headroom = 0 }, "headroom"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := scoring.DefaultPlacementConfig()
+			tc.modify(&c)
+			err := c.Validate()
+			if (err == nil) != (tc.want == "") || (err != nil && !strings.Contains(err.Error(), tc.want)) {
+				t.Fatalf("Validate() = %v, want an error naming %q", err, tc.want)
+			}
+			if _, nerr := scoring.NewPlacement(c, newPlFakeIndex(), nil, nil); (nerr == nil) != (err == nil) {
+				t.Fatalf("NewPlacement error %v disagrees with Validate %v", nerr, err)
+			}
+		})
+	}
+	if _, err := scoring.NewPlacement(scoring.DefaultPlacementConfig(), nil, nil, nil); err == nil {
+		t.Fatal("NewPlacement with no index: want an error")
+	}
+}
+
+// benchPlacement measures Pick (with Routed and Finished) over n endpoints against the
+// real index for reference-workload requests (one of 24 shared 2,032-token prefixes +
+// a unique 339-token tail), each prefix stored on one endpoint. cpu-ns/op is the
+// process's CPU time per pick: on a shared machine wall time overstates it.
+func benchPlacement(b *testing.B, n int) {
+	ix, err := index.New(index.DefaultConfig(), nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	cs := fleet(n, nil)
+	root := index.Root("m", "", "")
+	prefix := func(k int) []uint32 { return plTokens(1_000_000*(k+1), 2032) }
+	for k := 0; k < 24; k++ {
+		toks := prefix(k)[:127*16]
+		handles := make([]uint64, 127)
+		for i := range handles {
+			handles[i] = uint64(k*1000 + i + 1)
+		}
+		if err := ix.Store(cs[k%n].Address, 0, index.Blocks{Root: root, Handles: handles, Tokens: toks, BlockSize: 16}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	p := newPlacement(b, scoring.DefaultPlacementConfig(), ix)
+	reqs := make([]*scoring.Request, 256)
+	for i := range reqs {
+		reqs[i] = plRequest(append(prefix(i%24), plTokens(500_000_000+1000*i, 339)...))
+	}
+	b.ReportAllocs()
+	cpu := kvCPUTime()
+	b.ResetTimer()
+	for i := 0; b.Loop(); i++ {
+		req := reqs[i%len(reqs)]
+		d, err := p.Pick(req, cs)
+		if err != nil {
+			b.Fatal(err)
+		}
+		p.Routed(req, d.Endpoint)
+		p.Finished(req.ID)
+	}
+	b.ReportMetric(float64((kvCPUTime()-cpu).Nanoseconds())/float64(b.N), "cpu-ns/op")
+}
+
+func BenchmarkPlacementPick6(b *testing.B)  { benchPlacement(b, 6) }
+func BenchmarkPlacementPick64(b *testing.B) { benchPlacement(b, 64) }

@@ -1,0 +1,165 @@
+package scoring
+
+import (
+	"errors"
+	"fmt"
+	"math"
+)
+
+// PlacementConfig tunes the placement policy (see Placement). Loads are request counts:
+// the router's own in-flight requests on an endpoint, or, when its scraped metrics are
+// valid and say more, vLLM's running plus waiting requests (which include other router
+// replicas' requests).
+type PlacementConfig struct {
+	// PrefixDepth is the block whose key names a request's prefix: the key of block
+	// min(PrefixDepth, full blocks) - 1, i.e. the first PrefixDepth x block_size tokens.
+	// Requests sharing those tokens share a placement. Default 4.
+	PrefixDepth int `yaml:"prefix_depth"`
+	// Saturated is the load at which an endpoint no longer takes replicas, spills or
+	// diverts. Default 6.
+	Saturated int `yaml:"saturated"`
+	// ReplicaLoad is the load of the least-loaded holder at which the prefix takes a
+	// replica on a less-loaded endpoint where it fits within Fill (evicting nothing live).
+	// Default 1.
+	ReplicaLoad int `yaml:"replica_load"`
+	// SpillLoad is the load a prefix's least-loaded holder must reach before the prefix
+	// spills to an endpoint where its blocks would evict other live prefixes; below it,
+	// requests queue at the holder. Default 10.
+	SpillLoad int `yaml:"spill_load"`
+	// Fill is the share of an endpoint's KV capacity that live placements may take
+	// before an extra replica placed there would evict other live prefixes. Default 0.5.
+	Fill float64 `yaml:"fill"`
+	// Headroom is the share of an endpoint's KV capacity its in-flight requests may
+	// occupy (each active prefix once, plus every request's own blocks and OutputBlocks)
+	// before a new request would wait there for blocks. A holder without room counts as
+	// saturated. Default 1.
+	Headroom float64 `yaml:"headroom"`
+	// OutputBlocks is the blocks a request is expected to add while decoding. Default 4.
+	OutputBlocks int `yaml:"output_blocks"`
+	// SpillOnFull spills (rule 4) as soon as the least-loaded holder has no KV room,
+	// without waiting for SpillLoad, and records the new placement. Default false (the
+	// recorded spills cascade; DivertOnFull moves the one request instead).
+	SpillOnFull bool `yaml:"spill_on_full"`
+	// DeadlineTokens bounds the prefill backlog (uncached prompt tokens ahead of and in
+	// the request, scaled by the endpoint's measured speed) a request accepts at the
+	// chosen endpoint: beyond it, and when another endpoint with KV room would start it
+	// at least twice as soon, the request alone goes there (placing nothing). 0 disables.
+	// Default 4096.
+	DeadlineTokens int `yaml:"deadline_tokens"`
+	// DivertOnFull sends a request alone (placing nothing) to the candidate with KV room
+	// that would start it soonest when the chosen endpoint has no KV room (vLLM would
+	// queue it until blocks free up). Default true.
+	DivertOnFull bool `yaml:"divert_on_full"`
+	// DivertMisses sends a request alone to an idle candidate with KV room when the
+	// chosen endpoint is busy and holds less than HoldFraction of the prefix (it would
+	// recompute the prefix behind other requests) and the idle one is faster (see
+	// MissSpeedup). Default true.
+	DivertMisses bool `yaml:"divert_misses"`
+	// MissSpeedup is how much shorter an idle candidate's measured decode time must be,
+	// as a share of the chosen endpoint's, to take a diverted miss. Default 0.85.
+	MissSpeedup float64 `yaml:"miss_speedup"`
+	// HoldFraction is the share of a prefix's estimated blocks an endpoint must hold, per
+	// the index, to count as holding it. Default 0.5.
+	HoldFraction float64 `yaml:"hold_fraction"`
+	// ConfirmPicks is how many picks a replica may go unconfirmed by the index (KV events
+	// lag) before it is taken for evicted and dropped. Default 32.
+	ConfirmPicks int `yaml:"confirm_picks"`
+	// Balance > 0 chooses a new prefix's home by capacity-weighted rendezvous hashing,
+	// skipping endpoints whose home blocks would exceed Balance x their capacity share
+	// of all home blocks (bounded load); 0 takes the endpoint with the least home blocks
+	// per block of capacity. Default 0.
+	Balance float64 `yaml:"balance"`
+	// StickyHolders ranks holders whose load is below ReplicaLoad by rendezvous score
+	// instead of wait, so that router replicas all use the same copy of a prefix while
+	// it is not busy and duplicates die out. Default false.
+	StickyHolders bool `yaml:"sticky_holders"`
+	// AdoptAll adopts every endpoint the index shows holding HoldFraction of a prefix as
+	// a holder; by default only the one holding most of a prefix the router has no
+	// placement for is adopted. Default true (measured better with router replicas).
+	AdoptAll bool `yaml:"adopt_all"`
+	// LiveWindow is how many of the policy's own picks a placement stays live without
+	// being used. Default 1024.
+	LiveWindow int `yaml:"live_window"`
+	// BlockSize is used for an endpoint whose scraped block size is unknown. Default 16.
+	BlockSize int `yaml:"block_size"`
+	// DefaultBlocks is the KV capacity assumed for an endpoint whose num_gpu_blocks is
+	// unknown. Default 4096.
+	DefaultBlocks int `yaml:"default_blocks"`
+	// MaxPrefixes bounds the placement table; beyond it the least recently seen prefixes
+	// are dropped. Default 65536.
+	MaxPrefixes int `yaml:"max_prefixes"`
+	// ScrapedLoad takes an endpoint's load as the larger of the router's in-flight count
+	// and its scraped running plus waiting requests, and its KV use as the larger of the
+	// footprint and the scraped usage: for several router replicas, each seeing only its
+	// own requests. Stale by the scrape interval, so off by default (false).
+	ScrapedLoad bool `yaml:"scraped_load"`
+}
+
+// DefaultPlacementConfig returns the defaults measured in docs/results-policy.md.
+func DefaultPlacementConfig() PlacementConfig {
+	return PlacementConfig{
+		PrefixDepth:    4,
+		Saturated:      6,
+		SpillLoad:      10,
+		ReplicaLoad:    1,
+		Fill:           0.5,
+		Headroom:       1,
+		OutputBlocks:   4,
+		SpillOnFull:    false,
+		DeadlineTokens: 4096,
+		DivertOnFull:   true,
+		DivertMisses:   true,
+		HoldFraction:   0.5,
+		LiveWindow:     1024,
+		ConfirmPicks:   32,
+		AdoptAll:       true,
+		MissSpeedup:    0.85,
+		BlockSize:      16,
+		DefaultBlocks:  4096,
+		MaxPrefixes:    65536,
+		ScrapedLoad:    false,
+	}
+}
+
+// Validate reports every invalid field.
+func (c PlacementConfig) Validate() error {
+	var errs []error
+	pos := func(name string, v int) {
+		if v <= 0 {
+			errs = append(errs, fmt.Errorf("scoring: placement %s must be > 0, got %d", name, v))
+		}
+	}
+	pos("prefix_depth", c.PrefixDepth)
+	pos("saturated", c.Saturated)
+	pos("spill_load", c.SpillLoad)
+	pos("replica_load", c.ReplicaLoad)
+	pos("live_window", c.LiveWindow)
+	pos("confirm_picks", c.ConfirmPicks)
+	pos("block_size", c.BlockSize)
+	pos("default_blocks", c.DefaultBlocks)
+	pos("max_prefixes", c.MaxPrefixes)
+	share := func(name string, v float64) {
+		if math.IsNaN(v) || v <= 0 || v > 1 {
+			errs = append(errs, fmt.Errorf("scoring: placement %s must be in (0, 1], got %v", name, v))
+		}
+	}
+	share("fill", c.Fill)
+	share("hold_fraction", c.HoldFraction)
+	share("headroom", c.Headroom)
+	if math.IsNaN(c.Balance) || c.Balance < 0 || (c.Balance > 0 && c.Balance < 1) {
+		errs = append(errs, fmt.Errorf("scoring: placement balance must be 0 or >= 1, got %v", c.Balance))
+	}
+	if math.IsNaN(c.MissSpeedup) || c.MissSpeedup <= 0 {
+		errs = append(errs, fmt.Errorf("scoring: placement miss_speedup must be > 0, got %v", c.MissSpeedup))
+	}
+	if c.DeadlineTokens < 0 {
+		errs = append(errs, fmt.Errorf("scoring: placement deadline_tokens must be >= 0, got %d", c.DeadlineTokens))
+	}
+	if c.OutputBlocks < 0 {
+		errs = append(errs, fmt.Errorf("scoring: placement output_blocks must be >= 0, got %d", c.OutputBlocks))
+	}
+	if c.SpillLoad < c.Saturated && c.Saturated > 0 && c.SpillLoad > 0 {
+		errs = append(errs, fmt.Errorf("scoring: placement spill_load (%d) must be >= saturated (%d)", c.SpillLoad, c.Saturated))
+	}
+	return errors.Join(errs...)
+}
