@@ -118,6 +118,8 @@ func BenchmarkLoad(b *testing.B) {
 				}
 				b.ReportMetric(float64(res.P50)/float64(time.Microsecond), "p50-us")
 				b.ReportMetric(float64(res.P99)/float64(time.Microsecond), "p99-us")
+				b.ReportMetric(float64(res.DecisionP50)/float64(time.Microsecond), "decision-p50-us")
+				b.ReportMetric(float64(res.DecisionP99)/float64(time.Microsecond), "decision-p99-us")
 				b.ReportMetric(res.AchievedRatePerS, "req/s")
 			})
 		}

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/prometheus/client_golang/prometheus"
@@ -833,5 +834,34 @@ func TestMetricsGolden(t *testing.T) {
 		"kvrouter_no_endpoint_total", "kvrouter_extproc_streams_in_flight", "kvrouter_responses_total",
 		"kvrouter_prompt_tokens_total", "kvrouter_cached_prompt_tokens_total"); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// An upstream may answer before the request body ends; in FULL_DUPLEX_STREAMED the rest
+// of the body still passes through.
+func TestResponseBeforeRequestBodyEnds(t *testing.T) {
+	fl := newFleet(epA).serve("m", epA)
+	srv := extproc.New(extproc.Options{Policy: &recordingPolicy{}, Fleet: fl, MaxBodyBytes: 8})
+	hdrs := func(kv ...string) *corev3.HeaderMap {
+		m := &corev3.HeaderMap{}
+		for i := 0; i < len(kv); i += 2 {
+			m.Headers = append(m.Headers, &corev3.HeaderValue{Key: kv[i], RawValue: []byte(kv[i+1])})
+		}
+		return m
+	}
+	st := &memStream{msgs: []*extprocv3.ProcessingRequest{
+		{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{Headers: hdrs(":path", "/v1/completions")}}},
+		{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: []byte(`{"model":"m","prompt":"`)}}},
+		{Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: &extprocv3.HttpHeaders{Headers: hdrs(":status", "413"), EndOfStream: true}}},
+		{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: []byte(`x"}`), EndOfStream: true}}},
+	}}
+	if err := srv.Process(st); err != nil {
+		t.Fatal(err)
+	}
+	if st.replies != 4 {
+		t.Fatalf("replies %d, want 4", st.replies)
+	}
+	if b, e := fl.counts(); b != 1 || e != 1 {
+		t.Fatalf("begins/ends %d/%d", b, e)
 	}
 }

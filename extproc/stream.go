@@ -66,6 +66,7 @@ type stream struct {
 
 	// response
 	respHeaders bool
+	respDone    bool // the response ended; only request-side messages may still come
 	firstToken  bool
 	released    bool
 	usage       openai.UsageReader
@@ -228,6 +229,9 @@ func (st *stream) responseAllowed(what string) error {
 	if !st.routed || st.phase == phaseDone {
 		return protocolErrorf("%s before the request was routed (phase %s)", what, st.phase)
 	}
+	if st.respDone {
+		return protocolErrorf("%s after the end of the response", what)
+	}
 	return nil
 }
 
@@ -252,13 +256,13 @@ func (st *stream) onResponseHeaders(msg *extprocv3.ProcessingRequest, h *extproc
 		served = v
 	}
 	mut := &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{setHeader(HeaderServed, served)}}
-	err := st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{
-		ResponseHeaders: &extprocv3.HeadersResponse{Response: &extprocv3.CommonResponse{HeaderMutation: mut}}}})
+	// Bookkeeping first, so that it is done by the time Envoy has the reply.
 	if h.GetEndOfStream() {
 		st.markFirstToken()
 		st.endResponse()
 	}
-	return err
+	return st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{
+		ResponseHeaders: &extprocv3.HeadersResponse{Response: &extprocv3.CommonResponse{HeaderMutation: mut}}}})
 }
 
 func (st *stream) onResponseBody(b *extprocv3.HttpBody) error {
@@ -267,27 +271,23 @@ func (st *stream) onResponseBody(b *extprocv3.HttpBody) error {
 	}
 	st.markFirstToken()
 	st.usage.Write(b.GetBody())
-	var err error
-	if st.respMode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
-		err = st.sendChunks(b.GetBody(), b.GetEndOfStream(), false)
-	} else {
-		err = st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{
-			ResponseBody: &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{}}}})
-	}
 	if b.GetEndOfStream() {
 		st.endResponse()
 	}
-	return err
+	if st.respMode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
+		return st.sendChunks(b.GetBody(), b.GetEndOfStream(), false)
+	}
+	return st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{
+		ResponseBody: &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{}}}})
 }
 
 func (st *stream) onResponseTrailers() error {
 	if err := st.responseAllowed("response_trailers"); err != nil {
 		return err
 	}
-	err := st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseTrailers{
-		ResponseTrailers: &extprocv3.TrailersResponse{}}})
 	st.endResponse()
-	return err
+	return st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseTrailers{
+		ResponseTrailers: &extprocv3.TrailersResponse{}}})
 }
 
 func (st *stream) markFirstToken() {
@@ -300,7 +300,9 @@ func (st *stream) markFirstToken() {
 	}
 }
 
-// endResponse counts usage and releases the endpoint; further messages are refused.
+// endResponse counts usage and releases the endpoint; further response messages are
+// refused. Request messages may still come when the upstream answered before the
+// request body ended (FULL_DUPLEX_STREAMED passes such a body through).
 func (st *stream) endResponse() {
 	if u, ok := st.usage.Finish(); ok {
 		st.s.m.promptTokens.WithLabelValues(st.endpoint).Add(float64(u.PromptTokens))
@@ -309,7 +311,7 @@ func (st *stream) endResponse() {
 		}
 	}
 	st.release()
-	st.phase = phaseDone
+	st.respDone = true
 }
 
 // release ends the routed request exactly once: at the end of the response, or when the

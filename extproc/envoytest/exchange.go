@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"sync"
+	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
@@ -100,6 +101,8 @@ type Exchange struct {
 	log       []string
 	dynMeta   *structpb.Struct
 	respTrail Headers // response trailers sent, guarded by mu
+	lastSent  time.Time
+	decided   time.Time
 
 	sent        chan sentItem // response items sent, for ReadResponseBody (non-FDS modes)
 	stashed     bool          // ReadResponseBody saw the end of the body and trailers follow
@@ -155,6 +158,19 @@ func (x *Exchange) Replies() []string {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	return append([]string(nil), x.log...)
+}
+
+// DecisionLatency is, in FULL_DUPLEX_STREAMED, the time from sending the last request
+// message to receiving the reply that carries the decision: the wait the router adds to a
+// request as Envoy sees it. It is 0 before Request returns, or when the reply came first
+// (a body over the router's limit is routed before it ends).
+func (x *Exchange) DecisionLatency() time.Duration {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.lastSent.IsZero() || x.decided.Before(x.lastSent) {
+		return 0
+	}
+	return x.decided.Sub(x.lastSent)
 }
 
 // DynamicMetadata returns the merged dynamic_metadata of every reply so far.
@@ -298,6 +314,9 @@ func (x *Exchange) requestFDS(req Request, res *RequestResult, hasBody, hasTrail
 		if err == nil && hasTrailers {
 			err = x.send(reqTrailers(req.Trailers))
 		}
+		x.mu.Lock()
+		x.lastSent = time.Now()
+		x.mu.Unlock()
 		sendErr <- err
 	}()
 	finish := func(res *RequestResult, err error) (*RequestResult, error) {
@@ -315,6 +334,9 @@ func (x *Exchange) requestFDS(req Request, res *RequestResult, hasBody, hasTrail
 	if err != nil {
 		return finish(nil, err)
 	}
+	x.mu.Lock()
+	x.decided = time.Now()
+	x.mu.Unlock()
 	if r.GetImmediateResponse() != nil {
 		return finish(x.immediate(r), nil)
 	}

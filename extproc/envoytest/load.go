@@ -20,21 +20,22 @@ type LoadConfig struct {
 	Request  Request // sent on every exchange
 }
 
-// LoadResult summarises a load run. Latency is measured from opening the stream to the
-// end of the request phase (the decision and the request body back from the router), the
-// router's overhead as Envoy sees it.
+// LoadResult summarises a load run. P50/P99/Max are the request phase, from opening the
+// stream to the last request reply (decision and body back from the router); Decision*
+// are Exchange.DecisionLatency, from the last request message sent to the decision reply.
 type LoadResult struct {
-	Sent, Errors     int
-	P50, P99, Max    time.Duration
-	Elapsed          time.Duration
-	Destinations     map[string]int
-	FirstError       error
-	AchievedRatePerS float64
+	Sent, Errors                          int
+	P50, P99, Max                         time.Duration
+	DecisionP50, DecisionP99, DecisionMax time.Duration
+	Elapsed                               time.Duration
+	Destinations                          map[string]int
+	FirstError                            error
+	AchievedRatePerS                      float64
 }
 
 func (r LoadResult) String() string {
-	return fmt.Sprintf("sent=%d errors=%d rate=%.0f/s p50=%v p99=%v max=%v",
-		r.Sent, r.Errors, r.AchievedRatePerS, r.P50, r.P99, r.Max)
+	return fmt.Sprintf("sent=%d errors=%d rate=%.0f/s request p50=%v p99=%v max=%v decision p50=%v p99=%v max=%v",
+		r.Sent, r.Errors, r.AchievedRatePerS, r.P50, r.P99, r.Max, r.DecisionP50, r.DecisionP99, r.DecisionMax)
 }
 
 // Load runs cfg against client and reports the latency distribution.
@@ -43,6 +44,7 @@ func Load(ctx context.Context, client extprocv3.ExternalProcessorClient, cfg Loa
 	var (
 		mu    sync.Mutex
 		lats  []time.Duration
+		decs  []time.Duration
 		res   = LoadResult{Destinations: map[string]int{}}
 		wg    sync.WaitGroup
 		start = time.Now()
@@ -67,6 +69,7 @@ func Load(ctx context.Context, client extprocv3.ExternalProcessorClient, cfg Loa
 			}
 			mu.Lock()
 			lats = append(lats, lat)
+			decs = append(decs, x.DecisionLatency())
 			mu.Unlock()
 		}
 		mu.Lock()
@@ -92,9 +95,16 @@ func Load(ctx context.Context, client extprocv3.ExternalProcessorClient, cfg Loa
 	wg.Wait()
 	res.Elapsed = time.Since(start)
 	res.AchievedRatePerS = float64(res.Sent) / res.Elapsed.Seconds()
-	slices.Sort(lats)
-	if n := len(lats); n > 0 {
-		res.P50, res.P99, res.Max = lats[n/2], lats[min(n-1, n*99/100)], lats[n-1]
-	}
+	res.P50, res.P99, res.Max = quantiles(lats)
+	res.DecisionP50, res.DecisionP99, res.DecisionMax = quantiles(decs)
 	return res
+}
+
+func quantiles(d []time.Duration) (p50, p99, max time.Duration) {
+	slices.Sort(d)
+	n := len(d)
+	if n == 0 {
+		return 0, 0, 0
+	}
+	return d[n/2], d[min(n-1, n*99/100)], d[n-1]
 }
