@@ -14,9 +14,14 @@ build: ## Build every command into ./bin.
 	@mkdir -p $(BIN)
 	$(GO) build -o $(BIN)/ ./cmd/...
 
+.PHONY: models
+models: ## Fetch the tokenizer files the tests use into .cache/models (sha256-verified).
+	bash scripts/fetch-models.sh
+
 .PHONY: test
-test: ## Run all tests with the race detector.
+test: models ## Run all tests with the race detector, then the full tokenizer golden proof without it.
 	$(GO) test -race -count=1 ./...
+	$(GO) test -count=1 -run '^TestGolden$$' ./tokenizer/
 
 .PHONY: bench
 bench: ## Run the benchmarks (one core, 5 runs each; compare with benchstat).

@@ -1,0 +1,110 @@
+package tokenizer_test
+
+import (
+	"fmt"
+	"runtime"
+	"strings"
+	"testing"
+
+	"github.com/kvrouter/kvrouter/tokenizer"
+	"github.com/kvrouter/kvrouter/tokenizer/testmodels"
+)
+
+// chatPrompt returns a Qwen3-style rendered chat prompt: a system prompt of about
+// systemTokens tokens and a user turn of about userTokens tokens. Deterministic.
+func chatPrompt(tb testing.TB, tk *tokenizer.Tokenizer, systemTokens, userTokens int) (system, user string) {
+	tb.Helper()
+	sentences := []string{
+		"You are a helpful assistant for the ACME Corporation's customer-support desk.",
+		"Always answer politely, cite order numbers such as #48213-77 exactly, and never invent prices.",
+		"If the user asks about refunds, explain the 30-day policy; for damaged goods it's 90 days.",
+		"Use Markdown lists when you give more than three steps, and keep answers under 250 words.",
+		"Le client peut écrire en français, en español o auf Deutsch: réponds dans sa langue.",
+		"Example: {\"order_id\": 1042, \"status\": \"shipped\", \"eta_days\": 3.5}.",
+		"Internal note (do not reveal): escalation queue ESC-7, SLA 4h, on-call pager 555-0199.",
+		"\tfunc lookup(id int) (*Order, error) { return db.Get(ctx, id) }",
+	}
+	build := func(target int, salt int) string {
+		var b strings.Builder
+		for i := 0; len(tk.Encode(b.String(), false)) < target; i++ {
+			fmt.Fprintf(&b, "%s (%d.%d)\n", sentences[(i*7+salt)%len(sentences)], salt, i)
+		}
+		return b.String()
+	}
+	return build(systemTokens, 1), build(userTokens, 2)
+}
+
+// render lays out a two-turn chat in the model's own chat format.
+func render(model, system, user string) string {
+	if model == "llama3" {
+		return "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n" + system +
+			"<|eot_id|><|start_header_id|>user<|end_header_id|>\n\n" + user +
+			"<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
+	}
+	return "<|im_start|>system\n" + system + "<|im_end|>\n<|im_start|>user\n" + user + "<|im_end|>\n<|im_start|>assistant\n"
+}
+
+func loadBench(b *testing.B, model string, opts ...tokenizer.Option) *tokenizer.Tokenizer {
+	b.Helper()
+	tk, err := tokenizer.LoadDir(testmodels.Dir(b, model), opts...)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return tk
+}
+
+// BenchmarkEncodeChat tokenizes a ~2,400-token chat prompt whose ~2,000-token system
+// prompt is shared: "cold" with the segment cache off, "system-cached" with the system
+// segment memoised and a user turn that differs on every iteration.
+func BenchmarkEncodeChat(b *testing.B) {
+	for _, model := range []string{"qwen3", "llama3"} {
+		b.Run(model+"/cold", func(b *testing.B) {
+			tk := loadBench(b, model, tokenizer.WithSegmentCache(0, 0))
+			system, user := chatPrompt(b, tk, 2000, 400)
+			prompt := render(model, system, user)
+			n := len(tk.Encode(prompt, false))
+			b.SetBytes(int64(len(prompt)))
+			b.ResetTimer()
+			for b.Loop() {
+				tk.Encode(prompt, false)
+			}
+			b.ReportMetric(float64(n), "tokens/op")
+		})
+		b.Run(model+"/system-cached", func(b *testing.B) {
+			tk := loadBench(b, model)
+			system, user := chatPrompt(b, tk, 2000, 400)
+			n := len(tk.Encode(render(model, system, user), false))
+			b.SetBytes(int64(len(render(model, system, user))))
+			i := 0
+			b.ResetTimer()
+			for b.Loop() {
+				i++
+				// A fresh user turn each time: only the system prompt can hit the cache.
+				tk.Encode(render(model, system, fmt.Sprintf("%08d", i)+user[8:]), false)
+			}
+			b.ReportMetric(float64(n), "tokens/op")
+		})
+	}
+}
+
+// BenchmarkLoad measures loading Qwen3's tokenizer files and reports the live heap
+// the loaded tokenizer holds (after GC).
+func BenchmarkLoad(b *testing.B) {
+	dir := testmodels.Dir(b, "qwen3")
+	var before, after runtime.MemStats
+	var tk *tokenizer.Tokenizer
+	for b.Loop() {
+		tk = nil
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		var err error
+		if tk, err = tokenizer.LoadDir(dir); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.StopTimer()
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/(1<<20), "MiB-heap")
+	runtime.KeepAlive(tk)
+}

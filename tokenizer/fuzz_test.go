@@ -1,0 +1,75 @@
+package tokenizer_test
+
+import (
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/kvrouter/kvrouter/tokenizer"
+)
+
+// FuzzEncode checks on arbitrary input that encoding never panics, that the segment
+// cache changes nothing, and that decoding gives the (UTF-8-sanitised) input back
+// (the tiny tokenizer has no normalizer), for the Qwen2 and GPT-2 pre-tokenizers.
+func FuzzEncode(f *testing.F) {
+	for _, s := range []string{"hello world", "<|x|>he<|xy|>", "  \n\r\n\t x", "'S 'll 'ſ", "١٢٣ 12345", "a\u0301\u0338", "\xff\xfe", "👩🏽‍🚀 🇫🇷", strings.Repeat("ab", 100)} {
+		f.Add(s)
+	}
+	gpt2 := func(doc map[string]any) {
+		doc["pre_tokenizer"] = map[string]any{"type": "ByteLevel", "add_prefix_space": false, "use_regex": true}
+	}
+	added := []string{"<|x|>", "<|xy|>", "he"}
+	tks := [][2]*tokenizer.Tokenizer{
+		{tiny(f, helloMerges, added, nil), tiny(f, helloMerges, added, nil, tokenizer.WithSegmentCache(0, 0))},
+		{tiny(f, helloMerges, added, gpt2, tokenizer.WithSegmentCache(4, 0)), tiny(f, helloMerges, added, gpt2, tokenizer.WithSegmentCache(0, 0))},
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		want := strings.ToValidUTF8(s, "\uFFFD")
+		for _, pair := range tks {
+			a := pair[0].Encode(s, true)
+			b := pair[0].Encode(s, true) // possibly from the cache now
+			c := pair[1].Encode(s, true)
+			if !slices.Equal(a, b) || !slices.Equal(a, c) {
+				t.Fatalf("ids differ with the cache: %v %v %v", a, b, c)
+			}
+			if got := pair[0].Decode(a); got != want {
+				t.Fatalf("Decode(Encode(%q)) = %q", s, got)
+			}
+		}
+	})
+}
+
+// FuzzParse checks that arbitrary tokenizer.json and tokenizer_config.json contents
+// give an error or a working tokenizer, never a panic.
+func FuzzParse(f *testing.F) {
+	// Seeds stay small: a valid tokenizer.json is >= 4 KB, which makes the fuzzer spend
+	// its time minimising; FuzzParseConfig covers the config with a valid tokenizer.
+	f.Add([]byte(`{"model":{"type":"WordPiece"}}`), []byte(`{}`))
+	f.Add([]byte(`{"normalizer":{"type":"Sequence","normalizers":[{"type":"NFC"}]},"model":{"type":"BPE","vocab":{},"merges":[["a","b"]]}}`), []byte(nil))
+	f.Add([]byte(`{"model":{"type":"BPE","vocab":{"a":0},"merges":["a a"]},"pre_tokenizer":{"type":"ByteLevel"}}`), []byte(nil))
+	f.Add([]byte(`{"model":{"type":"BPE","vocab":{"\u0041":4000000000},"merges":[]}}`), []byte(nil))
+	f.Fuzz(func(t *testing.T, tok, cfg []byte) {
+		tk, err := tokenizer.Parse(tok, cfg)
+		if err != nil {
+			return
+		}
+		ids := tk.Encode("hello <s> world 123", true)
+		_ = tk.Decode(ids)
+	})
+}
+
+// FuzzParseConfig fuzzes tokenizer_config.json beside a valid tokenizer.json.
+func FuzzParseConfig(f *testing.F) {
+	tok := tinyJSON(f, helloMerges, []string{"<s>"}, nil)
+	for _, c := range []string{`{"bos_token":"<s>","eos_token":{"content":"</s>"},"chat_template":"{{ x }}"}`,
+		`{"chat_template":[{"name":"default","template":"D"}]}`, `{"bos_token":null}`, `[]`} {
+		f.Add([]byte(c))
+	}
+	f.Fuzz(func(t *testing.T, cfg []byte) {
+		tk, err := tokenizer.Parse(tok, cfg)
+		if err != nil {
+			return
+		}
+		_ = tk.BOS() + tk.EOS() + tk.ChatTemplate()
+	})
+}

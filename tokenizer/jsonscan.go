@@ -1,0 +1,199 @@
+package tokenizer
+
+import (
+	"encoding/json"
+	"fmt"
+	"strconv"
+)
+
+// The vocabulary and merges are most of tokenizer.json (300,000 entries for Qwen3);
+// scanning them by hand is several times faster than encoding/json's reflection and
+// allocates far less. Everything else in the file goes through encoding/json.
+
+type scanner struct {
+	b []byte
+	i int
+}
+
+func (s *scanner) ws() {
+	for s.i < len(s.b) {
+		switch s.b[s.i] {
+		case ' ', '\t', '\n', '\r':
+			s.i++
+		default:
+			return
+		}
+	}
+}
+
+func (s *scanner) errorf(format string, args ...any) error {
+	return fmt.Errorf("offset %d: %s", s.i, fmt.Sprintf(format, args...))
+}
+
+// expect consumes c after optional white space.
+func (s *scanner) expect(c byte) error {
+	s.ws()
+	if s.i >= len(s.b) || s.b[s.i] != c {
+		return s.errorf("want %q", c)
+	}
+	s.i++
+	return nil
+}
+
+// peek returns the next non-space byte, or 0 at the end.
+func (s *scanner) peek() byte {
+	s.ws()
+	if s.i >= len(s.b) {
+		return 0
+	}
+	return s.b[s.i]
+}
+
+// str reads a JSON string.
+func (s *scanner) str() (string, error) {
+	if err := s.expect('"'); err != nil {
+		return "", err
+	}
+	start := s.i
+	escaped := false
+	for s.i < len(s.b) {
+		switch c := s.b[s.i]; {
+		case c == '"':
+			s.i++
+			if !escaped {
+				return string(s.b[start : s.i-1]), nil
+			}
+			var out string
+			if err := json.Unmarshal(s.b[start-1:s.i], &out); err != nil {
+				return "", s.errorf("%v", err)
+			}
+			return out, nil
+		case c == '\\':
+			escaped = true
+			s.i += 2
+		case c < 0x20:
+			return "", s.errorf("control character in string")
+		default:
+			s.i++
+		}
+	}
+	return "", s.errorf("unterminated string")
+}
+
+// uint reads a non-negative integer that fits in uint32.
+func (s *scanner) uint() (uint32, error) {
+	s.ws()
+	start := s.i
+	for s.i < len(s.b) && s.b[s.i] >= '0' && s.b[s.i] <= '9' {
+		s.i++
+	}
+	v, err := strconv.ParseUint(string(s.b[start:s.i]), 10, 32)
+	if err != nil {
+		return 0, s.errorf("want a token id: %v", err)
+	}
+	return uint32(v), nil
+}
+
+// list calls item for each element of a JSON array (open selects '[' or '{').
+func (s *scanner) list(open, close byte, item func() error) error {
+	if err := s.expect(open); err != nil {
+		return err
+	}
+	if s.peek() == close {
+		s.i++
+		return nil
+	}
+	for {
+		if err := item(); err != nil {
+			return err
+		}
+		switch s.peek() {
+		case ',':
+			s.i++
+		case close:
+			s.i++
+			return nil
+		default:
+			return s.errorf("want ',' or %q", close)
+		}
+	}
+}
+
+func (s *scanner) end() error {
+	if s.peek() != 0 {
+		return s.errorf("trailing data")
+	}
+	return nil
+}
+
+// scanVocab parses the model's "vocab" object {"token": id, ...}.
+func scanVocab(raw []byte) (map[string]uint32, error) {
+	s := &scanner{b: raw}
+	vocab := make(map[string]uint32, len(raw)/16)
+	err := s.list('{', '}', func() error {
+		k, err := s.str()
+		if err != nil {
+			return err
+		}
+		if err := s.expect(':'); err != nil {
+			return err
+		}
+		id, err := s.uint()
+		if err != nil {
+			return err
+		}
+		vocab[k] = id
+		return nil
+	})
+	if err == nil {
+		err = s.end()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("vocab: %w", err)
+	}
+	return vocab, nil
+}
+
+// scanMerges parses the model's "merges": [["a", "b"], ...] or the older ["a b", ...].
+func scanMerges(raw []byte) ([][2]string, error) {
+	s := &scanner{b: raw}
+	merges := make([][2]string, 0, len(raw)/12)
+	err := s.list('[', ']', func() error {
+		if s.peek() == '"' {
+			l, err := s.str()
+			if err != nil {
+				return err
+			}
+			for i := 0; i < len(l); i++ {
+				if l[i] == ' ' {
+					merges = append(merges, [2]string{l[:i], l[i+1:]})
+					return nil
+				}
+			}
+			return s.errorf("merge %q has no space", l)
+		}
+		var pair [2]string
+		n := 0
+		err := s.list('[', ']', func() error {
+			if n == 2 {
+				return s.errorf("merge with more than two parts")
+			}
+			var err error
+			pair[n], err = s.str()
+			n++
+			return err
+		})
+		if err == nil && n != 2 {
+			err = s.errorf("merge with %d parts", n)
+		}
+		merges = append(merges, pair)
+		return err
+	})
+	if err == nil {
+		err = s.end()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("merges: %w", err)
+	}
+	return merges, nil
+}

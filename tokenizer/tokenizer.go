@@ -1,0 +1,203 @@
+package tokenizer
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"unicode/utf8"
+
+	lru "github.com/hashicorp/golang-lru/v2"
+)
+
+// Tokenizer is a HuggingFace byte-level BPE tokenizer loaded from tokenizer.json. It is
+// safe for concurrent use; its only mutable state is the segment cache.
+type Tokenizer struct {
+	model       bpeModel
+	nfc         bool      // normalizer NFC
+	split       splitKind // pre-tokenizer regex
+	rawMatcher  *matcher  // added tokens matched before normalisation
+	normMatcher *matcher  // added tokens with normalized=true, matched after it
+	added       map[string]uint32
+	pieces      []string // id -> raw bytes (vocabulary) or content (added token)
+
+	prefix, suffix []uint32 // TemplateProcessing ids around the text
+
+	bos, eos, chatTemplate string
+
+	cache       *lru.Cache[string, []uint32]
+	cacheMinLen int
+	counters    cacheCounters
+}
+
+// Option configures a Tokenizer at load time.
+type Option func(*options)
+
+type options struct {
+	cacheSize   int
+	cacheMinLen int
+	metrics     *Metrics
+	model       string
+}
+
+func defaultOptions() options { return options{cacheSize: 1024, cacheMinLen: 64} }
+
+// WithSegmentCache sets how many text segments (the text between added tokens) the
+// LRU memoises and the shortest segment, in bytes, worth caching. size 0 disables the
+// cache. Defaults: 1024 segments of at least 64 bytes.
+func WithSegmentCache(size, minLen int) Option {
+	return func(o *options) { o.cacheSize, o.cacheMinLen = size, minLen }
+}
+
+func (t *Tokenizer) initCache(o options) error {
+	if o.cacheSize < 0 || o.cacheMinLen < 0 {
+		return fmt.Errorf("tokenizer: negative segment cache size %d or minimum length %d", o.cacheSize, o.cacheMinLen)
+	}
+	t.cacheMinLen = o.cacheMinLen
+	t.counters = newCacheCounters(o.metrics, o.model)
+	if o.cacheSize == 0 {
+		return nil
+	}
+	c, err := lru.New[string, []uint32](o.cacheSize)
+	if err != nil {
+		return fmt.Errorf("tokenizer: segment cache: %w", err)
+	}
+	t.cache = c
+	return nil
+}
+
+// Derive returns a tokenizer that shares t's (immutable) vocabulary, merges and
+// settings but has its own segment cache and metrics, configured by opts from the
+// defaults. Deriving is cheap; loading is not.
+func (t *Tokenizer) Derive(opts ...Option) (*Tokenizer, error) {
+	o := defaultOptions()
+	for _, opt := range opts {
+		opt(&o)
+	}
+	d := &Tokenizer{
+		model: t.model, nfc: t.nfc, split: t.split, rawMatcher: t.rawMatcher, normMatcher: t.normMatcher,
+		added: t.added, pieces: t.pieces, prefix: t.prefix, suffix: t.suffix,
+		bos: t.bos, eos: t.eos, chatTemplate: t.chatTemplate,
+	}
+	if err := d.initCache(o); err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+// Encode returns the token ids of text exactly as HuggingFace tokenizers'
+// encode(text, add_special_tokens) does. Added tokens in text (special or not) are
+// recognised. Invalid UTF-8 is first replaced with U+FFFD, one per invalid run.
+func (t *Tokenizer) Encode(text string, addSpecialTokens bool) []uint32 {
+	if !utf8.ValidString(text) {
+		text = strings.ToValidUTF8(text, "\uFFFD")
+	}
+	out := make([]uint32, 0, len(text)/4+len(t.prefix)+len(t.suffix)+4)
+	if addSpecialTokens {
+		out = append(out, t.prefix...)
+	}
+	var buf [32]piece
+	for _, p := range t.rawMatcher.split(text, buf[:0]) {
+		if p.tok >= 0 {
+			out = append(out, t.rawMatcher.tokens[p.tok].ID)
+			continue
+		}
+		out = t.encodeSegment(p.text, out)
+	}
+	if addSpecialTokens {
+		out = append(out, t.suffix...)
+	}
+	return out
+}
+
+// encodeSegment appends the ids of text that holds no raw added token, through the
+// segment cache.
+func (t *Tokenizer) encodeSegment(seg string, out []uint32) []uint32 {
+	cacheable := t.cache != nil && len(seg) >= t.cacheMinLen
+	if cacheable {
+		ids, ok := t.cache.Get(seg)
+		t.counters.count(ok)
+		if ok {
+			return append(out, ids...)
+		}
+	}
+	start := len(out)
+	out = t.encodeText(seg, out)
+	if cacheable {
+		t.cache.Add(strings.Clone(seg), slices.Clone(out[start:]))
+	}
+	return out
+}
+
+// encodeText normalises seg, splits it on normalized added tokens, pre-tokenises and
+// applies BPE.
+func (t *Tokenizer) encodeText(seg string, out []uint32) []uint32 {
+	if t.nfc {
+		seg = nfc(seg)
+	}
+	if t.normMatcher.empty() {
+		return t.encodeWords(seg, out)
+	}
+	var buf [8]piece
+	for _, p := range t.normMatcher.split(seg, buf[:0]) {
+		if p.tok >= 0 {
+			out = append(out, t.normMatcher.tokens[p.tok].ID)
+			continue
+		}
+		out = t.encodeWords(p.text, out)
+	}
+	return out
+}
+
+// encodeWords pre-tokenises s and appends the BPE ids of every piece.
+func (t *Tokenizer) encodeWords(s string, out []uint32) []uint32 {
+	for i := 0; i < len(s); {
+		var e int
+		switch t.split {
+		case splitQwen2:
+			e = matchQwen(s, i, 1)
+		case splitLlama3:
+			e = matchQwen(s, i, 3)
+		case splitGPT2:
+			e = matchGPT2(s, i)
+		default:
+			e = len(s)
+		}
+		out = t.model.encodeWord(s[i:e], out)
+		i = e
+	}
+	return out
+}
+
+// Decode returns the text of ids: vocabulary tokens as their bytes, added tokens
+// (special ones included) as their content. Byte sequences that are not valid UTF-8
+// become U+FFFD. Unknown ids are skipped.
+func (t *Tokenizer) Decode(ids []uint32) string {
+	var b strings.Builder
+	for _, id := range ids {
+		if int(id) < len(t.pieces) {
+			b.WriteString(t.pieces[id])
+		}
+	}
+	return strings.ToValidUTF8(b.String(), "\uFFFD")
+}
+
+// TokenID returns the id of a token given as it appears in tokenizer.json: an added
+// token's content, or a vocabulary entry in its byte-level form (e.g. "Ġthe").
+func (t *Tokenizer) TokenID(tok string) (uint32, bool) {
+	if id, ok := t.added[tok]; ok {
+		return id, true
+	}
+	return t.vocabID(tok)
+}
+
+// ChatTemplate returns the Jinja chat template of tokenizer_config.json, or "".
+func (t *Tokenizer) ChatTemplate() string { return t.chatTemplate }
+
+// BOS returns the bos_token string of tokenizer_config.json, or "" when it is null.
+func (t *Tokenizer) BOS() string { return t.bos }
+
+// EOS returns the eos_token string of tokenizer_config.json, or "" when it is null.
+func (t *Tokenizer) EOS() string { return t.eos }
+
+// VocabSize returns one more than the largest token id, added tokens included.
+func (t *Tokenizer) VocabSize() int { return len(t.pieces) }
