@@ -38,6 +38,13 @@ type Request struct {
 
 	// CacheSalt is vLLM's cache_salt, folded into the first block's hash.
 	CacheSalt string
+
+	// ReasoningEffort is the chat request's reasoning_effort ("" when absent): vLLM
+	// passes it to the chat template and derives enable_thinking from it.
+	ReasoningEffort string
+	// Documents is the chat request's documents array as raw JSON (nil when absent or
+	// null): vLLM passes it to the chat template.
+	Documents json.RawMessage
 }
 
 // Kind is the API a request body belongs to.

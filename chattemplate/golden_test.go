@@ -1,0 +1,204 @@
+package chattemplate_test
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/kvrouter/kvrouter/chattemplate"
+)
+
+// goldenNow is the clock gen_golden.py gives strftime_now.
+var goldenNow = time.Date(2026, 7, 4, 9, 5, 3, 0, time.UTC)
+
+type goldenCase struct {
+	Name           string          `json:"name"`
+	Models         []string        `json:"models"`
+	ServerDefaults json.RawMessage `json:"server_defaults"`
+	Body           json.RawMessage `json:"body"`
+}
+
+type goldenResult struct {
+	Name          string  `json:"name"`
+	Rendered      *string `json:"rendered"`
+	Unsupported   string  `json:"unsupported"`
+	TemplateError string  `json:"template_error"`
+	BadRequest    string  `json:"bad_request"`
+}
+
+// InputFromBody extracts the template input from a raw chat completions body, with
+// vLLM's defaults, keeping objects as raw JSON.
+func inputFromBody(t testing.TB, body []byte) chattemplate.Input {
+	t.Helper()
+	var b struct {
+		Messages             json.RawMessage `json:"messages"`
+		Tools                json.RawMessage `json:"tools"`
+		ChatTemplateKwargs   json.RawMessage `json:"chat_template_kwargs"`
+		Documents            json.RawMessage `json:"documents"`
+		ReasoningEffort      *string         `json:"reasoning_effort"`
+		AddGenerationPrompt  *bool           `json:"add_generation_prompt"`
+		ContinueFinalMessage bool            `json:"continue_final_message"`
+		ChatTemplate         *string         `json:"chat_template"`
+	}
+	if err := json.Unmarshal(body, &b); err != nil {
+		t.Fatalf("body: %v", err)
+	}
+	in := chattemplate.Input{
+		Messages:             b.Messages,
+		Tools:                nullToEmpty(b.Tools),
+		ChatTemplateKwargs:   nullToEmpty(b.ChatTemplateKwargs),
+		Documents:            nullToEmpty(b.Documents),
+		AddGenerationPrompt:  b.AddGenerationPrompt == nil || *b.AddGenerationPrompt,
+		ContinueFinalMessage: b.ContinueFinalMessage,
+		RequestTemplate:      b.ChatTemplate != nil,
+	}
+	if b.ReasoningEffort != nil {
+		in.ReasoningEffort = *b.ReasoningEffort
+	}
+	return in
+}
+
+func nullToEmpty(r json.RawMessage) json.RawMessage {
+	if bytes.Equal(bytes.TrimSpace(r), []byte("null")) {
+		return nil
+	}
+	return r
+}
+
+func loadTemplate(t testing.TB, model string, defaults json.RawMessage) *chattemplate.Template {
+	t.Helper()
+	src, err := os.ReadFile(filepath.Join("testdata", "templates", model+".jinja"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	special := map[string]any{}
+	if raw, err := os.ReadFile(filepath.Join("testdata", "templates", model+".special.json")); err == nil {
+		var m map[string]json.RawMessage
+		if err := json.Unmarshal(raw, &m); err != nil {
+			t.Fatal(err)
+		}
+		for k, v := range m {
+			var s string
+			if json.Unmarshal(v, &s) == nil {
+				special[k] = s
+				continue
+			}
+			var list []string
+			if err := json.Unmarshal(v, &list); err != nil {
+				t.Fatalf("%s: %v", k, err)
+			}
+			special[k] = list
+		}
+	}
+	tmpl, err := chattemplate.Compile(string(src), chattemplate.Options{
+		SpecialTokens: special,
+		DefaultKwargs: defaults,
+		Now:           func() time.Time { return goldenNow },
+	})
+	if err != nil {
+		t.Fatalf("compile %s: %v", model, err)
+	}
+	return tmpl
+}
+
+func readCases(t testing.TB) []goldenCase {
+	t.Helper()
+	f, err := os.Open(filepath.Join("testdata", "cases.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var cases []goldenCase
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 1<<22)
+	for sc.Scan() {
+		if len(bytes.TrimSpace(sc.Bytes())) == 0 {
+			continue
+		}
+		var c goldenCase
+		if err := json.Unmarshal(sc.Bytes(), &c); err != nil {
+			t.Fatalf("cases.jsonl: %v", err)
+		}
+		if len(c.Models) == 0 {
+			c.Models = []string{"qwen3", "llama3"}
+		}
+		cases = append(cases, c)
+	}
+	return cases
+}
+
+func readGolden(t testing.TB, model string) map[string]goldenResult {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join("testdata", "golden", model+".jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]goldenResult{}
+	for _, line := range bytes.Split(raw, []byte("\n")) {
+		if len(bytes.TrimSpace(line)) == 0 {
+			continue
+		}
+		var r goldenResult
+		if err := json.Unmarshal(line, &r); err != nil {
+			t.Fatalf("golden %s: %v", model, err)
+		}
+		out[r.Name] = r
+	}
+	return out
+}
+
+// TestGolden asserts byte-identical renders against Python's Jinja2 set up as
+// transformers sets it up (testdata/gen_golden.py), for every case and model.
+func TestGolden(t *testing.T) {
+	cases := readCases(t)
+	goldens := map[string]map[string]goldenResult{}
+	counts := map[string]int{}
+	for _, c := range cases {
+		for _, model := range c.Models {
+			if goldens[model] == nil {
+				goldens[model] = readGolden(t, model)
+			}
+			want, ok := goldens[model][c.Name]
+			if !ok {
+				t.Fatalf("%s/%s: no golden; run gen_golden.py", model, c.Name)
+			}
+			t.Run(model+"/"+c.Name, func(t *testing.T) {
+				tmpl := loadTemplate(t, model, c.ServerDefaults)
+				got, err := tmpl.Render(inputFromBody(t, c.Body))
+				var unsupported *chattemplate.UnsupportedError
+				var raised *chattemplate.TemplateError
+				switch {
+				case want.Rendered != nil:
+					if err != nil {
+						t.Fatalf("render: %v", err)
+					}
+					if got != *want.Rendered {
+						t.Fatalf("render differs\n got: %q\nwant: %q", got, *want.Rendered)
+					}
+					counts[model]++
+				case want.Unsupported != "":
+					if !errors.As(err, &unsupported) {
+						t.Fatalf("want UnsupportedError (%s), got %q, %v", want.Unsupported, got, err)
+					}
+				case want.TemplateError != "":
+					if err == nil {
+						t.Fatalf("want template error %q, got %q", want.TemplateError, got)
+					}
+					if want.TemplateError == "no messages" && (!errors.As(err, &raised) || raised.Message != "no messages") {
+						t.Fatalf("want raise_exception('no messages'), got %v", err)
+					}
+				case want.BadRequest != "":
+					if !errors.Is(err, chattemplate.ErrBadRequest) {
+						t.Fatalf("want ErrBadRequest, got %q, %v", got, err)
+					}
+				}
+			})
+		}
+	}
+	t.Logf("byte-identical renders: %v", counts)
+}

@@ -1,0 +1,160 @@
+package chattemplate_test
+
+import (
+	"encoding/json"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/kvrouter/kvrouter/chattemplate"
+)
+
+// FuzzRender: rendering arbitrary messages, tools and kwargs never panics; it renders
+// or returns an error.
+func FuzzRender(f *testing.F) {
+	tmpl := loadTemplate(f, "qwen3", nil)
+	f.Add([]byte(`[{"role":"user","content":"hi"}]`), []byte(``), []byte(`{"enable_thinking":false}`))
+	f.Add([]byte(`[{"role":"assistant","content":null,"tool_calls":[{"id":"1","type":"function","function":{"name":"f","arguments":"{\"a\":1.0}"}}]}]`),
+		[]byte(`[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}]`), []byte(``))
+	f.Add([]byte(`[{"role":"tool","content":[{"type":"text","text":"x"}]},{"role":"user"}]`), []byte(`null`), []byte(`null`))
+	f.Fuzz(func(t *testing.T, messages, tools, kwargs []byte) {
+		_, _ = tmpl.Render(chattemplate.Input{
+			Messages: messages, Tools: tools, ChatTemplateKwargs: kwargs, AddGenerationPrompt: true,
+		})
+	})
+}
+
+func TestRenderErrors(t *testing.T) {
+	tmpl := loadTemplate(t, "qwen3", nil)
+	tests := []struct {
+		name        string
+		in          chattemplate.Input
+		unsupported string
+		badRequest  bool
+	}{
+		{name: "invalid messages JSON", in: chattemplate.Input{Messages: json.RawMessage(`[{`)}, badRequest: true},
+		{name: "message not an object", in: chattemplate.Input{Messages: json.RawMessage(`["hi"]`)}, badRequest: true},
+		{name: "content of wrong type", in: chattemplate.Input{Messages: json.RawMessage(`[{"role":"user","content":5}]`)}, badRequest: true},
+		{name: "unknown part type", in: chattemplate.Input{Messages: json.RawMessage(`[{"role":"user","content":[{"type":"weird"}]}]`)}, badRequest: true},
+		{name: "non-function tool call", in: chattemplate.Input{Messages: json.RawMessage(`[{"role":"assistant","tool_calls":[{"id":"1","type":"custom","custom":{}}]}]`)}, badRequest: true},
+		{name: "tool without name", in: chattemplate.Input{Messages: json.RawMessage(`[{"role":"user","content":"x"}]`), Tools: json.RawMessage(`[{"type":"function","function":{}}]`)}, badRequest: true},
+		{name: "kwargs not an object", in: chattemplate.Input{Messages: json.RawMessage(`[{"role":"user","content":"x"}]`), ChatTemplateKwargs: json.RawMessage(`[]`)}, badRequest: true},
+		{name: "video part", in: chattemplate.Input{Messages: json.RawMessage(`[{"role":"user","content":[{"type":"video_url","video_url":{"url":"v"}}]}]`)}, unsupported: chattemplate.ReasonMediaContent},
+		{name: "untyped image part", in: chattemplate.Input{Messages: json.RawMessage(`[{"role":"user","content":[{"image_url":"u"}]}]`)}, unsupported: chattemplate.ReasonMediaContent},
+		{name: "kwargs override messages", in: chattemplate.Input{Messages: json.RawMessage(`[{"role":"user","content":"x"}]`), ChatTemplateKwargs: json.RawMessage(`{"messages":[]}`)}, unsupported: chattemplate.ReasonKwargsOverride},
+		{name: "kwargs supply a template", in: chattemplate.Input{Messages: json.RawMessage(`[{"role":"user","content":"x"}]`), ChatTemplateKwargs: json.RawMessage(`{"chat_template":"x"}`)}, unsupported: chattemplate.ReasonKwargsOverride},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			out, err := tmpl.Render(tt.in)
+			var unsupported *chattemplate.UnsupportedError
+			switch {
+			case tt.unsupported != "":
+				if !errors.As(err, &unsupported) || unsupported.Reason != tt.unsupported {
+					t.Fatalf("want unsupported %s, got %q, %v", tt.unsupported, out, err)
+				}
+			case tt.badRequest:
+				if !errors.Is(err, chattemplate.ErrBadRequest) {
+					t.Fatalf("want ErrBadRequest, got %q, %v", out, err)
+				}
+			}
+		})
+	}
+}
+
+func TestOpenAIContentFormatDetected(t *testing.T) {
+	tests := []struct {
+		name, src, want string
+	}{
+		{"loop over content", `{% for message in messages %}{% for part in message['content'] %}{{ part.type }};{% endfor %}{% endfor %}`, "text;"},
+		{"loop over content attribute", `{% for m in messages %}{% for p in m.content %}{{ p.text }}{% endfor %}{% endfor %}`, "x"},
+		{"string content", `{% for m in messages %}{{ m.content }}{% endfor %}`, "x"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tmpl, err := chattemplate.Compile(tt.src, chattemplate.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := tmpl.Render(chattemplate.Input{Messages: json.RawMessage(`[{"role":"user","content":"x"}]`)})
+			if err != nil || got != tt.want {
+				t.Fatalf("got %q, %v; want %q", got, err, tt.want)
+			}
+		})
+	}
+}
+
+func TestIncludesRefused(t *testing.T) {
+	tmpl, err := chattemplate.Compile(`{% include "/etc/passwd" %}`, chattemplate.Options{})
+	if err != nil {
+		return
+	}
+	out, err := tmpl.Render(chattemplate.Input{Messages: json.RawMessage(`[]`)})
+	if err == nil || strings.Contains(out, "root") {
+		t.Fatalf("an include was served: %q, %v", out, err)
+	}
+}
+
+func TestParseTokenizerConfig(t *testing.T) {
+	cfg := `{"bos_token":{"content":"<s>","lstrip":false},"eos_token":"</s>","pad_token":null,
+		"additional_special_tokens":["<a>",{"content":"<b>"}],
+		"chat_template":[{"name":"default","template":"D{{ messages|length }}"},{"name":"tool_use","template":"T{{ tools|length }}"}]}`
+	c, err := chattemplate.ParseTokenizerConfig([]byte(cfg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.SpecialTokens["bos_token"] != "<s>" || c.SpecialTokens["eos_token"] != "</s>" {
+		t.Fatalf("special tokens: %v", c.SpecialTokens)
+	}
+	if _, ok := c.SpecialTokens["pad_token"]; ok {
+		t.Fatal("null pad_token must be absent")
+	}
+	if got := c.SpecialTokens["additional_special_tokens"]; strings.Join(got.([]string), ",") != "<a>,<b>" {
+		t.Fatalf("additional: %v", got)
+	}
+	tmpl, err := chattemplate.CompileConfig(c, chattemplate.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs := json.RawMessage(`[{"role":"user","content":"x"}]`)
+	for _, tc := range []struct {
+		tools json.RawMessage
+		want  string
+	}{{nil, "D1"}, {json.RawMessage(`null`), "D1"}, {json.RawMessage(`[{"type":"function","function":{"name":"f"}}]`), "T1"}} {
+		got, err := tmpl.Render(chattemplate.Input{Messages: msgs, Tools: tc.tools})
+		if err != nil || got != tc.want {
+			t.Fatalf("tools %s: got %q, %v; want %q", tc.tools, got, err, tc.want)
+		}
+	}
+	if _, err := chattemplate.CompileConfig(&chattemplate.TokenizerConfig{}, chattemplate.Options{}); !errors.Is(err, chattemplate.ErrNoTemplate) {
+		t.Fatalf("want ErrNoTemplate, got %v", err)
+	}
+}
+
+func TestConcurrentRender(t *testing.T) {
+	tmpl := loadTemplate(t, "qwen3", nil)
+	var inputs []chattemplate.Input
+	var wants []string
+	for _, c := range readCases(t) {
+		in := inputFromBody(t, c.Body)
+		out, err := tmpl.Render(in)
+		if err != nil {
+			continue
+		}
+		inputs = append(inputs, in)
+		wants = append(wants, out)
+	}
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Go(func() {
+			for i := range inputs {
+				j := (i + g*7) % len(inputs)
+				if got, err := tmpl.Render(inputs[j]); err != nil || got != wants[j] {
+					t.Errorf("concurrent render %d differs: %v", j, err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+}

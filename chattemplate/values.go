@@ -1,0 +1,394 @@
+package chattemplate
+
+import (
+	"errors"
+	"fmt"
+	"math/big"
+	"strconv"
+	"unicode/utf16"
+	"unicode/utf8"
+
+	"github.com/nikolalohinski/gonja/v2/exec"
+)
+
+// maxDepth bounds JSON nesting, as Python's json module is bounded by its recursion
+// limit; it keeps hostile input from exhausting the stack.
+const maxDepth = 512
+
+// The template engine sees request JSON as these Go values, built to behave like the
+// Python objects json.loads returns:
+//
+//	object -> *exec.Dict (ordered: keys in request order, a repeated key keeps its first
+//	          position and takes the last value, as a Python dict does)
+//	array  -> []any
+//	string -> string
+//	number -> int when it has no fraction or exponent and fits in 64 bits, *big.Int when
+//	          it is a larger integer, float64 otherwise (1.0 stays a float)
+//	true/false -> bool, null -> nil
+//
+// Building them from the raw bytes, not from encoding/json, keeps key order, integer
+// precision and the int/float distinction that Python's json.dumps later prints.
+
+// errJSON is wrapped by every decoding error.
+var errJSON = errors.New("invalid JSON")
+
+type jsonDecoder struct {
+	data []byte
+	pos  int
+}
+
+// decodeJSON parses one JSON value (RFC 8259, UTF-8) into template values. It rejects
+// invalid UTF-8 and escaped lone surrogates, which vLLM cannot tokenize either.
+func decodeJSON(data []byte) (any, error) {
+	d := &jsonDecoder{data: data}
+	d.skipSpace()
+	v, err := d.value(0)
+	if err != nil {
+		return nil, err
+	}
+	d.skipSpace()
+	if d.pos != len(d.data) {
+		return nil, d.errorf("trailing data")
+	}
+	return v, nil
+}
+
+func (d *jsonDecoder) errorf(format string, args ...any) error {
+	return fmt.Errorf("%w at offset %d: %s", errJSON, d.pos, fmt.Sprintf(format, args...))
+}
+
+func (d *jsonDecoder) skipSpace() {
+	for d.pos < len(d.data) {
+		switch d.data[d.pos] {
+		case ' ', '\t', '\n', '\r':
+			d.pos++
+		default:
+			return
+		}
+	}
+}
+
+func (d *jsonDecoder) value(depth int) (any, error) {
+	if depth > maxDepth {
+		return nil, d.errorf("nesting deeper than %d", maxDepth)
+	}
+	if d.pos >= len(d.data) {
+		return nil, d.errorf("unexpected end of input")
+	}
+	switch c := d.data[d.pos]; {
+	case c == '{':
+		return d.object(depth)
+	case c == '[':
+		return d.array(depth)
+	case c == '"':
+		return d.str()
+	case c == 't':
+		return true, d.literal("true")
+	case c == 'f':
+		return false, d.literal("false")
+	case c == 'n':
+		return nil, d.literal("null")
+	case c == '-' || (c >= '0' && c <= '9'):
+		return d.number()
+	default:
+		return nil, d.errorf("unexpected character %q", c)
+	}
+}
+
+func (d *jsonDecoder) literal(word string) error {
+	if len(d.data)-d.pos < len(word) || string(d.data[d.pos:d.pos+len(word)]) != word {
+		return d.errorf("invalid literal")
+	}
+	d.pos += len(word)
+	return nil
+}
+
+func (d *jsonDecoder) object(depth int) (any, error) {
+	d.pos++ // {
+	dict := &exec.Dict{Pairs: []*exec.Pair{}}
+	d.skipSpace()
+	if d.pos < len(d.data) && d.data[d.pos] == '}' {
+		d.pos++
+		return dict, nil
+	}
+	for {
+		d.skipSpace()
+		if d.pos >= len(d.data) || d.data[d.pos] != '"' {
+			return nil, d.errorf("expected object key")
+		}
+		key, err := d.str()
+		if err != nil {
+			return nil, err
+		}
+		d.skipSpace()
+		if d.pos >= len(d.data) || d.data[d.pos] != ':' {
+			return nil, d.errorf("expected ':'")
+		}
+		d.pos++
+		d.skipSpace()
+		v, err := d.value(depth + 1)
+		if err != nil {
+			return nil, err
+		}
+		setPair(dict, key, v)
+		d.skipSpace()
+		if d.pos >= len(d.data) {
+			return nil, d.errorf("unexpected end of object")
+		}
+		switch d.data[d.pos] {
+		case ',':
+			d.pos++
+		case '}':
+			d.pos++
+			return dict, nil
+		default:
+			return nil, d.errorf("expected ',' or '}'")
+		}
+	}
+}
+
+// setPair sets key to v, keeping the first position of a repeated key.
+func setPair(dict *exec.Dict, key string, v any) {
+	for _, p := range dict.Pairs {
+		if p.Key.String() == key {
+			p.Value = exec.AsValue(v)
+			return
+		}
+	}
+	dict.Pairs = append(dict.Pairs, &exec.Pair{Key: exec.AsValue(key), Value: exec.AsValue(v)})
+}
+
+func (d *jsonDecoder) array(depth int) (any, error) {
+	d.pos++ // [
+	list := []any{}
+	d.skipSpace()
+	if d.pos < len(d.data) && d.data[d.pos] == ']' {
+		d.pos++
+		return list, nil
+	}
+	for {
+		d.skipSpace()
+		v, err := d.value(depth + 1)
+		if err != nil {
+			return nil, err
+		}
+		list = append(list, v)
+		d.skipSpace()
+		if d.pos >= len(d.data) {
+			return nil, d.errorf("unexpected end of array")
+		}
+		switch d.data[d.pos] {
+		case ',':
+			d.pos++
+		case ']':
+			d.pos++
+			return list, nil
+		default:
+			return nil, d.errorf("expected ',' or ']'")
+		}
+	}
+}
+
+func (d *jsonDecoder) number() (any, error) {
+	start := d.pos
+	isFloat := false
+	if d.data[d.pos] == '-' {
+		d.pos++
+	}
+	digits := func() int {
+		n := 0
+		for d.pos < len(d.data) && d.data[d.pos] >= '0' && d.data[d.pos] <= '9' {
+			d.pos++
+			n++
+		}
+		return n
+	}
+	intStart := d.pos
+	if n := digits(); n == 0 {
+		return nil, d.errorf("invalid number")
+	} else if n > 1 && d.data[intStart] == '0' {
+		return nil, d.errorf("leading zero in number")
+	}
+	if d.pos < len(d.data) && d.data[d.pos] == '.' {
+		isFloat = true
+		d.pos++
+		if digits() == 0 {
+			return nil, d.errorf("invalid number")
+		}
+	}
+	if d.pos < len(d.data) && (d.data[d.pos] == 'e' || d.data[d.pos] == 'E') {
+		isFloat = true
+		d.pos++
+		if d.pos < len(d.data) && (d.data[d.pos] == '+' || d.data[d.pos] == '-') {
+			d.pos++
+		}
+		if digits() == 0 {
+			return nil, d.errorf("invalid number")
+		}
+	}
+	text := string(d.data[start:d.pos])
+	if isFloat {
+		// Out-of-range values become ±Inf or 0, as Python's float() makes them.
+		f, err := strconv.ParseFloat(text, 64)
+		if err != nil && !errors.Is(err, strconv.ErrRange) {
+			return nil, d.errorf("invalid number %q", text)
+		}
+		return f, nil
+	}
+	if i, err := strconv.ParseInt(text, 10, 64); err == nil {
+		return int(i), nil
+	}
+	bi, ok := new(big.Int).SetString(text, 10)
+	if !ok {
+		return nil, d.errorf("invalid number %q", text)
+	}
+	return bi, nil
+}
+
+// plainByte marks the bytes a JSON string holds unescaped (not '"', '\\' or a control
+// character).
+var plainByte = func() (t [256]bool) {
+	for i := 0x20; i < 256; i++ {
+		t[i] = i != '"' && i != '\\'
+	}
+	return t
+}()
+
+func (d *jsonDecoder) plainRun() int {
+	i := d.pos
+	for i < len(d.data) && plainByte[d.data[i]] {
+		i++
+	}
+	return i
+}
+
+func (d *jsonDecoder) str() (string, error) {
+	d.pos++ // opening quote
+	start := d.pos
+	d.pos = d.plainRun()
+	if d.pos < len(d.data) && d.data[d.pos] == '"' { // no escapes
+		s := d.data[start:d.pos]
+		if !utf8.Valid(s) {
+			return "", d.errorf("invalid UTF-8 in string")
+		}
+		d.pos++
+		return string(s), nil
+	}
+	buf := make([]byte, 0, d.pos-start+64)
+	buf = append(buf, d.data[start:d.pos]...)
+	for d.pos < len(d.data) {
+		switch c := d.data[d.pos]; {
+		case c == '"':
+			if !utf8.Valid(buf) {
+				return "", d.errorf("invalid UTF-8 in string")
+			}
+			d.pos++
+			return string(buf), nil
+		case c < 0x20:
+			return "", d.errorf("control character in string")
+		case c != '\\':
+			end := d.plainRun()
+			buf = append(buf, d.data[d.pos:end]...)
+			d.pos = end
+			continue
+		}
+		d.pos++
+		if d.pos >= len(d.data) {
+			break
+		}
+		e := d.data[d.pos]
+		d.pos++
+		switch e {
+		case '"', '\\', '/':
+			buf = append(buf, e)
+		case 'b':
+			buf = append(buf, '\b')
+		case 'f':
+			buf = append(buf, '\f')
+		case 'n':
+			buf = append(buf, '\n')
+		case 'r':
+			buf = append(buf, '\r')
+		case 't':
+			buf = append(buf, '\t')
+		case 'u':
+			r, err := d.hex4()
+			if err != nil {
+				return "", err
+			}
+			if utf16.IsSurrogate(r) {
+				if r >= 0xDC00 || d.pos+6 > len(d.data) || d.data[d.pos] != '\\' || d.data[d.pos+1] != 'u' {
+					return "", d.errorf("lone surrogate \\u%04x", r)
+				}
+				d.pos += 2
+				r2, err := d.hex4()
+				if err != nil {
+					return "", err
+				}
+				combined := utf16.DecodeRune(r, r2)
+				if combined == utf8.RuneError {
+					return "", d.errorf("lone surrogate \\u%04x", r)
+				}
+				r = combined
+			}
+			buf = utf8.AppendRune(buf, r)
+		default:
+			return "", d.errorf("invalid escape \\%c", e)
+		}
+	}
+	return "", d.errorf("unterminated string")
+}
+
+func (d *jsonDecoder) hex4() (rune, error) {
+	if d.pos+4 > len(d.data) {
+		return 0, d.errorf("short \\u escape")
+	}
+	var r rune
+	for _, c := range d.data[d.pos : d.pos+4] {
+		r <<= 4
+		switch {
+		case c >= '0' && c <= '9':
+			r |= rune(c - '0')
+		case c >= 'a' && c <= 'f':
+			r |= rune(c-'a') + 10
+		case c >= 'A' && c <= 'F':
+			r |= rune(c-'A') + 10
+		default:
+			return 0, d.errorf("invalid \\u escape")
+		}
+	}
+	d.pos += 4
+	return r, nil
+}
+
+// dictGet returns the value stored under key and whether the key is present.
+func dictGet(d *exec.Dict, key string) (any, bool) {
+	for _, p := range d.Pairs {
+		if p.Key.String() == key {
+			return p.Value.Interface(), true
+		}
+	}
+	return nil, false
+}
+
+// newDict builds an ordered dict from alternating keys and values.
+func newDict(kvs ...any) *exec.Dict {
+	d := &exec.Dict{Pairs: make([]*exec.Pair, 0, len(kvs)/2)}
+	for i := 0; i+1 < len(kvs); i += 2 {
+		d.Pairs = append(d.Pairs, &exec.Pair{Key: exec.AsValue(kvs[i]), Value: exec.AsValue(kvs[i+1])})
+	}
+	return d
+}
+
+// dictSet sets key, appending it when absent.
+func dictSet(d *exec.Dict, key string, v any) { setPair(d, key, v) }
+
+// dictDelete removes key if present.
+func dictDelete(d *exec.Dict, key string) {
+	for i, p := range d.Pairs {
+		if p.Key.String() == key {
+			d.Pairs = append(d.Pairs[:i], d.Pairs[i+1:]...)
+			return
+		}
+	}
+}

@@ -1,0 +1,137 @@
+package prompt_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kvrouter/kvrouter/openai"
+	"github.com/kvrouter/kvrouter/prompt"
+	"github.com/kvrouter/kvrouter/tokenizer"
+	"github.com/kvrouter/kvrouter/tokenizer/testmodels"
+)
+
+var words = strings.Fields(`the of and to in is that for it as was with be by on not he this are or his
+from at which but have an they you were her she there been one all we their has would when if so no
+will can more about said into its only other than then them these some time very could make like
+router cache block token prefix request latency throughput model server pod weight score index event`)
+
+func text(seed uint64, n int) string {
+	r := rand.New(rand.NewPCG(seed, 7))
+	var b strings.Builder
+	for i := 0; i < n*3/4; i++ {
+		if i > 0 {
+			if i%17 == 0 {
+				b.WriteString(".\n")
+			} else {
+				b.WriteByte(' ')
+			}
+		}
+		b.WriteString(words[r.IntN(len(words))])
+	}
+	return b.String()
+}
+
+// typicalChat is the reference experiment's request shape: a ~2,000-token shared
+// system prompt, a short exchange and a ~340-token unique user turn (tail selects it).
+func typicalChat(tail uint64) *openai.Request {
+	msgs := []map[string]string{
+		{"role": "system", "content": text(1, 2540)},
+		{"role": "user", "content": "Summarise the policy in one line."},
+		{"role": "assistant", "content": "The router sends each request to the pod that caches most of its prefix."},
+		{"role": "user", "content": "Request __N__. " + text(100+tail, 430)},
+	}
+	raw, _ := json.Marshal(map[string]any{"model": "qwen3", "messages": msgs})
+	req, err := prompt.RequestFromBody(raw)
+	if err != nil {
+		panic(err)
+	}
+	return req
+}
+
+func cpuTime(tb testing.TB) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		tb.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+func benchPromptTokens(b *testing.B, opts []tokenizer.Option) {
+	bl, err := prompt.LoadDir(testmodels.Dir(b, "qwen3"), prompt.LoadOptions{Tokenizer: opts})
+	if err != nil {
+		b.Fatal(err)
+	}
+	// Every request gets a unique user turn ("Request <n>. ..."), so only the shared
+	// system prompt can come from the tokenizer's segment cache.
+	req := typicalChat(0)
+	head, tail, _ := bytes.Cut(req.Messages, []byte("__N__"))
+	unique := func(n int) *openai.Request {
+		r := *req
+		r.Messages = append(append(append(make([]byte, 0, len(head)+len(tail)+12), head...), strconv.Itoa(n)...), tail...)
+		return &r
+	}
+	ids, err := bl.PromptTokens(unique(-1))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	start, n := cpuTime(b), 0
+	for b.Loop() {
+		if _, err := bl.PromptTokens(unique(n)); err != nil {
+			b.Fatal(err)
+		}
+		n++
+	}
+	b.ReportMetric(float64(cpuTime(b)-start)/float64(n), "cpu-ns/op")
+	b.ReportMetric(float64(len(ids)), "prompt-tokens")
+}
+
+// BenchmarkPromptTokensCold: render + tokenize a 2,400-token chat with the segment
+// cache disabled, so every request tokenizes its whole prompt.
+func BenchmarkPromptTokensCold(b *testing.B) {
+	benchPromptTokens(b, []tokenizer.Option{tokenizer.WithSegmentCache(0, 0)})
+}
+
+// BenchmarkPromptTokensSystemCached: the same requests with the default segment cache:
+// the shared system prompt is tokenized once, each request's unique turn is not.
+func BenchmarkPromptTokensSystemCached(b *testing.B) {
+	benchPromptTokens(b, nil)
+}
+
+// BenchmarkLoadQwen3 measures loading the tokenizer and compiling the template.
+func BenchmarkLoadQwen3(b *testing.B) {
+	dir := testmodels.Dir(b, "qwen3")
+	start, n := cpuTime(b), 0
+	for b.Loop() {
+		if _, err := prompt.LoadDir(dir, prompt.LoadOptions{}); err != nil {
+			b.Fatal(err)
+		}
+		n++
+	}
+	b.ReportMetric(float64(cpuTime(b)-start)/float64(n), "cpu-ns/op")
+}
+
+// FuzzRequestFromBody: arbitrary bodies never panic the parser or PromptTokens.
+func FuzzRequestFromBody(f *testing.F) {
+	bl := builder(f, "qwen3", nil)
+	for _, s := range []string{
+		`{"prompt":"hi"}`, `{"prompt":[1,2]}`, `{"prompt":[[1],[2]]}`, `{"prompt":["a"]}`,
+		`{"messages":[{"role":"user","content":"hi"}],"chat_template_kwargs":{"enable_thinking":false}}`,
+		`{"messages":[{"role":"assistant","tool_calls":[{"id":"1","type":"function","function":{"name":"f","arguments":"{}"}}]}],"tools":[]}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		req, err := prompt.RequestFromBody(body)
+		if err != nil {
+			return
+		}
+		_, _ = bl.PromptTokens(req)
+	})
+}

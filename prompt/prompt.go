@@ -1,0 +1,165 @@
+package prompt
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+
+	"github.com/kvrouter/kvrouter/chattemplate"
+	"github.com/kvrouter/kvrouter/openai"
+	"github.com/kvrouter/kvrouter/tokenizer"
+)
+
+// Reasons reported in UnsupportedError.Reason, besides chattemplate's.
+const (
+	// ReasonPromptBatch is a completions prompt holding several prompts: vLLM serves it
+	// as a batch of sequences.
+	ReasonPromptBatch = "prompt_batch"
+	// ReasonNoTokenizer is a model whose tokenizer kind is not implemented.
+	ReasonNoTokenizer = "unsupported_tokenizer"
+	// ReasonKind is a request that is neither completions nor chat.
+	ReasonKind = "unknown_endpoint"
+)
+
+// UnsupportedError reports a request whose prompt ids cannot be reproduced exactly;
+// the router should route it by load.
+type UnsupportedError struct {
+	// Reason is a short stable label for metrics.
+	Reason string
+	// Err is the underlying error, if any.
+	Err error
+}
+
+func (e *UnsupportedError) Error() string {
+	if e.Err != nil {
+		return "prompt: unsupported request (" + e.Reason + "): " + e.Err.Error()
+	}
+	return "prompt: unsupported request: " + e.Reason
+}
+
+func (e *UnsupportedError) Unwrap() error { return e.Err }
+
+// UnknownModelError is returned by Registry for a model it has no files for.
+type UnknownModelError struct {
+	Model string
+}
+
+func (e *UnknownModelError) Error() string { return "prompt: unknown model " + strconv.Quote(e.Model) }
+
+// ErrBadRequest is wrapped by errors for bodies vLLM itself rejects: the request fails
+// wherever it goes.
+var ErrBadRequest = errors.New("prompt: bad request")
+
+// Builder computes vLLM's prompt token ids for one model. It is safe for concurrent use.
+type Builder struct {
+	tok     *tokenizer.Tokenizer
+	tmpl    *chattemplate.Template
+	metrics *Metrics
+}
+
+// New returns a Builder for a model's tokenizer and chat template. tmpl may be nil
+// for a model without one (chat requests then fail as they do in vLLM); metrics may be
+// nil.
+func New(tok *tokenizer.Tokenizer, tmpl *chattemplate.Template, metrics *Metrics) *Builder {
+	return &Builder{tok: tok, tmpl: tmpl, metrics: metrics}
+}
+
+// PromptTokens returns exactly the prompt token ids vLLM computes for req:
+// completions encode the prompt string (add_special_tokens, default true) or take
+// token ids as given; chat renders the model's chat template and encodes the result
+// (add_special_tokens, default false). Requests it cannot reproduce return
+// *UnsupportedError; bodies vLLM rejects return an error wrapping ErrBadRequest.
+func (b *Builder) PromptTokens(req *openai.Request) ([]uint32, error) {
+	ids, err := b.promptTokens(req)
+	if err != nil {
+		b.metrics.observe(err)
+	}
+	return ids, err
+}
+
+func (b *Builder) promptTokens(req *openai.Request) ([]uint32, error) {
+	switch req.Kind {
+	case openai.KindCompletions:
+		return b.completion(req)
+	case openai.KindChat:
+		return b.chat(req)
+	}
+	return nil, &UnsupportedError{Reason: ReasonKind}
+}
+
+func (b *Builder) chat(req *openai.Request) ([]uint32, error) {
+	if b.tmpl == nil {
+		if req.ChatTemplate != "" {
+			return nil, &UnsupportedError{Reason: chattemplate.ReasonRequestChatTemplate}
+		}
+		return nil, fmt.Errorf("%w: model has no chat template", ErrBadRequest)
+	}
+	text, err := b.tmpl.Render(chattemplate.Input{
+		Messages:             req.Messages,
+		Tools:                req.Tools,
+		ChatTemplateKwargs:   req.ChatTemplateKwargs,
+		Documents:            req.Documents,
+		ReasoningEffort:      req.ReasoningEffort,
+		AddGenerationPrompt:  req.AddGenerationPrompt,
+		ContinueFinalMessage: req.ContinueFinalMessage,
+		RequestTemplate:      req.ChatTemplate != "",
+	})
+	if err != nil {
+		var unsupported *chattemplate.UnsupportedError
+		var raised *chattemplate.TemplateError
+		switch {
+		case errors.As(err, &unsupported):
+			return nil, &UnsupportedError{Reason: unsupported.Reason, Err: err}
+		case errors.Is(err, chattemplate.ErrBadRequest), errors.As(err, &raised):
+			return nil, fmt.Errorf("%w: %w", ErrBadRequest, err)
+		}
+		return nil, fmt.Errorf("prompt: %w", err)
+	}
+	return b.tok.Encode(text, req.AddSpecialTokens), nil
+}
+
+func (b *Builder) completion(req *openai.Request) ([]uint32, error) {
+	raw := bytes.TrimSpace(req.Prompt)
+	if len(raw) == 0 {
+		return nil, fmt.Errorf("%w: completions request without a prompt", ErrBadRequest)
+	}
+	switch raw[0] {
+	case '"':
+		var s string
+		if err := json.Unmarshal(raw, &s); err != nil {
+			return nil, fmt.Errorf("%w: prompt: %w", ErrBadRequest, err)
+		}
+		return b.tok.Encode(s, req.AddSpecialTokens), nil
+	case '[':
+	default:
+		return nil, fmt.Errorf("%w: prompt must be a string or a list", ErrBadRequest)
+	}
+	var items []json.RawMessage
+	if err := json.Unmarshal(raw, &items); err != nil {
+		return nil, fmt.Errorf("%w: prompt: %w", ErrBadRequest, err)
+	}
+	if len(items) == 0 {
+		return nil, fmt.Errorf("%w: empty prompt", ErrBadRequest)
+	}
+	switch bytes.TrimSpace(items[0])[0] {
+	case '"', '[':
+		// A list of prompts. vLLM serves several as a batch; a single one is that prompt.
+		if len(items) > 1 {
+			return nil, &UnsupportedError{Reason: ReasonPromptBatch}
+		}
+		one := *req
+		one.Prompt = items[0]
+		return b.completion(&one)
+	}
+	ids := make([]uint32, len(items))
+	for i, it := range items {
+		v, err := strconv.ParseUint(string(bytes.TrimSpace(it)), 10, 32)
+		if err != nil {
+			return nil, fmt.Errorf("%w: prompt[%d] is not a token id", ErrBadRequest, i)
+		}
+		ids[i] = uint32(v)
+	}
+	return ids, nil
+}
