@@ -1,0 +1,145 @@
+package scoring
+
+import (
+	"math/rand/v2"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Approximate is the approximate policy: no KV events; it predicts each endpoint's cache
+// from its own routing decisions, with a per-endpoint LRU of block keys sized to the
+// endpoint's capacity (Metrics.NumGPUBlocks when scraped, KVConfig.ApproxBlocks
+// otherwise), and scores candidates with the same cost as KV. Dynamo's approximate mode
+// expires blocks after a fixed TTL with no capacity model, so it keeps predicting hits on
+// blocks a small cache has long evicted; sizing the LRU to the cache avoids that.
+//
+// Approximate implements Observer: it learns only from requests it is told were Routed.
+// It is safe for concurrent use.
+type Approximate struct {
+	core *kvCore
+}
+
+// NewApproximate returns an Approximate policy. src breaks ties and samples (nil: seeded
+// at random); reg may be nil.
+func NewApproximate(cfg KVConfig, src rand.Source, reg prometheus.Registerer) (*Approximate, error) {
+	c, err := newKVCore("approximate", cfg, nil, nil, true, src, reg)
+	if err != nil {
+		return nil, err
+	}
+	return &Approximate{core: c}, nil
+}
+
+// Name returns "approximate".
+func (*Approximate) Name() string { return "approximate" }
+
+// Pick returns the candidate of lowest cost given its predicted cache.
+func (p *Approximate) Pick(req *Request, candidates []Endpoint) (Decision, error) {
+	return p.core.pick(req, candidates)
+}
+
+// Routed records the request's blocks as cached on endpoint and its load as on it.
+func (p *Approximate) Routed(req *Request, endpoint string) { p.core.routed(req, endpoint) }
+
+// FirstToken releases the request's prefill load.
+func (p *Approximate) FirstToken(reqID string) { p.core.firstToken(reqID) }
+
+// Finished releases the request's remaining load; its blocks stay in the prediction.
+func (p *Approximate) Finished(reqID string) { p.core.finished(reqID) }
+
+// Forget drops everything known of an endpoint that left the fleet.
+func (p *Approximate) Forget(endpoint string) { p.core.forget(endpoint) }
+
+// blockLRU is a predicted cache: block keys in least-recently-used order, at most cap of
+// them. Not safe for concurrent use.
+type blockLRU struct {
+	cap        int
+	pos        map[uint64]int32
+	key        []uint64
+	prev, next []int32 // prev toward older
+	oldest     int32
+	newest     int32
+	free       int32
+}
+
+func newBlockLRU(capacity int) *blockLRU {
+	return &blockLRU{cap: capacity, pos: make(map[uint64]int32), oldest: -1, newest: -1, free: -1}
+}
+
+// leading returns how many of keys' leading blocks are predicted cached.
+func (l *blockLRU) leading(keys []uint64) int {
+	for i, k := range keys {
+		if _, ok := l.pos[k]; !ok {
+			return i
+		}
+	}
+	return len(keys)
+}
+
+// add records keys as just used. They are touched last to first, as vLLM frees a finished
+// request's blocks tail first: the prefix, shared by more requests, is evicted last.
+func (l *blockLRU) add(keys []uint64) {
+	for i := len(keys) - 1; i >= 0; i-- {
+		k := keys[i]
+		if r, ok := l.pos[k]; ok {
+			l.unlink(r)
+			l.link(r)
+			continue
+		}
+		for len(l.pos) >= l.cap {
+			l.evict()
+		}
+		var r int32
+		if l.free >= 0 {
+			r = l.free
+			l.free = l.next[r]
+		} else {
+			r = int32(len(l.key))
+			l.key = append(l.key, 0)
+			l.prev = append(l.prev, 0)
+			l.next = append(l.next, 0)
+		}
+		l.key[r] = k
+		l.pos[k] = r
+		l.link(r)
+	}
+}
+
+func (l *blockLRU) evict() {
+	r := l.oldest
+	l.unlink(r)
+	delete(l.pos, l.key[r])
+	l.next[r] = l.free
+	l.free = r
+}
+
+// resize sets the capacity, evicting the oldest keys past it.
+func (l *blockLRU) resize(capacity int) {
+	l.cap = capacity
+	for len(l.pos) > l.cap {
+		l.evict()
+	}
+}
+
+func (l *blockLRU) link(r int32) {
+	l.prev[r], l.next[r] = l.newest, -1
+	if l.newest >= 0 {
+		l.next[l.newest] = r
+	} else {
+		l.oldest = r
+	}
+	l.newest = r
+}
+
+func (l *blockLRU) unlink(r int32) {
+	p, n := l.prev[r], l.next[r]
+	if p >= 0 {
+		l.next[p] = n
+	} else {
+		l.oldest = n
+	}
+	if n >= 0 {
+		l.prev[n] = p
+	} else {
+		l.newest = p
+	}
+}

@@ -1,0 +1,520 @@
+package scoring_test
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/kvrouter/kvrouter/index"
+	"github.com/kvrouter/kvrouter/scoring"
+)
+
+// fakeIndex holds, per endpoint, a set of block keys.
+type fakeIndex struct {
+	mu   sync.Mutex
+	held map[string]map[uint64]bool
+}
+
+func newFakeIndex() *fakeIndex { return &fakeIndex{held: map[string]map[uint64]bool{}} }
+
+func (f *fakeIndex) hold(ep string, keys []uint64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.held[ep] == nil {
+		f.held[ep] = map[uint64]bool{}
+	}
+	for _, k := range keys {
+		f.held[ep][k] = true
+	}
+}
+
+func (f *fakeIndex) LeadingBlocks(keys []uint64, eps []string, dst []int) []int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	dst = dst[:0]
+	for _, ep := range eps {
+		n := 0
+		for n < len(keys) && f.held[ep][keys[n]] {
+			n++
+		}
+		dst = append(dst, n)
+	}
+	return dst
+}
+
+// fakeHealth reports the endpoints in down as not healthy.
+type fakeHealth struct{ down map[string]bool }
+
+func (h fakeHealth) EventsHealthy(ep string) bool { return !h.down[ep] }
+
+func tokens(start, n int) []uint32 {
+	t := make([]uint32, n)
+	for i := range t {
+		t[i] = uint32(start + i)
+	}
+	return t
+}
+
+var reqN int
+
+func request(toks []uint32) *scoring.Request {
+	reqN++
+	return &scoring.Request{ID: fmt.Sprint("r", reqN), Model: "m", BaseModel: "m", TokenIDs: toks}
+}
+
+func keysOf(toks []uint32) []uint64 { return index.Keys(index.Root("m", "", ""), toks, 16, nil) }
+
+func cands(names ...string) []scoring.Endpoint {
+	out := make([]scoring.Endpoint, len(names))
+	for i, n := range names {
+		out[i] = scoring.Endpoint{Address: n}
+	}
+	return out
+}
+
+// policy is what both cost policies offer.
+type policy interface {
+	scoring.Policy
+	scoring.Observer
+}
+
+// route picks among ep alone and reports the request routed there, as the router does.
+func route(t *testing.T, p policy, req *scoring.Request, ep string) {
+	t.Helper()
+	d, err := p.Pick(req, cands(ep))
+	if err != nil || d.Endpoint != ep {
+		t.Fatalf("Pick = %v, %v", d, err)
+	}
+	p.Routed(req, ep)
+}
+
+func costs(d scoring.Decision) map[string]float64 {
+	out := map[string]float64{}
+	for k, v := range d.Scores {
+		out[k] = -v
+	}
+	return out
+}
+
+var (
+	prompt = tokens(0, 64)    // 4 blocks
+	other  = tokens(1000, 64) // 4 unrelated blocks
+)
+
+func TestKVCostTerms(t *testing.T) {
+	tests := []struct {
+		name  string
+		cfg   func(*scoring.KVConfig)
+		setup func(t *testing.T, p policy, ix *fakeIndex)
+		req   []uint32
+		want  map[string]float64
+	}{
+		{
+			name: "idle endpoints: prefill is the request's blocks, decode its new blocks",
+			want: map[string]float64{"A": 4 + 4, "B": 4 + 4},
+		},
+		{
+			name:  "held leading blocks are credited against prefill",
+			setup: func(t *testing.T, p policy, ix *fakeIndex) { ix.hold("A", keysOf(prompt)[:3]) },
+			want:  map[string]float64{"A": 1 + 4, "B": 4 + 4},
+		},
+		{
+			name:  "only leading blocks count",
+			setup: func(t *testing.T, p policy, ix *fakeIndex) { ix.hold("A", keysOf(prompt)[1:]) },
+			want:  map[string]float64{"A": 4 + 4, "B": 4 + 4},
+		},
+		{
+			name:  "overlap credit scales the credit",
+			cfg:   func(c *scoring.KVConfig) { c.OverlapCredit = 0.5 },
+			setup: func(t *testing.T, p policy, ix *fakeIndex) { ix.hold("A", keysOf(prompt)[:3]) },
+			want:  map[string]float64{"A": 2.5 + 4, "B": 4 + 4},
+		},
+		{
+			name:  "prefill load scale weighs the prefill term",
+			cfg:   func(c *scoring.KVConfig) { c.PrefillLoadScale = 2 },
+			setup: func(t *testing.T, p policy, ix *fakeIndex) { ix.hold("A", keysOf(prompt)[:3]) },
+			want:  map[string]float64{"A": 2*1 + 4, "B": 2*4 + 4},
+		},
+		{
+			name: "a partial block counts in prefill, not in decode",
+			req:  tokens(0, 70),
+			want: map[string]float64{"A": 70.0/16 + 4, "B": 70.0/16 + 4},
+		},
+		{
+			name:  "an in-flight request's prefill and blocks add to its endpoint",
+			setup: func(t *testing.T, p policy, ix *fakeIndex) { route(t, p, request(other), "A") },
+			want:  map[string]float64{"A": (64+64)/16 + 4 + 4, "B": 4 + 4},
+		},
+		{
+			name: "first token releases prefill, not decode",
+			setup: func(t *testing.T, p policy, ix *fakeIndex) {
+				r := request(other)
+				route(t, p, r, "A")
+				p.FirstToken(r.ID)
+				p.FirstToken(r.ID) // twice is once
+			},
+			want: map[string]float64{"A": 4 + 4 + 4, "B": 4 + 4},
+		},
+		{
+			name: "finished releases everything",
+			setup: func(t *testing.T, p policy, ix *fakeIndex) {
+				r := request(other)
+				route(t, p, r, "A")
+				p.Finished(r.ID)
+				p.Finished(r.ID)
+			},
+			want: map[string]float64{"A": 4 + 4, "B": 4 + 4},
+		},
+		{
+			name: "in-flight requests' shared blocks and the request's already-active blocks count once",
+			setup: func(t *testing.T, p policy, ix *fakeIndex) {
+				r1, r2 := request(prompt), request(append(tokens(0, 48), tokens(5000, 16)...))
+				route(t, p, r1, "A")
+				route(t, p, r2, "A")
+				p.FirstToken(r1.ID)
+				p.FirstToken(r2.ID)
+			},
+			// A's active blocks: prompt's 4 + r2's distinct last block = 5; the request adds none.
+			want: map[string]float64{"A": 4 + 5, "B": 4 + 4},
+		},
+		{
+			name: "in-flight prefill counts only the tokens that were not cached",
+			setup: func(t *testing.T, p policy, ix *fakeIndex) {
+				ix.hold("A", keysOf(prompt)[:3])
+				route(t, p, request(prompt), "A") // 64 - 3x16 = 16 tokens to prefill
+			},
+			want: map[string]float64{"A": (16+64)/16 - 3 + 4, "B": 4 + 4},
+		},
+		{
+			name: "decode active request weight adds per in-flight request",
+			cfg:  func(c *scoring.KVConfig) { c.DecodeActiveRequestWeight = 10 },
+			setup: func(t *testing.T, p policy, ix *fakeIndex) {
+				r := request(other)
+				route(t, p, r, "A")
+				p.FirstToken(r.ID)
+			},
+			want: map[string]float64{"A": 4 + 8 + 10, "B": 4 + 4},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := scoring.DefaultKVConfig()
+			if tc.cfg != nil {
+				tc.cfg(&cfg)
+			}
+			ix := newFakeIndex()
+			p, err := scoring.NewKV(cfg, ix, nil, rand.NewPCG(1, 2), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.setup != nil {
+				tc.setup(t, p, ix)
+			}
+			req := tc.req
+			if req == nil {
+				req = prompt
+			}
+			d, err := p.Pick(request(req), cands("A", "B"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := costs(d); fmt.Sprint(got) != fmt.Sprint(tc.want) {
+				t.Fatalf("costs = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestKVPrefixAgainstLoad(t *testing.T) {
+	long := tokens(0, 2371) // the reference workload's prompt: 148 blocks, 127 shared
+	ix := newFakeIndex()
+	ix.hold("A", keysOf(long)[:127])
+	p, err := scoring.NewKV(scoring.DefaultKVConfig(), ix, nil, rand.NewPCG(1, 2), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 20 {
+		d, _ := p.Pick(request(long), cands("A", "B", "C"))
+		if d.Endpoint != "A" {
+			t.Fatalf("equal loads: chose %s, want the prefix holder A (scores %v)", d.Endpoint, d.Scores)
+		}
+	}
+	// Pile distinct requests onto A until its load outweighs its cache.
+	for i := range 4 {
+		r := request(tokens(100000*(i+1), 2371))
+		route(t, p, r, "A")
+		p.FirstToken(r.ID)
+	}
+	d, _ := p.Pick(request(long), cands("A", "B", "C"))
+	if d.Endpoint == "A" {
+		t.Fatalf("overwhelming load on A: still chose A (scores %v)", d.Scores)
+	}
+	if d.Fallbacks[len(d.Fallbacks)-1] != "A" {
+		t.Fatalf("fallbacks %v should end with the costliest, A", d.Fallbacks)
+	}
+}
+
+func TestKVTiesAndTemperature(t *testing.T) {
+	count := func(cfg scoring.KVConfig, hold bool) map[string]int {
+		ix := newFakeIndex()
+		if hold {
+			ix.hold("A", keysOf(prompt)[:2])
+		}
+		p, err := scoring.NewKV(cfg, ix, nil, rand.NewPCG(3, 4), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := map[string]int{}
+		for range 400 {
+			d, _ := p.Pick(request(prompt), cands("A", "B", "C"))
+			got[d.Endpoint]++
+		}
+		return got
+	}
+	t.Run("exact ties are broken at random", func(t *testing.T) {
+		got := count(scoring.DefaultKVConfig(), false)
+		for _, ep := range []string{"A", "B", "C"} {
+			if got[ep] < 80 {
+				t.Fatalf("picks %v: %s too rare for a uniform tie-break", got, ep)
+			}
+		}
+	})
+	t.Run("temperature 0 always takes the lowest cost", func(t *testing.T) {
+		if got := count(scoring.DefaultKVConfig(), true); got["A"] != 400 {
+			t.Fatalf("picks %v, want all on A", got)
+		}
+	})
+	t.Run("temperature above 0 samples the others too", func(t *testing.T) {
+		cfg := scoring.DefaultKVConfig()
+		cfg.Temperature = 1
+		got := count(cfg, true)
+		if got["A"] <= got["B"] || got["B"] == 0 || got["C"] == 0 {
+			t.Fatalf("picks %v: want A most often, B and C sometimes", got)
+		}
+	})
+}
+
+func TestKVUntokenizedFallsBackToLoad(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	p, err := scoring.NewKV(scoring.DefaultKVConfig(), newFakeIndex(), nil, rand.NewPCG(1, 2), reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	route(t, p, request(other), "A")
+	bare := &scoring.Request{ID: "bare", Model: "m"}
+	d, err := p.Pick(bare, cands("A", "B"))
+	if err != nil || d.Endpoint != "B" {
+		t.Fatalf("Pick = %v, %v; want B, the idle one", d, err)
+	}
+	p.Routed(bare, "B")
+	// Equal block load, fewer requests wins: B now has one request with no blocks.
+	d, _ = p.Pick(&scoring.Request{ID: "bare2", Model: "m"}, cands("B", "C"))
+	if d.Endpoint != "C" {
+		t.Fatalf("Pick = %v; want C, with fewer requests", d)
+	}
+	want := `
+# HELP kvrouter_scoring_untokenized_requests_total Requests without token ids, scored by load alone.
+# TYPE kvrouter_scoring_untokenized_requests_total counter
+kvrouter_scoring_untokenized_requests_total{policy="kv"} 2
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "kvrouter_scoring_untokenized_requests_total"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestKVUnhealthyEndpointIsPredicted(t *testing.T) {
+	ix := newFakeIndex()
+	ix.hold("A", keysOf(prompt)) // stale: A's events are down
+	health := fakeHealth{down: map[string]bool{"A": true}}
+	p, err := scoring.NewKV(scoring.DefaultKVConfig(), ix, health, rand.NewPCG(1, 2), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, _ := p.Pick(request(prompt), cands("A", "B"))
+	if c := costs(d); c["A"] != c["B"] {
+		t.Fatalf("costs %v: A's index entries must be ignored while its events are down", c)
+	}
+	r := request(prompt)
+	route(t, p, r, "B")
+	p.Finished(r.ID)
+	r = request(prompt)
+	route(t, p, r, "A") // the prediction learns A now holds the prompt
+	p.Finished(r.ID)
+	d, _ = p.Pick(request(prompt), cands("A", "C"))
+	if c := costs(d); c["A"] != 4 || c["C"] != 8 {
+		t.Fatalf("costs %v: want A predicted to hold the prompt (4), C idle (8)", c)
+	}
+	health.down["A"] = false
+	ix.held["A"] = nil // events flow again and say A holds nothing
+	d, _ = p.Pick(request(prompt), cands("A", "C"))
+	if c := costs(d); c["A"] != 8 {
+		t.Fatalf("costs %v: with events back, the index decides", c)
+	}
+}
+
+func TestApproximate(t *testing.T) {
+	small := []scoring.Endpoint{{Address: "A", Metrics: scoring.Metrics{Valid: true, NumGPUBlocks: 6, BlockSize: 16}},
+		{Address: "B", Metrics: scoring.Metrics{Valid: true, NumGPUBlocks: 6, BlockSize: 16}}}
+	tests := []struct {
+		name  string
+		setup func(t *testing.T, p policy)
+		want  map[string]float64
+	}{
+		{
+			name: "nothing routed, nothing predicted",
+			want: map[string]float64{"A": 8, "B": 8},
+		},
+		{
+			name: "a routed prompt is predicted cached",
+			setup: func(t *testing.T, p policy) {
+				r := request(prompt)
+				p.Pick(r, small[:1])
+				p.Routed(r, "A")
+				p.Finished(r.ID)
+			},
+			want: map[string]float64{"A": 4, "B": 8},
+		},
+		{
+			name: "the prediction holds at most num_gpu_blocks, evicting the oldest",
+			setup: func(t *testing.T, p policy) {
+				for _, toks := range [][]uint32{prompt, other} {
+					r := request(toks)
+					p.Pick(r, small[:1])
+					p.Routed(r, "A")
+					p.Finished(r.ID)
+				}
+			},
+			// 8 blocks into 6: other's 4 are newest; of prompt's, the tail went first,
+			// leaving its first 2 blocks.
+			want: map[string]float64{"A": 2 + 4, "B": 8},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			p, err := scoring.NewApproximate(scoring.DefaultKVConfig(), rand.NewPCG(1, 2), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.setup != nil {
+				tc.setup(t, p)
+			}
+			d, err := p.Pick(request(prompt), small)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := costs(d); fmt.Sprint(got) != fmt.Sprint(tc.want) {
+				t.Fatalf("costs = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestKVConfigValidate(t *testing.T) {
+	tests := []struct {
+		name string
+		mut  func(*scoring.KVConfig)
+		want string
+	}{
+		{"defaults are valid", func(*scoring.KVConfig) {}, ""},
+		{"negative prefill scale", func(c *scoring.KVConfig) { c.PrefillLoadScale = -1 }, "prefill_load_scale"},
+		{"overlap credit above 1", func(c *scoring.KVConfig) { c.OverlapCredit = 1.5 }, "overlap_credit"},
+		{"negative request weight", func(c *scoring.KVConfig) { c.DecodeActiveRequestWeight = -1 }, "decode_active_request_weight"},
+		{"negative temperature", func(c *scoring.KVConfig) { c.Temperature = -0.1 }, "temperature"},
+		{"zero block size", func(c *scoring.KVConfig) { c.BlockSize = 0 }, "block_size"},
+		{"zero approx blocks", func(c *scoring.KVConfig) { c.ApproxBlocks = 0 }, "approx_blocks"},
+		{"zero max tracked", func(c *scoring.KVConfig) { c.MaxTracked = 0 }, "max_tracked"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := scoring.DefaultKVConfig()
+			tc.mut(&cfg)
+			err := cfg.Validate()
+			if (err == nil) != (tc.want == "") || (err != nil && !strings.Contains(err.Error(), tc.want)) {
+				t.Fatalf("Validate() = %v, want an error naming %q", err, tc.want)
+			}
+			if _, nerr := scoring.NewKV(cfg, newFakeIndex(), nil, nil, nil); (nerr == nil) != (err == nil) {
+				t.Fatalf("NewKV error %v disagrees with Validate %v", nerr, err)
+			}
+		})
+	}
+}
+
+func TestKVNoCandidates(t *testing.T) {
+	p, _ := scoring.NewKV(scoring.DefaultKVConfig(), newFakeIndex(), nil, nil, nil)
+	if _, err := p.Pick(request(prompt), nil); err != scoring.ErrNoCandidates {
+		t.Fatalf("err = %v, want ErrNoCandidates", err)
+	}
+}
+
+func TestKVMetrics(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	ix := newFakeIndex()
+	ix.hold("A", keysOf(prompt)[:3])
+	p, _ := scoring.NewKV(scoring.DefaultKVConfig(), ix, fakeHealth{down: map[string]bool{"B": true}}, nil, reg)
+	r := request(prompt)
+	p.Pick(r, cands("A", "B"))
+	p.Routed(r, "A")
+	want := `
+# HELP kvrouter_scoring_matched_blocks_total Of those, the leading blocks the chosen endpoint held (or was predicted to hold) at the pick.
+# TYPE kvrouter_scoring_matched_blocks_total counter
+kvrouter_scoring_matched_blocks_total{policy="kv"} 3
+# HELP kvrouter_scoring_predicted_overlaps_total Candidate overlaps taken from the predicted cache because the endpoint's KV events were not healthy (kv) or by design (approximate).
+# TYPE kvrouter_scoring_predicted_overlaps_total counter
+kvrouter_scoring_predicted_overlaps_total{policy="kv"} 1
+# HELP kvrouter_scoring_routed_blocks_total Full prompt blocks of routed requests.
+# TYPE kvrouter_scoring_routed_blocks_total counter
+kvrouter_scoring_routed_blocks_total{policy="kv"} 4
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want),
+		"kvrouter_scoring_matched_blocks_total", "kvrouter_scoring_predicted_overlaps_total",
+		"kvrouter_scoring_routed_blocks_total"); err != nil {
+		t.Fatal(err)
+	}
+	// Both policies may share a registry.
+	if _, err := scoring.NewApproximate(scoring.DefaultKVConfig(), nil, reg); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestKVConcurrent races picks and the observer calls (run with -race) and checks that
+// once every request finished, no load is left.
+func TestKVConcurrent(t *testing.T) {
+	ix := newFakeIndex()
+	ix.hold("A", keysOf(prompt)[:2])
+	p, _ := scoring.NewKV(scoring.DefaultKVConfig(), ix, fakeHealth{down: map[string]bool{"C": true}}, nil, nil)
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Go(func() {
+			for i := range 300 {
+				r := &scoring.Request{ID: fmt.Sprint(g, "-", i), Model: "m", TokenIDs: tokens(i%5*16, 64)}
+				if i%7 == 0 {
+					r.TokenIDs = nil
+				}
+				d, err := p.Pick(r, cands("A", "B", "C"))
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				p.Routed(r, d.Endpoint)
+				if i%3 != 0 {
+					p.FirstToken(r.ID)
+				}
+				p.Finished(r.ID)
+			}
+		})
+	}
+	wg.Wait()
+	d, _ := p.Pick(request(other), cands("A", "B", "C"))
+	if c := costs(d); c["A"] != 8 || c["B"] != 8 || c["C"] != 8 {
+		t.Fatalf("costs %v after every request finished, want 8 each", c)
+	}
+	if !slices.Contains([]string{"A", "B", "C"}, d.Endpoint) {
+		t.Fatal(d)
+	}
+}

@@ -1,0 +1,484 @@
+package scoring
+
+import (
+	"math"
+	"math/rand/v2"
+	"slices"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvrouter/kvrouter/index"
+)
+
+// kvCore is the state shared by the kv and approximate policies: the load each endpoint
+// carries from the requests they routed, the predicted caches, and the cost.
+type kvCore struct {
+	cfg     KVConfig
+	ix      PrefixIndex // nil: every overlap is predicted
+	health  EventHealth // nil: every endpoint's events are trusted
+	predict bool        // keep a predicted cache per endpoint
+	m       *kvMetrics
+	scratch sync.Pool
+
+	mu      sync.Mutex
+	rng     *rand.Rand
+	eps     map[string]*kvEndpoint
+	reqs    map[string]*kvRequest
+	pending map[string]*kvPending
+	// active maps each block key of an in-flight request to the endpoints whose in-flight
+	// requests hold it, so that a pick counts the request's already-active blocks on every
+	// candidate with one map lookup per block.
+	active map[uint64][]kvHolder
+	stamp  uint64
+}
+
+type kvEndpoint struct {
+	prefillTokens int // uncached prompt tokens of in-flight requests before their first token
+	activeBlocks  int // distinct block keys of in-flight requests
+	requests      int
+	blockSize     int
+	lru           *blockLRU // nil unless predicting
+	shared        int       // scratch for pick, valid when sharedStamp is the pick's stamp
+	sharedStamp   uint64
+}
+
+type kvHolder struct {
+	ep *kvEndpoint
+	n  int32
+}
+
+type kvRequest struct {
+	ep          *kvEndpoint
+	keys        []uint64
+	prefill     int
+	prefillDone bool
+}
+
+// kvPending is what a pick learned, kept until Routed says which candidate was used.
+type kvPending struct {
+	isl       int
+	endpoints []string
+	overlaps  []int
+	sizes     []int
+	keys      []kvKeys
+}
+
+type kvKeys struct {
+	blockSize int
+	keys      []uint64
+}
+
+type kvScratch struct {
+	sizes    []int
+	overlaps []int
+	costs    []float64
+	order    []int
+	names    []string
+	pos      []int
+	lead     []int
+	probs    []float64
+	eps      []*kvEndpoint
+}
+
+type kvMetrics struct {
+	untokenized prometheus.Counter
+	predicted   prometheus.Counter
+	dropped     prometheus.Counter
+	blocks      prometheus.Counter
+	matched     prometheus.Counter
+}
+
+func newKVMetrics(policy string, reg prometheus.Registerer) *kvMetrics {
+	c := func(name, help string) prometheus.Counter {
+		return prometheus.NewCounter(prometheus.CounterOpts{
+			Name: name, Help: help, ConstLabels: prometheus.Labels{"policy": policy},
+		})
+	}
+	m := &kvMetrics{
+		untokenized: c("kvrouter_scoring_untokenized_requests_total", "Requests without token ids, scored by load alone."),
+		predicted:   c("kvrouter_scoring_predicted_overlaps_total", "Candidate overlaps taken from the predicted cache because the endpoint's KV events were not healthy (kv) or by design (approximate)."),
+		dropped:     c("kvrouter_scoring_dropped_requests_total", "Tracked requests dropped, oldest state first, because max_tracked was reached."),
+		blocks:      c("kvrouter_scoring_routed_blocks_total", "Full prompt blocks of routed requests."),
+		matched:     c("kvrouter_scoring_matched_blocks_total", "Of those, the leading blocks the chosen endpoint held (or was predicted to hold) at the pick."),
+	}
+	if reg != nil {
+		reg.MustRegister(m.untokenized, m.predicted, m.dropped, m.blocks, m.matched)
+	}
+	return m
+}
+
+func newKVCore(policy string, cfg KVConfig, ix PrefixIndex, health EventHealth, predict bool,
+	src rand.Source, reg prometheus.Registerer) (*kvCore, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if src == nil {
+		src = rand.NewPCG(rand.Uint64(), rand.Uint64())
+	}
+	return &kvCore{
+		cfg: cfg, ix: ix, health: health, predict: predict,
+		m:       newKVMetrics(policy, reg),
+		rng:     rand.New(src),
+		eps:     make(map[string]*kvEndpoint),
+		reqs:    make(map[string]*kvRequest),
+		pending: make(map[string]*kvPending),
+		active:  make(map[uint64][]kvHolder),
+	}, nil
+}
+
+func (c *kvCore) blockSize(e *Endpoint) int {
+	if e.Metrics.Valid && e.Metrics.BlockSize > 0 {
+		return e.Metrics.BlockSize
+	}
+	return c.cfg.BlockSize
+}
+
+func (c *kvCore) capacity(e *Endpoint) int {
+	if e.Metrics.Valid && e.Metrics.NumGPUBlocks > 0 {
+		return e.Metrics.NumGPUBlocks
+	}
+	return c.cfg.ApproxBlocks
+}
+
+// endpoint returns the state of addr, creating it; c.mu must be held.
+func (c *kvCore) endpoint(addr string) *kvEndpoint {
+	ep := c.eps[addr]
+	if ep == nil {
+		ep = &kvEndpoint{blockSize: c.cfg.BlockSize}
+		if c.predict {
+			ep.lru = newBlockLRU(c.cfg.ApproxBlocks)
+		}
+		c.eps[addr] = ep
+	}
+	return ep
+}
+
+func rootOf(req *Request) uint64 {
+	model := req.BaseModel
+	if model == "" {
+		model = req.Model
+	}
+	return index.Root(model, req.LoRA, req.CacheSalt)
+}
+
+func keysFor(all []kvKeys, blockSize int) []uint64 {
+	for _, k := range all {
+		if k.blockSize == blockSize {
+			return k.keys
+		}
+	}
+	return nil
+}
+
+func (c *kvCore) pick(req *Request, cands []Endpoint) (Decision, error) {
+	if len(cands) == 0 {
+		return Decision{}, ErrNoCandidates
+	}
+	sc, _ := c.scratch.Get().(*kvScratch)
+	if sc == nil {
+		sc = &kvScratch{}
+	}
+	defer c.scratch.Put(sc)
+	n := len(cands)
+	sc.sizes = slices.Grow(sc.sizes[:0], n)[:n]
+	sc.overlaps = slices.Grow(sc.overlaps[:0], n)[:n]
+	sc.costs = slices.Grow(sc.costs[:0], n)[:n]
+	sc.eps = slices.Grow(sc.eps[:0], n)[:n]
+	clear(sc.overlaps)
+
+	tokenized := req.TokenIDs != nil
+	var p *kvPending
+	predicted := make([]bool, 0)
+	if tokenized {
+		p = &kvPending{isl: len(req.TokenIDs), endpoints: make([]string, n), overlaps: make([]int, n), sizes: make([]int, n)}
+		root := rootOf(req)
+		for i := range cands {
+			bs := c.blockSize(&cands[i])
+			sc.sizes[i] = bs
+			if keysFor(p.keys, bs) == nil {
+				p.keys = append(p.keys, kvKeys{bs, index.Keys(root, req.TokenIDs, bs, make([]uint64, 0, len(req.TokenIDs)/bs))})
+			}
+		}
+		predicted = slices.Grow(predicted, n)[:n]
+		for i := range cands {
+			predicted[i] = c.ix == nil || (c.health != nil && !c.health.EventsHealthy(cands[i].Address))
+		}
+		if c.ix != nil {
+			c.lookup(cands, sc, p.keys, predicted)
+		}
+	}
+
+	c.mu.Lock()
+	c.stamp++
+	for i := range cands {
+		ep := c.endpoint(cands[i].Address)
+		sc.eps[i] = ep
+		if tokenized {
+			ep.blockSize = sc.sizes[i]
+		}
+		if ep.lru != nil {
+			if capacity := c.capacity(&cands[i]); capacity != ep.lru.cap {
+				ep.lru.resize(capacity)
+			}
+		}
+	}
+	if tokenized {
+		var npred int
+		for i, ep := range sc.eps {
+			if predicted[i] && ep.lru != nil {
+				sc.overlaps[i] = ep.lru.leading(keysFor(p.keys, sc.sizes[i]))
+				npred++
+			}
+			ep.shared, ep.sharedStamp = 0, c.stamp
+		}
+		if npred > 0 {
+			c.m.predicted.Add(float64(npred))
+		}
+		for _, g := range p.keys {
+			for _, k := range g.keys {
+				for _, h := range c.active[k] {
+					if h.ep.sharedStamp == c.stamp && h.ep.blockSize == g.blockSize {
+						h.ep.shared++
+					}
+				}
+			}
+		}
+		for i, ep := range sc.eps {
+			bs := float64(sc.sizes[i])
+			prefill := float64(ep.prefillTokens+p.isl)/bs - c.cfg.OverlapCredit*float64(sc.overlaps[i])
+			newBlocks := len(keysFor(p.keys, sc.sizes[i])) - ep.shared
+			sc.costs[i] = c.cfg.PrefillLoadScale*max(0, prefill) +
+				float64(ep.activeBlocks+newBlocks) +
+				c.cfg.DecodeActiveRequestWeight*float64(ep.requests)
+		}
+	} else {
+		c.m.untokenized.Inc()
+		for i, ep := range sc.eps {
+			sc.costs[i] = c.cfg.PrefillLoadScale*float64(ep.prefillTokens)/float64(ep.blockSize) +
+				float64(ep.activeBlocks) + c.cfg.DecodeActiveRequestWeight*float64(ep.requests)
+		}
+	}
+	best := c.choose(sc, tokenized)
+	if tokenized {
+		for i := range cands {
+			p.endpoints[i] = cands[i].Address
+		}
+		copy(p.overlaps, sc.overlaps)
+		copy(p.sizes, sc.sizes)
+		if _, ok := c.pending[req.ID]; !ok && len(c.pending) >= c.cfg.MaxTracked {
+			for id := range c.pending { // any one: Go's map order is random
+				delete(c.pending, id)
+				c.m.dropped.Inc()
+				break
+			}
+		}
+		c.pending[req.ID] = p
+	}
+	c.mu.Unlock()
+
+	d := Decision{Endpoint: cands[best].Address, Scores: make(map[string]float64, n)}
+	sc.order = sc.order[:0]
+	for i := range cands {
+		d.Scores[cands[i].Address] = -sc.costs[i]
+		if i != best {
+			sc.order = append(sc.order, i)
+		}
+	}
+	slices.SortStableFunc(sc.order, func(a, b int) int {
+		switch {
+		case sc.costs[a] < sc.costs[b]:
+			return -1
+		case sc.costs[a] > sc.costs[b]:
+			return 1
+		}
+		return 0
+	})
+	if len(sc.order) > 0 {
+		d.Fallbacks = make([]string, len(sc.order))
+		for j, i := range sc.order {
+			d.Fallbacks[j] = cands[i].Address
+		}
+	}
+	return d, nil
+}
+
+// lookup fills sc.overlaps from the index for the candidates not predicted, one index
+// call per block size.
+func (c *kvCore) lookup(cands []Endpoint, sc *kvScratch, keys []kvKeys, predicted []bool) {
+	for _, g := range keys {
+		sc.names, sc.pos = sc.names[:0], sc.pos[:0]
+		for i := range cands {
+			if sc.sizes[i] == g.blockSize && !predicted[i] {
+				sc.names = append(sc.names, cands[i].Address)
+				sc.pos = append(sc.pos, i)
+			}
+		}
+		if len(sc.names) == 0 || len(g.keys) == 0 {
+			continue
+		}
+		sc.lead = c.ix.LeadingBlocks(g.keys, sc.names, sc.lead)
+		for j, i := range sc.pos {
+			sc.overlaps[i] = sc.lead[j]
+		}
+	}
+}
+
+// choose returns the index of the chosen candidate; c.mu must be held (for c.rng).
+func (c *kvCore) choose(sc *kvScratch, tokenized bool) int {
+	costs := sc.costs
+	if c.cfg.Temperature > 0 {
+		lo, hi := slices.Min(costs), slices.Max(costs)
+		if hi > lo {
+			sc.probs = slices.Grow(sc.probs[:0], len(costs))[:len(costs)]
+			var sum float64
+			for i, x := range costs {
+				sc.probs[i] = math.Exp(-(x - lo) / (hi - lo) / c.cfg.Temperature)
+				sum += sc.probs[i]
+			}
+			u := c.rng.Float64() * sum
+			for i, p := range sc.probs {
+				if u -= p; u < 0 {
+					return i
+				}
+			}
+			return len(costs) - 1
+		}
+	}
+	best, ties := 0, 0
+	for i, x := range costs {
+		switch {
+		case x < costs[best] || i == 0:
+			best, ties = i, 1
+		case x == costs[best]:
+			// Without token ids, fewer requests wins before chance does.
+			if !tokenized && sc.eps[i].requests != sc.eps[best].requests {
+				if sc.eps[i].requests < sc.eps[best].requests {
+					best, ties = i, 1
+				}
+				continue
+			}
+			ties++
+			if c.rng.IntN(ties) == 0 {
+				best = i
+			}
+		}
+	}
+	return best
+}
+
+func (c *kvCore) routed(req *Request, addr string) {
+	c.mu.Lock()
+	if _, dup := c.reqs[req.ID]; dup {
+		c.mu.Unlock()
+		return
+	}
+	p := c.pending[req.ID]
+	delete(c.pending, req.ID)
+	ep := c.endpoint(addr)
+	bs := ep.blockSize
+	c.mu.Unlock()
+
+	var keys []uint64
+	overlap, known := 0, false
+	if p != nil {
+		if i := slices.Index(p.endpoints, addr); i >= 0 {
+			keys, overlap, bs, known = keysFor(p.keys, p.sizes[i]), p.overlaps[i], p.sizes[i], true
+		}
+	}
+	predicted := c.ix == nil || (c.health != nil && !c.health.EventsHealthy(addr))
+	if !known && req.TokenIDs != nil {
+		keys = index.Keys(rootOf(req), req.TokenIDs, bs, nil)
+		if !predicted {
+			overlap = c.ix.LeadingBlocks(keys, []string{addr}, nil)[0]
+		}
+	}
+
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, dup := c.reqs[req.ID]; dup {
+		return
+	}
+	if len(c.reqs) >= c.cfg.MaxTracked {
+		for id := range c.reqs {
+			c.release(id)
+			c.m.dropped.Inc()
+			break
+		}
+	}
+	if !known && predicted && ep.lru != nil {
+		overlap = ep.lru.leading(keys)
+	}
+	r := &kvRequest{ep: ep, keys: keys, prefill: max(0, len(req.TokenIDs)-overlap*bs)}
+	c.reqs[req.ID] = r
+	ep.requests++
+	ep.prefillTokens += r.prefill
+	for _, k := range keys {
+		hs := c.active[k]
+		i := slices.IndexFunc(hs, func(h kvHolder) bool { return h.ep == ep })
+		if i < 0 {
+			c.active[k] = append(hs, kvHolder{ep, 1})
+			ep.activeBlocks++
+		} else {
+			hs[i].n++
+		}
+	}
+	if ep.lru != nil {
+		ep.lru.add(keys)
+	}
+	c.m.blocks.Add(float64(len(keys)))
+	c.m.matched.Add(float64(overlap))
+}
+
+func (c *kvCore) firstToken(id string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if r := c.reqs[id]; r != nil && !r.prefillDone {
+		r.prefillDone = true
+		r.ep.prefillTokens -= r.prefill
+	}
+}
+
+func (c *kvCore) finished(id string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.pending, id)
+	c.release(id)
+}
+
+// release forgets a tracked request and its load; c.mu must be held.
+func (c *kvCore) release(id string) {
+	r := c.reqs[id]
+	if r == nil {
+		return
+	}
+	delete(c.reqs, id)
+	ep := r.ep
+	if !r.prefillDone {
+		ep.prefillTokens -= r.prefill
+	}
+	ep.requests--
+	for _, k := range r.keys {
+		hs := c.active[k]
+		i := slices.IndexFunc(hs, func(h kvHolder) bool { return h.ep == ep })
+		if i < 0 {
+			continue
+		}
+		if hs[i].n--; hs[i].n > 0 {
+			continue
+		}
+		ep.activeBlocks--
+		if len(hs) == 1 {
+			delete(c.active, k)
+		} else {
+			hs[i] = hs[len(hs)-1]
+			c.active[k] = hs[:len(hs)-1]
+		}
+	}
+}
+
+func (c *kvCore) forget(addr string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.eps, addr)
+}
