@@ -1,0 +1,486 @@
+package kvbench
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// ServedHeader is the response header in which the gateway names the endpoint that served
+// a request.
+const ServedHeader = "x-gateway-destination-endpoint-served"
+
+// HTTPConfig configures the URL target.
+type HTTPConfig struct {
+	// URL is the base URL of an OpenAI-compatible server or gateway ("http://host:port");
+	// the API path is appended.
+	URL string
+	// Model is the model name sent in every request.
+	Model string
+	// MetricsURLs are the engines' /metrics URLs; their counter deltas give the engines'
+	// own prefix-cache hit rate and their cache_config_info the KV capacity for the bound.
+	MetricsURLs []string
+	// IgnoreEOS sends vLLM's ignore_eos so every response has exactly OutputTokens tokens.
+	IgnoreEOS bool
+	// Timeout bounds one request; 0 means 5 minutes.
+	Timeout time.Duration
+	// Client is the HTTP client; nil means a client with keep-alive for the concurrency.
+	Client *http.Client
+}
+
+// HTTPTarget sends a workload to an OpenAI-compatible URL with a closed loop. It is safe
+// for one Run at a time.
+type HTTPTarget struct {
+	cfg    HTTPConfig
+	client *http.Client
+	now    func() time.Time
+}
+
+// NewHTTPTarget checks cfg and returns a target; it sends nothing.
+func NewHTTPTarget(cfg HTTPConfig) (*HTTPTarget, error) {
+	if !strings.HasPrefix(cfg.URL, "http://") && !strings.HasPrefix(cfg.URL, "https://") {
+		return nil, fmt.Errorf("kvbench: url %q must start with http:// or https://", cfg.URL)
+	}
+	cfg.URL = strings.TrimRight(cfg.URL, "/")
+	if cfg.Model == "" {
+		return nil, errors.New("kvbench: a model name is required in URL mode")
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = 5 * time.Minute
+	}
+	client := cfg.Client
+	if client == nil {
+		client = &http.Client{Transport: &http.Transport{
+			MaxIdleConnsPerHost: 256,
+			MaxConnsPerHost:     0,
+			IdleConnTimeout:     90 * time.Second,
+		}}
+	}
+	return &HTTPTarget{cfg: cfg, client: client, now: time.Now}, nil
+}
+
+// RunOutput is what a run produced.
+type RunOutput struct {
+	Results []Result
+	// EngineHitRate is the engines' prefix-cache hit rate over the measured requests,
+	// nil when no metrics were scraped.
+	EngineHitRate *float64
+	// Blocks is each scraped server's KV capacity in blocks (from cache_config_info), and
+	// BlockSize their block size; empty when unknown.
+	Blocks    []int
+	BlockSize int
+}
+
+// Run sends the workload's warmup requests with a closed loop of concurrency requests,
+// waits for them to finish, scrapes the engines' metrics, sends the measured requests the
+// same way and scrapes again.
+func (t *HTTPTarget) Run(ctx context.Context, w *Workload, concurrency int, progress func()) (RunOutput, error) {
+	if concurrency < 1 {
+		return RunOutput{}, fmt.Errorf("kvbench: concurrency must be at least 1, got %d", concurrency)
+	}
+	reqs := w.Requests()
+	warm := w.Config().Warmup
+	t0 := t.now()
+	do := func(ctx context.Context, r *Request) Result { return t.do(ctx, w, r, t0) }
+	results := make([]Result, 0, len(reqs))
+	results = append(results, closedLoop(ctx, reqs[:warm], concurrency, do, progress)...)
+	var out RunOutput
+	before, errBefore := t.scrapeAll(ctx)
+	results = append(results, closedLoop(ctx, reqs[warm:], concurrency, do, progress)...)
+	if err := ctx.Err(); err != nil {
+		return RunOutput{}, fmt.Errorf("kvbench: run interrupted: %w", err)
+	}
+	out.Results = results
+	if len(t.cfg.MetricsURLs) == 0 {
+		return out, nil
+	}
+	after, errAfter := t.scrapeAll(ctx)
+	if err := errors.Join(errBefore, errAfter); err != nil {
+		return out, err
+	}
+	var hits, queries float64
+	for i := range after {
+		hits += after[i].PrefixHits - before[i].PrefixHits
+		queries += after[i].PrefixQueries - before[i].PrefixQueries
+		if after[i].NumGPUBlocks > 0 {
+			out.Blocks = append(out.Blocks, after[i].NumGPUBlocks)
+			out.BlockSize = after[i].BlockSize
+		}
+	}
+	if queries > 0 {
+		rate := hits / queries
+		out.EngineHitRate = &rate
+	}
+	if len(out.Blocks) != len(after) {
+		out.Blocks = nil
+	}
+	return out, nil
+}
+
+// closedLoop sends reqs in order with at most concurrency in flight: each worker takes the
+// next request as soon as its previous one ends.
+func closedLoop(ctx context.Context, reqs []Request, concurrency int, do func(context.Context, *Request) Result, progress func()) []Result {
+	out := make([]Result, len(reqs))
+	var mu sync.Mutex
+	next := 0
+	var wg sync.WaitGroup
+	for range min(concurrency, len(reqs)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				mu.Lock()
+				i := next
+				next++
+				mu.Unlock()
+				if i >= len(reqs) {
+					return
+				}
+				out[i] = do(ctx, &reqs[i])
+				if progress != nil {
+					progress()
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	// Requests never sent because ctx ended are reported as errors.
+	for i := range out {
+		if out[i].Err == "" && out[i].End == 0 {
+			out[i] = Result{Seq: reqs[i].Seq, Prefix: reqs[i].Prefix, Warmup: reqs[i].Warmup, Err: "not sent: run interrupted"}
+		}
+	}
+	return out
+}
+
+func (t *HTTPTarget) do(ctx context.Context, w *Workload, r *Request, t0 time.Time) Result {
+	res := Result{Seq: r.Seq, Prefix: r.Prefix, Warmup: r.Warmup}
+	ctx, cancel := context.WithTimeout(ctx, t.cfg.Timeout)
+	defer cancel()
+	body := w.Body(r, t.cfg.Model, t.cfg.IgnoreEOS)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, t.cfg.URL+w.Path(), bytes.NewReader(body))
+	if err != nil {
+		res.Err = err.Error()
+		return res
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "text/event-stream")
+	start := t.now()
+	res.Start = start.Sub(t0)
+	finish := func(err error) Result {
+		res.End = t.now().Sub(t0)
+		if res.End <= res.Start {
+			res.End = res.Start + 1
+		}
+		if err != nil {
+			res.Err = err.Error()
+		}
+		return res
+	}
+	resp, err := t.client.Do(req)
+	if err != nil {
+		return finish(err)
+	}
+	defer resp.Body.Close()
+	res.Server = resp.Header.Get(ServedHeader)
+	if resp.StatusCode != http.StatusOK {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		return finish(fmt.Errorf("HTTP %d: %s", resp.StatusCode, strings.TrimSpace(string(msg))))
+	}
+	st, err := ReadStream(resp.Body, func() { res.TTFT = t.now().Sub(start) })
+	if err != nil {
+		return finish(err)
+	}
+	res.PromptTokens = st.PromptTokens
+	res.CachedTokens = st.CachedTokens
+	res.OutputTokens = st.CompletionTokens
+	if res.TTFT == 0 {
+		return finish(errors.New("stream carried no token"))
+	}
+	return finish(nil)
+}
+
+// StreamUsage is what ReadStream takes from a streamed response.
+type StreamUsage struct {
+	PromptTokens     int
+	CompletionTokens int
+	CachedTokens     int
+	// Chunks counts data events, Tokens those carrying generated text.
+	Chunks int
+	Tokens int
+}
+
+// ErrNoUsage is returned when a stream ends without a usage chunk (the server ignored
+// stream_options.include_usage).
+var ErrNoUsage = errors.New("kvbench: stream ended without usage")
+
+type sseChunk struct {
+	Choices []struct {
+		Text  string `json:"text"`
+		Delta struct {
+			Content          string `json:"content"`
+			ReasoningContent string `json:"reasoning_content"`
+			Reasoning        string `json:"reasoning"`
+		} `json:"delta"`
+	} `json:"choices"`
+	Usage *struct {
+		PromptTokens        int `json:"prompt_tokens"`
+		CompletionTokens    int `json:"completion_tokens"`
+		PromptTokensDetails *struct {
+			CachedTokens int `json:"cached_tokens"`
+		} `json:"prompt_tokens_details"`
+	} `json:"usage"`
+	Error *struct {
+		Message string `json:"message"`
+	} `json:"error"`
+}
+
+// ReadStream reads an OpenAI server-sent-event stream (completions or chat) to its end.
+// firstToken is called once, when the first chunk carrying generated text arrives. It
+// returns the usage of the final chunk, or an error for a malformed stream, an error
+// event, or a stream without usage.
+func ReadStream(r io.Reader, firstToken func()) (StreamUsage, error) {
+	var u StreamUsage
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 16<<20)
+	gotUsage, done := false, false
+	for sc.Scan() {
+		line := sc.Bytes()
+		if !bytes.HasPrefix(line, []byte("data:")) {
+			continue // comments, event names, blank separators
+		}
+		data := bytes.TrimSpace(line[len("data:"):])
+		if bytes.Equal(data, []byte("[DONE]")) {
+			done = true
+			break
+		}
+		var c sseChunk
+		if err := json.Unmarshal(data, &c); err != nil {
+			return u, fmt.Errorf("kvbench: bad stream chunk %q: %w", truncate(data, 80), err)
+		}
+		if c.Error != nil {
+			return u, fmt.Errorf("kvbench: server error in stream: %s", c.Error.Message)
+		}
+		u.Chunks++
+		for _, ch := range c.Choices {
+			if ch.Text != "" || ch.Delta.Content != "" || ch.Delta.ReasoningContent != "" || ch.Delta.Reasoning != "" {
+				if u.Tokens == 0 && firstToken != nil {
+					firstToken()
+				}
+				u.Tokens++
+				break
+			}
+		}
+		if c.Usage != nil {
+			gotUsage = true
+			u.PromptTokens = c.Usage.PromptTokens
+			u.CompletionTokens = c.Usage.CompletionTokens
+			u.CachedTokens = 0
+			if d := c.Usage.PromptTokensDetails; d != nil {
+				u.CachedTokens = d.CachedTokens
+			}
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return u, fmt.Errorf("kvbench: reading stream: %w", err)
+	}
+	if !done {
+		return u, errors.New("kvbench: stream ended before [DONE]")
+	}
+	if !gotUsage {
+		return u, ErrNoUsage
+	}
+	if u.CachedTokens < 0 || u.CachedTokens > u.PromptTokens {
+		return u, fmt.Errorf("kvbench: usage reports %d cached of %d prompt tokens", u.CachedTokens, u.PromptTokens)
+	}
+	return u, nil
+}
+
+func truncate(b []byte, n int) string {
+	if len(b) > n {
+		return string(b[:n]) + "..."
+	}
+	return string(b)
+}
+
+// EngineMetrics are the figures kvbench reads from one vLLM /metrics page.
+type EngineMetrics struct {
+	// PrefixHits and PrefixQueries are vllm:prefix_cache_hits_total and
+	// vllm:prefix_cache_queries_total (tokens), summed over label sets (older vLLM:
+	// vllm:gpu_prefix_cache_*).
+	PrefixHits    float64
+	PrefixQueries float64
+	// NumGPUBlocks and BlockSize come from vllm:cache_config_info's labels; 0 if absent.
+	NumGPUBlocks int
+	BlockSize    int
+}
+
+// ParseEngineMetrics reads the Prometheus text exposition of a vLLM server.
+func ParseEngineMetrics(r io.Reader) (EngineMetrics, error) {
+	var m EngineMetrics
+	var hits, queries, oldHits, oldQueries float64
+	var seenNew, seenOld bool
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 4<<20)
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		name, labels, value, err := parseSample(line)
+		if err != nil {
+			return m, err
+		}
+		switch name {
+		case "vllm:prefix_cache_hits_total":
+			hits += value
+			seenNew = true
+		case "vllm:prefix_cache_queries_total":
+			queries += value
+			seenNew = true
+		case "vllm:gpu_prefix_cache_hits_total":
+			oldHits += value
+			seenOld = true
+		case "vllm:gpu_prefix_cache_queries_total":
+			oldQueries += value
+			seenOld = true
+		case "vllm:cache_config_info":
+			if n, err := strconv.Atoi(labels["num_gpu_blocks"]); err == nil {
+				m.NumGPUBlocks += n
+			}
+			if n, err := strconv.Atoi(labels["block_size"]); err == nil {
+				m.BlockSize = n
+			}
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return m, fmt.Errorf("kvbench: reading metrics: %w", err)
+	}
+	m.PrefixHits, m.PrefixQueries = hits, queries
+	if !seenNew && seenOld {
+		m.PrefixHits, m.PrefixQueries = oldHits, oldQueries
+	}
+	return m, nil
+}
+
+// parseSample splits `name{a="b",c="d"} value [timestamp]`.
+func parseSample(line string) (string, map[string]string, float64, error) {
+	bad := func(why string) (string, map[string]string, float64, error) {
+		return "", nil, 0, fmt.Errorf("kvbench: bad metrics line %q: %s", truncate([]byte(line), 80), why)
+	}
+	var labels map[string]string
+	name, rest := line, ""
+	if i := strings.IndexByte(line, '{'); i >= 0 {
+		name = line[:i]
+		j := strings.LastIndexByte(line, '}')
+		if j < i {
+			return bad("unclosed labels")
+		}
+		var err error
+		if labels, err = parseLabels(line[i+1 : j]); err != nil {
+			return bad(err.Error())
+		}
+		rest = line[j+1:]
+	} else if i := strings.IndexAny(line, " \t"); i >= 0 {
+		name, rest = line[:i], line[i:]
+	} else {
+		return bad("no value")
+	}
+	fields := strings.Fields(rest)
+	if len(fields) == 0 || len(fields) > 2 {
+		return bad("no value")
+	}
+	v, err := strconv.ParseFloat(fields[0], 64)
+	if err != nil {
+		return bad("value is not a number")
+	}
+	return name, labels, v, nil
+}
+
+func parseLabels(s string) (map[string]string, error) {
+	labels := map[string]string{}
+	for len(s) > 0 {
+		s = strings.TrimLeft(s, " ,")
+		if s == "" {
+			break
+		}
+		eq := strings.IndexByte(s, '=')
+		if eq < 0 || eq+1 >= len(s) || s[eq+1] != '"' {
+			return nil, errors.New("label without a quoted value")
+		}
+		key := strings.TrimSpace(s[:eq])
+		var val strings.Builder
+		i := eq + 2
+		closed := false
+		for i < len(s) {
+			c := s[i]
+			if c == '\\' && i+1 < len(s) {
+				switch s[i+1] {
+				case 'n':
+					val.WriteByte('\n')
+				default:
+					val.WriteByte(s[i+1])
+				}
+				i += 2
+				continue
+			}
+			if c == '"' {
+				closed = true
+				i++
+				break
+			}
+			val.WriteByte(c)
+			i++
+		}
+		if !closed {
+			return nil, errors.New("unterminated label value")
+		}
+		labels[key] = val.String()
+		s = s[i:]
+	}
+	return labels, nil
+}
+
+func (t *HTTPTarget) scrapeAll(ctx context.Context) ([]EngineMetrics, error) {
+	out := make([]EngineMetrics, len(t.cfg.MetricsURLs))
+	var errs []error
+	for i, u := range t.cfg.MetricsURLs {
+		m, err := t.scrape(ctx, u)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		out[i] = m
+	}
+	return out, errors.Join(errs...)
+}
+
+func (t *HTTPTarget) scrape(ctx context.Context, url string) (EngineMetrics, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return EngineMetrics{}, fmt.Errorf("kvbench: metrics %s: %w", url, err)
+	}
+	resp, err := t.client.Do(req)
+	if err != nil {
+		return EngineMetrics{}, fmt.Errorf("kvbench: metrics %s: %w", url, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return EngineMetrics{}, fmt.Errorf("kvbench: metrics %s: HTTP %d", url, resp.StatusCode)
+	}
+	m, err := ParseEngineMetrics(resp.Body)
+	if err != nil {
+		return m, fmt.Errorf("kvbench: metrics %s: %w", url, err)
+	}
+	return m, nil
+}
