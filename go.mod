@@ -13,7 +13,7 @@ require (
 	github.com/prometheus/common v0.72.0
 	go.uber.org/zap v1.28.0
 	go.yaml.in/yaml/v3 v3.0.6
-	golang.org/x/image v0.48.0
+	golang.org/x/image v0.46.0
 	golang.org/x/sync v0.25.0
 	golang.org/x/text v0.44.0
 	google.golang.org/grpc v1.85.0
