@@ -5,6 +5,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"crypto/rand"
 	"encoding/binary"
 	"errors"
@@ -20,6 +21,8 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/kvrouter/kvrouter/openai"
+	"github.com/kvrouter/kvrouter/prompt"
 	"github.com/kvrouter/kvrouter/sim"
 	"github.com/kvrouter/kvrouter/sim/server"
 )
@@ -57,6 +60,7 @@ func run(args []string) error {
 	fs.Float64Var(&cfg.Engine.Timing.Attention, "step-attention", cfg.Engine.Timing.Attention, "step time: seconds per 1e6 attention token pairs")
 	hashSeed := fs.Int64("hash-seed", -1, "block hash root seed (like PYTHONHASHSEED); -1 = random per process")
 	fs.BoolVar(&cfg.LegacyErrors, "legacy-errors", false, "flat {\"object\":\"error\",...} error bodies as older vLLM")
+	tokDir := fs.String("tokenizer", "", "directory with the model's tokenizer.json and tokenizer_config.json: enables text prompts, chat completions and /tokenize (as vLLM computes them)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -84,7 +88,16 @@ func run(args []string) error {
 		return err
 	}
 	defer func() { _ = log.Sync() }()
-	srv, err := server.New(cfg, server.Options{Logger: log})
+	opts := server.Options{Logger: log}
+	if *tokDir != "" {
+		b, err := prompt.LoadDir(*tokDir, prompt.LoadOptions{})
+		if err != nil {
+			return fmt.Errorf("--tokenizer: %w", err)
+		}
+		p := prompter{b}
+		opts.Tokenizer, opts.Chat = p, p
+	}
+	srv, err := server.New(cfg, opts)
 	if err != nil {
 		return err
 	}
@@ -110,3 +123,17 @@ func run(args []string) error {
 	})
 	return g.Wait()
 }
+
+// prompter computes prompt ids with the router's own tokenizer and chat templates (which
+// reproduce vLLM's exactly), so the simulated server hashes the same tokens vLLM would.
+type prompter struct{ b *prompt.Builder }
+
+func (p prompter) Encode(text string, addSpecial bool) ([]uint32, error) {
+	raw, err := json.Marshal(text)
+	if err != nil {
+		return nil, err
+	}
+	return p.b.PromptTokens(&openai.Request{Kind: openai.KindCompletions, Prompt: raw, AddSpecialTokens: addSpecial})
+}
+
+func (p prompter) ChatTokens(req *openai.Request) ([]uint32, error) { return p.b.PromptTokens(req) }
