@@ -5,7 +5,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"crypto/rand"
 	"encoding/binary"
 	"errors"
@@ -21,7 +20,6 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
 
-	"github.com/kvrouter/kvrouter/openai"
 	"github.com/kvrouter/kvrouter/prompt"
 	"github.com/kvrouter/kvrouter/sim"
 	"github.com/kvrouter/kvrouter/sim/server"
@@ -94,8 +92,9 @@ func run(args []string) error {
 		if err != nil {
 			return fmt.Errorf("--tokenizer: %w", err)
 		}
-		p := prompter{b}
-		opts.Tokenizer, opts.Chat = p, p
+		// The router's own tokenizer and chat templates reproduce vLLM's ids, so the
+		// simulated server hashes the same tokens vLLM would.
+		opts.Tokenizer, opts.Chat = b, b
 	}
 	srv, err := server.New(cfg, opts)
 	if err != nil {
@@ -123,17 +122,3 @@ func run(args []string) error {
 	})
 	return g.Wait()
 }
-
-// prompter computes prompt ids with the router's own tokenizer and chat templates (which
-// reproduce vLLM's exactly), so the simulated server hashes the same tokens vLLM would.
-type prompter struct{ b *prompt.Builder }
-
-func (p prompter) Encode(text string, addSpecial bool) ([]uint32, error) {
-	raw, err := json.Marshal(text)
-	if err != nil {
-		return nil, err
-	}
-	return p.b.PromptTokens(&openai.Request{Kind: openai.KindCompletions, Prompt: raw, AddSpecialTokens: addSpecial})
-}
-
-func (p prompter) ChatTokens(req *openai.Request) ([]uint32, error) { return p.b.PromptTokens(req) }
