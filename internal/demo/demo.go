@@ -184,6 +184,11 @@ func waitReady(ctx context.Context, st Stack, workers int, timeout time.Duration
 	client := &http.Client{Timeout: 2 * time.Second}
 	last := "nothing checked yet"
 	for {
+		if e, ok := st.(interface{ exited() error }); ok {
+			if err := e.exited(); err != nil {
+				return err
+			}
+		}
 		ok, why := ready(ctx, client, st, workers)
 		if ok {
 			return nil
