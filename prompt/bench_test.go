@@ -96,7 +96,7 @@ func benchPromptTokens(b *testing.B, o prompt.LoadOptions) {
 // segment cache and the template's message cache disabled, so every request decodes,
 // renders and tokenizes its whole prompt.
 func BenchmarkPromptTokensCold(b *testing.B) {
-	benchPromptTokens(b, prompt.LoadOptions{Tokenizer: []tokenizer.Option{tokenizer.WithSegmentCache(0, 0)}, MessageCacheSize: -1})
+	benchPromptTokens(b, prompt.LoadOptions{Tokenizer: []tokenizer.Option{tokenizer.WithSegmentCache(0, 0, 0)}, MessageCacheSize: -1})
 }
 
 // BenchmarkPromptTokensSystemCached: the same requests with the default caches: the

@@ -12,10 +12,10 @@ import (
 // of requests; before every Pick, Explain must report the same costs and the same winner
 // (when it is unique), and calling it must not change what Pick then does.
 func TestExplainMatchesPick(t *testing.T) {
-	ix := newFakeIndex()
-	shared := tokens(1000, 160)
-	ix.hold("a", keysOf(shared))
-	kv, err := scoring.NewKV(scoring.DefaultKVConfig(), ix, fakeHealth{down: map[string]bool{"c": true}}, rand.NewPCG(1, 2), nil)
+	ix := newKVFakeIndex()
+	shared := kvTokens(1000, 160)
+	ix.hold("a", kvKeysOf(shared))
+	kv, err := scoring.NewKV(scoring.DefaultKVConfig(), ix, kvFakeHealth{down: map[string]bool{"c": true}}, rand.NewPCG(1, 2), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -26,18 +26,18 @@ func TestExplainMatchesPick(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		p    interface {
-			policy
+			kvPolicy
 			Explain(*scoring.Request, []scoring.Endpoint) (scoring.Explanation, error)
 		}
 	}{{"kv", kv}, {"approximate", approx}} {
 		t.Run(tc.name, func(t *testing.T) {
-			eps := cands("a", "b", "c")
+			eps := kvCands("a", "b", "c")
 			for i := range 12 {
-				toks := append(append([]uint32{}, shared[:16*(1+i%5)]...), tokens(5000+100*i, 40)...)
+				toks := append(append([]uint32{}, shared[:16*(1+i%5)]...), kvTokens(5000+100*i, 40)...)
 				if i%4 == 3 {
 					toks = nil // untokenized: scored by load
 				}
-				req := request(toks)
+				req := kvReq(toks)
 				ex, err := tc.p.Explain(req, eps)
 				if err != nil {
 					t.Fatal(err)
@@ -47,7 +47,7 @@ func TestExplainMatchesPick(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				got := costs(d)
+				got := kvCosts(d)
 				for j, c := range ex.Candidates {
 					if c.Cost != again.Candidates[j].Cost {
 						t.Fatalf("request %d: Explain changed state: %v then %v", i, c.Cost, again.Candidates[j].Cost)
@@ -75,7 +75,7 @@ func TestExplainMatchesPick(t *testing.T) {
 
 func TestRoundRobinPeek(t *testing.T) {
 	p := scoring.NewRoundRobin()
-	eps := cands("a", "b", "c")
+	eps := kvCands("a", "b", "c")
 	for i := range 5 {
 		peek := p.Peek(eps)
 		if again := p.Peek(eps); again != peek {

@@ -20,6 +20,7 @@ import (
 	"github.com/kvrouter/kvrouter/index/kvsink"
 	"github.com/kvrouter/kvrouter/kvevents"
 	"github.com/kvrouter/kvrouter/prompt"
+	"github.com/kvrouter/kvrouter/tokenizer"
 )
 
 // kvPath is the KV-cache side of the router: the block index, the KV-event subscriber
@@ -317,7 +318,7 @@ func newTokenizer(cfg *config.Config, log *zap.Logger, reg prometheus.Registerer
 		}
 		pc.Models = append(pc.Models, prompt.ModelConfig{Name: name, Dir: dir, DefaultChatTemplateKwargs: m.DefaultChatTemplateKwargs})
 	}
-	r, err := prompt.NewRegistry(pc, metrics, now)
+	r, err := prompt.NewRegistry(pc, prompt.RegistryOptions{Metrics: metrics, TokenizerMetrics: tokenizer.NewMetrics(reg), Now: now})
 	if err != nil {
 		return nil, fmt.Errorf("app: %w", err)
 	}
