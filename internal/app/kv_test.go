@@ -25,6 +25,8 @@ import (
 // simServer is a simulated vLLM server on loopback publishing real ZeroMQ KV events.
 type simServer struct {
 	addr, events, replay string
+	// stopEngine stops the engine and its KV-event publisher; HTTP (and /metrics) stays up.
+	stopEngine context.CancelFunc
 }
 
 func startSim(t *testing.T, ctx context.Context, b *prompt.Builder) simServer {
@@ -43,6 +45,7 @@ func startSim(t *testing.T, ctx context.Context, b *prompt.Builder) simServer {
 		t.Fatal(err)
 	}
 	done := make(chan struct{})
+	ctx, stop := context.WithCancel(ctx)
 	go func() { defer close(done); _ = srv.Run(ctx) }()
 	pub, replay, err := srv.PublisherAddr(ctx, 0)
 	if err != nil {
@@ -56,7 +59,7 @@ func startSim(t *testing.T, ctx context.Context, b *prompt.Builder) simServer {
 	go func() { _ = hs.Serve(ln) }()
 	t.Cleanup(func() { hs.Close(); <-done })
 	tcp := func(a string) string { return "tcp://" + strings.TrimPrefix(a, "tcp://") }
-	return simServer{addr: ln.Addr().String(), events: tcp(pub), replay: tcp(replay)}
+	return simServer{addr: ln.Addr().String(), events: tcp(pub), replay: tcp(replay), stopEngine: stop}
 }
 
 func (s simServer) endpoint() fleet.EndpointConfig {
@@ -139,6 +142,7 @@ func TestKVPath(t *testing.T) {
 	cfg.Limits.Scrape.Interval = 50 * time.Millisecond
 	cfg.Limits.Scrape.Timeout = 40 * time.Millisecond
 	cfg.KV.HealthRefresh = 10 * time.Millisecond
+	cfg.KV.EventsStaleAfter = 300 * time.Millisecond
 	cfg.KV.Events.BackoffMin = 20 * time.Millisecond
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
@@ -273,6 +277,27 @@ func TestKVPath(t *testing.T) {
 			e := byAddr(getJSON[[]app.KVEndpoint](t, base+"/debug/kv"), sims[2].addr)
 			return e != nil && e.Connected && e.EventsHealthy
 		})
+	})
+
+	t.Run("endpoint whose event stream is down is scored by prediction", func(t *testing.T) {
+		// The publisher goes away; ZeroMQ redials silently, so what gives it away is a
+		// busy endpoint (a request in flight from this router) whose stream says nothing.
+		sims[0].stopEngine()
+		a.Fleet().Begin(sims[0].addr)
+		defer a.Fleet().End(sims[0].addr)
+		waitFor(t, "the stream seen down", func() bool {
+			e := byAddr(getJSON[[]app.KVEndpoint](t, base+"/debug/kv"), sims[0].addr)
+			return e != nil && !e.EventsHealthy
+		})
+		code, x, raw := postRoute(t, base, chat)
+		if code != http.StatusOK || x.Policy.Scores == nil {
+			t.Fatalf("HTTP %d %s", code, raw)
+		}
+		for _, c := range x.Policy.Scores.Candidates {
+			if want := c.Address == sims[0].addr; c.Predicted != want {
+				t.Errorf("%s: predicted = %v, want %v", c.Address, c.Predicted, want)
+			}
+		}
 	})
 
 	cancel()
