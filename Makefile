@@ -14,6 +14,10 @@ build: ## Build every command into ./bin.
 	@mkdir -p $(BIN)
 	$(GO) build -o $(BIN)/ ./cmd/...
 
+.PHONY: demo
+demo: models build ## Run kvrouter on a local simulated fleet behind a gateway; compare round-robin and kv.
+	$(BIN)/kvdemo --bin $(BIN)
+
 .PHONY: models
 models: ## Fetch the tokenizer files the tests use into .cache/models (sha256-verified).
 	bash scripts/fetch-models.sh

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -17,6 +18,9 @@ import (
 
 	"github.com/kvrouter/kvrouter/config/field"
 	"github.com/kvrouter/kvrouter/fleet"
+	"github.com/kvrouter/kvrouter/index"
+	"github.com/kvrouter/kvrouter/kvevents"
+	"github.com/kvrouter/kvrouter/scoring"
 )
 
 // Config is kvrouter's whole configuration file. Each section is owned by the package
@@ -33,6 +37,9 @@ type Config struct {
 	Policy PolicyConfig `yaml:"policy"`
 	// Limits bounds sizes and times.
 	Limits LimitsConfig `yaml:"limits"`
+	// KV tunes the KV-cache path: the block index, the KV-event subscriber and the state
+	// the kv and approximate policies keep.
+	KV KVConfig `yaml:"kv"`
 }
 
 // Default returns the configuration with every default and no endpoint.
@@ -41,6 +48,7 @@ func Default() Config {
 		Listen: DefaultListenConfig(),
 		Policy: DefaultPolicyConfig(),
 		Limits: DefaultLimitsConfig(),
+		KV:     DefaultKVConfig(),
 	}
 }
 
@@ -58,6 +66,11 @@ func (c *Config) Validate() error {
 		errs.Addf("endpoints", "at least one endpoint is required")
 	}
 	errs.Nest("endpoints", fleet.ValidateEndpoints(c.Endpoints))
+	for i, ep := range c.Endpoints {
+		if err := CheckRankPorts(ep.KVEvents); err != nil {
+			errs.Addf(field.Join(field.Index("endpoints", i), "kv_events.endpoints"), "%v", err)
+		}
+	}
 	adapters := map[string]string{}
 	for _, ep := range c.Endpoints {
 		for _, a := range ep.LoRAAdapters {
@@ -74,6 +87,7 @@ func (c *Config) Validate() error {
 	}
 	errs.Nest("policy", c.Policy.Validate())
 	errs.Nest("limits", c.Limits.Validate())
+	errs.Nest("kv", c.KV.Validate())
 	return errs.Err()
 }
 
@@ -139,8 +153,11 @@ type ModelConfig struct {
 	TokenizerJSON   string `yaml:"tokenizer_json"`
 	TokenizerConfig string `yaml:"tokenizer_config"`
 	// BlockSize is the number of tokens per KV block, as the model's vLLM servers run with
-	// (default 16).
+	// (default 16). An endpoint's scraped cache_config_info block_size takes precedence.
 	BlockSize int `yaml:"block_size"`
+	// DefaultChatTemplateKwargs mirrors the servers' --default-chat-template-kwargs: a
+	// JSON object merged under every request's chat_template_kwargs (default: none).
+	DefaultChatTemplateKwargs string `yaml:"default_chat_template_kwargs"`
 }
 
 // DefaultBlockSize is vLLM's default KV block size.
@@ -166,11 +183,41 @@ func (m *ModelConfig) Validate() error {
 	if m.BlockSize < 1 || m.BlockSize > 4096 {
 		errs.Addf("block_size", "%d is out of range [1, 4096]", m.BlockSize)
 	}
+	if m.DefaultChatTemplateKwargs != "" {
+		var obj map[string]json.RawMessage
+		if err := json.Unmarshal([]byte(m.DefaultChatTemplateKwargs), &obj); err != nil || obj == nil {
+			errs.Addf("default_chat_template_kwargs", "must be a JSON object")
+		}
+	}
 	return errs.Err()
 }
 
-// PolicyNames lists the policies this build knows.
-func PolicyNames() []string { return []string{"random", "round-robin", "least-load"} }
+// PolicyNames lists the policies this build knows: the load-only ones (which may also
+// serve as the fallback) and the KV-aware kv and approximate.
+func PolicyNames() []string {
+	return []string{"random", "round-robin", "least-load", "kv", "approximate"}
+}
+
+// FallbackNames lists the policies that need no token ids and keep no per-request state,
+// the only ones allowed as policy.fallback.
+func FallbackNames() []string { return []string{"random", "round-robin", "least-load"} }
+
+// PolicyWeights lists the weights a policy accepts in policy.weights, with their
+// defaults. kv and approximate take NVIDIA Dynamo's cost terms (see scoring.KVConfig);
+// the load-only policies take none.
+func PolicyWeights(name string) map[string]float64 {
+	switch name {
+	case "kv", "approximate":
+		d := scoring.DefaultKVConfig()
+		return map[string]float64{
+			"prefill_load_scale":           d.PrefillLoadScale,
+			"overlap_credit":               d.OverlapCredit,
+			"decode_active_request_weight": d.DecodeActiveRequestWeight,
+			"temperature":                  d.Temperature,
+		}
+	}
+	return nil
+}
 
 // PolicyConfig chooses the placement policy.
 type PolicyConfig struct {
@@ -179,8 +226,27 @@ type PolicyConfig struct {
 	// Fallback is the policy used when they are not (no tokenizer for the model,
 	// unparsable body); it must not need tokens.
 	Fallback string `yaml:"fallback"`
-	// Weights tunes the policy's scorers by name; each weight is finite and >= 0.
+	// Weights tunes the policy by name (see PolicyWeights); each weight is finite and >= 0.
 	Weights map[string]float64 `yaml:"weights"`
+}
+
+// KVWeights returns the kv and approximate policies' configuration with Weights applied
+// over scoring.DefaultKVConfig.
+func (c *PolicyConfig) KVWeights() scoring.KVConfig {
+	k := scoring.DefaultKVConfig()
+	for name, w := range c.Weights {
+		switch name {
+		case "prefill_load_scale":
+			k.PrefillLoadScale = w
+		case "overlap_credit":
+			k.OverlapCredit = w
+		case "decode_active_request_weight":
+			k.DecodeActiveRequestWeight = w
+		case "temperature":
+			k.Temperature = w
+		}
+	}
+	return k
 }
 
 // DefaultPolicyConfig returns least-load for both.
@@ -194,19 +260,32 @@ var weightName = regexp.MustCompile(`^[a-z][a-z0-9_-]*$`)
 func (c *PolicyConfig) Validate() error {
 	var errs field.Errors
 	known := PolicyNames()
-	for _, f := range []struct{ path, name string }{{"name", c.Name}, {"fallback", c.Fallback}} {
-		if !slices.Contains(known, f.name) {
-			errs.Addf(f.path, "unknown policy %q (known: %s)", f.name, strings.Join(known, ", "))
-		}
+	if !slices.Contains(known, c.Name) {
+		errs.Addf("name", "unknown policy %q (known: %s)", c.Name, strings.Join(known, ", "))
 	}
+	if fb := FallbackNames(); !slices.Contains(fb, c.Fallback) {
+		errs.Addf("fallback", "policy %q cannot be the fallback (allowed: %s)", c.Fallback, strings.Join(fb, ", "))
+	}
+	accepted := PolicyWeights(c.Name)
 	for _, k := range sortedKeys(c.Weights) {
 		w := c.Weights[k]
 		p := field.Key("weights", k)
-		if !weightName.MatchString(k) {
+		switch {
+		case !weightName.MatchString(k):
 			errs.Addf(p, "weight names are lower-case words ([a-z][a-z0-9_-]*)")
+		case !slices.Contains(known, c.Name):
+		case accepted == nil:
+			errs.Addf(p, "policy %q takes no weights", c.Name)
+		default:
+			if _, ok := accepted[k]; !ok {
+				errs.Addf(p, "policy %q has no weight %q (known: %s)", c.Name, k, strings.Join(sortedKeys(accepted), ", "))
+			}
 		}
-		if w < 0 {
+		switch {
+		case w < 0:
 			errs.Addf(p, "weight %v is negative", w)
+		case k == "overlap_credit" && w > 1:
+			errs.Addf(p, "weight %v is above 1 (the share of a cached block credited)", w)
 		}
 	}
 	return errs.Err()
@@ -394,4 +473,142 @@ func checkPath(p string, dir bool) string {
 		return fmt.Sprintf("%s is a directory, want a file", p)
 	}
 	return ""
+}
+
+// KVConfig tunes the KV-cache path. Every field has a default.
+type KVConfig struct {
+	// Index bounds the block index's memory per endpoint rank.
+	Index index.Config `yaml:"index"`
+	// Events tunes the ZeroMQ KV-event subscriber (reconnects and replay).
+	Events EventsConfig `yaml:"events"`
+	// ApproxBlocks sizes an endpoint's predicted cache (approximate policy, and kv for an
+	// endpoint without healthy events) until its num_gpu_blocks is scraped.
+	ApproxBlocks int `yaml:"approx_blocks"`
+	// MaxTracked bounds the requests the kv and approximate policies follow between
+	// routing and completion.
+	MaxTracked int `yaml:"max_tracked"`
+	// HealthRefresh is how often the kv policy re-reads which endpoints' event streams
+	// are connected.
+	HealthRefresh time.Duration `yaml:"health_refresh"`
+	// EventsStaleAfter: an endpoint busy with requests whose event stream has been silent
+	// this long is treated as not publishing (scored by prediction) until a batch arrives.
+	EventsStaleAfter time.Duration `yaml:"events_stale_after"`
+}
+
+// EventsConfig tunes the KV-event subscriber; see kvevents.Config.
+type EventsConfig struct {
+	Watchdog        time.Duration `yaml:"watchdog"`
+	BackoffMin      time.Duration `yaml:"backoff_min"`
+	BackoffMax      time.Duration `yaml:"backoff_max"`
+	ReplayIdle      time.Duration `yaml:"replay_idle"`
+	ReplayTimeout   time.Duration `yaml:"replay_timeout"`
+	ReplayMaxRounds int           `yaml:"replay_max_rounds"`
+}
+
+// DefaultKVConfig returns the index, subscriber and policy defaults.
+func DefaultKVConfig() KVConfig {
+	k := scoring.DefaultKVConfig()
+	e := kvevents.DefaultConfig()
+	return KVConfig{
+		Index: index.DefaultConfig(),
+		Events: EventsConfig{Watchdog: e.Watchdog, BackoffMin: e.BackoffMin, BackoffMax: e.BackoffMax,
+			ReplayIdle: e.ReplayIdle, ReplayTimeout: e.ReplayTimeout, ReplayMaxRounds: e.ReplayMaxRounds},
+		ApproxBlocks:     k.ApproxBlocks,
+		MaxTracked:       k.MaxTracked,
+		HealthRefresh:    250 * time.Millisecond,
+		EventsStaleAfter: 10 * time.Second,
+	}
+}
+
+// Subscriber returns the subscriber's configuration (no endpoints: the runner adds them
+// from the fleet).
+func (c *KVConfig) Subscriber() kvevents.Config {
+	e := c.Events
+	return kvevents.Config{Watchdog: e.Watchdog, BackoffMin: e.BackoffMin, BackoffMax: e.BackoffMax,
+		ReplayIdle: e.ReplayIdle, ReplayTimeout: e.ReplayTimeout, ReplayMaxRounds: e.ReplayMaxRounds}
+}
+
+// Validate checks the ranges.
+func (c *KVConfig) Validate() error {
+	var errs field.Errors
+	ix := c.Index
+	if ix.DefaultBlocksPerRank < 1 {
+		errs.Addf("index.default_blocks_per_rank", "%d must be at least 1", ix.DefaultBlocksPerRank)
+	}
+	if !(ix.Headroom >= 1) {
+		errs.Addf("index.headroom", "%v must be at least 1", ix.Headroom)
+	}
+	if ix.MaxBlocksPerRank < 1 {
+		errs.Addf("index.max_blocks_per_rank", "%d must be at least 1", ix.MaxBlocksPerRank)
+	} else if ix.DefaultBlocksPerRank > ix.MaxBlocksPerRank {
+		errs.Addf("index.default_blocks_per_rank", "%d exceeds max_blocks_per_rank (%d)", ix.DefaultBlocksPerRank, ix.MaxBlocksPerRank)
+	}
+	if ix.DefaultBlocksPerRank >= 1 && ix.Headroom >= 1 && ix.MaxBlocksPerRank >= ix.DefaultBlocksPerRank {
+		if err := ix.Validate(); err != nil {
+			errs.Addf("index", "%v", err)
+		}
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"watchdog", c.Events.Watchdog}, {"backoff_min", c.Events.BackoffMin}, {"backoff_max", c.Events.BackoffMax},
+		{"replay_idle", c.Events.ReplayIdle}, {"replay_timeout", c.Events.ReplayTimeout}} {
+		if d.v <= 0 || d.v > time.Hour {
+			errs.Addf("events."+d.name, "%v is out of range (0, 1h]", d.v)
+		}
+	}
+	if c.Events.BackoffMin > c.Events.BackoffMax {
+		errs.Addf("events.backoff_min", "%v exceeds backoff_max (%v)", c.Events.BackoffMin, c.Events.BackoffMax)
+	}
+	if c.Events.ReplayMaxRounds < 1 {
+		errs.Addf("events.replay_max_rounds", "%d must be at least 1", c.Events.ReplayMaxRounds)
+	}
+	if c.ApproxBlocks < 1 {
+		errs.Addf("approx_blocks", "%d must be at least 1", c.ApproxBlocks)
+	}
+	if c.MaxTracked < 1 {
+		errs.Addf("max_tracked", "%d must be at least 1", c.MaxTracked)
+	}
+	if c.HealthRefresh < time.Millisecond || c.HealthRefresh > time.Minute {
+		errs.Addf("health_refresh", "%v is out of range [1ms, 1m]", c.HealthRefresh)
+	}
+	if c.EventsStaleAfter < 10*time.Millisecond || c.EventsStaleAfter > time.Hour {
+		errs.Addf("events_stale_after", "%v is out of range [10ms, 1h]", c.EventsStaleAfter)
+	}
+	return errs.Err()
+}
+
+// CheckRankPorts checks that an endpoint's per-rank KV-event addresses follow vLLM's
+// data-parallel layout, rank r on the first address's port + r (and the same for the
+// replay addresses), which is what the subscriber dials.
+func CheckRankPorts(c fleet.KVEventsConfig) error {
+	for _, list := range [][]string{c.Endpoints, c.ReplayEndpoints} {
+		if len(list) < 2 {
+			continue
+		}
+		host, port, ok := splitTCP(list[0])
+		if !ok {
+			continue // reported by the endpoint's own validation
+		}
+		for r, a := range list[1:] {
+			h, p, ok := splitTCP(a)
+			if ok && (h != host || p != port+r+1) {
+				return fmt.Errorf("rank %d is %q; vLLM's rank %d publishes on %s:%d (first rank's port + rank)", r+1, a, r+1, host, port+r+1)
+			}
+		}
+	}
+	return nil
+}
+
+func splitTCP(a string) (string, int, bool) {
+	rest, ok := strings.CutPrefix(a, "tcp://")
+	if !ok {
+		return "", 0, false
+	}
+	h, p, err := net.SplitHostPort(rest)
+	if err != nil {
+		return "", 0, false
+	}
+	n, err := strconv.Atoi(p)
+	return h, n, err == nil
 }

@@ -132,7 +132,7 @@ func TestDefaultsOverridden(t *testing.T) {
 endpoints: [{address: "127.0.0.1:1", models: [m]}]
 listen: {metrics: "127.0.0.1:0"}
 limits: {drain_timeout: 2s, metrics_scrape_interval: 250ms, metrics_scrape_timeout: 100ms, metrics_staleness_limit: 1s}
-policy: {name: random, weights: {load: 0.5}}
+policy: {name: kv, weights: {prefill_load_scale: 0.5}}
 `
 	cfg, err := config.Parse([]byte(doc), "inline")
 	if err != nil {
@@ -148,9 +148,11 @@ policy: {name: random, weights: {load: 0.5}}
 		{"scrape interval", cfg.Limits.Scrape.Interval, 250 * time.Millisecond},
 		{"failures default", cfg.Limits.Scrape.FailuresBeforeIneligible, 3},
 		{"max body default", cfg.Limits.MaxBodyBytes, 16 << 20},
-		{"policy name", cfg.Policy.Name, "random"},
+		{"policy name", cfg.Policy.Name, "kv"},
 		{"policy fallback default", cfg.Policy.Fallback, "least-load"},
-		{"weight", cfg.Policy.Weights["load"], 0.5},
+		{"weight", cfg.Policy.KVWeights().PrefillLoadScale, 0.5},
+		{"overlap credit default", cfg.Policy.KVWeights().OverlapCredit, 1.0},
+		{"index headroom default", cfg.KV.Index.Headroom, 1.1},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -20,6 +20,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/kvrouter/kvrouter/prompt"
 	"github.com/kvrouter/kvrouter/sim"
 	"github.com/kvrouter/kvrouter/sim/server"
 )
@@ -57,6 +58,7 @@ func run(args []string) error {
 	fs.Float64Var(&cfg.Engine.Timing.Attention, "step-attention", cfg.Engine.Timing.Attention, "step time: seconds per 1e6 attention token pairs")
 	hashSeed := fs.Int64("hash-seed", -1, "block hash root seed (like PYTHONHASHSEED); -1 = random per process")
 	fs.BoolVar(&cfg.LegacyErrors, "legacy-errors", false, "flat {\"object\":\"error\",...} error bodies as older vLLM")
+	tokDir := fs.String("tokenizer", "", "directory with the model's tokenizer.json and tokenizer_config.json: enables text prompts, chat completions and /tokenize (as vLLM computes them)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -84,7 +86,17 @@ func run(args []string) error {
 		return err
 	}
 	defer func() { _ = log.Sync() }()
-	srv, err := server.New(cfg, server.Options{Logger: log})
+	opts := server.Options{Logger: log}
+	if *tokDir != "" {
+		b, err := prompt.LoadDir(*tokDir, prompt.LoadOptions{})
+		if err != nil {
+			return fmt.Errorf("--tokenizer: %w", err)
+		}
+		// The router's own tokenizer and chat templates reproduce vLLM's ids, so the
+		// simulated server hashes the same tokens vLLM would.
+		opts.Tokenizer, opts.Chat = b, b
+	}
+	srv, err := server.New(cfg, opts)
 	if err != nil {
 		return err
 	}

@@ -24,6 +24,7 @@ import (
 	"github.com/kvrouter/kvrouter/config"
 	"github.com/kvrouter/kvrouter/extproc"
 	"github.com/kvrouter/kvrouter/fleet"
+	"github.com/kvrouter/kvrouter/scoring"
 )
 
 // Health service names.
@@ -49,8 +50,9 @@ type Options struct {
 	Now func() time.Time
 	// HTTPClient scrapes the endpoints' /metrics. Nil: a default client.
 	HTTPClient *http.Client
-	// Tokenizer gives requests their prompt token ids. Nil: requests are routed without
-	// tokens (by the fallback policy's load view).
+	// Tokenizer gives requests their prompt token ids. Nil: the tokenizers and chat
+	// templates of the configuration's models section (none: requests are routed without
+	// tokens, by load).
 	Tokenizer extproc.Tokenizer
 	// Rand feeds the random policy. Nil: seeded from the clock.
 	Rand rand.Source
@@ -68,6 +70,11 @@ type App struct {
 	reg     *prometheus.Registry
 	fleet   *fleet.Fleet
 	extproc *extproc.Server
+	kv      *kvPath
+	policy  scoring.Policy
+	// fallback routes requests without token ids or a known model.
+	fallback scoring.Policy
+	tok      extproc.Tokenizer
 
 	extGRPC    *grpc.Server // ext_proc + health for Envoy
 	probeGRPC  *grpc.Server // health for Kubernetes
@@ -104,6 +111,9 @@ func New(cfg *config.Config, o Options) (*App, error) {
 		return nil, fmt.Errorf("app: %w", err)
 	}
 	a.fleet = f
+	if a.kv, err = newKVPath(cfg, f, a.log.Named("kv"), a.reg, o.Now); err != nil {
+		return nil, err
+	}
 	a.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "kvrouter_ready",
 		Help: "1 while at least one endpoint is eligible and the router is not draining.",
@@ -134,6 +144,8 @@ func New(cfg *config.Config, o Options) (*App, error) {
 	})
 	mux.HandleFunc("GET /readyz", a.serveReadyz)
 	mux.HandleFunc("GET /debug/endpoints", a.serveEndpoints)
+	mux.HandleFunc("GET /debug/kv", a.serveDebugKV)
+	mux.HandleFunc("POST /debug/route", a.serveDebugRoute)
 	a.httpServer = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 
 	a.updateHealth()
@@ -182,6 +194,7 @@ func (a *App) Run(ctx context.Context) error {
 
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return a.fleet.Run(gctx) })
+	g.Go(func() error { return a.kv.run(gctx) })
 	g.Go(func() error { return serveGRPC(a.extGRPC, a.lnExt, "extproc") })
 	g.Go(func() error { return serveGRPC(a.probeGRPC, a.lnProbe, "health") })
 	g.Go(func() error {

@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -14,6 +15,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/kvrouter/kvrouter/config"
+	"github.com/kvrouter/kvrouter/prompt"
 )
 
 const usage = `kvrouter: a KV-cache-aware router for vLLM fleets, serving Envoy's ext_proc.
@@ -21,17 +23,18 @@ const usage = `kvrouter: a KV-cache-aware router for vLLM fleets, serving Envoy'
 Usage:
   kvrouter --config FILE [--log-level LEVEL]   serve
   kvrouter check-config FILE                   report every problem in FILE, exit 1 if any
+  kvrouter tokenize --model-dir DIR            read request bodies (JSON lines) on stdin, print
+                                               {"ids":[...]} or {"error":...} per line, as vLLM's /tokenize
 
 Flags:
 `
 
 // subcommands maps a first argument to its command. Each takes the remaining
 // arguments and returns the exit code.
-func subcommands(stdout, stderr io.Writer) map[string]func(args []string) int {
+func subcommands(stdin io.Reader, stdout, stderr io.Writer) map[string]func(args []string) int {
 	return map[string]func(args []string) int{
 		"check-config": func(args []string) int { return checkConfig(args, stdout, stderr) },
-		// "tokenize" joins here with the tokenizer: it prints the token ids kvrouter
-		// computes for a request body, to compare with vLLM's POST /tokenize.
+		"tokenize":     func(args []string) int { return tokenize(args, stdin, stdout, stderr) },
 	}
 }
 
@@ -39,8 +42,13 @@ func subcommands(stdout, stderr io.Writer) map[string]func(args []string) int {
 // returns the process exit code. SIGTERM and SIGINT start a drain; the exit code is 0
 // when the drain completes.
 func Main(args []string, stdout, stderr io.Writer) int {
+	return MainIO(args, os.Stdin, stdout, stderr)
+}
+
+// MainIO is Main with the standard input given (for `kvrouter tokenize`).
+func MainIO(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if len(args) > 0 {
-		if cmd, ok := subcommands(stdout, stderr)[args[0]]; ok {
+		if cmd, ok := subcommands(stdin, stdout, stderr)[args[0]]; ok {
 			return cmd(args[1:])
 		}
 	}
@@ -108,5 +116,46 @@ func checkConfig(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	fmt.Fprintf(stdout, "%s: ok\n", args[0])
+	return 0
+}
+
+// tokenize implements `kvrouter tokenize --model-dir DIR`.
+func tokenize(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("kvrouter tokenize", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	dir := fs.String("model-dir", "", "directory with tokenizer.json, tokenizer_config.json (and chat_template.jinja when the model has one)")
+	kwargs := fs.String("default-chat-template-kwargs", "", "JSON object merged under every request's chat_template_kwargs, as vLLM's flag")
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: kvrouter tokenize --model-dir DIR [--default-chat-template-kwargs JSON] < bodies.jsonl")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if *dir == "" || fs.NArg() > 0 {
+		fs.Usage()
+		return 2
+	}
+	var o prompt.LoadOptions
+	if *kwargs != "" {
+		var obj map[string]json.RawMessage
+		if err := json.Unmarshal([]byte(*kwargs), &obj); err != nil || obj == nil {
+			fmt.Fprintln(stderr, "kvrouter tokenize: --default-chat-template-kwargs must be a JSON object")
+			return 2
+		}
+		o.DefaultChatTemplateKwargs = json.RawMessage(*kwargs)
+	}
+	b, err := prompt.LoadDir(*dir, o)
+	if err != nil {
+		fmt.Fprintf(stderr, "kvrouter tokenize: %v\n", err)
+		return 1
+	}
+	if err := prompt.TokenizeLines(stdin, stdout, b); err != nil {
+		fmt.Fprintf(stderr, "kvrouter tokenize: %v\n", err)
+		return 1
+	}
 	return 0
 }

@@ -26,6 +26,9 @@ type KVEventsConfig struct {
 	// ReplayFraming is "topic" (vLLM >= 0.26: ["", topic, seq, payload]) or "legacy"
 	// (["", seq, payload]). Not a vLLM field.
 	ReplayFraming string `json:"replay_framing"`
+	// Bind binds the PUB socket on Endpoint's own host (for instance 127.0.0.1) instead
+	// of connecting to it; vLLM binds only when the host is "*". Not a vLLM field.
+	Bind bool `json:"bind"`
 }
 
 // DefaultKVEventsConfig is vLLM's defaults (events off, zmq on tcp://*:5557, 10,000

@@ -91,7 +91,7 @@ func (p *publisher) run(ctx context.Context) error {
 		}
 	}
 	var err error
-	if strings.Contains(p.pubEP, "*") {
+	if strings.Contains(p.pubEP, "*") || p.cfg.Bind {
 		err = pub.Listen(listenAddr(p.pubEP))
 	} else {
 		err = pub.Dial(p.pubEP)

@@ -1,0 +1,155 @@
+// Command kvdemo is `make demo`: it runs kvrouter on a local simulated fleet (vllm-sim
+// processes with KV events over ZeroMQ) behind Envoy (when an envoy binary is on PATH) or
+// the dev gateway, sends the reference workload through the gateway once per policy with
+// kvbench's URL mode, prints the comparison, and leaves nothing running.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"runtime/pprof"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/kvrouter/kvrouter/internal/demo"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		if !errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintln(os.Stderr, "kvdemo:", err)
+		}
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) > 0 && args[0] == "latency" {
+		return latency(ctx, args[1:], stdout, stderr)
+	}
+	start := time.Now()
+	o := demo.DefaultOptions()
+	fs := flag.NewFlagSet("kvdemo", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	bin := fs.String("bin", "bin", "directory with the vllm-sim, kvrouter and devgateway binaries (make build)")
+	gw := fs.String("gateway", "auto", "auto (Envoy when an envoy binary is on PATH, else the dev gateway), envoy or dev")
+	envoyCfg := fs.String("envoy-config", "envoy/envoy.yaml", "the Envoy bootstrap to run (its ports are rewritten to the demo's)")
+	policies := fs.String("policies", strings.Join(o.Policies, ","), "policies to compare, each on a fresh fleet")
+	keep := fs.Bool("keep-logs", false, "keep the generated configurations and the processes' logs")
+	fs.StringVar(&o.TokenizerDir, "tokenizer", o.TokenizerDir, "the model's tokenizer directory (make models)")
+	fs.StringVar(&o.Model, "model", o.Model, "served model name")
+	fs.IntVar(&o.Workers, "workers", o.Workers, "simulated vLLM servers")
+	fs.Int64Var(&o.KVBytes, "kv-cache-bytes", o.KVBytes, "KV cache per server (Qwen3-0.6B geometry)")
+	fs.Float64Var(&o.TimeScale, "time-scale", o.TimeScale, "run the simulated engines this many times faster than real time")
+	fs.IntVar(&o.Prefixes, "prefixes", o.Prefixes, "N, shared prefixes")
+	fs.IntVar(&o.PrefixTokens, "prefix-tokens", o.PrefixTokens, "tokens per shared prefix")
+	fs.IntVar(&o.TailTokens, "tail-tokens", o.TailTokens, "unique tokens per request")
+	fs.IntVar(&o.OutputTokens, "output-tokens", o.OutputTokens, "output tokens per request")
+	fs.IntVar(&o.Requests, "requests", o.Requests, "requests per policy")
+	fs.IntVar(&o.Concurrency, "concurrency", o.Concurrency, "closed-loop clients")
+	fs.Uint64Var(&o.Seed, "seed", o.Seed, "workload seed")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	o.Policies = strings.Split(*policies, ",")
+	o.Log = stderr
+
+	work, err := os.MkdirTemp("", "kvdemo-")
+	if err != nil {
+		return err
+	}
+	if *keep {
+		fmt.Fprintf(stderr, "kvdemo: configurations and logs in %s\n", work)
+	} else {
+		defer os.RemoveAll(work)
+	}
+	po := demo.ProcessOptions{BinDir: *bin, WorkDir: work}
+	switch *gw {
+	case "auto", "envoy":
+		if path, err := exec.LookPath("envoy"); err == nil {
+			po.Envoy, po.EnvoyConfig = path, *envoyCfg
+		} else if *gw == "envoy" {
+			return errors.New("--gateway envoy: no envoy binary on PATH")
+		}
+	case "dev":
+	default:
+		return fmt.Errorf("--gateway %q: want auto, envoy or dev", *gw)
+	}
+	if po.Envoy != "" {
+		fmt.Fprintf(stderr, "kvdemo: gateway: Envoy (%s) with %s\n", po.Envoy, *envoyCfg)
+	} else {
+		fmt.Fprintln(stderr, "kvdemo: gateway: the dev gateway (no envoy binary on PATH)")
+	}
+	results, err := demo.Compare(ctx, o, demo.Processes(po))
+	if err != nil {
+		if !*keep {
+			fmt.Fprintln(stderr, "kvdemo: rerun with --keep-logs to keep the processes' logs")
+		}
+		return err
+	}
+	if err := demo.WriteTable(stdout, o, results); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "\nkvdemo: done in %.1fs; nothing left running.\n", time.Since(start).Seconds())
+	return nil
+}
+
+// latency is `kvdemo latency`: kvrouter's ext_proc round trip against a trivial ext_proc
+// server's, side by side (issue 6).
+func latency(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	o := demo.DefaultLatencyOptions()
+	fs := flag.NewFlagSet("kvdemo latency", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	eps := fs.String("endpoints", "6,64", "fleet sizes, comma list")
+	fs.Float64Var(&o.Rate, "rate", o.Rate, "open-loop ext_proc exchanges per second")
+	fs.DurationVar(&o.Duration, "duration", o.Duration, "length of each measured round")
+	fs.IntVar(&o.Rounds, "rounds", o.Rounds, "rounds per server, alternating kvrouter and trivial")
+	fs.StringVar(&o.TokenizerDir, "tokenizer", o.TokenizerDir, "the model's tokenizer directory (make models)")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
+	o.Endpoints = nil
+	for _, f := range strings.Split(*eps, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			return fmt.Errorf("--endpoints: %q is not a positive count", f)
+		}
+		o.Endpoints = append(o.Endpoints, n)
+	}
+	o.Log = stderr
+	dir, err := os.MkdirTemp("", "kvdemo-latency-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	rounds, err := demo.MeasureLatency(ctx, o, dir)
+	if err != nil {
+		return err
+	}
+	return demo.WriteLatency(stdout, o, rounds)
+}

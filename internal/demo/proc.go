@@ -1,0 +1,235 @@
+package demo
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// ProcessOptions say where the binaries are and which gateway fronts kvrouter.
+type ProcessOptions struct {
+	// BinDir holds vllm-sim, kvrouter and devgateway (`make build`).
+	BinDir string
+	// Envoy is the envoy binary to run with EnvoyConfig; empty runs the dev gateway.
+	Envoy       string
+	EnvoyConfig string
+	// WorkDir receives the generated configurations and each process's log.
+	WorkDir string
+}
+
+// Processes starts the stack as child processes on 127.0.0.1: one vllm-sim per worker
+// (KV events over ZeroMQ with a replay socket, the model's tokenizer), kvrouter with a
+// generated configuration, and Envoy (when po.Envoy is set) or the dev gateway. Ports are
+// free ephemeral ports picked just before the processes start. Close stops every process
+// (SIGTERM, then SIGKILL after 5 s); on Linux the children also die with this process.
+func Processes(po ProcessOptions) Starter {
+	return func(ctx context.Context, o *Options, policy string) (Stack, error) {
+		s := &procStack{}
+		if err := s.start(ctx, o, po, policy); err != nil {
+			_ = s.Close()
+			return nil, err
+		}
+		return s, nil
+	}
+}
+
+type proc struct {
+	name string
+	cmd  *exec.Cmd
+	log  string
+	done chan struct{}
+	err  error
+}
+
+type procStack struct {
+	procs                 []*proc
+	gatewayURL, routerURL string
+	metrics               []string
+}
+
+func (s *procStack) GatewayURL() string          { return s.gatewayURL }
+func (s *procStack) EngineMetricsURLs() []string { return s.metrics }
+func (s *procStack) RouterURL() string           { return s.routerURL }
+
+// freePorts reserves n distinct free loopback ports and releases them for the children.
+func freePorts(n int) ([]int, error) {
+	var lns []net.Listener
+	defer func() {
+		for _, l := range lns {
+			l.Close()
+		}
+	}()
+	var ports []int
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, fmt.Errorf("demo: reserve a port: %w", err)
+		}
+		lns = append(lns, l)
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	return ports, nil
+}
+
+func (s *procStack) spawn(name, logPath, bin string, args ...string) error {
+	f, err := os.Create(logPath)
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = f, f
+	cmd.SysProcAttr = sysProcAttr()
+	if err := cmd.Start(); err != nil {
+		f.Close()
+		return fmt.Errorf("demo: start %s: %w", name, err)
+	}
+	p := &proc{name: name, cmd: cmd, log: logPath, done: make(chan struct{})}
+	go func() {
+		p.err = cmd.Wait()
+		f.Close()
+		close(p.done)
+	}()
+	s.procs = append(s.procs, p)
+	return nil
+}
+
+// exited reports a child that stopped before Close, with the tail of its log.
+func (s *procStack) exited() error {
+	for _, p := range s.procs {
+		select {
+		case <-p.done:
+			tail, _ := os.ReadFile(p.log)
+			if len(tail) > 800 {
+				tail = tail[len(tail)-800:]
+			}
+			return fmt.Errorf("demo: %s exited (%v); log %s ends:\n%s", p.name, p.err, p.log, tail)
+		default:
+		}
+	}
+	return nil
+}
+
+// Close stops the processes, the gateway first, and waits for all of them.
+func (s *procStack) Close() error {
+	var wg sync.WaitGroup
+	for i := len(s.procs) - 1; i >= 0; i-- {
+		p := s.procs[i]
+		wg.Go(func() {
+			_ = p.cmd.Process.Signal(syscall.SIGTERM)
+			select {
+			case <-p.done:
+			case <-time.After(5 * time.Second):
+				_ = p.cmd.Process.Kill()
+				<-p.done
+			}
+		})
+	}
+	wg.Wait()
+	return nil
+}
+
+func (s *procStack) start(ctx context.Context, o *Options, po ProcessOptions, policy string) error {
+	tokDir, err := filepath.Abs(o.TokenizerDir)
+	if err != nil {
+		return err
+	}
+	// Per worker: HTTP, events, replay; then extproc, health, metrics, gateway, envoy admin.
+	ports, err := freePorts(3*o.Workers + 5)
+	if err != nil {
+		return err
+	}
+	bin := func(name string) string { return filepath.Join(po.BinDir, name) }
+	var servers []serverAddrs
+	for i := range o.Workers {
+		hp, ep, rp := ports[3*i], ports[3*i+1], ports[3*i+2]
+		ev, _ := json.Marshal(map[string]any{"enable_kv_cache_events": true, "publisher": "zmq",
+			"endpoint": fmt.Sprintf("tcp://127.0.0.1:%d", ep), "replay_endpoint": fmt.Sprintf("tcp://127.0.0.1:%d", rp), "bind": true})
+		err := s.spawn(fmt.Sprintf("vllm-sim %d", i), filepath.Join(po.WorkDir, fmt.Sprintf("vllm-sim-%d-%s.log", i, policy)), bin("vllm-sim"),
+			"--host", "127.0.0.1", "--port", strconv.Itoa(hp), "--model", o.Model, "--tokenizer", tokDir,
+			"--kv-events-config", string(ev), "--enable-prompt-tokens-details",
+			"--kv-cache-bytes", strconv.FormatInt(o.KVBytes, 10), "--time-scale", strconv.FormatFloat(o.TimeScale, 'g', -1, 64))
+		if err != nil {
+			return err
+		}
+		addr := fmt.Sprintf("127.0.0.1:%d", hp)
+		servers = append(servers, serverAddrs{HTTP: addr, Events: fmt.Sprintf("tcp://127.0.0.1:%d", ep),
+			Replay: fmt.Sprintf("tcp://127.0.0.1:%d", rp)})
+		s.metrics = append(s.metrics, "http://"+addr+"/metrics")
+	}
+	base := 3 * o.Workers
+	ext, health, metrics := fmt.Sprintf("127.0.0.1:%d", ports[base]), fmt.Sprintf("127.0.0.1:%d", ports[base+1]), fmt.Sprintf("127.0.0.1:%d", ports[base+2])
+	gw, admin := fmt.Sprintf("127.0.0.1:%d", ports[base+3]), ports[base+4]
+	oc := *o
+	oc.TokenizerDir = tokDir
+	cfgPath := filepath.Join(po.WorkDir, "kvrouter-"+policy+".yaml")
+	if err := os.WriteFile(cfgPath, routerConfig(&oc, servers, policy, ext, health, metrics), 0o644); err != nil {
+		return err
+	}
+	if err := s.spawn("kvrouter", filepath.Join(po.WorkDir, "kvrouter-"+policy+".log"), bin("kvrouter"),
+		"--config", cfgPath, "--log-level", "info"); err != nil {
+		return err
+	}
+	s.routerURL = "http://" + metrics
+	s.gatewayURL = "http://" + gw
+	if po.Envoy != "" {
+		src, err := os.ReadFile(po.EnvoyConfig)
+		if err != nil {
+			return err
+		}
+		y, err := envoyConfig(string(src), gw, ext, admin)
+		if err != nil {
+			return err
+		}
+		path := filepath.Join(po.WorkDir, "envoy-"+policy+".yaml")
+		if err := os.WriteFile(path, []byte(y), 0o644); err != nil {
+			return err
+		}
+		return s.spawn("envoy", filepath.Join(po.WorkDir, "envoy-"+policy+".log"), po.Envoy,
+			"-c", path, "--disable-hot-restart", "--log-level", "warn")
+	}
+	var ups []string
+	for _, sv := range servers {
+		ups = append(ups, sv.HTTP)
+	}
+	return s.spawn("devgateway", filepath.Join(po.WorkDir, "devgateway-"+policy+".log"), bin("devgateway"),
+		"-listen", gw, "-extproc", ext, "-upstreams", strings.Join(ups, ","))
+}
+
+// envoyConfig points the repository's Envoy bootstrap at the demo's ports: the listener
+// on gw (loopback), the admin port, and the kvrouter cluster at ext. Everything else (the
+// header-stripping filter, ext_proc in FULL_DUPLEX_STREAMED, the ORIGINAL_DST cluster) is
+// used as shipped.
+func envoyConfig(src, gw, ext string, admin int) (string, error) {
+	gwHost, gwPort, _ := net.SplitHostPort(gw)
+	extHost, extPort, _ := net.SplitHostPort(ext)
+	for _, r := range []struct{ old, new string }{
+		{"{address: 127.0.0.1, port_value: 9901}", fmt.Sprintf("{address: 127.0.0.1, port_value: %d}", admin)},
+		{"{address: 0.0.0.0, port_value: 8081}", fmt.Sprintf("{address: %s, port_value: %s}", gwHost, gwPort)},
+		{"{address: kvrouter, port_value: 9002}", fmt.Sprintf("{address: %s, port_value: %s}", extHost, extPort)},
+	} {
+		if !strings.Contains(src, r.old) {
+			return "", errors.New("demo: envoy config: " + r.old + " not found; the bootstrap changed shape")
+		}
+		src = strings.Replace(src, r.old, r.new, 1)
+	}
+	return src, nil
+}
+
+// envoyConfigFile rewrites the bootstrap at path with placeholder ports (for checks).
+func envoyConfigFile(path string) (string, error) {
+	src, err := os.ReadFile(path)
+	if err != nil {
+		return "", err
+	}
+	return envoyConfig(string(src), "127.0.0.1:1", "127.0.0.1:2", 3)
+}
