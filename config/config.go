@@ -193,9 +193,9 @@ func (m *ModelConfig) Validate() error {
 }
 
 // PolicyNames lists the policies this build knows: the load-only ones (which may also
-// serve as the fallback) and the KV-aware kv and approximate.
+// serve as the fallback), the KV-aware kv and approximate, and placement.
 func PolicyNames() []string {
-	return []string{"random", "round-robin", "least-load", "kv", "approximate"}
+	return []string{"random", "round-robin", "least-load", "kv", "approximate", "placement"}
 }
 
 // FallbackNames lists the policies that need no token ids and keep no per-request state,
@@ -215,8 +215,70 @@ func PolicyWeights(name string) map[string]float64 {
 			"decode_active_request_weight": d.DecodeActiveRequestWeight,
 			"temperature":                  d.Temperature,
 		}
+	case "placement":
+		w := make(map[string]float64)
+		d := scoring.DefaultPlacementConfig()
+		for name, f := range placementWeights(&d) {
+			w[name] = f.get()
+		}
+		return w
 	}
 	return nil
+}
+
+// weight reads and writes one numeric (or 0/1 boolean) knob of a policy's configuration.
+type weight struct {
+	get func() float64
+	set func(float64)
+}
+
+func intWeight(p *int) weight {
+	return weight{func() float64 { return float64(*p) }, func(v float64) { *p = int(v) }}
+}
+
+func floatWeight(p *float64) weight {
+	return weight{func() float64 { return *p }, func(v float64) { *p = v }}
+}
+
+func boolWeight(p *bool) weight {
+	return weight{
+		func() float64 {
+			if *p {
+				return 1
+			}
+			return 0
+		},
+		func(v float64) { *p = v != 0 },
+	}
+}
+
+// placementWeights names the placement policy's knobs as policy.weights spells them
+// (the yaml names of scoring.PlacementConfig); booleans take 0 or 1.
+func placementWeights(c *scoring.PlacementConfig) map[string]weight {
+	return map[string]weight{
+		"prefix_depth":    intWeight(&c.PrefixDepth),
+		"saturated":       intWeight(&c.Saturated),
+		"replica_load":    intWeight(&c.ReplicaLoad),
+		"spill_load":      intWeight(&c.SpillLoad),
+		"fill":            floatWeight(&c.Fill),
+		"headroom":        floatWeight(&c.Headroom),
+		"output_blocks":   intWeight(&c.OutputBlocks),
+		"spill_on_full":   boolWeight(&c.SpillOnFull),
+		"deadline_tokens": intWeight(&c.DeadlineTokens),
+		"divert_on_full":  boolWeight(&c.DivertOnFull),
+		"divert_misses":   boolWeight(&c.DivertMisses),
+		"miss_speedup":    floatWeight(&c.MissSpeedup),
+		"hold_fraction":   floatWeight(&c.HoldFraction),
+		"confirm_picks":   intWeight(&c.ConfirmPicks),
+		"balance":         floatWeight(&c.Balance),
+		"sticky_holders":  boolWeight(&c.StickyHolders),
+		"adopt_all":       boolWeight(&c.AdoptAll),
+		"live_window":     intWeight(&c.LiveWindow),
+		"block_size":      intWeight(&c.BlockSize),
+		"default_blocks":  intWeight(&c.DefaultBlocks),
+		"max_prefixes":    intWeight(&c.MaxPrefixes),
+		"scraped_load":    boolWeight(&c.ScrapedLoad),
+	}
 }
 
 // PolicyConfig chooses the placement policy.
@@ -247,6 +309,19 @@ func (c *PolicyConfig) KVWeights() scoring.KVConfig {
 		}
 	}
 	return k
+}
+
+// PlacementWeights returns the placement policy's configuration with Weights applied
+// over scoring.DefaultPlacementConfig; the result is checked by its Validate.
+func (c *PolicyConfig) PlacementWeights() scoring.PlacementConfig {
+	p := scoring.DefaultPlacementConfig()
+	knobs := placementWeights(&p)
+	for name, w := range c.Weights {
+		if k, ok := knobs[name]; ok {
+			k.set(w)
+		}
+	}
+	return p
 }
 
 // DefaultPolicyConfig returns least-load for both.
@@ -286,6 +361,12 @@ func (c *PolicyConfig) Validate() error {
 			errs.Addf(p, "weight %v is negative", w)
 		case k == "overlap_credit" && w > 1:
 			errs.Addf(p, "weight %v is above 1 (the share of a cached block credited)", w)
+		}
+	}
+	if c.Name == "placement" && len(errs) == 0 {
+		pc := c.PlacementWeights()
+		if err := pc.Validate(); err != nil {
+			errs.Addf("weights", "%v", err)
 		}
 	}
 	return errs.Err()

@@ -75,6 +75,8 @@ type App struct {
 	// fallback routes requests without token ids or a known model.
 	fallback scoring.Policy
 	tok      extproc.Tokenizer
+	// now is the injected clock (time.Now when none is given).
+	now func() time.Time
 
 	extGRPC    *grpc.Server // ext_proc + health for Envoy
 	probeGRPC  *grpc.Server // health for Kubernetes
@@ -93,7 +95,10 @@ func New(cfg *config.Config, o Options) (*App, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("app: invalid configuration: %w", err)
 	}
-	a := &App{cfg: cfg, log: o.Logger, reg: o.Registry}
+	a := &App{cfg: cfg, log: o.Logger, reg: o.Registry, now: o.Now}
+	if a.now == nil {
+		a.now = time.Now
+	}
 	if a.log == nil {
 		a.log = zap.NewNop()
 	}

@@ -53,6 +53,12 @@ func (a *App) newPolicy(name string, src rand.Source) (scoring.Policy, error) {
 			return nil, fmt.Errorf("app: %w", err)
 		}
 		return p, nil
+	case "placement":
+		p, err := scoring.NewPlacement(a.cfg.Policy.PlacementWeights(), a.kv.ix, a.now, a.reg)
+		if err != nil {
+			return nil, fmt.Errorf("app: %w", err)
+		}
+		return p, nil
 	}
 	return nil, fmt.Errorf("app: unknown policy %q (known: %v)", name, config.PolicyNames())
 }
