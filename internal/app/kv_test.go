@@ -139,8 +139,12 @@ func TestKVPath(t *testing.T) {
 	}
 	cfg.Models = map[string]config.ModelConfig{model: {Tokenizer: dir, BlockSize: 16}}
 	cfg.Policy = config.PolicyConfig{Name: "kv", Fallback: "least-load", Weights: map[string]float64{"decode_active_request_weight": 0.5}}
+	// Scrapes are frequent so the test sees capacity soon, but a slow answer on a loaded
+	// CI machine (-race) must not make an endpoint ineligible mid-test.
 	cfg.Limits.Scrape.Interval = 50 * time.Millisecond
-	cfg.Limits.Scrape.Timeout = 40 * time.Millisecond
+	cfg.Limits.Scrape.Timeout = 50 * time.Millisecond
+	cfg.Limits.Scrape.StalenessLimit = 10 * time.Second
+	cfg.Limits.Scrape.FailuresBeforeIneligible = 1000
 	cfg.KV.HealthRefresh = 10 * time.Millisecond
 	cfg.KV.EventsStaleAfter = 300 * time.Millisecond
 	cfg.KV.Events.BackoffMin = 20 * time.Millisecond

@@ -56,6 +56,12 @@ func TestPlacementKeepsPrefixesHome(t *testing.T) {
 		}
 		return n == 2
 	})
+	// Models load in Run; until Qwen3's tokenizer is in, requests are routed by load.
+	probe := fmt.Sprintf(`{"model":%q,"prompt":"hello"}`, model)
+	waitFor(t, "the model's tokenizer loaded", func() bool {
+		x, err := a.ExplainRoute("", []byte(probe))
+		return err == nil && x.Tokens > 0
+	})
 	client := extprocv3.NewExternalProcessorClient(ext)
 
 	route := func(system string, i int) string {
