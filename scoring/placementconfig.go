@@ -44,7 +44,7 @@ type PlacementConfig struct {
 	// the request, scaled by the endpoint's measured speed) a request accepts at the
 	// chosen endpoint: beyond it, and when another endpoint with KV room would start it
 	// at least twice as soon, the request alone goes there (placing nothing). 0 disables.
-	// Default 4096.
+	// Default 2048.
 	DeadlineTokens int `yaml:"deadline_tokens"`
 	// DivertOnFull sends a request alone (placing nothing) to the candidate with KV room
 	// that would start it soonest when the chosen endpoint has no KV room (vLLM would
@@ -106,7 +106,7 @@ func DefaultPlacementConfig() PlacementConfig {
 		Headroom:       1,
 		OutputBlocks:   4,
 		SpillOnFull:    false,
-		DeadlineTokens: 4096,
+		DeadlineTokens: 2048,
 		DivertOnFull:   true,
 		DivertMisses:   true,
 		HoldFraction:   0.5,
