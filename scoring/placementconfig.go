@@ -71,7 +71,8 @@ type PlacementConfig struct {
 	Balance float64 `yaml:"balance"`
 	// StickyHolders ranks holders whose load is below ReplicaLoad by rendezvous score
 	// instead of wait, so that router replicas all use the same copy of a prefix while
-	// it is not busy and duplicates die out. Default false.
+	// it is not busy and duplicates die out. Default true (with 4 router replicas it
+	// halves the cached-token loss; docs/results-policy.md).
 	StickyHolders bool `yaml:"sticky_holders"`
 	// AdoptAll adopts every endpoint the index shows holding HoldFraction of a prefix as
 	// a holder; by default only the one holding most of a prefix the router has no
@@ -113,6 +114,7 @@ func DefaultPlacementConfig() PlacementConfig {
 		LiveWindow:     1024,
 		ConfirmPicks:   32,
 		AdoptAll:       true,
+		StickyHolders:  true,
 		MissSpeedup:    0.85,
 		BlockSize:      16,
 		DefaultBlocks:  4096,
