@@ -29,7 +29,9 @@ import (
 //  2. A prefix with no holder gets a home: the endpoint with the least home-placed
 //     blocks per block of KV capacity (a capacity-weighted partition), preferring those
 //     below Saturated with KV room.
-//  3. The holder of least wait takes it if its load is below ReplicaLoad.
+//  3. The holder of least wait takes it if its load is below ReplicaLoad (with
+//     StickyHolders, the idle holder of highest rendezvous score, so that router
+//     replicas agree).
 //  4. Otherwise a less-loaded endpoint whose live placements leave room for the prefix
 //     within Fill of its capacity takes a replica (it evicts nothing live).
 //  5. Otherwise the holder of least wait with KV room takes it; failing that, the

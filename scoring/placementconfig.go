@@ -44,7 +44,7 @@ type PlacementConfig struct {
 	// the request, scaled by the endpoint's measured speed) a request accepts at the
 	// chosen endpoint: beyond it, and when another endpoint with KV room would start it
 	// at least twice as soon, the request alone goes there (placing nothing). 0 disables.
-	// Default 4096.
+	// Default 2048.
 	DeadlineTokens int `yaml:"deadline_tokens"`
 	// DivertOnFull sends a request alone (placing nothing) to the candidate with KV room
 	// that would start it soonest when the chosen endpoint has no KV room (vLLM would
@@ -71,7 +71,8 @@ type PlacementConfig struct {
 	Balance float64 `yaml:"balance"`
 	// StickyHolders ranks holders whose load is below ReplicaLoad by rendezvous score
 	// instead of wait, so that router replicas all use the same copy of a prefix while
-	// it is not busy and duplicates die out. Default false.
+	// it is not busy and duplicates die out. Default true (with 4 router replicas it
+	// halves the cached-token loss; docs/results-policy.md).
 	StickyHolders bool `yaml:"sticky_holders"`
 	// AdoptAll adopts every endpoint the index shows holding HoldFraction of a prefix as
 	// a holder; by default only the one holding most of a prefix the router has no
@@ -106,13 +107,14 @@ func DefaultPlacementConfig() PlacementConfig {
 		Headroom:       1,
 		OutputBlocks:   4,
 		SpillOnFull:    false,
-		DeadlineTokens: 4096,
+		DeadlineTokens: 2048,
 		DivertOnFull:   true,
 		DivertMisses:   true,
 		HoldFraction:   0.5,
 		LiveWindow:     1024,
 		ConfirmPicks:   32,
 		AdoptAll:       true,
+		StickyHolders:  true,
 		MissSpeedup:    0.85,
 		BlockSize:      16,
 		DefaultBlocks:  4096,

@@ -77,7 +77,7 @@ func TestParsePlacement(t *testing.T) {
 		})
 	}
 	c := scoring.DefaultPlacementConfig()
-	if err := parsePlacement("balance=1.25,sticky_holders=true", &c); err != nil || c.Balance != 1.25 || !c.StickyHolders {
+	if err := parsePlacement("balance=1.25,sticky_holders=false", &c); err != nil || c.Balance != 1.25 || c.StickyHolders {
 		t.Fatalf("overrides not applied: %+v, %v", c, err)
 	}
 }
