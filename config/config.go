@@ -324,9 +324,10 @@ func (c *PolicyConfig) PlacementWeights() scoring.PlacementConfig {
 	return p
 }
 
-// DefaultPolicyConfig returns least-load for both.
+// DefaultPolicyConfig returns placement (requests the router cannot tokenize are placed
+// by load) with least-load as the fallback.
 func DefaultPolicyConfig() PolicyConfig {
-	return PolicyConfig{Name: "least-load", Fallback: "least-load"}
+	return PolicyConfig{Name: "placement", Fallback: "least-load"}
 }
 
 var weightName = regexp.MustCompile(`^[a-z][a-z0-9_-]*$`)

@@ -14,7 +14,7 @@ import (
 )
 
 // defaultPolicy is kvrouter's default policy, the one `kvbench --sim` measures.
-const defaultPolicy = "kv"
+const defaultPolicy = "placement"
 
 // policies builds each registered policy fresh for one router replica of one run, in the
 // order sweeps report them.

@@ -53,11 +53,12 @@ type Options struct {
 }
 
 // DefaultOptions is the demo: 6 servers of 1 GiB KV cache (the reference's fleet),
-// 12 prefixes of the reference's shape at concurrency 8, round-robin against kv.
+// 12 prefixes of the reference's shape at concurrency 8: round-robin, kv (Dynamo's cost) and
+// placement (kvrouter's default).
 func DefaultOptions() Options {
 	return Options{
 		Workers: 6, Model: "Qwen/Qwen3-0.6B", TokenizerDir: ".cache/models/qwen3", KVBytes: 1 << 30, TimeScale: 4,
-		Policies: []string{"round-robin", "kv"},
+		Policies: []string{"round-robin", "kv", "placement"},
 		Prefixes: 12, PrefixTokens: 2032, TailTokens: 339, OutputTokens: 32, Requests: 144, Concurrency: 8, Seed: 1,
 	}
 }
