@@ -53,7 +53,7 @@ def index(records):
 
 
 def table(header, rows):
-    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    out = ["", "| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return "\n".join(out) + "\n"
 
@@ -101,7 +101,7 @@ def sweep_tables(ix):
     for i, n in enumerate(NS):
         rows.append([n] + [pct_cell(ix[(p, n, 8)]["hit_any"], ref_of("hit_c8", p, i)) for p in POL])
     s.append(table(["N", "random / baseline", "round-robin", "kv", "approximate"], rows))
-    s.append("\nThe same with the whole shared prefix cached (`hit_full`, ours only):\n\n")
+    s.append("\nThe same with the whole shared prefix cached (`hit_full`, ours only):\n")
     rows = [[n] + [f"{100 * ix[(p, n, 8)]['hit_full']:.1f}%" for p in POL] for n in NS]
     s.append(table(["N"] + POL, rows))
 
@@ -192,7 +192,7 @@ def fullstack_tables(ix_sweep, ix_matched, fs):
         rows.append(row)
     s.append(table(["N", "random", "round-robin", "kv", "approximate"], rows))
 
-    s.append("\nFull stack, each repetition's cached-token ratio (seeds 1, 2, 3):\n\n")
+    s.append("\nFull stack, each repetition's cached-token ratio (seeds 1, 2, 3):\n")
     rows = [[n] + [", ".join(f"{x:.3f}" for x in fs[(p, n)]["cached_each"]) if (p, n) in fs else "n/a" for p in POL] for n in NS]
     s.append(table(["N"] + POL, rows))
 
@@ -204,8 +204,8 @@ def fullstack_tables(ix_sweep, ix_matched, fs):
             a, b, f = ix_sweep[(p, n, 8)]["hit_any"], ix_matched[(p, n, 8)]["hit_any"], fs.get((p, n))
             ref = ref_of("hit_c8", p, i)
             cell = f"{100 * a:.1f} / {100 * b:.1f} / " + (f"**{100 * f['hit_any']:.1f}**" if f else "n/a")
-            cell += f" ; {ref:.1f}" if ref is not None else " ; -"
-            row.append(cell + "%")
+            cell += f" ; {ref:.1f}%" if ref is not None else " ; -"
+            row.append(cell)
         rows.append(row)
     s.append(table(["N", "random", "round-robin", "kv", "approximate"], rows))
 
@@ -225,6 +225,52 @@ def fullstack_tables(ix_sweep, ix_matched, fs):
                          f"{f['errors']}"])
     s.append(table(["N", "policy", "TTFT p50 / p99 ms (in-proc ; full)", "req/s (in-proc ; full)",
                     "servers/prefix (in-proc ; full)", "engines' hit rate (full)", "errors (full, 3 reps)"], rows))
+    s.append(lag_table())
+    return "".join(s)
+
+
+def sensitivity_tables(ix_sweep):
+    d = os.path.join(HERE, "sensitivity")
+    if not os.path.isdir(d):
+        return ""
+    sens = {f[:-5]: index(json.load(open(os.path.join(d, f)))) for f in os.listdir(d) if f.endswith(".json")}
+    s = ["### kv, concurrency 8: cached-token ratio against the KV-event lag the router sees (rtt 35 ms, scrape 50 ms)\n"]
+    lags = ["lag-0s", "lag-5ms", "lag-50ms", "lag-250ms"]
+    rows = [[n] + [f"{sens[l][('kv', n, 8)]['cached_ratio']:.3f}" for l in lags] for n in NS]
+    s.append(table(["N", "0 ms", "5 ms (default)", "50 ms", "250 ms"], rows))
+    s.append("\n### Concurrency 8: cached-token ratio with the client round trip at 35 ms (calibrated) and 0 (as on loopback)\n")
+    rows = [[n] + [f"{ix_sweep[(p, n, 8)]['cached_ratio']:.3f} ; {sens['rtt0'][(p, n, 8)]['cached_ratio']:.3f}" for p in POL] for n in NS]
+    s.append(table(["N"] + [p + " (35 ms ; 0)" for p in POL], rows))
+    s.append("\n### Concurrency 8: cached-token ratio with one router replica and with two (each its own index / history and in-flight view)\n")
+    rows = [[n] + [f"{ix_sweep[(p, n, 8)]['cached_ratio']:.3f} ; {sens['replicas2'][(p, n, 8)]['cached_ratio']:.3f}" for p in ("kv", "approximate")] for n in NS]
+    s.append(table(["N", "kv (1 ; 2 replicas)", "approximate (1 ; 2 replicas)"], rows))
+    return "".join(s)
+
+
+def lag_table():
+    """kvrouter's KV-event lag per policy, from the kvdemo logs (one line per run)."""
+    import glob
+    import re
+    pat = re.compile(r"kvdemo: (\S+): KV-event lag over (\d+) batches: mean ([\d.]+) ms, p50 <= ([\d.]+) ms, p99 <= ([\d.]+) ms")
+    runs = {}
+    for path in sorted(glob.glob(os.path.join(HERE, "fullstack", "*.log"))):
+        for line in open(path):
+            m = pat.search(line)
+            if m:
+                runs.setdefault(m.group(1), []).append((int(m.group(2)), float(m.group(3)), float(m.group(4)), float(m.group(5))))
+    if not runs:
+        return ""
+    s = ["\n### kvrouter's KV-event lag (receive time minus the batch's timestamp), full stack, per run\n"]
+    rows = []
+    for p in POL:
+        rs = runs.get(p, [])
+        if not rs:
+            continue
+        means = sorted(r[1] for r in rs)
+        rows.append([p, len(rs), f"{min(r[0] for r in rs)}-{max(r[0] for r in rs)}",
+                     f"{means[0]:.2f}-{means[-1]:.2f} (median {statistics.median(means):.2f})",
+                     f"<= {max(r[2] for r in rs):g}", f"<= {min(r[3] for r in rs):g} .. <= {max(r[3] for r in rs):g}"])
+    s.append(table(["policy", "runs", "batches per run", "mean lag, ms", "p50 bucket, ms", "p99 bucket, ms"], rows))
     return "".join(s)
 
 
@@ -232,6 +278,8 @@ def main():
     sweep = index(load("sweep-inprocess.json"))
     print("## In-process tables\n")
     print(sweep_tables(sweep))
+    print("## Sensitivity (in-process)\n")
+    print(sensitivity_tables(sweep))
     if os.path.exists(os.path.join(HERE, "fullstack.json")):
         matched = index(load("inprocess-matched.json"))
         fs = median_fullstack(load("fullstack.json"))
