@@ -3,6 +3,8 @@ package chattemplate_test
 import (
 	"encoding/json"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -69,6 +71,26 @@ func BenchmarkRenderQwen3Tools(b *testing.B) {
 			in = inputFromBody(b, c.Body)
 		}
 	}
+	b.ReportAllocs()
+	reportCPU(b, func() {
+		if _, err := tmpl.Render(in); err != nil {
+			b.Fatal(err)
+		}
+	})
+}
+
+// BenchmarkRenderQwen3TypicalNoMessageCache: the same render with the long-message
+// memo disabled, so the system prompt is decoded every time.
+func BenchmarkRenderQwen3TypicalNoMessageCache(b *testing.B) {
+	src, err := os.ReadFile(filepath.Join("testdata", "templates", "qwen3.jinja"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	tmpl, err := chattemplate.Compile(string(src), chattemplate.Options{MessageCacheSize: -1})
+	if err != nil {
+		b.Fatal(err)
+	}
+	in := chattemplate.Input{Messages: benchChatMessages(0), AddGenerationPrompt: true}
 	b.ReportAllocs()
 	reportCPU(b, func() {
 		if _, err := tmpl.Render(in); err != nil {

@@ -11,6 +11,9 @@ import (
 	"github.com/nikolalohinski/gonja/v2/config"
 	"github.com/nikolalohinski/gonja/v2/exec"
 	"github.com/nikolalohinski/gonja/v2/loaders"
+	"github.com/nikolalohinski/gonja/v2/nodes"
+	"github.com/nikolalohinski/gonja/v2/parser"
+	"github.com/nikolalohinski/gonja/v2/tokens"
 )
 
 // engineConfig is the Jinja configuration transformers uses for chat templates.
@@ -29,8 +32,14 @@ func engineConfig() *config.Config {
 // list methods) and the two globals transformers adds.
 func newEnvironment(now func() time.Time) (*exec.Environment, error) {
 	filters := exec.NewFilterSet(map[string]exec.FilterFunction{}).Update(builtins.Filters)
-	for name, fn := range map[string]exec.FilterFunction{"tojson": filterToJSON, "dictsort": filterDictsort} {
-		if err := filters.Replace(name, fn); err != nil {
+	for name, fn := range map[string]exec.FilterFunction{"tojson": filterToJSON, "dictsort": filterDictsort, "items": filterItems} {
+		var err error
+		if filters.Exists(name) {
+			err = filters.Replace(name, fn)
+		} else {
+			err = filters.Register(name, fn)
+		}
+		if err != nil {
 			return nil, err
 		}
 	}
@@ -44,6 +53,14 @@ func newEnvironment(now func() time.Time) (*exec.Environment, error) {
 		},
 		"false": func(_ *exec.Context, in *exec.Value, _ *exec.VarArgs) (bool, error) {
 			return in.IsBool() && !in.Bool(), nil
+		},
+		// None is a value (see pyNone); gonja's none test only knows Go nil.
+		"none": func(_ *exec.Context, in *exec.Value, _ *exec.VarArgs) (bool, error) {
+			return isNone(in), nil
+		},
+		// Jinja2's number test is isinstance(x, Number): booleans are numbers.
+		"number": func(_ *exec.Context, in *exec.Value, _ *exec.VarArgs) (bool, error) {
+			return in.IsNumber() || in.IsBool(), nil
 		},
 	} {
 		if err := tests.Replace(name, fn); err != nil {
@@ -59,11 +76,16 @@ func newEnvironment(now func() time.Time) (*exec.Environment, error) {
 		return strftime(now(), va.Args[0].String()), nil
 	})
 
+	controls := exec.NewControlStructureSet(map[string]parser.ControlStructureParser{}).Update(builtins.ControlStructures)
+	if err := controls.Register("generation", generationParser); err != nil {
+		return nil, err
+	}
+
 	return &exec.Environment{
 		Context:           globals,
 		Filters:           filters,
 		Tests:             tests,
-		ControlStructures: builtins.ControlStructures,
+		ControlStructures: controls,
 		Methods: exec.Methods{
 			Bool:  builtins.Methods.Bool,
 			Int:   builtins.Methods.Int,
@@ -193,7 +215,7 @@ var dictMethods = exec.NewMethodSet[map[string]any](map[string]exec.Method[map[s
 		if len(args.Args) == 2 {
 			return args.Args[1].Interface(), nil
 		}
-		return nil, nil
+		return noneValue, nil
 	},
 })
 
@@ -241,4 +263,35 @@ func (l rootLoader) Resolve(path string) (string, error) { return path, nil }
 
 func (l rootLoader) Inherit(string) (loaders.Loader, error) {
 	return nil, errors.New("includes are not supported")
+}
+
+// generationBlock is transformers' {% generation %} ... {% endgeneration %} tag
+// (AssistantTracker): the body renders as is, in its own scope, as Jinja2 renders a
+// call block.
+type generationBlock struct {
+	position *tokens.Token
+	body     *nodes.Wrapper
+}
+
+func (g *generationBlock) Position() *tokens.Token { return g.position }
+
+func (g *generationBlock) String() string {
+	return fmt.Sprintf("GenerationControlStructure(Line=%d Col=%d)", g.position.Line, g.position.Col)
+}
+
+func (g *generationBlock) Execute(r *exec.Renderer, _ *nodes.ControlStructureBlock) error {
+	return r.Inherit().ExecuteWrapper(g.body)
+}
+
+func generationParser(p *parser.Parser, args *parser.Parser) (nodes.ControlStructure, error) {
+	g := &generationBlock{position: p.Current()}
+	if !args.End() {
+		return nil, args.Error("generation takes no arguments", nil)
+	}
+	body, _, err := p.WrapUntil("endgeneration")
+	if err != nil {
+		return nil, err
+	}
+	g.body = body
+	return g, nil
 }

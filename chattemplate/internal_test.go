@@ -127,3 +127,39 @@ func TestStrftime(t *testing.T) {
 		})
 	}
 }
+
+func TestRewriteConditionals(t *testing.T) {
+	tests := []struct{ name, in, want string }{
+		{"top level untouched", `{{ a if b else c }}`, `{{ a if b else c }}`},
+		{"text untouched", `x (a if b else c) y`, `x (a if b else c) y`},
+		{"parenthesised", `{{ (a if b else c) }}`, `{{ (((b) and [a] or [c])[0]) }}`},
+		{"no else", `{{ (a if b) }}`, `{{ (((b) and [a] or [none])[0]) }}`},
+		{"call argument", `{{ f(x, a if b else c) }}`, `{{ f(x, ((b) and [a] or [c])[0]) }}`},
+		{"string kept", `{{ ('a if b else c' if x else 'y') }}`, `{{ (((x) and ['a if b else c'] or ['y'])[0]) }}`},
+		{"if statement untouched", `{% if a %}{% for m in ms if m %}{% endfor %}{% endif %}`, `{% if a %}{% for m in ms if m %}{% endfor %}{% endif %}`},
+		{"comment untouched", `{# (a if b else c) #}`, `{# (a if b else c) #}`},
+		{"chained", `{{ (a if b else c if d else e) }}`, `{{ (((b) and [a] or [((d) and [c] or [e])[0]])[0]) }}`},
+		{"unterminated tag", `{{ (a if b`, `{{ (a if b`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := rewriteConditionals(tt.in); got != tt.want {
+				t.Fatalf("got  %s\nwant %s", got, tt.want)
+			}
+		})
+	}
+}
+
+// FuzzRewriteConditionals: the rewriter never panics, and leaves text without " if "
+// unchanged.
+func FuzzRewriteConditionals(f *testing.F) {
+	for _, s := range []string{`{{ (a if b else c) }}`, `{% set x = [1 if y, {'k': (z if w else "v")}] %}`, `{{ ('`, `{# {{ #}`} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, src string) {
+		out := rewriteConditionals(src)
+		if !strings.Contains(src, " if ") && !strings.Contains(src, "(if") && out != src {
+			t.Fatalf("changed a template without conditionals: %q -> %q", src, out)
+		}
+	})
+}

@@ -69,22 +69,23 @@ func decodeField(name string, raw json.RawMessage) (any, error) {
 
 // conversation turns the request's messages into vLLM's ConversationMessage list;
 // openai selects vLLM's "openai" content format (content kept as a list of parts).
-func conversation(raw json.RawMessage, openai bool) ([]any, error) {
-	v, err := decodeField("messages", raw)
-	if err != nil {
-		return nil, err
-	}
-	list, ok := v.([]any)
+// Long messages come from cache when it is not nil.
+func conversation(raw json.RawMessage, openai bool, cache *messageCache) ([]any, error) {
+	elems, ok := splitArray(raw)
 	if !ok {
-		return nil, badRequest("messages must be a list")
-	}
-	conv := make([]any, 0, len(list))
-	for i, item := range list {
-		msg, ok := item.(*exec.Dict)
-		if !ok {
-			return nil, badRequest("messages[%d] must be an object", i)
+		// Not a well-formed array: decode it whole for the error.
+		v, err := decodeField("messages", raw)
+		if err != nil {
+			return nil, err
 		}
-		out, err := conversationMessage(msg, openai)
+		if _, isList := v.([]any); !isList {
+			return nil, badRequest("messages must be a list")
+		}
+		return nil, badRequest("messages: malformed list")
+	}
+	conv := make([]any, 0, len(elems))
+	for i, elem := range elems {
+		out, err := cache.message(elem, openai)
 		if err != nil {
 			return nil, fmt.Errorf("messages[%d]: %w", i, err)
 		}

@@ -40,7 +40,7 @@ func dumpValue(b *strings.Builder, v *exec.Value, o dumpOptions, depth int) erro
 	if depth > maxDepth {
 		return fmt.Errorf("tojson: nesting deeper than %d", maxDepth)
 	}
-	if v == nil || v.IsNil() {
+	if isNone(v) {
 		b.WriteString("null")
 		return nil
 	}
@@ -160,7 +160,7 @@ func dumpDict(b *strings.Builder, v *exec.Value, o dumpOptions, depth int) error
 // and None to their JSON spelling.
 func pyJSONKey(k *exec.Value) (string, error) {
 	switch {
-	case k == nil || k.IsNil():
+	case isNone(k):
 		return "null", nil
 	case k.IsString():
 		return k.String(), nil

@@ -133,3 +133,20 @@ func filterDictsort(_ *exec.Evaluator, in *exec.Value, params *exec.VarArgs) *ex
 	}
 	return exec.AsValue(out)
 }
+
+// filterItems is Jinja2's items filter: a mapping's (key, value) pairs in insertion
+// order; nothing for undefined or None.
+func filterItems(_ *exec.Evaluator, in *exec.Value, _ *exec.VarArgs) *exec.Value {
+	if in.IsNil() {
+		return exec.AsValue([]any{})
+	}
+	if !in.IsDict() {
+		return exec.AsValue(errors.New("items: input is not a mapping"))
+	}
+	out := []any{}
+	in.Iterate(func(_, _ int, k, v *exec.Value) bool {
+		out = append(out, []any{k, v})
+		return true
+	}, func() {})
+	return exec.AsValue(out)
+}

@@ -24,6 +24,7 @@ type UnsupportedError struct {
 	Reason string
 }
 
+// Error implements error.
 func (e *UnsupportedError) Error() string {
 	return "chattemplate: unsupported request: " + e.Reason
 }
@@ -34,6 +35,7 @@ type TemplateError struct {
 	Message string
 }
 
+// Error implements error.
 func (e *TemplateError) Error() string { return "chattemplate: template raised: " + e.Message }
 
 // Options configure a compiled template for one model.
@@ -45,6 +47,9 @@ type Options struct {
 	// DefaultKwargs is the server's --default-chat-template-kwargs (a JSON object), merged
 	// under each request's chat_template_kwargs as vLLM merges them.
 	DefaultKwargs json.RawMessage
+	// MessageCacheSize bounds the memo of long messages (1 KiB and more) converted
+	// for the template, such as a shared system prompt: 0 means 128, negative disables.
+	MessageCacheSize int
 	// Now is strftime_now's clock; nil means time.Now. vLLM renders with the pod's
 	// local clock, so dates can only match when clocks and time zones agree.
 	Now func() time.Time
@@ -81,6 +86,7 @@ type Template struct {
 	special  map[string]any
 	defaults *exec.Dict
 	now      func() time.Time
+	messages *messageCache // nil: disabled
 }
 
 type compiled struct {
@@ -125,12 +131,12 @@ func Compile(src string, opts Options) (*Template, error) {
 		}
 		special[k] = v
 	}
-	return &Template{main: main, special: special, defaults: defaults, now: now}, nil
+	return &Template{main: main, special: special, defaults: defaults, now: now, messages: newMessageCache(opts.MessageCacheSize)}, nil
 }
 
 func compileSource(src string, env *exec.Environment) (compiled, error) {
 	const id = "chat_template"
-	t, err := exec.NewTemplate(id, engineConfig(), rootLoader{id: id, src: src}, env)
+	t, err := exec.NewTemplate(id, engineConfig(), rootLoader{id: id, src: rewriteConditionals(src)}, env)
 	if err != nil {
 		return compiled{}, fmt.Errorf("chattemplate: compile: %w", err)
 	}
@@ -256,7 +262,7 @@ func (t *Template) variables(in Input, openaiContent bool) (map[string]any, erro
 		kwargs = mergeKwargs(t.defaults, kwargs)
 	}
 
-	messages, err := conversation(in.Messages, openaiContent)
+	messages, err := conversation(in.Messages, openaiContent, t.messages)
 	if err != nil {
 		return nil, err
 	}
@@ -271,12 +277,13 @@ func (t *Template) variables(in Input, openaiContent bool) (map[string]any, erro
 	}
 	for _, p := range kwargs.Pairs {
 		if k := p.Key.String(); !consumedKwargs[k] {
-			vars[k] = p.Value.Interface()
+			vars[k] = withNone(p.Value.Interface())
 		}
 	}
-	vars["messages"] = messages
-	vars["tools"] = tools
-	vars["documents"], _ = dictGet(kwargs, "documents")
+	vars["messages"] = withNone(messages)
+	vars["tools"] = withNone(tools)
+	documents, _ = dictGet(kwargs, "documents")
+	vars["documents"] = withNone(documents)
 	vars["add_generation_prompt"], _ = dictGet(kwargs, "add_generation_prompt")
 	return vars, nil
 }

@@ -3,6 +3,9 @@ package chattemplate_test
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -152,6 +155,56 @@ func TestConcurrentRender(t *testing.T) {
 				j := (i + g*7) % len(inputs)
 				if got, err := tmpl.Render(inputs[j]); err != nil || got != wants[j] {
 					t.Errorf("concurrent render %d differs: %v", j, err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// TestMessageCacheIdentity: renders with the long-message memo equal renders without
+// it, on first use and on hits, and concurrent hits do not interfere.
+func TestMessageCacheIdentity(t *testing.T) {
+	src, err := os.ReadFile(filepath.Join("testdata", "templates", "qwen3.jinja"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cached, err := chattemplate.Compile(string(src), chattemplate.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain, err := chattemplate.Compile(string(src), chattemplate.Options{MessageCacheSize: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	long := strings.Repeat("A shared system prompt with \"quotes\", \\ and\nnewlines. ", 60)
+	var inputs []chattemplate.Input
+	for i := range 6 {
+		msgs := []map[string]any{
+			{"role": "system", "content": long},
+			{"role": "user", "content": fmt.Sprintf("question %d", i)},
+			{"role": "assistant", "content": nil, "tool_calls": []map[string]any{{"id": "1", "type": "function", "function": map[string]any{"name": "f", "arguments": `{"x": 1.0, "pad": "` + strings.Repeat("p", 1200) + `"}`}}}},
+			{"role": "tool", "tool_call_id": "1", "content": "ok"},
+		}
+		raw, _ := json.Marshal(msgs)
+		inputs = append(inputs, chattemplate.Input{Messages: raw, AddGenerationPrompt: i%2 == 0})
+	}
+	want := make([]string, len(inputs))
+	for i, in := range inputs {
+		if want[i], err = plain.Render(in); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Go(func() {
+			for r := range 3 {
+				for i := range inputs {
+					j := (i + g + r) % len(inputs)
+					if got, err := cached.Render(inputs[j]); err != nil || got != want[j] {
+						t.Errorf("cached render %d differs: %v", j, err)
+						return
+					}
 				}
 			}
 		})

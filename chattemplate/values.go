@@ -274,7 +274,15 @@ func (d *jsonDecoder) str() (string, error) {
 		d.pos++
 		return string(s), nil
 	}
-	buf := make([]byte, 0, d.pos-start+64)
+	// Size the buffer once: the decoded string is no longer than its source.
+	end := d.pos
+	for end < len(d.data) && d.data[end] != '"' {
+		if d.data[end] == '\\' {
+			end++
+		}
+		end++
+	}
+	buf := make([]byte, 0, min(end, len(d.data))-start)
 	buf = append(buf, d.data[start:d.pos]...)
 	for d.pos < len(d.data) {
 		switch c := d.data[d.pos]; {

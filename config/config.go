@@ -490,6 +490,9 @@ type KVConfig struct {
 	// HealthRefresh is how often the kv policy re-reads which endpoints' event streams
 	// are connected.
 	HealthRefresh time.Duration `yaml:"health_refresh"`
+	// EventsStaleAfter: an endpoint busy with requests whose event stream has been silent
+	// this long is treated as not publishing (scored by prediction) until a batch arrives.
+	EventsStaleAfter time.Duration `yaml:"events_stale_after"`
 }
 
 // EventsConfig tunes the KV-event subscriber; see kvevents.Config.
@@ -510,9 +513,10 @@ func DefaultKVConfig() KVConfig {
 		Index: index.DefaultConfig(),
 		Events: EventsConfig{Watchdog: e.Watchdog, BackoffMin: e.BackoffMin, BackoffMax: e.BackoffMax,
 			ReplayIdle: e.ReplayIdle, ReplayTimeout: e.ReplayTimeout, ReplayMaxRounds: e.ReplayMaxRounds},
-		ApproxBlocks:  k.ApproxBlocks,
-		MaxTracked:    k.MaxTracked,
-		HealthRefresh: 250 * time.Millisecond,
+		ApproxBlocks:     k.ApproxBlocks,
+		MaxTracked:       k.MaxTracked,
+		HealthRefresh:    250 * time.Millisecond,
+		EventsStaleAfter: 10 * time.Second,
 	}
 }
 
@@ -567,6 +571,9 @@ func (c *KVConfig) Validate() error {
 	}
 	if c.HealthRefresh < time.Millisecond || c.HealthRefresh > time.Minute {
 		errs.Addf("health_refresh", "%v is out of range [1ms, 1m]", c.HealthRefresh)
+	}
+	if c.EventsStaleAfter < 10*time.Millisecond || c.EventsStaleAfter > time.Hour {
+		errs.Addf("events_stale_after", "%v is out of range [10ms, 1h]", c.EventsStaleAfter)
 	}
 	return errs.Err()
 }

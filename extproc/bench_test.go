@@ -2,6 +2,7 @@ package extproc_test
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"strings"
 	"sync"
@@ -12,6 +13,8 @@ import (
 	"github.com/kvrouter/kvrouter/extproc/envoytest"
 	"github.com/kvrouter/kvrouter/scoring"
 )
+
+var loadBench = flag.Bool("load", false, "run BenchmarkLoad")
 
 // benchFleet serves one model on n endpoints; Candidates copies the endpoint list with
 // current in-flight counts, as a registry does.
@@ -101,8 +104,12 @@ func BenchmarkRoundTrip(b *testing.B) {
 
 // BenchmarkLoad runs envoytest.Load open-loop over loopback TCP for 3 s at 250 and 1,000
 // exchanges/s and reports p50/p99 of the request phase as Envoy would see it. Run it with
-// -benchtime=1x; on a CPU-starved machine the 1,000/s run saturates and queues.
+// -benchtime=1x and -args -load (it takes ~20 s, so `make bench` skips it); on a
+// CPU-starved machine the 1,000/s run saturates and queues.
 func BenchmarkLoad(b *testing.B) {
+	if !*loadBench {
+		b.Skip("load run: pass -args -load")
+	}
 	req := envoytest.Request{Headers: postHeaders(), Body: [][]byte{chat2400()}}
 	for _, rate := range []int{250, 1000} {
 		for _, n := range []int{6, 64, 512} {

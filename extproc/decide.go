@@ -44,32 +44,66 @@ const (
 	replyBody                     // decision in the request-body reply (BUFFERED)
 )
 
-// decideAndReply picks the endpoint and sends the reply that carries the decision, or an
-// ImmediateResponse 503 when no endpoint is eligible (done is then true).
+// choice is a decision not yet committed: nothing is begun in the Fleet until commit.
+type choice struct {
+	dest     string // header value: endpoint, then any fallbacks
+	endpoint string
+	policy   string
+	fallback string // fallback reason, "" when the configured policy chose
+	req      scoring.Request
+}
+
+// decideAndReply picks the endpoint, commits it and sends the reply that carries the
+// decision, or an ImmediateResponse 503 when no endpoint is eligible (done is then true).
 func (st *stream) decideAndReply(in decideInput, kind replyKind) (done bool, err error) {
 	s := st.s
 	start := s.now()
-	dest, reason := st.decide(in)
+	c, reason := st.choose(in)
 	s.m.decisionLatency.Observe(s.now().Sub(start).Seconds())
-	if dest == "" {
-		s.m.noEndpoint.WithLabelValues(reason).Inc()
-		st.phase = phaseDone
-		return true, st.send(immediate503(reason))
+	if reason != "" {
+		return true, st.reply503(reason)
 	}
-	mut := decisionMutation(dest, st.spoofed)
-	common := &extprocv3.CommonResponse{HeaderMutation: mut, ClearRouteCache: true}
+	st.commit(c)
+	return false, st.send(decisionReply(c.dest, st.spoofed, kind))
+}
+
+func (st *stream) reply503(reason string) error {
+	st.s.m.noEndpoint.WithLabelValues(reason).Inc()
+	st.phase = phaseDone
+	return st.send(immediate503(reason))
+}
+
+// decisionReply is the request-headers or request-body reply naming dest.
+func decisionReply(dest string, spoofed []string, kind replyKind) *extprocv3.ProcessingResponse {
+	common := &extprocv3.CommonResponse{HeaderMutation: decisionMutation(dest, spoofed), ClearRouteCache: true}
 	r := &extprocv3.ProcessingResponse{DynamicMetadata: decisionMetadata(dest)}
 	if kind == replyHeaders {
 		r.Response = &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{Response: common}}
 	} else {
 		r.Response = &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{Response: common}}
 	}
-	return false, st.send(r)
+	return r
 }
 
-// decide returns the destination header value, or "" and a no-endpoint reason. On
-// success the endpoint is begun in the Fleet and the Observer told.
-func (st *stream) decide(in decideInput) (dest, noEndpointReason string) {
+// commit makes c the stream's decision: the Fleet and the Observer are told, and the
+// decision is counted.
+func (st *stream) commit(c choice) {
+	s := st.s
+	if c.fallback != "" {
+		s.m.fallbacks.WithLabelValues(c.fallback).Inc()
+	}
+	s.m.decisions.WithLabelValues(c.endpoint, c.policy).Inc()
+	st.routed, st.endpoint, st.reqID = true, c.endpoint, c.req.ID
+	st.tentative = nil
+	s.fleet.Begin(c.endpoint)
+	if s.observer != nil {
+		s.observer.Routed(&c.req, c.endpoint)
+	}
+}
+
+// choose picks the endpoint for the request, or returns a no-endpoint reason. It has no
+// effect beyond counting parse and tokenizer errors.
+func (st *stream) choose(in decideInput) (c choice, noEndpointReason string) {
 	s := st.s
 	fallback := in.fallback
 	var parsed *openai.Request
@@ -99,17 +133,16 @@ func (st *stream) decide(in decideInput) (dest, noEndpointReason string) {
 		fallback = fallbackUnknownModel
 	}
 	if len(eps) == 0 {
-		return "", noEndpointNone
+		return c, noEndpointNone
 	}
 	if st.hasSubset {
 		eps = inSubset(eps, st.subset)
 		if len(eps) == 0 {
-			return "", noEndpointSubset
+			return c, noEndpointSubset
 		}
 	}
 
-	st.reqID = s.nextID()
-	req := scoring.Request{ID: st.reqID, Model: model, BaseModel: base, LoRA: lora}
+	req := scoring.Request{ID: s.nextID(), Model: model, BaseModel: base, LoRA: lora}
 	if parsed != nil {
 		req.CacheSalt = parsed.CacheSalt
 	}
@@ -132,14 +165,9 @@ func (st *stream) decide(in decideInput) (dest, noEndpointReason string) {
 		d, err = policy.Pick(&req, eps)
 	}
 	if err != nil || !contains(eps, d.Endpoint) {
-		return "", noEndpointPolicy
+		return c, noEndpointPolicy
 	}
-	if fallback != "" {
-		s.m.fallbacks.WithLabelValues(fallback).Inc()
-	}
-	s.m.decisions.WithLabelValues(d.Endpoint, policy.Name()).Inc()
-
-	dest = d.Endpoint
+	dest := d.Endpoint
 	if s.maxFalls > 0 && len(d.Fallbacks) > 0 {
 		var b strings.Builder
 		b.WriteString(d.Endpoint)
@@ -156,12 +184,7 @@ func (st *stream) decide(in decideInput) (dest, noEndpointReason string) {
 		}
 		dest = b.String()
 	}
-	st.routed, st.endpoint = true, d.Endpoint
-	s.fleet.Begin(d.Endpoint)
-	if s.observer != nil {
-		s.observer.Routed(&req, d.Endpoint)
-	}
-	return dest, ""
+	return choice{dest: dest, endpoint: d.Endpoint, policy: policy.Name(), fallback: fallback, req: req}, ""
 }
 
 func contains(eps []scoring.Endpoint, addr string) bool {
@@ -203,17 +226,6 @@ func decisionMutation(dest string, spoofed []string) *extprocv3.HeaderMutation {
 		}
 	}
 	return m
-}
-
-// headersResponse is a request-headers reply with an optional mutation and the removal of
-// the spoofed headers.
-func headersResponse(set []*corev3.HeaderValueOption, remove []string, clearRoute bool) *extprocv3.ProcessingResponse {
-	var mut *extprocv3.HeaderMutation
-	if len(set) > 0 || len(remove) > 0 {
-		mut = &extprocv3.HeaderMutation{SetHeaders: set, RemoveHeaders: remove}
-	}
-	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{
-		RequestHeaders: &extprocv3.HeadersResponse{Response: &extprocv3.CommonResponse{HeaderMutation: mut, ClearRouteCache: clearRoute}}}}
 }
 
 func decisionMetadata(dest string) *structpb.Struct {

@@ -865,3 +865,63 @@ func TestResponseBeforeRequestBodyEnds(t *testing.T) {
 		t.Fatalf("begins/ends %d/%d", b, e)
 	}
 }
+
+// In BUFFERED mode Envoy sends no body message for an empty body: the headers reply
+// already names an endpoint, committed when the trailers or the response come.
+func TestBufferedEmptyBody(t *testing.T) {
+	tests := []struct {
+		name        string
+		sendTrailer bool
+		replies     []string
+	}{
+		{"trailers sent", true, []string{"request_headers", "request_trailers"}},
+		{"trailers skipped", false, []string{"request_headers"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			h.fleet.inflight[epA] = 3
+			x := h.start(mode(filterv3.ProcessingMode_BUFFERED, tc.sendTrailer))
+			res, err := x.Request(envoytest.Request{Headers: postHeaders(), Trailers: envoytest.Headers{{Key: "x-t", Value: "1"}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkDecision(t, res, epB)
+			if got := x.Replies(); !slices.Equal(got, tc.replies) {
+				t.Fatalf("replies %v, want %v", got, tc.replies)
+			}
+			if _, err := x.Response(200, nil, [][]byte{[]byte("{}")}, nil, nil); err != nil {
+				t.Fatal(err)
+			}
+			x.Close()
+			h.waitIdle()
+			if b, e := h.fleet.counts(); b != 1 || e != 1 {
+				t.Fatalf("begins/ends %d/%d", b, e)
+			}
+			if got := h.counter("kvrouter_routing_decisions_total"); got != 1 {
+				t.Fatalf("decisions %v", got)
+			}
+		})
+	}
+}
+
+// In BUFFERED mode the body decision overrides the endpoint named in the headers reply,
+// and only the final one is begun.
+func TestBufferedBodyOverridesHeadersReply(t *testing.T) {
+	h := newHarness(t)
+	h.fleet.inflight[epB] = 3 // the headers reply names A (load); the body needs B
+	x := h.start(mode(filterv3.ProcessingMode_BUFFERED, false))
+	res, err := x.Request(envoytest.Request{Headers: postHeaders(), Body: [][]byte{chatBody("only-b")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkDecision(t, res, epB)
+	x.Close()
+	h.waitIdle()
+	if b, e := h.fleet.counts(); b != 1 || e != 1 {
+		t.Fatalf("begins/ends %d/%d", b, e)
+	}
+	if got := h.counter("kvrouter_routing_decisions_total", "endpoint", epA); got != 0 {
+		t.Fatalf("tentative endpoint counted as a decision")
+	}
+}

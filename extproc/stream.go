@@ -10,7 +10,6 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 
 	"github.com/kvrouter/kvrouter/openai"
-	"github.com/kvrouter/kvrouter/scoring"
 )
 
 // phase is where a stream stands; each Envoy message is accepted only in some phases.
@@ -60,9 +59,10 @@ type stream struct {
 	through   bool // FDS: decided already; body chunks pass straight through
 
 	// decision
-	routed   bool
-	endpoint string
-	reqID    string
+	routed    bool
+	endpoint  string
+	reqID     string
+	tentative *choice // BUFFERED: named in the headers reply, committed if no body comes
 
 	// response
 	respHeaders bool
@@ -128,8 +128,16 @@ func (st *stream) onRequestHeaders(msg *extprocv3.ProcessingRequest, h *extprocv
 		}
 		return false, nil // wait for the body
 	case filterv3.ProcessingMode_BUFFERED, filterv3.ProcessingMode_BUFFERED_PARTIAL:
-		// The decision goes in the body reply; strip spoofed headers now.
-		return false, st.send(headersResponse(nil, st.spoofed, false))
+		// The decision goes in the body reply. Envoy sends no body message when the body is
+		// empty (only trailers, or nothing at all with trailer mode SKIP), so this reply
+		// already names a load-based endpoint; the body reply overrides it, and it is
+		// committed only if no body comes.
+		c, reason := st.choose(decideInput{fallback: fallbackNoBody})
+		if reason != "" {
+			return true, st.reply503(reason)
+		}
+		st.tentative = &c
+		return false, st.send(decisionReply(c.dest, st.spoofed, replyHeaders))
 	default: // STREAMED, NONE, GRPC: Envoy waits for this reply before any body.
 		return st.decideAndReply(decideInput{fallback: fallbackNoBody}, replyHeaders)
 	}
@@ -215,8 +223,10 @@ func (st *stream) onRequestTrailers() (bool, error) {
 		}
 	}
 	if !st.routed {
-		// Only BUFFERED can get here: Envoy sends the buffered body before trailers.
-		return false, protocolErrorf("request_trailers before the body in %s mode", st.reqMode)
+		if st.tentative == nil {
+			return false, protocolErrorf("request_trailers before a routing decision in %s mode", st.reqMode)
+		}
+		st.commit(*st.tentative) // BUFFERED with an empty body: Envoy sends no body message
 	}
 	return false, st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestTrailers{
 		RequestTrailers: &extprocv3.TrailersResponse{}}})
@@ -226,6 +236,9 @@ func (st *stream) onRequestTrailers() (bool, error) {
 // can start the response before the request body ends (an upstream answering early), so
 // the request phase is not required to be over.
 func (st *stream) responseAllowed(what string) error {
+	if !st.routed && st.tentative != nil && st.phase != phaseDone {
+		st.commit(*st.tentative) // BUFFERED, empty body, trailers not sent: the request went on
+	}
 	if !st.routed || st.phase == phaseDone {
 		return protocolErrorf("%s before the request was routed (phase %s)", what, st.phase)
 	}
@@ -407,5 +420,3 @@ func subsetHint(md *corev3.Metadata) (addrs []string, present bool) {
 func metadataString(md *corev3.Metadata, ns, key string) string {
 	return md.GetFilterMetadata()[ns].GetFields()[key].GetStringValue()
 }
-
-var _ scoring.Policy = (*scoring.LeastLoad)(nil)

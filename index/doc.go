@@ -50,10 +50,12 @@
 // rank's lock; different ranks ingest in parallel. Lookups take no rank lock: they read
 // each key's bitset under its shard's read lock, held for one probe, so a lookup waits at
 // most for one key update in that shard (tens of nanoseconds), or, rarely, for a shard's
-// growth by 3/2 (a rehash of 1/64 of the keys). Registering an endpoint rank, widening
-// the bitsets past a multiple of 64 ranks, and the two short bookkeeping steps of Purge
-// hold the index-wide lock exclusively and so wait for lookups in progress; dropping a
-// purged or cleared rank's blocks does not block lookups. A lookup concurrent with
+// growth by 5/4 (a rehash of 1/64 of the keys). Registering an endpoint rank and the two
+// short bookkeeping steps of Purge hold the index-wide lock exclusively and so wait for
+// lookups in progress (microseconds). Widening the bitsets when the 65th, 129th, ... rank
+// registers rehashes every key under that lock: lookups and ingestion then wait for a
+// time proportional to the number of keys, once per 64 ranks. Dropping a purged or
+// cleared rank's blocks does not block lookups. A lookup concurrent with
 // ingestion sees each key either before or after each update; it may see a chain
 // half-stored or half-removed, never a key the rank did not hold at some point during the
 // lookup.

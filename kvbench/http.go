@@ -31,6 +31,11 @@ type HTTPConfig struct {
 	MetricsURLs []string
 	// IgnoreEOS sends vLLM's ignore_eos so every response has exactly OutputTokens tokens.
 	IgnoreEOS bool
+	// ResetPrefixCache empties every engine's prefix cache before each run, with
+	// POST <metrics URL without /metrics>/reset_prefix_cache (vLLM serves it with
+	// VLLM_SERVER_DEV_MODE=1). Without it, runs against the same engines start from
+	// whatever the previous run left cached.
+	ResetPrefixCache bool
 	// Timeout bounds one request; 0 means 5 minutes.
 	Timeout time.Duration
 	// Client is the HTTP client; nil means a client with keep-alive for the concurrency.
@@ -56,6 +61,9 @@ func NewHTTPTarget(cfg HTTPConfig) (*HTTPTarget, error) {
 	}
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = 5 * time.Minute
+	}
+	if cfg.ResetPrefixCache && len(cfg.MetricsURLs) == 0 {
+		return nil, errors.New("kvbench: resetting prefix caches needs the engines' metrics URLs")
 	}
 	client := cfg.Client
 	if client == nil {
@@ -86,6 +94,11 @@ type RunOutput struct {
 func (t *HTTPTarget) Run(ctx context.Context, w *Workload, concurrency int, progress func()) (RunOutput, error) {
 	if concurrency < 1 {
 		return RunOutput{}, fmt.Errorf("kvbench: concurrency must be at least 1, got %d", concurrency)
+	}
+	if t.cfg.ResetPrefixCache {
+		if err := t.resetAll(ctx); err != nil {
+			return RunOutput{}, err
+		}
 	}
 	reqs := w.Requests()
 	warm := w.Config().Warmup
@@ -483,4 +496,25 @@ func (t *HTTPTarget) scrape(ctx context.Context, url string) (EngineMetrics, err
 		return m, fmt.Errorf("kvbench: metrics %s: %w", url, err)
 	}
 	return m, nil
+}
+
+// resetAll empties every engine's prefix cache.
+func (t *HTTPTarget) resetAll(ctx context.Context) error {
+	for _, m := range t.cfg.MetricsURLs {
+		url := strings.TrimSuffix(strings.TrimRight(m, "/"), "/metrics") + "/reset_prefix_cache"
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, nil)
+		if err != nil {
+			return fmt.Errorf("kvbench: reset %s: %w", url, err)
+		}
+		resp, err := t.client.Do(req)
+		if err != nil {
+			return fmt.Errorf("kvbench: reset %s: %w", url, err)
+		}
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
+		resp.Body.Close()
+		if resp.StatusCode/100 != 2 {
+			return fmt.Errorf("kvbench: reset %s: HTTP %d (vLLM serves it only with VLLM_SERVER_DEV_MODE=1)", url, resp.StatusCode)
+		}
+	}
+	return nil
 }

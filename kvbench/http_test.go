@@ -41,9 +41,13 @@ func (e *fakeEngine) serve(prompt []string) (cached int) {
 	return cached
 }
 
-func (e *fakeEngine) metrics(w http.ResponseWriter, _ *http.Request) {
+func (e *fakeEngine) metrics(w http.ResponseWriter, r *http.Request) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	if r.Method == http.MethodPost && r.URL.Path == "/reset_prefix_cache" {
+		e.blocks = map[string]bool{}
+		return
+	}
 	fmt.Fprintf(w, "# HELP vllm:prefix_cache_hits_total Prefix cache hits.\n# TYPE vllm:prefix_cache_hits_total counter\n")
 	fmt.Fprintf(w, "vllm:prefix_cache_hits_total{engine=\"0\",model_name=\"m\"} %d\n", e.hits)
 	fmt.Fprintf(w, "vllm:prefix_cache_queries_total{engine=\"0\",model_name=\"m\"} %d\n", e.queries)
@@ -368,5 +372,39 @@ func TestExecuteURLMode(t *testing.T) {
 	}
 	if !strings.Contains(b.String(), "gateway W=2 N=2 C=2") {
 		t.Errorf("report %q", b.String())
+	}
+}
+
+// TestHTTPTargetResetsPrefixCaches: a second run against the same engines starts warm,
+// unless the caches are reset first.
+func TestHTTPTargetResetsPrefixCaches(t *testing.T) {
+	for _, reset := range []bool{false, true} {
+		t.Run(fmt.Sprintf("reset=%v", reset), func(t *testing.T) {
+			_, url, metrics := newFakeFleet(t, 2)
+			cfg := smallConfig()
+			cfg.Warmup, cfg.Requests = 0, 6
+			w, _ := NewWorkload(cfg, nil)
+			target, err := NewHTTPTarget(HTTPConfig{URL: url, Model: "m", MetricsURLs: metrics, ResetPrefixCache: reset})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var first []Result
+			for range 2 {
+				out, err := target.Run(context.Background(), w, 1, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				first = append(first, out.Results[0])
+			}
+			if first[0].CachedTokens != 0 {
+				t.Fatalf("first run's first request hit: %+v", first[0])
+			}
+			if warm := first[1].CachedTokens > 0; warm == reset {
+				t.Errorf("second run's first request cached %d tokens with reset=%v", first[1].CachedTokens, reset)
+			}
+		})
+	}
+	if _, err := NewHTTPTarget(HTTPConfig{URL: "http://x", Model: "m", ResetPrefixCache: true}); err == nil {
+		t.Error("reset without metrics URLs accepted")
 	}
 }

@@ -59,6 +59,12 @@ type Router struct {
 	Events EventSink
 }
 
+// RequestTokenizer computes a request's prompt token ids from its HTTP path and JSON body
+// exactly as vLLM will.
+type RequestTokenizer interface {
+	PromptTokens(path string, body []byte) ([]uint32, error)
+}
+
 // PolicyFactory builds a fresh Router for one replica of one run.
 type PolicyFactory func(env PolicyEnv) (Router, error)
 
@@ -87,9 +93,12 @@ type SimConfig struct {
 	Churn []ChurnEvent
 	// EventEncoding is the msgpack layout the engines publish.
 	EventEncoding kvevents.Encoding
-	// Tokenizer tokenizes the router's view of each request (each prefix once per run,
-	// each tail per request); nil uses the workload's ids.
+	// Tokenizer tokenizes the router's view of each completions request (each prefix once
+	// per run, each tail per request); nil uses the workload's ids.
 	Tokenizer Tokenizer
+	// Prompts, when set, computes each chat request's token ids from its HTTP body as
+	// the router does (parse, render the chat template, tokenize). Chat needs it.
+	Prompts RequestTokenizer
 	// Policies builds the routers.
 	Policies PolicyFactory
 }
@@ -181,8 +190,8 @@ func RunSim(ctx context.Context, cfg SimConfig, w *Workload, policy string, conc
 	if err := cfg.Validate(); err != nil {
 		return RunOutput{}, err
 	}
-	if w.Config().API != APICompletions {
-		return RunOutput{}, errors.New("kvbench: sim mode sends completions requests only (the router would need the chat template to tokenize chat)")
+	if w.Config().API == APIChat && cfg.Prompts == nil {
+		return RunOutput{}, errors.New("kvbench: chat in sim mode needs the chat template: the model's tokenizer_config.json (--tokenizer)")
 	}
 	if concurrency < 1 {
 		return RunOutput{}, fmt.Errorf("kvbench: concurrency must be at least 1, got %d", concurrency)
@@ -396,9 +405,12 @@ func (r *simRun) dispatch(req *Request, sent float64, done func()) {
 	r.kick(server)
 }
 
-// tokens is the router's tokenization: each prefix's text once per run, the tail per
-// request.
+// tokens is the router's tokenization: for chat, the whole body through the chat
+// template; for completions, each prefix's text once per run and the tail per request.
 func (r *simRun) tokens(req *Request) ([]uint32, error) {
+	if r.w.Config().API == APIChat {
+		return r.cfg.Prompts.PromptTokens(r.w.Path(), r.w.Body(req, r.cfg.Model, true))
+	}
 	tok := r.cfg.Tokenizer
 	if tok == nil {
 		return r.w.TokenIDs(req), nil

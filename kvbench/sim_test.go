@@ -3,6 +3,8 @@ package kvbench
 import (
 	"bytes"
 	"context"
+	"encoding/json"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -366,6 +368,52 @@ func TestRunSimWarmupHandsOverOnce(t *testing.T) {
 			if r.Err != "" {
 				t.Fatalf("seed %d: request %d: %s", seed, r.Seq, r.Err)
 			}
+		}
+	}
+}
+
+// chatTokens is a hand-written RequestTokenizer: a 3-token header, one token per word of
+// the message (the embedded ids), a 5-token footer, as Qwen3's template lays them out.
+type chatTokens struct{ words *wordTokenizer }
+
+func (c chatTokens) PromptTokens(path string, body []byte) ([]uint32, error) {
+	var b struct {
+		Messages []struct {
+			Content string `json:"content"`
+		} `json:"messages"`
+	}
+	if err := json.Unmarshal(body, &b); err != nil || path != "/v1/chat/completions" {
+		return nil, fmt.Errorf("not a chat body for %s: %v", path, err)
+	}
+	ids, err := c.words.Encode(b.Messages[0].Content)
+	if err != nil {
+		return nil, err
+	}
+	out := append([]uint32{151644, 872, 198}, ids...)
+	return append(out, 151645, 198, 151644, 77091, 198), nil
+}
+
+func TestRunSimChat(t *testing.T) {
+	cfg := DefaultWorkloadConfig()
+	cfg.API, cfg.Prefixes, cfg.Requests, cfg.OutputTokens = APIChat, 3, 30, 10
+	w, err := NewWorkload(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tf := &testFleet{}
+	sc := smallSim(tf)
+	sc.Prompts = chatTokens{newWordTokenizer()}
+	out, err := RunSim(context.Background(), sc, w, "sticky", 4, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := Summarize(out.Results, SummaryInput{PrefixTokens: cfg.PrefixTokens, BlockSize: 16})
+	if s.Errors != 0 || s.HitFull < 0.8 {
+		t.Errorf("errors %d hit_full %v", s.Errors, s.HitFull)
+	}
+	for _, r := range out.Results {
+		if r.PromptTokens != cfg.PrefixTokens+cfg.TailTokens+8 {
+			t.Fatalf("request %d: %d prompt tokens, want P+T+8", r.Seq, r.PromptTokens)
 		}
 	}
 }

@@ -33,6 +33,7 @@ type ParseError struct {
 	Err error
 }
 
+// Error returns "openai: <reason> (field <field>): <cause>".
 func (e *ParseError) Error() string {
 	var b strings.Builder
 	b.WriteString("openai: ")
@@ -49,6 +50,7 @@ func (e *ParseError) Error() string {
 	return b.String()
 }
 
+// Unwrap returns the underlying decoder error.
 func (e *ParseError) Unwrap() error { return e.Err }
 
 // KindOf tells which API path names, ignoring any query string. It returns KindUnknown

@@ -45,6 +45,9 @@ type Request struct {
 	// Documents is the chat request's documents array as raw JSON (nil when absent or
 	// null): vLLM passes it to the chat template.
 	Documents json.RawMessage
+	// TruncatePromptTokens is vLLM's truncate_prompt_tokens (nil when absent): vLLM
+	// keeps only that many prompt tokens, which changes the ids the pod caches.
+	TruncatePromptTokens *int
 }
 
 // Kind is the API a request body belongs to.

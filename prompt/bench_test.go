@@ -62,8 +62,8 @@ func cpuTime(tb testing.TB) time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-func benchPromptTokens(b *testing.B, opts []tokenizer.Option) {
-	bl, err := prompt.LoadDir(testmodels.Dir(b, "qwen3"), prompt.LoadOptions{Tokenizer: opts})
+func benchPromptTokens(b *testing.B, o prompt.LoadOptions) {
+	bl, err := prompt.LoadDir(testmodels.Dir(b, "qwen3"), o)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -92,16 +92,18 @@ func benchPromptTokens(b *testing.B, opts []tokenizer.Option) {
 	b.ReportMetric(float64(len(ids)), "prompt-tokens")
 }
 
-// BenchmarkPromptTokensCold: render + tokenize a 2,400-token chat with the segment
-// cache disabled, so every request tokenizes its whole prompt.
+// BenchmarkPromptTokensCold: render + tokenize a 2,400-token chat with the tokenizer's
+// segment cache and the template's message cache disabled, so every request decodes,
+// renders and tokenizes its whole prompt.
 func BenchmarkPromptTokensCold(b *testing.B) {
-	benchPromptTokens(b, []tokenizer.Option{tokenizer.WithSegmentCache(0, 0)})
+	benchPromptTokens(b, prompt.LoadOptions{Tokenizer: []tokenizer.Option{tokenizer.WithSegmentCache(0, 0, 0)}, MessageCacheSize: -1})
 }
 
-// BenchmarkPromptTokensSystemCached: the same requests with the default segment cache:
-// the shared system prompt is tokenized once, each request's unique turn is not.
+// BenchmarkPromptTokensSystemCached: the same requests with the default caches: the
+// shared system prompt is converted and tokenized once, each request's unique turn is
+// not.
 func BenchmarkPromptTokensSystemCached(b *testing.B) {
-	benchPromptTokens(b, nil)
+	benchPromptTokens(b, prompt.LoadOptions{})
 }
 
 // BenchmarkLoadQwen3 measures loading the tokenizer and compiling the template.

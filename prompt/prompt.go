@@ -21,6 +21,9 @@ const (
 	ReasonNoTokenizer = "unsupported_tokenizer"
 	// ReasonKind is a request that is neither completions nor chat.
 	ReasonKind = "unknown_endpoint"
+	// ReasonTruncated is a prompt longer than its truncate_prompt_tokens: vLLM cuts it,
+	// on a side that depends on the tokenizer and the request.
+	ReasonTruncated = "truncate_prompt_tokens"
 )
 
 // UnsupportedError reports a request whose prompt ids cannot be reproduced exactly;
@@ -32,6 +35,7 @@ type UnsupportedError struct {
 	Err error
 }
 
+// Error implements error.
 func (e *UnsupportedError) Error() string {
 	if e.Err != nil {
 		return "prompt: unsupported request (" + e.Reason + "): " + e.Err.Error()
@@ -39,6 +43,7 @@ func (e *UnsupportedError) Error() string {
 	return "prompt: unsupported request: " + e.Reason
 }
 
+// Unwrap returns the underlying error.
 func (e *UnsupportedError) Unwrap() error { return e.Err }
 
 // UnknownModelError is returned by Registry for a model it has no files for.
@@ -46,6 +51,7 @@ type UnknownModelError struct {
 	Model string
 }
 
+// Error implements error.
 func (e *UnknownModelError) Error() string { return "prompt: unknown model " + strconv.Quote(e.Model) }
 
 // ErrBadRequest is wrapped by errors for bodies vLLM itself rejects: the request fails
@@ -80,13 +86,25 @@ func (b *Builder) PromptTokens(req *openai.Request) ([]uint32, error) {
 }
 
 func (b *Builder) promptTokens(req *openai.Request) ([]uint32, error) {
+	if req == nil {
+		return nil, fmt.Errorf("%w: no request", ErrBadRequest)
+	}
+	var ids []uint32
+	var err error
 	switch req.Kind {
 	case openai.KindCompletions:
-		return b.completion(req)
+		ids, err = b.completion(req)
 	case openai.KindChat:
-		return b.chat(req)
+		ids, err = b.chat(req)
+	default:
+		return nil, &UnsupportedError{Reason: ReasonKind}
 	}
-	return nil, &UnsupportedError{Reason: ReasonKind}
+	// truncate_prompt_tokens N >= 0 cuts longer prompts; -1 (cut to the context length)
+	// only matters for prompts vLLM would otherwise reject.
+	if n := req.TruncatePromptTokens; err == nil && n != nil && *n >= 0 && len(ids) > *n {
+		return nil, &UnsupportedError{Reason: ReasonTruncated}
+	}
+	return ids, err
 }
 
 func (b *Builder) chat(req *openai.Request) ([]uint32, error) {

@@ -186,6 +186,9 @@ func TestPromptTokensShapes(t *testing.T) {
 		{name: "messages not a list", body: `{"messages":{"role":"user"}}`, badRequest: true},
 		{name: "lone surrogate", body: `{"messages":[{"role":"user","content":"\ud800"}]}`, badRequest: true},
 		{name: "template raises on empty messages", body: `{"messages":[]}`, badRequest: false},
+		{name: "truncation cuts the prompt", body: `{"prompt":"Hello world, how are you?","truncate_prompt_tokens":2}`, unsupported: prompt.ReasonTruncated},
+		{name: "truncation longer than the prompt", body: `{"prompt":[5, 6],"truncate_prompt_tokens":2}`, wantIDs: []uint32{5, 6}},
+		{name: "truncation to the context length", body: `{"prompt":[5, 6, 7],"truncate_prompt_tokens":-1}`, wantIDs: []uint32{5, 6, 7}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -227,7 +230,7 @@ func TestRegistry(t *testing.T) {
 	r, err := prompt.NewRegistry(prompt.Config{Models: []prompt.ModelConfig{
 		{Name: "Qwen/Qwen3-0.6B", Dir: dir},
 		{Name: "missing", Dir: filepath.Join(t.TempDir(), "nothing")},
-	}}, m, nil)
+	}}, prompt.RegistryOptions{Metrics: m, TokenizerMetrics: tokenizer.NewMetrics(reg)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -256,6 +259,9 @@ func TestRegistry(t *testing.T) {
 	if _, err := r.PromptTokens(chat, "missing"); !errors.As(err, &loadErr) {
 		t.Fatalf("want the remembered LoadError, got %v", err)
 	}
+	if _, err := r.PromptTokens(nil, "Qwen/Qwen3-0.6B"); !errors.Is(err, prompt.ErrBadRequest) {
+		t.Fatalf("nil request: want ErrBadRequest, got %v", err)
+	}
 	batch, _ := prompt.RequestFromBody([]byte(`{"prompt":["a","b"]}`))
 	if _, err := r.PromptTokens(batch, "Qwen/Qwen3-0.6B"); err == nil {
 		t.Fatal("want an error for a batch")
@@ -268,15 +274,18 @@ func TestRegistry(t *testing.T) {
 	want := `
 # HELP kvrouter_prompt_failures_total Requests whose prompt token ids could not be computed, by kind: bad_request (vLLM rejects it too), unknown_model, load, render.
 # TYPE kvrouter_prompt_failures_total counter
-kvrouter_prompt_failures_total{kind="bad_request"} 1
+kvrouter_prompt_failures_total{kind="bad_request"} 2
 kvrouter_prompt_failures_total{kind="load"} 2
 kvrouter_prompt_failures_total{kind="unknown_model"} 1
 # HELP kvrouter_prompt_unsupported_total Requests whose prompt token ids cannot be reproduced exactly (routed by load), by reason.
 # TYPE kvrouter_prompt_unsupported_total counter
 kvrouter_prompt_unsupported_total{reason="prompt_batch"} 1
 `
-	if err := testutil.GatherAndCompare(reg, strings.NewReader(want)); err != nil {
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "kvrouter_prompt_failures_total", "kvrouter_prompt_unsupported_total"); err != nil {
 		t.Fatal(err)
+	}
+	if n, err := testutil.GatherAndCount(reg, "kvrouter_tokenizer_segment_cache_lookups_total"); err != nil || n == 0 {
+		t.Fatalf("tokenizer cache metrics not wired: %d series, %v", n, err)
 	}
 }
 

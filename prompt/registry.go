@@ -66,8 +66,10 @@ type LoadError struct {
 	Err   error
 }
 
+// Error implements error.
 func (e *LoadError) Error() string { return fmt.Sprintf("prompt: load model %q: %v", e.Model, e.Err) }
 
+// Unwrap returns the underlying error.
 func (e *LoadError) Unwrap() error { return e.Err }
 
 // LoadOptions tune LoadDir.
@@ -78,6 +80,8 @@ type LoadOptions struct {
 	Now func() time.Time
 	// Tokenizer options (segment cache size).
 	Tokenizer []tokenizer.Option
+	// MessageCacheSize is chattemplate.Options.MessageCacheSize (0: default, <0: off).
+	MessageCacheSize int
 	// Metrics may be nil.
 	Metrics *Metrics
 }
@@ -109,8 +113,9 @@ func LoadDir(dir string, o LoadOptions) (*Builder, error) {
 		return nil, fmt.Errorf("prompt: %w", err)
 	}
 	tmpl, err := chattemplate.CompileConfig(cfg, chattemplate.Options{
-		DefaultKwargs: o.DefaultChatTemplateKwargs,
-		Now:           o.Now,
+		DefaultKwargs:    o.DefaultChatTemplateKwargs,
+		Now:              o.Now,
+		MessageCacheSize: o.MessageCacheSize,
 	})
 	if err != nil && !errors.Is(err, chattemplate.ErrNoTemplate) {
 		return nil, err
@@ -121,9 +126,18 @@ func LoadDir(dir string, o LoadOptions) (*Builder, error) {
 // Registry serves prompt ids for several base models, loading each model's files once
 // on first use. It is safe for concurrent use.
 type Registry struct {
-	models  map[string]*slot
-	metrics *Metrics
-	now     func() time.Time
+	models map[string]*slot
+	opts   RegistryOptions
+}
+
+// RegistryOptions are the Registry's collaborators; all may be nil.
+type RegistryOptions struct {
+	// Metrics counts unsupported requests and failures.
+	Metrics *Metrics
+	// TokenizerMetrics counts each model's tokenizer cache lookups, labelled by model.
+	TokenizerMetrics *tokenizer.Metrics
+	// Now is the templates' strftime_now clock (nil: time.Now).
+	Now func() time.Time
 }
 
 type slot struct {
@@ -134,12 +148,12 @@ type slot struct {
 }
 
 // NewRegistry validates cfg and returns a Registry; it loads nothing yet (see Load
-// and LoadAll). metrics and now may be nil.
-func NewRegistry(cfg Config, metrics *Metrics, now func() time.Time) (*Registry, error) {
+// and LoadAll).
+func NewRegistry(cfg Config, o RegistryOptions) (*Registry, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	r := &Registry{models: make(map[string]*slot, len(cfg.Models)), metrics: metrics, now: now}
+	r := &Registry{models: make(map[string]*slot, len(cfg.Models)), opts: o}
 	for _, m := range cfg.Models {
 		r.models[m.Name] = &slot{cfg: m}
 	}
@@ -159,7 +173,16 @@ func (r *Registry) Load(model string) (*Builder, error) {
 		if s.cfg.DefaultChatTemplateKwargs != "" {
 			defaults = json.RawMessage(s.cfg.DefaultChatTemplateKwargs)
 		}
-		b, err := LoadDir(s.cfg.Dir, LoadOptions{DefaultChatTemplateKwargs: defaults, Now: r.now, Metrics: r.metrics})
+		var tokOpts []tokenizer.Option
+		if r.opts.TokenizerMetrics != nil {
+			tokOpts = append(tokOpts, tokenizer.WithMetrics(r.opts.TokenizerMetrics, model))
+		}
+		b, err := LoadDir(s.cfg.Dir, LoadOptions{
+			DefaultChatTemplateKwargs: defaults,
+			Now:                       r.opts.Now,
+			Tokenizer:                 tokOpts,
+			Metrics:                   r.opts.Metrics,
+		})
 		var unsupported *UnsupportedError
 		switch {
 		case errors.As(err, &unsupported):
@@ -190,7 +213,7 @@ func (r *Registry) LoadAll() error {
 func (r *Registry) PromptTokens(req *openai.Request, baseModel string) ([]uint32, error) {
 	b, err := r.Load(baseModel)
 	if err != nil {
-		r.metrics.observe(err)
+		r.opts.Metrics.observe(err)
 		return nil, err
 	}
 	return b.PromptTokens(req)

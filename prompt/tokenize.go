@@ -98,6 +98,7 @@ func RequestFromBody(body []byte) (*openai.Request, error) {
 		"add_generation_prompt":  &req.AddGenerationPrompt,
 		"continue_final_message": &req.ContinueFinalMessage,
 		"add_special_tokens":     &req.AddSpecialTokens,
+		"truncate_prompt_tokens": &req.TruncatePromptTokens,
 	} {
 		if raw := nonNull(top[key]); raw != nil {
 			if err := json.Unmarshal(raw, dst); err != nil {

@@ -11,7 +11,7 @@ import (
 	"github.com/kvrouter/kvrouter/scoring"
 )
 
-func randToks(rng *rand.Rand, n int) []uint32 {
+func kvRandTokens(rng *rand.Rand, n int) []uint32 {
 	t := make([]uint32, n)
 	for i := range t {
 		t[i] = rng.Uint32N(150_000)
@@ -34,7 +34,7 @@ func BenchmarkKVPick(b *testing.B) {
 			root := index.Root("m", "", "")
 			prefixes := make([][]uint32, 24)
 			for i := range prefixes {
-				prefixes[i] = randToks(rng, 2032)
+				prefixes[i] = kvRandTokens(rng, 2032)
 			}
 			p, err := scoring.NewKV(scoring.DefaultKVConfig(), ix, nil, rand.NewPCG(1, 2), nil)
 			if err != nil {
@@ -46,7 +46,7 @@ func BenchmarkKVPick(b *testing.B) {
 				eps[e].Address = fmt.Sprintf("10.0.0.%d:8000", e)
 				stored := 0
 				for j := 0; stored < 50_000; j++ {
-					toks := randToks(rng, 2371)
+					toks := kvRandTokens(rng, 2371)
 					if j < 8 {
 						copy(toks, prefixes[rng.IntN(len(prefixes))])
 					}
@@ -64,28 +64,28 @@ func BenchmarkKVPick(b *testing.B) {
 				}
 				for j := range 4 {
 					r := &scoring.Request{ID: fmt.Sprint(e, "/", j), Model: "m",
-						TokenIDs: append(append([]uint32{}, prefixes[rng.IntN(24)]...), randToks(rng, 339)...)}
+						TokenIDs: append(append([]uint32{}, prefixes[rng.IntN(24)]...), kvRandTokens(rng, 339)...)}
 					p.Routed(r, eps[e].Address)
 					p.FirstToken(r.ID)
 				}
 			}
-			req := &scoring.Request{ID: "bench", Model: "m", TokenIDs: append(append([]uint32{}, prefixes[0]...), randToks(rng, 339)...)}
+			req := &scoring.Request{ID: "bench", Model: "m", TokenIDs: append(append([]uint32{}, prefixes[0]...), kvRandTokens(rng, 339)...)}
 			b.ReportAllocs()
-			cpu := cpuTime()
+			cpu := kvCPUTime()
 			b.ResetTimer()
 			for b.Loop() {
 				if _, err := p.Pick(req, eps); err != nil {
 					b.Fatal(err)
 				}
 			}
-			b.ReportMetric(float64((cpuTime()-cpu).Nanoseconds())/float64(b.N), "cpu-ns/op")
+			b.ReportMetric(float64((kvCPUTime()-cpu).Nanoseconds())/float64(b.N), "cpu-ns/op")
 		})
 	}
 }
 
 // cpuTime is the process's CPU time: on a shared machine wall time also counts the time
 // other processes held the core.
-func cpuTime() time.Duration {
+func kvCPUTime() time.Duration {
 	var ru syscall.Rusage
 	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())

@@ -16,14 +16,14 @@ import (
 )
 
 // fakeIndex holds, per endpoint, a set of block keys.
-type fakeIndex struct {
+type kvFakeIndex struct {
 	mu   sync.Mutex
 	held map[string]map[uint64]bool
 }
 
-func newFakeIndex() *fakeIndex { return &fakeIndex{held: map[string]map[uint64]bool{}} }
+func newKVFakeIndex() *kvFakeIndex { return &kvFakeIndex{held: map[string]map[uint64]bool{}} }
 
-func (f *fakeIndex) hold(ep string, keys []uint64) {
+func (f *kvFakeIndex) hold(ep string, keys []uint64) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.held[ep] == nil {
@@ -34,7 +34,7 @@ func (f *fakeIndex) hold(ep string, keys []uint64) {
 	}
 }
 
-func (f *fakeIndex) LeadingBlocks(keys []uint64, eps []string, dst []int) []int {
+func (f *kvFakeIndex) LeadingBlocks(keys []uint64, eps []string, dst []int) []int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	dst = dst[:0]
@@ -49,11 +49,11 @@ func (f *fakeIndex) LeadingBlocks(keys []uint64, eps []string, dst []int) []int 
 }
 
 // fakeHealth reports the endpoints in down as not healthy.
-type fakeHealth struct{ down map[string]bool }
+type kvFakeHealth struct{ down map[string]bool }
 
-func (h fakeHealth) EventsHealthy(ep string) bool { return !h.down[ep] }
+func (h kvFakeHealth) EventsHealthy(ep string) bool { return !h.down[ep] }
 
-func tokens(start, n int) []uint32 {
+func kvTokens(start, n int) []uint32 {
 	t := make([]uint32, n)
 	for i := range t {
 		t[i] = uint32(start + i)
@@ -61,16 +61,16 @@ func tokens(start, n int) []uint32 {
 	return t
 }
 
-var reqN int
+var kvReqN int
 
-func request(toks []uint32) *scoring.Request {
-	reqN++
-	return &scoring.Request{ID: fmt.Sprint("r", reqN), Model: "m", BaseModel: "m", TokenIDs: toks}
+func kvReq(toks []uint32) *scoring.Request {
+	kvReqN++
+	return &scoring.Request{ID: fmt.Sprint("r", kvReqN), Model: "m", BaseModel: "m", TokenIDs: toks}
 }
 
-func keysOf(toks []uint32) []uint64 { return index.Keys(index.Root("m", "", ""), toks, 16, nil) }
+func kvKeysOf(toks []uint32) []uint64 { return index.Keys(index.Root("m", "", ""), toks, 16, nil) }
 
-func cands(names ...string) []scoring.Endpoint {
+func kvCands(names ...string) []scoring.Endpoint {
 	out := make([]scoring.Endpoint, len(names))
 	for i, n := range names {
 		out[i] = scoring.Endpoint{Address: n}
@@ -79,22 +79,22 @@ func cands(names ...string) []scoring.Endpoint {
 }
 
 // policy is what both cost policies offer.
-type policy interface {
+type kvPolicy interface {
 	scoring.Policy
 	scoring.Observer
 }
 
 // route picks among ep alone and reports the request routed there, as the router does.
-func route(t *testing.T, p policy, req *scoring.Request, ep string) {
+func kvRoute(t *testing.T, p kvPolicy, req *scoring.Request, ep string) {
 	t.Helper()
-	d, err := p.Pick(req, cands(ep))
+	d, err := p.Pick(req, kvCands(ep))
 	if err != nil || d.Endpoint != ep {
 		t.Fatalf("Pick = %v, %v", d, err)
 	}
 	p.Routed(req, ep)
 }
 
-func costs(d scoring.Decision) map[string]float64 {
+func kvCosts(d scoring.Decision) map[string]float64 {
 	out := map[string]float64{}
 	for k, v := range d.Scores {
 		out[k] = -v
@@ -103,15 +103,15 @@ func costs(d scoring.Decision) map[string]float64 {
 }
 
 var (
-	prompt = tokens(0, 64)    // 4 blocks
-	other  = tokens(1000, 64) // 4 unrelated blocks
+	kvPrompt = kvTokens(0, 64)    // 4 blocks
+	kvOther  = kvTokens(1000, 64) // 4 unrelated blocks
 )
 
 func TestKVCostTerms(t *testing.T) {
 	tests := []struct {
 		name  string
 		cfg   func(*scoring.KVConfig)
-		setup func(t *testing.T, p policy, ix *fakeIndex)
+		setup func(t *testing.T, p kvPolicy, ix *kvFakeIndex)
 		req   []uint32
 		want  map[string]float64
 	}{
@@ -121,41 +121,41 @@ func TestKVCostTerms(t *testing.T) {
 		},
 		{
 			name:  "held leading blocks are credited against prefill",
-			setup: func(t *testing.T, p policy, ix *fakeIndex) { ix.hold("A", keysOf(prompt)[:3]) },
+			setup: func(t *testing.T, p kvPolicy, ix *kvFakeIndex) { ix.hold("A", kvKeysOf(kvPrompt)[:3]) },
 			want:  map[string]float64{"A": 1 + 4, "B": 4 + 4},
 		},
 		{
 			name:  "only leading blocks count",
-			setup: func(t *testing.T, p policy, ix *fakeIndex) { ix.hold("A", keysOf(prompt)[1:]) },
+			setup: func(t *testing.T, p kvPolicy, ix *kvFakeIndex) { ix.hold("A", kvKeysOf(kvPrompt)[1:]) },
 			want:  map[string]float64{"A": 4 + 4, "B": 4 + 4},
 		},
 		{
 			name:  "overlap credit scales the credit",
 			cfg:   func(c *scoring.KVConfig) { c.OverlapCredit = 0.5 },
-			setup: func(t *testing.T, p policy, ix *fakeIndex) { ix.hold("A", keysOf(prompt)[:3]) },
+			setup: func(t *testing.T, p kvPolicy, ix *kvFakeIndex) { ix.hold("A", kvKeysOf(kvPrompt)[:3]) },
 			want:  map[string]float64{"A": 2.5 + 4, "B": 4 + 4},
 		},
 		{
 			name:  "prefill load scale weighs the prefill term",
 			cfg:   func(c *scoring.KVConfig) { c.PrefillLoadScale = 2 },
-			setup: func(t *testing.T, p policy, ix *fakeIndex) { ix.hold("A", keysOf(prompt)[:3]) },
+			setup: func(t *testing.T, p kvPolicy, ix *kvFakeIndex) { ix.hold("A", kvKeysOf(kvPrompt)[:3]) },
 			want:  map[string]float64{"A": 2*1 + 4, "B": 2*4 + 4},
 		},
 		{
 			name: "a partial block counts in prefill, not in decode",
-			req:  tokens(0, 70),
+			req:  kvTokens(0, 70),
 			want: map[string]float64{"A": 70.0/16 + 4, "B": 70.0/16 + 4},
 		},
 		{
 			name:  "an in-flight request's prefill and blocks add to its endpoint",
-			setup: func(t *testing.T, p policy, ix *fakeIndex) { route(t, p, request(other), "A") },
+			setup: func(t *testing.T, p kvPolicy, ix *kvFakeIndex) { kvRoute(t, p, kvReq(kvOther), "A") },
 			want:  map[string]float64{"A": (64+64)/16 + 4 + 4, "B": 4 + 4},
 		},
 		{
 			name: "first token releases prefill, not decode",
-			setup: func(t *testing.T, p policy, ix *fakeIndex) {
-				r := request(other)
-				route(t, p, r, "A")
+			setup: func(t *testing.T, p kvPolicy, ix *kvFakeIndex) {
+				r := kvReq(kvOther)
+				kvRoute(t, p, r, "A")
 				p.FirstToken(r.ID)
 				p.FirstToken(r.ID) // twice is once
 			},
@@ -163,9 +163,9 @@ func TestKVCostTerms(t *testing.T) {
 		},
 		{
 			name: "finished releases everything",
-			setup: func(t *testing.T, p policy, ix *fakeIndex) {
-				r := request(other)
-				route(t, p, r, "A")
+			setup: func(t *testing.T, p kvPolicy, ix *kvFakeIndex) {
+				r := kvReq(kvOther)
+				kvRoute(t, p, r, "A")
 				p.Finished(r.ID)
 				p.Finished(r.ID)
 			},
@@ -173,10 +173,10 @@ func TestKVCostTerms(t *testing.T) {
 		},
 		{
 			name: "in-flight requests' shared blocks and the request's already-active blocks count once",
-			setup: func(t *testing.T, p policy, ix *fakeIndex) {
-				r1, r2 := request(prompt), request(append(tokens(0, 48), tokens(5000, 16)...))
-				route(t, p, r1, "A")
-				route(t, p, r2, "A")
+			setup: func(t *testing.T, p kvPolicy, ix *kvFakeIndex) {
+				r1, r2 := kvReq(kvPrompt), kvReq(append(kvTokens(0, 48), kvTokens(5000, 16)...))
+				kvRoute(t, p, r1, "A")
+				kvRoute(t, p, r2, "A")
 				p.FirstToken(r1.ID)
 				p.FirstToken(r2.ID)
 			},
@@ -185,18 +185,18 @@ func TestKVCostTerms(t *testing.T) {
 		},
 		{
 			name: "in-flight prefill counts only the tokens that were not cached",
-			setup: func(t *testing.T, p policy, ix *fakeIndex) {
-				ix.hold("A", keysOf(prompt)[:3])
-				route(t, p, request(prompt), "A") // 64 - 3x16 = 16 tokens to prefill
+			setup: func(t *testing.T, p kvPolicy, ix *kvFakeIndex) {
+				ix.hold("A", kvKeysOf(kvPrompt)[:3])
+				kvRoute(t, p, kvReq(kvPrompt), "A") // 64 - 3x16 = 16 tokens to prefill
 			},
 			want: map[string]float64{"A": (16+64)/16 - 3 + 4, "B": 4 + 4},
 		},
 		{
 			name: "decode active request weight adds per in-flight request",
 			cfg:  func(c *scoring.KVConfig) { c.DecodeActiveRequestWeight = 10 },
-			setup: func(t *testing.T, p policy, ix *fakeIndex) {
-				r := request(other)
-				route(t, p, r, "A")
+			setup: func(t *testing.T, p kvPolicy, ix *kvFakeIndex) {
+				r := kvReq(kvOther)
+				kvRoute(t, p, r, "A")
 				p.FirstToken(r.ID)
 			},
 			want: map[string]float64{"A": 4 + 8 + 10, "B": 4 + 4},
@@ -208,7 +208,7 @@ func TestKVCostTerms(t *testing.T) {
 			if tc.cfg != nil {
 				tc.cfg(&cfg)
 			}
-			ix := newFakeIndex()
+			ix := newKVFakeIndex()
 			p, err := scoring.NewKV(cfg, ix, nil, rand.NewPCG(1, 2), nil)
 			if err != nil {
 				t.Fatal(err)
@@ -218,13 +218,13 @@ func TestKVCostTerms(t *testing.T) {
 			}
 			req := tc.req
 			if req == nil {
-				req = prompt
+				req = kvPrompt
 			}
-			d, err := p.Pick(request(req), cands("A", "B"))
+			d, err := p.Pick(kvReq(req), kvCands("A", "B"))
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got := costs(d); fmt.Sprint(got) != fmt.Sprint(tc.want) {
+			if got := kvCosts(d); fmt.Sprint(got) != fmt.Sprint(tc.want) {
 				t.Fatalf("costs = %v, want %v", got, tc.want)
 			}
 		})
@@ -232,26 +232,26 @@ func TestKVCostTerms(t *testing.T) {
 }
 
 func TestKVPrefixAgainstLoad(t *testing.T) {
-	long := tokens(0, 2371) // the reference workload's prompt: 148 blocks, 127 shared
-	ix := newFakeIndex()
-	ix.hold("A", keysOf(long)[:127])
+	long := kvTokens(0, 2371) // the reference workload's prompt: 148 blocks, 127 shared
+	ix := newKVFakeIndex()
+	ix.hold("A", kvKeysOf(long)[:127])
 	p, err := scoring.NewKV(scoring.DefaultKVConfig(), ix, nil, rand.NewPCG(1, 2), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for range 20 {
-		d, _ := p.Pick(request(long), cands("A", "B", "C"))
+		d, _ := p.Pick(kvReq(long), kvCands("A", "B", "C"))
 		if d.Endpoint != "A" {
 			t.Fatalf("equal loads: chose %s, want the prefix holder A (scores %v)", d.Endpoint, d.Scores)
 		}
 	}
 	// Pile distinct requests onto A until its load outweighs its cache.
 	for i := range 4 {
-		r := request(tokens(100000*(i+1), 2371))
-		route(t, p, r, "A")
+		r := kvReq(kvTokens(100000*(i+1), 2371))
+		kvRoute(t, p, r, "A")
 		p.FirstToken(r.ID)
 	}
-	d, _ := p.Pick(request(long), cands("A", "B", "C"))
+	d, _ := p.Pick(kvReq(long), kvCands("A", "B", "C"))
 	if d.Endpoint == "A" {
 		t.Fatalf("overwhelming load on A: still chose A (scores %v)", d.Scores)
 	}
@@ -262,9 +262,9 @@ func TestKVPrefixAgainstLoad(t *testing.T) {
 
 func TestKVTiesAndTemperature(t *testing.T) {
 	count := func(cfg scoring.KVConfig, hold bool) map[string]int {
-		ix := newFakeIndex()
+		ix := newKVFakeIndex()
 		if hold {
-			ix.hold("A", keysOf(prompt)[:2])
+			ix.hold("A", kvKeysOf(kvPrompt)[:2])
 		}
 		p, err := scoring.NewKV(cfg, ix, nil, rand.NewPCG(3, 4), nil)
 		if err != nil {
@@ -272,7 +272,7 @@ func TestKVTiesAndTemperature(t *testing.T) {
 		}
 		got := map[string]int{}
 		for range 400 {
-			d, _ := p.Pick(request(prompt), cands("A", "B", "C"))
+			d, _ := p.Pick(kvReq(kvPrompt), kvCands("A", "B", "C"))
 			got[d.Endpoint]++
 		}
 		return got
@@ -302,19 +302,19 @@ func TestKVTiesAndTemperature(t *testing.T) {
 
 func TestKVUntokenizedFallsBackToLoad(t *testing.T) {
 	reg := prometheus.NewPedanticRegistry()
-	p, err := scoring.NewKV(scoring.DefaultKVConfig(), newFakeIndex(), nil, rand.NewPCG(1, 2), reg)
+	p, err := scoring.NewKV(scoring.DefaultKVConfig(), newKVFakeIndex(), nil, rand.NewPCG(1, 2), reg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	route(t, p, request(other), "A")
+	kvRoute(t, p, kvReq(kvOther), "A")
 	bare := &scoring.Request{ID: "bare", Model: "m"}
-	d, err := p.Pick(bare, cands("A", "B"))
+	d, err := p.Pick(bare, kvCands("A", "B"))
 	if err != nil || d.Endpoint != "B" {
 		t.Fatalf("Pick = %v, %v; want B, the idle one", d, err)
 	}
 	p.Routed(bare, "B")
 	// Equal block load, fewer requests wins: B now has one request with no blocks.
-	d, _ = p.Pick(&scoring.Request{ID: "bare2", Model: "m"}, cands("B", "C"))
+	d, _ = p.Pick(&scoring.Request{ID: "bare2", Model: "m"}, kvCands("B", "C"))
 	if d.Endpoint != "C" {
 		t.Fatalf("Pick = %v; want C, with fewer requests", d)
 	}
@@ -329,31 +329,31 @@ kvrouter_scoring_untokenized_requests_total{policy="kv"} 2
 }
 
 func TestKVUnhealthyEndpointIsPredicted(t *testing.T) {
-	ix := newFakeIndex()
-	ix.hold("A", keysOf(prompt)) // stale: A's events are down
-	health := fakeHealth{down: map[string]bool{"A": true}}
+	ix := newKVFakeIndex()
+	ix.hold("A", kvKeysOf(kvPrompt)) // stale: A's events are down
+	health := kvFakeHealth{down: map[string]bool{"A": true}}
 	p, err := scoring.NewKV(scoring.DefaultKVConfig(), ix, health, rand.NewPCG(1, 2), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	d, _ := p.Pick(request(prompt), cands("A", "B"))
-	if c := costs(d); c["A"] != c["B"] {
+	d, _ := p.Pick(kvReq(kvPrompt), kvCands("A", "B"))
+	if c := kvCosts(d); c["A"] != c["B"] {
 		t.Fatalf("costs %v: A's index entries must be ignored while its events are down", c)
 	}
-	r := request(prompt)
-	route(t, p, r, "B")
+	r := kvReq(kvPrompt)
+	kvRoute(t, p, r, "B")
 	p.Finished(r.ID)
-	r = request(prompt)
-	route(t, p, r, "A") // the prediction learns A now holds the prompt
+	r = kvReq(kvPrompt)
+	kvRoute(t, p, r, "A") // the prediction learns A now holds the prompt
 	p.Finished(r.ID)
-	d, _ = p.Pick(request(prompt), cands("A", "C"))
-	if c := costs(d); c["A"] != 4 || c["C"] != 8 {
+	d, _ = p.Pick(kvReq(kvPrompt), kvCands("A", "C"))
+	if c := kvCosts(d); c["A"] != 4 || c["C"] != 8 {
 		t.Fatalf("costs %v: want A predicted to hold the prompt (4), C idle (8)", c)
 	}
 	health.down["A"] = false
 	ix.held["A"] = nil // events flow again and say A holds nothing
-	d, _ = p.Pick(request(prompt), cands("A", "C"))
-	if c := costs(d); c["A"] != 8 {
+	d, _ = p.Pick(kvReq(kvPrompt), kvCands("A", "C"))
+	if c := kvCosts(d); c["A"] != 8 {
 		t.Fatalf("costs %v: with events back, the index decides", c)
 	}
 }
@@ -363,7 +363,7 @@ func TestApproximate(t *testing.T) {
 		{Address: "B", Metrics: scoring.Metrics{Valid: true, NumGPUBlocks: 6, BlockSize: 16}}}
 	tests := []struct {
 		name  string
-		setup func(t *testing.T, p policy)
+		setup func(t *testing.T, p kvPolicy)
 		want  map[string]float64
 	}{
 		{
@@ -372,8 +372,8 @@ func TestApproximate(t *testing.T) {
 		},
 		{
 			name: "a routed prompt is predicted cached",
-			setup: func(t *testing.T, p policy) {
-				r := request(prompt)
+			setup: func(t *testing.T, p kvPolicy) {
+				r := kvReq(kvPrompt)
 				p.Pick(r, small[:1])
 				p.Routed(r, "A")
 				p.Finished(r.ID)
@@ -382,9 +382,9 @@ func TestApproximate(t *testing.T) {
 		},
 		{
 			name: "the prediction holds at most num_gpu_blocks, evicting the oldest",
-			setup: func(t *testing.T, p policy) {
-				for _, toks := range [][]uint32{prompt, other} {
-					r := request(toks)
+			setup: func(t *testing.T, p kvPolicy) {
+				for _, toks := range [][]uint32{kvPrompt, kvOther} {
+					r := kvReq(toks)
 					p.Pick(r, small[:1])
 					p.Routed(r, "A")
 					p.Finished(r.ID)
@@ -404,11 +404,11 @@ func TestApproximate(t *testing.T) {
 			if tc.setup != nil {
 				tc.setup(t, p)
 			}
-			d, err := p.Pick(request(prompt), small)
+			d, err := p.Pick(kvReq(kvPrompt), small)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got := costs(d); fmt.Sprint(got) != fmt.Sprint(tc.want) {
+			if got := kvCosts(d); fmt.Sprint(got) != fmt.Sprint(tc.want) {
 				t.Fatalf("costs = %v, want %v", got, tc.want)
 			}
 		})
@@ -438,7 +438,7 @@ func TestKVConfigValidate(t *testing.T) {
 			if (err == nil) != (tc.want == "") || (err != nil && !strings.Contains(err.Error(), tc.want)) {
 				t.Fatalf("Validate() = %v, want an error naming %q", err, tc.want)
 			}
-			if _, nerr := scoring.NewKV(cfg, newFakeIndex(), nil, nil, nil); (nerr == nil) != (err == nil) {
+			if _, nerr := scoring.NewKV(cfg, newKVFakeIndex(), nil, nil, nil); (nerr == nil) != (err == nil) {
 				t.Fatalf("NewKV error %v disagrees with Validate %v", nerr, err)
 			}
 		})
@@ -446,19 +446,19 @@ func TestKVConfigValidate(t *testing.T) {
 }
 
 func TestKVNoCandidates(t *testing.T) {
-	p, _ := scoring.NewKV(scoring.DefaultKVConfig(), newFakeIndex(), nil, nil, nil)
-	if _, err := p.Pick(request(prompt), nil); err != scoring.ErrNoCandidates {
+	p, _ := scoring.NewKV(scoring.DefaultKVConfig(), newKVFakeIndex(), nil, nil, nil)
+	if _, err := p.Pick(kvReq(kvPrompt), nil); err != scoring.ErrNoCandidates {
 		t.Fatalf("err = %v, want ErrNoCandidates", err)
 	}
 }
 
 func TestKVMetrics(t *testing.T) {
 	reg := prometheus.NewPedanticRegistry()
-	ix := newFakeIndex()
-	ix.hold("A", keysOf(prompt)[:3])
-	p, _ := scoring.NewKV(scoring.DefaultKVConfig(), ix, fakeHealth{down: map[string]bool{"B": true}}, nil, reg)
-	r := request(prompt)
-	p.Pick(r, cands("A", "B"))
+	ix := newKVFakeIndex()
+	ix.hold("A", kvKeysOf(kvPrompt)[:3])
+	p, _ := scoring.NewKV(scoring.DefaultKVConfig(), ix, kvFakeHealth{down: map[string]bool{"B": true}}, nil, reg)
+	r := kvReq(kvPrompt)
+	p.Pick(r, kvCands("A", "B"))
 	p.Routed(r, "A")
 	want := `
 # HELP kvrouter_scoring_matched_blocks_total Of those, the leading blocks the chosen endpoint held (or was predicted to hold) at the pick.
@@ -485,18 +485,18 @@ kvrouter_scoring_routed_blocks_total{policy="kv"} 4
 // TestKVConcurrent races picks and the observer calls (run with -race) and checks that
 // once every request finished, no load is left.
 func TestKVConcurrent(t *testing.T) {
-	ix := newFakeIndex()
-	ix.hold("A", keysOf(prompt)[:2])
-	p, _ := scoring.NewKV(scoring.DefaultKVConfig(), ix, fakeHealth{down: map[string]bool{"C": true}}, nil, nil)
+	ix := newKVFakeIndex()
+	ix.hold("A", kvKeysOf(kvPrompt)[:2])
+	p, _ := scoring.NewKV(scoring.DefaultKVConfig(), ix, kvFakeHealth{down: map[string]bool{"C": true}}, nil, nil)
 	var wg sync.WaitGroup
 	for g := range 4 {
 		wg.Go(func() {
 			for i := range 300 {
-				r := &scoring.Request{ID: fmt.Sprint(g, "-", i), Model: "m", TokenIDs: tokens(i%5*16, 64)}
+				r := &scoring.Request{ID: fmt.Sprint(g, "-", i), Model: "m", TokenIDs: kvTokens(i%5*16, 64)}
 				if i%7 == 0 {
 					r.TokenIDs = nil
 				}
-				d, err := p.Pick(r, cands("A", "B", "C"))
+				d, err := p.Pick(r, kvCands("A", "B", "C"))
 				if err != nil {
 					t.Error(err)
 					return
@@ -510,11 +510,100 @@ func TestKVConcurrent(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	d, _ := p.Pick(request(other), cands("A", "B", "C"))
-	if c := costs(d); c["A"] != 8 || c["B"] != 8 || c["C"] != 8 {
+	d, _ := p.Pick(kvReq(kvOther), kvCands("A", "B", "C"))
+	if c := kvCosts(d); c["A"] != 8 || c["B"] != 8 || c["C"] != 8 {
 		t.Fatalf("costs %v after every request finished, want 8 each", c)
 	}
 	if !slices.Contains([]string{"A", "B", "C"}, d.Endpoint) {
 		t.Fatal(d)
+	}
+}
+
+// TestKVWithRealIndex runs the kv policy over the real block index fed as the event
+// adapter feeds it, with data-parallel ranks: the endpoint scores its best rank.
+func TestKVWithRealIndex(t *testing.T) {
+	ix, err := index.New(index.DefaultConfig(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	long := kvTokens(0, 2371)
+	store := func(ep string, rank int, toks []uint32, handleBase uint64) {
+		nb := len(toks) / 16
+		hs := make([]uint64, nb)
+		for i := range hs {
+			hs[i] = handleBase + uint64(i)
+		}
+		if err := ix.Store(ep, rank, index.Blocks{Root: index.Root("m", "", ""), Handles: hs,
+			Tokens: toks[:nb*16], BlockSize: 16}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	store("A", 0, long[:16*40], 1000)  // rank 0 holds 40 blocks
+	store("A", 1, long[:16*127], 5000) // rank 1 holds the whole 127-block prefix
+	store("B", 0, long[:16*100], 9000)
+	p, err := scoring.NewKV(scoring.DefaultKVConfig(), ix, nil, rand.NewPCG(1, 2), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := p.Pick(kvReq(long), kvCands("A", "B", "C"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := kvCosts(d)
+	// prefill: 2371/16 - overlap; decode: 148 new blocks.
+	want := map[string]float64{"A": 2371.0/16 - 127 + 148, "B": 2371.0/16 - 100 + 148, "C": 2371.0/16 + 148}
+	if fmt.Sprint(c) != fmt.Sprint(want) || d.Endpoint != "A" {
+		t.Fatalf("chose %s with costs %v, want A with %v", d.Endpoint, c, want)
+	}
+}
+
+func TestApproximateCapacityFollowsMetrics(t *testing.T) {
+	ep := func(blocks int) []scoring.Endpoint {
+		return []scoring.Endpoint{{Address: "A", Metrics: scoring.Metrics{Valid: true, NumGPUBlocks: blocks, BlockSize: 16}}}
+	}
+	p, err := scoring.NewApproximate(scoring.DefaultKVConfig(), rand.NewPCG(1, 2), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, toks := range [][]uint32{kvOther, kvPrompt} {
+		r := kvReq(toks)
+		p.Pick(r, ep(8))
+		p.Routed(r, "A")
+		p.Finished(r.ID)
+	}
+	tests := []struct {
+		name   string
+		blocks int
+		want   float64
+	}{
+		{"both prompts fit in 8 blocks", 8, 4},
+		{"shrinking to 6 evicts the oldest: kvOther's tail, then its head", 6, 4},
+		{"shrinking to 2 keeps kvPrompt's first 2 blocks", 2, 6},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			d, _ := p.Pick(kvReq(kvPrompt), ep(tc.blocks))
+			if c := kvCosts(d)["A"]; c != tc.want {
+				t.Fatalf("cost %v, want %v", c, tc.want)
+			}
+		})
+	}
+}
+
+func TestForget(t *testing.T) {
+	p, _ := scoring.NewApproximate(scoring.DefaultKVConfig(), rand.NewPCG(1, 2), nil)
+	r := kvReq(kvPrompt)
+	kvRoute(t, p, r, "A")
+	p.Forget("A")
+	d, _ := p.Pick(kvReq(kvPrompt), kvCands("A"))
+	if c := kvCosts(d)["A"]; c != 8 {
+		t.Fatalf("cost %v after Forget, want 8 (nothing predicted, no load)", c)
+	}
+	p.Finished(r.ID) // the forgotten endpoint's request may still finish
+	k, _ := scoring.NewKV(scoring.DefaultKVConfig(), newKVFakeIndex(), nil, rand.NewPCG(1, 2), nil)
+	kvRoute(t, k, kvReq(kvOther), "A")
+	k.Forget("A")
+	if d, _ := k.Pick(kvReq(kvPrompt), kvCands("A")); kvCosts(d)["A"] != 8 {
+		t.Fatalf("kv cost %v after Forget, want 8", kvCosts(d))
 	}
 }

@@ -6,8 +6,8 @@ import (
 	"unicode/utf8"
 )
 
-// AddedToken is one entry of tokenizer.json's added_tokens.
-type AddedToken struct {
+// addedToken is one entry of tokenizer.json's added_tokens.
+type addedToken struct {
 	ID         uint32 `json:"id"`
 	Content    string `json:"content"`
 	SingleWord bool   `json:"single_word"`
@@ -26,7 +26,7 @@ type trieNode struct {
 // matcher finds added tokens leftmost-longest, as HF's aho-corasick
 // (MatchKind::LeftmostLongest) does.
 type matcher struct {
-	tokens []AddedToken
+	tokens []addedToken
 	nodes  []trieNode
 	first  [256]bool
 	// only is the single first byte of every token, when they share one (e.g. '<'),
@@ -35,7 +35,7 @@ type matcher struct {
 	hasOnly bool
 }
 
-func newMatcher(tokens []AddedToken) *matcher {
+func newMatcher(tokens []addedToken) *matcher {
 	m := &matcher{tokens: tokens, nodes: []trieNode{{tok: -1}}}
 	firsts := map[byte]bool{}
 	for i, t := range tokens {

@@ -5,6 +5,7 @@ import (
 	"runtime"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kvrouter/kvrouter/tokenizer"
 	"github.com/kvrouter/kvrouter/tokenizer/testmodels"
@@ -59,15 +60,17 @@ func loadBench(b *testing.B, model string, opts ...tokenizer.Option) *tokenizer.
 func BenchmarkEncodeChat(b *testing.B) {
 	for _, model := range []string{"qwen3", "llama3"} {
 		b.Run(model+"/cold", func(b *testing.B) {
-			tk := loadBench(b, model, tokenizer.WithSegmentCache(0, 0))
+			tk := loadBench(b, model, tokenizer.WithSegmentCache(0, 0, 1<<20))
 			system, user := chatPrompt(b, tk, 2000, 400)
 			prompt := render(model, system, user)
 			n := len(tk.Encode(prompt, false))
 			b.SetBytes(int64(len(prompt)))
 			b.ResetTimer()
+			cpu := processCPU()
 			for b.Loop() {
 				tk.Encode(prompt, false)
 			}
+			reportCPU(b, cpu)
 			b.ReportMetric(float64(n), "tokens/op")
 		})
 		b.Run(model+"/system-cached", func(b *testing.B) {
@@ -77,13 +80,22 @@ func BenchmarkEncodeChat(b *testing.B) {
 			b.SetBytes(int64(len(render(model, system, user))))
 			i := 0
 			b.ResetTimer()
+			cpu := processCPU()
 			for b.Loop() {
 				i++
 				// A fresh user turn each time: only the system prompt can hit the cache.
 				tk.Encode(render(model, system, fmt.Sprintf("%08d", i)+user[8:]), false)
 			}
+			reportCPU(b, cpu)
 			b.ReportMetric(float64(n), "tokens/op")
 		})
+	}
+}
+
+// reportCPU reports the process CPU time per iteration since start ("cpu-ns/op").
+func reportCPU(b *testing.B, start time.Duration) {
+	if end := processCPU(); end > start && b.N > 0 {
+		b.ReportMetric(float64(end-start)/float64(b.N), "cpu-ns/op")
 	}
 }
 
@@ -93,6 +105,7 @@ func BenchmarkLoad(b *testing.B) {
 	dir := testmodels.Dir(b, "qwen3")
 	var before, after runtime.MemStats
 	var tk *tokenizer.Tokenizer
+	cpu := processCPU()
 	for b.Loop() {
 		tk = nil
 		runtime.GC()
@@ -103,6 +116,7 @@ func BenchmarkLoad(b *testing.B) {
 		}
 	}
 	b.StopTimer()
+	reportCPU(b, cpu)
 	runtime.GC()
 	runtime.ReadMemStats(&after)
 	b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/(1<<20), "MiB-heap")

@@ -54,7 +54,7 @@ type merge struct {
 type bpeModel struct {
 	vocab        map[string]uint32 // raw bytes -> id
 	byteID       [256]uint32       // id of each single-byte token
-	merges       map[uint64]merge  // left<<32|right -> merge
+	merges       mergeTable        // left<<32|right -> merge
 	ignoreMerges bool              // a word found whole in vocab is emitted as is
 	// whole[id] is true when BPE applied to the bytes of vocabulary token id yields
 	// exactly [id]: such words skip the merge loop (precomputed at load, so exact).
@@ -78,10 +78,56 @@ func (m *bpeModel) precomputeWhole(size int) {
 const noRank = math.MaxUint32
 
 func (m *bpeModel) lookup(a, b uint32) merge {
-	if mg, ok := m.merges[uint64(a)<<32|uint64(b)]; ok {
-		return mg
+	return m.merges.get(uint64(a)<<32 | uint64(b))
+}
+
+// mergeTable is an open-addressing hash table (linear probing, at most half full) from
+// a pair of ids to its merge. Keys and values share a slot, so a lookup touches one
+// cache line; this is the innermost loop of BPE.
+type mergeTable struct {
+	slots []mergeSlot
+	shift uint8
+}
+
+type mergeSlot struct {
+	key uint64 // pair key + 1; 0 marks an empty slot
+	merge
+}
+
+func newMergeTable(n int) mergeTable {
+	bits := uint8(4)
+	for 1<<bits < 2*n {
+		bits++
 	}
-	return merge{rank: noRank}
+	return mergeTable{slots: make([]mergeSlot, 1<<bits), shift: 64 - bits}
+}
+
+func (t *mergeTable) index(key uint64) uint64 { return (key * 0x9E3779B97F4A7C15) >> t.shift }
+
+// add inserts key unless present; it reports whether it did.
+func (t *mergeTable) add(key uint64, mg merge) bool {
+	mask := uint64(len(t.slots) - 1)
+	for i := t.index(key); ; i = (i + 1) & mask {
+		switch t.slots[i].key {
+		case 0:
+			t.slots[i] = mergeSlot{key: key + 1, merge: mg}
+			return true
+		case key + 1:
+			return false
+		}
+	}
+}
+
+func (t *mergeTable) get(key uint64) merge {
+	mask := uint64(len(t.slots) - 1)
+	for i := t.index(key); ; i = (i + 1) & mask {
+		switch t.slots[i].key {
+		case key + 1:
+			return t.slots[i].merge
+		case 0:
+			return merge{rank: noRank}
+		}
+	}
 }
 
 // longWord is the length in bytes above which words are merged with a heap (HF's own

@@ -20,8 +20,8 @@ func FuzzEncode(f *testing.F) {
 	}
 	added := []string{"<|x|>", "<|xy|>", "he"}
 	tks := [][2]*tokenizer.Tokenizer{
-		{tiny(f, helloMerges, added, nil), tiny(f, helloMerges, added, nil, tokenizer.WithSegmentCache(0, 0))},
-		{tiny(f, helloMerges, added, gpt2, tokenizer.WithSegmentCache(4, 0)), tiny(f, helloMerges, added, gpt2, tokenizer.WithSegmentCache(0, 0))},
+		{tiny(f, helloMerges, added, nil), tiny(f, helloMerges, added, nil, tokenizer.WithSegmentCache(0, 0, 1<<20))},
+		{tiny(f, helloMerges, added, gpt2, tokenizer.WithSegmentCache(4, 0, 1<<20)), tiny(f, helloMerges, added, gpt2, tokenizer.WithSegmentCache(0, 0, 1<<20))},
 	}
 	f.Fuzz(func(t *testing.T, s string) {
 		want := strings.ToValidUTF8(s, "\uFFFD")
@@ -71,5 +71,41 @@ func FuzzParseConfig(f *testing.F) {
 			return
 		}
 		_ = tk.BOS() + tk.EOS() + tk.ChatTemplate()
+	})
+}
+
+// FuzzEncodeModels runs the real Qwen3 and Llama 3 tokenizers on arbitrary input:
+// no panic, the same ids with and without the segment cache, and for Llama 3 (no
+// normalizer) decoding gives the input back.
+func FuzzEncodeModels(f *testing.F) {
+	for _, s := range []string{"<|im_start|>user\nHi<|im_end|>", "'S  \u00a0\r\n x", "a\u0338>\u0338<|endoftext|>\u0301", "👩🏽‍🚀", strings.Repeat("=", 200)} {
+		f.Add(s)
+	}
+	type pair struct{ cached, plain *tokenizer.Tokenizer }
+	var tks []pair
+	for _, name := range []string{"qwen3", "llama3"} {
+		tk := model(f, name)
+		plain, err := tk.Derive(tokenizer.WithSegmentCache(0, 0, 0))
+		if err != nil {
+			f.Fatal(err)
+		}
+		cached, err := tk.Derive(tokenizer.WithSegmentCache(16, 1, 1<<20))
+		if err != nil {
+			f.Fatal(err)
+		}
+		tks = append(tks, pair{cached, plain})
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		for i, p := range tks {
+			a, b, c := p.cached.Encode(s, true), p.cached.Encode(s, true), p.plain.Encode(s, true)
+			if !slices.Equal(a, b) || !slices.Equal(a, c) {
+				t.Fatalf("model %d: ids differ with the cache: %v %v %v", i, a, b, c)
+			}
+			if i == 1 {
+				if got, want := p.plain.Decode(c), strings.ToValidUTF8(s, "\uFFFD"); got != want {
+					t.Fatalf("llama3: Decode(Encode(%q)) = %q", s, got)
+				}
+			}
+		}
 	})
 }

@@ -197,3 +197,106 @@ func scanMerges(raw []byte) ([][2]string, error) {
 	}
 	return merges, nil
 }
+
+// skip passes over one JSON value without decoding it. It checks brackets and strings;
+// the values that matter are decoded (and validated) afterwards.
+func (s *scanner) skip() error {
+	switch s.peek() {
+	case '"':
+		_, err := s.rawString()
+		return err
+	case '{':
+		return s.list('{', '}', func() error {
+			if _, err := s.rawString(); err != nil {
+				return err
+			}
+			if err := s.expect(':'); err != nil {
+				return err
+			}
+			return s.skip()
+		})
+	case '[':
+		return s.list('[', ']', s.skip)
+	case 0:
+		return s.errorf("unexpected end")
+	}
+	start := s.i
+	for s.i < len(s.b) {
+		switch s.b[s.i] {
+		case ',', '}', ']', ' ', '\t', '\n', '\r':
+			if s.i == start {
+				return s.errorf("want a value")
+			}
+			return nil
+		}
+		s.i++
+	}
+	return nil
+}
+
+// rawString passes over a JSON string and returns its undecoded contents.
+func (s *scanner) rawString() ([]byte, error) {
+	if err := s.expect('"'); err != nil {
+		return nil, err
+	}
+	start := s.i
+	for s.i < len(s.b) {
+		switch c := s.b[s.i]; {
+		case c == '"':
+			s.i++
+			return s.b[start : s.i-1], nil
+		case c == '\\':
+			s.i += 2
+		default:
+			s.i++
+		}
+	}
+	return nil, s.errorf("unterminated string")
+}
+
+// fields splits a JSON object into its members' raw values. Keys are expected without
+// escapes (as tokenizer.json writes them); a later duplicate wins, as in encoding/json.
+func fields(raw []byte) (map[string][]byte, error) {
+	s := &scanner{b: raw}
+	out := map[string][]byte{}
+	err := s.list('{', '}', func() error {
+		k, err := s.str()
+		if err != nil {
+			return err
+		}
+		if err := s.expect(':'); err != nil {
+			return err
+		}
+		s.ws()
+		start := s.i
+		if err := s.skip(); err != nil {
+			return err
+		}
+		out[k] = raw[start:s.i]
+		return nil
+	})
+	if err == nil {
+		err = s.end()
+	}
+	return out, err
+}
+
+// object re-assembles members of a JSON object, leaving out the keys in skip.
+func object(f map[string][]byte, skip ...string) []byte {
+	b := []byte{'{'}
+next:
+	for k, v := range f {
+		for _, sk := range skip {
+			if k == sk {
+				continue next
+			}
+		}
+		if len(b) > 1 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendQuote(b, k)
+		b = append(b, ':')
+		b = append(b, v...)
+	}
+	return append(b, '}')
+}

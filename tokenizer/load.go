@@ -30,11 +30,10 @@ type typed struct {
 }
 
 type fileJSON struct {
-	AddedTokens   []AddedToken    `json:"added_tokens"`
+	AddedTokens   []addedToken    `json:"added_tokens"`
 	Normalizer    json.RawMessage `json:"normalizer"`
 	PreTokenizer  json.RawMessage `json:"pre_tokenizer"`
 	PostProcessor json.RawMessage `json:"post_processor"`
-	Model         json.RawMessage `json:"model"`
 }
 
 type modelJSON struct {
@@ -84,12 +83,18 @@ func Parse(tokenizerJSON, tokenizerConfigJSON []byte, opts ...Option) (*Tokenize
 	for _, opt := range opts {
 		opt(&o)
 	}
+	// The model's vocab and merges are scanned by hand; the rest of the file goes
+	// through encoding/json.
+	top, err := fields(tokenizerJSON)
+	if err != nil {
+		return nil, fmt.Errorf("tokenizer: tokenizer.json: %w", err)
+	}
 	var f fileJSON
-	if err := json.Unmarshal(tokenizerJSON, &f); err != nil {
+	if err := json.Unmarshal(object(top, "model"), &f); err != nil {
 		return nil, fmt.Errorf("tokenizer: tokenizer.json: %w", err)
 	}
 	t := &Tokenizer{}
-	if err := t.parseModel(f.Model); err != nil {
+	if err := t.parseModel(top["model"]); err != nil {
 		return nil, err
 	}
 	if err := t.parseNormalizer(f.Normalizer); err != nil {
@@ -125,9 +130,14 @@ func (t *Tokenizer) parseModel(raw json.RawMessage) error {
 		return errors.New("tokenizer: tokenizer.json has no model")
 	}
 	var m modelJSON
-	if err := json.Unmarshal(raw, &m); err != nil {
+	mf, err := fields(raw)
+	if err == nil {
+		err = json.Unmarshal(object(mf, "vocab", "merges"), &m)
+	}
+	if err != nil {
 		return fmt.Errorf("tokenizer: model: %w", err)
 	}
+	m.Vocab, m.Merges = mf["vocab"], mf["merges"]
 	switch {
 	case m.Type != "BPE":
 		return unsupported("model", "type %q (only byte-level BPE is supported)", m.Type)
@@ -139,6 +149,9 @@ func (t *Tokenizer) parseModel(raw json.RawMessage) error {
 		return unsupported("model", "BPE continuing_subword_prefix %q", *m.ContinuingSubwordPrefix)
 	case m.EndOfWordSuffix != nil && *m.EndOfWordSuffix != "":
 		return unsupported("model", "BPE end_of_word_suffix %q", *m.EndOfWordSuffix)
+	}
+	if m.Vocab == nil || m.Merges == nil {
+		return errors.New("tokenizer: model: BPE without vocab or merges")
 	}
 	vocab, err := scanVocab(m.Vocab)
 	if err != nil {
@@ -159,8 +172,9 @@ func (t *Tokenizer) parseModel(raw json.RawMessage) error {
 		if !ok {
 			return unsupported("model", "vocabulary token %q is not byte-level", tok)
 		}
-		t.model.vocab[string(b)] = id
-		t.pieces[id] = string(b)
+		raw := string(b) // shared by the map key and the id -> bytes table
+		t.model.vocab[raw] = id
+		t.pieces[id] = raw
 	}
 	for c := 0; c < 256; c++ {
 		id, ok := t.model.vocab[string([]byte{byte(c)})]
@@ -173,7 +187,7 @@ func (t *Tokenizer) parseModel(raw json.RawMessage) error {
 	if err != nil {
 		return fmt.Errorf("tokenizer: model %w", err)
 	}
-	t.model.merges = make(map[uint64]merge, len(pairs))
+	t.model.merges = newMergeTable(len(pairs))
 	for rank, p := range pairs {
 		a, okA := vocab[p[0]]
 		b, okB := vocab[p[1]]
@@ -181,10 +195,8 @@ func (t *Tokenizer) parseModel(raw json.RawMessage) error {
 		if !okA || !okB || !okAB {
 			return fmt.Errorf("tokenizer: model merges: entry %d (%q %q) uses a token missing from the vocabulary", rank, p[0], p[1])
 		}
-		key := uint64(a)<<32 | uint64(b)
-		if _, dup := t.model.merges[key]; !dup {
-			t.model.merges[key] = merge{rank: uint32(rank), id: ab}
-		}
+		// A repeated pair keeps its first (lowest) rank, as in HF.
+		t.model.merges.add(uint64(a)<<32|uint64(b), merge{rank: uint32(rank), id: ab})
 	}
 	if !t.model.ignoreMerges {
 		t.model.precomputeWhole(len(t.pieces))
@@ -301,8 +313,8 @@ func (t *Tokenizer) parsePreTokenizer(raw json.RawMessage) error {
 	return nil
 }
 
-func (t *Tokenizer) parseAdded(tokens []AddedToken) error {
-	var raw, normalized []AddedToken
+func (t *Tokenizer) parseAdded(tokens []addedToken) error {
+	var raw, normalized []addedToken
 	t.added = make(map[string]uint32, len(tokens))
 	for _, a := range tokens {
 		if a.Content == "" {
@@ -392,7 +404,7 @@ func (t *Tokenizer) parsePostProcessor(raw json.RawMessage) error {
 	return unsupported("post_processor", "type %q", p.Type)
 }
 
-// tokenString reads bos_token/eos_token: a string, an AddedToken object or null.
+// tokenString reads bos_token/eos_token: a string, an addedToken object or null.
 func tokenString(raw json.RawMessage) (string, error) {
 	if isNull(raw) {
 		return "", nil

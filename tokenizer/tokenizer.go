@@ -26,6 +26,7 @@ type Tokenizer struct {
 
 	cache       *lru.Cache[string, []uint32]
 	cacheMinLen int
+	cacheMaxLen int
 	counters    cacheCounters
 }
 
@@ -35,24 +36,36 @@ type Option func(*options)
 type options struct {
 	cacheSize   int
 	cacheMinLen int
+	cacheMaxLen int
 	metrics     *Metrics
 	model       string
 }
 
-func defaultOptions() options { return options{cacheSize: 1024, cacheMinLen: 64} }
+// Default segment cache settings: see WithSegmentCache.
+const (
+	DefaultCacheSize   = 256
+	DefaultCacheMinLen = 64
+	DefaultCacheMaxLen = 32 << 10
+)
 
-// WithSegmentCache sets how many text segments (the text between added tokens) the
-// LRU memoises and the shortest segment, in bytes, worth caching. size 0 disables the
-// cache. Defaults: 1024 segments of at least 64 bytes.
-func WithSegmentCache(size, minLen int) Option {
-	return func(o *options) { o.cacheSize, o.cacheMinLen = size, minLen }
+func defaultOptions() options {
+	return options{cacheSize: DefaultCacheSize, cacheMinLen: DefaultCacheMinLen, cacheMaxLen: DefaultCacheMaxLen}
+}
+
+// WithSegmentCache sets how many text segments (the text between added tokens, such
+// as a shared system prompt) the LRU memoises, and the range of segment lengths in
+// bytes worth caching: shorter ones are cheap to tokenize, longer ones would make the
+// cache's memory unbounded in practice. Memory stays below about size x maxLen x 5
+// bytes. size 0 disables the cache.
+func WithSegmentCache(size, minLen, maxLen int) Option {
+	return func(o *options) { o.cacheSize, o.cacheMinLen, o.cacheMaxLen = size, minLen, maxLen }
 }
 
 func (t *Tokenizer) initCache(o options) error {
-	if o.cacheSize < 0 || o.cacheMinLen < 0 {
-		return fmt.Errorf("tokenizer: negative segment cache size %d or minimum length %d", o.cacheSize, o.cacheMinLen)
+	if o.cacheSize < 0 || o.cacheMinLen < 0 || o.cacheMaxLen < o.cacheMinLen {
+		return fmt.Errorf("tokenizer: invalid segment cache: size %d, lengths %d..%d", o.cacheSize, o.cacheMinLen, o.cacheMaxLen)
 	}
-	t.cacheMinLen = o.cacheMinLen
+	t.cacheMinLen, t.cacheMaxLen = o.cacheMinLen, o.cacheMaxLen
 	t.counters = newCacheCounters(o.metrics, o.model)
 	if o.cacheSize == 0 {
 		return nil
@@ -112,7 +125,7 @@ func (t *Tokenizer) Encode(text string, addSpecialTokens bool) []uint32 {
 // encodeSegment appends the ids of text that holds no raw added token, through the
 // segment cache.
 func (t *Tokenizer) encodeSegment(seg string, out []uint32) []uint32 {
-	cacheable := t.cache != nil && len(seg) >= t.cacheMinLen
+	cacheable := t.cache != nil && len(seg) >= t.cacheMinLen && len(seg) <= t.cacheMaxLen
 	if cacheable {
 		ids, ok := t.cache.Get(seg)
 		t.counters.count(ok)
@@ -169,8 +182,10 @@ func (t *Tokenizer) encodeWords(s string, out []uint32) []uint32 {
 }
 
 // Decode returns the text of ids: vocabulary tokens as their bytes, added tokens
-// (special ones included) as their content. Byte sequences that are not valid UTF-8
-// become U+FFFD. Unknown ids are skipped.
+// (special ones included) as their content, like HF's decode(ids,
+// skip_special_tokens=False) with a ByteLevel decoder. Each run of bytes that is not
+// valid UTF-8 becomes one U+FFFD (HF may emit one per invalid subsequence). Unknown
+// ids are skipped.
 func (t *Tokenizer) Decode(ids []uint32) string {
 	var b strings.Builder
 	for _, id := range ids {

@@ -145,7 +145,7 @@ func TestLoadErrors(t *testing.T) {
 	if _, err := tokenizer.LoadDir(filepath.Join(dir, "missing")); err == nil {
 		t.Error("LoadDir of a missing directory succeeded")
 	}
-	if _, err := tokenizer.Parse(tinyJSON(t, helloMerges, nil, nil), nil, tokenizer.WithSegmentCache(-1, 0)); err == nil {
+	if _, err := tokenizer.Parse(tinyJSON(t, helloMerges, nil, nil), nil, tokenizer.WithSegmentCache(-1, 0, 1<<20)); err == nil {
 		t.Error("negative cache size accepted")
 	}
 }
@@ -236,11 +236,11 @@ func TestCacheIdentical(t *testing.T) {
 			plain := model(t, name)
 			reg := prometheus.NewPedanticRegistry()
 			m := tokenizer.NewMetrics(reg)
-			small, err := plain.Derive(tokenizer.WithSegmentCache(64, 1), tokenizer.WithMetrics(m, name))
+			small, err := plain.Derive(tokenizer.WithSegmentCache(64, 1, 1<<20), tokenizer.WithMetrics(m, name))
 			if err != nil {
 				t.Fatal(err)
 			}
-			off, err := plain.Derive(tokenizer.WithSegmentCache(0, 0))
+			off, err := plain.Derive(tokenizer.WithSegmentCache(0, 0, 1<<20))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -303,7 +303,7 @@ func lookups(t *testing.T, reg *prometheus.Registry, result string) float64 {
 func TestMetricsGolden(t *testing.T) {
 	reg := prometheus.NewPedanticRegistry()
 	m := tokenizer.NewMetrics(reg)
-	tk := tiny(t, helloMerges, []string{"<|x|>"}, nil, tokenizer.WithSegmentCache(8, 4), tokenizer.WithMetrics(m, "tiny"))
+	tk := tiny(t, helloMerges, []string{"<|x|>"}, nil, tokenizer.WithSegmentCache(8, 4, 1<<20), tokenizer.WithMetrics(m, "tiny"))
 	tk.Encode("hello world<|x|>hi", false) // "hello world" misses, "hi" is too short to cache
 	tk.Encode("hello world", false)        // hit
 	tk.Encode("hello world!", false)       // miss

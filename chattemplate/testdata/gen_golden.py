@@ -31,6 +31,7 @@ from datetime import datetime
 
 import jinja2
 import jinja2.ext
+import jinja2.nodes
 import jinja2.sandbox
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -43,6 +44,21 @@ class Unsupported(Exception):
 
 class BadRequest(Exception):
     pass
+
+
+class AssistantTracker(jinja2.ext.Extension):
+    """transformers' {% generation %} tag, without mask tracking (render as is)."""
+    tags = {"generation"}
+
+    def parse(self, parser):
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        call = self.call_method("_generation_support")
+        return jinja2.nodes.CallBlock(call, [], [], body).set_lineno(lineno)
+
+    @jinja2.pass_eval_context
+    def _generation_support(self, context, caller):
+        return caller()
 
 
 def compile_template(src):
@@ -58,7 +74,7 @@ def compile_template(src):
 
     env = jinja2.sandbox.ImmutableSandboxedEnvironment(
         trim_blocks=True, lstrip_blocks=True,
-        extensions=[jinja2.ext.loopcontrols])
+        extensions=[AssistantTracker, jinja2.ext.loopcontrols])
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = strftime_now
@@ -275,7 +291,7 @@ def main():
     # Content format per template, as vLLM detects it (a loop over message content
     # means "openai": content stays a list of parts).
     formats = {"openai_content": "openai"}
-    for name in ("qwen3", "llama3", "features", "openai_content"):
+    for name in ("qwen3", "llama3", "features", "openai_content", "llama31_style"):
         src = open(os.path.join(HERE, "templates", name + ".jinja")).read()
         special_path = os.path.join(HERE, "templates", name + ".special.json")
         special = json.load(open(special_path)) if os.path.exists(special_path) else {}

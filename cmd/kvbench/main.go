@@ -17,7 +17,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvrouter/kvrouter/chattemplate"
 	"github.com/kvrouter/kvrouter/kvbench"
+	"github.com/kvrouter/kvrouter/openai"
+	"github.com/kvrouter/kvrouter/prompt"
 	"github.com/kvrouter/kvrouter/tokenizer"
 )
 
@@ -44,7 +47,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		url          = fs.String("url", "", "OpenAI-compatible base URL to benchmark (URL mode)")
 		simMode      = fs.Bool("sim", false, "benchmark an in-process simulated fleet (sim mode)")
 		model        = fs.String("model", sc.Model, "model name sent in requests")
-		api          = fs.String("api", string(wl.API), "request API: completions or chat (chat in URL mode only)")
+		api          = fs.String("api", string(wl.API), "request API: completions or chat")
 		workers      = fs.Int("workers", len(sc.Servers), "servers in the fleet (sim mode; in URL mode, for the bound)")
 		prefixes     = fs.String("prefixes", "", "N, shared prefixes (comma list allowed; default 7, sweep 2,7,12,24)")
 		prefixTokens = fs.Int("prefix-tokens", wl.PrefixTokens, "P, tokens per shared prefix")
@@ -69,11 +72,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		eventLag     = fs.Duration("event-lag", sc.EventLag, "KV event delivery lag (sim mode)")
 		scrape       = fs.Duration("scrape-interval", sc.ScrapeInterval, "how stale the router's view of server metrics may be (sim mode; 0 = live)")
 		rtt          = fs.Duration("rtt", sc.RTT, "client round trip to the fleet (sim mode)")
-		tokDir       = fs.String("tokenizer", defaultTokenizerDir, "directory with the model's tokenizer.json and tokenizer_config.json")
+		tokDir       = fs.String("tokenizer", defaultTokenizerDir, "directory with the model's tokenizer.json and tokenizer_config.json; none = the embedded Qwen3 ids")
 		metricsURLs  = fs.String("metrics-urls", "", "engines' /metrics URLs, comma list (URL mode)")
 		kvBlocks     = fs.Int("kv-blocks", 585, "KV blocks per server for the bound when /metrics does not say (URL mode)")
 		blockSize    = fs.Int("block-size", 16, "tokens per KV block (URL mode, for hit_full and the bound)")
 		ignoreEOS    = fs.Bool("ignore-eos", true, "ask vLLM for exactly --output-tokens tokens (URL mode)")
+		resetCache   = fs.Bool("reset-prefix-cache", false, "POST /reset_prefix_cache to every --metrics-urls engine before each run (URL mode; vLLM needs VLLM_SERVER_DEV_MODE=1)")
 		timeout      = fs.Duration("timeout", 5*time.Minute, "per-request timeout (URL mode)")
 		parallel     = fs.Int("parallel", runtime.GOMAXPROCS(0), "sim runs at once")
 		progress     = fs.String("progress", "auto", "progress bar on stderr: auto, always or never")
@@ -115,24 +119,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	o.Workload.Prefixes = o.Prefixes[0]
 
-	var tok kvbench.Tokenizer
-	if !set["tokenizer"] {
-		*tokDir = findUp(*tokDir)
-	}
-	if t, err := tokenizer.LoadDir(*tokDir); err == nil {
-		tok = encoder{t}
-	} else if set["tokenizer"] {
-		return fmt.Errorf("loading the tokenizer: %w", err)
-	} else {
-		fmt.Fprintf(stderr, "kvbench: no tokenizer in %s (run `make models`): using the embedded Qwen3 token ids, unchecked\n", *tokDir)
-	}
-	o.Tokenizer = tok
-
 	switch {
 	case *url != "" && *simMode:
 		return errors.New("choose one of --url and --sim")
 	case *url != "":
-		o.HTTP = &kvbench.HTTPConfig{URL: *url, Model: *model, IgnoreEOS: *ignoreEOS, Timeout: *timeout}
+		o.HTTP = &kvbench.HTTPConfig{URL: *url, Model: *model, IgnoreEOS: *ignoreEOS, Timeout: *timeout, ResetPrefixCache: *resetCache}
 		if *metricsURLs != "" {
 			o.HTTP.MetricsURLs = strings.Split(*metricsURLs, ",")
 			if !set["workers"] {
@@ -142,7 +133,6 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		o.Policies = []string{or(*policy, "url")}
 	case *simMode:
 		sc.Model, sc.EventLag, sc.ScrapeInterval, sc.RTT, sc.Replicas = *model, *eventLag, *scrape, *rtt, *replicas
-		sc.Tokenizer = tok
 		if sc.Servers, err = serverSpecs(*servers, *workers, *kvBytes, *speeds, set); err != nil {
 			return err
 		}
@@ -168,6 +158,34 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	default:
 		fs.Usage()
 		return errors.New("choose --url URL or --sim")
+	}
+
+	var tok kvbench.Tokenizer
+	if !set["tokenizer"] {
+		*tokDir = findUp(*tokDir)
+	}
+	var prompts kvbench.RequestTokenizer
+	if *tokDir != "none" { // none: the embedded Qwen3 ids, on request
+		t, err := tokenizer.LoadDir(*tokDir)
+		switch {
+		case err == nil:
+			tok = encoder{t}
+			if wl.API == kvbench.APIChat {
+				tmpl, err := loadTemplate(*tokDir)
+				if err != nil {
+					return fmt.Errorf("loading the chat template: %w", err)
+				}
+				prompts = requestTokenizer{prompt.New(t, tmpl, nil)}
+			}
+		case set["tokenizer"]:
+			return fmt.Errorf("loading the tokenizer: %w", err)
+		default:
+			fmt.Fprintf(stderr, "kvbench: no tokenizer in %s (run `make models`): using the embedded Qwen3 token ids, unchecked\n", *tokDir)
+		}
+	}
+	o.Tokenizer = tok
+	if o.Sim != nil {
+		o.Sim.Tokenizer, o.Sim.Prompts = tok, prompts
 	}
 
 	switch *progress {
@@ -196,6 +214,32 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 type encoder struct{ t *tokenizer.Tokenizer }
 
 func (e encoder) Encode(text string) ([]uint32, error) { return e.t.Encode(text, true), nil }
+
+// loadTemplate compiles the chat template of the model in dir (its tokenizer_config.json),
+// as prompt.LoadDir does, without loading the tokenizer a second time.
+func loadTemplate(dir string) (*chattemplate.Template, error) {
+	raw, err := os.ReadFile(filepath.Join(dir, "tokenizer_config.json"))
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := chattemplate.ParseTokenizerConfig(raw)
+	if err != nil {
+		return nil, err
+	}
+	return chattemplate.CompileConfig(cfg, chattemplate.Options{})
+}
+
+// requestTokenizer is the router's path for a chat body: parse it, render the chat
+// template, tokenize.
+type requestTokenizer struct{ b *prompt.Builder }
+
+func (r requestTokenizer) PromptTokens(path string, body []byte) ([]uint32, error) {
+	req, err := openai.Parse(path, body)
+	if err != nil {
+		return nil, err
+	}
+	return r.b.PromptTokens(req)
+}
 
 func serverSpecs(spec string, workers int, kvBytes, speeds string, set map[string]bool) ([]kvbench.ServerSpec, error) {
 	b, err := kvbench.ParseBytes(kvBytes)

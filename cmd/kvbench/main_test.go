@@ -4,7 +4,24 @@ import (
 	"context"
 	"strings"
 	"testing"
+
+	"github.com/kvrouter/kvrouter/tokenizer/testmodels"
 )
+
+// TestRunChatWithRealTokenizer routes chat requests rendered with Qwen3's chat template and
+// tokenized with the real tokenizer, as kvrouter does.
+func TestRunChatWithRealTokenizer(t *testing.T) {
+	dir := testmodels.Dir(t, "qwen3")
+	var out, errOut strings.Builder
+	args := []string{"--sim", "--api", "chat", "--tokenizer", dir, "--policy", "kv", "--requests", "24",
+		"--output-tokens", "10", "--progress", "never"}
+	if err := run(context.Background(), args, &out, &errOut); err != nil {
+		t.Fatalf("%v\n%s", err, errOut.String())
+	}
+	if !strings.Contains(out.String(), "kv W=6 N=7 C=8") || strings.Contains(errOut.String(), "no tokenizer") {
+		t.Errorf("output:\n%s\nstderr:\n%s", out.String(), errOut.String())
+	}
+}
 
 func TestRun(t *testing.T) {
 	tests := []struct {
@@ -13,11 +30,13 @@ func TestRun(t *testing.T) {
 		wantOut string
 		wantErr string
 	}{
-		{"one sim cell", []string{"--sim", "--policy", "random", "--requests", "24", "--output-tokens", "10", "--progress", "never"},
+		{"one sim cell", []string{"--sim", "--tokenizer", "none", "--policy", "random", "--requests", "24", "--output-tokens", "10", "--progress", "never"},
 			"random W=6 N=7 C=8", ""},
-		{"homogeneous fleet of another size", []string{"--sim", "--workers", "3", "--policy", "round-robin", "--requests", "12", "--progress", "never"},
+		{"chat needs the template", []string{"--sim", "--tokenizer", "none", "--api", "chat", "--requests", "4", "--progress", "never"},
+			"", "needs the chat template"},
+		{"homogeneous fleet of another size", []string{"--sim", "--tokenizer", "none", "--workers", "3", "--policy", "round-robin", "--requests", "12", "--progress", "never"},
 			"round-robin W=3 N=7 C=8", ""},
-		{"default policy is kv", []string{"--sim", "--requests", "24", "--output-tokens", "10", "--progress", "never"},
+		{"default policy is kv", []string{"--sim", "--tokenizer", "none", "--requests", "24", "--output-tokens", "10", "--progress", "never"},
 			"kv W=6 N=7 C=8", ""},
 		{"no target", nil, "", "choose --url URL or --sim"},
 		{"both targets", []string{"--sim", "--url", "http://x"}, "", "choose one"},
@@ -25,7 +44,8 @@ func TestRun(t *testing.T) {
 		{"bad list", []string{"--sim", "--prefixes", "2,x"}, "", "not an integer"},
 		{"speeds for another fleet", []string{"--sim", "--workers", "2", "--speed-factors", "1,1,1"}, "", "3 values for 2 workers"},
 		{"bad churn", []string{"--sim", "--churn", "soon"}, "", "churn"},
-		{"bad progress", []string{"--sim", "--progress", "maybe"}, "", "--progress"},
+		{"bad progress", []string{"--sim", "--tokenizer", "none", "--progress", "maybe"}, "", "--progress"},
+		{"missing tokenizer", []string{"--sim", "--tokenizer", "/nonexistent"}, "", "loading the tokenizer"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"syscall"
@@ -34,6 +35,9 @@ func main() {
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) > 0 && args[0] == "latency" {
+		return latency(ctx, args[1:], stdout, stderr)
+	}
 	start := time.Now()
 	o := demo.DefaultOptions()
 	fs := flag.NewFlagSet("kvdemo", flag.ContinueOnError)
@@ -126,4 +130,51 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	fmt.Fprintf(stdout, "\nkvdemo: done in %.1fs; nothing left running.\n", time.Since(start).Seconds())
 	return nil
+}
+
+// latency is `kvdemo latency`: kvrouter's ext_proc round trip against a trivial ext_proc
+// server's, side by side (issue 6).
+func latency(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	o := demo.DefaultLatencyOptions()
+	fs := flag.NewFlagSet("kvdemo latency", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	eps := fs.String("endpoints", "6,64", "fleet sizes, comma list")
+	fs.Float64Var(&o.Rate, "rate", o.Rate, "open-loop ext_proc exchanges per second")
+	fs.DurationVar(&o.Duration, "duration", o.Duration, "length of each measured round")
+	fs.IntVar(&o.Rounds, "rounds", o.Rounds, "rounds per server, alternating kvrouter and trivial")
+	fs.StringVar(&o.TokenizerDir, "tokenizer", o.TokenizerDir, "the model's tokenizer directory (make models)")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
+	o.Endpoints = nil
+	for _, f := range strings.Split(*eps, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			return fmt.Errorf("--endpoints: %q is not a positive count", f)
+		}
+		o.Endpoints = append(o.Endpoints, n)
+	}
+	o.Log = stderr
+	dir, err := os.MkdirTemp("", "kvdemo-latency-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	rounds, err := demo.MeasureLatency(ctx, o, dir)
+	if err != nil {
+		return err
+	}
+	return demo.WriteLatency(stdout, o, rounds)
 }

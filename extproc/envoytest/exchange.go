@@ -55,6 +55,7 @@ func (c Config) respTrailers() bool {
 // OrderError is a reply Envoy would reject (it fails the request with 500).
 type OrderError struct{ Msg string }
 
+// Error describes the rejected reply.
 func (e *OrderError) Error() string { return "envoytest: envoy would reject: " + e.Msg }
 
 func orderErrorf(format string, a ...any) error { return &OrderError{Msg: fmt.Sprintf(format, a...)} }
@@ -420,8 +421,8 @@ func (x *Exchange) requestBuffered(req Request, res *RequestResult, hasBody, has
 		body = append(body, c...)
 	}
 	res.Body = body
-	if hasBody || hasTrailers {
-		// Envoy sends the buffered body (possibly empty) before the trailers.
+	if hasBody {
+		// Envoy sends the buffered body once it is complete; an empty body sends no message.
 		if err := x.send(reqBody(body, !hasTrailers)); err != nil {
 			return nil, err
 		}
@@ -449,7 +450,7 @@ func (x *Exchange) requestBuffered(req Request, res *RequestResult, hasBody, has
 			res.Body = nil
 		}
 	}
-	if hasTrailers {
+	if hasTrailers && x.cfg.reqTrailers() {
 		if err := x.sendTrailersAndApply(req.Trailers, res); err != nil {
 			return nil, err
 		}

@@ -33,6 +33,7 @@ type LoadResult struct {
 	AchievedRatePerS                      float64
 }
 
+// String formats the result on one line.
 func (r LoadResult) String() string {
 	return fmt.Sprintf("sent=%d errors=%d rate=%.0f/s request p50=%v p99=%v max=%v decision p50=%v p99=%v max=%v",
 		r.Sent, r.Errors, r.AchievedRatePerS, r.P50, r.P99, r.Max, r.DecisionP50, r.DecisionP99, r.DecisionMax)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -20,12 +21,12 @@ import (
 	"github.com/kvrouter/kvrouter/index/kvsink"
 	"github.com/kvrouter/kvrouter/kvevents"
 	"github.com/kvrouter/kvrouter/prompt"
+	"github.com/kvrouter/kvrouter/tokenizer"
 )
 
 // kvPath is the KV-cache side of the router: the block index, the KV-event subscriber
 // that feeds it through kvsink, and the view of which endpoints' events are healthy.
 type kvPath struct {
-	cfg    config.KVConfig
 	log    *zap.Logger
 	ix     *index.Index
 	sink   *kvsink.Sink
@@ -55,7 +56,7 @@ func newKVPath(cfg *config.Config, f *fleet.Fleet, log *zap.Logger, reg promethe
 	if err != nil {
 		return nil, fmt.Errorf("app: %w", err)
 	}
-	k := &kvPath{cfg: cfg.KV, log: log, ix: ix, fleet: f, scrape: cfg.Limits.Scrape.Interval,
+	k := &kvPath{log: log, ix: ix, fleet: f, scrape: cfg.Limits.Scrape.Interval,
 		subscribed: map[string]fleet.KVEventsConfig{}, capacity: map[string]int{}, wake: make(chan struct{}, 1)}
 	empty := map[string]string{}
 	k.models.Store(&empty)
@@ -71,7 +72,7 @@ func newKVPath(cfg *config.Config, f *fleet.Fleet, log *zap.Logger, reg promethe
 	if err != nil {
 		return nil, fmt.Errorf("app: %w", err)
 	}
-	k.health = newEventHealth(k.sub, cfg.KV.HealthRefresh, now)
+	k.health = newEventHealth(k.sub, f, cfg.KV.HealthRefresh, cfg.KV.EventsStaleAfter, now)
 	k.eventsSkipped = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "kvrouter_kv_events_unusable_endpoints_total",
 		Help: "Endpoints whose kv_events could not be subscribed (rank addresses not on consecutive ports, or refused by the subscriber); they are scored by the approximate prediction.",
@@ -225,16 +226,23 @@ func (k *kvPath) updateCapacity() {
 }
 
 // eventHealth is the kv policy's view of which endpoints' KV events can be trusted: an
-// endpoint is healthy when it is subscribed and every one of its rank streams is
-// connected. The view is rebuilt from the subscriber's status at most once per refresh
-// period, so the routing path reads a map and never waits on the subscriber.
+// endpoint is healthy when it is subscribed, every one of its rank streams is connected,
+// and no stream has been silent for staleAfter while the endpoint was busy (requests in
+// flight from this router, or running by its scraped metrics). The last rule catches a
+// publisher that went away without the socket noticing (ZeroMQ redials silently): a busy
+// vLLM stores blocks every few steps, an idle one legitimately says nothing. The view is
+// rebuilt from the subscriber's and the fleet's status at most once per refresh period,
+// so the routing path reads a map and never waits on either.
 type eventHealth struct {
-	sub     *kvevents.Subscriber
-	refresh time.Duration
-	now     func() time.Time
+	sub        *kvevents.Subscriber
+	fleet      *fleet.Fleet
+	refresh    time.Duration
+	staleAfter time.Duration
+	now        func() time.Time
 
-	mu   sync.Mutex // one rebuild at a time
-	view atomic.Pointer[healthView]
+	mu        sync.Mutex // one rebuild at a time; guards quietFrom
+	quietFrom map[string]time.Time
+	view      atomic.Pointer[healthView]
 }
 
 type healthView struct {
@@ -242,11 +250,11 @@ type healthView struct {
 	healthy map[string]bool
 }
 
-func newEventHealth(sub *kvevents.Subscriber, refresh time.Duration, now func() time.Time) *eventHealth {
+func newEventHealth(sub *kvevents.Subscriber, f *fleet.Fleet, refresh, staleAfter time.Duration, now func() time.Time) *eventHealth {
 	if now == nil {
 		now = time.Now
 	}
-	return &eventHealth{sub: sub, refresh: refresh, now: now}
+	return &eventHealth{sub: sub, fleet: f, refresh: refresh, staleAfter: staleAfter, now: now, quietFrom: map[string]time.Time{}}
 }
 
 // EventsHealthy implements scoring.EventHealth.
@@ -271,14 +279,36 @@ func (h *eventHealth) EventsHealthy(endpoint string) bool {
 
 func (h *eventHealth) invalidate() { h.view.Store(nil) }
 
-// rebuild reads the subscriber's status; h.mu is held.
+// rebuild reads the subscriber's and the fleet's status; h.mu is held.
 func (h *eventHealth) rebuild() *healthView {
-	m := map[string]bool{}
-	for _, st := range h.sub.Status() {
-		ok, seen := m[st.Endpoint]
-		m[st.Endpoint] = st.Connected && (ok || !seen)
+	now := h.now()
+	busy := map[string]bool{}
+	for _, st := range h.fleet.Status() {
+		busy[st.Config.Address] = st.InFlight > 0 || (st.Metrics.Valid && st.Metrics.Running > 0)
 	}
-	v := &healthView{at: h.now(), healthy: m}
+	m := map[string]bool{}
+	quiet := map[string]time.Time{}
+	for _, st := range h.sub.Status() {
+		key := st.Endpoint + "\x00" + strconv.Itoa(st.Rank)
+		healthy := st.Connected
+		if busy[st.Endpoint] {
+			// Quiet since it was first seen busy, or since its last batch if later; an
+			// endpoint that was idle until now is not held to its old silence.
+			since, wasBusy := h.quietFrom[key]
+			if !wasBusy {
+				since = now
+			}
+			if st.LastBatchAt.After(since) {
+				since = st.LastBatchAt
+			}
+			quiet[key] = since
+			healthy = healthy && now.Sub(since) < h.staleAfter
+		}
+		ok, seen := m[st.Endpoint]
+		m[st.Endpoint] = healthy && (ok || !seen)
+	}
+	h.quietFrom = quiet
+	v := &healthView{at: now, healthy: m}
 	h.view.Store(v)
 	return v
 }
@@ -317,7 +347,7 @@ func newTokenizer(cfg *config.Config, log *zap.Logger, reg prometheus.Registerer
 		}
 		pc.Models = append(pc.Models, prompt.ModelConfig{Name: name, Dir: dir, DefaultChatTemplateKwargs: m.DefaultChatTemplateKwargs})
 	}
-	r, err := prompt.NewRegistry(pc, metrics, now)
+	r, err := prompt.NewRegistry(pc, prompt.RegistryOptions{Metrics: metrics, TokenizerMetrics: tokenizer.NewMetrics(reg), Now: now})
 	if err != nil {
 		return nil, fmt.Errorf("app: %w", err)
 	}

@@ -225,3 +225,12 @@ func envoyConfig(src, gw, ext string, admin int) (string, error) {
 	}
 	return src, nil
 }
+
+// envoyConfigFile rewrites the bootstrap at path with placeholder ports (for checks).
+func envoyConfigFile(path string) (string, error) {
+	src, err := os.ReadFile(path)
+	if err != nil {
+		return "", err
+	}
+	return envoyConfig(string(src), "127.0.0.1:1", "127.0.0.1:2", 3)
+}

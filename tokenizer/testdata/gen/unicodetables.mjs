@@ -41,5 +41,5 @@ src += table('letter16', 'is General_Category=Letter (\\p{L}) in Unicode 16.0.',
 src += table('number16', 'is General_Category=Number (\\p{N}) in Unicode 16.0.', number);
 src += table('space16', 'is White_Space (Oniguruma \\s) in Unicode 16.0.', space);
 src += table('unassigned9', 'is General_Category=Unassigned in Unicode 9.0: HF NFC treats these as inert starters.', unassigned9);
-fs.writeFileSync(path.join(here, '..', '..', 'unicode_tables.go'), src);
+fs.writeFileSync(path.join(here, '..', '..', 'unicode_tables.go'), src.replace(/\n+$/, '\n'));
 console.log(`letter16 ${letter.length} number16 ${number.length} space16 ${space.length} unassigned9 ${unassigned9.length} ranges`);

@@ -1,0 +1,100 @@
+package app_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvrouter/kvrouter/config"
+	"github.com/kvrouter/kvrouter/internal/app"
+	"github.com/kvrouter/kvrouter/tokenizer/testmodels"
+)
+
+func TestTokenizeCommand(t *testing.T) {
+	dir := testmodels.Dir(t, "qwen3")
+	tests := []struct {
+		name   string
+		args   []string
+		stdin  string
+		code   int
+		stdout string // exact
+		stderr string // substring
+	}{
+		{"chat and completions", []string{"tokenize", "--model-dir", dir},
+			`{"model":"m","messages":[{"role":"user","content":"hello there"}]}` + "\n\n" + `{"prompt":"hello there"}` + "\n" + `{"prompt":1}`,
+			0, `{"ids":[151644,872,198,14990,1052,151645,198,151644,77091,198]}` + "\n" + `{"ids":[14990,1052]}` + "\n" +
+				`{"error":"prompt: bad request: prompt must be a string or a list"}` + "\n", ""},
+		{"no model dir", []string{"tokenize"}, "", 2, "", "usage: kvrouter tokenize"},
+		{"missing dir", []string{"tokenize", "--model-dir", t.TempDir()}, "", 1, "", "kvrouter tokenize:"},
+		{"bad kwargs", []string{"tokenize", "--model-dir", dir, "--default-chat-template-kwargs", "[1]"}, "", 2, "", "must be a JSON object"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var out, errOut bytes.Buffer
+			code := app.MainIO(tc.args, strings.NewReader(tc.stdin), &out, &errOut)
+			if code != tc.code {
+				t.Errorf("exit %d, want %d (stderr %q)", code, tc.code, errOut.String())
+			}
+			if tc.code == 0 && out.String() != tc.stdout {
+				t.Errorf("stdout\n%s\nwant\n%s", out.String(), tc.stdout)
+			}
+			if !strings.Contains(errOut.String(), tc.stderr) {
+				t.Errorf("stderr %q lacks %q", errOut.String(), tc.stderr)
+			}
+		})
+	}
+}
+
+// TestUnsupportedTokenizerRoutesByLoad: a model whose tokenizer kind is not implemented
+// does not stop the router; it is marked not ready and its requests carry no tokens.
+func TestUnsupportedTokenizerRoutesByLoad(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, body string) {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("tokenizer.json", `{"model":{"type":"WordPiece","vocab":{"a":0}},"added_tokens":[]}`)
+	write("tokenizer_config.json", `{}`)
+	vllm := newFakeVLLM(t)
+	vllm.up.Store(true)
+	cfg := testConfig(t, vllm)
+	cfg.Models = map[string]config.ModelConfig{model: {Tokenizer: dir, BlockSize: 16}}
+	cfg.Policy.Name = "kv"
+	reg := prometheus.NewRegistry()
+	a, err := app.New(cfg, app.Options{Registry: reg})
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	a.Fleet().ScrapeAll(context.Background())
+	x, err := a.ExplainRoute("", []byte(`{"model":"`+model+`","prompt":"hello"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if x.Tokens != 0 || !strings.Contains(x.TokenizeError, "unsupported") || x.Policy.Scores == nil || x.Policy.Scores.Tokenized {
+		b, _ := json.Marshal(x)
+		t.Errorf("explanation %s: want no tokens, an unsupported-tokenizer error and a load-only score", b)
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, mf := range mfs {
+		if mf.GetName() == "kvrouter_model_tokenizer_ready" {
+			found = true
+			if v := mf.GetMetric()[0].GetGauge().GetValue(); v != 0 {
+				t.Errorf("kvrouter_model_tokenizer_ready = %v, want 0", v)
+			}
+		}
+	}
+	if !found {
+		t.Error("kvrouter_model_tokenizer_ready not registered")
+	}
+}
