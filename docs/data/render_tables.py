@@ -7,6 +7,8 @@ Inputs (all in docs/data/):
   sweep-inprocess.json      kvbench --sim --sweep, the reference grid, 3 reps, medians
   inprocess-matched.json    kvbench --sim at the full stack's settings (C=8, rtt 0, ...)
   fullstack.json            kvdemo runs through the full stack, one record per rep
+  fullstack-run1.json       the same full-stack runs made earlier, before merging integrate's
+                            later changes (demo scrape settings, kv event-health fallback)
 The reference figures are copied from /work/shared/reference-experiment.md.
 Every "ours" figure is printed from the JSON; nothing is typed in by hand.
 """
@@ -253,7 +255,7 @@ def lag_table():
     import re
     pat = re.compile(r"kvdemo: (\S+): KV-event lag over (\d+) batches: mean ([\d.]+) ms, p50 <= ([\d.]+) ms, p99 <= ([\d.]+) ms")
     runs = {}
-    for path in sorted(glob.glob(os.path.join(HERE, "fullstack", "*.log"))):
+    for path in sorted(glob.glob(os.path.join(HERE, "fullstack", "n*-seed?.log"))):
         for line in open(path):
             m = pat.search(line)
             if m:
@@ -274,6 +276,38 @@ def lag_table():
     return "".join(s)
 
 
+def run1_table(fs):
+    path = os.path.join(HERE, "fullstack-run1.json")
+    if not os.path.exists(path):
+        return ""
+    r1 = median_fullstack(load("fullstack-run1.json"))
+    s = ["\n#### The full stack twice: cached-token ratio, this run ; the earlier run (medians of 3 seeds)\n"]
+    rows = [[n] + [f"{fs[(p, n)]['cached_ratio']:.3f} ; {r1[(p, n)]['cached_ratio']:.3f}" for p in POL] for n in NS]
+    s.append(table(["N"] + POL, rows))
+    return "".join(s)
+
+
+def stats(sweep, matched, fs):
+    """The summary figures the prose cites (not part of the page's tables)."""
+    out = []
+    d = sorted(((fs[(p, n)]["cached_ratio"] - matched[(p, n, 8)]["cached_ratio"], p, n) for p in POL for n in NS), key=lambda x: abs(x[0]))
+    out.append("full vs matched cached: " + ", ".join(f"{p}/{n} {x:+.3f}" for x, p, n in d))
+    out.append(f"  within 0.01: {sum(abs(x) <= 0.0105 for x, _, _ in d)}, max {max(abs(x) for x, _, _ in d):.3f}")
+    d = sorted(((fs[(p, n)]["cached_ratio"] - sweep[(p, n, 8)]["cached_ratio"], p, n) for p in POL for n in NS), key=lambda x: abs(x[0]))
+    out.append("full vs calibrated cached: " + ", ".join(f"{p}/{n} {x:+.3f}" for x, p, n in d))
+    d = sorted(((100 * (fs[(p, n)]["hit_any"] - sweep[(p, n, 8)]["hit_any"]), p, n) for p in POL for n in NS), key=lambda x: abs(x[0]))
+    out.append("full vs calibrated hit pts: " + ", ".join(f"{p}/{n} {x:+.1f}" for x, p, n in d))
+    d = sorted(((fs[(p, n)]["ttft_p50_ms"] - matched[(p, n, 8)]["ttft_p50_ms"], p, n) for p in POL for n in NS))
+    out.append("ttft p50 full - matched ms: " + ", ".join(f"{p}/{n} {x:+.0f}" for x, p, n in d))
+    d = sorted(((100 * (fs[(p, n)]["requests_per_s"] / matched[(p, n, 8)]["requests_per_s"] - 1), p, n) for p in POL for n in NS))
+    out.append("rps full/matched %: " + ", ".join(f"{p}/{n} {x:+.0f}" for x, p, n in d))
+    for n in NS:
+        k = fs[("kv", n)]["cached_ratio"]
+        out.append(f"kv/random N={n} {k / fs[('random', n)]['cached_ratio']:.2f} kv/rr {k / fs[('round-robin', n)]['cached_ratio']:.2f}")
+    out.append("errors " + str(sum(v["errors"] for v in fs.values())) + " reps " + str(sum(v["reps"] for v in fs.values())))
+    return "\n".join(out)
+
+
 def main():
     sweep = index(load("sweep-inprocess.json"))
     print("## In-process tables\n")
@@ -285,6 +319,9 @@ def main():
         fs = median_fullstack(load("fullstack.json"))
         print("## Full-stack tables\n")
         print(fullstack_tables(sweep, matched, fs))
+        print(run1_table(fs))
+        if os.environ.get("STATS"):
+            print(stats(sweep, matched, fs))
 
 
 if __name__ == "__main__":
