@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/internal/demo"
+	"github.com/kvrouter/kvrouter/kvbench"
 )
 
 func main() {
@@ -45,6 +46,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	gw := fs.String("gateway", "auto", "auto (Envoy when an envoy binary is on PATH, else the dev gateway), envoy or dev")
 	envoyCfg := fs.String("envoy-config", "envoy/envoy.yaml", "the Envoy bootstrap to run (its ports are rewritten to the demo's)")
 	policies := fs.String("policies", strings.Join(o.Policies, ","), "policies to compare, each on a fresh fleet")
+	speeds := fs.String("speed-factors", "", "per-server engine speeds, comma list, one per worker (e.g. kvbench's 1,1,0.7,0.7,0.7,0.7); empty: all 1")
+	jsonOut := fs.String("json", "", "also write the results as kvbench JSON records (mode full-stack) to this file")
 	keep := fs.Bool("keep-logs", false, "keep the generated configurations and the processes' logs")
 	fs.StringVar(&o.TokenizerDir, "tokenizer", o.TokenizerDir, "the model's tokenizer directory (make models)")
 	fs.StringVar(&o.Model, "model", o.Model, "served model name")
@@ -65,6 +68,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
 	o.Policies = strings.Split(*policies, ",")
+	if *speeds != "" {
+		for _, f := range strings.Split(*speeds, ",") {
+			v, err := strconv.ParseFloat(strings.TrimSpace(f), 64)
+			if err != nil {
+				return fmt.Errorf("--speed-factors: %w", err)
+			}
+			o.SpeedFactors = append(o.SpeedFactors, v)
+		}
+	}
 	o.Log = stderr
 
 	work, err := os.MkdirTemp("", "kvdemo-")
@@ -102,6 +114,19 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	if err := demo.WriteTable(stdout, o, results); err != nil {
 		return err
+	}
+	if *jsonOut != "" {
+		f, err := os.Create(*jsonOut)
+		if err != nil {
+			return err
+		}
+		if err := kvbench.WriteJSON(f, demo.Records(o, results)); err != nil {
+			f.Close()
+			return err
+		}
+		if err := f.Close(); err != nil {
+			return err
+		}
 	}
 	fmt.Fprintf(stdout, "\nkvdemo: done in %.1fs; nothing left running.\n", time.Since(start).Seconds())
 	return nil

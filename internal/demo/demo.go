@@ -38,6 +38,9 @@ type Options struct {
 	KVBytes int64
 	// TimeScale runs the simulated engines this many times faster than real time.
 	TimeScale float64
+	// SpeedFactors are the servers' engine speeds (vllm-sim --speed), one per worker;
+	// empty: every server at speed 1.
+	SpeedFactors []float64
 	// Policies are compared in this order, each on a fresh stack.
 	Policies []string
 	// Workload: N prefixes of PrefixTokens, unique tails of TailTokens, OutputTokens
@@ -74,10 +77,25 @@ func (o *Options) Validate() error {
 		return errors.New("demo: kv bytes and time scale must be positive")
 	case len(o.Policies) == 0:
 		return errors.New("demo: at least one policy is required")
+	case len(o.SpeedFactors) != 0 && len(o.SpeedFactors) != o.Workers:
+		return fmt.Errorf("demo: %d speed factors for %d workers", len(o.SpeedFactors), o.Workers)
 	case o.Requests < 1 || o.Concurrency < 1:
 		return errors.New("demo: requests and concurrency must be at least 1")
 	}
+	for _, f := range o.SpeedFactors {
+		if !(f > 0) {
+			return fmt.Errorf("demo: speed factors must be positive, got %v", f)
+		}
+	}
 	return nil
+}
+
+// speed is server i's engine speed.
+func (o *Options) speed(i int) float64 {
+	if len(o.SpeedFactors) == 0 {
+		return 1
+	}
+	return o.SpeedFactors[i]
 }
 
 func (o *Options) logf(format string, a ...any) {
@@ -108,6 +126,9 @@ type Result struct {
 	Summary kvbench.Summary
 	// Elapsed is the benchmark's wall time (stack start-up excluded).
 	Elapsed time.Duration
+	// EventLag is kvrouter's KV-event lag histogram after the run (every batch since the
+	// stack started); nil when its /metrics page could not be read.
+	EventLag *LagHistogram
 }
 
 // Compare starts a stack per policy, sends the workload through its gateway with kvbench
@@ -174,7 +195,33 @@ func runOne(ctx context.Context, o *Options, start Starter, policy string, w *kv
 	res.Summary = kvbench.Summarize(run.Results, kvbench.SummaryInput{PrefixTokens: wl.PrefixTokens,
 		BlockSize: run.BlockSize, Bound: bound, EngineHitRate: run.EngineHitRate})
 	o.logf("%s: cached-token ratio %.3f, %d errors, %.1fs", policy, res.Summary.CachedRatio, res.Summary.Errors, res.Elapsed.Seconds())
+	if h, err := routerLag(ctx, st.RouterURL()); err != nil {
+		o.logf("%s: KV-event lag unknown: %v", policy, err)
+	} else {
+		res.EventLag = h
+		o.logf("%s: KV-event lag over %d batches: mean %.2f ms, p50 <= %g ms, p99 <= %g ms", policy, h.Count, h.MeanMs(),
+			h.QuantileBoundMs(0.5), h.QuantileBoundMs(0.99))
+	}
 	return res, nil
+}
+
+// routerLag reads kvrouter's KV-event lag histogram from its metrics port.
+func routerLag(ctx context.Context, routerURL string) (*LagHistogram, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, routerURL+"/metrics", nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("demo: %s/metrics: HTTP %d", routerURL, resp.StatusCode)
+	}
+	return ParseLagHistogram(resp.Body)
 }
 
 // waitReady waits until the gateway accepts connections, kvrouter is ready (an endpoint
@@ -283,4 +330,20 @@ func WriteTable(w io.Writer, o Options, results []Result) error {
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// Records turns a comparison into kvbench's JSON records (mode "full-stack", one
+// repetition each), so full-stack runs can be read beside `kvbench --json` output.
+func Records(o Options, results []Result) []kvbench.Record {
+	out := make([]kvbench.Record, len(results))
+	for i, r := range results {
+		out[i] = kvbench.Record{
+			Cell: kvbench.Cell{Policy: r.Policy, Workers: o.Workers, Prefixes: o.Prefixes, Concurrency: o.Concurrency},
+			Mode: "full-stack", Reps: 1,
+			PrefixTokens: o.PrefixTokens, TailTokens: o.TailTokens, OutputTokens: o.OutputTokens,
+			Seed: o.Seed, API: kvbench.APICompletions,
+			Summary: r.Summary,
+		}
+	}
+	return out
 }

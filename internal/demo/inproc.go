@@ -117,6 +117,7 @@ func (s *inproc) start(ctx context.Context, o *Options, policy, dir string, log 
 		cfg.EnablePromptTokensDetails = true
 		cfg.Engine.NumGPUBlocks = sim.Qwen3_0_6B.NumBlocks(o.KVBytes, cfg.Engine.BlockSize)
 		cfg.Engine.HashSeed = randomSeed()
+		cfg.Engine.Speed = o.speed(i)
 		cfg.KVEvents.EnableKVCacheEvents = true
 		cfg.KVEvents.Endpoint = "tcp://127.0.0.1:0"
 		cfg.KVEvents.Bind = true

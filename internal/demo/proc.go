@@ -157,7 +157,8 @@ func (s *procStack) start(ctx context.Context, o *Options, po ProcessOptions, po
 		err := s.spawn(fmt.Sprintf("vllm-sim %d", i), filepath.Join(po.WorkDir, fmt.Sprintf("vllm-sim-%d-%s.log", i, policy)), bin("vllm-sim"),
 			"--host", "127.0.0.1", "--port", strconv.Itoa(hp), "--model", o.Model, "--tokenizer", tokDir,
 			"--kv-events-config", string(ev), "--enable-prompt-tokens-details",
-			"--kv-cache-bytes", strconv.FormatInt(o.KVBytes, 10), "--time-scale", strconv.FormatFloat(o.TimeScale, 'g', -1, 64))
+			"--kv-cache-bytes", strconv.FormatInt(o.KVBytes, 10), "--time-scale", strconv.FormatFloat(o.TimeScale, 'g', -1, 64),
+			"--speed", strconv.FormatFloat(o.speed(i), 'g', -1, 64))
 		if err != nil {
 			return err
 		}
