@@ -34,12 +34,18 @@ type ProcessOptions struct {
 // (SIGTERM, then SIGKILL after 5 s); on Linux the children also die with this process.
 func Processes(po ProcessOptions) Starter {
 	return func(ctx context.Context, o *Options, policy string) (Stack, error) {
-		s := &procStack{}
-		if err := s.start(ctx, o, po, policy); err != nil {
+		// freePorts releases its ports before the children bind them, so another process
+		// can take one in between (seen once in 25 full-stack runs); a fresh set of ports
+		// on a second or third try gets past that.
+		var err error
+		for attempt := 0; attempt < 3 && ctx.Err() == nil; attempt++ {
+			s := &procStack{}
+			if err = s.start(ctx, o, po, policy); err == nil {
+				return s, nil
+			}
 			_ = s.Close()
-			return nil, err
 		}
-		return s, nil
+		return nil, err
 	}
 }
 
