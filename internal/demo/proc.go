@@ -45,6 +45,9 @@ func Processes(po ProcessOptions) Starter {
 			}
 			_ = s.Close()
 		}
+		if err == nil {
+			err = ctx.Err()
+		}
 		return nil, err
 	}
 }
