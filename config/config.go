@@ -16,6 +16,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/kvrouter/kvrouter/config/field"
+	"github.com/kvrouter/kvrouter/discovery"
 	"github.com/kvrouter/kvrouter/fleet"
 )
 
@@ -33,14 +34,18 @@ type Config struct {
 	Policy PolicyConfig `yaml:"policy"`
 	// Limits bounds sizes and times.
 	Limits LimitsConfig `yaml:"limits"`
+	// Discovery finds endpoints at run time (Kubernetes API or DNS), beside the static
+	// list.
+	Discovery discovery.Config `yaml:"discovery"`
 }
 
 // Default returns the configuration with every default and no endpoint.
 func Default() Config {
 	return Config{
-		Listen: DefaultListenConfig(),
-		Policy: DefaultPolicyConfig(),
-		Limits: DefaultLimitsConfig(),
+		Listen:    DefaultListenConfig(),
+		Policy:    DefaultPolicyConfig(),
+		Limits:    DefaultLimitsConfig(),
+		Discovery: discovery.DefaultConfig(),
 	}
 }
 
@@ -54,8 +59,8 @@ func (c *Config) Fleet() fleet.Config {
 func (c *Config) Validate() error {
 	var errs field.Errors
 	errs.Nest("listen", c.Listen.Validate())
-	if len(c.Endpoints) == 0 {
-		errs.Addf("endpoints", "at least one endpoint is required")
+	if len(c.Endpoints) == 0 && !c.Discovery.Enabled() {
+		errs.Addf("endpoints", "at least one endpoint is required (or configure discovery)")
 	}
 	errs.Nest("endpoints", fleet.ValidateEndpoints(c.Endpoints))
 	adapters := map[string]string{}
@@ -74,6 +79,7 @@ func (c *Config) Validate() error {
 	}
 	errs.Nest("policy", c.Policy.Validate())
 	errs.Nest("limits", c.Limits.Validate())
+	errs.Nest("discovery", c.Discovery.Validate())
 	return errs.Err()
 }
 
