@@ -24,11 +24,15 @@ func (c *fakeNow) Advance(d time.Duration) { c.t = c.t.Add(d) }
 
 func newFleet(t *testing.T) *fleet.Fleet {
 	t.Helper()
-	f, err := fleet.New(fleet.Config{Scrape: fleet.DefaultScrapeConfig()}, fleet.Options{})
+	f, err := newFleetB()
 	if err != nil {
 		t.Fatal(err)
 	}
 	return f
+}
+
+func newFleetB() (*fleet.Fleet, error) {
+	return fleet.New(fleet.Config{Scrape: fleet.DefaultScrapeConfig()}, fleet.Options{})
 }
 
 func targetCfg() discovery.TargetConfig {
