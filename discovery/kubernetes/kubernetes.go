@@ -83,6 +83,7 @@ type Source struct {
 	snap   func() ([]discovery.Target, error)
 	synced []cache.InformerSynced
 	start  func(stop <-chan struct{})
+	stop   func() // waits for the informers' goroutines, once stop is closed
 }
 
 // New builds the source for cfg; it starts nothing (Run does).
@@ -154,7 +155,7 @@ func (s *Source) setup() error {
 		}
 		lister := inf.Lister().EndpointSlices(ns)
 		s.synced = []cache.InformerSynced{inf.Informer().HasSynced}
-		s.start = f.Start
+		s.start, s.stop = f.Start, f.Shutdown
 		s.snap = func() ([]discovery.Target, error) {
 			slices, err := lister.List(labels.Everything())
 			if err != nil {
@@ -177,6 +178,7 @@ func (s *Source) setup() error {
 		poolLister := pools.Lister().ByNamespace(ns)
 		s.synced = []cache.InformerSynced{pods.Informer().HasSynced, pools.Informer().HasSynced}
 		s.start = func(stop <-chan struct{}) { pf.Start(stop); df.Start(stop) }
+		s.stop = func() { pf.Shutdown(); df.Shutdown() }
 		s.snap = func() ([]discovery.Target, error) {
 			obj, err := poolLister.Get(s.cfg.InferencePool)
 			if apierrors.IsNotFound(err) {
@@ -223,7 +225,7 @@ func (s *Source) setup() error {
 		lister := pods.Lister().Pods(ns)
 		sel := labels.SelectorFromSet(s.cfg.Selector)
 		s.synced = []cache.InformerSynced{pods.Informer().HasSynced}
-		s.start = f.Start
+		s.start, s.stop = f.Start, f.Shutdown
 		s.snap = func() ([]discovery.Target, error) {
 			list, err := lister.List(sel)
 			if err != nil {
@@ -257,7 +259,8 @@ func (s *Source) Run(ctx context.Context) error {
 		return fmt.Errorf("discovery: %s: %w", s.name, err)
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	defer s.stop()
+	defer cancel() // runs first: stop waits for the informers to see it
 	s.start(ctx.Done())
 	if !cache.WaitForCacheSync(ctx.Done(), s.synced...) {
 		if ctx.Err() != nil {
