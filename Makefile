@@ -47,6 +47,6 @@ chart-golden: ## Re-render charts/kvrouter for each ci/*-values.yaml into exampl
 	@mkdir -p examples/testdata/chart
 	@for v in charts/kvrouter/ci/*-values.yaml; do \
 	  n=$$(basename $$v -values.yaml); \
-	  $(HELM) template kvrouter charts/kvrouter --namespace llm -f $$v > examples/testdata/chart/$$n.yaml || exit 1; \
+	  $(HELM) template kvrouter charts/kvrouter --namespace llm --kube-version 1.33.0 -f $$v > examples/testdata/chart/$$n.yaml || exit 1; \
 	  echo "examples/testdata/chart/$$n.yaml"; \
 	done

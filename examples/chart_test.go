@@ -41,7 +41,7 @@ func goldenFor(values string) string {
 
 // helmTemplate is the command that renders a golden file.
 func helmTemplate(helm, values string) *exec.Cmd {
-	return exec.Command(helm, "template", "kvrouter", chartDir, "--namespace", "llm", "-f", values)
+	return exec.Command(helm, "template", "kvrouter", chartDir, "--namespace", "llm", "--kube-version", "1.33.0", "-f", values)
 }
 
 func TestChartGoldenFresh(t *testing.T) {
