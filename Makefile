@@ -50,3 +50,7 @@ chart-golden: ## Re-render charts/kvrouter for each ci/*-values.yaml into exampl
 	  $(HELM) template kvrouter charts/kvrouter --namespace llm --kube-version 1.33.0 -f $$v > examples/testdata/chart/$$n.yaml || exit 1; \
 	  echo "examples/testdata/chart/$$n.yaml"; \
 	done
+
+.PHONY: test-docker
+test-docker: ## Build the binaries with the Dockerfile's go build flags and check they are static.
+	$(GO) test -tags dockerbuild -count=1 -run TestDockerfileBuildsStatic -v ./examples
