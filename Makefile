@@ -43,3 +43,23 @@ fuzz: ## Run every fuzz target for FUZZTIME each.
 lint: ## gofmt and go vet.
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt: $$out"; exit 1; fi
 	$(GO) vet ./...
+
+HELM         ?= $(shell command -v helm 2>/dev/null || echo $(CURDIR)/bin/helm)
+HELM_VERSION ?= v3.22.0
+
+.PHONY: tools
+tools: ## Build the helm binary into ./bin from the Go module proxy (for chart-golden).
+	GOBIN=$(CURDIR)/bin $(GO) install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION)
+
+.PHONY: chart-golden
+chart-golden: ## Re-render charts/kvrouter for each ci/*-values.yaml into examples/testdata/chart.
+	@mkdir -p examples/testdata/chart
+	@for v in charts/kvrouter/ci/*-values.yaml; do \
+	  n=$$(basename $$v -values.yaml); \
+	  $(HELM) template kvrouter charts/kvrouter --namespace llm --kube-version 1.33.0 -f $$v > examples/testdata/chart/$$n.yaml || exit 1; \
+	  echo "examples/testdata/chart/$$n.yaml"; \
+	done
+
+.PHONY: test-docker
+test-docker: ## Build the binaries with the Dockerfile's go build flags and check they are static.
+	$(GO) test -tags dockerbuild -count=1 -run TestDockerfileBuildsStatic -v ./examples

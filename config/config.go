@@ -17,6 +17,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/kvrouter/kvrouter/config/field"
+	"github.com/kvrouter/kvrouter/discovery"
 	"github.com/kvrouter/kvrouter/fleet"
 	"github.com/kvrouter/kvrouter/index"
 	"github.com/kvrouter/kvrouter/kvevents"
@@ -40,15 +41,19 @@ type Config struct {
 	// KV tunes the KV-cache path: the block index, the KV-event subscriber and the state
 	// the kv and approximate policies keep.
 	KV KVConfig `yaml:"kv"`
+	// Discovery finds endpoints at run time (Kubernetes API or DNS), beside the static
+	// list.
+	Discovery discovery.Config `yaml:"discovery"`
 }
 
 // Default returns the configuration with every default and no endpoint.
 func Default() Config {
 	return Config{
-		Listen: DefaultListenConfig(),
-		Policy: DefaultPolicyConfig(),
-		Limits: DefaultLimitsConfig(),
-		KV:     DefaultKVConfig(),
+		Listen:    DefaultListenConfig(),
+		Policy:    DefaultPolicyConfig(),
+		Limits:    DefaultLimitsConfig(),
+		KV:        DefaultKVConfig(),
+		Discovery: discovery.DefaultConfig(),
 	}
 }
 
@@ -62,8 +67,8 @@ func (c *Config) Fleet() fleet.Config {
 func (c *Config) Validate() error {
 	var errs field.Errors
 	errs.Nest("listen", c.Listen.Validate())
-	if len(c.Endpoints) == 0 {
-		errs.Addf("endpoints", "at least one endpoint is required")
+	if len(c.Endpoints) == 0 && !c.Discovery.Enabled() {
+		errs.Addf("endpoints", "at least one endpoint is required (or configure discovery)")
 	}
 	errs.Nest("endpoints", fleet.ValidateEndpoints(c.Endpoints))
 	for i, ep := range c.Endpoints {
@@ -88,6 +93,7 @@ func (c *Config) Validate() error {
 	errs.Nest("policy", c.Policy.Validate())
 	errs.Nest("limits", c.Limits.Validate())
 	errs.Nest("kv", c.KV.Validate())
+	errs.Nest("discovery", c.Discovery.Validate())
 	return errs.Err()
 }
 

@@ -71,7 +71,7 @@ func (d *decoder) decode(n *yaml.Node, v reflect.Value, path string) {
 	switch v.Kind() {
 	case reflect.Pointer:
 		if v.IsNil() {
-			v.Set(reflect.New(v.Type().Elem()))
+			v.Set(newElem(v.Type().Elem()).Addr())
 		}
 		d.decode(n, v.Elem(), path)
 	case reflect.Struct:

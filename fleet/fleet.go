@@ -88,6 +88,9 @@ type Change struct {
 	Endpoint EndpointConfig
 	// State is the endpoint's state after the change.
 	State State
+	// Ready is false while discovery holds the endpoint out of routing (SetReady); such
+	// an endpoint keeps its KV state but receives no requests.
+	Ready bool
 }
 
 // Options are the fleet's collaborators; every field may be left zero.
@@ -129,9 +132,15 @@ type endpoint struct {
 	cfg      atomic.Pointer[EndpointConfig]
 	inFlight atomic.Int64
 	state    atomic.Int32
+	unready  atomic.Bool // set by SetReady(addr, false): held out of routing
 	failures atomic.Int32
 	last     atomic.Pointer[sample]
 	scraping sync.Mutex // one scrape of this endpoint at a time
+}
+
+// eligible reports whether the endpoint may receive requests now.
+func (ep *endpoint) eligible() bool {
+	return State(ep.state.Load()).Eligible() && !ep.unready.Load()
 }
 
 type sample struct {
@@ -249,7 +258,7 @@ func (f *Fleet) Upsert(cfg EndpointConfig) error {
 		eps = slices.Insert(eps, i, ep)
 	}
 	f.table.Store(buildTable(eps))
-	f.notify(Change{Kind: kind, Address: cfg.Address, Endpoint: cfg, State: State(ep.state.Load())})
+	f.notify(Change{Kind: kind, Address: cfg.Address, Endpoint: cfg, State: State(ep.state.Load()), Ready: !ep.unready.Load()})
 	if f.metrics != nil {
 		f.metrics.changes.WithLabelValues(kind.String()).Inc()
 	}
@@ -323,8 +332,28 @@ func (f *Fleet) Remove(addr string) bool {
 		f.metrics.forget(addr)
 		f.metrics.changes.WithLabelValues(Removed.String()).Inc()
 	}
-	f.notify(Change{Kind: Removed, Address: addr, Endpoint: *ep.cfg.Load(), State: State(ep.state.Load())})
+	f.notify(Change{Kind: Removed, Address: addr, Endpoint: *ep.cfg.Load(), State: State(ep.state.Load()), Ready: !ep.unready.Load()})
 	f.log.Info("endpoint removed", zap.String("endpoint", addr))
+	return true
+}
+
+// SetReady holds the endpoint at addr out of routing (ready false) or lets it back in
+// (ready true), for discovery: a Kubernetes pod that turns unready stops receiving
+// requests at once while the endpoint, and so its KV state, stays registered. The
+// endpoint is eligible only when it is ready and its State is eligible. Subscribers hear
+// StateChanged when readiness changes. It reports whether the endpoint exists.
+func (f *Fleet) SetReady(addr string, ready bool) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	ep, ok := f.table.Load().byAddr[addr]
+	if !ok {
+		return false
+	}
+	if ep.unready.Swap(!ready) == !ready {
+		return true
+	}
+	f.notify(Change{Kind: StateChanged, Address: addr, Endpoint: *ep.cfg.Load(), State: State(ep.state.Load()), Ready: ready})
+	f.log.Info("endpoint readiness", zap.String("endpoint", addr), zap.Bool("ready", ready))
 	return true
 }
 
@@ -390,7 +419,7 @@ func (t *table) resolve(model string) (list []*endpoint, base, lora string, ok b
 func (f *Fleet) appendEligible(out []scoring.Endpoint, list []*endpoint) []scoring.Endpoint {
 	now := f.now()
 	for _, ep := range list {
-		if !State(ep.state.Load()).Eligible() {
+		if !ep.eligible() {
 			continue
 		}
 		out = append(out, scoring.Endpoint{
@@ -440,7 +469,7 @@ func (f *Fleet) End(addr string) {
 // Ready reports whether at least one endpoint is eligible.
 func (f *Fleet) Ready() bool {
 	for _, ep := range f.table.Load().all {
-		if State(ep.state.Load()).Eligible() {
+		if ep.eligible() {
 			return true
 		}
 	}
@@ -449,8 +478,10 @@ func (f *Fleet) Ready() bool {
 
 // EndpointStatus is a point-in-time view of one endpoint, for debugging and tests.
 type EndpointStatus struct {
-	Config   EndpointConfig
-	State    State
+	Config EndpointConfig
+	State  State
+	// Ready is false while discovery holds the endpoint out of routing (SetReady).
+	Ready    bool
 	InFlight int
 	// Failures counts the scrapes that failed since the last good one.
 	Failures int
@@ -469,6 +500,7 @@ func (f *Fleet) Status() []EndpointStatus {
 		st := EndpointStatus{
 			Config:   cloneConfig(*ep.cfg.Load()),
 			State:    State(ep.state.Load()),
+			Ready:    !ep.unready.Load(),
 			InFlight: int(ep.inFlight.Load()),
 			Failures: int(ep.failures.Load()),
 			Metrics:  f.fresh(ep, now),
@@ -633,7 +665,7 @@ func (f *Fleet) scrapeOne(ctx context.Context, ep *endpoint) {
 	if next == StateHealthy {
 		f.log.Info("endpoint eligible", zap.String("endpoint", ep.addr), zap.Stringer("was", prev))
 	}
-	f.notify(Change{Kind: StateChanged, Address: ep.addr, Endpoint: *ep.cfg.Load(), State: next})
+	f.notify(Change{Kind: StateChanged, Address: ep.addr, Endpoint: *ep.cfg.Load(), State: next, Ready: !ep.unready.Load()})
 }
 
 func (f *Fleet) fetch(ctx context.Context, cfg *EndpointConfig) (scoring.Metrics, error) {

@@ -79,7 +79,7 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 		a := ep.addr
 		ch <- prometheus.MustNewConstMetric(m.inFlight, prometheus.GaugeValue, float64(ep.inFlight.Load()), a)
 		el := 0.0
-		if st.Eligible() {
+		if ep.eligible() {
 			el = 1
 		}
 		ch <- prometheus.MustNewConstMetric(m.eligible, prometheus.GaugeValue, el, a)

@@ -20,8 +20,11 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"k8s.io/utils/clock"
 
 	"github.com/kvrouter/kvrouter/config"
+	"github.com/kvrouter/kvrouter/discovery"
+	kdisc "github.com/kvrouter/kvrouter/discovery/kubernetes"
 	"github.com/kvrouter/kvrouter/extproc"
 	"github.com/kvrouter/kvrouter/fleet"
 	"github.com/kvrouter/kvrouter/scoring"
@@ -56,6 +59,13 @@ type Options struct {
 	Tokenizer extproc.Tokenizer
 	// Rand feeds the random policy. Nil: seeded from the clock.
 	Rand rand.Source
+	// KubeClients are the Kubernetes API clients of discovery.kubernetes. Nil: built
+	// from the configuration (in-cluster service account, or its kubeconfig).
+	KubeClients *kdisc.Clients
+	// Resolver resolves discovery.dns names. Nil: net.DefaultResolver.
+	Resolver discovery.Resolver
+	// Clock drives discovery's intervals and grace periods. Nil: the real clock.
+	Clock clock.WithTicker
 }
 
 // Addrs are the addresses the App listens on (resolved, so port 0 becomes a real port).
@@ -76,7 +86,8 @@ type App struct {
 	fallback scoring.Policy
 	tok      extproc.Tokenizer
 	// now is the injected clock (time.Now when none is given).
-	now func() time.Time
+	now       func() time.Time
+	discovery runner // nil without discovery
 
 	extGRPC    *grpc.Server // ext_proc + health for Envoy
 	probeGRPC  *grpc.Server // health for Kubernetes
@@ -117,6 +128,9 @@ func New(cfg *config.Config, o Options) (*App, error) {
 	}
 	a.fleet = f
 	if a.kv, err = newKVPath(cfg, f, a.log.Named("kv"), a.reg, o.Now); err != nil {
+		return nil, err
+	}
+	if a.discovery, err = newDiscovery(cfg.Discovery, f, o, a.log, a.reg); err != nil {
 		return nil, err
 	}
 	a.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
@@ -200,6 +214,9 @@ func (a *App) Run(ctx context.Context) error {
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return a.fleet.Run(gctx) })
 	g.Go(func() error { return a.kv.run(gctx) })
+	if a.discovery != nil {
+		g.Go(func() error { return a.discovery.Run(gctx) })
+	}
 	g.Go(func() error { return serveGRPC(a.extGRPC, a.lnExt, "extproc") })
 	g.Go(func() error { return serveGRPC(a.probeGRPC, a.lnProbe, "health") })
 	g.Go(func() error {

@@ -24,7 +24,7 @@ func TestMain_CommandLine(t *testing.T) {
 		{"no config flag", nil, 2, "", "kvrouter: a KV-cache-aware router for vLLM fleets, serving Envoy's ext_proc."},
 		{"bad log level", []string{"--config", "x.yaml", "--log-level", "loud"}, 2, "", ""},
 		{"invalid config file", []string{"--config", "../../config/testdata/invalid/no-endpoints.yaml"}, 1, "",
-			"../../config/testdata/invalid/no-endpoints.yaml:2: endpoints: at least one endpoint is required"},
+			"../../config/testdata/invalid/no-endpoints.yaml:2: endpoints: at least one endpoint is required (or configure discovery)"},
 		{"help", []string{"--help"}, 0, "", ""},
 	}
 	for _, tc := range tests {

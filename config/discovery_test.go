@@ -1,0 +1,41 @@
+package config_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/kvrouter/kvrouter/config"
+	"github.com/kvrouter/kvrouter/discovery"
+)
+
+func TestLoadDiscovery(t *testing.T) {
+	cfg, err := config.Load("testdata/valid-discovery.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := cfg.Discovery.Kubernetes
+	if k == nil {
+		t.Fatal("no kubernetes section")
+	}
+	tests := []struct {
+		name      string
+		got, want any
+	}{
+		{"pool", k.InferencePool, "vllm-qwen"},
+		{"grace default", k.UnreadyGrace, 30 * time.Second},
+		{"metrics path default", k.MetricsPath, "/metrics"},
+		{"dns unset", cfg.Discovery.DNS == nil, true},
+		{"events mode default", cfg.Discovery.KVEvents.Mode, discovery.ModePerPod},
+		{"events port default", cfg.Discovery.KVEvents.Port, 5557},
+		{"replay port", cfg.Discovery.KVEvents.ReplayPort, 5558},
+		{"dp default", cfg.Discovery.KVEvents.DataParallelSize, 1},
+		{"no static endpoint", len(cfg.Endpoints), 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.got != tc.want {
+				t.Errorf("got %v, want %v", tc.got, tc.want)
+			}
+		})
+	}
+}

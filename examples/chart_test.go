@@ -1,0 +1,166 @@
+package examples_test
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	infv1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
+
+	"github.com/kvrouter/kvrouter/config"
+	"github.com/kvrouter/kvrouter/discovery"
+	"github.com/kvrouter/kvrouter/envoy"
+)
+
+// The chart is rendered by the real helm (`make chart-golden`) into
+// testdata/chart/<values>.yaml, one file per values file in charts/kvrouter/ci/. These
+// tests parse the renderings strictly; TestChartGoldenFresh re-renders them when a helm
+// binary is available and fails when they are stale.
+
+const chartDir = "../charts/kvrouter"
+
+func chartValues(t *testing.T) []string {
+	t.Helper()
+	files, err := filepath.Glob(filepath.Join(chartDir, "ci", "*-values.yaml"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no values files in %s/ci", chartDir)
+	}
+	return files
+}
+
+func goldenFor(values string) string {
+	return filepath.Join("testdata", "chart", strings.TrimSuffix(filepath.Base(values), "-values.yaml")+".yaml")
+}
+
+// helmTemplate is the command that renders a golden file.
+func helmTemplate(helm, values string) *exec.Cmd {
+	return exec.Command(helm, "template", "kvrouter", chartDir, "--namespace", "llm", "--kube-version", "1.33.0", "-f", values)
+}
+
+func TestChartGoldenFresh(t *testing.T) {
+	helm := os.Getenv("HELM")
+	if helm == "" {
+		var err error
+		if helm, err = exec.LookPath("helm"); err != nil {
+			t.Skip("no helm binary (set HELM or put helm on PATH; `make tools` builds one): renderings not re-checked")
+		}
+	}
+	for _, v := range chartValues(t) {
+		t.Run(filepath.Base(v), func(t *testing.T) {
+			out, err := helmTemplate(helm, v).Output()
+			if err != nil {
+				t.Fatalf("helm template: %v", err)
+			}
+			want, err := os.ReadFile(goldenFor(v))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(out, want) {
+				t.Errorf("%s is stale: run `make chart-golden` (%s)", goldenFor(v), firstDiff(string(out), string(want)))
+			}
+		})
+	}
+}
+
+func TestChartRenderings(t *testing.T) {
+	for _, v := range chartValues(t) {
+		name := strings.TrimSuffix(filepath.Base(v), "-values.yaml")
+		t.Run(name, func(t *testing.T) {
+			objs := loadDir(t, goldenFor(v))
+			checkChart(t, name, objs)
+		})
+	}
+}
+
+func checkChart(t *testing.T, name string, objs []object) {
+	t.Helper()
+	kinds := map[string]int{}
+	for _, o := range objs {
+		kinds[o.gvk.Kind]++
+	}
+	d := find[*appsv1.Deployment](t, objs, "kvrouter")
+	c := d.Spec.Template.Spec.Containers[0]
+	if *d.Spec.Replicas != 2 || c.ReadinessProbe.GRPC == nil || c.ReadinessProbe.GRPC.Port != 9003 ||
+		d.Spec.Template.Annotations["prometheus.io/port"] != "9090" {
+		t.Errorf("kvrouter Deployment: replicas %d, probe %+v, annotations %v", *d.Spec.Replicas, c.ReadinessProbe, d.Spec.Template.Annotations)
+	}
+	role := find[*rbacv1.Role](t, objs, "kvrouter-discovery")
+	for _, r := range role.Rules {
+		if !reflect.DeepEqual(r.Verbs, []string{"get", "list", "watch"}) {
+			t.Errorf("role rule %+v is not read-only", r)
+		}
+	}
+	cm := find[*corev1.ConfigMap](t, objs, "kvrouter-config")
+	cfg, err := config.Parse([]byte(cm.Data["kvrouter.yaml"]), name+": kvrouter.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := cfg.Discovery.Kubernetes
+	if k == nil || k.Namespace != "llm" {
+		t.Fatalf("discovery %+v does not watch the release namespace", k)
+	}
+	if kinds["InferencePool"] > 0 {
+		pool := find[*infv1.InferencePool](t, objs, k.InferencePool)
+		if string(pool.Spec.EndpointPickerRef.Name) != "kvrouter" || pool.Spec.EndpointPickerRef.Port.Number != 9002 {
+			t.Errorf("pool's picker %+v is not kvrouter:9002", pool.Spec.EndpointPickerRef)
+		}
+	} else if k.Service == "" {
+		t.Errorf("discovery has no service: %+v", k)
+	}
+	if kinds["ConfigMap"] > 1 {
+		for _, o := range objs {
+			if cm, ok := o.obj.(*corev1.ConfigMap); ok && cm.Name == "kvrouter-envoy" {
+				b, err := envoy.Parse([]byte(cm.Data["envoy.yaml"]))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := envoy.Check(b); err != nil {
+					t.Error(err)
+				}
+				if !strings.Contains(cm.Data["envoy.yaml"], "{address: kvrouter-headless.llm.svc.cluster.local, port_value: 9002}") {
+					t.Error("Envoy does not reach kvrouter through the headless Service")
+				}
+			}
+		}
+	}
+	for _, o := range objs {
+		if dep, ok := o.obj.(*appsv1.Deployment); ok && dep.Name == "vllm" {
+			vc := dep.Spec.Template.Spec.Containers[0]
+			ev := kvEventsConfig(t, vc.Args)
+			if ev["endpoint"] != "tcp://*:5557" || ev["replay_endpoint"] != "tcp://*:5558" || ev["publisher"] != "zmq" {
+				t.Errorf("vllm kv events %v", ev)
+			}
+			if dep.Spec.Template.Annotations[discovery.AnnotationModels] == "" {
+				t.Errorf("vllm pods lack %s", discovery.AnnotationModels)
+			}
+		}
+	}
+}
+
+func TestChartFilesMatchRepository(t *testing.T) {
+	for _, f := range []struct{ chart, repo string }{
+		{"files/envoy.yaml", "../envoy/envoy.yaml"},
+		{"files/grafana-dashboard.json", "grafana/kvrouter-dashboard.json"},
+	} {
+		t.Run(f.chart, func(t *testing.T) {
+			a, err := os.ReadFile(filepath.Join(chartDir, f.chart))
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := os.ReadFile(f.repo)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(a, b) {
+				t.Errorf("%s differs from %s: copy it over", f.chart, f.repo)
+			}
+		})
+	}
+}

@@ -1,0 +1,446 @@
+package examples_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/lua/v3"
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+	istionetv1 "istio.io/client-go/pkg/apis/networking/v1"
+	istionetv1alpha3 "istio.io/client-go/pkg/apis/networking/v1alpha3"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/kubernetes/scheme"
+	infv1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
+	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
+	"sigs.k8s.io/yaml"
+
+	"github.com/kvrouter/kvrouter/config"
+	"github.com/kvrouter/kvrouter/envoy"
+)
+
+// object is one parsed manifest document.
+type object struct {
+	file string
+	gvk  schema.GroupVersionKind
+	name string
+	obj  any
+}
+
+func (o object) String() string { return fmt.Sprintf("%s: %s %s", o.file, o.gvk.Kind, o.name) }
+
+// newTyped returns an empty Go object for a kind, or nil when the kind is unknown.
+func newTyped(gvk schema.GroupVersionKind) any {
+	switch gvk {
+	case infv1.SchemeGroupVersion.WithKind("InferencePool"):
+		return &infv1.InferencePool{}
+	case gwv1.SchemeGroupVersion.WithKind("Gateway"):
+		return &gwv1.Gateway{}
+	case gwv1.SchemeGroupVersion.WithKind("HTTPRoute"):
+		return &gwv1.HTTPRoute{}
+	case istionetv1alpha3.SchemeGroupVersion.WithKind("EnvoyFilter"):
+		return &istionetv1alpha3.EnvoyFilter{}
+	case istionetv1.SchemeGroupVersion.WithKind("Gateway"):
+		return &istionetv1.Gateway{}
+	case istionetv1.SchemeGroupVersion.WithKind("VirtualService"):
+		return &istionetv1.VirtualService{}
+	}
+	if o, err := scheme.Scheme.New(gvk); err == nil {
+		return o
+	}
+	return nil
+}
+
+// splitDocs splits a YAML stream on "---" lines, dropping empty documents.
+func splitDocs(data []byte) [][]byte {
+	var out [][]byte
+	for _, d := range bytes.Split(append([]byte("\n"), data...), []byte("\n---\n")) {
+		if len(bytes.TrimSpace(stripComments(d))) > 0 {
+			out = append(out, append(d, '\n')) // the separator took the document's last newline
+		}
+	}
+	return out
+}
+
+func stripComments(d []byte) []byte {
+	var b bytes.Buffer
+	for _, l := range bytes.Split(d, []byte("\n")) {
+		if !bytes.HasPrefix(bytes.TrimSpace(l), []byte("#")) {
+			b.Write(l)
+			b.WriteByte('\n')
+		}
+	}
+	return b.Bytes()
+}
+
+// parseStrict decodes one document into its Go type; unknown fields fail. Istio specs
+// are protobuf messages whose own JSON decoder tolerates unknown fields, so the spec is
+// decoded a second time with protojson, which does not.
+func parseStrict(file string, doc []byte) (object, error) {
+	var tm metav1.TypeMeta
+	if err := yaml.Unmarshal(doc, &tm); err != nil {
+		return object{}, err
+	}
+	gvk := schema.FromAPIVersionAndKind(tm.APIVersion, tm.Kind)
+	obj := newTyped(gvk)
+	if obj == nil {
+		return object{}, fmt.Errorf("unknown kind %s", gvk)
+	}
+	if err := yaml.UnmarshalStrict(doc, obj); err != nil {
+		return object{}, fmt.Errorf("%s: %w", gvk.Kind, err)
+	}
+	if m, ok := specMessage(obj); ok {
+		var raw struct {
+			Spec json.RawMessage `json:"spec"`
+		}
+		js, err := yaml.YAMLToJSON(doc)
+		if err != nil {
+			return object{}, err
+		}
+		if err := json.Unmarshal(js, &raw); err != nil {
+			return object{}, err
+		}
+		if err := protojson.Unmarshal(raw.Spec, m); err != nil {
+			return object{}, fmt.Errorf("%s spec: %w", gvk.Kind, err)
+		}
+	}
+	name := ""
+	if mo, ok := obj.(metav1.Object); ok {
+		name = mo.GetName()
+	}
+	return object{file: file, gvk: gvk, name: name, obj: obj}, nil
+}
+
+func specMessage(obj any) (proto.Message, bool) {
+	switch o := obj.(type) {
+	case *istionetv1alpha3.EnvoyFilter:
+		return &o.Spec, true
+	case *istionetv1.Gateway:
+		return &o.Spec, true
+	case *istionetv1.VirtualService:
+		return &o.Spec, true
+	}
+	return nil, false
+}
+
+func loadDir(t *testing.T, glob string) []object {
+	t.Helper()
+	files, err := filepath.Glob(glob)
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no files match %s", glob)
+	}
+	var out []object
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, doc := range splitDocs(data) {
+			o, err := parseStrict(f, doc)
+			if err != nil {
+				t.Errorf("%s document %d: %v", f, i+1, err)
+				continue
+			}
+			out = append(out, o)
+		}
+	}
+	return out
+}
+
+func find[T any](t *testing.T, objs []object, name string) T {
+	t.Helper()
+	var found []T
+	for _, o := range objs {
+		if v, ok := o.obj.(T); ok && o.name == name {
+			found = append(found, v)
+		}
+	}
+	if len(found) != 1 {
+		var zero T
+		t.Fatalf("%d %T named %q, want 1", len(found), zero, name)
+	}
+	return found[0]
+}
+
+func TestStrictParsingCatchesUnknownFields(t *testing.T) {
+	tests := []struct{ name, doc string }{
+		{"core", "apiVersion: v1\nkind: Service\nmetadata: {name: x}\nspec: {selectr: {app: x}}\n"},
+		{"apps", "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: x}\nspec: {replica: 2}\n"},
+		{"pool", "apiVersion: inference.networking.k8s.io/v1\nkind: InferencePool\nmetadata: {name: x}\nspec: {targetPort: [{number: 1}]}\n"},
+		{"route", "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: x}\nspec: {rule: []}\n"},
+		{"istio spec", "apiVersion: networking.istio.io/v1alpha3\nkind: EnvoyFilter\nmetadata: {name: x}\nspec: {configPatch: []}\n"},
+		{"unknown kind", "apiVersion: example.com/v1\nkind: Widget\nmetadata: {name: x}\n"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := parseStrict("test", []byte(tc.doc)); err == nil {
+				t.Errorf("accepted %q", tc.doc)
+			}
+		})
+	}
+}
+
+func TestKubernetesManifests(t *testing.T) {
+	objs := loadDir(t, "kubernetes/*.yaml")
+	var real, sim *appsv1.Deployment
+	for _, o := range objs {
+		if d, ok := o.obj.(*appsv1.Deployment); ok && d.Name == "vllm" {
+			if strings.HasSuffix(o.file, "11-vllm-sim.yaml") {
+				sim = d
+			} else {
+				real = d
+			}
+		}
+	}
+	t.Run("vllm publishes KV events and cached tokens", func(t *testing.T) {
+		args := real.Spec.Template.Spec.Containers[0].Args
+		if !slices.Contains(args, "--enable-prompt-tokens-details") {
+			t.Errorf("args %v lack --enable-prompt-tokens-details", args)
+		}
+		ev := kvEventsConfig(t, args)
+		want := map[string]any{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:5557",
+			"replay_endpoint": "tcp://*:5558", "topic": ""}
+		if !reflect.DeepEqual(ev, want) {
+			t.Errorf("kv events config %v, want %v", ev, want)
+		}
+	})
+	t.Run("sim variant differs in image and command only", func(t *testing.T) {
+		if sim == nil || real == nil {
+			t.Fatal("missing a vllm Deployment")
+		}
+		a, b := real.DeepCopy(), sim.DeepCopy()
+		ca, cb := &a.Spec.Template.Spec.Containers[0], &b.Spec.Template.Spec.Containers[0]
+		if ca.Image == cb.Image || len(cb.Command) == 0 {
+			t.Errorf("sim image %q command %v", cb.Image, cb.Command)
+		}
+		// What a GPU server needs and the simulator does not.
+		ca.Image, cb.Image, ca.Command, cb.Command = "", "", nil, nil
+		ca.Resources, ca.VolumeMounts, ca.StartupProbe = corev1.ResourceRequirements{}, nil, nil
+		a.Spec.Template.Spec.Volumes = nil
+		if !reflect.DeepEqual(a, b) {
+			t.Errorf("the sim Deployment differs beyond image, command and GPU resources:\n%+v\n%+v", a.Spec, b.Spec)
+		}
+	})
+	t.Run("kvrouter deployment", func(t *testing.T) {
+		d := find[*appsv1.Deployment](t, objs, "kvrouter")
+		if *d.Spec.Replicas != 2 {
+			t.Errorf("replicas %d", *d.Spec.Replicas)
+		}
+		pt := d.Spec.Template
+		for k, v := range map[string]string{"prometheus.io/scrape": "true", "prometheus.io/port": "9090", "prometheus.io/path": "/metrics"} {
+			if pt.Annotations[k] != v {
+				t.Errorf("annotation %s = %q, want %q", k, pt.Annotations[k], v)
+			}
+		}
+		c := pt.Spec.Containers[0]
+		for _, p := range []*corev1.Probe{c.LivenessProbe, c.ReadinessProbe} {
+			if p == nil || p.GRPC == nil || p.GRPC.Port != 9003 {
+				t.Errorf("probe %+v is not gRPC on 9003", p)
+			}
+		}
+		if pt.Spec.ServiceAccountName != "kvrouter" {
+			t.Errorf("service account %q", pt.Spec.ServiceAccountName)
+		}
+		if sc := pt.Spec.SecurityContext; sc == nil || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot {
+			t.Errorf("kvrouter may run as root")
+		}
+	})
+	t.Run("rbac is least privilege", func(t *testing.T) {
+		role := find[*rbacv1.Role](t, objs, "kvrouter-discovery")
+		want := []rbacv1.PolicyRule{
+			{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list", "watch"}},
+			{APIGroups: []string{"discovery.k8s.io"}, Resources: []string{"endpointslices"}, Verbs: []string{"get", "list", "watch"}},
+			{APIGroups: []string{"inference.networking.k8s.io"}, Resources: []string{"inferencepools"}, Verbs: []string{"get", "list", "watch"}},
+		}
+		if !reflect.DeepEqual(role.Rules, want) {
+			t.Errorf("rules %+v", role.Rules)
+		}
+		rb := find[*rbacv1.RoleBinding](t, objs, "kvrouter-discovery")
+		if rb.RoleRef.Name != role.Name || len(rb.Subjects) != 1 || rb.Subjects[0].Name != "kvrouter" {
+			t.Errorf("binding %+v", rb)
+		}
+	})
+	t.Run("kvrouter config passes check-config", func(t *testing.T) {
+		cm := find[*corev1.ConfigMap](t, objs, "kvrouter-config")
+		cfg, err := config.Parse([]byte(cm.Data["kvrouter.yaml"]), "kvrouter-config")
+		if err != nil {
+			t.Fatal(err)
+		}
+		svc := find[*corev1.Service](t, objs, cfg.Discovery.Kubernetes.Service)
+		if svc.Spec.Ports[0].TargetPort.StrVal != "http" || cfg.Discovery.Kubernetes.Port != 8000 {
+			t.Errorf("discovery port %d does not match the vllm Service", cfg.Discovery.Kubernetes.Port)
+		}
+	})
+	t.Run("envoy config is the repository's with kvrouter's Service name", func(t *testing.T) {
+		cm := find[*corev1.ConfigMap](t, objs, "envoy-config")
+		got := cm.Data["envoy.yaml"]
+		b, err := envoy.Parse([]byte(got))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := envoy.Check(b); err != nil {
+			t.Error(err)
+		}
+		orig, err := os.ReadFile("../envoy/envoy.yaml")
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := strings.Replace(string(orig), "{address: kvrouter, port_value: 9002}",
+			"{address: kvrouter-headless.llm.svc.cluster.local, port_value: 9002}", 1)
+		if got != want {
+			t.Errorf("envoy.yaml in the ConfigMap differs from envoy/envoy.yaml beyond the kvrouter address: %s", firstDiff(got, want))
+		}
+		svc := find[*corev1.Service](t, objs, "kvrouter-headless")
+		if svc.Spec.ClusterIP != corev1.ClusterIPNone {
+			t.Errorf("kvrouter-headless is not headless")
+		}
+	})
+}
+
+// firstDiff describes the first line where got and want differ.
+func firstDiff(got, want string) string {
+	g, w := strings.Split(got, "\n"), strings.Split(want, "\n")
+	for i := range max(len(g), len(w)) {
+		var a, b string
+		if i < len(g) {
+			a = g[i]
+		}
+		if i < len(w) {
+			b = w[i]
+		}
+		if a != b || (i >= len(g)) != (i >= len(w)) {
+			return fmt.Sprintf("line %d: got %q, want %q", i+1, a, b)
+		}
+	}
+	return fmt.Sprintf("no line differs; lengths %d and %d", len(got), len(want))
+}
+
+// kvEventsConfig returns the JSON of --kv-events-config.
+func kvEventsConfig(t *testing.T, args []string) map[string]any {
+	t.Helper()
+	for _, a := range args {
+		if v, ok := strings.CutPrefix(a, "--kv-events-config="); ok {
+			var m map[string]any
+			if err := json.Unmarshal([]byte(v), &m); err != nil {
+				t.Fatalf("--kv-events-config is not JSON: %v", err)
+			}
+			return m
+		}
+	}
+	t.Fatalf("no --kv-events-config in %v", args)
+	return nil
+}
+
+func TestGatewayAPIManifests(t *testing.T) {
+	objs := loadDir(t, "gateway-api/inferencepool.yaml")
+	k8s := loadDir(t, "kubernetes/*.yaml")
+	pool := find[*infv1.InferencePool](t, objs, "vllm-qwen")
+	ref := pool.Spec.EndpointPickerRef
+	svc := find[*corev1.Service](t, k8s, string(ref.Name))
+	if ref.Port == nil || !slices.ContainsFunc(svc.Spec.Ports, func(p corev1.ServicePort) bool { return p.Port == int32(ref.Port.Number) }) || ref.Port.Number != 9002 {
+		t.Errorf("endpoint picker port %+v is not kvrouter's ext_proc port 9002", ref.Port)
+	}
+	route := find[*gwv1.HTTPRoute](t, objs, "vllm-qwen")
+	br := route.Spec.Rules[0].BackendRefs[0]
+	if br.Kind == nil || *br.Kind != "InferencePool" || br.Group == nil || string(*br.Group) != infv1.GroupName || string(br.Name) != pool.Name {
+		t.Errorf("backendRef %+v does not name the InferencePool", br)
+	}
+	data, err := os.ReadFile("gateway-api/kvrouter-config.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := config.Parse(data, "gateway-api/kvrouter-config.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Discovery.Kubernetes.InferencePool != pool.Name {
+		t.Errorf("kvrouter discovers pool %q, not %q", cfg.Discovery.Kubernetes.InferencePool, pool.Name)
+	}
+}
+
+func TestIstioManifests(t *testing.T) {
+	objs := loadDir(t, "istio/*.yaml")
+	ef := find[*istionetv1alpha3.EnvoyFilter](t, objs, "kvrouter")
+	vs := find[*istionetv1.VirtualService](t, objs, "vllm")
+	applied := map[string]int{}
+	for i, p := range ef.Spec.ConfigPatches {
+		what := fmt.Sprintf("patch %d (%s)", i, p.ApplyTo)
+		js, err := protojson.Marshal(p.Patch.Value)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var m proto.Message
+		switch p.ApplyTo.String() {
+		case "HTTP_FILTER":
+			m = &hcmv3.HttpFilter{}
+		case "CLUSTER":
+			m = &clusterv3.Cluster{}
+		case "HTTP_ROUTE":
+			m = &routev3.Route{}
+			if got := p.Match.GetRouteConfiguration().GetVhost().GetRoute().GetName(); got != vs.Spec.Http[0].Name {
+				t.Errorf("%s patches route %q, the VirtualService's is %q", what, got, vs.Spec.Http[0].Name)
+			}
+		default:
+			t.Fatalf("%s: unexpected target", what)
+		}
+		// The patch must be a valid Envoy message: unknown fields and types fail.
+		if err := protojson.Unmarshal(js, m); err != nil {
+			t.Errorf("%s: %v", what, err)
+			continue
+		}
+		// A MERGE patch is a fragment of the route it merges into: validate the parts it
+		// sets.
+		var whole any = m
+		if r, ok := m.(*routev3.Route); ok && p.Patch.Operation.String() == "MERGE" {
+			whole = r.GetRoute()
+			for name, a := range r.GetTypedPerFilterConfig() {
+				msg, err := a.UnmarshalNew()
+				if err != nil {
+					t.Errorf("%s: %s: %v", what, name, err)
+					continue
+				}
+				if v, ok := msg.(interface{ ValidateAll() error }); ok {
+					if err := v.ValidateAll(); err != nil {
+						t.Errorf("%s: %s: %v", what, name, err)
+					}
+				}
+			}
+		}
+		if v, ok := whole.(interface{ ValidateAll() error }); ok {
+			if err := v.ValidateAll(); err != nil {
+				t.Errorf("%s: %v", what, err)
+			}
+		}
+		applied[p.ApplyTo.String()]++
+		if f, ok := m.(*hcmv3.HttpFilter); ok && f.Name == "kvrouter.ext_proc" {
+			var ep extprocv3.ExternalProcessor
+			if err := f.GetTypedConfig().UnmarshalTo(&ep); err != nil {
+				t.Fatal(err)
+			}
+			if got, want := ep.GetGrpcService().GetEnvoyGrpc().GetClusterName(), "outbound|9002||kvrouter.llm.svc.cluster.local"; got != want {
+				t.Errorf("ext_proc cluster %q, want %q", got, want)
+			}
+			if ep.FailureModeAllow || !f.Disabled {
+				t.Errorf("ext_proc must fail closed and be disabled outside the vLLM route")
+			}
+		}
+	}
+	if want := map[string]int{"HTTP_FILTER": 2, "CLUSTER": 1, "HTTP_ROUTE": 1}; !reflect.DeepEqual(applied, want) {
+		t.Errorf("patches %v, want %v", applied, want)
+	}
+}
