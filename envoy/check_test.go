@@ -22,9 +22,20 @@ func TestRepositoryEnvoyConfigs(t *testing.T) {
 			return filepath.SkipDir
 		}
 		name := d.Name()
-		if !d.IsDir() && strings.HasPrefix(name, "envoy") && (strings.HasSuffix(name, ".yaml") || strings.HasSuffix(name, ".yml")) {
-			files = append(files, path)
+		if d.IsDir() || !strings.HasPrefix(name, "envoy") || !(strings.HasSuffix(name, ".yaml") || strings.HasSuffix(name, ".yml")) {
+			return nil
 		}
+		// Helm templates and Kubernetes objects (an EnvoyFilter, a ConfigMap carrying a
+		// bootstrap) are not bootstraps themselves: the examples package renders and
+		// decodes them, and checks the bootstraps and patches they carry with this
+		// package's Load and Check.
+		if _, err := os.Stat(filepath.Join(filepath.Dir(path), "..", "Chart.yaml")); err == nil && filepath.Base(filepath.Dir(path)) == "templates" {
+			return nil
+		}
+		if isKubernetesObject(t, path) {
+			return nil
+		}
+		files = append(files, path)
 		return nil
 	})
 	if err != nil {
@@ -50,6 +61,22 @@ func TestRepositoryEnvoyConfigs(t *testing.T) {
 			}
 		})
 	}
+}
+
+// isKubernetesObject reports whether the YAML file declares apiVersion and kind at the
+// top level, as every Kubernetes object does and no Envoy bootstrap can.
+func isKubernetesObject(t *testing.T, path string) bool {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var api, kind bool
+	for _, line := range strings.Split(string(b), "\n") {
+		api = api || strings.HasPrefix(line, "apiVersion:")
+		kind = kind || strings.HasPrefix(line, "kind:")
+	}
+	return api && kind
 }
 
 // TestInvalidConfigs proves each check fails: every fixture breaks one rule and must be
