@@ -15,7 +15,8 @@ import (
 	"github.com/kvrouter/kvrouter/scoring"
 )
 
-// fakeIndex holds, per endpoint, a set of block keys.
+// kvFakeIndex holds, per endpoint, a set of block keys (the kv and placement tests'
+// PrefixIndex).
 type kvFakeIndex struct {
 	mu   sync.Mutex
 	held map[string]map[uint64]bool

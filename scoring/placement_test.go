@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -15,39 +14,6 @@ import (
 	"github.com/kvrouter/kvrouter/index"
 	"github.com/kvrouter/kvrouter/scoring"
 )
-
-// plFakeIndex holds, per endpoint, a set of block keys.
-type plFakeIndex struct {
-	mu   sync.Mutex
-	held map[string]map[uint64]bool
-}
-
-func newPlFakeIndex() *plFakeIndex { return &plFakeIndex{held: map[string]map[uint64]bool{}} }
-
-func (f *plFakeIndex) hold(ep string, keys []uint64) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.held[ep] == nil {
-		f.held[ep] = map[uint64]bool{}
-	}
-	for _, k := range keys {
-		f.held[ep][k] = true
-	}
-}
-
-func (f *plFakeIndex) LeadingBlocks(keys []uint64, eps []string, dst []int) []int {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	dst = dst[:0]
-	for _, ep := range eps {
-		n := 0
-		for n < len(keys) && f.held[ep][keys[n]] {
-			n++
-		}
-		dst = append(dst, n)
-	}
-	return dst
-}
 
 func plTokens(start, n int) []uint32 {
 	t := make([]uint32, n)
@@ -114,7 +80,7 @@ func TestPlacementHomeIsStable(t *testing.T) {
 		prefixes int
 	}{{"one prefix", 1}, {"six prefixes over six", 6}, {"twenty over six", 20}} {
 		t.Run(tc.name, func(t *testing.T) {
-			p := newPlacement(t, scoring.DefaultPlacementConfig(), newPlFakeIndex())
+			p := newPlacement(t, scoring.DefaultPlacementConfig(), newKVFakeIndex())
 			cs := fleet(6, nil)
 			home := map[int]string{}
 			for rep := 0; rep < 5; rep++ {
@@ -141,7 +107,7 @@ func TestPlacementCapacityWeighting(t *testing.T) {
 		{"one half", []int{1000, 500, 1000}, []int{4, 2, 4}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			p := newPlacement(t, scoring.DefaultPlacementConfig(), newPlFakeIndex())
+			p := newPlacement(t, scoring.DefaultPlacementConfig(), newKVFakeIndex())
 			cs := fleet(len(tc.caps), tc.caps)
 			total := 0
 			for _, w := range tc.want {
@@ -180,7 +146,7 @@ func TestPlacementSpillsOnlyOnSaturation(t *testing.T) {
 		{"others saturated too", cfg.SpillLoad + 2, cfg.Saturated, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			p := newPlacement(t, cfg, newPlFakeIndex())
+			p := newPlacement(t, cfg, newKVFakeIndex())
 			cs := fleet(3, nil)
 			home := place(t, p, prefixed(0, 0), cs)
 			for i := range cs {
@@ -209,7 +175,7 @@ func TestPlacementReplicatesOnlyWithinFreeCapacity(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := scoring.DefaultPlacementConfig()
 			cfg.Fill = tc.fill
-			p := newPlacement(t, cfg, newPlFakeIndex())
+			p := newPlacement(t, cfg, newKVFakeIndex())
 			cs := fleet(2, nil)
 			home := place(t, p, prefixed(0, 0), cs)
 			for i := range cs {
@@ -226,7 +192,7 @@ func TestPlacementReplicatesOnlyWithinFreeCapacity(t *testing.T) {
 }
 
 func TestPlacementAdoptsWhatTheIndexHolds(t *testing.T) {
-	ix := newPlFakeIndex()
+	ix := newKVFakeIndex()
 	p := newPlacement(t, scoring.DefaultPlacementConfig(), ix)
 	cs := fleet(4, nil)
 	// Another router replica placed prefix 0 on the third endpoint: the index says so.
@@ -239,7 +205,7 @@ func TestPlacementAdoptsWhatTheIndexHolds(t *testing.T) {
 }
 
 func TestPlacementChurnRemapsOnlyTheDepartedPrefixes(t *testing.T) {
-	p := newPlacement(t, scoring.DefaultPlacementConfig(), newPlFakeIndex())
+	p := newPlacement(t, scoring.DefaultPlacementConfig(), newKVFakeIndex())
 	cs := fleet(4, nil)
 	home := map[int]string{}
 	for k := 0; k < 12; k++ {
@@ -277,7 +243,7 @@ func TestPlacementChurnRemapsOnlyTheDepartedPrefixes(t *testing.T) {
 func TestPlacementDivertsPastTheDeadline(t *testing.T) {
 	cfg := scoring.DefaultPlacementConfig()
 	cfg.Fill = 0.01
-	p := newPlacement(t, cfg, newPlFakeIndex())
+	p := newPlacement(t, cfg, newKVFakeIndex())
 	cs := fleet(2, nil)
 	home := place(t, p, prefixed(0, 0), cs)
 	// Four misses routed to home have not produced a first token: a large prefill backlog.
@@ -295,7 +261,7 @@ func TestPlacementDivertsPastTheDeadline(t *testing.T) {
 }
 
 func TestPlacementWithoutTokensPicksLeastLoaded(t *testing.T) {
-	p := newPlacement(t, scoring.DefaultPlacementConfig(), newPlFakeIndex())
+	p := newPlacement(t, scoring.DefaultPlacementConfig(), newKVFakeIndex())
 	cs := fleet(3, nil)
 	cs[0].InFlight, cs[1].InFlight, cs[2].InFlight = 3, 1, 2
 	for _, toks := range [][]uint32{nil, plTokens(0, 15)} {
@@ -313,7 +279,7 @@ func TestPlacementWithoutTokensPicksLeastLoaded(t *testing.T) {
 }
 
 func TestPlacementFallbacks(t *testing.T) {
-	ix := newPlFakeIndex()
+	ix := newKVFakeIndex()
 	p := newPlacement(t, scoring.DefaultPlacementConfig(), ix)
 	cs := fleet(8, nil)
 	for i := range cs {
@@ -336,7 +302,7 @@ func TestPlacementFallbacks(t *testing.T) {
 
 func TestPlacementMetrics(t *testing.T) {
 	reg := prometheus.NewPedanticRegistry()
-	p, err := scoring.NewPlacement(scoring.DefaultPlacementConfig(), newPlFakeIndex(), nil, reg)
+	p, err := scoring.NewPlacement(scoring.DefaultPlacementConfig(), newKVFakeIndex(), nil, reg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -380,7 +346,7 @@ func TestPlacementConfigValidate(t *testing.T) {
 			if (err == nil) != (tc.want == "") || (err != nil && !strings.Contains(err.Error(), tc.want)) {
 				t.Fatalf("Validate() = %v, want an error naming %q", err, tc.want)
 			}
-			if _, nerr := scoring.NewPlacement(c, newPlFakeIndex(), nil, nil); (nerr == nil) != (err == nil) {
+			if _, nerr := scoring.NewPlacement(c, newKVFakeIndex(), nil, nil); (nerr == nil) != (err == nil) {
 				t.Fatalf("NewPlacement error %v disagrees with Validate %v", nerr, err)
 			}
 		})
