@@ -15,7 +15,9 @@ build: ## Build every command into ./bin.
 	$(GO) build -o $(BIN)/ ./cmd/...
 
 .PHONY: demo
-demo: models build ## Run kvrouter on a local simulated fleet behind a gateway; compare round-robin and kv.
+demo: models ## Run kvrouter on a local simulated fleet behind a gateway; compare round-robin, kv and placement.
+	@mkdir -p $(BIN)
+	$(GO) build -o $(BIN)/ ./cmd/kvrouter ./cmd/vllm-sim ./cmd/devgateway ./cmd/kvdemo
 	$(BIN)/kvdemo --bin $(BIN)
 
 .PHONY: models
