@@ -148,7 +148,7 @@ func New(cfg *config.Config, o Options) (*App, error) {
 	// In BUFFERED mode Envoy sends the whole body in one message: allow the largest body
 	// kvrouter reads plus room for headers, so that it arrives rather than failing the
 	// stream (gRPC's default limit is 4 MiB).
-	a.extGRPC = grpc.NewServer(grpc.MaxRecvMsgSize(cfg.Limits.MaxBodyBytes + 1<<20))
+	a.extGRPC = grpc.NewServer(append(extproc.ServerOptions(), grpc.MaxRecvMsgSize(cfg.Limits.MaxBodyBytes+1<<20))...)
 	healthpb.RegisterHealthServer(a.extGRPC, a.extHealth)
 	if err := a.registerExtProc(o); err != nil {
 		return nil, err
