@@ -89,7 +89,10 @@ type Subscriber struct {
 	mu        sync.Mutex
 	endpoints map[string]*endpoint
 	runCtx    context.Context // nil until Run
-	wg        sync.WaitGroup
+	// stopping is set (under mu) once Run's context has ended, before Run waits for the
+	// streams: Add starts no stream after it, so no wg.Add can race with wg.Wait.
+	stopping bool
+	wg       sync.WaitGroup
 }
 
 type endpoint struct {
@@ -142,6 +145,9 @@ func (s *Subscriber) Run(ctx context.Context) error {
 	}
 	s.mu.Unlock()
 	<-ctx.Done()
+	s.mu.Lock()
+	s.stopping = true
+	s.mu.Unlock()
 	s.wg.Wait()
 	return nil
 }
@@ -156,7 +162,7 @@ func (s *Subscriber) Add(e EndpointConfig) error {
 	if err := s.add(e); err != nil {
 		return err
 	}
-	if s.runCtx != nil && s.runCtx.Err() == nil {
+	if s.runCtx != nil && !s.stopping && s.runCtx.Err() == nil {
 		s.start(s.endpoints[e.Name])
 	}
 	return nil
