@@ -222,69 +222,9 @@ func PolicyWeights(name string) map[string]float64 {
 			"temperature":                  d.Temperature,
 		}
 	case "placement":
-		w := make(map[string]float64)
-		d := scoring.DefaultPlacementConfig()
-		for name, f := range placementWeights(&d) {
-			w[name] = f.get()
-		}
-		return w
+		return scoring.DefaultPlacementConfig().Knobs()
 	}
 	return nil
-}
-
-// weight reads and writes one numeric (or 0/1 boolean) knob of a policy's configuration.
-type weight struct {
-	get func() float64
-	set func(float64)
-}
-
-func intWeight(p *int) weight {
-	return weight{func() float64 { return float64(*p) }, func(v float64) { *p = int(v) }}
-}
-
-func floatWeight(p *float64) weight {
-	return weight{func() float64 { return *p }, func(v float64) { *p = v }}
-}
-
-func boolWeight(p *bool) weight {
-	return weight{
-		func() float64 {
-			if *p {
-				return 1
-			}
-			return 0
-		},
-		func(v float64) { *p = v != 0 },
-	}
-}
-
-// placementWeights names the placement policy's knobs as policy.weights spells them
-// (the yaml names of scoring.PlacementConfig); booleans take 0 or 1.
-func placementWeights(c *scoring.PlacementConfig) map[string]weight {
-	return map[string]weight{
-		"prefix_depth":    intWeight(&c.PrefixDepth),
-		"saturated":       intWeight(&c.Saturated),
-		"replica_load":    intWeight(&c.ReplicaLoad),
-		"spill_load":      intWeight(&c.SpillLoad),
-		"fill":            floatWeight(&c.Fill),
-		"headroom":        floatWeight(&c.Headroom),
-		"output_blocks":   intWeight(&c.OutputBlocks),
-		"spill_on_full":   boolWeight(&c.SpillOnFull),
-		"deadline_tokens": intWeight(&c.DeadlineTokens),
-		"divert_on_full":  boolWeight(&c.DivertOnFull),
-		"divert_misses":   boolWeight(&c.DivertMisses),
-		"miss_speedup":    floatWeight(&c.MissSpeedup),
-		"hold_fraction":   floatWeight(&c.HoldFraction),
-		"confirm_picks":   intWeight(&c.ConfirmPicks),
-		"balance":         floatWeight(&c.Balance),
-		"sticky_holders":  boolWeight(&c.StickyHolders),
-		"adopt_all":       boolWeight(&c.AdoptAll),
-		"live_window":     intWeight(&c.LiveWindow),
-		"block_size":      intWeight(&c.BlockSize),
-		"default_blocks":  intWeight(&c.DefaultBlocks),
-		"max_prefixes":    intWeight(&c.MaxPrefixes),
-		"scraped_load":    boolWeight(&c.ScrapedLoad),
-	}
 }
 
 // PolicyConfig chooses the placement policy.
@@ -321,11 +261,8 @@ func (c *PolicyConfig) KVWeights() scoring.KVConfig {
 // over scoring.DefaultPlacementConfig; the result is checked by its Validate.
 func (c *PolicyConfig) PlacementWeights() scoring.PlacementConfig {
 	p := scoring.DefaultPlacementConfig()
-	knobs := placementWeights(&p)
 	for name, w := range c.Weights {
-		if k, ok := knobs[name]; ok {
-			k.set(w)
-		}
+		p.SetKnob(name, w)
 	}
 	return p
 }

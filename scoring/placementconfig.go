@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strconv"
 )
 
 // PlacementConfig tunes the placement policy (see Placement). Loads are request counts:
@@ -164,4 +165,91 @@ func (c PlacementConfig) Validate() error {
 		errs = append(errs, fmt.Errorf("scoring: placement spill_load (%d) must be >= saturated (%d)", c.SpillLoad, c.Saturated))
 	}
 	return errors.Join(errs...)
+}
+
+// placementKnob is one PlacementConfig field named by its YAML name; exactly one of the
+// accessors is set, by the field's kind.
+type placementKnob struct {
+	i func(*PlacementConfig) *int
+	f func(*PlacementConfig) *float64
+	b func(*PlacementConfig) *bool
+}
+
+var placementKnobs = map[string]placementKnob{
+	"prefix_depth":    {i: func(c *PlacementConfig) *int { return &c.PrefixDepth }},
+	"saturated":       {i: func(c *PlacementConfig) *int { return &c.Saturated }},
+	"replica_load":    {i: func(c *PlacementConfig) *int { return &c.ReplicaLoad }},
+	"spill_load":      {i: func(c *PlacementConfig) *int { return &c.SpillLoad }},
+	"fill":            {f: func(c *PlacementConfig) *float64 { return &c.Fill }},
+	"headroom":        {f: func(c *PlacementConfig) *float64 { return &c.Headroom }},
+	"output_blocks":   {i: func(c *PlacementConfig) *int { return &c.OutputBlocks }},
+	"spill_on_full":   {b: func(c *PlacementConfig) *bool { return &c.SpillOnFull }},
+	"deadline_tokens": {i: func(c *PlacementConfig) *int { return &c.DeadlineTokens }},
+	"divert_on_full":  {b: func(c *PlacementConfig) *bool { return &c.DivertOnFull }},
+	"divert_misses":   {b: func(c *PlacementConfig) *bool { return &c.DivertMisses }},
+	"miss_speedup":    {f: func(c *PlacementConfig) *float64 { return &c.MissSpeedup }},
+	"hold_fraction":   {f: func(c *PlacementConfig) *float64 { return &c.HoldFraction }},
+	"confirm_picks":   {i: func(c *PlacementConfig) *int { return &c.ConfirmPicks }},
+	"balance":         {f: func(c *PlacementConfig) *float64 { return &c.Balance }},
+	"sticky_holders":  {b: func(c *PlacementConfig) *bool { return &c.StickyHolders }},
+	"adopt_all":       {b: func(c *PlacementConfig) *bool { return &c.AdoptAll }},
+	"live_window":     {i: func(c *PlacementConfig) *int { return &c.LiveWindow }},
+	"block_size":      {i: func(c *PlacementConfig) *int { return &c.BlockSize }},
+	"default_blocks":  {i: func(c *PlacementConfig) *int { return &c.DefaultBlocks }},
+	"max_prefixes":    {i: func(c *PlacementConfig) *int { return &c.MaxPrefixes }},
+	"scraped_load":    {b: func(c *PlacementConfig) *bool { return &c.ScrapedLoad }},
+}
+
+// Knobs returns every knob by its YAML name as a number (booleans as 0 or 1), for
+// configuration layers that take numeric weights.
+func (c PlacementConfig) Knobs() map[string]float64 {
+	out := make(map[string]float64, len(placementKnobs))
+	for name, k := range placementKnobs {
+		switch {
+		case k.i != nil:
+			out[name] = float64(*k.i(&c))
+		case k.f != nil:
+			out[name] = *k.f(&c)
+		case *k.b(&c):
+			out[name] = 1
+		default:
+			out[name] = 0
+		}
+	}
+	return out
+}
+
+// SetKnob sets the knob with that YAML name from a number: integers are truncated,
+// booleans are v != 0. It reports whether the name is a knob.
+func (c *PlacementConfig) SetKnob(name string, v float64) bool {
+	k, ok := placementKnobs[name]
+	switch {
+	case !ok:
+	case k.i != nil:
+		*k.i(c) = int(v)
+	case k.f != nil:
+		*k.f(c) = v
+	default:
+		*k.b(c) = v != 0
+	}
+	return ok
+}
+
+// ParseKnob sets the knob with that YAML name from text, parsed by the field's kind
+// (strconv.Atoi, ParseFloat or ParseBool).
+func (c *PlacementConfig) ParseKnob(name, text string) error {
+	k, ok := placementKnobs[name]
+	if !ok {
+		return fmt.Errorf("scoring: unknown placement knob %q", name)
+	}
+	var err error
+	switch {
+	case k.i != nil:
+		*k.i(c), err = strconv.Atoi(text)
+	case k.f != nil:
+		*k.f(c), err = strconv.ParseFloat(text, 64)
+	default:
+		*k.b(c), err = strconv.ParseBool(text)
+	}
+	return err
 }

@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"math/rand/v2"
-	"strconv"
 	"strings"
 
 	"github.com/kvrouter/kvrouter/index"
@@ -139,49 +138,10 @@ func parsePlacement(spec string, c *scoring.PlacementConfig) error {
 		if !ok {
 			return fmt.Errorf("--placement: %q is not key=value", kv)
 		}
-		var err error
-		switch k {
-		case "prefix_depth":
-			c.PrefixDepth, err = strconv.Atoi(v)
-		case "saturated":
-			c.Saturated, err = strconv.Atoi(v)
-		case "spill_load":
-			c.SpillLoad, err = strconv.Atoi(v)
-		case "live_window":
-			c.LiveWindow, err = strconv.Atoi(v)
-		case "fill":
-			c.Fill, err = strconv.ParseFloat(v, 64)
-		case "hold_fraction":
-			c.HoldFraction, err = strconv.ParseFloat(v, 64)
-		case "replica_load":
-			c.ReplicaLoad, err = strconv.Atoi(v)
-		case "deadline_tokens":
-			c.DeadlineTokens, err = strconv.Atoi(v)
-		case "divert_on_full":
-			c.DivertOnFull, err = strconv.ParseBool(v)
-		case "confirm_picks":
-			c.ConfirmPicks, err = strconv.Atoi(v)
-		case "divert_misses":
-			c.DivertMisses, err = strconv.ParseBool(v)
-		case "miss_speedup":
-			c.MissSpeedup, err = strconv.ParseFloat(v, 64)
-		case "adopt_all":
-			c.AdoptAll, err = strconv.ParseBool(v)
-		case "balance":
-			c.Balance, err = strconv.ParseFloat(v, 64)
-		case "sticky_holders":
-			c.StickyHolders, err = strconv.ParseBool(v)
-		case "headroom":
-			c.Headroom, err = strconv.ParseFloat(v, 64)
-		case "output_blocks":
-			c.OutputBlocks, err = strconv.Atoi(v)
-		case "spill_on_full":
-			c.SpillOnFull, err = strconv.ParseBool(v)
-		case "scraped_load":
-			c.ScrapedLoad, err = strconv.ParseBool(v)
-		default:
+		if _, known := scoring.DefaultPlacementConfig().Knobs()[k]; !known {
 			return fmt.Errorf("--placement: unknown key %q", k)
 		}
+		err := c.ParseKnob(k, v)
 		if err != nil {
 			return fmt.Errorf("--placement: %s: %w", k, err)
 		}
