@@ -7,24 +7,19 @@ import (
 	"net/netip"
 	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/dynamic/dynamicinformer"
-	"k8s.io/client-go/informers"
-	k8s "k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/tools/clientcmd"
 	infv1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
 
 	"github.com/kvrouter/kvrouter/discovery"
@@ -39,37 +34,6 @@ const (
 	SourceSelector      = "kubernetes-selector"
 	SourceInferencePool = "kubernetes-inference-pool"
 )
-
-// Clients are the API clients a Source needs; Dynamic is used with inference_pool only.
-type Clients struct {
-	Core    k8s.Interface
-	Dynamic dynamic.Interface
-}
-
-// NewClients builds clients from the in-cluster service account, or from the kubeconfig
-// file when cfg.Kubeconfig is set.
-func NewClients(cfg *discovery.KubernetesConfig) (Clients, error) {
-	var rc *rest.Config
-	var err error
-	if cfg.Kubeconfig != "" {
-		rc, err = clientcmd.BuildConfigFromFlags("", cfg.Kubeconfig)
-	} else {
-		rc, err = rest.InClusterConfig()
-	}
-	if err != nil {
-		return Clients{}, fmt.Errorf("discovery: kubernetes: %w", err)
-	}
-	rc.UserAgent = "kvrouter"
-	core, err := k8s.NewForConfig(rc)
-	if err != nil {
-		return Clients{}, fmt.Errorf("discovery: kubernetes: %w", err)
-	}
-	dyn, err := dynamic.NewForConfig(rc)
-	if err != nil {
-		return Clients{}, fmt.Errorf("discovery: kubernetes: %w", err)
-	}
-	return Clients{Core: core, Dynamic: dyn}, nil
-}
 
 // Source watches the Kubernetes API (informers) and feeds the fleet through a
 // discovery.Reconciler.
@@ -140,62 +104,93 @@ func (s *Source) handler() cache.ResourceEventHandler {
 	}
 }
 
+// informers builds one shared informer per list-watch and the start and stop functions
+// Run uses: start runs them until stop is closed, and the stop function waits for them.
+func (s *Source) informers(lws map[string]cache.ListerWatcher, objs map[string]runtime.Object) (map[string]cache.SharedIndexInformer, error) {
+	infs := make(map[string]cache.SharedIndexInformer, len(lws))
+	var wg sync.WaitGroup
+	for name, lw := range lws {
+		inf := cache.NewSharedIndexInformer(lw, objs[name], 0, cache.Indexers{})
+		if _, err := inf.AddEventHandler(s.handler()); err != nil {
+			return nil, err
+		}
+		infs[name] = inf
+		s.synced = append(s.synced, inf.HasSynced)
+	}
+	s.start = func(stop <-chan struct{}) {
+		for _, inf := range infs {
+			wg.Go(func() { inf.Run(stop) })
+		}
+	}
+	s.stop = wg.Wait
+	return infs, nil
+}
+
+// typed lists a store's objects of type T.
+func typed[T any](st cache.Store) []T {
+	items := st.List()
+	out := make([]T, 0, len(items))
+	for _, o := range items {
+		if t, ok := o.(T); ok {
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
 // setup builds the informers; Run calls it.
 func (s *Source) setup() error {
 	ns := s.cfg.Namespace
 	switch {
 	case s.cfg.Service != "":
-		f := informers.NewSharedInformerFactoryWithOptions(s.c.Core, 0, informers.WithNamespace(ns),
-			informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-				o.LabelSelector = labels.Set{discoveryv1.LabelServiceName: s.cfg.Service}.String()
-			}))
-		inf := f.Discovery().V1().EndpointSlices()
-		if _, err := inf.Informer().AddEventHandler(s.handler()); err != nil {
+		sel := labels.Set{discoveryv1.LabelServiceName: s.cfg.Service}.String()
+		infs, err := s.informers(
+			map[string]cache.ListerWatcher{"slices": s.c.Core.ListWatch(EndpointSlices, ns, func(o *metav1.ListOptions) { o.LabelSelector = sel })},
+			map[string]runtime.Object{"slices": &discoveryv1.EndpointSlice{}})
+		if err != nil {
 			return err
 		}
-		lister := inf.Lister().EndpointSlices(ns)
-		s.synced = []cache.InformerSynced{inf.Informer().HasSynced}
-		s.start, s.stop = f.Start, f.Shutdown
+		store := infs["slices"].GetStore()
 		s.snap = func() ([]discovery.Target, error) {
-			slices, err := lister.List(labels.Everything())
-			if err != nil {
-				return nil, err
-			}
-			return s.sliceTargets(slices), nil
+			return s.sliceTargets(typed[*discoveryv1.EndpointSlice](store)), nil
 		}
 	case s.cfg.InferencePool != "":
-		pf := informers.NewSharedInformerFactoryWithOptions(s.c.Core, 0, informers.WithNamespace(ns))
-		pods := pf.Core().V1().Pods()
-		if _, err := pods.Informer().AddEventHandler(s.handler()); err != nil {
+		pools := s.c.Dynamic.Resource(InferencePools).Namespace(ns)
+		poolLW := &cache.ListWatch{
+			ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+				return pools.List(ctx, o)
+			},
+			WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+				return pools.Watch(ctx, o)
+			},
+		}
+		infs, err := s.informers(
+			map[string]cache.ListerWatcher{
+				"pods":  s.c.Core.ListWatch(Pods, ns, nil),
+				"pools": cache.ToListWatcherWithWatchListSemantics(poolLW, s.c.Dynamic),
+			},
+			map[string]runtime.Object{"pods": &corev1.Pod{}, "pools": &unstructured.Unstructured{}})
+		if err != nil {
 			return err
 		}
-		df := dynamicinformer.NewFilteredDynamicSharedInformerFactory(s.c.Dynamic, 0, ns, nil)
-		pools := df.ForResource(InferencePools)
-		if _, err := pools.Informer().AddEventHandler(s.handler()); err != nil {
-			return err
-		}
-		podLister := pods.Lister().Pods(ns)
-		poolLister := pools.Lister().ByNamespace(ns)
-		s.synced = []cache.InformerSynced{pods.Informer().HasSynced, pools.Informer().HasSynced}
-		s.start = func(stop <-chan struct{}) { pf.Start(stop); df.Start(stop) }
-		s.stop = func() { pf.Shutdown(); df.Shutdown() }
+		podStore, poolStore := infs["pods"].GetStore(), infs["pools"].GetStore()
 		s.snap = func() ([]discovery.Target, error) {
-			obj, err := poolLister.Get(s.cfg.InferencePool)
-			if apierrors.IsNotFound(err) {
-				return nil, errPoolNotFound
-			}
+			obj, found, err := poolStore.GetByKey(ns + "/" + s.cfg.InferencePool)
 			if err != nil {
 				return nil, err
+			}
+			if !found {
+				return nil, errPoolNotFound
 			}
 			pool, err := toPool(obj)
 			if err != nil {
 				return nil, err
 			}
-			sel := labels.Set{}
+			set := labels.Set{}
 			for k, v := range pool.Spec.Selector.MatchLabels {
-				sel[string(k)] = string(v)
+				set[string(k)] = string(v)
 			}
-			if len(sel) == 0 {
+			if len(set) == 0 {
 				return nil, fmt.Errorf("InferencePool %s/%s selects no labels", ns, pool.Name)
 			}
 			var ports []uint16
@@ -207,29 +202,33 @@ func (s *Source) setup() error {
 			if len(ports) == 0 {
 				return nil, fmt.Errorf("InferencePool %s/%s has no target port", ns, pool.Name)
 			}
-			list, err := podLister.List(labels.SelectorFromSet(sel))
-			if err != nil {
-				return nil, err
+			sel := labels.SelectorFromSet(set)
+			var list []*corev1.Pod
+			for _, p := range typed[*corev1.Pod](podStore) {
+				if sel.Matches(labels.Set(p.Labels)) {
+					list = append(list, p)
+				}
 			}
 			return podTargets(list, ports), nil
 		}
 	default:
-		f := informers.NewSharedInformerFactoryWithOptions(s.c.Core, 0, informers.WithNamespace(ns),
-			informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-				o.LabelSelector = labels.Set(s.cfg.Selector).String()
-			}))
-		pods := f.Core().V1().Pods()
-		if _, err := pods.Informer().AddEventHandler(s.handler()); err != nil {
+		selStr := labels.Set(s.cfg.Selector).String()
+		infs, err := s.informers(
+			map[string]cache.ListerWatcher{"pods": s.c.Core.ListWatch(Pods, ns, func(o *metav1.ListOptions) { o.LabelSelector = selStr })},
+			map[string]runtime.Object{"pods": &corev1.Pod{}})
+		if err != nil {
 			return err
 		}
-		lister := pods.Lister().Pods(ns)
+		store := infs["pods"].GetStore()
+		// The API filters by the selector; the store is checked again in case a
+		// CoreAPI does not.
 		sel := labels.SelectorFromSet(s.cfg.Selector)
-		s.synced = []cache.InformerSynced{pods.Informer().HasSynced}
-		s.start, s.stop = f.Start, f.Shutdown
 		s.snap = func() ([]discovery.Target, error) {
-			list, err := lister.List(sel)
-			if err != nil {
-				return nil, err
+			var list []*corev1.Pod
+			for _, p := range typed[*corev1.Pod](store) {
+				if sel.Matches(labels.Set(p.Labels)) {
+					list = append(list, p)
+				}
 			}
 			return podTargets(list, []uint16{uint16(s.cfg.Port)}), nil
 		}
@@ -239,7 +238,7 @@ func (s *Source) setup() error {
 
 var errPoolNotFound = errors.New("InferencePool not found")
 
-func toPool(obj runtime.Object) (*infv1.InferencePool, error) {
+func toPool(obj any) (*infv1.InferencePool, error) {
 	u, ok := obj.(*unstructured.Unstructured)
 	if !ok {
 		return nil, fmt.Errorf("InferencePool informer returned %T", obj)

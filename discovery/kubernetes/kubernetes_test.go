@@ -21,6 +21,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/discovery"
 	kdisc "github.com/kvrouter/kvrouter/discovery/kubernetes"
+	"github.com/kvrouter/kvrouter/discovery/kubernetes/clientset"
 	"github.com/kvrouter/kvrouter/fleet"
 )
 
@@ -146,7 +147,7 @@ func TestSelectorPodsLifecycle(t *testing.T) {
 	f := newFleet(t)
 	rec := &removals{}
 	f.Subscribe(rec.record)
-	s, err := kdisc.New(selectorCfg(), discovery.DefaultKVEventsConfig(), kdisc.Clients{Core: cs}, f, discovery.Options{Clock: clk})
+	s, err := kdisc.New(selectorCfg(), discovery.DefaultKVEventsConfig(), kdisc.Clients{Core: clientset.New(cs)}, f, discovery.Options{Clock: clk})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -256,7 +257,7 @@ func TestServiceEndpointSlices(t *testing.T) {
 	cfg := selectorCfg()
 	cfg.Selector = nil
 	cfg.Service = "vllm"
-	s, err := kdisc.New(cfg, discovery.DefaultKVEventsConfig(), kdisc.Clients{Core: cs}, f, discovery.Options{})
+	s, err := kdisc.New(cfg, discovery.DefaultKVEventsConfig(), kdisc.Clients{Core: clientset.New(cs)}, f, discovery.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -313,7 +314,7 @@ func TestInferencePool(t *testing.T) {
 	cfg.Selector = nil
 	cfg.Port = 0
 	cfg.InferencePool = "vllm-pool"
-	s, err := kdisc.New(cfg, discovery.DefaultKVEventsConfig(), kdisc.Clients{Core: cs, Dynamic: dyn}, f, discovery.Options{})
+	s, err := kdisc.New(cfg, discovery.DefaultKVEventsConfig(), kdisc.Clients{Core: clientset.New(cs), Dynamic: dyn}, f, discovery.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

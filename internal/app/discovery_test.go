@@ -16,6 +16,7 @@ import (
 	"github.com/kvrouter/kvrouter/config"
 	"github.com/kvrouter/kvrouter/discovery"
 	kdisc "github.com/kvrouter/kvrouter/discovery/kubernetes"
+	"github.com/kvrouter/kvrouter/discovery/kubernetes/clientset"
 	"github.com/kvrouter/kvrouter/internal/app"
 )
 
@@ -107,7 +108,7 @@ func TestKubernetesDiscoveryReadiness(t *testing.T) {
 		}
 	}
 	cs := fake.NewClientset(pod(corev1.ConditionFalse))
-	a, err := app.New(cfg, app.Options{KubeClients: &kdisc.Clients{Core: cs}})
+	a, err := app.New(cfg, app.Options{KubeClients: &kdisc.Clients{Core: clientset.New(cs)}})
 	if err != nil {
 		t.Fatal(err)
 	}
