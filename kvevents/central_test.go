@@ -487,3 +487,30 @@ func FuzzParseCentralTopic(f *testing.F) {
 func contains(s, sub string) bool { return strings.Contains(s, sub) }
 
 func discardLogger() *log.Logger { return log.New(io.Discard, "", 0) }
+
+// TestPerPodEndpointTopic: an endpoint's own topic is its SUB filter (per-pod mode).
+func TestPerPodEndpointTopic(t *testing.T) {
+	port := freePorts(t, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	pub := zmq4.NewPub(ctx, zmq4.WithLogger(discardLogger()))
+	defer pub.Close()
+	if err := pub.Listen(tcp(port)); err != nil {
+		t.Fatal(err)
+	}
+	sink := newModelSink()
+	sub := runSubscriber(t, kvevents.Config{Topic: "global", Endpoints: []kvevents.EndpointConfig{
+		{Name: "a", Address: tcp(port), Topic: "mine"}}}, sink)
+	p := &goPub{t: t, sock: pub}
+	p.awaitSubscribed(sub, "mine", "a", 0)
+	base := sink.snapshot("a", 0)
+	p.sendSeq("other", p.seq, kvevents.Encode(centralStored(500, 1), kvevents.EncodingArray))
+	p.sendSeq("global", p.seq, kvevents.Encode(centralStored(501, 1), kvevents.EncodingArray))
+	p.send("mine", centralStored(502, 1))
+	want := maps.Clone(base)
+	want[502]++
+	awaitState(t, sink.refSink, "a", 0, want)
+	if st := statusOf(t, sub, "a", 0); st.Gaps != 0 || st.Drops != 0 {
+		t.Errorf("other topics reached the stream: %+v", st)
+	}
+}
