@@ -75,6 +75,10 @@ func (c *Config) Validate() error {
 		if err := CheckRankPorts(ep.KVEvents); err != nil {
 			errs.Addf(field.Join(field.Index("endpoints", i), "kv_events.endpoints"), "%v", err)
 		}
+		if len(ep.KVEvents.CentralRanks) > 0 && c.Discovery.KVEvents.Mode != discovery.ModeCentral {
+			errs.Addf(field.Join(field.Index("endpoints", i), "kv_events.central_ranks"),
+				"needs discovery.kv_events.mode: %s (and its bind address)", discovery.ModeCentral)
+		}
 	}
 	adapters := map[string]string{}
 	for _, ep := range c.Endpoints {
@@ -551,6 +555,16 @@ func (c *KVConfig) Subscriber() kvevents.Config {
 	e := c.Events
 	return kvevents.Config{Watchdog: e.Watchdog, BackoffMin: e.BackoffMin, BackoffMax: e.BackoffMax,
 		ReplayIdle: e.ReplayIdle, ReplayTimeout: e.ReplayTimeout, ReplayMaxRounds: e.ReplayMaxRounds}
+}
+
+// Subscriber returns the KV-event subscriber's whole configuration: KV.Subscriber()
+// plus, in central mode, the bound socket from discovery.kv_events.
+func (c *Config) Subscriber() kvevents.Config {
+	sc := c.KV.Subscriber()
+	if ev := c.Discovery.KVEvents; ev.Mode == discovery.ModeCentral {
+		sc.Bind, sc.AnySource = ev.Bind, ev.AnySource
+	}
+	return sc
 }
 
 // Validate checks the ranges.

@@ -39,3 +39,24 @@ func TestLoadDiscovery(t *testing.T) {
 		})
 	}
 }
+
+func TestLoadCentral(t *testing.T) {
+	cfg, err := config.Load("testdata/valid-central.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc := cfg.Subscriber()
+	if sc.Bind != "tcp://*:5557" || sc.AnySource {
+		t.Errorf("subscriber bind %q any_source %v", sc.Bind, sc.AnySource)
+	}
+	if got := cfg.Endpoints[0].KVEvents.CentralRanks; len(got) != 1 || got[0] != 0 {
+		t.Errorf("central ranks %v", got)
+	}
+	perPod, err := config.Load("testdata/valid-discovery.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sc := perPod.Subscriber(); sc.Bind != "" {
+		t.Errorf("per-pod mode binds %q", sc.Bind)
+	}
+}

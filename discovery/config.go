@@ -3,6 +3,7 @@ package discovery
 import (
 	"fmt"
 	"net"
+	"net/netip"
 	"regexp"
 	"slices"
 	"strconv"
@@ -263,8 +264,8 @@ const (
 	// rank). Works with any number of kvrouter replicas.
 	ModePerPod = "per-pod"
 	// ModeCentral: kvrouter binds one SUB socket that every pod's vLLM connects to,
-	// each publishing the topic "kv@<pod-ip:port>@<model>". Only one kvrouter replica
-	// can receive a pod's events: see the package README.
+	// each publishing the topic "kv@<pod-ip:port>@<model>" (kvevents.CentralTopic). Only
+	// one kvrouter replica can receive a pod's events: see the package README.
 	ModeCentral = "central"
 )
 
@@ -276,17 +277,25 @@ type KVEventsConfig struct {
 	// default 5557); rank r publishes on Port + r. Per-pod mode; 0 means the pods
 	// publish no events.
 	Port int `yaml:"port"`
-	// ReplayPort is the ROUTER replay port of rank 0 (vLLM's replay_endpoint); rank r
-	// uses ReplayPort + r. 0: no replay.
+	// ReplayPort is the ROUTER replay port of rank 0 on the pod (vLLM's
+	// replay_endpoint, which it always binds); rank r uses ReplayPort + r. Both modes.
+	// 0: no replay.
 	ReplayPort int `yaml:"replay_port"`
-	// Topic is the topic vLLM publishes on in per-pod mode (default empty).
+	// Topic is the topic vLLM publishes on in per-pod mode (default empty). In central
+	// mode the topic is fixed: kv@<pod-ip:port>@<model>.
 	Topic string `yaml:"topic"`
 	// DataParallelSize is the ranks per pod of pods without the
 	// kvrouter.io/data-parallel-size annotation (default 1).
 	DataParallelSize int `yaml:"data_parallel_size"`
-	// Bind is the address kvrouter's SUB socket binds in central mode, e.g.
-	// "tcp://*:5557".
+	// Bind is the address kvrouter's SUB socket binds in central mode, "tcp://*:5557" or
+	// "tcp://<ip>:5557"; rank r's publishers connect to its port + r, which kvrouter
+	// binds too.
 	Bind string `yaml:"bind"`
+	// AnySource (central mode) accepts a message whose topic names an IP other than the
+	// connection's source. Off by default: a connection may only speak for its own
+	// address. Turn it on when a proxy hides the pods' addresses (an Istio sidecar on
+	// kvrouter makes every connection come from 127.0.0.6).
+	AnySource bool `yaml:"any_source"`
 }
 
 // DefaultKVEventsConfig returns per-pod mode on port 5557, one rank, no replay.
@@ -305,13 +314,18 @@ func (c *KVEventsConfig) Validate() error {
 		if c.Bind != "" {
 			errs.Addf("bind", "is only used with mode %q", ModeCentral)
 		}
+		if c.AnySource {
+			errs.Addf("any_source", "is only used with mode %q", ModeCentral)
+		}
+		if c.ReplayPort != 0 && c.Port == 0 {
+			errs.Addf("replay_port", "needs port (replay serves the events published there)")
+		}
 	case ModeCentral:
-		// The topic layout and the bind address are defined (CentralTopic,
-		// ParseCentralTopic) but the subscriber only dials pods so far: refuse the mode
-		// rather than accept a configuration under which no event would arrive.
-		errs.Addf("mode", "%q is not implemented yet: kvrouter dials every pod (use %q)", ModeCentral, ModePerPod)
-		if err := checkBind(c.Bind); err != nil {
+		if err := checkBind(c.Bind, c.DataParallelSize); err != nil {
 			errs.Addf("bind", "%v", err)
+		}
+		if c.Topic != "" {
+			errs.Addf("topic", "must be empty in central mode: pods publish on kv@<pod-ip:port>@<model>")
 		}
 	default:
 		errs.Addf("mode", "unknown mode %q (%s or %s)", c.Mode, ModePerPod, ModeCentral)
@@ -327,36 +341,40 @@ func (c *KVEventsConfig) Validate() error {
 	if c.DataParallelSize < 1 || c.DataParallelSize > MaxDataParallelSize {
 		errs.Addf("data_parallel_size", "%d is out of range [1, %d]", c.DataParallelSize, MaxDataParallelSize)
 	}
-	if c.ReplayPort != 0 && c.Port == 0 {
-		errs.Addf("replay_port", "needs port (replay serves the events published there)")
-	}
 	return errs.Err()
 }
 
-// checkBind checks a ZeroMQ bind address: "tcp://*:port", "tcp://ip:port" or
-// "ipc://path".
-func checkBind(s string) error {
+// checkBind checks central mode's bind address: "tcp://*:port" or "tcp://ip:port", with
+// room for ranks ports from there. Not ipc://: vLLM binds (never connects) an ipc
+// endpoint, so no pod could connect to it.
+func checkBind(s string, ranks int) error {
 	if s == "" {
 		return fmt.Errorf("is required in central mode, e.g. \"tcp://*:5557\"")
 	}
 	scheme, rest, ok := strings.Cut(s, "://")
 	switch {
 	case !ok:
-		return fmt.Errorf("%q is not a ZeroMQ address (tcp://*:port or ipc://path)", s)
-	case scheme == "ipc" && rest != "":
-		return nil
+		return fmt.Errorf("%q is not a ZeroMQ address (tcp://*:port)", s)
+	case scheme == "ipc":
+		return fmt.Errorf("%q: vLLM binds an ipc:// endpoint instead of connecting to it: use tcp://*:port", s)
 	case scheme != "tcp":
-		return fmt.Errorf("%q: unsupported transport %q (tcp or ipc)", s, scheme)
+		return fmt.Errorf("%q: unsupported transport %q (tcp)", s, scheme)
 	}
 	host, port, err := net.SplitHostPort(rest)
 	if err != nil {
 		return fmt.Errorf("%q: want tcp://*:port", s)
 	}
-	if host != "*" && net.ParseIP(host) == nil {
-		return fmt.Errorf("%q: bind to \"*\" or an IP address", s)
+	if host != "*" {
+		if ip, err := netip.ParseAddr(host); err != nil || ip.Zone() != "" {
+			return fmt.Errorf("%q: bind to \"*\" or an IP address", s)
+		}
 	}
-	if n, err := strconv.ParseUint(port, 10, 16); err != nil || n == 0 {
+	n, err := strconv.ParseUint(port, 10, 16)
+	if err != nil || n == 0 {
 		return fmt.Errorf("%q: port must be 1..65535", s)
+	}
+	if ranks > 1 && int(n)+ranks-1 > 65535 {
+		return fmt.Errorf("%q: rank %d would connect to port %d, over 65535", s, ranks-1, int(n)+ranks-1)
 	}
 	return nil
 }

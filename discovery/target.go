@@ -82,6 +82,23 @@ func EndpointFor(tc *TargetConfig, ev *KVEventsConfig, t Target) (fleet.Endpoint
 	if tc.MetricsPath != "-" {
 		ep.MetricsURL = "http://" + addr.String() + tc.MetricsPath
 	}
+	if ev.Mode == ModeCentral {
+		// The pod's publishers connect to kvrouter; its replay ROUTER is still bound on
+		// the pod (vLLM always binds it).
+		first, n := 0, dp
+		if t.Rank >= 0 {
+			first, n = t.Rank, 1
+		}
+		for r := first; r < first+n; r++ {
+			ep.KVEvents.CentralRanks = append(ep.KVEvents.CentralRanks, r)
+			if ev.ReplayPort != 0 {
+				if ev.ReplayPort+r > 65535 {
+					return fleet.EndpointConfig{}, fmt.Errorf("discovery: target %s: replay port %d+%d is over 65535", t.ID, ev.ReplayPort, r)
+				}
+				ep.KVEvents.ReplayEndpoints = append(ep.KVEvents.ReplayEndpoints, zmqTCP(t.IP, ev.ReplayPort+r))
+			}
+		}
+	}
 	if ev.Mode == ModePerPod && ev.Port != 0 {
 		first, n := 0, dp
 		if t.Rank >= 0 {
@@ -110,24 +127,4 @@ func EndpointFor(tc *TargetConfig, ev *KVEventsConfig, t Target) (fleet.Endpoint
 
 func zmqTCP(ip netip.Addr, port int) string {
 	return "tcp://" + netip.AddrPortFrom(ip.Unmap(), uint16(port)).String()
-}
-
-// CentralTopic is the topic a pod publishes on in central mode: "kv@<ip:port>@<model>",
-// with ip:port the pod's HTTP address (the fleet endpoint's Address).
-func CentralTopic(address, model string) string { return "kv@" + address + "@" + model }
-
-// ParseCentralTopic splits a central-mode topic into the endpoint address and model.
-func ParseCentralTopic(topic string) (address, model string, err error) {
-	rest, ok := strings.CutPrefix(topic, "kv@")
-	if !ok {
-		return "", "", fmt.Errorf("discovery: topic %q does not start with \"kv@\"", topic)
-	}
-	address, model, ok = strings.Cut(rest, "@")
-	if !ok || model == "" {
-		return "", "", fmt.Errorf("discovery: topic %q is not kv@<ip:port>@<model>", topic)
-	}
-	if _, err := fleet.ParseAddress(address); err != nil {
-		return "", "", fmt.Errorf("discovery: topic %q: %w", topic, err)
-	}
-	return address, model, nil
 }

@@ -18,6 +18,8 @@ func TestEndpointFor(t *testing.T) {
 	central := ev
 	central.Mode = discovery.ModeCentral
 	central.Bind = "tcp://*:5557"
+	centralReplay := central
+	centralReplay.ReplayPort = 5600
 	noEvents := ev
 	noEvents.Port = 0
 	tc := discovery.TargetConfig{Port: 8000, Models: []string{qwen}, MetricsPath: "/metrics"}
@@ -51,8 +53,15 @@ func TestEndpointFor(t *testing.T) {
 		{name: "ipv6", ev: ev, target: with(func(t *discovery.Target) { t.IP = netip.MustParseAddr("fd00::5") }),
 			want: fleet.EndpointConfig{Address: "[fd00::5]:8000", Models: []string{qwen}, MetricsURL: "http://[fd00::5]:8000/metrics",
 				KVEvents: fleet.KVEventsConfig{Endpoints: []string{"tcp://[fd00::5]:5557"}}}},
-		{name: "central mode: no per-pod events", ev: central, target: base, want: fleet.EndpointConfig{
-			Address: "10.1.2.3:8000", Models: []string{qwen}, MetricsURL: "http://10.1.2.3:8000/metrics"}},
+		{name: "central mode: ranks connect to kvrouter", ev: central, target: with(func(t *discovery.Target) {
+			t.Annotations = map[string]string{discovery.AnnotationDataParallelSize: "2"}
+		}), want: fleet.EndpointConfig{
+			Address: "10.1.2.3:8000", Models: []string{qwen}, MetricsURL: "http://10.1.2.3:8000/metrics",
+			KVEvents: fleet.KVEventsConfig{CentralRanks: []int{0, 1}}}},
+		{name: "central mode, one rank per HTTP port, replay on the pod", ev: centralReplay,
+			target: with(func(t *discovery.Target) { t.Rank = 3; t.Port = 8003 }), want: fleet.EndpointConfig{
+				Address: "10.1.2.3:8003", Models: []string{qwen}, MetricsURL: "http://10.1.2.3:8003/metrics",
+				KVEvents: fleet.KVEventsConfig{CentralRanks: []int{3}, ReplayEndpoints: []string{"tcp://10.1.2.3:5603"}}}},
 		{name: "no events port", ev: noEvents, target: base, want: fleet.EndpointConfig{
 			Address: "10.1.2.3:8000", Models: []string{qwen}, MetricsURL: "http://10.1.2.3:8000/metrics"}},
 		{name: "empty models annotation", ev: ev, target: with(func(t *discovery.Target) {
@@ -89,50 +98,6 @@ func TestEndpointFor(t *testing.T) {
 			}
 		})
 	}
-}
-
-func TestCentralTopic(t *testing.T) {
-	topic := discovery.CentralTopic("10.0.0.1:8000", qwen)
-	if topic != "kv@10.0.0.1:8000@Qwen/Qwen3-0.6B" {
-		t.Fatalf("topic %q", topic)
-	}
-	tests := []struct {
-		name, topic, addr, model, err string
-	}{
-		{"round trip", topic, "10.0.0.1:8000", qwen, ""},
-		{"model with @", "kv@[fd00::1]:8000@a@b", "[fd00::1]:8000", "a@b", ""},
-		{"no prefix", "x@10.0.0.1:8000@m", "", "", "does not start"},
-		{"no model", "kv@10.0.0.1:8000", "", "", "is not kv@"},
-		{"host name", "kv@vllm:8000@m", "", "", "must be an IP"},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			a, m, err := discovery.ParseCentralTopic(tc.topic)
-			if tc.err != "" {
-				if err == nil || !strings.Contains(err.Error(), tc.err) {
-					t.Fatalf("err = %v, want %q", err, tc.err)
-				}
-				return
-			}
-			if err != nil || a != tc.addr || m != tc.model {
-				t.Errorf("got %q %q %v", a, m, err)
-			}
-		})
-	}
-}
-
-func FuzzParseCentralTopic(f *testing.F) {
-	f.Add("kv@10.0.0.1:8000@m")
-	f.Add("kv@[::1]:1@")
-	f.Fuzz(func(t *testing.T, topic string) {
-		a, m, err := discovery.ParseCentralTopic(topic)
-		if err != nil {
-			return
-		}
-		if got := discovery.CentralTopic(a, m); got != topic {
-			t.Errorf("round trip %q -> %q", topic, got)
-		}
-	})
 }
 
 func FuzzEndpointForAnnotations(f *testing.F) {

@@ -87,7 +87,25 @@ func checkChart(t *testing.T, name string, objs []object) {
 	}
 	d := find[*appsv1.Deployment](t, objs, "kvrouter")
 	c := d.Spec.Template.Spec.Containers[0]
-	if *d.Spec.Replicas != 2 || c.ReadinessProbe.GRPC == nil || c.ReadinessProbe.GRPC.Port != 9003 ||
+	cm := find[*corev1.ConfigMap](t, objs, "kvrouter-config")
+	cfg, err := config.Parse([]byte(cm.Data["kvrouter.yaml"]), name+": kvrouter.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	central := cfg.Discovery.KVEvents.Mode == discovery.ModeCentral
+	replicas := int32(2)
+	if central {
+		// Each vLLM publisher connects to one kvrouter: one replica, never two at once.
+		replicas = 1
+		if d.Spec.Strategy.Type != appsv1.RecreateDeploymentStrategyType {
+			t.Errorf("central mode: strategy %q, want Recreate", d.Spec.Strategy.Type)
+		}
+		svc := find[*corev1.Service](t, objs, "kvrouter-kv-events")
+		if len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].Port != 5557 || svc.Spec.Ports[0].TargetPort.StrVal != "kv-events-0" {
+			t.Errorf("central mode: kv-events Service ports %+v", svc.Spec.Ports)
+		}
+	}
+	if *d.Spec.Replicas != replicas || c.ReadinessProbe.GRPC == nil || c.ReadinessProbe.GRPC.Port != 9003 ||
 		d.Spec.Template.Annotations["prometheus.io/port"] != "9090" {
 		t.Errorf("kvrouter Deployment: replicas %d, probe %+v, annotations %v", *d.Spec.Replicas, c.ReadinessProbe, d.Spec.Template.Annotations)
 	}
@@ -96,11 +114,6 @@ func checkChart(t *testing.T, name string, objs []object) {
 		if !reflect.DeepEqual(r.Verbs, []string{"get", "list", "watch"}) {
 			t.Errorf("role rule %+v is not read-only", r)
 		}
-	}
-	cm := find[*corev1.ConfigMap](t, objs, "kvrouter-config")
-	cfg, err := config.Parse([]byte(cm.Data["kvrouter.yaml"]), name+": kvrouter.yaml")
-	if err != nil {
-		t.Fatal(err)
 	}
 	k := cfg.Discovery.Kubernetes
 	if k == nil || k.Namespace != "llm" {
@@ -134,7 +147,15 @@ func checkChart(t *testing.T, name string, objs []object) {
 		if dep, ok := o.obj.(*appsv1.Deployment); ok && dep.Name == "vllm" {
 			vc := dep.Spec.Template.Spec.Containers[0]
 			ev := kvEventsConfig(t, vc.Args)
-			if ev["endpoint"] != "tcp://*:5557" || ev["replay_endpoint"] != "tcp://*:5558" || ev["publisher"] != "zmq" {
+			endpoint, topic := "tcp://*:5557", ""
+			if central {
+				// Connect (no "*"), naming the pod; the replay socket stays on the pod.
+				endpoint, topic = "tcp://kvrouter-kv-events.llm.svc:5557", "kv@$(POD_IP):8000@Qwen/Qwen3-0.6B"
+				if len(vc.Env) != 1 || vc.Env[0].Name != "POD_IP" || vc.Env[0].ValueFrom.FieldRef.FieldPath != "status.podIP" {
+					t.Errorf("vllm env %+v: want POD_IP from status.podIP", vc.Env)
+				}
+			}
+			if ev["endpoint"] != endpoint || ev["topic"] != topic || ev["replay_endpoint"] != "tcp://*:5558" || ev["publisher"] != "zmq" {
 				t.Errorf("vllm kv events %v", ev)
 			}
 			if dep.Spec.Template.Annotations[discovery.AnnotationModels] == "" {

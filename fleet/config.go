@@ -48,9 +48,19 @@ type KVEventsConfig struct {
 	// Topic is the topic vLLM publishes on (its kv_events_config.topic; default empty).
 	Topic string `yaml:"topic"`
 	// ReplayEndpoints are the optional ZeroMQ ROUTER replay endpoints, one per rank in the
-	// same order as Endpoints. Empty: no replay.
+	// same order as Endpoints (or CentralRanks). Empty: no replay.
 	ReplayEndpoints []string `yaml:"replay_endpoints"`
+	// CentralRanks, when set, says the endpoint's vLLM is not dialled: its publishers
+	// connect to kvrouter's bound socket (discovery.kv_events.mode: central), rank r
+	// connecting to the bind port + r with the topic "kv@<address>@<model>". It lists
+	// the data-parallel ranks this endpoint serves, consecutive ([0, 1] for a pod with
+	// two ranks, [3] for rank 3 serving HTTP on its own port); Endpoints and Topic are
+	// then empty.
+	CentralRanks []int `yaml:"central_ranks"`
 }
+
+// MaxCentralRank bounds CentralRanks.
+const MaxCentralRank = 1023
 
 // Validate checks one endpoint on its own. Paths in the returned field.Errors are
 // relative to the endpoint ("address", "lora_adapters[0].base_model").
@@ -116,9 +126,27 @@ func (c *KVEventsConfig) Validate() error {
 		}
 		seen[e] = true
 	}
-	if len(c.ReplayEndpoints) > 0 && len(c.ReplayEndpoints) != len(c.Endpoints) {
-		errs.Addf("replay_endpoints", "has %d entries; want one per events endpoint (%d)",
-			len(c.ReplayEndpoints), len(c.Endpoints))
+	streams, per := len(c.Endpoints), "events endpoint"
+	if len(c.CentralRanks) > 0 {
+		streams, per = len(c.CentralRanks), "central rank"
+		if len(c.Endpoints) > 0 {
+			errs.Addf("central_ranks", "set either endpoints (kvrouter dials them) or central_ranks (they connect to kvrouter), not both")
+		}
+		if c.Topic != "" {
+			errs.Addf("topic", "must be empty with central_ranks: the topic is kv@<address>@<model>")
+		}
+		for i, r := range c.CentralRanks {
+			switch {
+			case r < 0 || r > MaxCentralRank:
+				errs.Addf(field.Index("central_ranks", i), "%d is out of range [0, %d]", r, MaxCentralRank)
+			case i > 0 && r != c.CentralRanks[0]+i:
+				errs.Addf(field.Index("central_ranks", i), "%d: ranks must be consecutive (%d)", r, c.CentralRanks[0]+i)
+			}
+		}
+	}
+	if len(c.ReplayEndpoints) > 0 && len(c.ReplayEndpoints) != streams {
+		errs.Addf("replay_endpoints", "has %d entries; want one per %s (%d)",
+			len(c.ReplayEndpoints), per, streams)
 	}
 	for i, e := range c.ReplayEndpoints {
 		if err := CheckZMQEndpoint(e); err != nil {

@@ -306,6 +306,7 @@ func cloneConfig(c EndpointConfig) EndpointConfig {
 	c.LoRAAdapters = slices.Clone(c.LoRAAdapters)
 	c.KVEvents.Endpoints = slices.Clone(c.KVEvents.Endpoints)
 	c.KVEvents.ReplayEndpoints = slices.Clone(c.KVEvents.ReplayEndpoints)
+	c.KVEvents.CentralRanks = slices.Clone(c.KVEvents.CentralRanks)
 	return c
 }
 
@@ -313,7 +314,8 @@ func equalConfig(a, b *EndpointConfig) bool {
 	return a.Address == b.Address && slices.Equal(a.Models, b.Models) &&
 		slices.Equal(a.LoRAAdapters, b.LoRAAdapters) && a.MetricsURL == b.MetricsURL &&
 		slices.Equal(a.KVEvents.Endpoints, b.KVEvents.Endpoints) && a.KVEvents.Topic == b.KVEvents.Topic &&
-		slices.Equal(a.KVEvents.ReplayEndpoints, b.KVEvents.ReplayEndpoints)
+		slices.Equal(a.KVEvents.ReplayEndpoints, b.KVEvents.ReplayEndpoints) &&
+		slices.Equal(a.KVEvents.CentralRanks, b.KVEvents.CentralRanks)
 }
 
 // Remove deletes the endpoint with this address and tells subscribers; it reports

@@ -29,6 +29,27 @@ type Config struct {
 	ReplayTimeout time.Duration `yaml:"replay_timeout"`
 	// ReplayMaxRounds bounds the rounds of one recovery.
 	ReplayMaxRounds int `yaml:"replay_max_rounds"`
+
+	// Bind turns on central mode: the subscriber listens on this address,
+	// "tcp://*:port" or "tcp://ip:port", for vLLM publishers that connect to it, rank r
+	// of a pod connecting to port + r (vLLM offsets its endpoint's port by the
+	// data-parallel rank). Each publisher names itself in its topic,
+	// CentralTopic(address, model). Listening starts with Run (port + r once an
+	// endpoint with rank r is added); only endpoints added as Central are fed.
+	Bind string `yaml:"bind"`
+	// AnySource accepts a central-mode message whose topic names an IP other than the
+	// connection's source IP. By default such a message is dropped, so that a peer can
+	// speak only for itself; set it when a proxy (an Istio sidecar, a NAT) hides the
+	// publisher's address.
+	AnySource bool `yaml:"any_source"`
+	// MaxMessageBytes bounds one central-mode message; a longer one is read past, dropped
+	// and counted (its stream then sees a gap). Default 16 MiB.
+	MaxMessageBytes int `yaml:"max_message_bytes"`
+	// HandshakeTimeout bounds a central-mode peer's ZMTP handshake. Default 10s.
+	HandshakeTimeout time.Duration `yaml:"handshake_timeout"`
+	// MaxPeers bounds the central-mode connections open at once; more are closed on
+	// arrival. Default 4096.
+	MaxPeers int `yaml:"max_peers"`
 }
 
 // EndpointConfig is one vLLM pod's event publisher.
@@ -44,6 +65,18 @@ type EndpointConfig struct {
 	// DPRanks is the number of data-parallel ranks (default 1). Rank r publishes on the
 	// port of Address plus r, and replays on the port of ReplayAddress plus r.
 	DPRanks int `yaml:"dp_ranks"`
+	// Topic is this endpoint's subscription prefix, overriding Config.Topic (per-pod
+	// mode; vLLM's kv_events_config topic).
+	Topic string `yaml:"topic"`
+	// Central says the endpoint's publishers connect to the subscriber's Bind socket
+	// instead of being dialled: Address is then empty and Name must be the ip:port its
+	// topics carry. Its stream r (the Sink's rank r, r < DPRanks) is the publisher that
+	// connects to Bind's port + FirstRank + r; replay is still dialled, at ReplayAddress
+	// (plus r), since vLLM always binds its replay socket on the pod.
+	Central bool `yaml:"central"`
+	// FirstRank is the data-parallel rank of the endpoint's first stream in central
+	// mode (non-zero for a pod whose ranks serve HTTP on separate ports).
+	FirstRank int `yaml:"first_rank"`
 }
 
 // DefaultConfig returns the defaults.
@@ -55,6 +88,10 @@ func DefaultConfig() Config {
 		ReplayIdle:      300 * time.Millisecond,
 		ReplayTimeout:   10 * time.Second,
 		ReplayMaxRounds: 50,
+
+		MaxMessageBytes:  16 << 20,
+		HandshakeTimeout: 10 * time.Second,
+		MaxPeers:         4096,
 	}
 }
 
@@ -78,6 +115,15 @@ func (c Config) withDefaults() Config {
 	if c.ReplayMaxRounds <= 0 {
 		c.ReplayMaxRounds = d.ReplayMaxRounds
 	}
+	if c.MaxMessageBytes <= 0 {
+		c.MaxMessageBytes = d.MaxMessageBytes
+	}
+	if c.HandshakeTimeout <= 0 {
+		c.HandshakeTimeout = d.HandshakeTimeout
+	}
+	if c.MaxPeers <= 0 {
+		c.MaxPeers = d.MaxPeers
+	}
 	return c
 }
 
@@ -86,10 +132,18 @@ func (c Config) Validate() error {
 	if c.BackoffMin > 0 && c.BackoffMax > 0 && c.BackoffMin > c.BackoffMax {
 		return errors.New("kvevents: backoff_min exceeds backoff_max")
 	}
+	if c.Bind != "" {
+		if _, err := bindAddress(c.Bind, 0); err != nil {
+			return err
+		}
+	}
 	seen := map[string]bool{}
 	for _, e := range c.Endpoints {
 		if err := e.Validate(); err != nil {
 			return err
+		}
+		if e.Central && c.Bind == "" {
+			return fmt.Errorf("kvevents: endpoint %q is central but no bind address is set", e.Name)
 		}
 		if seen[e.Name] {
 			return fmt.Errorf("kvevents: endpoint %q listed twice", e.Name)
@@ -107,7 +161,19 @@ func (e EndpointConfig) Validate() error {
 	if e.DPRanks < 0 || e.DPRanks > 1024 {
 		return fmt.Errorf("kvevents: endpoint %q: dp_ranks %d out of range", e.Name, e.DPRanks)
 	}
-	if _, err := rankAddress(e.Address, e.ranks()-1); err != nil {
+	if e.Central {
+		if e.Address != "" {
+			return fmt.Errorf("kvevents: endpoint %q: a central endpoint has no address to dial", e.Name)
+		}
+		if _, err := parseAddrPort(e.Name); err != nil {
+			return fmt.Errorf("kvevents: central endpoint %q: the name must be the ip:port its topics carry: %w", e.Name, err)
+		}
+		if e.FirstRank < 0 || e.FirstRank+e.ranks() > 1024 {
+			return fmt.Errorf("kvevents: endpoint %q: first_rank %d out of range", e.Name, e.FirstRank)
+		}
+	} else if e.FirstRank != 0 {
+		return fmt.Errorf("kvevents: endpoint %q: first_rank is for central endpoints", e.Name)
+	} else if _, err := rankAddress(e.Address, e.ranks()-1); err != nil {
 		return fmt.Errorf("kvevents: endpoint %q: %w", e.Name, err)
 	}
 	if e.ReplayAddress != "" {

@@ -12,12 +12,17 @@
 //     simulator to publish events and by tests.
 //   - Subscriber: one SUB socket per endpoint and data-parallel rank, with reconnection,
 //     a watchdog, sequence-gap detection and recovery through vLLM's replay socket.
+//     In central mode (Config.Bind) it instead listens, and vLLM publishers connect to
+//     it naming themselves in the topic kv@<ip:port>@<model> (CentralTopic); a small
+//     ZMTP 3.0 reader, bounded and fuzzed, receives them, one goroutine per connection.
 //
 // Concurrency: Decode and Encode are safe to call concurrently on distinct Batches; a
 // Batch must not be decoded into while its previous events are still in use. A Subscriber's methods (Add, Remove, Status) are safe
 // for concurrent use; Run starts one goroutine per endpoint and rank, and calls the Sink
 // from those goroutines: Sink methods for one endpoint and rank are never called
 // concurrently with each other and arrive in the publisher's order, while calls for
-// different endpoints or ranks may run in parallel. Remove returns after the endpoint's
-// streams stopped and its ranks were cleared.
+// different endpoints or ranks may run in parallel (in central mode a stream's messages
+// may arrive on any connection's goroutine, and a per-stream lock keeps them sequential).
+// Remove returns after the endpoint's streams stopped and its ranks were cleared; no
+// message is applied for it afterwards.
 package kvevents

@@ -25,7 +25,14 @@ const (
 	badFrames = "frame_count"
 	badSeq    = "seq_size"
 	badTopic  = "topic"
+	// Central mode only.
+	badUnknownEndpoint = "unknown_endpoint" // the topic names no endpoint discovery knows
+	badSource          = "source"           // the topic names an IP other than the connection's
+	badRank            = "rank"             // the endpoint has no stream for the port's rank
+	badTooLarge        = "too_large"        // over max_message_bytes
 )
+
+var badReasons = []string{badFrames, badSeq, badTopic, badUnknownEndpoint, badSource, badRank, badTooLarge}
 
 type metrics struct {
 	batches      prometheus.Counter
@@ -39,6 +46,10 @@ type metrics struct {
 	redials      prometheus.Counter
 	connected    prometheus.Gauge
 	lag          prometheus.Histogram
+
+	centralConns *prometheus.CounterVec
+	centralPeers prometheus.Gauge
+	bindErrors   prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -61,7 +72,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"reason"}),
 		badMessages: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvrouter_kv_events_bad_messages_total",
-			Help: "Messages dropped before decoding: wrong frame count, sequence frame size or topic.",
+			Help: "Messages dropped before decoding: wrong frame count, sequence frame size or topic; in central mode also unknown endpoint, source mismatch, rank without a stream, over max_message_bytes.",
 		}, []string{"reason"}),
 		gaps: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "kvrouter_kv_events_gaps_total",
@@ -88,6 +99,18 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help:    "Receive time minus the batch's timestamp.",
 			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
 		}),
+		centralConns: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvrouter_kv_events_central_connections_total",
+			Help: "Publisher connections to the central-mode socket, by outcome (accepted, rejected over max_peers, handshake_failed, protocol_error).",
+		}, []string{"result"}),
+		centralPeers: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kvrouter_kv_events_central_peers",
+			Help: "Publisher connections open on the central-mode socket.",
+		}),
+		bindErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvrouter_kv_events_central_bind_errors_total",
+			Help: "Central-mode ports (bind port + rank) that could not be listened on.",
+		}),
 	}
 	for _, t := range []string{"BlockStored", "BlockRemoved", "AllBlocksCleared"} {
 		m.events.WithLabelValues(t)
@@ -97,8 +120,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for _, r := range Reasons {
 		m.decodeErrors.WithLabelValues(string(r))
 	}
-	for _, r := range []string{badFrames, badSeq, badTopic} {
+	for _, r := range badReasons {
 		m.badMessages.WithLabelValues(r)
+	}
+	for _, r := range []string{connAccepted, connRejected, connHandshakeFailed, connProtocolError} {
+		m.centralConns.WithLabelValues(r)
 	}
 	for _, r := range []string{"ok", "evicted", "failed"} {
 		m.replays.WithLabelValues(r)
@@ -108,7 +134,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}
 	if reg != nil {
 		for _, c := range []prometheus.Collector{m.batches, m.events, m.blocks, m.decodeErrors,
-			m.badMessages, m.gaps, m.replays, m.clears, m.redials, m.connected, m.lag} {
+			m.badMessages, m.gaps, m.replays, m.clears, m.redials, m.connected, m.lag,
+			m.centralConns, m.centralPeers, m.bindErrors} {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("kvevents: register metrics: %w", err)
 			}

@@ -8,8 +8,11 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"net"
+	"net/netip"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-zeromq/zmq4"
@@ -43,12 +46,20 @@ var SystemClock Clock = systemClock{}
 // StreamStatus is a snapshot of one (endpoint, rank) stream, for the debug view (JSON
 // field names in tags; LastLag in nanoseconds).
 type StreamStatus struct {
-	Endpoint      string `json:"endpoint"`
-	Rank          int    `json:"rank"`
+	Endpoint string `json:"endpoint"`
+	Rank     int    `json:"rank"`
+	// Address is the PUB socket dialled, or in central mode the address listened on.
 	Address       string `json:"address"`
 	ReplayAddress string `json:"replay_address,omitempty"`
+	// Central is true for a stream fed through the bound socket; Peer is then the
+	// address of the connection currently speaking for it.
+	Central bool   `json:"central,omitempty"`
+	Peer    string `json:"peer,omitempty"`
+	// Model is the model named by the stream's topic (central mode).
+	Model string `json:"model,omitempty"`
 	// Connected is true while the socket is connected to the publisher (as far as the
-	// socket can tell: it has no heartbeats).
+	// socket can tell: it has no heartbeats). In central mode: since the stream's first
+	// message, while that connection stays open.
 	Connected bool `json:"connected"`
 	// LastSeq is the last sequence number applied; HasSeq is false before the first.
 	LastSeq uint64 `json:"last_seq"`
@@ -80,7 +91,6 @@ type StreamStatus struct {
 // Subscriber subscribes to the KV events of a set of vLLM endpoints and feeds a Sink.
 type Subscriber struct {
 	cfg   Config
-	topic []byte
 	sink  Sink
 	log   *zap.Logger
 	m     *metrics
@@ -93,11 +103,18 @@ type Subscriber struct {
 	// streams: Add starts no stream after it, so no wg.Add can race with wg.Wait.
 	stopping bool
 	wg       sync.WaitGroup
+
+	// Central mode: the endpoints fed through the bound sockets, by address, and the
+	// sockets by rank (both under mu); the connections open.
+	central   map[netip.AddrPort]*endpoint
+	listeners map[int]net.Listener
+	peers     atomic.Int64
 }
 
 type endpoint struct {
 	cfg     EndpointConfig
 	streams []*stream
+	ctx     context.Context // the streams' context; nil until started
 	cancel  context.CancelFunc
 	done    chan struct{} // closed when every stream goroutine returned; nil if not started
 }
@@ -121,8 +138,9 @@ func NewSubscriber(cfg Config, sink Sink, logger *zap.Logger, reg prometheus.Reg
 	if err != nil {
 		return nil, err
 	}
-	s := &Subscriber{cfg: cfg.withDefaults(), topic: []byte(cfg.Topic), sink: sink,
-		log: logger.Named("kvevents"), m: m, clock: clock, endpoints: map[string]*endpoint{}}
+	s := &Subscriber{cfg: cfg.withDefaults(), sink: sink,
+		log: logger.Named("kvevents"), m: m, clock: clock, endpoints: map[string]*endpoint{},
+		central: map[netip.AddrPort]*endpoint{}, listeners: map[int]net.Listener{}}
 	for _, e := range cfg.Endpoints {
 		if err := s.add(e); err != nil {
 			return nil, err
@@ -132,7 +150,8 @@ func NewSubscriber(cfg Config, sink Sink, logger *zap.Logger, reg prometheus.Reg
 }
 
 // Run subscribes to every endpoint and blocks until ctx ends; it then closes every socket
-// and waits for the stream goroutines. It returns nil after ctx ends.
+// and waits for the stream goroutines. It returns nil after ctx ends. In central mode it
+// first listens on Bind (rank 0) and returns that error if it cannot.
 func (s *Subscriber) Run(ctx context.Context) error {
 	s.mu.Lock()
 	if s.runCtx != nil {
@@ -140,6 +159,13 @@ func (s *Subscriber) Run(ctx context.Context) error {
 		return errors.New("kvevents: Run called twice")
 	}
 	s.runCtx = ctx
+	if s.cfg.Bind != "" {
+		if err := s.listen(0); err != nil {
+			s.stopping = true
+			s.mu.Unlock()
+			return err
+		}
+	}
 	for _, e := range s.endpoints {
 		s.start(e)
 	}
@@ -157,6 +183,9 @@ func (s *Subscriber) Add(e EndpointConfig) error {
 	if err := e.Validate(); err != nil {
 		return err
 	}
+	if e.Central && s.cfg.Bind == "" {
+		return fmt.Errorf("kvevents: endpoint %q is central but no bind address is set", e.Name)
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.add(e); err != nil {
@@ -172,10 +201,24 @@ func (s *Subscriber) add(e EndpointConfig) error {
 	if _, ok := s.endpoints[e.Name]; ok {
 		return fmt.Errorf("kvevents: endpoint %q already subscribed", e.Name)
 	}
+	var ap netip.AddrPort
+	if e.Central {
+		ap, _ = parseAddrPort(e.Name)
+		if o := s.central[ap]; o != nil {
+			return fmt.Errorf("kvevents: endpoint %q: address already subscribed as %q", e.Name, o.cfg.Name)
+		}
+	}
+	topic := s.cfg.Topic
+	if e.Topic != "" {
+		topic = e.Topic
+	}
 	ep := &endpoint{cfg: e}
 	for r := range e.ranks() {
-		addr, err := rankAddress(e.Address, r)
-		if err != nil {
+		var addr string
+		var err error
+		if e.Central {
+			addr = centralAddress(s.cfg.Bind, e.FirstRank+r)
+		} else if addr, err = rankAddress(e.Address, r); err != nil {
 			return fmt.Errorf("kvevents: endpoint %q: %w", e.Name, err)
 		}
 		var replay string
@@ -185,19 +228,31 @@ func (s *Subscriber) add(e EndpointConfig) error {
 			}
 		}
 		st := &stream{s: s, name: e.Name, rank: r, addr: addr, replay: replay}
-		st.st = StreamStatus{Endpoint: e.Name, Rank: r, Address: addr, ReplayAddress: replay,
+		if !e.Central {
+			st.topic = []byte(topic) // central topics are checked by dispatch
+		}
+		st.st = StreamStatus{Endpoint: e.Name, Rank: r, Address: addr, ReplayAddress: replay, Central: e.Central,
 			Clears: map[string]uint64{}, DecodeErrors: map[Reason]uint64{}}
 		ep.streams = append(ep.streams, st)
 	}
 	s.endpoints[e.Name] = ep
+	if e.Central {
+		s.central[ap] = ep
+	}
 	return nil
 }
 
-// start launches ep's streams; s.mu is held.
+// start launches ep's streams (in central mode: listens on its ranks' ports); s.mu is
+// held.
 func (s *Subscriber) start(ep *endpoint) {
 	ctx, cancel := context.WithCancel(s.runCtx)
-	ep.cancel = cancel
+	ep.ctx, ep.cancel = ctx, cancel
 	ep.done = make(chan struct{})
+	if ep.cfg.Central {
+		close(ep.done)
+		s.listenRanks(ep)
+		return
+	}
 	var wg sync.WaitGroup
 	for _, st := range ep.streams {
 		wg.Add(1)
@@ -218,6 +273,10 @@ func (s *Subscriber) Remove(name string) error {
 	ep, ok := s.endpoints[name]
 	if ok {
 		delete(s.endpoints, name)
+		if ep.cfg.Central {
+			ap, _ := parseAddrPort(name)
+			delete(s.central, ap)
+		}
 	}
 	s.mu.Unlock()
 	if !ok {
@@ -228,8 +287,13 @@ func (s *Subscriber) Remove(name string) error {
 		<-ep.done
 	}
 	for _, st := range ep.streams {
+		// A central stream's message may be in flight on a connection's goroutine:
+		// wait for it, and make sure no later one applies.
+		st.hmu.Lock()
+		st.removed = true
 		st.clear(ClearRemoved)
 		st.setConnected(false)
+		st.hmu.Unlock()
 	}
 	return nil
 }
@@ -260,8 +324,16 @@ type stream struct {
 	rank   int
 	addr   string
 	replay string
+	topic  []byte // subscription prefix (per-pod mode)
 
-	// Owned by the stream goroutine.
+	// hmu serialises message handling in central mode, where any connection's
+	// goroutine may carry the stream's messages; removed is set by Remove under it.
+	hmu     sync.Mutex
+	removed bool
+	peer    *pubConn // central mode: the connection speaking for the stream
+	model   string   // central mode: the model its topic names
+
+	// Owned by the stream goroutine (central mode: by whoever holds hmu).
 	batch   Batch
 	hasLast bool
 	last    uint64
@@ -365,7 +437,7 @@ func (st *stream) session(ctx context.Context, retry time.Duration) (progressed 
 	sock := zmq4.NewSub(sctx, zmq4.WithAutomaticReconnect(true), zmq4.WithDialerMaxRetries(-1),
 		zmq4.WithDialerRetry(retry), zmq4.WithLogger(discardLog))
 	defer sock.Close()
-	if err := sock.SetOption(zmq4.OptionSubscribe, cfg.Topic); err != nil {
+	if err := sock.SetOption(zmq4.OptionSubscribe, string(st.topic)); err != nil {
 		st.s.log.Warn("subscribe", zap.String("endpoint", st.name), zap.Error(err))
 		return false
 	}
@@ -431,7 +503,7 @@ func (st *stream) handle(ctx context.Context, frames [][]byte) {
 		st.drop(badFrames)
 		return
 	}
-	if !bytes.HasPrefix(frames[0], st.s.topic) {
+	if !bytes.HasPrefix(frames[0], st.topic) {
 		st.drop(badTopic)
 		return
 	}
@@ -523,6 +595,7 @@ func (st *stream) apply(b *Batch) {
 	m := st.s.m
 	now := st.s.clock.Now()
 	lag := now.Sub(time.Unix(0, int64(b.TS*1e9)))
+	b.Model = st.model
 	m.batches.Inc()
 	m.lag.Observe(lag.Seconds())
 	var stored, removed, cleared int

@@ -10,6 +10,10 @@ type Batch struct {
 	// (2-element batches from older vLLM).
 	DPRank    int
 	HasDPRank bool
+	// Model is the served model name the publisher's topic named (central mode,
+	// "kv@<ip:port>@<model>"); empty when the transport does not say, and then the Sink
+	// knows the endpoint's model itself. Decode leaves it alone.
+	Model string
 
 	// scratch keeps the event structs Decode allocated, by type, for reuse by the next
 	// Decode into this Batch whatever the order of event types.

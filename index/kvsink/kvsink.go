@@ -52,7 +52,9 @@ type Sink struct {
 
 // New returns a Sink writing to ix. model names the base model an endpoint serves,
 // exactly as requests name it (scoring.Request.BaseModel): it roots the block keys, so a
-// mismatch means no request ever matches that endpoint's blocks. reg may be nil.
+// mismatch means no request ever matches that endpoint's blocks. A batch that names its
+// model (Batch.Model, from a central-mode topic) is keyed under that name instead. reg
+// may be nil.
 func New(ix *index.Index, model func(endpoint string) string, cfg Config, reg prometheus.Registerer) (*Sink, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -86,7 +88,11 @@ func (s *Sink) Apply(endpoint string, rank int, b *kvevents.Batch) {
 	if b == nil {
 		return
 	}
-	model := s.model(endpoint)
+	// A central-mode topic names the model; otherwise the endpoint's is looked up.
+	model := b.Model
+	if model == "" {
+		model = s.model(endpoint)
+	}
 	for _, ev := range b.Events {
 		switch e := ev.(type) {
 		case *kvevents.BlockStored:

@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/kvrouter/kvrouter/config"
+	"github.com/kvrouter/kvrouter/discovery"
 	"github.com/kvrouter/kvrouter/prompt"
 )
 
@@ -111,11 +112,18 @@ func checkConfig(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "usage: kvrouter check-config FILE")
 		return 2
 	}
-	if _, err := config.Load(args[0]); err != nil {
+	cfg, err := config.Load(args[0])
+	if err != nil {
 		fmt.Fprintln(stderr, err)
 		return 1
 	}
 	fmt.Fprintf(stdout, "%s: ok\n", args[0])
+	if ev := cfg.Discovery.KVEvents; ev.Mode == discovery.ModeCentral {
+		fmt.Fprintf(stdout, "kv events: central mode: pods connect to %s (rank r to port + r) and publish on kv@<pod-ip:port>@<model>; "+
+			"run ONE kvrouter replica: a pod's events reach only the replica it connected to (see discovery/README.md)\n", ev.Bind)
+	} else {
+		fmt.Fprintf(stdout, "kv events: per-pod mode: kvrouter dials every pod's publisher; any number of replicas\n")
+	}
 	return 0
 }
 

@@ -17,6 +17,9 @@ func TestMain_CommandLine(t *testing.T) {
 		stderrLine string // exact first line of stderr, when set
 	}{
 		{"check-config ok", []string{"check-config", "../../config/testdata/valid.yaml"}, 0, "valid.yaml: ok", ""},
+		{"check-config per-pod", []string{"check-config", "../../config/testdata/valid.yaml"}, 0, "kv events: per-pod mode", ""},
+		{"check-config central", []string{"check-config", "../../config/testdata/valid-central.yaml"}, 0,
+			"kv events: central mode: pods connect to tcp://*:5557 (rank r to port + r) and publish on kv@<pod-ip:port>@<model>; run ONE kvrouter replica", ""},
 		{"check-config problems", []string{"check-config", "../../config/testdata/invalid/address-hostname.yaml"}, 1, "",
 			`../../config/testdata/invalid/address-hostname.yaml:3: endpoints[0].address: "vllm-0:8000": host must be an IP address, not a name (Envoy's ORIGINAL_DST cluster needs ip:port)`},
 		{"check-config missing file", []string{"check-config", "no-such.yaml"}, 1, "", "config: open no-such.yaml: no such file or directory"},

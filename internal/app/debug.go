@@ -80,7 +80,7 @@ func (a *App) DebugKV() []KVEndpoint {
 	}
 	for _, st := range a.fleet.Status() {
 		e := get(st.Config.Address)
-		e.EventsConfigured = len(st.Config.KVEvents.Endpoints) > 0
+		e.EventsConfigured = len(st.Config.KVEvents.Endpoints) > 0 || len(st.Config.KVEvents.CentralRanks) > 0
 		e.NumGPUBlocks = st.Metrics.NumGPUBlocks
 	}
 	for _, st := range a.kv.sub.Status() {

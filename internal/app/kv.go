@@ -68,7 +68,7 @@ func newKVPath(cfg *config.Config, f *fleet.Fleet, log *zap.Logger, reg promethe
 	if now != nil {
 		clock = funcClock(now)
 	}
-	k.sub, err = kvevents.NewSubscriber(cfg.KV.Subscriber(), k.sink, log, reg, clock)
+	k.sub, err = kvevents.NewSubscriber(cfg.Subscriber(), k.sink, log, reg, clock)
 	if err != nil {
 		return nil, fmt.Errorf("app: %w", err)
 	}
@@ -89,7 +89,8 @@ func (f funcClock) Now() time.Time { return f() }
 
 // modelOf names the base model an endpoint's blocks are rooted in: its first served
 // model, as requests for it resolve (fleet.Candidates). An endpoint serving several
-// base models under different names is keyed by the first.
+// base models under different names is keyed by the first (per-pod mode; in central
+// mode each batch names its model in its topic, and that name is used).
 func (k *kvPath) modelOf(addr string) string { return (*k.models.Load())[addr] }
 
 func (k *kvPath) setModel(addr string, models []string) {
@@ -169,7 +170,7 @@ func (k *kvPath) apply(c fleet.Change) {
 			}
 			k.unsubscribe(addr)
 		}
-		if len(ev.Endpoints) == 0 {
+		if len(ev.Endpoints) == 0 && len(ev.CentralRanks) == 0 {
 			return
 		}
 		if err := config.CheckRankPorts(ev); err != nil {
@@ -177,7 +178,13 @@ func (k *kvPath) apply(c fleet.Change) {
 			k.log.Warn("kv events not subscribed: scored by prediction", zap.String("endpoint", addr), zap.Error(err))
 			return
 		}
-		ec := kvevents.EndpointConfig{Name: addr, Address: ev.Endpoints[0], DPRanks: len(ev.Endpoints)}
+		var ec kvevents.EndpointConfig
+		if len(ev.CentralRanks) > 0 {
+			// The pod's publishers connect to the bound socket; its topics name addr.
+			ec = kvevents.EndpointConfig{Name: addr, Central: true, FirstRank: ev.CentralRanks[0], DPRanks: len(ev.CentralRanks)}
+		} else {
+			ec = kvevents.EndpointConfig{Name: addr, Address: ev.Endpoints[0], DPRanks: len(ev.Endpoints), Topic: ev.Topic}
+		}
 		if len(ev.ReplayEndpoints) > 0 {
 			ec.ReplayAddress = ev.ReplayEndpoints[0]
 		}
@@ -211,7 +218,8 @@ func (k *kvPath) unsubscribe(addr string) {
 }
 
 func equalEvents(a, b fleet.KVEventsConfig) bool {
-	return a.Topic == b.Topic && slices.Equal(a.Endpoints, b.Endpoints) && slices.Equal(a.ReplayEndpoints, b.ReplayEndpoints)
+	return a.Topic == b.Topic && slices.Equal(a.Endpoints, b.Endpoints) && slices.Equal(a.ReplayEndpoints, b.ReplayEndpoints) &&
+		slices.Equal(a.CentralRanks, b.CentralRanks)
 }
 
 // updateCapacity sets the index's bound of each endpoint from its scraped num_gpu_blocks.

@@ -9,6 +9,10 @@ one message per buffered batch, ["", seq, payload] (or ["", topic, seq, payload]
 --replay-topic, vLLM >= 0.26), then END (seq 0xFF x 8, empty payload). The ROUTER keeps
 libzmq's default send high-water mark (1,000) like vLLM's, so long replays get truncated.
 
+With --connect the PUB socket connects to --pub instead of binding it, as vLLM's does when
+its endpoint has no "*" (kvrouter's central mode: --pub "tcp://SRC_IP:0;127.0.0.1:PORT"
+sets the source address too, and --topic "kv@SRC_IP:8000@model" names the pod).
+
 Injected faults: --drop seqs are never sent live (but are buffered for replay), --garble
 seqs are sent (and buffered) as garbage.
 
@@ -143,6 +147,7 @@ class Workload:
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--pub", required=True)
+    ap.add_argument("--connect", action="store_true", help="connect --pub instead of binding it")
     ap.add_argument("--replay")
     ap.add_argument("--replay-topic", action="store_true")
     ap.add_argument("--replay-hwm", type=int, default=0, help="0: libzmq's default, as vLLM")
@@ -165,7 +170,10 @@ def main():
     ctx = zmq.Context.instance()
     pub = ctx.socket(zmq.XPUB if a.wait_sub_after >= 0 else zmq.PUB)
     pub.set_hwm(100_000)
-    pub.bind(a.pub)
+    if a.connect:
+        pub.connect(a.pub)
+    else:
+        pub.bind(a.pub)
     router = None
     if a.replay:
         router = ctx.socket(zmq.ROUTER)

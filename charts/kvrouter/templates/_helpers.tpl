@@ -40,5 +40,26 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- $_ := set $k "inference_pool" .Values.inferencePool.name -}}
 {{- end -}}
 {{- end -}}
+{{- $ev := default dict $disc.kv_events -}}
+{{- if and (eq (default "per-pod" $ev.mode) "central") (not $ev.bind) -}}
+{{- $_ := set $ev "bind" "tcp://*:5557" -}}
+{{- end -}}
 {{- toYaml $cfg -}}
+{{- end -}}
+
+{{/* KV events mode ("per-pod" or "central") and, in central mode, the bound port. */}}
+{{- define "kvrouter.kvMode" -}}
+{{- $ev := default dict (default dict .Values.config.discovery).kv_events -}}
+{{- default "per-pod" $ev.mode -}}
+{{- end -}}
+
+{{- define "kvrouter.kvBindPort" -}}
+{{- $ev := default dict (default dict .Values.config.discovery).kv_events -}}
+{{- $bind := default "tcp://*:5557" $ev.bind -}}
+{{- last (splitList ":" $bind) -}}
+{{- end -}}
+
+{{/* The Service vLLM pods connect their KV-event publishers to in central mode. */}}
+{{- define "kvrouter.kvEventsService" -}}
+{{- printf "%s-kv-events" (include "kvrouter.fullname" .) | trunc 63 | trimSuffix "-" -}}
 {{- end -}}

@@ -1,0 +1,139 @@
+package app_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvrouter/kvrouter/config"
+	"github.com/kvrouter/kvrouter/discovery"
+	"github.com/kvrouter/kvrouter/fleet"
+	"github.com/kvrouter/kvrouter/internal/app"
+	"github.com/kvrouter/kvrouter/kvevents"
+	"github.com/kvrouter/kvrouter/prompt"
+	"github.com/kvrouter/kvrouter/sim/server"
+	"github.com/kvrouter/kvrouter/tokenizer/testmodels"
+)
+
+// TestKVPathCentral runs the runner in central mode: a simulated vLLM server connects
+// its KV-event PUB socket to kvrouter's bound socket with the topic kv@<its address>@
+// <model>, and its blocks land in the index under the topic's model, even though the
+// endpoint lists another served name first (per-pod mode would key them under that one).
+func TestKVPathCentral(t *testing.T) {
+	dir := testmodels.Dir(t, "qwen3")
+	b, err := prompt.LoadDir(dir, prompt.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+
+	bind, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bindPort := bind.Addr().(*net.TCPAddr).Port
+	bind.Close()
+	httpLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	simAddr := httpLn.Addr().String()
+
+	cfg := config.Default()
+	cfg.Listen = config.ListenConfig{ExtProc: "127.0.0.1:0", Health: "127.0.0.1:0", Metrics: "127.0.0.1:0"}
+	cfg.Endpoints = []fleet.EndpointConfig{{Address: simAddr, Models: []string{"an-alias", model},
+		MetricsURL: "http://" + simAddr + "/metrics", KVEvents: fleet.KVEventsConfig{CentralRanks: []int{0}}}}
+	cfg.Discovery.KVEvents.Mode = discovery.ModeCentral
+	cfg.Discovery.KVEvents.Bind = "tcp://127.0.0.1:" + strconv.Itoa(bindPort)
+	cfg.Models = map[string]config.ModelConfig{model: {Tokenizer: dir, BlockSize: 16}}
+	cfg.Policy = config.PolicyConfig{Name: "kv", Fallback: "least-load"}
+	cfg.Limits.Scrape.Interval = 50 * time.Millisecond
+	cfg.Limits.Scrape.Timeout = 50 * time.Millisecond
+	cfg.Limits.Scrape.StalenessLimit = 10 * time.Second
+	cfg.Limits.Scrape.FailuresBeforeIneligible = 1000
+	cfg.KV.HealthRefresh = 10 * time.Millisecond
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	a, err := app.New(&cfg, app.Options{Registry: prometheus.NewRegistry()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	addrs, err := a.Listen()
+	if err != nil {
+		t.Fatal(err)
+	}
+	runErr := make(chan error, 1)
+	go func() { runErr <- a.Run(ctx) }()
+	base := "http://" + addrs.Metrics
+	waitFor(t, "the central socket", func() bool {
+		c, err := net.Dial("tcp", "127.0.0.1:"+strconv.Itoa(bindPort))
+		if err == nil {
+			c.Close()
+		}
+		return err == nil
+	})
+
+	// The simulated vLLM connects to kvrouter, as vLLM does with a connect endpoint.
+	sc := server.DefaultConfig()
+	sc.Model = model
+	sc.TimeScale = 20
+	sc.Engine.NumGPUBlocks = 585
+	sc.KVEvents.EnableKVCacheEvents = true
+	sc.KVEvents.Endpoint = "tcp://127.0.0.1:" + strconv.Itoa(bindPort)
+	sc.KVEvents.Topic = kvevents.CentralTopic(simAddr, model)
+	srv, err := server.New(sc, server.Options{Tokenizer: b, Chat: b})
+	if err != nil {
+		t.Fatal(err)
+	}
+	simDone := make(chan struct{})
+	go func() { defer close(simDone); _ = srv.Run(ctx) }()
+	hs := &http.Server{Handler: srv.Handler()}
+	go func() { _ = hs.Serve(httpLn) }()
+	t.Cleanup(func() { hs.Close(); cancel(); <-simDone })
+
+	words := strings.Repeat("central socket block prefix ", 120)
+	chat := fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":%q}],"max_tokens":2}`, model, words)
+	ids, err := b.PromptTokens(mustParse(t, chat))
+	if err != nil {
+		t.Fatal(err)
+	}
+	blocks := len(ids) / 16
+	// zmq4's PUB drops what it publishes before the subscription arrives: repeat the
+	// request until its blocks are indexed (a cached prefix emits nothing new, so a
+	// later request for another prompt is not needed).
+	waitFor(t, "the server's blocks in the index", func() bool {
+		resp, err := http.Post("http://"+simAddr+"/v1/chat/completions", "application/json", strings.NewReader(chat))
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		e := byAddr(getJSON[[]app.KVEndpoint](t, base+"/debug/kv"), simAddr)
+		return e != nil && e.IndexedBlocks >= blocks
+	})
+	waitFor(t, "the central stream healthy", func() bool {
+		code, x, _ := postRoute(t, base, chat)
+		return code == http.StatusOK && len(x.Endpoints) == 1 && x.Endpoints[0].EventsHealthy
+	})
+	code, x, raw := postRoute(t, base, chat)
+	if code != http.StatusOK || x.Pick != simAddr {
+		t.Fatalf("HTTP %d: %s", code, raw)
+	}
+	if e := x.Endpoints[0]; e.IndexedLeadingBlocks != blocks {
+		t.Errorf("%+v: want %d leading blocks matched under the topic's model", e, blocks)
+	}
+	cancel()
+	if err := <-runErr; err != nil {
+		t.Errorf("Run: %v", err)
+	}
+}
