@@ -555,3 +555,6 @@ func compare(a, b Value) (int, bool) {
 	}
 	return 0, false
 }
+
+// ToStr is Python's str(v) as Jinja2 prints it ("" for undefined).
+func ToStr(v Value) (string, error) { return toStr(v) }
