@@ -165,6 +165,12 @@ func readGolden(t testing.TB, model string) map[string]goldenResult {
 // natively, and TestGolden requires it for the others.
 var nativeRefused = map[string]string{}
 
+// gonjaGoldenGaps are golden cases gonja renders wrongly (model/case: why); the test
+// asserts they still fail on gonja so that a fix gets noticed.
+var gonjaGoldenGaps = map[string]string{
+	"qwen3/think_close_only_with_tools": "gonja fails calling lstrip on the empty string left by '</think>'.split(...)",
+}
+
 // TestGolden asserts byte-identical renders against Python's Jinja2 set up as
 // transformers sets it up (testdata/gen_golden.py), for every case and model, on
 // both engines: the native one (required to compile every template not listed in
@@ -197,6 +203,12 @@ func testGolden(t *testing.T, engine string) {
 					t.Fatalf("engine %s, want %s", got, engine)
 				}
 				got, err := tmpl.Render(inputFromBody(t, c.Body))
+				if gap, ok := gonjaGoldenGaps[model+"/"+c.Name]; ok && engine == chattemplate.EngineGonja {
+					if err == nil && want.Rendered != nil && got == *want.Rendered {
+						t.Fatalf("known gonja gap (%s) now matches Jinja2: remove it from gonjaGoldenGaps", gap)
+					}
+					return
+				}
 				var unsupported *chattemplate.UnsupportedError
 				var raised *chattemplate.TemplateError
 				switch {

@@ -23,7 +23,12 @@ type parser struct {
 	top       *fnScope
 	assigns   [][]string // names assigned per open loop/call scope
 	loopDepth int
+	exprDepth int
 }
+
+// maxExprDepth bounds expression nesting so that a hostile template cannot exhaust
+// the stack.
+const maxExprDepth = 200
 
 func (p *parser) errorf(format string, args ...any) error {
 	return &SyntaxError{Line: p.line, Msg: sprintf(format, args...)}
@@ -453,6 +458,11 @@ func (p *parser) macroStmt() (stmt, error) {
 		if err != nil {
 			return nil, err
 		}
+		for _, prev := range m.params {
+			if prev == param {
+				return nil, p.errorf("duplicate argument '%s' in macro %s", param, name)
+			}
+		}
 		var dflt expr
 		if p.skipOp("=") {
 			if dflt, err = p.expression(true); err != nil {
@@ -722,6 +732,11 @@ func (p *parser) pow() (expr, error) {
 }
 
 func (p *parser) unary(withFilter bool) (expr, error) {
+	p.exprDepth++
+	defer func() { p.exprDepth-- }()
+	if p.exprDepth > maxExprDepth {
+		return nil, p.errorf("expression nested deeper than %d", maxExprDepth)
+	}
 	var x expr
 	var err error
 	switch {
