@@ -360,9 +360,6 @@ func lexString(s string) (string, int, error) {
 			j = k - 1
 		case 'x', 'u', 'U':
 			width := map[byte]int{'x': 2, 'u': 4, 'U': 8}[e]
-			if j+width >= len(raw)+0 && j+width > len(raw)-1+1 {
-				return "", 0, errorf("truncated \\%c escape", e)
-			}
 			if j+1+width > len(raw) {
 				return "", 0, errorf("truncated \\%c escape", e)
 			}
