@@ -3,7 +3,7 @@ package chattemplate
 import (
 	"testing"
 
-	"github.com/nikolalohinski/gonja/v2/exec"
+	"github.com/kvrouter/kvrouter/chattemplate/internal/jinja"
 )
 
 // FuzzDecodeJSON: the decoder never panics, and whatever it accepts tojson can print.
@@ -16,7 +16,7 @@ func FuzzDecodeJSON(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if _, err := pyDumps(exec.ToValue(v), defaultDumpOptions()); err != nil {
+		if _, err := jinja.Dumps(v, jinja.DefaultDumpOptions()); err != nil {
 			t.Fatalf("decoded value cannot be dumped: %v", err)
 		}
 	})

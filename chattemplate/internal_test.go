@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nikolalohinski/gonja/v2/exec"
+	"github.com/kvrouter/kvrouter/chattemplate/internal/jinja"
 )
 
 func TestPyFloatRepr(t *testing.T) {
@@ -101,7 +101,7 @@ func TestDecodeJSON(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			got, err := pyDumps(exec.ToValue(v), defaultDumpOptions())
+			got, err := jinja.Dumps(v, jinja.DefaultDumpOptions())
 			if err != nil || got != tt.want {
 				t.Fatalf("got %s (%v), want %s", got, err, tt.want)
 			}

@@ -5,13 +5,14 @@ import (
 	"hash/maphash"
 
 	lru "github.com/hashicorp/golang-lru/v2"
-	"github.com/nikolalohinski/gonja/v2/exec"
+
+	"github.com/kvrouter/kvrouter/chattemplate/internal/jinja"
 )
 
 // Long messages, a shared system prompt above all, recur across requests: their
 // preprocessed form is memoised, keyed by the message's raw JSON, so that decoding and
-// converting them is paid once. Entries are never changed after they are stored (the
-// template sees copies made by withNone).
+// converting them is paid once. Entries are never changed after they are stored
+// (template values are immutable).
 const (
 	defaultMessageCacheSize = 128
 	minCachedMessage        = 1 << 10 // shorter messages are cheaper to decode than to look up
@@ -26,7 +27,7 @@ type messageCache struct {
 type cachedMessage struct {
 	raw    []byte
 	openai bool
-	msg    *exec.Dict
+	msg    jinja.Value
 }
 
 func newMessageCache(size int) *messageCache {
@@ -45,7 +46,7 @@ func newMessageCache(size int) *messageCache {
 
 // message returns the conversation message for one raw messages element, from the
 // cache when it has been converted before.
-func (c *messageCache) message(raw []byte, openai bool) (*exec.Dict, error) {
+func (c *messageCache) message(raw []byte, openai bool) (jinja.Value, error) {
 	cacheable := c != nil && len(raw) >= minCachedMessage && len(raw) <= maxCachedMessage
 	var key uint64
 	if cacheable {
@@ -59,15 +60,15 @@ func (c *messageCache) message(raw []byte, openai bool) (*exec.Dict, error) {
 	}
 	v, err := decodeJSON(raw)
 	if err != nil {
-		return nil, badRequest("%v", err)
+		return jinja.Value{}, badRequest("%v", err)
 	}
-	d, ok := v.(*exec.Dict)
-	if !ok {
-		return nil, badRequest("message must be an object")
+	d := v.Dict()
+	if d == nil {
+		return jinja.Value{}, badRequest("message must be an object")
 	}
 	msg, err := conversationMessage(d, openai)
 	if err != nil {
-		return nil, err
+		return jinja.Value{}, err
 	}
 	if cacheable {
 		c.cache.Add(key, cachedMessage{raw: bytes.Clone(raw), openai: openai, msg: msg})
@@ -77,14 +78,14 @@ func (c *messageCache) message(raw []byte, openai bool) (*exec.Dict, error) {
 
 // splitArray returns the raw elements of a JSON array, or ok=false when raw is not a
 // well-formed array at this level (the caller then decodes it whole to report why).
-func splitArray(raw []byte) (elems [][]byte, ok bool) {
+func splitArray(raw []byte, elems [][]byte) ([][]byte, bool) {
 	i := skipSpace(raw, 0)
 	if i >= len(raw) || raw[i] != '[' {
 		return nil, false
 	}
 	i = skipSpace(raw, i+1)
 	if i < len(raw) && raw[i] == ']' {
-		return [][]byte{}, skipSpace(raw, i+1) == len(raw)
+		return elems, skipSpace(raw, i+1) == len(raw)
 	}
 	for {
 		end, ok := skipValue(raw, i)
@@ -121,17 +122,11 @@ func skipValue(b []byte, i int) (int, bool) {
 	for i < len(b) {
 		switch b[i] {
 		case '"':
-			i++
-			for i < len(b) && b[i] != '"' {
-				if b[i] == '\\' {
-					i++
-				}
-				i++
-			}
-			if i >= len(b) {
+			end, ok := jsonStringEnd(b, i+1)
+			if !ok {
 				return 0, false
 			}
-			i++
+			i = end
 			if depth == 0 {
 				return i, true
 			}
@@ -154,4 +149,24 @@ func skipValue(b []byte, i int) (int, bool) {
 		i++
 	}
 	return i, depth == 0
+}
+
+// jsonStringEnd returns the index after the closing quote of a JSON string whose body
+// starts at i, finding quotes with IndexByte (long message texts are most of a body).
+func jsonStringEnd(b []byte, i int) (int, bool) {
+	for {
+		q := bytes.IndexByte(b[i:], '"')
+		if q < 0 {
+			return 0, false
+		}
+		q += i
+		n := 0 // backslashes before the quote
+		for j := q - 1; j >= i && b[j] == '\\'; j-- {
+			n++
+		}
+		if n%2 == 0 {
+			return q + 1, true
+		}
+		i = q + 1
+	}
 }

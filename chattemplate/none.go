@@ -1,6 +1,12 @@
 package chattemplate
 
-import "github.com/nikolalohinski/gonja/v2/exec"
+import (
+	"math/big"
+
+	"github.com/nikolalohinski/gonja/v2/exec"
+
+	"github.com/kvrouter/kvrouter/chattemplate/internal/jinja"
+)
 
 // pyNone stands for Python's None in template data. gonja treats a Go nil as
 // undefined: `x is defined` is false and {{ x }} prints "", where Jinja2 says a None
@@ -26,25 +32,35 @@ func isNone(v *exec.Value) bool {
 	return ok && p == noneValue
 }
 
-// withNone copies request data for the template, replacing Go nils with noneValue.
-// Containers are copied, never changed in place: some (server default kwargs) are
-// shared between concurrent renders.
-func withNone(v any) any {
-	switch v := v.(type) {
-	case nil:
-		return noneValue
-	case *exec.Dict:
-		d := &exec.Dict{Pairs: make([]*exec.Pair, len(v.Pairs))}
-		for i, p := range v.Pairs {
-			d.Pairs[i] = &exec.Pair{Key: p.Key, Value: exec.AsValue(withNone(p.Value.Interface()))}
-		}
-		return d
-	case []any:
-		out := make([]any, len(v))
-		for i, e := range v {
-			out[i] = withNone(e)
+// toGonja converts a template value for the gonja engine: None (and undefined) to
+// noneValue, dicts to ordered *exec.Dict, lists to []any, numbers to int, *big.Int or
+// float64. Values are copied, never shared with gonja, which may hold on to them.
+func toGonja(v jinja.Value) any {
+	switch v.Kind() {
+	case jinja.KindBool:
+		return v.BoolValue()
+	case jinja.KindInt:
+		return int(v.IntValue())
+	case jinja.KindBigInt:
+		return new(big.Int).Set(v.Big())
+	case jinja.KindFloat:
+		return v.FloatValue()
+	case jinja.KindString:
+		return v.Str()
+	case jinja.KindList:
+		items := v.List().Items
+		out := make([]any, len(items))
+		for i, e := range items {
+			out[i] = toGonja(e)
 		}
 		return out
+	case jinja.KindDict:
+		pairs := v.Dict().Pairs()
+		d := &exec.Dict{Pairs: make([]*exec.Pair, len(pairs))}
+		for i, p := range pairs {
+			d.Pairs[i] = &exec.Pair{Key: exec.AsValue(toGonja(p.Key)), Value: exec.AsValue(toGonja(p.Value))}
+		}
+		return d
 	}
-	return v
+	return noneValue
 }

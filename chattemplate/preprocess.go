@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/nikolalohinski/gonja/v2/exec"
+	"github.com/kvrouter/kvrouter/chattemplate/internal/jinja"
 )
 
 // This file reproduces what vLLM does to a /v1/chat/completions body before it calls
@@ -56,13 +56,13 @@ func badRequest(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", ErrBadRequest, fmt.Sprintf(format, args...))
 }
 
-func decodeField(name string, raw json.RawMessage) (any, error) {
+func decodeField(name string, raw json.RawMessage) (jinja.Value, error) {
 	if len(raw) == 0 {
-		return nil, nil
+		return jinja.None(), nil
 	}
 	v, err := decodeJSON(raw)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %s: %w", ErrBadRequest, name, err)
+		return jinja.Value{}, fmt.Errorf("%w: %s: %w", ErrBadRequest, name, err)
 	}
 	return v, nil
 }
@@ -70,75 +70,86 @@ func decodeField(name string, raw json.RawMessage) (any, error) {
 // conversation turns the request's messages into vLLM's ConversationMessage list;
 // openai selects vLLM's "openai" content format (content kept as a list of parts).
 // Long messages come from cache when it is not nil.
-func conversation(raw json.RawMessage, openai bool, cache *messageCache) ([]any, error) {
-	elems, ok := splitArray(raw)
+func conversation(raw json.RawMessage, openai bool, cache *messageCache) (jinja.Value, error) {
+	var buf [16][]byte
+	elems, ok := splitArray(raw, buf[:0])
 	if !ok {
 		// Not a well-formed array: decode it whole for the error.
 		v, err := decodeField("messages", raw)
 		if err != nil {
-			return nil, err
+			return jinja.Value{}, err
 		}
-		if _, isList := v.([]any); !isList {
-			return nil, badRequest("messages must be a list")
+		if v.Kind() != jinja.KindList {
+			return jinja.Value{}, badRequest("messages must be a list")
 		}
-		return nil, badRequest("messages: malformed list")
+		return jinja.Value{}, badRequest("messages: malformed list")
 	}
-	conv := make([]any, 0, len(elems))
+	conv := make([]jinja.Value, 0, len(elems))
 	for i, elem := range elems {
 		out, err := cache.message(elem, openai)
 		if err != nil {
-			return nil, fmt.Errorf("messages[%d]: %w", i, err)
+			return jinja.Value{}, fmt.Errorf("messages[%d]: %w", i, err)
 		}
 		conv = append(conv, out)
 	}
-	return conv, nil
+	return jinja.ListOf(conv), nil
 }
 
-func conversationMessage(msg *exec.Dict, openai bool) (*exec.Dict, error) {
+func isNull(v jinja.Value) bool { return v.IsNone() || v.IsUndefined() }
+
+func conversationMessage(msg *jinja.Dict, openai bool) (jinja.Value, error) {
 	roleV, _ := dictGet(msg, "role")
-	role, ok := roleV.(string)
-	if !ok {
-		return nil, badRequest("role must be a string")
+	if roleV.Kind() != jinja.KindString {
+		return jinja.Value{}, badRequest("role must be a string")
 	}
+	role := roleV.Str()
 	// The request validator renames the deprecated reasoning_content to reasoning.
 	reasoning, _ := dictGet(msg, "reasoning")
-	if reasoning == nil {
+	if isNull(reasoning) {
 		reasoning, _ = dictGet(msg, "reasoning_content")
 	}
 
-	var parts []any
-	switch c, _ := dictGet(msg, "content"); c := c.(type) {
-	case nil:
-	case string:
-		parts = []any{newDict("type", "text", "text", c)}
-	case []any:
-		parts = c
+	var parts []jinja.Value
+	var direct jinja.Value // string content that needs no parsing
+	switch c, _ := dictGet(msg, "content"); c.Kind() {
+	case jinja.KindUndefined, jinja.KindNone:
+	case jinja.KindString:
+		if !openai && !(role == "system" && strings.HasPrefix(c.Str(), billingHeaderPrefix)) {
+			direct = c
+			break
+		}
+		parts = []jinja.Value{jinja.DictValue(newDict("type", jinja.String("text"), "text", c))}
+	case jinja.KindList:
+		parts = c.List().Items
 	default:
-		return nil, badRequest("content must be a string, a list of parts or null")
+		return jinja.Value{}, badRequest("content must be a string, a list of parts or null")
 	}
 	if role == "system" {
 		parts = stripBillingHeader(parts)
 	}
-	content, err := parseParts(parts, openai)
-	if err != nil {
-		return nil, err
+	content := direct
+	if content.IsUndefined() {
+		var err error
+		if content, err = parseParts(parts, openai); err != nil {
+			return jinja.Value{}, err
+		}
 	}
-	out := newDict("role", role, "content", content)
+	out := newDict("role", roleV, "content", content)
 
 	switch role {
 	case "assistant":
-		if tc, ok := dictGet(msg, "tool_calls"); ok && tc != nil {
+		if tc, ok := dictGet(msg, "tool_calls"); ok && !tc.IsNone() {
 			calls, err := toolCalls(tc)
 			if err != nil {
-				return nil, err
+				return jinja.Value{}, err
 			}
 			if len(calls) > 0 { // an empty list is dropped
-				dictSet(out, "tool_calls", calls)
+				dictSet(out, "tool_calls", jinja.ListOf(calls))
 			}
 		}
-		if reasoning != nil {
-			if _, ok := reasoning.(string); !ok {
-				return nil, badRequest("reasoning must be a string")
+		if !isNull(reasoning) {
+			if reasoning.Kind() != jinja.KindString {
+				return jinja.Value{}, badRequest("reasoning must be a string")
 			}
 			dictSet(out, "reasoning", reasoning)
 			dictSet(out, "reasoning_content", reasoning)
@@ -149,35 +160,34 @@ func conversationMessage(msg *exec.Dict, openai bool) (*exec.Dict, error) {
 		}
 		dictSet(out, "content", toolContent(content))
 	}
-	if name, ok := dictGet(msg, "name"); ok {
-		if s, ok := name.(string); ok {
-			dictSet(out, "name", s)
-		}
+	if name, ok := dictGet(msg, "name"); ok && name.Kind() == jinja.KindString {
+		dictSet(out, "name", name)
 	}
-	if task, ok := dictGet(msg, "task"); ok {
-		if s, ok := task.(string); ok {
-			dictSet(out, "task", s)
-		}
+	if task, ok := dictGet(msg, "task"); ok && task.Kind() == jinja.KindString {
+		dictSet(out, "task", task)
 	}
 	if role == "developer" {
-		tools, _ := dictGet(msg, "tools")
+		tools, ok := dictGet(msg, "tools")
+		if !ok {
+			tools = jinja.None()
+		}
 		dictSet(out, "tools", tools)
 	}
-	return out, nil
+	return jinja.DictValue(out), nil
 }
 
 // stripBillingHeader drops Claude Code's per-request attribution line from system text.
-func stripBillingHeader(parts []any) []any {
-	out := make([]any, 0, len(parts))
+func stripBillingHeader(parts []jinja.Value) []jinja.Value {
+	out := make([]jinja.Value, 0, len(parts))
 	for _, p := range parts {
 		var text string
 		var isText bool
-		switch p := p.(type) {
-		case string:
-			text, isText = p, true
-		case *exec.Dict:
-			if t, _ := dictGet(p, "type"); t == "text" {
-				text, isText = stringOf(p, "text")
+		switch p.Kind() {
+		case jinja.KindString:
+			text, isText = p.Str(), true
+		case jinja.KindDict:
+			if t, _ := dictGet(p.Dict(), "type"); t.Kind() == jinja.KindString && t.Str() == "text" {
+				text, isText = stringOf(p.Dict(), "text")
 			}
 		}
 		if !isText || !strings.HasPrefix(text, billingHeaderPrefix) {
@@ -188,26 +198,20 @@ func stripBillingHeader(parts []any) []any {
 		if rest == "" {
 			continue
 		}
-		if _, ok := p.(string); ok {
-			out = append(out, rest)
+		if p.Kind() == jinja.KindString {
+			out = append(out, jinja.String(rest))
 			continue
 		}
-		d := p.(*exec.Dict)
-		cp := &exec.Dict{Pairs: append([]*exec.Pair(nil), d.Pairs...)}
-		for i, pair := range cp.Pairs {
-			if pair.Key.String() == "text" {
-				cp.Pairs[i] = &exec.Pair{Key: pair.Key, Value: exec.AsValue(rest)}
-			}
-		}
-		out = append(out, cp)
+		cp := p.Dict().Clone()
+		cp.Set("text", jinja.String(rest))
+		out = append(out, jinja.DictValue(cp))
 	}
 	return out
 }
 
-func stringOf(d *exec.Dict, key string) (string, bool) {
+func stringOf(d *jinja.Dict, key string) (string, bool) {
 	v, _ := dictGet(d, key)
-	s, ok := v.(string)
-	return s, ok
+	return v.Str(), v.Kind() == jinja.KindString
 }
 
 // knownPartFields are the keys of vLLM's content-part types; others are copied into
@@ -224,128 +228,156 @@ var knownPartFields = map[string]bool{
 // "\n". In the "openai" format (templates that loop over content) content stays a list:
 // {"type": "text", "text": ...} per text-like part (plus unknown fields), and
 // {"type": "tool_reference", "name": ...}. Multimodal parts cannot be reproduced.
-func parseParts(parts []any, openai bool) (any, error) {
+func parseParts(parts []jinja.Value, openai bool) (jinja.Value, error) {
+	if !openai && len(parts) == 1 {
+		// The common case: one text part (or a plain string content).
+		if d := parts[0].Dict(); d != nil && d.Len() == 2 {
+			if t, _ := d.Get("type"); t.Str() == "text" {
+				if v, _ := d.Get("text"); v.Kind() == jinja.KindString {
+					return v, nil
+				}
+			}
+		}
+	}
 	var texts []string
-	var items []any
+	var items []jinja.Value
 	for i, p := range parts {
-		switch p := p.(type) {
-		case string:
+		switch p.Kind() {
+		case jinja.KindString:
 			if openai {
-				items = append(items, newDict("type", "text", "text", p))
-			} else if p != "" {
-				texts = append(texts, p)
+				items = append(items, jinja.DictValue(newDict("type", jinja.String("text"), "text", p)))
+			} else if p.Str() != "" {
+				texts = append(texts, p.Str())
 			}
 			continue
-		case *exec.Dict:
-			typ, _ := dictGet(p, "type")
-			uuid, _ := dictGet(p, "uuid")
-			if t, ok := typ.(string); ok && uuid == nil {
+		case jinja.KindDict:
+			d := p.Dict()
+			typ, _ := dictGet(d, "type")
+			uuid, _ := dictGet(d, "uuid")
+			if typ.Kind() == jinja.KindString && isNull(uuid) {
+				t := typ.Str()
 				if key, ok := textPartKey[t]; ok {
-					v, _ := dictGet(p, key)
-					if v == nil && (t == "text" || t == "refusal") {
+					v, _ := dictGet(d, key)
+					if isNull(v) && (t == "text" || t == "refusal") {
 						continue
 					}
 					if openai {
-						d := newDict("type", "text", "text", v)
-						for _, pair := range p.Pairs {
-							if k := pair.Key.String(); !knownPartFields[k] {
-								dictSet(d, k, pair.Value.Interface())
+						if v.IsUndefined() {
+							v = jinja.None()
+						}
+						nd := newDict("type", jinja.String("text"), "text", v)
+						for _, pair := range d.Pairs() {
+							if k := pair.Key.Str(); !knownPartFields[k] {
+								dictSet(nd, k, pair.Value)
 							}
 						}
-						items = append(items, d)
+						items = append(items, jinja.DictValue(nd))
 						continue
 					}
-					switch s := v.(type) {
-					case nil:
-					case string:
-						if s != "" {
-							texts = append(texts, s)
+					switch v.Kind() {
+					case jinja.KindNone, jinja.KindUndefined:
+					case jinja.KindString:
+						if v.Str() != "" {
+							texts = append(texts, v.Str())
 						}
 					default:
-						return nil, badRequest("content[%d].%s must be a string", i, key)
+						return jinja.Value{}, badRequest("content[%d].%s must be a string", i, key)
 					}
 					continue
 				}
 				if t == "tool_reference" {
-					name, _ := dictGet(p, "name")
+					name, _ := dictGet(d, "name")
+					if name.IsUndefined() {
+						name = jinja.None()
+					}
 					if openai {
-						items = append(items, newDict("type", "tool_reference", "name", name))
-					} else if s, _ := name.(string); s != "" {
-						texts = append(texts, s)
+						items = append(items, jinja.DictValue(newDict("type", jinja.String("tool_reference"), "name", name)))
+					} else if name.Str() != "" {
+						texts = append(texts, name.Str())
 					}
 					continue
 				}
 			}
 			for _, k := range mediaKeys {
-				if typ == k {
-					return nil, &UnsupportedError{Reason: ReasonMediaContent}
+				if typ.Kind() == jinja.KindString && typ.Str() == k {
+					return jinja.Value{}, &UnsupportedError{Reason: ReasonMediaContent}
 				}
-				if _, ok := dictGet(p, k); ok {
-					return nil, &UnsupportedError{Reason: ReasonMediaContent}
+				if _, ok := dictGet(d, k); ok {
+					return jinja.Value{}, &UnsupportedError{Reason: ReasonMediaContent}
 				}
 			}
-			return nil, badRequest("content[%d]: unsupported part type %v", i, typ)
+			return jinja.Value{}, badRequest("content[%d]: unsupported part type %s", i, describe(typ))
 		default:
-			return nil, badRequest("content[%d] must be a string or an object", i)
+			return jinja.Value{}, badRequest("content[%d] must be a string or an object", i)
 		}
 	}
 	if openai {
 		if items == nil {
-			items = []any{}
+			items = []jinja.Value{}
 		}
-		return items, nil
+		return jinja.ListOf(items), nil
 	}
-	return strings.Join(texts, "\n"), nil
+	return jinja.String(strings.Join(texts, "\n")), nil
+}
+
+func describe(v jinja.Value) string {
+	if v.Kind() == jinja.KindString {
+		return v.Str()
+	}
+	if v.IsUndefined() {
+		return "<nil>"
+	}
+	s, _ := jinja.Dumps(v, jinja.DefaultDumpOptions())
+	return s
 }
 
 // toolContent is vLLM's normalisation of a tool message's list content: all-text parts
 // are joined with "\n" into a string; anything else keeps the list.
-func toolContent(content any) any {
-	items, ok := content.([]any)
-	if !ok {
+func toolContent(content jinja.Value) jinja.Value {
+	l := content.List()
+	if l == nil {
 		return content
 	}
 	var texts []string
-	for _, it := range items {
-		d, ok := it.(*exec.Dict)
-		if !ok {
+	for _, it := range l.Items {
+		d := it.Dict()
+		if d == nil {
 			continue
 		}
-		if typ, _ := dictGet(d, "type"); typ != "text" {
+		if typ, _ := dictGet(d, "type"); typ.Str() != "text" || typ.Kind() != jinja.KindString {
 			return content
 		}
 		s, _ := dictGet(d, "text")
-		str, _ := s.(string)
-		texts = append(texts, str)
+		texts = append(texts, s.Str())
 	}
-	return strings.Join(texts, "\n")
+	return jinja.String(strings.Join(texts, "\n"))
 }
 
 // toolCalls rebuilds an assistant message's tool calls as pydantic and
 // _postprocess_messages leave them: keys in schema order (id, function{arguments,
 // name}, type), arguments parsed from JSON into a dict, {} when empty, invalid or not
 // an object.
-func toolCalls(v any) ([]any, error) {
-	list, ok := v.([]any)
-	if !ok {
+func toolCalls(v jinja.Value) ([]jinja.Value, error) {
+	list := v.List()
+	if list == nil {
 		return nil, badRequest("tool_calls must be a list")
 	}
-	out := make([]any, 0, len(list))
-	for i, item := range list {
-		call, ok := item.(*exec.Dict)
-		if !ok {
+	out := make([]jinja.Value, 0, len(list.Items))
+	for i, item := range list.Items {
+		call := item.Dict()
+		if call == nil {
 			return nil, badRequest("tool_calls[%d] must be an object", i)
 		}
 		n := newDict()
-		var fn *exec.Dict
+		var fn *jinja.Dict
 		for _, k := range []string{"id", "function", "type"} {
 			val, ok := dictGet(call, k)
 			if !ok {
 				continue
 			}
 			if k == "function" {
-				f, isDict := val.(*exec.Dict)
-				if !isDict {
+				f := val.Dict()
+				if f == nil {
 					return nil, badRequest("tool_calls[%d].function must be an object", i)
 				}
 				fn = newDict()
@@ -354,132 +386,138 @@ func toolCalls(v any) ([]any, error) {
 						dictSet(fn, fk, fv)
 					}
 				}
-				val = fn
+				val = jinja.DictValue(fn)
 			}
 			dictSet(n, k, val)
 		}
 		typ, ok := dictGet(n, "type")
-		if fn == nil || (ok && typ != defaultToolType) {
+		if fn == nil || (ok && (typ.Kind() != jinja.KindString || typ.Str() != defaultToolType)) {
 			return nil, badRequest("tool_calls[%d]: only function tool calls are supported", i)
 		}
 		args, _ := dictGet(fn, "arguments")
 		dictSet(fn, "arguments", parseArguments(args))
-		out = append(out, n)
+		out = append(out, jinja.DictValue(n))
 	}
 	return out, nil
 }
 
 // parseArguments follows _postprocess_messages: falsy -> {}, a dict stays, a string is
 // parsed as JSON and kept only if it is an object, anything else -> {}.
-func parseArguments(v any) any {
-	switch a := v.(type) {
-	case *exec.Dict:
-		if len(a.Pairs) == 0 {
-			return newDict()
+func parseArguments(v jinja.Value) jinja.Value {
+	switch v.Kind() {
+	case jinja.KindDict:
+		if v.Dict().Len() == 0 {
+			return jinja.DictValue(newDict())
 		}
-		return a
-	case string:
-		if a == "" {
-			return newDict()
+		return v
+	case jinja.KindString:
+		if v.Str() == "" {
+			return jinja.DictValue(newDict())
 		}
-		parsed, err := decodeJSON([]byte(a))
-		if d, ok := parsed.(*exec.Dict); err == nil && ok {
-			return d
+		parsed, err := decodeJSON([]byte(v.Str()))
+		if err == nil && parsed.Kind() == jinja.KindDict {
+			return parsed
 		}
 	}
-	return newDict()
+	return jinja.DictValue(newDict())
 }
 
 // toolsDump is [tool.model_dump() for tool in request.tools] for vLLM's
 // ChatCompletionToolsParam: {"type", "function": {"name", "description",
 // "parameters"[, "strict"][, "defer_loading"]}[, "defer_loading"]}.
-func toolsDump(raw json.RawMessage) (any, error) {
+func toolsDump(raw json.RawMessage) (jinja.Value, error) {
 	v, err := decodeField("tools", raw)
-	if err != nil || v == nil {
-		return nil, err
+	if err != nil || v.IsNone() {
+		return v, err
 	}
-	list, ok := v.([]any)
-	if !ok {
-		return nil, badRequest("tools must be a list")
+	list := v.List()
+	if list == nil {
+		return jinja.Value{}, badRequest("tools must be a list")
 	}
-	out := make([]any, 0, len(list))
-	for i, item := range list {
-		tool, ok := item.(*exec.Dict)
-		if !ok {
-			return nil, badRequest("tools[%d] must be an object", i)
+	out := make([]jinja.Value, 0, len(list.Items))
+	for i, item := range list.Items {
+		tool := item.Dict()
+		if tool == nil {
+			return jinja.Value{}, badRequest("tools[%d] must be an object", i)
 		}
-		typ := any(defaultToolType)
+		typ := jinja.String(defaultToolType)
 		if t, ok := dictGet(tool, "type"); ok {
 			typ = t
 		}
-		if typ != defaultToolType {
-			return nil, badRequest("tools[%d]: type must be \"function\"", i)
+		if typ.Kind() != jinja.KindString || typ.Str() != defaultToolType {
+			return jinja.Value{}, badRequest("tools[%d]: type must be \"function\"", i)
 		}
 		fv, _ := dictGet(tool, "function")
-		f, ok := fv.(*exec.Dict)
-		if !ok {
-			return nil, badRequest("tools[%d].function must be an object", i)
+		f := fv.Dict()
+		if f == nil {
+			return jinja.Value{}, badRequest("tools[%d].function must be an object", i)
 		}
-		name, ok := stringOf(f, "name")
-		if !ok {
-			return nil, badRequest("tools[%d].function.name must be a string", i)
+		name, ok := dictGet(f, "name")
+		if name.Kind() != jinja.KindString || !ok {
+			return jinja.Value{}, badRequest("tools[%d].function.name must be a string", i)
 		}
 		desc, _ := dictGet(f, "description")
-		if _, isStr := desc.(string); desc != nil && !isStr {
-			return nil, badRequest("tools[%d].function.description must be a string", i)
+		if isNull(desc) {
+			desc = jinja.None()
+		} else if desc.Kind() != jinja.KindString {
+			return jinja.Value{}, badRequest("tools[%d].function.description must be a string", i)
 		}
 		params, _ := dictGet(f, "parameters")
-		if _, isDict := params.(*exec.Dict); params != nil && !isDict {
-			return nil, badRequest("tools[%d].function.parameters must be an object", i)
+		if isNull(params) {
+			params = jinja.None()
+		} else if params.Kind() != jinja.KindDict {
+			return jinja.Value{}, badRequest("tools[%d].function.parameters must be an object", i)
 		}
 		fd := newDict("name", name, "description", desc, "parameters", params)
-		if strict, _ := dictGet(f, "strict"); strict != nil {
+		if strict, _ := dictGet(f, "strict"); !isNull(strict) {
 			dictSet(fd, "strict", strict)
 		}
 		toolDefer, _ := dictGet(tool, "defer_loading")
 		fnDefer, _ := dictGet(f, "defer_loading")
-		if fnDefer == nil {
+		if isNull(fnDefer) {
 			fnDefer = toolDefer
 		}
-		if fnDefer != nil {
+		if !isNull(fnDefer) {
 			dictSet(fd, "defer_loading", fnDefer)
 		}
-		d := newDict("type", typ, "function", fd)
-		if toolDefer != nil {
+		d := newDict("type", typ, "function", jinja.DictValue(fd))
+		if !isNull(toolDefer) {
 			dictSet(d, "defer_loading", toolDefer)
 		}
-		out = append(out, d)
+		out = append(out, jinja.DictValue(d))
 	}
-	return out, nil
+	return jinja.ListOf(out), nil
 }
 
 // isUnset is merge_kwargs' test for values that do not override: None and "auto".
-func isUnset(v any) bool { return v == nil || v == "auto" }
+func isUnset(v jinja.Value) bool {
+	return isNull(v) || (v.Kind() == jinja.KindString && v.Str() == "auto")
+}
 
 // mergeKwargs is vLLM's merge_kwargs: defaults, then every override that is set.
-func mergeKwargs(defaults, overrides *exec.Dict) *exec.Dict {
-	out := &exec.Dict{Pairs: make([]*exec.Pair, 0, len(defaults.Pairs)+len(overrides.Pairs))}
-	for _, p := range defaults.Pairs {
-		dictSet(out, p.Key.String(), p.Value.Interface())
+func mergeKwargs(defaults, overrides *jinja.Dict) *jinja.Dict {
+	out := jinja.NewDict(defaults.Len() + overrides.Len())
+	for _, p := range defaults.Pairs() {
+		out.SetValue(p.Key, p.Value)
 	}
-	for _, p := range overrides.Pairs {
-		if v := p.Value.Interface(); !isUnset(v) {
-			dictSet(out, p.Key.String(), v)
+	for _, p := range overrides.Pairs() {
+		if !isUnset(p.Value) {
+			out.SetValue(p.Key, p.Value)
 		}
 	}
 	return out
 }
 
-func kwargsDict(name string, raw json.RawMessage) (*exec.Dict, error) {
+func kwargsDict(name string, raw json.RawMessage) (*jinja.Dict, error) {
 	v, err := decodeField(name, raw)
 	if err != nil {
 		return nil, err
 	}
-	switch d := v.(type) {
-	case nil:
+	switch v.Kind() {
+	case jinja.KindNone:
 		return newDict(), nil
-	case *exec.Dict:
-		return d, nil
+	case jinja.KindDict:
+		return v.Dict(), nil
 	}
 	return nil, badRequest("%s must be an object", name)
 }

@@ -2,15 +2,13 @@ package chattemplate
 
 import (
 	"fmt"
-	"math"
 	"math/big"
 	"sort"
-	"strconv"
 	"strings"
-	"unicode/utf16"
-	"unicode/utf8"
 
 	"github.com/nikolalohinski/gonja/v2/exec"
+
+	"github.com/kvrouter/kvrouter/chattemplate/internal/jinja"
 )
 
 // dumpOptions mirrors the arguments of Python's json.dumps that transformers' tojson
@@ -178,155 +176,15 @@ func pyJSONKey(k *exec.Value) (string, error) {
 }
 
 // pyStringLess orders strings by code point, as Python compares str.
-func pyStringLess(a, b string) bool {
-	for a != "" && b != "" {
-		ra, na := utf8.DecodeRuneInString(a)
-		rb, nb := utf8.DecodeRuneInString(b)
-		if ra != rb {
-			return ra < rb
-		}
-		a, b = a[na:], b[nb:]
-	}
-	return a == "" && b != ""
-}
+func pyStringLess(a, b string) bool { return jinja.PyStringLess(a, b) }
 
-const hexDigits = "0123456789abcdef"
-
-// writePyString writes s as a JSON string literal the way Python's json module does:
-// only '"', '\\' and control characters below U+0020 are escaped (short forms for
-// \b \f \n \r \t); with ensureASCII, DEL and every non-ASCII code point become \uXXXX,
-// using a surrogate pair above U+FFFF.
+// writePyString writes s as Python's json module writes a string literal.
 func writePyString(b *strings.Builder, s string, ensureASCII bool) {
-	b.WriteByte('"')
-	start := 0
-	for i := 0; i < len(s); {
-		c := s[i]
-		if c < utf8.RuneSelf {
-			if c >= 0x20 && c != '"' && c != '\\' && (c != 0x7f || !ensureASCII) {
-				i++
-				continue
-			}
-			b.WriteString(s[start:i])
-			switch c {
-			case '"':
-				b.WriteString(`\"`)
-			case '\\':
-				b.WriteString(`\\`)
-			case '\n':
-				b.WriteString(`\n`)
-			case '\r':
-				b.WriteString(`\r`)
-			case '\t':
-				b.WriteString(`\t`)
-			case '\b':
-				b.WriteString(`\b`)
-			case '\f':
-				b.WriteString(`\f`)
-			default:
-				writeU(b, rune(c))
-			}
-			i++
-			start = i
-			continue
-		}
-		r, size := utf8.DecodeRuneInString(s[i:])
-		if !ensureASCII {
-			i += size
-			continue
-		}
-		b.WriteString(s[start:i])
-		if r >= 0x10000 {
-			r1, r2 := utf16.EncodeRune(r)
-			writeU(b, r1)
-			writeU(b, r2)
-		} else {
-			writeU(b, r)
-		}
-		i += size
-		start = i
-	}
-	b.WriteString(s[start:])
-	b.WriteByte('"')
+	jinja.WriteJSONString(b, s, ensureASCII)
 }
 
-func writeU(b *strings.Builder, r rune) {
-	b.WriteString(`\u`)
-	b.WriteByte(hexDigits[(r>>12)&0xf])
-	b.WriteByte(hexDigits[(r>>8)&0xf])
-	b.WriteByte(hexDigits[(r>>4)&0xf])
-	b.WriteByte(hexDigits[r&0xf])
-}
+// pyFloatJSON is float.__repr__ as json.dumps writes it.
+func pyFloatJSON(f float64) string { return jinja.PyFloatJSON(f) }
 
-// pyFloatJSON is float.__repr__ as json.dumps writes it (NaN, Infinity, -Infinity
-// for the non-finite values).
-func pyFloatJSON(f float64) string {
-	switch {
-	case math.IsNaN(f):
-		return "NaN"
-	case math.IsInf(f, 1):
-		return "Infinity"
-	case math.IsInf(f, -1):
-		return "-Infinity"
-	}
-	return pyFloatRepr(f)
-}
-
-// pyFloatRepr is Python's repr(float) for finite values: the shortest digits that
-// round-trip, in positional notation when the decimal exponent is in [-4, 16), else in
-// scientific notation with a signed exponent of at least two digits (1e-07, 1e+16).
-func pyFloatRepr(f float64) string {
-	if f == 0 {
-		if math.Signbit(f) {
-			return "-0.0"
-		}
-		return "0.0"
-	}
-	e := strconv.FormatFloat(f, 'e', -1, 64) // -d.ddde±XX
-	neg := false
-	if e[0] == '-' {
-		neg = true
-		e = e[1:]
-	}
-	mant, expStr, _ := strings.Cut(e, "e")
-	exp, _ := strconv.Atoi(expStr)
-	digits := strings.Replace(mant, ".", "", 1)
-	var out strings.Builder
-	if neg {
-		out.WriteByte('-')
-	}
-	if exp >= -4 && exp < 16 {
-		point := exp + 1 // digits before the decimal point
-		switch {
-		case point <= 0:
-			out.WriteString("0.")
-			out.WriteString(strings.Repeat("0", -point))
-			out.WriteString(digits)
-		case point >= len(digits):
-			out.WriteString(digits)
-			out.WriteString(strings.Repeat("0", point-len(digits)))
-			out.WriteString(".0")
-		default:
-			out.WriteString(digits[:point])
-			out.WriteByte('.')
-			out.WriteString(digits[point:])
-		}
-		return out.String()
-	}
-	out.WriteString(digits[:1])
-	if len(digits) > 1 {
-		out.WriteByte('.')
-		out.WriteString(digits[1:])
-	}
-	out.WriteByte('e')
-	if exp < 0 {
-		out.WriteByte('-')
-		exp = -exp
-	} else {
-		out.WriteByte('+')
-	}
-	if exp < 10 {
-		out.WriteByte('0')
-	}
-	out.WriteString(strconv.Itoa(exp))
-	return out.String()
-}
+// pyFloatRepr is Python's repr(float).
+func pyFloatRepr(f float64) string { return jinja.PyFloatRepr(f) }

@@ -9,9 +9,10 @@ import (
 	"github.com/kvrouter/kvrouter/chattemplate"
 )
 
-// knownSnippetGaps are the snippets where the engine is known to differ from Jinja2;
-// the test asserts they still differ so that a fix gets noticed and the list shrinks.
-var knownSnippetGaps = map[string]string{
+// knownGonjaGaps are the snippets where gonja (the fallback engine) is known to
+// differ from Jinja2; the test asserts they still differ so that a fix gets noticed
+// and the list shrinks. The native engine has no gaps: it must match every snippet.
+var knownGonjaGaps = map[string]string{
 	"{{ '%s-%d' % ('a', 3) }}": "gonja has no Python %-formatting (it panics; Render reports ErrEnginePanic)",
 	"{{ d | dictsort }}":       "pairs print as lists, not tuples",
 	"{{ d.items() | list }}":   "pairs print as lists, not tuples",
@@ -21,8 +22,19 @@ var knownSnippetGaps = map[string]string{
 }
 
 // TestJinjaSnippets compares Jinja features chat templates use (filters, tests, string
-// methods, loops, macros, slicing, arithmetic) with Python Jinja2's output.
+// methods, loops, macros, slicing, arithmetic) with Python Jinja2's output, on both
+// engines.
 func TestJinjaSnippets(t *testing.T) {
+	for _, engine := range []string{chattemplate.EngineNative, chattemplate.EngineGonja} {
+		t.Run(engine, func(t *testing.T) { testJinjaSnippets(t, engine) })
+	}
+}
+
+func testJinjaSnippets(t *testing.T, engine string) {
+	gaps := knownGonjaGaps
+	if engine == chattemplate.EngineNative {
+		gaps = nil
+	}
 	var snippets []string
 	var want []struct {
 		Rendered *string `json:"rendered"`
@@ -49,15 +61,15 @@ func TestJinjaSnippets(t *testing.T) {
 	for i, src := range snippets {
 		t.Run(src, func(t *testing.T) {
 			var got string
-			tmpl, err := chattemplate.Compile(src, chattemplate.Options{SpecialTokens: map[string]any{"bos_token": "<s>"}})
+			tmpl, err := chattemplate.Compile(src, chattemplate.Options{SpecialTokens: map[string]any{"bos_token": "<s>"}, Engine: engine})
 			if err == nil {
 				got, err = tmpl.Render(in)
 			}
 			w := want[i]
 			matches := (w.Rendered != nil && err == nil && got == *w.Rendered) || (w.Rendered == nil && err != nil)
-			if gap, known := knownSnippetGaps[src]; known {
+			if gap, known := gaps[src]; known {
 				if matches {
-					t.Fatalf("known gap (%s) now matches Jinja2: remove it from knownSnippetGaps", gap)
+					t.Fatalf("known gap (%s) now matches Jinja2: remove it from knownGonjaGaps", gap)
 				}
 				return
 			}
@@ -67,5 +79,5 @@ func TestJinjaSnippets(t *testing.T) {
 			same++
 		})
 	}
-	t.Logf("%d of %d snippets identical to Jinja2, %d known gaps", same, len(snippets), len(knownSnippetGaps))
+	t.Logf("%s: %d of %d snippets identical to Jinja2, %d known gaps", engine, same, len(snippets), len(gaps))
 }

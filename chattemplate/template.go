@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/nikolalohinski/gonja/v2/exec"
+
+	"github.com/kvrouter/kvrouter/chattemplate/internal/jinja"
 )
 
 // ErrBadRequest is wrapped by errors for request bodies vLLM itself rejects (invalid
@@ -53,6 +55,10 @@ type Options struct {
 	// Now is strftime_now's clock; nil means time.Now. vLLM renders with the pod's
 	// local clock, so dates can only match when clocks and time zones agree.
 	Now func() time.Time
+	// Engine selects the template engine: "" uses the native engine when it compiles
+	// the template and gonja otherwise; EngineGonja forces gonja; EngineNative
+	// requires the native engine (Compile fails with ErrEngineRefused otherwise).
+	Engine string
 }
 
 // Input is the part of a chat request the template sees, as raw JSON so that objects
@@ -78,19 +84,31 @@ type Input struct {
 	RequestTemplate bool
 }
 
+// The engines a Template can render with.
+const (
+	// EngineNative is this repository's Jinja engine (internal/jinja): templates
+	// are compiled once to an AST evaluated over a small value model.
+	EngineNative = "native"
+	// EngineGonja is gonja/v2, used for templates the native engine refuses.
+	EngineGonja = "gonja"
+)
+
 // Template is a compiled chat template. It is immutable after Compile; Render is safe
 // for concurrent use.
 type Template struct {
-	main     compiled
-	toolUse  *compiled // used when the request has tools, if the model defines one
-	special  map[string]any
-	defaults *exec.Dict
-	now      func() time.Time
-	messages *messageCache // nil: disabled
+	main       compiled
+	toolUse    *compiled // used when the request has tools, if the model defines one
+	special    map[string]jinja.Value
+	specialAny map[string]any // the same for gonja
+	defaults   *jinja.Dict
+	now        func() time.Time
+	messages   *messageCache // nil: disabled
 }
 
 type compiled struct {
-	tmpl          *exec.Template
+	native        *jinja.Template // nil when refused or not wanted
+	refusal       error           // why native is nil
+	gonja         *exec.Template  // nil when gonja cannot compile the template
 	openaiContent bool
 }
 
@@ -100,47 +118,127 @@ type compiled struct {
 // pattern is the same test on the source text.
 var contentLoop = regexp.MustCompile(`for\s+\w+\s+in\s+\w+(?:\.content\b|\[\s*['"]content['"]\s*\])`)
 
+// ErrEngineRefused is wrapped by Compile's error when Options.Engine is EngineNative
+// and the native engine refuses the template.
+var ErrEngineRefused = errors.New("chattemplate: native engine refuses the template")
+
 // Compile parses a Jinja chat template with the environment transformers uses:
 // trim_blocks, lstrip_blocks, loop controls, transformers' tojson, raise_exception and
-// strftime_now.
+// strftime_now. The native engine is used when it compiles the template; gonja is
+// the fallback for templates using a construct it refuses (see Engine).
 func Compile(src string, opts Options) (*Template, error) {
 	now := opts.Now
 	if now == nil {
 		now = time.Now
 	}
-	env, err := newEnvironment(now)
-	if err != nil {
-		return nil, fmt.Errorf("chattemplate: environment: %w", err)
-	}
 	defaults, err := kwargsDict("default chat template kwargs", opts.DefaultKwargs)
 	if err != nil {
 		return nil, fmt.Errorf("chattemplate: %w", err)
 	}
-	main, err := compileSource(src, env)
-	if err != nil {
+	t := &Template{
+		special: make(map[string]jinja.Value, len(opts.SpecialTokens)), specialAny: make(map[string]any, len(opts.SpecialTokens)),
+		defaults: defaults, now: now, messages: newMessageCache(opts.MessageCacheSize),
+	}
+	for k, v := range opts.SpecialTokens {
+		switch v := v.(type) {
+		case string:
+			t.special[k], t.specialAny[k] = jinja.String(v), v
+		case []string:
+			items, anys := make([]jinja.Value, len(v)), make([]any, len(v))
+			for i, s := range v {
+				items[i], anys[i] = jinja.String(s), s
+			}
+			t.special[k], t.specialAny[k] = jinja.ListOf(items), anys
+		case []any:
+			items := make([]jinja.Value, len(v))
+			for i, s := range v {
+				str, ok := s.(string)
+				if !ok {
+					return nil, fmt.Errorf("chattemplate: special token %s: list of non-strings", k)
+				}
+				items[i] = jinja.String(str)
+			}
+			t.special[k], t.specialAny[k] = jinja.ListOf(items), v
+		default:
+			return nil, fmt.Errorf("chattemplate: special token %s: %T is neither a string nor a list of strings", k, v)
+		}
+	}
+	if t.main, err = t.compileSource(src, opts.Engine); err != nil {
 		return nil, err
 	}
-	special := make(map[string]any, len(opts.SpecialTokens))
-	for k, v := range opts.SpecialTokens {
-		if list, ok := v.([]string); ok {
-			items := make([]any, len(list))
-			for i, s := range list {
-				items[i] = s
-			}
-			v = items
-		}
-		special[k] = v
-	}
-	return &Template{main: main, special: special, defaults: defaults, now: now, messages: newMessageCache(opts.MessageCacheSize)}, nil
+	return t, nil
 }
 
-func compileSource(src string, env *exec.Environment) (compiled, error) {
-	const id = "chat_template"
-	t, err := exec.NewTemplate(id, engineConfig(), rootLoader{id: id, src: rewriteConditionals(src)}, env)
-	if err != nil {
-		return compiled{}, fmt.Errorf("chattemplate: compile: %w", err)
+func (t *Template) compileSource(src, engine string) (compiled, error) {
+	c := compiled{openaiContent: contentLoop.MatchString(src)}
+	if engine != EngineGonja {
+		c.native, c.refusal = jinja.Compile(src, jinja.Options{TrimBlocks: true, LStripBlocks: true, Globals: t.globals()})
+		if c.refusal != nil && engine == EngineNative {
+			return compiled{}, fmt.Errorf("%w: %w", ErrEngineRefused, c.refusal)
+		}
+	} else {
+		c.refusal = errors.New("gonja requested")
 	}
-	return compiled{tmpl: t, openaiContent: contentLoop.MatchString(src)}, nil
+	if engine == EngineNative {
+		return c, nil
+	}
+	env, err := newEnvironment(t.now)
+	if err != nil {
+		return compiled{}, fmt.Errorf("chattemplate: environment: %w", err)
+	}
+	const id = "chat_template"
+	g, err := exec.NewTemplate(id, engineConfig(), rootLoader{id: id, src: rewriteConditionals(src)}, env)
+	if err != nil {
+		if c.native == nil {
+			return compiled{}, fmt.Errorf("chattemplate: compile: %w", err)
+		}
+		g = nil // the native engine compiles it; runtime refusals then fail the render
+	}
+	c.gonja = g
+	return c, nil
+}
+
+// globals are transformers' raise_exception and strftime_now for the native engine.
+func (t *Template) globals() map[string]jinja.Value {
+	return map[string]jinja.Value{
+		"raise_exception": jinja.FuncValue(func(args []jinja.Value, kwargs []jinja.KwArg) (jinja.Value, error) {
+			if len(args) != 1 || len(kwargs) != 0 {
+				return jinja.Value{}, errors.New("raise_exception() takes one argument")
+			}
+			msg, err := jinja.ToStr(args[0])
+			if err != nil {
+				return jinja.Value{}, err
+			}
+			return jinja.Value{}, &TemplateError{Message: msg}
+		}),
+		"strftime_now": jinja.FuncValue(func(args []jinja.Value, kwargs []jinja.KwArg) (jinja.Value, error) {
+			if len(args) != 1 || len(kwargs) != 0 || args[0].Kind() != jinja.KindString {
+				return jinja.Value{}, errors.New("strftime_now takes one string argument")
+			}
+			return jinja.String(strftime(t.now(), args[0].Str())), nil
+		}),
+	}
+}
+
+// Engine reports which engine renders the template: EngineNative, or EngineGonja
+// when the native engine refuses a construct the template uses (see
+// EngineFallbackReason).
+func (t *Template) Engine() string {
+	if t.main.native != nil && (t.toolUse == nil || t.toolUse.native != nil) {
+		return EngineNative
+	}
+	return EngineGonja
+}
+
+// EngineFallbackReason says why the native engine does not render the template
+// ("" when it does).
+func (t *Template) EngineFallbackReason() string {
+	for _, c := range []*compiled{&t.main, t.toolUse} {
+		if c != nil && c.native == nil && c.refusal != nil {
+			return c.refusal.Error()
+		}
+	}
+	return ""
 }
 
 // CompileConfig compiles the chat template(s) of a tokenizer config. The config's
@@ -158,11 +256,7 @@ func CompileConfig(c *TokenizerConfig, opts Options) (*Template, error) {
 		return nil, err
 	}
 	if c.ToolUseTemplate != "" {
-		env, err := newEnvironment(t.now)
-		if err != nil {
-			return nil, fmt.Errorf("chattemplate: environment: %w", err)
-		}
-		tu, err := compileSource(c.ToolUseTemplate, env)
+		tu, err := t.compileSource(c.ToolUseTemplate, opts.Engine)
 		if err != nil {
 			return nil, fmt.Errorf("chattemplate: tool_use template: %w", err)
 		}
@@ -181,14 +275,47 @@ func (t *Template) Render(in Input) (string, error) {
 	if in.ContinueFinalMessage {
 		return "", &UnsupportedError{Reason: ReasonContinueFinalMessage}
 	}
-	c := t.main
+	c := &t.main
 	if t.toolUse != nil && hasValue(in.Tools) {
-		c = *t.toolUse
+		c = t.toolUse
 	}
 	vars, err := t.variables(in, c.openaiContent)
 	if err != nil {
 		return "", err
 	}
+	if c.native != nil {
+		out, err := c.native.Render(vars, len(in.Messages)+len(in.Tools)+1024)
+		if err == nil {
+			return out, nil
+		}
+		var raised *TemplateError
+		if errors.As(err, &raised) {
+			return "", raised
+		}
+		var refused *jinja.UnsupportedError
+		if !errors.As(err, &refused) || c.gonja == nil {
+			return "", fmt.Errorf("chattemplate: render: %w", err)
+		}
+		// A construct the native engine refuses at run time (an operand type, a
+		// format verb): render this request with gonja.
+	}
+	return t.renderGonja(c.gonja, vars)
+}
+
+func (t *Template) renderGonja(g *exec.Template, v *renderVars) (string, error) {
+	vars := make(map[string]any, len(t.specialAny)+v.kwargs.Len()+5)
+	for k, s := range t.specialAny {
+		vars[k] = s
+	}
+	for _, p := range v.kwargs.Pairs() {
+		if k := p.Key.Str(); !consumedKwargs[k] {
+			vars[k] = toGonja(p.Value)
+		}
+	}
+	vars["messages"] = toGonja(v.messages)
+	vars["tools"] = toGonja(v.tools)
+	vars["documents"] = toGonja(v.documents)
+	vars["add_generation_prompt"] = v.addGenerationPrompt.BoolValue()
 	// raise_exception is bound per render so that the typed error survives the
 	// engine, which reports function errors as text.
 	var raised *TemplateError
@@ -198,7 +325,7 @@ func (t *Template) Render(in Input) (string, error) {
 		}
 		return nil, raised
 	}
-	out, err := execute(c.tmpl, vars)
+	out, err := execute(g, vars)
 	if err != nil {
 		if raised != nil {
 			return "", raised
@@ -208,14 +335,14 @@ func (t *Template) Render(in Input) (string, error) {
 	return out, nil
 }
 
-// ErrEnginePanic is wrapped by the error Render returns when the template engine
+// ErrEnginePanic is wrapped by the error Render returns when the gonja engine
 // panicked (gonja does on some expressions, e.g. a Python-style '%s' % x formats as an
 // integer modulo by zero). The panic is contained to the one request.
 var ErrEnginePanic = errors.New("chattemplate: template engine panicked")
 
-// execute runs the engine. gonja panics on some expressions whose operands come from
-// the request, so a panic is turned into an error here rather than crashing the
-// router: this is a guard around a third-party interpreter, not control flow.
+// execute runs gonja. gonja panics on some expressions whose operands come from the
+// request, so a panic is turned into an error here rather than crashing the router:
+// this is a guard around a third-party interpreter, not control flow.
 func execute(t *exec.Template, vars map[string]any) (s string, err error) {
 	defer func() {
 		if r := recover(); r != nil {
@@ -229,39 +356,79 @@ func execute(t *exec.Template, vars map[string]any) (s string, err error) {
 	return out.String(), nil
 }
 
-// variables builds the template namespace as transformers' render_jinja_template
-// does: special tokens, then the chat template kwargs, then messages, tools, documents
-// and add_generation_prompt.
-func (t *Template) variables(in Input, openaiContent bool) (map[string]any, error) {
-	user, err := kwargsDict("chat_template_kwargs", in.ChatTemplateKwargs)
-	if err != nil {
-		return nil, err
+// renderVars is the template namespace transformers' render_jinja_template builds:
+// special tokens, then the chat template kwargs, then messages, tools, documents and
+// add_generation_prompt.
+type renderVars struct {
+	special                                         map[string]jinja.Value
+	kwargs                                          *jinja.Dict
+	messages, tools, documents, addGenerationPrompt jinja.Value
+}
+
+// Lookup implements jinja.Vars.
+func (v *renderVars) Lookup(name string) (jinja.Value, bool) {
+	switch name {
+	case "messages":
+		return v.messages, true
+	case "tools":
+		return v.tools, true
+	case "documents":
+		return v.documents, true
+	case "add_generation_prompt":
+		return v.addGenerationPrompt, true
 	}
-	for _, k := range rejectedKwargs {
-		if _, ok := dictGet(user, k); ok {
-			return nil, &UnsupportedError{Reason: ReasonKwargsOverride}
+	if !consumedKwargs[name] {
+		if val, ok := v.kwargs.Get(name); ok {
+			return val, true
+		}
+	}
+	val, ok := v.special[name]
+	return val, ok
+}
+
+var emptyDict = jinja.NewDict(0)
+
+// variables builds the render's variables; kwargs are merged as vLLM merges them.
+func (t *Template) variables(in Input, openaiContent bool) (*renderVars, error) {
+	user := emptyDict
+	if hasValue(in.ChatTemplateKwargs) {
+		var err error
+		if user, err = kwargsDict("chat_template_kwargs", in.ChatTemplateKwargs); err != nil {
+			return nil, err
+		}
+		for _, k := range rejectedKwargs {
+			if _, ok := dictGet(user, k); ok {
+				return nil, &UnsupportedError{Reason: ReasonKwargsOverride}
+			}
 		}
 	}
 	documents, err := decodeField("documents", in.Documents)
 	if err != nil {
 		return nil, err
 	}
-	extra := newDict(
-		"add_generation_prompt", in.AddGenerationPrompt,
-		"continue_final_message", false,
-		"documents", documents,
-	)
-	if in.ReasoningEffort != "" {
-		dictSet(extra, "reasoning_effort", in.ReasoningEffort)
-		if _, ok := dictGet(user, "enable_thinking"); !ok {
-			dictSet(extra, "enable_thinking", in.ReasoningEffort != "none")
+	kwargs := user
+	if in.ReasoningEffort != "" || user.Len() > 0 || t.defaults.Len() > 0 || !documents.IsNone() {
+		extra := newDict(
+			"add_generation_prompt", jinja.Bool(in.AddGenerationPrompt),
+			"continue_final_message", jinja.Bool(false),
+			"documents", documents,
+		)
+		if in.ReasoningEffort != "" {
+			dictSet(extra, "reasoning_effort", jinja.String(in.ReasoningEffort))
+			if _, ok := dictGet(user, "enable_thinking"); !ok {
+				dictSet(extra, "enable_thinking", jinja.Bool(in.ReasoningEffort != "none"))
+			}
+		}
+		kwargs = mergeKwargs(user, extra)
+		if t.defaults.Len() > 0 {
+			kwargs = mergeKwargs(t.defaults, kwargs)
+		}
+		if d, ok := dictGet(kwargs, "documents"); ok {
+			documents = d
+		} else {
+			documents = jinja.None()
 		}
 	}
-	kwargs := mergeKwargs(user, extra)
-	if len(t.defaults.Pairs) > 0 {
-		kwargs = mergeKwargs(t.defaults, kwargs)
-	}
-
 	messages, err := conversation(in.Messages, openaiContent, t.messages)
 	if err != nil {
 		return nil, err
@@ -270,22 +437,10 @@ func (t *Template) variables(in Input, openaiContent bool) (map[string]any, erro
 	if err != nil {
 		return nil, err
 	}
-
-	vars := make(map[string]any, len(t.special)+len(kwargs.Pairs)+4)
-	for k, v := range t.special {
-		vars[k] = v
-	}
-	for _, p := range kwargs.Pairs {
-		if k := p.Key.String(); !consumedKwargs[k] {
-			vars[k] = withNone(p.Value.Interface())
-		}
-	}
-	vars["messages"] = withNone(messages)
-	vars["tools"] = withNone(tools)
-	documents, _ = dictGet(kwargs, "documents")
-	vars["documents"] = withNone(documents)
-	vars["add_generation_prompt"], _ = dictGet(kwargs, "add_generation_prompt")
-	return vars, nil
+	return &renderVars{
+		special: t.special, kwargs: kwargs, messages: messages, tools: tools,
+		documents: documents, addGenerationPrompt: jinja.Bool(in.AddGenerationPrompt),
+	}, nil
 }
 
 // hasValue reports whether raw holds a JSON value other than null.

@@ -8,23 +8,23 @@ import (
 	"unicode/utf16"
 	"unicode/utf8"
 
-	"github.com/nikolalohinski/gonja/v2/exec"
+	"github.com/kvrouter/kvrouter/chattemplate/internal/jinja"
 )
 
 // maxDepth bounds JSON nesting, as Python's json module is bounded by its recursion
 // limit; it keeps hostile input from exhausting the stack.
 const maxDepth = 512
 
-// The template engine sees request JSON as these Go values, built to behave like the
+// The template engines see request JSON as jinja values, built to behave like the
 // Python objects json.loads returns:
 //
-//	object -> *exec.Dict (ordered: keys in request order, a repeated key keeps its first
+//	object -> ordered dict (keys in request order, a repeated key keeps its first
 //	          position and takes the last value, as a Python dict does)
-//	array  -> []any
-//	string -> string
-//	number -> int when it has no fraction or exponent and fits in 64 bits, *big.Int when
-//	          it is a larger integer, float64 otherwise (1.0 stays a float)
-//	true/false -> bool, null -> nil
+//	array  -> list
+//	string -> str
+//	number -> int when it has no fraction or exponent (big ints stay exact), float
+//	          otherwise (1.0 stays a float)
+//	true/false -> bool, null -> None
 //
 // Building them from the raw bytes, not from encoding/json, keeps key order, integer
 // precision and the int/float distinction that Python's json.dumps later prints.
@@ -39,16 +39,16 @@ type jsonDecoder struct {
 
 // decodeJSON parses one JSON value (RFC 8259, UTF-8) into template values. It rejects
 // invalid UTF-8 and escaped lone surrogates, which vLLM cannot tokenize either.
-func decodeJSON(data []byte) (any, error) {
+func decodeJSON(data []byte) (jinja.Value, error) {
 	d := &jsonDecoder{data: data}
 	d.skipSpace()
 	v, err := d.value(0)
 	if err != nil {
-		return nil, err
+		return jinja.Value{}, err
 	}
 	d.skipSpace()
 	if d.pos != len(d.data) {
-		return nil, d.errorf("trailing data")
+		return jinja.Value{}, d.errorf("trailing data")
 	}
 	return v, nil
 }
@@ -68,12 +68,12 @@ func (d *jsonDecoder) skipSpace() {
 	}
 }
 
-func (d *jsonDecoder) value(depth int) (any, error) {
+func (d *jsonDecoder) value(depth int) (jinja.Value, error) {
 	if depth > maxDepth {
-		return nil, d.errorf("nesting deeper than %d", maxDepth)
+		return jinja.Value{}, d.errorf("nesting deeper than %d", maxDepth)
 	}
 	if d.pos >= len(d.data) {
-		return nil, d.errorf("unexpected end of input")
+		return jinja.Value{}, d.errorf("unexpected end of input")
 	}
 	switch c := d.data[d.pos]; {
 	case c == '{':
@@ -81,17 +81,18 @@ func (d *jsonDecoder) value(depth int) (any, error) {
 	case c == '[':
 		return d.array(depth)
 	case c == '"':
-		return d.str()
+		s, err := d.str()
+		return jinja.String(s), err
 	case c == 't':
-		return true, d.literal("true")
+		return jinja.Bool(true), d.literal("true")
 	case c == 'f':
-		return false, d.literal("false")
+		return jinja.Bool(false), d.literal("false")
 	case c == 'n':
-		return nil, d.literal("null")
+		return jinja.None(), d.literal("null")
 	case c == '-' || (c >= '0' && c <= '9'):
 		return d.number()
 	default:
-		return nil, d.errorf("unexpected character %q", c)
+		return jinja.Value{}, d.errorf("unexpected character %q", c)
 	}
 }
 
@@ -103,93 +104,82 @@ func (d *jsonDecoder) literal(word string) error {
 	return nil
 }
 
-func (d *jsonDecoder) object(depth int) (any, error) {
+func (d *jsonDecoder) object(depth int) (jinja.Value, error) {
 	d.pos++ // {
-	dict := &exec.Dict{Pairs: []*exec.Pair{}}
+	dict := jinja.NewDict(4)
 	d.skipSpace()
 	if d.pos < len(d.data) && d.data[d.pos] == '}' {
 		d.pos++
-		return dict, nil
+		return jinja.DictValue(dict), nil
 	}
 	for {
 		d.skipSpace()
 		if d.pos >= len(d.data) || d.data[d.pos] != '"' {
-			return nil, d.errorf("expected object key")
+			return jinja.Value{}, d.errorf("expected object key")
 		}
 		key, err := d.str()
 		if err != nil {
-			return nil, err
+			return jinja.Value{}, err
 		}
 		d.skipSpace()
 		if d.pos >= len(d.data) || d.data[d.pos] != ':' {
-			return nil, d.errorf("expected ':'")
+			return jinja.Value{}, d.errorf("expected ':'")
 		}
 		d.pos++
 		d.skipSpace()
 		v, err := d.value(depth + 1)
 		if err != nil {
-			return nil, err
+			return jinja.Value{}, err
 		}
-		setPair(dict, key, v)
+		dict.Set(key, v)
 		d.skipSpace()
 		if d.pos >= len(d.data) {
-			return nil, d.errorf("unexpected end of object")
+			return jinja.Value{}, d.errorf("unexpected end of object")
 		}
 		switch d.data[d.pos] {
 		case ',':
 			d.pos++
 		case '}':
 			d.pos++
-			return dict, nil
+			return jinja.DictValue(dict), nil
 		default:
-			return nil, d.errorf("expected ',' or '}'")
+			return jinja.Value{}, d.errorf("expected ',' or '}'")
 		}
 	}
 }
 
-// setPair sets key to v, keeping the first position of a repeated key.
-func setPair(dict *exec.Dict, key string, v any) {
-	for _, p := range dict.Pairs {
-		if p.Key.String() == key {
-			p.Value = exec.AsValue(v)
-			return
-		}
-	}
-	dict.Pairs = append(dict.Pairs, &exec.Pair{Key: exec.AsValue(key), Value: exec.AsValue(v)})
-}
-
-func (d *jsonDecoder) array(depth int) (any, error) {
+func (d *jsonDecoder) array(depth int) (jinja.Value, error) {
 	d.pos++ // [
-	list := []any{}
+	list := []jinja.Value{}
 	d.skipSpace()
 	if d.pos < len(d.data) && d.data[d.pos] == ']' {
 		d.pos++
-		return list, nil
+		return jinja.ListOf(list), nil
 	}
 	for {
 		d.skipSpace()
 		v, err := d.value(depth + 1)
 		if err != nil {
-			return nil, err
+			return jinja.Value{}, err
 		}
 		list = append(list, v)
 		d.skipSpace()
 		if d.pos >= len(d.data) {
-			return nil, d.errorf("unexpected end of array")
+			return jinja.Value{}, d.errorf("unexpected end of array")
 		}
 		switch d.data[d.pos] {
 		case ',':
 			d.pos++
 		case ']':
 			d.pos++
-			return list, nil
+			return jinja.ListOf(list), nil
 		default:
-			return nil, d.errorf("expected ',' or ']'")
+			return jinja.Value{}, d.errorf("expected ',' or ']'")
 		}
 	}
 }
 
-func (d *jsonDecoder) number() (any, error) {
+func (d *jsonDecoder) number() (jinja.Value, error) {
 	start := d.pos
 	isFloat := false
 	if d.data[d.pos] == '-' {
@@ -205,15 +195,15 @@ func (d *jsonDecoder) number() (any, error) {
 	}
 	intStart := d.pos
 	if n := digits(); n == 0 {
-		return nil, d.errorf("invalid number")
+		return jinja.Value{}, d.errorf("invalid number")
 	} else if n > 1 && d.data[intStart] == '0' {
-		return nil, d.errorf("leading zero in number")
+		return jinja.Value{}, d.errorf("leading zero in number")
 	}
 	if d.pos < len(d.data) && d.data[d.pos] == '.' {
 		isFloat = true
 		d.pos++
 		if digits() == 0 {
-			return nil, d.errorf("invalid number")
+			return jinja.Value{}, d.errorf("invalid number")
 		}
 	}
 	if d.pos < len(d.data) && (d.data[d.pos] == 'e' || d.data[d.pos] == 'E') {
@@ -223,7 +213,7 @@ func (d *jsonDecoder) number() (any, error) {
 			d.pos++
 		}
 		if digits() == 0 {
-			return nil, d.errorf("invalid number")
+			return jinja.Value{}, d.errorf("invalid number")
 		}
 	}
 	text := string(d.data[start:d.pos])
@@ -231,18 +221,18 @@ func (d *jsonDecoder) number() (any, error) {
 		// Out-of-range values become ±Inf or 0, as Python's float() makes them.
 		f, err := strconv.ParseFloat(text, 64)
 		if err != nil && !errors.Is(err, strconv.ErrRange) {
-			return nil, d.errorf("invalid number %q", text)
+			return jinja.Value{}, d.errorf("invalid number %q", text)
 		}
-		return f, nil
+		return jinja.Float(f), nil
 	}
 	if i, err := strconv.ParseInt(text, 10, 64); err == nil {
-		return int(i), nil
+		return jinja.Int(i), nil
 	}
 	bi, ok := new(big.Int).SetString(text, 10)
 	if !ok {
-		return nil, d.errorf("invalid number %q", text)
+		return jinja.Value{}, d.errorf("invalid number %q", text)
 	}
-	return bi, nil
+	return jinja.BigInt(bi), nil
 }
 
 // plainByte marks the bytes a JSON string holds unescaped (not '"', '\\' or a control
@@ -370,33 +360,16 @@ func (d *jsonDecoder) hex4() (rune, error) {
 }
 
 // dictGet returns the value stored under key and whether the key is present.
-func dictGet(d *exec.Dict, key string) (any, bool) {
-	for _, p := range d.Pairs {
-		if p.Key.String() == key {
-			return p.Value.Interface(), true
-		}
-	}
-	return nil, false
-}
+func dictGet(d *jinja.Dict, key string) (jinja.Value, bool) { return d.Get(key) }
 
-// newDict builds an ordered dict from alternating keys and values.
-func newDict(kvs ...any) *exec.Dict {
-	d := &exec.Dict{Pairs: make([]*exec.Pair, 0, len(kvs)/2)}
+// newDict builds an ordered dict from alternating string keys and values.
+func newDict(kvs ...any) *jinja.Dict {
+	d := jinja.NewDict(len(kvs) / 2)
 	for i := 0; i+1 < len(kvs); i += 2 {
-		d.Pairs = append(d.Pairs, &exec.Pair{Key: exec.AsValue(kvs[i]), Value: exec.AsValue(kvs[i+1])})
+		d.Set(kvs[i].(string), kvs[i+1].(jinja.Value))
 	}
 	return d
 }
 
 // dictSet sets key, appending it when absent.
-func dictSet(d *exec.Dict, key string, v any) { setPair(d, key, v) }
-
-// dictDelete removes key if present.
-func dictDelete(d *exec.Dict, key string) {
-	for i, p := range d.Pairs {
-		if p.Key.String() == key {
-			d.Pairs = append(d.Pairs[:i], d.Pairs[i+1:]...)
-			return
-		}
-	}
-}
+func dictSet(d *jinja.Dict, key string, v jinja.Value) { d.Set(key, v) }
