@@ -29,12 +29,16 @@ import (
 //  2. A prefix with no holder gets a home: the endpoint with the least home-placed
 //     blocks per block of KV capacity (a capacity-weighted partition), preferring those
 //     below Saturated with KV room.
-//  3. The holder of least wait takes it if its load is below ReplicaLoad (with
+//  3. When the index shows that the home lost the prefix (no request for it in flight
+//     there) and no holder has it, the request misses wherever it goes: with RehomeLost
+//     the home moves to the endpoint with KV room that would start the miss soonest
+//     among those whose home share stays within RehomeSlack of the mean.
+//  4. The holder of least wait takes it if its load is below ReplicaLoad (with
 //     StickyHolders, the idle holder of highest rendezvous score, so that router
-//     replicas agree).
-//  4. Otherwise a less-loaded endpoint whose live placements leave room for the prefix
+//     replicas agree; with PreferHeld, holders the index shows holding it first).
+//  5. Otherwise a less-loaded endpoint whose live placements leave room for the prefix
 //     within Fill of its capacity takes a replica (it evicts nothing live).
-//  5. Otherwise the holder of least wait with KV room takes it; failing that, the
+//  6. Otherwise the holder of least wait with KV room takes it; failing that, the
 //     request queues at the least-loaded holder until it reaches SpillLoad, where the
 //     prefix spills to the endpoint whose live placements it would overflow least.
 //
