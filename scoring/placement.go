@@ -29,12 +29,16 @@ import (
 //  2. A prefix with no holder gets a home: the endpoint with the least home-placed
 //     blocks per block of KV capacity (a capacity-weighted partition), preferring those
 //     below Saturated with KV room.
-//  3. The holder of least wait takes it if its load is below ReplicaLoad (with
+//  3. When the index shows that the home lost the prefix (no request for it in flight
+//     there) and no holder has it, the request misses wherever it goes: with RehomeLost
+//     the home moves to the endpoint with KV room that would start the miss soonest
+//     among those whose home share stays within RehomeSlack of the mean.
+//  4. The holder of least wait takes it if its load is below ReplicaLoad (with
 //     StickyHolders, the idle holder of highest rendezvous score, so that router
-//     replicas agree).
-//  4. Otherwise a less-loaded endpoint whose live placements leave room for the prefix
+//     replicas agree; with PreferHeld, holders the index shows holding it first).
+//  5. Otherwise a less-loaded endpoint whose live placements leave room for the prefix
 //     within Fill of its capacity takes a replica (it evicts nothing live).
-//  5. Otherwise the holder of least wait with KV room takes it; failing that, the
+//  6. Otherwise the holder of least wait with KV room takes it; failing that, the
 //     request queues at the least-loaded holder until it reaches SpillLoad, where the
 //     prefix spills to the endpoint whose live placements it would overflow least.
 //
@@ -473,11 +477,20 @@ func (p *Placement) choose(e *plPrefix, key uint64, cands []Endpoint, sc *plScra
 		sc.room[i] = p.room(sc.eps[i], key, &cands[i], blocks)
 		sc.ok[i] = sc.loads[i] < p.cfg.Saturated && sc.room[i]
 	}
+	if p.cfg.RehomeLost {
+		p.rehome(e, key, cands, sc, hold)
+	}
 	// The least-loaded holder (h), and the least-loaded holder that can take it now (g).
 	h, g := -1, -1
 	better := func(i, j int) bool {
 		if j < 0 {
 			return true
+		}
+		if p.cfg.PreferHeld {
+			// A placement the index shows lost loses to one that holds the prefix.
+			if hi, hj := sc.lead[i] >= max(hold, 1), sc.lead[j] >= max(hold, 1); hi != hj {
+				return hi
+			}
 		}
 		if p.cfg.StickyHolders && sc.loads[i] < p.cfg.ReplicaLoad && sc.loads[j] < p.cfg.ReplicaLoad {
 			// Both idle: the same holder for every router replica, so duplicate copies
@@ -552,6 +565,95 @@ func (p *Placement) choose(e *plPrefix, key uint64, cands []Endpoint, sc *plScra
 	return s, plSpill
 }
 
+// rehome moves a prefix's home when the index shows the home lost it (it holds less than
+// hold blocks and no request for it is in flight there) and no other candidate holds it:
+// the request misses wherever it goes, so its prefix is recomputed on the candidate with
+// KV room of least home share (homeShare), and that one becomes the home. p.mu must be
+// held.
+func (p *Placement) rehome(e *plPrefix, key uint64, cands []Endpoint, sc *plScratch, hold int) {
+	old := -1
+	for i := range cands {
+		if sc.pos[i] < 0 {
+			continue
+		}
+		if sc.lead[i] >= max(hold, 1) || sc.eps[i].active[key] != nil {
+			return // someone holds it, or is computing it
+		}
+		if e.on[sc.pos[i]].home {
+			old = i
+		}
+	}
+	if old < 0 {
+		return
+	}
+	// Requests other routers sent there (scraped, as stale as the scrape) may be
+	// computing the prefix now: leave the home alone.
+	if m := cands[old].Metrics; m.Valid && m.Running+m.Waiting > sc.loads[old] {
+		return
+	}
+	best, bestShare := old, p.homeShare(sc, cands, old, 0)
+	if p.cfg.RehomeSlack > 0 {
+		// Any endpoint whose home share stays within RehomeSlack of the mean, fastest
+		// start first.
+		var mean float64
+		for i := range cands {
+			mean += p.homeShare(sc, cands, i, 0)
+		}
+		mean /= float64(len(cands))
+		limit := max(bestShare, p.cfg.RehomeSlack*mean)
+		est := func(i int) float64 {
+			d := sc.decode[i]
+			if d == 0 {
+				d = sc.meanDecode
+			}
+			return float64(sc.eps[i].prefill+len(sc.keys)*p.cfg.BlockSize+p.cfg.RehomeLoadTokens*sc.loads[i]) * d
+		}
+		bestEst := est(old)
+		if !sc.ok[old] {
+			bestEst = math.Inf(1)
+		}
+		for i := range cands {
+			if i == old || !sc.ok[i] {
+				continue
+			}
+			if p.homeShare(sc, cands, i, e.blocks) > limit {
+				continue
+			}
+			if x := est(i); x < bestEst {
+				best, bestEst = i, x
+			}
+		}
+	} else {
+		for i := range cands {
+			if i == old || !sc.ok[i] {
+				continue
+			}
+			share := p.homeShare(sc, cands, i, e.blocks)
+			if share < bestShare || (share == bestShare && p.wait(sc, i) < p.wait(sc, best)) {
+				best, bestShare = i, share
+			}
+		}
+	}
+	if best == old {
+		return
+	}
+	j := sc.pos[old]
+	p.unplace(e, &e.on[j])
+	e.on = slices.Delete(e.on, j, j+1)
+	for i := range cands {
+		if sc.pos[i] > j {
+			sc.pos[i]--
+		}
+	}
+	sc.pos[old] = -1
+	sc.pos[best] = p.place(e, cands[best].Address, true)
+}
+
+// homeShare is candidate i's home blocks, plus extra, per block of its KV capacity.
+func (p *Placement) homeShare(sc *plScratch, cands []Endpoint, i, extra int) float64 {
+	return float64(sc.eps[i].homeUsed+extra) / float64(p.capacity(&cands[i]))
+}
+
 func (p *Placement) fillOf(ep *plEndpoint, c *Endpoint) float64 {
 	return float64(ep.used) / float64(p.capacity(c))
 }
@@ -568,7 +670,7 @@ func (p *Placement) newHome(e *plPrefix, key uint64, cands []Endpoint, sc *plScr
 	best, bestShare, bestOK := -1, 0.0, false
 	for i := range cands {
 		ok := sc.ok[i]
-		share := float64(sc.eps[i].homeUsed+e.blocks) / float64(p.capacity(&cands[i]))
+		share := p.homeShare(sc, cands, i, e.blocks)
 		better := best < 0 || (ok && !bestOK) ||
 			(ok == bestOK && (share < bestShare || (share == bestShare && p.wait(sc, i) < p.wait(sc, best))))
 		if better {

@@ -146,9 +146,11 @@ func TestPlacementSpillsOnlyOnSaturation(t *testing.T) {
 		{"others saturated too", cfg.SpillLoad + 2, cfg.Saturated, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			p := newPlacement(t, cfg, newKVFakeIndex())
+			ix := newKVFakeIndex()
+			p := newPlacement(t, cfg, ix)
 			cs := fleet(3, nil)
 			home := place(t, p, prefixed(0, 0), cs)
+			ix.hold(home, plKeysOf(prefixed(0, 0))[:64]) // the home computed it
 			for i := range cs {
 				cs[i].InFlight = tc.otherLoad
 				if cs[i].Address == home {
@@ -175,9 +177,11 @@ func TestPlacementReplicatesOnlyWithinFreeCapacity(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := scoring.DefaultPlacementConfig()
 			cfg.Fill = tc.fill
-			p := newPlacement(t, cfg, newKVFakeIndex())
+			ix := newKVFakeIndex()
+			p := newPlacement(t, cfg, ix)
 			cs := fleet(2, nil)
 			home := place(t, p, prefixed(0, 0), cs)
+			ix.hold(home, plKeysOf(prefixed(0, 0))[:64]) // the home computed it
 			for i := range cs {
 				if cs[i].Address == home {
 					cs[i].InFlight = cfg.ReplicaLoad
@@ -400,3 +404,85 @@ func benchPlacement(b *testing.B, n int) {
 
 func BenchmarkPlacementPick6(b *testing.B)  { benchPlacement(b, 6) }
 func BenchmarkPlacementPick64(b *testing.B) { benchPlacement(b, 64) }
+
+func TestPlacementRehomesALostPrefix(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		rehome   bool
+		homeHeld bool // the index shows the home holding the prefix
+		inFlight bool // a request for the prefix is in flight at the home
+		wantMove bool
+	}{
+		{"home holds it", true, true, false, false},
+		{"home lost it", true, false, false, true},
+		{"home is computing it", true, false, true, false},
+		{"rehome off", false, false, false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := scoring.DefaultPlacementConfig()
+			cfg.RehomeLost = tc.rehome
+			cfg.Fill = 0.01 // no replicas: only a re-home moves the prefix
+			cfg.DeadlineTokens = 0
+			ix := newKVFakeIndex()
+			p := newPlacement(t, cfg, ix)
+			cs := fleet(2, nil)
+			home := place(t, p, prefixed(0, 0), cs)
+			if tc.homeHeld {
+				ix.hold(home, plKeysOf(prefixed(0, 0))[:64])
+			}
+			if tc.inFlight {
+				req := plRequest(prefixed(0, 1))
+				if _, err := p.Pick(req, cs); err != nil {
+					t.Fatal(err)
+				}
+				p.Routed(req, home)
+			}
+			// The home is busy with another prefix's requests; the other endpoint is idle.
+			for i := range cs {
+				if cs[i].Address == home {
+					cs[i].InFlight = 2
+				}
+			}
+			got := place(t, p, prefixed(0, 2), cs)
+			if (got != home) != tc.wantMove {
+				t.Fatalf("went to %s, home %s, want moved: %v", got, home, tc.wantMove)
+			}
+			if !tc.wantMove {
+				return
+			}
+			// The new home computed it and is now where the prefix lives, even when the
+			// old home is idle again.
+			ix.hold(got, plKeysOf(prefixed(0, 2))[:64])
+			for i := range cs {
+				cs[i].InFlight = 0
+			}
+			for tail := 3; tail < 6; tail++ {
+				if again := place(t, p, prefixed(0, tail), cs); again != got {
+					t.Fatalf("request %d went to %s, want the new home %s", tail, again, got)
+				}
+			}
+		})
+	}
+}
+
+func TestPlacementPrefersAHeldPlacement(t *testing.T) {
+	for other := 0; other < 4; other++ {
+		t.Run(fmt.Sprint("holder ", other), func(t *testing.T) {
+			ix := newKVFakeIndex()
+			p := newPlacement(t, scoring.DefaultPlacementConfig(), ix)
+			cs := fleet(4, nil)
+			home := place(t, p, prefixed(0, 0), cs)
+			if cs[other].Address == home {
+				t.Skip("the holder is the home")
+			}
+			// Another router replica moved the prefix: the index shows it on cs[other]
+			// and nowhere else; this router still has its home elsewhere.
+			ix.hold(cs[other].Address, plKeysOf(prefixed(0, 0))[:64])
+			for tail := 1; tail < 4; tail++ {
+				if got := place(t, p, prefixed(0, tail), cs); got != cs[other].Address {
+					t.Fatalf("request %d went to %s, want the endpoint holding it %s", tail, got, cs[other].Address)
+				}
+			}
+		})
+	}
+}

@@ -79,6 +79,27 @@ type PlacementConfig struct {
 	// a holder; by default only the one holding most of a prefix the router has no
 	// placement for is adopted. Default true (measured better with router replicas).
 	AdoptAll bool `yaml:"adopt_all"`
+	// RehomeLost moves a prefix's home when the index shows that the home lost it (holds
+	// less than HoldFraction of it, with no request for it in flight there, from this
+	// router or, per the scraped metrics, any other) and no other endpoint holds it: the
+	// request misses wherever it goes, so the prefix is recomputed where RehomeSlack says
+	// and that endpoint becomes its home. Default true (N = 24: +1 to +4 points of
+	// cached-token ratio at C = 8 and 16; docs/results-policy.md).
+	RehomeLost bool `yaml:"rehome_lost"`
+	// RehomeSlack chooses the new home of a lost prefix. 0: the endpoint with KV room of
+	// least home blocks per block of capacity (the home stays put on ties). > 0 (at least
+	// 1): among endpoints with KV room whose home share would stay within RehomeSlack x
+	// the mean share, the one that would start the miss soonest (see RehomeLoadTokens), so
+	// misses move to fast, idle endpoints while homes stay near a capacity-weighted
+	// partition. Default 1.4.
+	RehomeSlack float64 `yaml:"rehome_slack"`
+	// RehomeLoadTokens is what one in-flight request counts for, in prefill tokens, when
+	// RehomeSlack ranks endpoints by start time: (prefill backlog + prompt tokens +
+	// RehomeLoadTokens x load) x measured decode time. Default 600.
+	RehomeLoadTokens int `yaml:"rehome_load_tokens"`
+	// PreferHeld ranks a prefix's placements that the index shows holding it before those
+	// that lost it (router replicas keep homes another replica moved). Default true.
+	PreferHeld bool `yaml:"prefer_held"`
 	// LiveWindow is how many of the policy's own picks a placement stays live without
 	// being used. Default 1024.
 	LiveWindow int `yaml:"live_window"`
@@ -100,27 +121,31 @@ type PlacementConfig struct {
 // DefaultPlacementConfig returns the defaults measured in docs/results-policy.md.
 func DefaultPlacementConfig() PlacementConfig {
 	return PlacementConfig{
-		PrefixDepth:    4,
-		Saturated:      6,
-		SpillLoad:      10,
-		ReplicaLoad:    1,
-		Fill:           0.5,
-		Headroom:       1,
-		OutputBlocks:   4,
-		SpillOnFull:    false,
-		DeadlineTokens: 2048,
-		DivertOnFull:   true,
-		DivertMisses:   true,
-		HoldFraction:   0.5,
-		LiveWindow:     1024,
-		ConfirmPicks:   32,
-		AdoptAll:       true,
-		StickyHolders:  true,
-		MissSpeedup:    0.85,
-		BlockSize:      16,
-		DefaultBlocks:  4096,
-		MaxPrefixes:    65536,
-		ScrapedLoad:    false,
+		PrefixDepth:      4,
+		Saturated:        6,
+		SpillLoad:        10,
+		ReplicaLoad:      1,
+		Fill:             0.5,
+		Headroom:         1,
+		OutputBlocks:     4,
+		SpillOnFull:      false,
+		DeadlineTokens:   2048,
+		DivertOnFull:     true,
+		DivertMisses:     true,
+		HoldFraction:     0.5,
+		LiveWindow:       1024,
+		ConfirmPicks:     32,
+		AdoptAll:         true,
+		StickyHolders:    true,
+		MissSpeedup:      0.85,
+		BlockSize:        16,
+		DefaultBlocks:    4096,
+		MaxPrefixes:      65536,
+		ScrapedLoad:      false,
+		RehomeLost:       true,
+		RehomeSlack:      1.4,
+		RehomeLoadTokens: 600,
+		PreferHeld:       true,
 	}
 }
 
@@ -155,6 +180,12 @@ func (c PlacementConfig) Validate() error {
 	if math.IsNaN(c.MissSpeedup) || c.MissSpeedup <= 0 {
 		errs = append(errs, fmt.Errorf("scoring: placement miss_speedup must be > 0, got %v", c.MissSpeedup))
 	}
+	if math.IsNaN(c.RehomeSlack) || c.RehomeSlack < 0 || (c.RehomeSlack > 0 && c.RehomeSlack < 1) {
+		errs = append(errs, fmt.Errorf("scoring: placement rehome_slack must be 0 or >= 1, got %v", c.RehomeSlack))
+	}
+	if c.RehomeLoadTokens < 0 {
+		errs = append(errs, fmt.Errorf("scoring: placement rehome_load_tokens must be >= 0, got %d", c.RehomeLoadTokens))
+	}
 	if c.DeadlineTokens < 0 {
 		errs = append(errs, fmt.Errorf("scoring: placement deadline_tokens must be >= 0, got %d", c.DeadlineTokens))
 	}
@@ -176,28 +207,32 @@ type placementKnob struct {
 }
 
 var placementKnobs = map[string]placementKnob{
-	"prefix_depth":    {i: func(c *PlacementConfig) *int { return &c.PrefixDepth }},
-	"saturated":       {i: func(c *PlacementConfig) *int { return &c.Saturated }},
-	"replica_load":    {i: func(c *PlacementConfig) *int { return &c.ReplicaLoad }},
-	"spill_load":      {i: func(c *PlacementConfig) *int { return &c.SpillLoad }},
-	"fill":            {f: func(c *PlacementConfig) *float64 { return &c.Fill }},
-	"headroom":        {f: func(c *PlacementConfig) *float64 { return &c.Headroom }},
-	"output_blocks":   {i: func(c *PlacementConfig) *int { return &c.OutputBlocks }},
-	"spill_on_full":   {b: func(c *PlacementConfig) *bool { return &c.SpillOnFull }},
-	"deadline_tokens": {i: func(c *PlacementConfig) *int { return &c.DeadlineTokens }},
-	"divert_on_full":  {b: func(c *PlacementConfig) *bool { return &c.DivertOnFull }},
-	"divert_misses":   {b: func(c *PlacementConfig) *bool { return &c.DivertMisses }},
-	"miss_speedup":    {f: func(c *PlacementConfig) *float64 { return &c.MissSpeedup }},
-	"hold_fraction":   {f: func(c *PlacementConfig) *float64 { return &c.HoldFraction }},
-	"confirm_picks":   {i: func(c *PlacementConfig) *int { return &c.ConfirmPicks }},
-	"balance":         {f: func(c *PlacementConfig) *float64 { return &c.Balance }},
-	"sticky_holders":  {b: func(c *PlacementConfig) *bool { return &c.StickyHolders }},
-	"adopt_all":       {b: func(c *PlacementConfig) *bool { return &c.AdoptAll }},
-	"live_window":     {i: func(c *PlacementConfig) *int { return &c.LiveWindow }},
-	"block_size":      {i: func(c *PlacementConfig) *int { return &c.BlockSize }},
-	"default_blocks":  {i: func(c *PlacementConfig) *int { return &c.DefaultBlocks }},
-	"max_prefixes":    {i: func(c *PlacementConfig) *int { return &c.MaxPrefixes }},
-	"scraped_load":    {b: func(c *PlacementConfig) *bool { return &c.ScrapedLoad }},
+	"prefix_depth":       {i: func(c *PlacementConfig) *int { return &c.PrefixDepth }},
+	"saturated":          {i: func(c *PlacementConfig) *int { return &c.Saturated }},
+	"replica_load":       {i: func(c *PlacementConfig) *int { return &c.ReplicaLoad }},
+	"spill_load":         {i: func(c *PlacementConfig) *int { return &c.SpillLoad }},
+	"fill":               {f: func(c *PlacementConfig) *float64 { return &c.Fill }},
+	"headroom":           {f: func(c *PlacementConfig) *float64 { return &c.Headroom }},
+	"output_blocks":      {i: func(c *PlacementConfig) *int { return &c.OutputBlocks }},
+	"spill_on_full":      {b: func(c *PlacementConfig) *bool { return &c.SpillOnFull }},
+	"deadline_tokens":    {i: func(c *PlacementConfig) *int { return &c.DeadlineTokens }},
+	"divert_on_full":     {b: func(c *PlacementConfig) *bool { return &c.DivertOnFull }},
+	"divert_misses":      {b: func(c *PlacementConfig) *bool { return &c.DivertMisses }},
+	"miss_speedup":       {f: func(c *PlacementConfig) *float64 { return &c.MissSpeedup }},
+	"hold_fraction":      {f: func(c *PlacementConfig) *float64 { return &c.HoldFraction }},
+	"confirm_picks":      {i: func(c *PlacementConfig) *int { return &c.ConfirmPicks }},
+	"balance":            {f: func(c *PlacementConfig) *float64 { return &c.Balance }},
+	"sticky_holders":     {b: func(c *PlacementConfig) *bool { return &c.StickyHolders }},
+	"adopt_all":          {b: func(c *PlacementConfig) *bool { return &c.AdoptAll }},
+	"live_window":        {i: func(c *PlacementConfig) *int { return &c.LiveWindow }},
+	"rehome_lost":        {b: func(c *PlacementConfig) *bool { return &c.RehomeLost }},
+	"rehome_slack":       {f: func(c *PlacementConfig) *float64 { return &c.RehomeSlack }},
+	"rehome_load_tokens": {i: func(c *PlacementConfig) *int { return &c.RehomeLoadTokens }},
+	"prefer_held":        {b: func(c *PlacementConfig) *bool { return &c.PreferHeld }},
+	"block_size":         {i: func(c *PlacementConfig) *int { return &c.BlockSize }},
+	"default_blocks":     {i: func(c *PlacementConfig) *int { return &c.DefaultBlocks }},
+	"max_prefixes":       {i: func(c *PlacementConfig) *int { return &c.MaxPrefixes }},
+	"scraped_load":       {b: func(c *PlacementConfig) *bool { return &c.ScrapedLoad }},
 }
 
 // Knobs returns every knob by its YAML name as a number (booleans as 0 or 1), for

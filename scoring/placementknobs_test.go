@@ -14,7 +14,8 @@ func TestPlacementKnobs(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			c := scoring.DefaultPlacementConfig()
 			want := v + 1
-			if v == 1 && (name == "adopt_all" || name == "divert_on_full" || name == "divert_misses" || name == "sticky_holders") {
+			if v == 1 && (name == "adopt_all" || name == "divert_on_full" || name == "divert_misses" || name == "sticky_holders" ||
+				name == "rehome_lost" || name == "prefer_held") {
 				want = 0
 			}
 			if !c.SetKnob(name, want) {
