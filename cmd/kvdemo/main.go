@@ -153,7 +153,8 @@ func latency(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.DurationVar(&o.Duration, "duration", o.Duration, "length of each measured round")
 	fs.IntVar(&o.Rounds, "rounds", o.Rounds, "rounds per server, alternating kvrouter and trivial")
 	fs.StringVar(&o.TokenizerDir, "tokenizer", o.TokenizerDir, "the model's tokenizer directory (make models)")
-	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of this process (the fake Envoy) to this file")
+	keep := fs.Bool("keep-logs", false, "keep the generated configurations and the processes' logs")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -184,7 +185,11 @@ func latency(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
+	if *keep {
+		fmt.Fprintf(stderr, "kvdemo latency: configurations and logs in %s\n", dir)
+	} else {
+		defer os.RemoveAll(dir)
+	}
 	rounds, err := demo.MeasureLatency(ctx, o, dir)
 	if err != nil {
 		return err
