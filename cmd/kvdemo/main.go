@@ -148,7 +148,7 @@ func latency(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.SetOutput(stderr)
 	eps := fs.String("endpoints", "6,64", "fleet sizes, comma list")
 	fs.StringVar(&o.BinDir, "bin", o.BinDir, "directory with the kvrouter and vllm-sim binaries (make build)")
-	routerEnv := fs.String("router-env", "", "environment variables for kvrouter, comma list (e.g. GOGC=400,GOMEMLIMIT=512MiB)")
+	routerEnv := fs.String("router-env", "GOGC=400", "environment variables for kvrouter, comma list (default: the Helm chart's GOGC; \"\" for Go's defaults)")
 	fs.Float64Var(&o.Rate, "rate", o.Rate, "open-loop ext_proc exchanges per second")
 	fs.DurationVar(&o.Duration, "duration", o.Duration, "length of each measured round")
 	fs.IntVar(&o.Rounds, "rounds", o.Rounds, "rounds per server, alternating kvrouter and trivial")
