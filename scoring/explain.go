@@ -119,9 +119,7 @@ func (c *kvCore) explain(policy string, req *Request, cands []Endpoint) (Explana
 	}
 	for _, g := range keys {
 		for _, k := range g.keys {
-			for _, h := range c.active[k] {
-				shared[h.ep]++
-			}
+			c.holders(k, func(h kvHolder) { shared[h.ep]++ })
 		}
 	}
 	for i, ep := range eps {

@@ -49,7 +49,7 @@ func NewKV(cfg KVConfig, ix PrefixIndex, health EventHealth, src rand.Source, re
 // Name returns "kv".
 func (*KV) Name() string { return "kv" }
 
-// Pick returns the candidate of lowest cost; Fallbacks are the others by rising cost and
+// Pick returns the candidate of lowest cost; Fallbacks are up to four others by rising cost and
 // Scores the negated costs.
 func (p *KV) Pick(req *Request, candidates []Endpoint) (Decision, error) {
 	return p.core.pick(req, candidates)

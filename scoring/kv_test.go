@@ -608,3 +608,58 @@ func TestForget(t *testing.T) {
 		t.Fatalf("kv cost %v after Forget, want 8", kvCosts(d))
 	}
 }
+
+// A prefix in flight on several endpoints at once: each holder counts its own active
+// blocks, and finishing the requests in any order leaves the others' counts right.
+func TestKVSharedPrefixInFlightOnSeveralEndpoints(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		order []int // indexes into the routed requests, in finishing order
+	}{
+		{"first routed finishes first", []int{0, 1, 2}},
+		{"last routed finishes first", []int{2, 1, 0}},
+		{"middle first", []int{1, 0, 2}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, err := scoring.NewKV(scoring.DefaultKVConfig(), newKVFakeIndex(), nil, rand.NewPCG(1, 2), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			eps := []string{"A", "B", "C"}
+			var reqs []*scoring.Request
+			for i, ep := range eps {
+				// The prompt's 4 blocks in flight on every endpoint, and a tail block of its own.
+				r := kvReq(append(slices.Clone(kvPrompt), kvTokens(5000+16*i, 16)...))
+				kvRoute(t, p, r, ep)
+				p.FirstToken(r.ID)
+				reqs = append(reqs, r)
+			}
+			costs := func() map[string]float64 {
+				d, err := p.Pick(kvReq(kvPrompt), kvCands("A", "B", "C", "D"))
+				if err != nil {
+					t.Fatal(err)
+				}
+				return kvCosts(d)
+			}
+			busy, idle := costs()["A"], costs()["D"]
+			if busy != 9 || idle != 8 {
+				t.Fatalf("costs %v: want 9 where the prompt is in flight (prefill 4 + 5 active blocks, none new), 8 idle (prefill 4 + 4 new)", costs())
+			}
+			done := map[string]bool{}
+			for _, i := range tc.order {
+				p.Finished(reqs[i].ID)
+				done[eps[i]] = true
+				c := costs()
+				for _, ep := range eps {
+					want := busy
+					if done[ep] {
+						want = idle
+					}
+					if c[ep] != want {
+						t.Fatalf("after finishing %v: costs %v, want %s at %v", done, c, ep, want)
+					}
+				}
+			}
+		})
+	}
+}

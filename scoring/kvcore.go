@@ -26,11 +26,15 @@ type kvCore struct {
 	eps     map[string]*kvEndpoint
 	reqs    map[string]*kvRequest
 	pending map[string]*kvPending
-	// active maps each block key of an in-flight request to the endpoints whose in-flight
-	// requests hold it, so that a pick counts the request's already-active blocks on every
-	// candidate with one map lookup per block.
-	active map[uint64][]kvHolder
-	stamp  uint64
+	// active maps each block key of an in-flight request to an endpoint whose in-flight
+	// requests hold it, and activeMore to any further such endpoints (rare: a prefix in
+	// flight on several endpoints at once), so that a pick counts the request's
+	// already-active blocks on every candidate with one map lookup per block, and routing
+	// a request allocates nothing per block.
+	active     map[uint64]kvHolder
+	activeMore map[uint64][]kvHolder
+	stamp      uint64
+	pendings   sync.Pool // *kvPending, recycled once Routed or Finished consumed them
 }
 
 type kvEndpoint struct {
@@ -70,15 +74,16 @@ type kvKeys struct {
 }
 
 type kvScratch struct {
-	sizes    []int
-	overlaps []int
-	costs    []float64
-	order    []int
-	names    []string
-	pos      []int
-	lead     []int
-	probs    []float64
-	eps      []*kvEndpoint
+	predicted []bool
+	sizes     []int
+	overlaps  []int
+	costs     []float64
+	order     []int
+	names     []string
+	pos       []int
+	lead      []int
+	probs     []float64
+	eps       []*kvEndpoint
 }
 
 type kvMetrics struct {
@@ -118,13 +123,115 @@ func newKVCore(policy string, cfg KVConfig, ix PrefixIndex, health EventHealth, 
 	}
 	return &kvCore{
 		cfg: cfg, ix: ix, health: health, predict: predict,
-		m:       newKVMetrics(policy, reg),
-		rng:     rand.New(src),
-		eps:     make(map[string]*kvEndpoint),
-		reqs:    make(map[string]*kvRequest),
-		pending: make(map[string]*kvPending),
-		active:  make(map[uint64][]kvHolder),
+		m:          newKVMetrics(policy, reg),
+		rng:        rand.New(src),
+		eps:        make(map[string]*kvEndpoint),
+		reqs:       make(map[string]*kvRequest),
+		pending:    make(map[string]*kvPending),
+		active:     make(map[uint64]kvHolder),
+		activeMore: make(map[uint64][]kvHolder),
 	}, nil
+}
+
+// holders calls f for every endpoint whose in-flight requests hold key k; c.mu must be
+// held.
+func (c *kvCore) holders(k uint64, f func(kvHolder)) {
+	h, ok := c.active[k]
+	if !ok {
+		return
+	}
+	f(h)
+	if len(c.activeMore) > 0 {
+		for _, h := range c.activeMore[k] {
+			f(h)
+		}
+	}
+}
+
+// hold adds one in-flight reference to key k on ep; c.mu must be held.
+func (c *kvCore) hold(k uint64, ep *kvEndpoint) {
+	h, ok := c.active[k]
+	switch {
+	case !ok:
+		c.active[k] = kvHolder{ep, 1}
+		ep.activeBlocks++
+		return
+	case h.ep == ep:
+		h.n++
+		c.active[k] = h
+		return
+	}
+	more := c.activeMore[k]
+	if i := slices.IndexFunc(more, func(h kvHolder) bool { return h.ep == ep }); i >= 0 {
+		more[i].n++
+		return
+	}
+	c.activeMore[k] = append(more, kvHolder{ep, 1})
+	ep.activeBlocks++
+}
+
+// unhold drops one in-flight reference to key k on ep; c.mu must be held.
+func (c *kvCore) unhold(k uint64, ep *kvEndpoint) {
+	h, ok := c.active[k]
+	if !ok {
+		return
+	}
+	more := c.activeMore[k]
+	if h.ep == ep {
+		if h.n--; h.n > 0 {
+			c.active[k] = h
+			return
+		}
+		ep.activeBlocks--
+		if len(more) == 0 {
+			delete(c.active, k)
+			return
+		}
+		c.active[k] = more[len(more)-1]
+		more = more[:len(more)-1]
+	} else {
+		i := slices.IndexFunc(more, func(h kvHolder) bool { return h.ep == ep })
+		if i < 0 {
+			return
+		}
+		if more[i].n--; more[i].n > 0 {
+			return
+		}
+		ep.activeBlocks--
+		more[i] = more[len(more)-1]
+		more = more[:len(more)-1]
+	}
+	if len(more) == 0 {
+		delete(c.activeMore, k)
+	} else {
+		c.activeMore[k] = more
+	}
+}
+
+// newPending returns a cleared kvPending with room for n candidates.
+func (c *kvCore) newPending(isl, n int) *kvPending {
+	p, _ := c.pendings.Get().(*kvPending)
+	if p == nil {
+		p = &kvPending{}
+	}
+	p.isl = isl
+	p.endpoints = slices.Grow(p.endpoints[:0], n)[:n]
+	p.overlaps = slices.Grow(p.overlaps[:0], n)[:n]
+	p.sizes = slices.Grow(p.sizes[:0], n)[:n]
+	p.keys = p.keys[:0]
+	return p
+}
+
+// recycle returns p to the pool. Its key slices are not reused: a routed request keeps
+// the ones of its endpoint's block size.
+func (c *kvCore) recycle(p *kvPending) {
+	if p == nil || cap(p.endpoints) > 4096 {
+		return
+	}
+	clear(p.endpoints)
+	clear(p.keys)
+	p.keys = p.keys[:0]
+	c.pendings.Put(p)
 }
 
 func (c *kvCore) blockSize(e *Endpoint) int {
@@ -189,9 +296,9 @@ func (c *kvCore) pick(req *Request, cands []Endpoint) (Decision, error) {
 
 	tokenized := req.TokenIDs != nil
 	var p *kvPending
-	predicted := make([]bool, 0)
+	predicted := sc.predicted[:0]
 	if tokenized {
-		p = &kvPending{isl: len(req.TokenIDs), endpoints: make([]string, n), overlaps: make([]int, n), sizes: make([]int, n)}
+		p = c.newPending(len(req.TokenIDs), n)
 		root := rootOf(req)
 		for i := range cands {
 			bs := c.blockSize(&cands[i])
@@ -201,6 +308,7 @@ func (c *kvCore) pick(req *Request, cands []Endpoint) (Decision, error) {
 			}
 		}
 		predicted = slices.Grow(predicted, n)[:n]
+		sc.predicted = predicted
 		for i := range cands {
 			predicted[i] = c.ix == nil || (c.health != nil && !c.health.EventsHealthy(cands[i].Address))
 		}
@@ -237,7 +345,17 @@ func (c *kvCore) pick(req *Request, cands []Endpoint) (Decision, error) {
 		}
 		for _, g := range p.keys {
 			for _, k := range g.keys {
-				for _, h := range c.active[k] {
+				h, ok := c.active[k]
+				if !ok {
+					continue
+				}
+				if h.ep.sharedStamp == c.stamp && h.ep.blockSize == g.blockSize {
+					h.ep.shared++
+				}
+				if len(c.activeMore) == 0 {
+					continue
+				}
+				for _, h := range c.activeMore[k] {
 					if h.ep.sharedStamp == c.stamp && h.ep.blockSize == g.blockSize {
 						h.ep.shared++
 					}
@@ -266,9 +384,12 @@ func (c *kvCore) pick(req *Request, cands []Endpoint) (Decision, error) {
 		}
 		copy(p.overlaps, sc.overlaps)
 		copy(p.sizes, sc.sizes)
-		if _, ok := c.pending[req.ID]; !ok && len(c.pending) >= c.cfg.MaxTracked {
-			for id := range c.pending { // any one: Go's map order is random
+		if old, ok := c.pending[req.ID]; ok {
+			c.recycle(old)
+		} else if len(c.pending) >= c.cfg.MaxTracked {
+			for id, old := range c.pending { // any one: Go's map order is random
 				delete(c.pending, id)
+				c.recycle(old)
 				c.m.dropped.Inc()
 				break
 			}
@@ -276,31 +397,41 @@ func (c *kvCore) pick(req *Request, cands []Endpoint) (Decision, error) {
 		c.pending[req.ID] = p
 	}
 	c.mu.Unlock()
+	return c.decision(cands, sc, best), nil
+}
+
+// decision builds the answer: best first, then up to maxFallbacks others by rising cost
+// (earlier candidates first among equals), and Scores, the negated costs.
+func (c *kvCore) decision(cands []Endpoint, sc *kvScratch, best int) Decision {
+	n := len(cands)
 
 	d := Decision{Endpoint: cands[best].Address, Scores: make(map[string]float64, n)}
-	sc.order = sc.order[:0]
+	var top [maxFallbacks]int
+	k := 0
 	for i := range cands {
 		d.Scores[cands[i].Address] = -sc.costs[i]
-		if i != best {
-			sc.order = append(sc.order, i)
+		if i == best {
+			continue
+		}
+		// Insert i into top[:k], kept sorted by cost (stable: earlier candidates first).
+		j := min(k, maxFallbacks-1)
+		if k == maxFallbacks && sc.costs[i] >= sc.costs[top[j]] {
+			continue
+		}
+		for j > 0 && sc.costs[i] < sc.costs[top[j-1]] {
+			top[j] = top[j-1]
+			j--
+		}
+		top[j] = i
+		k = min(k+1, maxFallbacks)
+	}
+	if k > 0 {
+		d.Fallbacks = make([]string, k)
+		for j := range k {
+			d.Fallbacks[j] = cands[top[j]].Address
 		}
 	}
-	slices.SortStableFunc(sc.order, func(a, b int) int {
-		switch {
-		case sc.costs[a] < sc.costs[b]:
-			return -1
-		case sc.costs[a] > sc.costs[b]:
-			return 1
-		}
-		return 0
-	})
-	if len(sc.order) > 0 {
-		d.Fallbacks = make([]string, len(sc.order))
-		for j, i := range sc.order {
-			d.Fallbacks[j] = cands[i].Address
-		}
-	}
-	return d, nil
+	return d
 }
 
 // lookup fills sc.overlaps from the index for the candidates not predicted, one index
@@ -378,6 +509,7 @@ func (c *kvCore) routed(req *Request, addr string) {
 	ep := c.endpoint(addr)
 	bs := ep.blockSize
 	c.mu.Unlock()
+	defer c.recycle(p)
 
 	var keys []uint64
 	overlap, known := 0, false
@@ -414,14 +546,7 @@ func (c *kvCore) routed(req *Request, addr string) {
 	ep.requests++
 	ep.prefillTokens += r.prefill
 	for _, k := range keys {
-		hs := c.active[k]
-		i := slices.IndexFunc(hs, func(h kvHolder) bool { return h.ep == ep })
-		if i < 0 {
-			c.active[k] = append(hs, kvHolder{ep, 1})
-			ep.activeBlocks++
-		} else {
-			hs[i].n++
-		}
+		c.hold(k, ep)
 	}
 	if ep.lru != nil {
 		ep.lru.add(keys)
@@ -442,7 +567,10 @@ func (c *kvCore) firstToken(id string) {
 func (c *kvCore) finished(id string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	delete(c.pending, id)
+	if p, ok := c.pending[id]; ok {
+		delete(c.pending, id)
+		c.recycle(p)
+	}
 	c.release(id)
 }
 
@@ -459,21 +587,7 @@ func (c *kvCore) release(id string) {
 	}
 	ep.requests--
 	for _, k := range r.keys {
-		hs := c.active[k]
-		i := slices.IndexFunc(hs, func(h kvHolder) bool { return h.ep == ep })
-		if i < 0 {
-			continue
-		}
-		if hs[i].n--; hs[i].n > 0 {
-			continue
-		}
-		ep.activeBlocks--
-		if len(hs) == 1 {
-			delete(c.active, k)
-		} else {
-			hs[i] = hs[len(hs)-1]
-			c.active[k] = hs[:len(hs)-1]
-		}
+		c.unhold(k, ep)
 	}
 }
 

@@ -73,6 +73,14 @@ func contraction(s string, i int, fold bool) int {
 // run returns the end of the longest run at s[i:] of runes whose class satisfies ok.
 func run(s string, i int, ok func(uint8) bool) int {
 	for i < len(s) {
+		if c := s[i]; c < utf8.RuneSelf {
+			// ASCII: its class is in the table's first block (classIdx[0] == 0).
+			if !ok(classBlocks[c]) {
+				break
+			}
+			i++
+			continue
+		}
 		r, n := decode(s, i)
 		if !ok(classOf(r)) {
 			break

@@ -2,8 +2,10 @@ package tokenizer
 
 import (
 	"fmt"
+	"hash/maphash"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"unicode/utf8"
 
 	lru "github.com/hashicorp/golang-lru/v2"
@@ -28,7 +30,17 @@ type Tokenizer struct {
 	cacheMinLen int
 	cacheMaxLen int
 	counters    cacheCounters
+	// seen is the cache's doorkeeper: a direct-mapped table of the hashes of segments
+	// that missed once. A segment is memoised on its second miss, so text seen once (a
+	// request's own user turn) is neither copied into the cache nor evicts the shared
+	// system prompts. Lost updates between goroutines only delay an admission.
+	seen     []atomic.Uint64
+	seenSeed maphash.Seed
 }
+
+// seenSlots is the doorkeeper's size: hashes of the last few thousand distinct
+// segments that missed.
+const seenSlots = 4096
 
 // Option configures a Tokenizer at load time.
 type Option func(*options)
@@ -53,7 +65,8 @@ func defaultOptions() options {
 }
 
 // WithSegmentCache sets how many text segments (the text between added tokens, such
-// as a shared system prompt) the LRU memoises, and the range of segment lengths in
+// as a shared system prompt) the LRU memoises (a segment is admitted the second time it
+// misses, so text seen once does not evict shared prompts), and the range of segment lengths in
 // bytes worth caching: shorter ones are cheap to tokenize, longer ones would make the
 // cache's memory unbounded in practice. Memory stays below about size x maxLen x 5
 // bytes. size 0 disables the cache.
@@ -75,6 +88,8 @@ func (t *Tokenizer) initCache(o options) error {
 		return fmt.Errorf("tokenizer: segment cache: %w", err)
 	}
 	t.cache = c
+	t.seen = make([]atomic.Uint64, seenSlots)
+	t.seenSeed = maphash.MakeSeed()
 	return nil
 }
 
@@ -135,10 +150,22 @@ func (t *Tokenizer) encodeSegment(seg string, out []uint32) []uint32 {
 	}
 	start := len(out)
 	out = t.encodeText(seg, out)
-	if cacheable {
+	if cacheable && t.admit(seg) {
 		t.cache.Add(strings.Clone(seg), slices.Clone(out[start:]))
 	}
 	return out
+}
+
+// admit reports whether seg, which just missed the cache, missed before (recently
+// enough that its hash is still in the doorkeeper), and otherwise remembers it.
+func (t *Tokenizer) admit(seg string) bool {
+	h := maphash.String(t.seenSeed, seg) | 1 // 0 marks an empty slot
+	slot := &t.seen[h%seenSlots]
+	if slot.Load() == h {
+		return true
+	}
+	slot.Store(h)
+	return false
 }
 
 // encodeText normalises seg, splits it on normalized added tokens, pre-tokenises and

@@ -305,15 +305,46 @@ func TestMetricsGolden(t *testing.T) {
 	m := tokenizer.NewMetrics(reg)
 	tk := tiny(t, helloMerges, []string{"<|x|>"}, nil, tokenizer.WithSegmentCache(8, 4, 1<<20), tokenizer.WithMetrics(m, "tiny"))
 	tk.Encode("hello world<|x|>hi", false) // "hello world" misses, "hi" is too short to cache
+	tk.Encode("hello world", false)        // misses again, so it is admitted
 	tk.Encode("hello world", false)        // hit
 	tk.Encode("hello world!", false)       // miss
 	want := `
 # HELP kvrouter_tokenizer_segment_cache_lookups_total Lookups of tokenized text segments (text between added tokens) in the tokenizer's LRU, by result.
 # TYPE kvrouter_tokenizer_segment_cache_lookups_total counter
 kvrouter_tokenizer_segment_cache_lookups_total{model="tiny",result="hit"} 1
-kvrouter_tokenizer_segment_cache_lookups_total{model="tiny",result="miss"} 2
+kvrouter_tokenizer_segment_cache_lookups_total{model="tiny",result="miss"} 3
 `
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want)); err != nil {
 		t.Error(err)
+	}
+}
+
+// TestCacheAdmitsRepeatedSegments checks the cache's doorkeeper: a segment is memoised
+// the second time it misses, and segments seen once (unique user turns) do not evict
+// what was memoised.
+func TestCacheAdmitsRepeatedSegments(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		encodes   []string
+		hit, miss float64
+	}{
+		{"once: not memoised", []string{"shared prompt"}, 0, 1},
+		{"twice: memoised on the second miss", []string{"shared prompt", "shared prompt", "shared prompt"}, 1, 2},
+		{"unique segments do not evict it", []string{"shared prompt", "shared prompt",
+			"unique 1", "unique 2", "unique 3", "unique 4", "unique 5", "shared prompt"}, 1, 7},
+		{"repeated segments do", []string{"shared prompt", "shared prompt",
+			"other 1", "other 1", "other 2", "other 2", "shared prompt"}, 0, 7},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			reg := prometheus.NewPedanticRegistry()
+			// Room for one segment: any other admitted segment evicts the prompt.
+			tk := tiny(t, helloMerges, nil, nil, tokenizer.WithSegmentCache(1, 4, 1<<20), tokenizer.WithMetrics(tokenizer.NewMetrics(reg), "tiny"))
+			for _, s := range tc.encodes {
+				tk.Encode(s, false)
+			}
+			if hit, miss := lookups(t, reg, "hit"), lookups(t, reg, "miss"); hit != tc.hit || miss != tc.miss {
+				t.Errorf("hits %v misses %v, want %v and %v", hit, miss, tc.hit, tc.miss)
+			}
+		})
 	}
 }

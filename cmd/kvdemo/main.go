@@ -10,6 +10,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -19,6 +20,10 @@ import (
 	"syscall"
 	"time"
 
+	"google.golang.org/grpc"
+
+	"github.com/kvrouter/kvrouter/extproc"
+	"github.com/kvrouter/kvrouter/extproc/envoytest"
 	"github.com/kvrouter/kvrouter/internal/demo"
 	"github.com/kvrouter/kvrouter/kvbench"
 )
@@ -37,6 +42,9 @@ func main() {
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) > 0 && args[0] == "latency" {
 		return latency(ctx, args[1:], stdout, stderr)
+	}
+	if len(args) > 0 && args[0] == "trivial-extproc" {
+		return trivialExtProc(ctx, args[1:], stderr)
 	}
 	start := time.Now()
 	o := demo.DefaultOptions()
@@ -139,11 +147,14 @@ func latency(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs := flag.NewFlagSet("kvdemo latency", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	eps := fs.String("endpoints", "6,64", "fleet sizes, comma list")
+	fs.StringVar(&o.BinDir, "bin", o.BinDir, "directory with the kvrouter and vllm-sim binaries (make build)")
+	routerEnv := fs.String("router-env", "GOGC=400", "environment variables for kvrouter, comma list (default: the Helm chart's GOGC; \"\" for Go's defaults)")
 	fs.Float64Var(&o.Rate, "rate", o.Rate, "open-loop ext_proc exchanges per second")
 	fs.DurationVar(&o.Duration, "duration", o.Duration, "length of each measured round")
 	fs.IntVar(&o.Rounds, "rounds", o.Rounds, "rounds per server, alternating kvrouter and trivial")
 	fs.StringVar(&o.TokenizerDir, "tokenizer", o.TokenizerDir, "the model's tokenizer directory (make models)")
-	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of this process (the fake Envoy) to this file")
+	keep := fs.Bool("keep-logs", false, "keep the generated configurations and the processes' logs")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -166,15 +177,47 @@ func latency(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		}
 		o.Endpoints = append(o.Endpoints, n)
 	}
+	if *routerEnv != "" {
+		o.RouterEnv = strings.Split(*routerEnv, ",")
+	}
 	o.Log = stderr
 	dir, err := os.MkdirTemp("", "kvdemo-latency-")
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
+	if *keep {
+		fmt.Fprintf(stderr, "kvdemo latency: configurations and logs in %s\n", dir)
+	} else {
+		defer os.RemoveAll(dir)
+	}
 	rounds, err := demo.MeasureLatency(ctx, o, dir)
 	if err != nil {
 		return err
 	}
 	return demo.WriteLatency(stdout, o, rounds)
+}
+
+// trivialExtProc is `kvdemo trivial-extproc` (not in the usage: kvdemo latency starts
+// it): envoytest.Trivial, an ext_proc server that names a fixed endpoint without parsing
+// or scoring, served with kvrouter's gRPC server options in a process of its own, so
+// that it shares no heap, GC or scheduler with kvrouter or the fake Envoy.
+func trivialExtProc(ctx context.Context, args []string, stderr io.Writer) error {
+	fs := flag.NewFlagSet("kvdemo trivial-extproc", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	listen := fs.String("listen", "127.0.0.1:9002", "ext_proc gRPC address")
+	endpoint := fs.String("endpoint", "127.0.0.1:8000", "the endpoint every request is routed to")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	lis, err := net.Listen("tcp", *listen)
+	if err != nil {
+		return err
+	}
+	g := grpc.NewServer(extproc.ServerOptions()...)
+	envoytest.NewTrivial(*endpoint).Register(g)
+	go func() {
+		<-ctx.Done()
+		g.Stop()
+	}()
+	return g.Serve(lis)
 }

@@ -58,6 +58,7 @@ func run(args []string) error {
 	fs.Float64Var(&cfg.Engine.Timing.Attention, "step-attention", cfg.Engine.Timing.Attention, "step time: seconds per 1e6 attention token pairs")
 	hashSeed := fs.Int64("hash-seed", -1, "block hash root seed (like PYTHONHASHSEED); -1 = random per process")
 	fs.BoolVar(&cfg.LegacyErrors, "legacy-errors", false, "flat {\"object\":\"error\",...} error bodies as older vLLM")
+	replicas := fs.Int("replicas", 1, "independent servers in this process (not a vLLM flag): replica i serves HTTP on --port + i and KV events on the configured ports + i x --data-parallel-size, with its own engines, cache, metrics and hash seed; all share one loaded tokenizer")
 	tokDir := fs.String("tokenizer", "", "directory with the model's tokenizer.json and tokenizer_config.json: enables text prompts, chat completions and /tokenize (as vLLM computes them)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -73,12 +74,9 @@ func run(args []string) error {
 	if *hashSeed >= 0 {
 		cfg.Engine.HashSeed = uint64(*hashSeed)
 		cfg.HashSeeded = true
-	} else {
-		var b [8]byte
-		if _, err := rand.Read(b[:]); err != nil {
-			return err
-		}
-		cfg.Engine.HashSeed = binary.LittleEndian.Uint64(b[:])
+	}
+	if *replicas < 1 {
+		return fmt.Errorf("--replicas must be at least 1, got %d", *replicas)
 	}
 
 	log, err := zap.NewProduction()
@@ -96,29 +94,56 @@ func run(args []string) error {
 		// simulated server hashes the same tokens vLLM would.
 		opts.Tokenizer, opts.Chat = b, b
 	}
-	srv, err := server.New(cfg, opts)
-	if err != nil {
-		return err
-	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	hs := &http.Server{Addr: net.JoinHostPort(*host, fmt.Sprint(*port)), Handler: srv.Handler(),
-		ReadHeaderTimeout: 10 * time.Second}
 	g, ctx := errgroup.WithContext(ctx)
-	g.Go(func() error { return srv.Run(ctx) })
-	g.Go(func() error {
-		log.Info("serving", zap.String("addr", hs.Addr), zap.String("model", cfg.Model),
-			zap.Int("num_gpu_blocks", cfg.Engine.NumGPUBlocks), zap.Int("data_parallel_size", cfg.DataParallelSize))
-		if err := hs.ListenAndServe(); !errors.Is(err, http.ErrServerClosed) {
+	for i := range *replicas {
+		rc, err := replicaConfig(cfg, i, *hashSeed < 0)
+		if err != nil {
 			return err
 		}
-		return nil
-	})
-	g.Go(func() error {
-		<-ctx.Done()
-		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		return hs.Shutdown(sctx)
-	})
+		ro := opts
+		if *replicas > 1 {
+			ro.Logger = log.With(zap.Int("replica", i))
+		}
+		srv, err := server.New(rc, ro)
+		if err != nil {
+			return err
+		}
+		hs := &http.Server{Addr: net.JoinHostPort(*host, fmt.Sprint(*port+i)), Handler: srv.Handler(),
+			ReadHeaderTimeout: 10 * time.Second}
+		g.Go(func() error { return srv.Run(ctx) })
+		g.Go(func() error {
+			ro.Logger.Info("serving", zap.String("addr", hs.Addr), zap.String("model", rc.Model),
+				zap.Int("num_gpu_blocks", rc.Engine.NumGPUBlocks), zap.Int("data_parallel_size", rc.DataParallelSize))
+			if err := hs.ListenAndServe(); !errors.Is(err, http.ErrServerClosed) {
+				return err
+			}
+			return nil
+		})
+		g.Go(func() error {
+			<-ctx.Done()
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			return hs.Shutdown(sctx)
+		})
+	}
 	return g.Wait()
+}
+
+// replicaConfig is replica i's configuration: its KV-event ports offset by i x the
+// data-parallel size (so ranks and replicas never share a port) and, unless seeded,
+// a random hash seed of its own, as separate vLLM processes would have.
+func replicaConfig(cfg server.Config, i int, randomSeed bool) (server.Config, error) {
+	off := i * cfg.DataParallelSize
+	cfg.KVEvents.Endpoint = server.OffsetEndpoint(cfg.KVEvents.Endpoint, off)
+	cfg.KVEvents.ReplayEndpoint = server.OffsetEndpoint(cfg.KVEvents.ReplayEndpoint, off)
+	if randomSeed {
+		var b [8]byte
+		if _, err := rand.Read(b[:]); err != nil {
+			return cfg, err
+		}
+		cfg.Engine.HashSeed = binary.LittleEndian.Uint64(b[:])
+	}
+	return cfg, nil
 }

@@ -6,28 +6,26 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	mrand "math/rand/v2"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
 
-	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
-	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/protobuf/types/known/structpb"
 
-	"github.com/kvrouter/kvrouter/config"
 	"github.com/kvrouter/kvrouter/extproc/envoytest"
 	"github.com/kvrouter/kvrouter/internal/app"
 	"github.com/kvrouter/kvrouter/openai"
 	"github.com/kvrouter/kvrouter/prompt"
-	"github.com/kvrouter/kvrouter/sim/server"
 )
 
 // LatencyOptions configure MeasureLatency.
@@ -42,6 +40,13 @@ type LatencyOptions struct {
 	// Model and TokenizerDir: the model the requests name and its tokenizer.
 	Model        string
 	TokenizerDir string
+	// BinDir holds the kvrouter and vllm-sim binaries (make build).
+	BinDir string
+	// RouterEnv is added to kvrouter's environment (e.g. GOGC=400, GOMEMLIMIT=1GiB).
+	RouterEnv []string
+	// Trivial is the command whose `trivial-extproc --listen ADDR` subcommand serves the
+	// trivial ext_proc server (program first); empty: this executable (cmd/kvdemo).
+	Trivial []string
 	// Log receives progress lines; nil discards them.
 	Log io.Writer
 }
@@ -49,7 +54,7 @@ type LatencyOptions struct {
 // DefaultLatencyOptions: 6 and 64 endpoints, 1,000 exchanges/s, 2 rounds of 3 s each.
 func DefaultLatencyOptions() LatencyOptions {
 	return LatencyOptions{Endpoints: []int{6, 64}, Rate: 1000, Duration: 3 * time.Second, Rounds: 2,
-		Model: "Qwen/Qwen3-0.6B", TokenizerDir: ".cache/models/qwen3"}
+		Model: "Qwen/Qwen3-0.6B", TokenizerDir: ".cache/models/qwen3", BinDir: "bin"}
 }
 
 // LatencyRound is one measured round of one server.
@@ -57,10 +62,16 @@ type LatencyRound struct {
 	Server    string // "kvrouter" or "trivial"
 	Endpoints int
 	Result    envoytest.LoadResult
-	// CPUPerExchange is this process's CPU time (user + system) over the round divided by
-	// the exchanges: the load generator's share is the same for both servers, so the
-	// difference is what kvrouter's routing costs.
-	CPUPerExchange time.Duration
+	// CPU is each process's CPU time (user + system) over the round divided by the
+	// round's exchanges: kvrouter, trivial, vllm-sim (the whole fleet) and kvdemo (the
+	// fake Envoy), in that order. The server not measured in a round is idle.
+	CPU []ProcessCPU
+}
+
+// ProcessCPU is one process's CPU time per exchange over a round.
+type ProcessCPU struct {
+	Process     string
+	PerExchange time.Duration
 }
 
 func processCPU() time.Duration {
@@ -96,11 +107,14 @@ func words(seed, n int) string {
 }
 
 // MeasureLatency measures the ext_proc round trip Envoy sees (stream open to the last
-// request-phase reply, envoytest.Load at a fixed open-loop rate over loopback TCP) of the
-// real kvrouter runner (kv policy, exact tokenization and chat template, an index fed by
-// real KV events from simulated servers that were sent realistic traffic first) and, in
-// the same run and alternating round by round, of a trivial ext_proc server that answers
-// without parsing or scoring.
+// request-phase reply, envoytest.Load at a fixed open-loop rate over loopback TCP) of
+// kvrouter (bin/kvrouter as its own process: kv policy, exact tokenization and chat
+// template, an index fed by real KV events from simulated servers that were sent
+// realistic traffic first) and, in the same run and alternating round by round, of a
+// trivial ext_proc server (envoytest.Trivial in its own process, `kvdemo
+// trivial-extproc`) that answers without parsing or scoring. The simulated fleet is one
+// vllm-sim process (--replicas); this process is only the fake Envoy. Each round
+// reports every process's CPU time per exchange.
 func MeasureLatency(ctx context.Context, o LatencyOptions, dir string) (_ []LatencyRound, err error) {
 	logf := func(format string, a ...any) {
 		if o.Log != nil {
@@ -110,16 +124,17 @@ func MeasureLatency(ctx context.Context, o LatencyOptions, dir string) (_ []Late
 	if o.TokenizerDir, err = filepath.Abs(o.TokenizerDir); err != nil {
 		return nil, err
 	}
+	if len(o.Trivial) == 0 {
+		exe, err := os.Executable()
+		if err != nil {
+			return nil, err
+		}
+		o.Trivial = []string{exe}
+	}
 	b, err := prompt.LoadDir(o.TokenizerDir, prompt.LoadOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("demo: tokenizer: %w (run `make models`)", err)
 	}
-	trivial, err := envoytest.TCP(func(g *grpc.Server) { extprocv3.RegisterExternalProcessorServer(g, trivialServer{}) })
-	if err != nil {
-		return nil, err
-	}
-	defer trivial.Close()
-
 	shared := words(1, 1200)
 	req := envoytest.Request{Headers: envoytest.Headers{{Key: ":method", Value: "POST"}, {Key: ":path", Value: "/v1/chat/completions"},
 		{Key: ":authority", Value: "gw"}, {Key: "content-type", Value: "application/json"}},
@@ -132,7 +147,7 @@ func MeasureLatency(ctx context.Context, o LatencyOptions, dir string) (_ []Late
 
 	var out []LatencyRound
 	for _, n := range o.Endpoints {
-		rounds, err := measureFleet(ctx, o, dir, b, n, shared, req, trivial, logf)
+		rounds, err := measureFleet(ctx, o, dir, n, shared, req, logf)
 		if err != nil {
 			return out, err
 		}
@@ -149,101 +164,167 @@ func mustRequest(body []byte) *openai.Request {
 	return r
 }
 
-func measureFleet(ctx context.Context, o LatencyOptions, dir string, b *prompt.Builder, n int, shared string,
-	req envoytest.Request, trivial *envoytest.Conn, logf func(string, ...any)) ([]LatencyRound, error) {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	defer cancel()
-
-	var servers []serverAddrs
-	for range n {
-		cfg := server.DefaultConfig()
-		cfg.Model = o.Model
-		cfg.TimeScale = 50
-		cfg.EnablePromptTokensDetails = true
-		cfg.Engine.NumGPUBlocks = 585
-		cfg.KVEvents.EnableKVCacheEvents = true
-		cfg.KVEvents.Endpoint = "tcp://127.0.0.1:0"
-		cfg.KVEvents.Bind = true
-		srv, err := server.New(cfg, server.Options{Tokenizer: b, Chat: b})
-		if err != nil {
-			return nil, err
+// freePortRange finds n consecutive free loopback ports below Linux's ephemeral range
+// (so outgoing connections do not take them) and releases them for a child.
+func freePortRange(n int) (int, error) {
+	for range 100 {
+		base := 20000 + mrand.IntN(12000-n)
+		var lns []net.Listener
+		for p := base; p < base+n; p++ {
+			l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
+			if err != nil {
+				break
+			}
+			lns = append(lns, l)
 		}
-		wg.Go(func() { _ = srv.Run(ctx) })
-		pub, _, err := srv.PublisherAddr(ctx, 0)
-		if err != nil {
-			return nil, err
+		for _, l := range lns {
+			l.Close()
 		}
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
+		if len(lns) == n {
+			return base, nil
 		}
-		hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second}
-		wg.Go(func() { _ = hs.Serve(ln) })
-		wg.Go(func() { <-ctx.Done(); hs.Close() })
-		servers = append(servers, serverAddrs{HTTP: ln.Addr().String(), Events: "tcp://" + strings.TrimPrefix(pub, "tcp://")})
 	}
+	return 0, fmt.Errorf("demo: no %d consecutive free ports", n)
+}
+
+// latencyStack is one fleet size's processes: vllm-sim (all servers), kvrouter and the
+// trivial ext_proc server.
+type latencyStack struct {
+	procStack
+	servers []serverAddrs
+	extproc string // kvrouter's ext_proc address
+	trivial string // the trivial server's
+}
+
+func startLatencyStack(o LatencyOptions, dir string, n int) (*latencyStack, error) {
+	base, err := freePortRange(2 * n)
+	if err != nil {
+		return nil, err
+	}
+	ports, err := freePorts(4)
+	if err != nil {
+		return nil, err
+	}
+	s := &latencyStack{}
+	for i := range n {
+		s.servers = append(s.servers, serverAddrs{HTTP: fmt.Sprintf("127.0.0.1:%d", base+i), Events: fmt.Sprintf("tcp://127.0.0.1:%d", base+n+i)})
+	}
+	ev, _ := json.Marshal(map[string]any{"enable_kv_cache_events": true, "publisher": "zmq",
+		"endpoint": fmt.Sprintf("tcp://127.0.0.1:%d", base+n), "bind": true})
+	bin := func(name string) string { return filepath.Join(o.BinDir, name) }
+	if err := s.spawn("vllm-sim", filepath.Join(dir, fmt.Sprintf("vllm-sim-%d.log", n)), nil, bin("vllm-sim"),
+		"--host", "127.0.0.1", "--port", strconv.Itoa(base), "--replicas", strconv.Itoa(n), "--model", o.Model,
+		"--tokenizer", o.TokenizerDir, "--kv-events-config", string(ev), "--enable-prompt-tokens-details",
+		"--num-gpu-blocks-override", "585", "--time-scale", "50"); err != nil {
+		return s, err
+	}
+	addr := func(p int) string { return fmt.Sprintf("127.0.0.1:%d", p) }
+	s.extproc, s.trivial = addr(ports[0]), addr(ports[3])
+	s.routerURL, s.gatewayURL = "http://"+addr(ports[2]), "http://"+s.trivial
 	do := &Options{Model: o.Model, TokenizerDir: o.TokenizerDir}
 	path := filepath.Join(dir, fmt.Sprintf("kvrouter-latency-%d.yaml", n))
-	if err := os.WriteFile(path, routerConfigScrape(do, servers, "kv", "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0", false), 0o644); err != nil {
-		return nil, err
+	if err := os.WriteFile(path, routerConfigScrape(do, s.servers, "kv", s.extproc, addr(ports[1]), addr(ports[2]), false), 0o644); err != nil {
+		return s, err
 	}
-	cfg, err := config.Load(path)
+	if err := s.spawn("kvrouter", filepath.Join(dir, fmt.Sprintf("kvrouter-%d.log", n)), o.RouterEnv, bin("kvrouter"),
+		"--config", path, "--log-level", "warn"); err != nil {
+		return s, err
+	}
+	args := append(slices.Clone(o.Trivial[1:]), "trivial-extproc", "--listen", s.trivial)
+	return s, s.spawn("trivial", filepath.Join(dir, fmt.Sprintf("trivial-%d.log", n)), nil, o.Trivial[0], args...)
+}
+
+func measureFleet(ctx context.Context, o LatencyOptions, dir string, n int, shared string,
+	req envoytest.Request, logf func(string, ...any)) (_ []LatencyRound, err error) {
+	var st *latencyStack
+	// Ports are released before the children bind them; a fresh set gets past a race.
+	for attempt := 0; attempt < 3 && ctx.Err() == nil; attempt++ {
+		if st != nil {
+			_ = st.Close()
+		}
+		logf("%d endpoints: starting vllm-sim (%d replicas), kvrouter and the trivial server", n, n)
+		if st, err = startLatencyStack(o, dir, n); err == nil {
+			err = waitReady(ctx, st, n, 60*time.Second)
+		}
+		if err == nil {
+			break
+		}
+		logf("%d endpoints: %v", n, err)
+	}
+	if st != nil {
+		defer st.Close()
+	}
 	if err != nil {
-		return nil, err
-	}
-	a, err := app.New(cfg, app.Options{Logger: zap.NewNop()})
-	if err != nil {
-		return nil, err
-	}
-	addrs, err := a.Listen()
-	if err != nil {
-		return nil, err
-	}
-	wg.Go(func() { _ = a.Run(ctx) })
-	st := &inproc{routerURL: "http://" + addrs.Metrics, gatewayURL: "http://" + addrs.Metrics}
-	if err := waitReady(ctx, st, n, 60*time.Second); err != nil {
 		return nil, err
 	}
 
 	// Warm the caches: every server gets 2,400-token chats directly (their blocks reach
 	// the index through the KV events), the first one the measured request's system prompt.
 	logf("%d endpoints: warming %d servers' caches", n, n)
-	if err := warm(ctx, servers, o.Model, shared); err != nil {
+	if err := warm(ctx, st.servers, o.Model, shared); err != nil {
 		return nil, err
 	}
 	kv := waitIndexed(ctx, st.routerURL, n)
 	logf("%d endpoints: index holds %d blocks", n, kv)
 
-	conn, err := grpc.NewClient(addrs.ExtProc, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	dial := func(addr string) (extprocv3.ExternalProcessorClient, func() error, error) {
+		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			return nil, nil, err
+		}
+		return extprocv3.NewExternalProcessorClient(conn), conn.Close, nil
+	}
+	kvClient, closeKV, err := dial(st.extproc)
 	if err != nil {
 		return nil, err
 	}
-	defer conn.Close()
-	kvClient := extprocv3.NewExternalProcessorClient(conn)
+	defer closeKV()
+	trivialClient, closeTrivial, err := dial(st.trivial)
+	if err != nil {
+		return nil, err
+	}
+	defer closeTrivial()
 	lc := envoytest.LoadConfig{Rate: o.Rate, Requests: max(1, int(o.Rate*o.Duration.Seconds())), Config: envoytest.FullDuplex(), Request: req}
-	// A short unmeasured run of each first (connections, caches, JIT of the pools).
+	// A short unmeasured run of each first (connections, caches, pools).
 	warmLC := lc
 	warmLC.Requests = max(1, lc.Requests/10)
 	envoytest.Load(ctx, kvClient, warmLC)
-	envoytest.Load(ctx, trivial.Client, warmLC)
+	envoytest.Load(ctx, trivialClient, warmLC)
 
+	procs := []struct {
+		name string
+		cpu  func() (time.Duration, error)
+	}{{"kvrouter", st.cpu("kvrouter")}, {"trivial", st.cpu("trivial")}, {"vllm-sim", st.cpu("vllm-sim")},
+		{"kvdemo", func() (time.Duration, error) { return processCPU(), nil }}}
 	var out []LatencyRound
 	for r := range o.Rounds {
 		for _, s := range []struct {
 			name   string
 			client extprocv3.ExternalProcessorClient
-		}{{"kvrouter", kvClient}, {"trivial", trivial.Client}} {
-			cpu0 := processCPU()
+		}{{"kvrouter", kvClient}, {"trivial", trivialClient}} {
+			cpu0 := make([]time.Duration, len(procs))
+			for i, p := range procs {
+				if cpu0[i], err = p.cpu(); err != nil {
+					return out, err
+				}
+			}
 			res := envoytest.Load(ctx, s.client, lc)
-			cpu := (processCPU() - cpu0) / time.Duration(max(1, res.Sent))
 			if res.Errors > 0 {
 				return out, fmt.Errorf("demo: %s at %d endpoints: %d errors, first: %w", s.name, n, res.Errors, res.FirstError)
 			}
-			logf("%d endpoints, round %d, %-8s %v cpu/exchange=%v", n, r+1, s.name, res, cpu)
-			out = append(out, LatencyRound{Server: s.name, Endpoints: n, Result: res, CPUPerExchange: cpu})
+			round := LatencyRound{Server: s.name, Endpoints: n, Result: res}
+			var line strings.Builder
+			for i, p := range procs {
+				c, err := p.cpu()
+				if err != nil {
+					return out, err
+				}
+				per := (c - cpu0[i]) / time.Duration(max(1, res.Sent))
+				round.CPU = append(round.CPU, ProcessCPU{Process: p.name, PerExchange: per})
+				fmt.Fprintf(&line, " %s=%v", p.name, per.Round(100*time.Nanosecond))
+			}
+			logf("%d endpoints, round %d, %-8s %v; CPU per exchange:%s", n, r+1, s.name, res, line.String())
+			out = append(out, round)
 		}
 	}
 	return out, nil
@@ -325,85 +406,32 @@ func waitIndexed(ctx context.Context, routerURL string, n int) int {
 	return total
 }
 
-// trivialServer is the baseline: a correct FULL_DUPLEX_STREAMED ext_proc peer that names
-// a fixed destination without parsing or scoring anything (the least an ext_proc
-// endpoint picker can do).
-type trivialServer struct {
-	extprocv3.UnimplementedExternalProcessorServer
-}
-
-const trivialDest = "127.0.0.1:8000"
-
-func (trivialServer) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
-	decision := func() *extprocv3.ProcessingResponse {
-		return &extprocv3.ProcessingResponse{
-			Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{
-				Response: &extprocv3.CommonResponse{ClearRouteCache: true, HeaderMutation: &extprocv3.HeaderMutation{
-					SetHeaders: []*corev3.HeaderValueOption{{Header: &corev3.HeaderValue{Key: "x-gateway-destination-endpoint", RawValue: []byte(trivialDest)},
-						AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD}}}}}},
-			DynamicMetadata: &structpb.Struct{Fields: map[string]*structpb.Value{"envoy.lb": structpb.NewStructValue(&structpb.Struct{
-				Fields: map[string]*structpb.Value{"x-gateway-destination-endpoint": structpb.NewStringValue(trivialDest)}})}},
-		}
-	}
-	streamed := func(body []byte, eos, response bool) *extprocv3.ProcessingResponse {
-		br := &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{BodyMutation: &extprocv3.BodyMutation{
-			Mutation: &extprocv3.BodyMutation_StreamedResponse{StreamedResponse: &extprocv3.StreamedBodyResponse{Body: body, EndOfStream: eos}}}}}
-		if response {
-			return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: br}}
-		}
-		return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{RequestBody: br}}
-	}
-	var body []byte
-	for {
-		msg, err := srv.Recv()
-		if errors.Is(err, io.EOF) {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		var replies []*extprocv3.ProcessingResponse
-		switch r := msg.Request.(type) {
-		case *extprocv3.ProcessingRequest_RequestHeaders:
-			if r.RequestHeaders.GetEndOfStream() {
-				replies = append(replies, decision())
-			}
-		case *extprocv3.ProcessingRequest_RequestBody:
-			body = append(body, r.RequestBody.GetBody()...)
-			if r.RequestBody.GetEndOfStream() {
-				replies = append(replies, decision(), streamed(body, true, false))
-			}
-		case *extprocv3.ProcessingRequest_RequestTrailers:
-			replies = append(replies, decision(), streamed(body, false, false),
-				&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestTrailers{RequestTrailers: &extprocv3.TrailersResponse{}}})
-		case *extprocv3.ProcessingRequest_ResponseHeaders:
-			replies = append(replies, &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{
-				ResponseHeaders: &extprocv3.HeadersResponse{Response: &extprocv3.CommonResponse{}}}})
-		case *extprocv3.ProcessingRequest_ResponseBody:
-			replies = append(replies, streamed(r.ResponseBody.GetBody(), r.ResponseBody.GetEndOfStream(), true))
-		case *extprocv3.ProcessingRequest_ResponseTrailers:
-			replies = append(replies, &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseTrailers{
-				ResponseTrailers: &extprocv3.TrailersResponse{}}})
-		}
-		for _, rep := range replies {
-			if err := srv.Send(rep); err != nil {
-				return err
-			}
-		}
-	}
-}
-
-// WriteLatency prints the rounds side by side with the kvrouter / trivial ratios.
+// WriteLatency prints the rounds side by side with the kvrouter / trivial ratios, then
+// every process's CPU time per exchange in each round.
 func WriteLatency(w io.Writer, o LatencyOptions, rounds []LatencyRound) error {
 	var b strings.Builder
-	fmt.Fprintf(&b, "\next_proc round trip (stream open to last request reply), %.0f exchanges/s open loop, %v per round, loopback TCP\n\n", o.Rate, o.Duration)
-	b.WriteString("| endpoints | round | kvrouter p50 / p99 | trivial p50 / p99 | ratio p50 / p99 | kvrouter decision p50 / p99 | CPU per exchange kvrouter / trivial | achieved req/s |\n|---|---|---|---|---|---|---|---|\n")
+	fmt.Fprintf(&b, "\next_proc round trip (stream open to last request reply), %.0f exchanges/s open loop, %v per round, loopback TCP, one process each: kvrouter, trivial server, vllm-sim fleet, kvdemo (fake Envoy)\n\n", o.Rate, o.Duration)
+	b.WriteString("| endpoints | round | kvrouter p50 / p99 | trivial p50 / p99 | ratio p50 / p99 | decision p50 / p99 kvrouter | decision p50 / p99 trivial | achieved req/s |\n|---|---|---|---|---|---|---|---|\n")
 	us := func(d time.Duration) string { return fmt.Sprintf("%.0f µs", float64(d)/float64(time.Microsecond)) }
 	for i := 0; i+1 < len(rounds); i += 2 {
 		k, t := rounds[i].Result, rounds[i+1].Result
 		fmt.Fprintf(&b, "| %d | %d | %s / %s | %s / %s | %.2f / %.2f | %s / %s | %s / %s | %.0f / %.0f |\n", rounds[i].Endpoints, i/2%max(1, o.Rounds)+1,
 			us(k.P50), us(k.P99), us(t.P50), us(t.P99), float64(k.P50)/float64(t.P50), float64(k.P99)/float64(t.P99),
-			us(k.DecisionP50), us(k.DecisionP99), us(rounds[i].CPUPerExchange), us(rounds[i+1].CPUPerExchange), k.AchievedRatePerS, t.AchievedRatePerS)
+			us(k.DecisionP50), us(k.DecisionP99), us(t.DecisionP50), us(t.DecisionP99), k.AchievedRatePerS, t.AchievedRatePerS)
+	}
+	if len(rounds) > 0 {
+		b.WriteString("\nCPU time per exchange by process (user + system; the server not measured in a round is idle)\n\n| endpoints | round | measured |")
+		for _, p := range rounds[0].CPU {
+			fmt.Fprintf(&b, " %s |", p.Process)
+		}
+		b.WriteString("\n|---|---|---|" + strings.Repeat("---|", len(rounds[0].CPU)) + "\n")
+		for i, r := range rounds {
+			fmt.Fprintf(&b, "| %d | %d | %s |", r.Endpoints, i/2%max(1, o.Rounds)+1, r.Server)
+			for _, p := range r.CPU {
+				fmt.Fprintf(&b, " %s |", us(p.PerExchange))
+			}
+			b.WriteString("\n")
+		}
 	}
 	_, err := io.WriteString(w, b.String())
 	return err

@@ -90,13 +90,18 @@ func freePorts(n int) ([]int, error) {
 	return ports, nil
 }
 
-func (s *procStack) spawn(name, logPath, bin string, args ...string) error {
+// spawn starts bin with args, its output in logPath and env added to this process's
+// environment.
+func (s *procStack) spawn(name, logPath string, env []string, bin string, args ...string) error {
 	f, err := os.Create(logPath)
 	if err != nil {
 		return err
 	}
 	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = f, f
+	if len(env) > 0 {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	cmd.SysProcAttr = sysProcAttr()
 	if err := cmd.Start(); err != nil {
 		f.Close()
@@ -110,6 +115,17 @@ func (s *procStack) spawn(name, logPath, bin string, args ...string) error {
 	}()
 	s.procs = append(s.procs, p)
 	return nil
+}
+
+// cpu returns a reader of the named child's CPU time (user + system, all threads).
+func (s *procStack) cpu(name string) func() (time.Duration, error) {
+	for _, p := range s.procs {
+		if p.name == name {
+			pid := p.cmd.Process.Pid
+			return func() (time.Duration, error) { return childCPU(pid) }
+		}
+	}
+	return func() (time.Duration, error) { return 0, fmt.Errorf("demo: no process %q", name) }
 }
 
 // exited reports a child that stopped before Close, with the tail of its log.
@@ -163,7 +179,7 @@ func (s *procStack) start(ctx context.Context, o *Options, po ProcessOptions, po
 		hp, ep, rp := ports[3*i], ports[3*i+1], ports[3*i+2]
 		ev, _ := json.Marshal(map[string]any{"enable_kv_cache_events": true, "publisher": "zmq",
 			"endpoint": fmt.Sprintf("tcp://127.0.0.1:%d", ep), "replay_endpoint": fmt.Sprintf("tcp://127.0.0.1:%d", rp), "bind": true})
-		err := s.spawn(fmt.Sprintf("vllm-sim %d", i), filepath.Join(po.WorkDir, fmt.Sprintf("vllm-sim-%d-%s.log", i, policy)), bin("vllm-sim"),
+		err := s.spawn(fmt.Sprintf("vllm-sim %d", i), filepath.Join(po.WorkDir, fmt.Sprintf("vllm-sim-%d-%s.log", i, policy)), nil, bin("vllm-sim"),
 			"--host", "127.0.0.1", "--port", strconv.Itoa(hp), "--model", o.Model, "--tokenizer", tokDir,
 			"--kv-events-config", string(ev), "--enable-prompt-tokens-details",
 			"--kv-cache-bytes", strconv.FormatInt(o.KVBytes, 10), "--time-scale", strconv.FormatFloat(o.TimeScale, 'g', -1, 64),
@@ -185,7 +201,7 @@ func (s *procStack) start(ctx context.Context, o *Options, po ProcessOptions, po
 	if err := os.WriteFile(cfgPath, routerConfig(&oc, servers, policy, ext, health, metrics), 0o644); err != nil {
 		return err
 	}
-	if err := s.spawn("kvrouter", filepath.Join(po.WorkDir, "kvrouter-"+policy+".log"), bin("kvrouter"),
+	if err := s.spawn("kvrouter", filepath.Join(po.WorkDir, "kvrouter-"+policy+".log"), nil, bin("kvrouter"),
 		"--config", cfgPath, "--log-level", "info"); err != nil {
 		return err
 	}
@@ -204,14 +220,14 @@ func (s *procStack) start(ctx context.Context, o *Options, po ProcessOptions, po
 		if err := os.WriteFile(path, []byte(y), 0o644); err != nil {
 			return err
 		}
-		return s.spawn("envoy", filepath.Join(po.WorkDir, "envoy-"+policy+".log"), po.Envoy,
+		return s.spawn("envoy", filepath.Join(po.WorkDir, "envoy-"+policy+".log"), nil, po.Envoy,
 			"-c", path, "--disable-hot-restart", "--log-level", "warn")
 	}
 	var ups []string
 	for _, sv := range servers {
 		ups = append(ups, sv.HTTP)
 	}
-	return s.spawn("devgateway", filepath.Join(po.WorkDir, "devgateway-"+policy+".log"), bin("devgateway"),
+	return s.spawn("devgateway", filepath.Join(po.WorkDir, "devgateway-"+policy+".log"), nil, bin("devgateway"),
 		"-listen", gw, "-extproc", ext, "-upstreams", strings.Join(ups, ","))
 }
 

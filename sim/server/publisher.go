@@ -52,22 +52,24 @@ func newPublisher(cfg KVEventsConfig, rank int, log *zap.Logger) *publisher {
 		ready: make(chan struct{})}
 }
 
-// offsetEndpoint adds rank to the endpoint's port, as vLLM does for data-parallel ranks,
-// and turns vLLM's bind wildcard host "*" into one Go can listen on.
-func offsetEndpoint(ep string, rank int) string {
-	if ep == "" {
-		return ""
-	}
+// OffsetEndpoint returns ep ("tcp://host:port") with n added to its port, as vLLM
+// offsets each data-parallel rank's KV-event ports; port 0 (ephemeral) and endpoints
+// without a port are returned unchanged. vllm-sim --replicas uses it to give every
+// replica its own ports.
+func OffsetEndpoint(ep string, n int) string {
 	i := strings.LastIndexByte(ep, ':')
-	if i < 0 {
+	if ep == "" || i < 0 {
 		return ep
 	}
 	port, err := strconv.Atoi(ep[i+1:])
 	if err != nil || port == 0 {
-		return ep // port 0 asks for an ephemeral port per rank
+		return ep
 	}
-	return fmt.Sprintf("%s:%d", ep[:i], port+rank)
+	return fmt.Sprintf("%s:%d", ep[:i], port+n)
 }
+
+// offsetEndpoint adds rank to the endpoint's port, as vLLM does for data-parallel ranks.
+func offsetEndpoint(ep string, rank int) string { return OffsetEndpoint(ep, rank) }
 
 func listenAddr(ep string) string { return strings.Replace(ep, "://*:", "://0.0.0.0:", 1) }
 

@@ -458,3 +458,24 @@ func TestConcurrentAndCancelled(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+func TestOffsetEndpoint(t *testing.T) {
+	for _, tc := range []struct {
+		name, ep string
+		n        int
+		want     string
+	}{
+		{"loopback", "tcp://127.0.0.1:5557", 3, "tcp://127.0.0.1:5560"},
+		{"wildcard", "tcp://*:5557", 1, "tcp://*:5558"},
+		{"zero offset", "tcp://127.0.0.1:5557", 0, "tcp://127.0.0.1:5557"},
+		{"ephemeral", "tcp://127.0.0.1:0", 2, "tcp://127.0.0.1:0"},
+		{"empty", "", 2, ""},
+		{"no port", "ipc:///tmp/kv", 2, "ipc:///tmp/kv"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := server.OffsetEndpoint(tc.ep, tc.n); got != tc.want {
+				t.Errorf("OffsetEndpoint(%q, %d) = %q, want %q", tc.ep, tc.n, got, tc.want)
+			}
+		})
+	}
+}
