@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"io"
 	"net/http"
 	"slices"
@@ -577,6 +578,18 @@ func (f *Fleet) Run(ctx context.Context) error {
 }
 
 func (f *Fleet) scrapeLoop(ctx context.Context, ep *endpoint) {
+	// The first scrape is at once; after it each endpoint keeps its own phase within
+	// the interval, as Prometheus spreads its targets: endpoints that join together
+	// (all of them, at start) would otherwise be scraped in one burst every interval,
+	// and the burst's CPU shows in the decision latency's tail.
+	f.scrapeOne(ctx, ep)
+	phase := time.NewTimer(scrapeOffset(ep.addr, f.scrape.Interval))
+	select {
+	case <-ctx.Done():
+		phase.Stop()
+		return
+	case <-phase.C:
+	}
 	tick := time.NewTicker(f.scrape.Interval)
 	defer tick.Stop()
 	for {
@@ -587,6 +600,17 @@ func (f *Fleet) scrapeLoop(ctx context.Context, ep *endpoint) {
 		case <-tick.C:
 		}
 	}
+}
+
+// scrapeOffset is addr's phase in [0, interval): a hash of the address, so that one
+// endpoint keeps its phase across restarts and a fleet's endpoints spread evenly.
+func scrapeOffset(addr string, interval time.Duration) time.Duration {
+	if interval <= 0 {
+		return 0
+	}
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(addr))
+	return time.Duration(h.Sum64() % uint64(interval))
 }
 
 // ScrapeAll scrapes every endpoint that has a metrics URL once, concurrently (at most
