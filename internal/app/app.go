@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -165,6 +166,12 @@ func New(cfg *config.Config, o Options) (*App, error) {
 	mux.HandleFunc("GET /debug/endpoints", a.serveEndpoints)
 	mux.HandleFunc("GET /debug/kv", a.serveDebugKV)
 	mux.HandleFunc("POST /debug/route", a.serveDebugRoute)
+	// Go's profiles, on the admin port beside /debug/kv (not on the ext_proc port).
+	mux.HandleFunc("GET /debug/pprof/", pprof.Index)
+	mux.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
 	a.httpServer = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 
 	a.updateHealth()

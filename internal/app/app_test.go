@@ -173,6 +173,9 @@ func TestServeAndDrain(t *testing.T) {
 		if code, _ := httpGet(t, metricsURL+"/healthz"); code != http.StatusOK {
 			t.Errorf("/healthz = %d, want 200", code)
 		}
+		if code, body := httpGet(t, metricsURL+"/debug/pprof/goroutine?debug=1"); code != http.StatusOK || !strings.Contains(body, "goroutine profile") {
+			t.Errorf("/debug/pprof/goroutine = %d %.80q, want 200 and a goroutine profile", code, body)
+		}
 	})
 
 	vllm.up.Store(true)
