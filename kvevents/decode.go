@@ -313,18 +313,35 @@ func (d *decoder) hash() (uint64, error) {
 	return u, err
 }
 
-func (d *decoder) hashes(dst []uint64) ([]uint64, error) {
-	n, ok, err := d.arrayLen()
+// numbers reads the header of an array of numbers (block hashes, token ids) and
+// returns dst resized to its length, reusing dst's storage when it is large enough so
+// that a reused Batch decodes without allocating. The caller decodes the elements.
+func numbers[T uint32 | uint64](d *decoder, dst []T) ([]T, error) {
+	n, err := d.listLen()
 	if err != nil {
 		return dst, err
 	}
-	if !ok {
-		return dst, d.fail(ReasonBadType)
-	}
 	if cap(dst) < n {
-		dst = make([]uint64, n)
+		dst = make([]T, n)
 	}
-	dst = dst[:n]
+	return dst[:n], nil
+}
+
+// listLen reads the header of an array the format requires; any other value is
+// ReasonBadType.
+func (d *decoder) listLen() (int, error) {
+	n, ok, err := d.arrayLen()
+	if err == nil && !ok {
+		err = d.fail(ReasonBadType)
+	}
+	return n, err
+}
+
+func (d *decoder) hashes(dst []uint64) ([]uint64, error) {
+	dst, err := numbers(d, dst)
+	if err != nil {
+		return dst, err
+	}
 	for i := range dst {
 		// Fast path: vLLM's default hashes are uint64s.
 		if off := d.off; off+8 < len(d.b) && d.b[off] == 0xcf {
@@ -342,17 +359,10 @@ func (d *decoder) hashes(dst []uint64) ([]uint64, error) {
 }
 
 func (d *decoder) tokens(dst []uint32) ([]uint32, error) {
-	n, ok, err := d.arrayLen()
+	dst, err := numbers(d, dst)
 	if err != nil {
 		return dst, err
 	}
-	if !ok {
-		return dst, d.fail(ReasonBadType)
-	}
-	if cap(dst) < n {
-		dst = make([]uint32, n)
-	}
-	dst = dst[:n]
 	b, off := d.b, d.off
 	for i := range dst {
 		if off >= len(b) {
@@ -561,12 +571,9 @@ func (d *decoder) dpRank(into *Batch) error {
 }
 
 func (d *decoder) events(into *Batch) error {
-	n, ok, err := d.arrayLen()
+	n, err := d.listLen()
 	if err != nil {
 		return err
-	}
-	if !ok {
-		return d.fail(ReasonBadType)
 	}
 	for range n {
 		if err := d.event(into); err != nil {
