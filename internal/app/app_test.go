@@ -67,12 +67,23 @@ func newFakeVLLM(t *testing.T) *fakeVLLM {
 	return f
 }
 
-func testConfig(t *testing.T, vllm *fakeVLLM) *config.Config {
-	t.Helper()
+// loopbackConfig is the default configuration with every listener on an ephemeral
+// loopback port.
+func loopbackConfig() config.Config {
 	cfg := config.Default()
 	cfg.Listen = config.ListenConfig{ExtProc: "127.0.0.1:0", Health: "127.0.0.1:0", Metrics: "127.0.0.1:0"}
-	addr := vllm.Listener.Addr().String()
-	cfg.Endpoints = []fleet.EndpointConfig{{Address: addr, Models: []string{model}, MetricsURL: vllm.URL + "/metrics"}}
+	return cfg
+}
+
+// testConfig is a valid configuration whose fleet is the fake vLLMs, each serving model,
+// scraped often and taken out at the first failed scrape.
+func testConfig(t *testing.T, vllms ...*fakeVLLM) *config.Config {
+	t.Helper()
+	cfg := loopbackConfig()
+	for _, v := range vllms {
+		cfg.Endpoints = append(cfg.Endpoints, fleet.EndpointConfig{
+			Address: v.Listener.Addr().String(), Models: []string{model}, MetricsURL: v.URL + "/metrics"})
+	}
 	cfg.Limits.Scrape.Interval = 20 * time.Millisecond
 	cfg.Limits.Scrape.Timeout = 20 * time.Millisecond
 	cfg.Limits.Scrape.StalenessLimit = time.Second
@@ -82,6 +93,45 @@ func testConfig(t *testing.T, vllm *fakeVLLM) *config.Config {
 		t.Fatal(err)
 	}
 	return &cfg
+}
+
+// runningApp is a runner serving on ephemeral loopback ports for one test.
+type runningApp struct {
+	*app.App
+	addrs app.Addrs
+	drain context.CancelFunc // what SIGTERM does: readiness drops, open streams may finish
+	done  chan struct{}      // closed when Run has returned
+	err   error              // Run's result, once done is closed
+}
+
+// startApp builds the runner from cfg and opts, listens and runs it. When the test ends
+// it is drained, and Run must return nil.
+func startApp(t *testing.T, cfg *config.Config, opts app.Options) *runningApp {
+	t.Helper()
+	a, err := app.New(cfg, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addrs, err := a.Listen()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &runningApp{App: a, addrs: addrs, drain: cancel, done: make(chan struct{})}
+	go func() { r.err = a.Run(ctx); close(r.done) }()
+	t.Cleanup(func() {
+		if err := r.stop(); err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	return r
+}
+
+// stop drains the runner and returns Run's result once it has returned.
+func (r *runningApp) stop() error {
+	r.drain()
+	<-r.done
+	return r.err
 }
 
 func dial(t *testing.T, addr string) *grpc.ClientConn {
@@ -142,18 +192,8 @@ func httpGet(t *testing.T, url string) (int, string) {
 func TestServeAndDrain(t *testing.T) {
 	vllm := newFakeVLLM(t)
 	cfg := testConfig(t, vllm)
-	a, err := app.New(cfg, app.Options{Registry: prometheus.NewRegistry()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	addrs, err := a.Listen()
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	runErr := make(chan error, 1)
-	go func() { runErr <- a.Run(ctx) }()
+	a := startApp(t, cfg, app.Options{Registry: prometheus.NewRegistry()})
+	addrs := a.addrs
 
 	ext := dial(t, addrs.ExtProc)
 	probe := dial(t, addrs.Health)
@@ -225,7 +265,7 @@ func TestServeAndDrain(t *testing.T) {
 	})
 
 	// SIGTERM: the stream above is still open.
-	cancel()
+	a.drain()
 	t.Run("draining refuses new work", func(t *testing.T) {
 		waitHealth(t, probe, app.ReadinessService, healthpb.HealthCheckResponse_NOT_SERVING)
 		checkHealth(t, probe, app.LivenessService, healthpb.HealthCheckResponse_SERVING)
@@ -241,8 +281,8 @@ func TestServeAndDrain(t *testing.T) {
 		}
 	})
 	select {
-	case err := <-runErr:
-		t.Fatalf("Run returned (%v) while a stream was open", err)
+	case <-a.done:
+		t.Fatalf("Run returned (%v) while a stream was open", a.err)
 	default:
 	}
 
@@ -274,7 +314,7 @@ func TestServeAndDrain(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
-	if err := <-runErr; err != nil {
+	if err := a.stop(); err != nil {
 		t.Fatalf("Run = %v, want nil after drain", err)
 	}
 	if st := a.Fleet().Status(); st[0].InFlight != 0 {
@@ -314,18 +354,8 @@ func TestDrainTimeoutCutsStreams(t *testing.T) {
 	vllm.up.Store(true)
 	cfg := testConfig(t, vllm)
 	cfg.Limits.DrainTimeout = 50 * time.Millisecond
-	a, err := app.New(cfg, app.Options{Registry: prometheus.NewRegistry()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	addrs, err := a.Listen()
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	runErr := make(chan error, 1)
-	go func() { runErr <- a.Run(ctx) }()
-	ext := dial(t, addrs.ExtProc)
+	a := startApp(t, cfg, app.Options{Registry: prometheus.NewRegistry()})
+	ext := dial(t, a.addrs.ExtProc)
 	waitHealth(t, ext, app.ExtProcService, healthpb.HealthCheckResponse_SERVING)
 	x, err := envoytest.Start(context.Background(), extprocv3.NewExternalProcessorClient(ext), envoytest.FullDuplex())
 	if err != nil {
@@ -334,8 +364,8 @@ func TestDrainTimeoutCutsStreams(t *testing.T) {
 	if _, err := x.Request(envoytest.Request{Headers: envoytest.Headers{{Key: ":method", Value: "GET"}, {Key: ":path", Value: "/v1/models"}}}); err != nil {
 		t.Fatal(err)
 	}
-	cancel() // the stream never ends: the drain timeout must cut it
-	if err := <-runErr; err != nil {
+	// The stream never ends: the drain timeout must cut it.
+	if err := a.stop(); err != nil {
 		t.Fatalf("Run = %v, want nil", err)
 	}
 	x.Cancel()
@@ -347,28 +377,14 @@ func TestDrainTimeoutCutsStreams(t *testing.T) {
 func TestMetricsEndpoint(t *testing.T) {
 	vllm := newFakeVLLM(t)
 	vllm.up.Store(true)
-	a, err := app.New(testConfig(t, vllm), app.Options{}) // own registry with Go/process collectors
-	if err != nil {
-		t.Fatal(err)
-	}
-	addrs, err := a.Listen()
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	runErr := make(chan error, 1)
-	go func() { runErr <- a.Run(ctx) }()
-	waitHealth(t, dial(t, addrs.Health), app.ReadinessService, healthpb.HealthCheckResponse_SERVING)
-	text := metricsText(t, "http://"+addrs.Metrics)
+	a := startApp(t, testConfig(t, vllm), app.Options{}) // own registry with Go/process collectors
+	waitHealth(t, dial(t, a.addrs.Health), app.ReadinessService, healthpb.HealthCheckResponse_SERVING)
+	text := metricsText(t, "http://"+a.addrs.Metrics)
 	for _, name := range []string{"kvrouter_ready 1", "kvrouter_fleet_endpoints{state=\"healthy\"} 1", "go_goroutines", "process_cpu_seconds_total",
 		"kvrouter_extproc_streams_in_flight"} {
 		if !strings.Contains(text, name) {
 			t.Errorf("/metrics lacks %q", name)
 		}
-	}
-	cancel()
-	if err := <-runErr; err != nil {
-		t.Fatal(err)
 	}
 }
 
@@ -377,18 +393,8 @@ func TestMetricsEndpoint(t *testing.T) {
 func TestHealthFollowsEndpoint(t *testing.T) {
 	vllm := newFakeVLLM(t)
 	vllm.up.Store(true)
-	a, err := app.New(testConfig(t, vllm), app.Options{Registry: prometheus.NewRegistry()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	addrs, err := a.Listen()
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	runErr := make(chan error, 1)
-	go func() { runErr <- a.Run(ctx) }()
-	ext, probe := dial(t, addrs.ExtProc), dial(t, addrs.Health)
+	a := startApp(t, testConfig(t, vllm), app.Options{Registry: prometheus.NewRegistry()})
+	ext, probe := dial(t, a.addrs.ExtProc), dial(t, a.addrs.Health)
 	steps := []struct {
 		name string
 		up   bool
@@ -405,14 +411,10 @@ func TestHealthFollowsEndpoint(t *testing.T) {
 			waitHealth(t, ext, app.ExtProcService, s.want)
 			waitHealth(t, probe, app.ReadinessService, s.want)
 			checkHealth(t, probe, app.LivenessService, healthpb.HealthCheckResponse_SERVING)
-			if code, body := httpGet(t, "http://"+addrs.Metrics+"/readyz"); code != s.code {
+			if code, body := httpGet(t, "http://"+a.addrs.Metrics+"/readyz"); code != s.code {
 				t.Errorf("/readyz = %d %q, want %d", code, body, s.code)
 			}
 		})
-	}
-	cancel()
-	if err := <-runErr; err != nil {
-		t.Fatal(err)
 	}
 }
 
@@ -421,18 +423,8 @@ func TestHealthFollowsEndpoint(t *testing.T) {
 func TestBufferedLargeBody(t *testing.T) {
 	vllm := newFakeVLLM(t)
 	vllm.up.Store(true)
-	a, err := app.New(testConfig(t, vllm), app.Options{Registry: prometheus.NewRegistry()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	addrs, err := a.Listen()
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	runErr := make(chan error, 1)
-	go func() { runErr <- a.Run(ctx) }()
-	ext := dial(t, addrs.ExtProc)
+	a := startApp(t, testConfig(t, vllm), app.Options{Registry: prometheus.NewRegistry()})
+	ext := dial(t, a.addrs.ExtProc)
 	waitHealth(t, ext, app.ExtProcService, healthpb.HealthCheckResponse_SERVING)
 
 	cfg := envoytest.Config{RequestBodyMode: filterv3.ProcessingMode_BUFFERED, SendProtocolConfig: true}
@@ -452,8 +444,4 @@ func TestBufferedLargeBody(t *testing.T) {
 		t.Errorf("destination = %q (immediate %v)", got, res.Immediate)
 	}
 	x.Cancel()
-	cancel()
-	if err := <-runErr; err != nil {
-		t.Fatal(err)
-	}
 }

@@ -9,18 +9,14 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/kvrouter/kvrouter/config"
 	"github.com/kvrouter/kvrouter/discovery"
 	"github.com/kvrouter/kvrouter/fleet"
 	"github.com/kvrouter/kvrouter/internal/app"
 	"github.com/kvrouter/kvrouter/kvevents"
-	"github.com/kvrouter/kvrouter/prompt"
 	"github.com/kvrouter/kvrouter/sim/server"
-	"github.com/kvrouter/kvrouter/tokenizer/testmodels"
 )
 
 // TestKVPathCentral runs the runner in central mode: a simulated vLLM server connects
@@ -28,11 +24,7 @@ import (
 // <model>, and its blocks land in the index under the topic's model, even though the
 // endpoint lists another served name first (per-pod mode would key them under that one).
 func TestKVPathCentral(t *testing.T) {
-	dir := testmodels.Dir(t, "qwen3")
-	b, err := prompt.LoadDir(dir, prompt.LoadOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	dir, b := loadQwen3(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 
@@ -48,33 +40,12 @@ func TestKVPathCentral(t *testing.T) {
 	}
 	simAddr := httpLn.Addr().String()
 
-	cfg := config.Default()
-	cfg.Listen = config.ListenConfig{ExtProc: "127.0.0.1:0", Health: "127.0.0.1:0", Metrics: "127.0.0.1:0"}
-	cfg.Endpoints = []fleet.EndpointConfig{{Address: simAddr, Models: []string{"an-alias", model},
-		MetricsURL: "http://" + simAddr + "/metrics", KVEvents: fleet.KVEventsConfig{CentralRanks: []int{0}}}}
+	cfg := simFleetConfig(dir, fleet.EndpointConfig{Address: simAddr, Models: []string{"an-alias", model},
+		MetricsURL: "http://" + simAddr + "/metrics", KVEvents: fleet.KVEventsConfig{CentralRanks: []int{0}}})
 	cfg.Discovery.KVEvents.Mode = discovery.ModeCentral
 	cfg.Discovery.KVEvents.Bind = "tcp://127.0.0.1:" + strconv.Itoa(bindPort)
-	cfg.Models = map[string]config.ModelConfig{model: {Tokenizer: dir, BlockSize: 16}}
-	cfg.Policy = config.PolicyConfig{Name: "kv", Fallback: "least-load"}
-	cfg.Limits.Scrape.Interval = 50 * time.Millisecond
-	cfg.Limits.Scrape.Timeout = 50 * time.Millisecond
-	cfg.Limits.Scrape.StalenessLimit = 10 * time.Second
-	cfg.Limits.Scrape.FailuresBeforeIneligible = 1000
-	cfg.KV.HealthRefresh = 10 * time.Millisecond
-	if err := cfg.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	a, err := app.New(&cfg, app.Options{Registry: prometheus.NewRegistry()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	addrs, err := a.Listen()
-	if err != nil {
-		t.Fatal(err)
-	}
-	runErr := make(chan error, 1)
-	go func() { runErr <- a.Run(ctx) }()
-	base := "http://" + addrs.Metrics
+	a := startApp(t, cfg, app.Options{Registry: prometheus.NewRegistry()})
+	base := "http://" + a.addrs.Metrics
 	waitFor(t, "the central socket", func() bool {
 		c, err := net.Dial("tcp", "127.0.0.1:"+strconv.Itoa(bindPort))
 		if err == nil {
@@ -131,9 +102,5 @@ func TestKVPathCentral(t *testing.T) {
 	}
 	if e := x.Endpoints[0]; e.IndexedLeadingBlocks != blocks {
 		t.Errorf("%+v: want %d leading blocks matched under the topic's model", e, blocks)
-	}
-	cancel()
-	if err := <-runErr; err != nil {
-		t.Errorf("Run: %v", err)
 	}
 }

@@ -32,29 +32,9 @@ func (r *staticResolver) LookupNetIP(context.Context, string, string) ([]netip.A
 	return r.addrs, nil
 }
 
-// runApp starts a with Run and waits for it to return at the end of the test.
-func runApp(t *testing.T, a *app.App) app.Addrs {
-	t.Helper()
-	addrs, err := a.Listen()
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	})
-	return addrs
-}
-
 func discoveryConfig(t *testing.T) *config.Config {
 	t.Helper()
-	cfg := config.Default()
-	cfg.Listen = config.ListenConfig{ExtProc: "127.0.0.1:0", Health: "127.0.0.1:0", Metrics: "127.0.0.1:0"}
+	cfg := loopbackConfig()
 	cfg.Limits.DrainTimeout = time.Second
 	return &cfg
 }
@@ -70,16 +50,9 @@ func TestDNSDiscoveryFeedsTheFleet(t *testing.T) {
 	dns.SetDefaults()
 	dns.Name, dns.Port, dns.Models, dns.Interval = "vllm.llm.svc.cluster.local", int(ap.Port()), []string{model}, time.Second
 	cfg.Discovery.DNS = &dns
-	if err := cfg.Validate(); err != nil {
-		t.Fatal(err)
-	}
 	res := &staticResolver{addrs: []netip.Addr{ap.Addr()}}
-	a, err := app.New(cfg, app.Options{Resolver: res, HTTPClient: vllm.Client()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	addrs := runApp(t, a)
-	waitHealth(t, dial(t, addrs.Health), app.ReadinessService, healthpb.HealthCheckResponse_SERVING)
+	a := startApp(t, cfg, app.Options{Resolver: res, HTTPClient: vllm.Client()})
+	waitHealth(t, dial(t, a.addrs.Health), app.ReadinessService, healthpb.HealthCheckResponse_SERVING)
 	st := a.Fleet().Status()
 	if len(st) != 1 || st[0].Config.Address != ap.String() || st[0].Config.MetricsURL != "http://"+ap.String()+"/metrics" {
 		t.Fatalf("fleet %+v", st)
@@ -97,9 +70,6 @@ func TestKubernetesDiscoveryReadiness(t *testing.T) {
 	k.SetDefaults()
 	k.Namespace, k.Selector, k.Port, k.Models, k.MetricsPath = "llm", map[string]string{"app": "vllm"}, 8000, []string{model}, "-"
 	cfg.Discovery.Kubernetes = &k
-	if err := cfg.Validate(); err != nil {
-		t.Fatal(err)
-	}
 	pod := func(ready corev1.ConditionStatus) *corev1.Pod {
 		return &corev1.Pod{
 			ObjectMeta: metav1.ObjectMeta{Name: "vllm-0", Namespace: "llm", Labels: map[string]string{"app": "vllm"}},
@@ -108,12 +78,8 @@ func TestKubernetesDiscoveryReadiness(t *testing.T) {
 		}
 	}
 	cs := fake.NewClientset(pod(corev1.ConditionFalse))
-	a, err := app.New(cfg, app.Options{KubeClients: &kdisc.Clients{Core: clientset.New(cs)}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	addrs := runApp(t, a)
-	cc := dial(t, addrs.Health)
+	a := startApp(t, cfg, app.Options{KubeClients: &kdisc.Clients{Core: clientset.New(cs)}})
+	cc := dial(t, a.addrs.Health)
 	checkHealth(t, cc, app.ReadinessService, healthpb.HealthCheckResponse_NOT_SERVING)
 	if _, err := cs.CoreV1().Pods("llm").Update(context.Background(), pod(corev1.ConditionTrue), metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)

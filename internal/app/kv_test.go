@@ -67,6 +67,35 @@ func (s simServer) endpoint() fleet.EndpointConfig {
 		KVEvents: fleet.KVEventsConfig{Endpoints: []string{s.events}, ReplayEndpoints: []string{s.replay}}}
 }
 
+// loadQwen3 returns the directory of the Qwen3 test model's tokenizer files and a
+// prompt builder loaded from them.
+func loadQwen3(t *testing.T) (string, *prompt.Builder) {
+	t.Helper()
+	dir := testmodels.Dir(t, "qwen3")
+	b, err := prompt.LoadDir(dir, prompt.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dir, b
+}
+
+// simFleetConfig is a configuration for the simulated vLLM servers at endpoints, serving
+// model with the tokenizer in dir under the kv policy. Scrapes are frequent so the test
+// sees capacity soon, but a slow answer on a loaded CI machine (-race) must not make an
+// endpoint ineligible mid-test.
+func simFleetConfig(dir string, endpoints ...fleet.EndpointConfig) *config.Config {
+	cfg := loopbackConfig()
+	cfg.Endpoints = endpoints
+	cfg.Models = map[string]config.ModelConfig{model: {Tokenizer: dir, BlockSize: 16}}
+	cfg.Policy = config.PolicyConfig{Name: "kv", Fallback: "least-load"}
+	cfg.Limits.Scrape.Interval = 50 * time.Millisecond
+	cfg.Limits.Scrape.Timeout = 50 * time.Millisecond
+	cfg.Limits.Scrape.StalenessLimit = 10 * time.Second
+	cfg.Limits.Scrape.FailuresBeforeIneligible = 1000
+	cfg.KV.HealthRefresh = 10 * time.Millisecond
+	return &cfg
+}
+
 // waitFor polls cond until it holds; it asserts nothing about time.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
@@ -123,46 +152,17 @@ func byAddr(kv []app.KVEndpoint, addr string) *app.KVEndpoint {
 // server holding a prompt's blocks wins and changes nothing, and the subscriptions follow
 // endpoints leaving and joining the fleet.
 func TestKVPath(t *testing.T) {
-	dir := testmodels.Dir(t, "qwen3")
-	b, err := prompt.LoadDir(dir, prompt.LoadOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	dir, b := loadQwen3(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	sims := []simServer{startSim(t, ctx, b), startSim(t, ctx, b), startSim(t, ctx, b)}
 
-	cfg := config.Default()
-	cfg.Listen = config.ListenConfig{ExtProc: "127.0.0.1:0", Health: "127.0.0.1:0", Metrics: "127.0.0.1:0"}
-	for _, s := range sims[:2] {
-		cfg.Endpoints = append(cfg.Endpoints, s.endpoint())
-	}
-	cfg.Models = map[string]config.ModelConfig{model: {Tokenizer: dir, BlockSize: 16}}
-	cfg.Policy = config.PolicyConfig{Name: "kv", Fallback: "least-load", Weights: map[string]float64{"decode_active_request_weight": 0.5}}
-	// Scrapes are frequent so the test sees capacity soon, but a slow answer on a loaded
-	// CI machine (-race) must not make an endpoint ineligible mid-test.
-	cfg.Limits.Scrape.Interval = 50 * time.Millisecond
-	cfg.Limits.Scrape.Timeout = 50 * time.Millisecond
-	cfg.Limits.Scrape.StalenessLimit = 10 * time.Second
-	cfg.Limits.Scrape.FailuresBeforeIneligible = 1000
-	cfg.KV.HealthRefresh = 10 * time.Millisecond
+	cfg := simFleetConfig(dir, sims[0].endpoint(), sims[1].endpoint())
+	cfg.Policy.Weights = map[string]float64{"decode_active_request_weight": 0.5}
 	cfg.KV.EventsStaleAfter = 300 * time.Millisecond
 	cfg.KV.Events.BackoffMin = 20 * time.Millisecond
-	if err := cfg.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	reg := prometheus.NewRegistry()
-	a, err := app.New(&cfg, app.Options{Registry: reg})
-	if err != nil {
-		t.Fatal(err)
-	}
-	addrs, err := a.Listen()
-	if err != nil {
-		t.Fatal(err)
-	}
-	runErr := make(chan error, 1)
-	go func() { runErr <- a.Run(ctx) }()
-	base := "http://" + addrs.Metrics
+	a := startApp(t, cfg, app.Options{Registry: prometheus.NewRegistry()})
+	base := "http://" + a.addrs.Metrics
 
 	waitFor(t, "both servers' events connected and capacity scraped", func() bool {
 		kv := getJSON[[]app.KVEndpoint](t, base+"/debug/kv")
@@ -303,11 +303,6 @@ func TestKVPath(t *testing.T) {
 			}
 		}
 	})
-
-	cancel()
-	if err := <-runErr; err != nil {
-		t.Fatal(err)
-	}
 }
 
 func mustParse(t *testing.T, body string) *openai.Request {

@@ -26,9 +26,7 @@ func TestPlacementKeepsPrefixesHome(t *testing.T) {
 	v1, v2 := newFakeVLLM(t), newFakeVLLM(t)
 	v1.up.Store(true)
 	v2.up.Store(true)
-	cfg := testConfig(t, v1)
-	cfg.Endpoints = append(cfg.Endpoints, fleet.EndpointConfig{
-		Address: v2.Listener.Addr().String(), Models: []string{model}, MetricsURL: v2.URL + "/metrics"})
+	cfg := testConfig(t, v1, v2)
 	cfg.Models = map[string]config.ModelConfig{model: {Tokenizer: dir, BlockSize: 16}}
 	// The exchanges below end at once, so the decode times the policy measures are
 	// microseconds of scheduling noise; its speed-based diverts (tested in scoring) would
@@ -36,21 +34,8 @@ func TestPlacementKeepsPrefixesHome(t *testing.T) {
 	// which also shows policy.weights reaching the policy.
 	cfg.Policy = config.PolicyConfig{Name: "placement", Fallback: "least-load",
 		Weights: map[string]float64{"prefix_depth": 4, "deadline_tokens": 0, "divert_misses": 0}}
-	if err := cfg.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	a, err := app.New(cfg, app.Options{Registry: prometheus.NewRegistry()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	addrs, err := a.Listen()
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go a.Run(ctx)
-	ext := dial(t, addrs.ExtProc)
+	a := startApp(t, cfg, app.Options{Registry: prometheus.NewRegistry()})
+	ext := dial(t, a.addrs.ExtProc)
 	waitHealth(t, ext, app.ExtProcService, healthpb.HealthCheckResponse_SERVING)
 	waitFor(t, "both endpoints scraped", func() bool {
 		n := 0
