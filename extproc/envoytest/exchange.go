@@ -286,6 +286,53 @@ func applyCommon(res *RequestResult, c *extprocv3.CommonResponse, headersAllowed
 	return nil
 }
 
+// roundTrip sends m and returns kvrouter's reply to it, as Envoy does for each message
+// outside FULL_DUPLEX_STREAMED.
+func (x *Exchange) roundTrip(m *extprocv3.ProcessingRequest) (*extprocv3.ProcessingResponse, error) {
+	if err := x.send(m); err != nil {
+		return nil, err
+	}
+	return x.next()
+}
+
+// applyRequestHeadersReply applies r, the reply to the request headers, to res. A
+// non-nil result is an immediate response, which ends the request.
+func (x *Exchange) applyRequestHeadersReply(r *extprocv3.ProcessingResponse, res *RequestResult) (*RequestResult, error) {
+	if r.GetImmediateResponse() != nil {
+		return x.immediate(r), nil
+	}
+	if r.GetRequestHeaders() == nil {
+		return nil, orderErrorf("first reply is %s, want request_headers", replyKind(r))
+	}
+	return nil, applyCommon(res, r.GetRequestHeaders().GetResponse(), true)
+}
+
+// requestBodyRoundTrip sends one request body message outside FULL_DUPLEX_STREAMED and
+// applies the common part of the reply to res (header mutations only where
+// headersAllowed, as in BUFFERED mode). It returns the reply's body mutation, or an
+// immediate response, which ends the request.
+func (x *Exchange) requestBodyRoundTrip(chunk []byte, eos, headersAllowed bool, res *RequestResult) (*extprocv3.BodyMutation, *RequestResult, error) {
+	r, err := x.roundTrip(reqBody(chunk, eos))
+	if err != nil {
+		return nil, nil, err
+	}
+	if r.GetImmediateResponse() != nil {
+		return nil, x.immediate(r), nil
+	}
+	b := r.GetRequestBody()
+	if b == nil {
+		return nil, nil, orderErrorf("got %s, want request_body", replyKind(r))
+	}
+	mut := b.GetResponse().GetBodyMutation()
+	if mut.GetStreamedResponse() != nil {
+		return nil, nil, orderErrorf("streamed_response outside FULL_DUPLEX_STREAMED")
+	}
+	if err := applyCommon(res, b.GetResponse(), headersAllowed); err != nil {
+		return nil, nil, err
+	}
+	return mut, nil, nil
+}
+
 // Request sends the request through the filter as Envoy does in the configured mode and
 // returns what Envoy would send upstream.
 func (x *Exchange) Request(req Request) (*RequestResult, error) {
@@ -338,14 +385,8 @@ func (x *Exchange) requestFDS(req Request, res *RequestResult, hasBody, hasTrail
 	x.mu.Lock()
 	x.decided = time.Now()
 	x.mu.Unlock()
-	if r.GetImmediateResponse() != nil {
-		return finish(x.immediate(r), nil)
-	}
-	if r.GetRequestHeaders() == nil {
-		return finish(nil, orderErrorf("first reply is %s, want request_headers", replyKind(r)))
-	}
-	if err := applyCommon(res, r.GetRequestHeaders().GetResponse(), true); err != nil {
-		return finish(nil, err)
+	if imm, err := x.applyRequestHeadersReply(r, res); imm != nil || err != nil {
+		return finish(imm, err)
 	}
 	if hasBody || hasTrailers {
 		res.Body = []byte{}
@@ -400,21 +441,12 @@ func (x *Exchange) requestFDS(req Request, res *RequestResult, hasBody, hasTrail
 }
 
 func (x *Exchange) requestBuffered(req Request, res *RequestResult, hasBody, hasTrailers bool) (*RequestResult, error) {
-	if err := x.send(reqHeaders(req.Headers, !hasBody && !hasTrailers, req.Metadata)); err != nil {
-		return nil, err
-	}
-	r, err := x.next()
+	r, err := x.roundTrip(reqHeaders(req.Headers, !hasBody && !hasTrailers, req.Metadata))
 	if err != nil {
 		return nil, err
 	}
-	if r.GetImmediateResponse() != nil {
-		return x.immediate(r), nil
-	}
-	if r.GetRequestHeaders() == nil {
-		return nil, orderErrorf("first reply is %s, want request_headers", replyKind(r))
-	}
-	if err := applyCommon(res, r.GetRequestHeaders().GetResponse(), true); err != nil {
-		return nil, err
+	if imm, err := x.applyRequestHeadersReply(r, res); imm != nil || err != nil {
+		return imm, err
 	}
 	var body []byte
 	for _, c := range req.Body {
@@ -423,27 +455,11 @@ func (x *Exchange) requestBuffered(req Request, res *RequestResult, hasBody, has
 	res.Body = body
 	if hasBody {
 		// Envoy sends the buffered body once it is complete; an empty body sends no message.
-		if err := x.send(reqBody(body, !hasTrailers)); err != nil {
-			return nil, err
+		mut, imm, err := x.requestBodyRoundTrip(body, !hasTrailers, true, res)
+		if imm != nil || err != nil {
+			return imm, err
 		}
-		r, err := x.next()
-		if err != nil {
-			return nil, err
-		}
-		if r.GetImmediateResponse() != nil {
-			return x.immediate(r), nil
-		}
-		b := r.GetRequestBody()
-		if b == nil {
-			return nil, orderErrorf("got %s, want request_body", replyKind(r))
-		}
-		if b.GetResponse().GetBodyMutation().GetStreamedResponse() != nil {
-			return nil, orderErrorf("streamed_response outside FULL_DUPLEX_STREAMED")
-		}
-		if err := applyCommon(res, b.GetResponse(), true); err != nil {
-			return nil, err
-		}
-		switch m := b.GetResponse().GetBodyMutation().GetMutation().(type) {
+		switch m := mut.GetMutation().(type) {
 		case *extprocv3.BodyMutation_Body:
 			res.Body = m.Body
 		case *extprocv3.BodyMutation_ClearBody:
@@ -460,10 +476,7 @@ func (x *Exchange) requestBuffered(req Request, res *RequestResult, hasBody, has
 }
 
 func (x *Exchange) sendTrailersAndApply(t Headers, res *RequestResult) error {
-	if err := x.send(reqTrailers(t)); err != nil {
-		return err
-	}
-	r, err := x.next()
+	r, err := x.roundTrip(reqTrailers(t))
 	if err != nil {
 		return err
 	}
@@ -479,21 +492,12 @@ func (x *Exchange) requestStreamed(req Request, res *RequestResult, hasBody, has
 	streamed := x.cfg.RequestBodyMode == filterv3.ProcessingMode_STREAMED
 	trailersToProc := hasTrailers && x.cfg.reqTrailers()
 	eosOnHeaders := !hasBody && !hasTrailers
-	if err := x.send(reqHeaders(req.Headers, eosOnHeaders, req.Metadata)); err != nil {
-		return nil, err
-	}
-	r, err := x.next()
+	r, err := x.roundTrip(reqHeaders(req.Headers, eosOnHeaders, req.Metadata))
 	if err != nil {
 		return nil, err
 	}
-	if r.GetImmediateResponse() != nil {
-		return x.immediate(r), nil
-	}
-	if r.GetRequestHeaders() == nil {
-		return nil, orderErrorf("first reply is %s, want request_headers", replyKind(r))
-	}
-	if err := applyCommon(res, r.GetRequestHeaders().GetResponse(), true); err != nil {
-		return nil, err
+	if imm, err := x.applyRequestHeadersReply(r, res); imm != nil || err != nil {
+		return imm, err
 	}
 	res.Body = nil
 	for i, c := range req.Body {
@@ -501,27 +505,11 @@ func (x *Exchange) requestStreamed(req Request, res *RequestResult, hasBody, has
 			res.Body = append(res.Body, c...)
 			continue
 		}
-		if err := x.send(reqBody(c, i == len(req.Body)-1 && !hasTrailers)); err != nil {
-			return nil, err
+		mut, imm, err := x.requestBodyRoundTrip(c, i == len(req.Body)-1 && !hasTrailers, false, res)
+		if imm != nil || err != nil {
+			return imm, err
 		}
-		r, err := x.next()
-		if err != nil {
-			return nil, err
-		}
-		if r.GetImmediateResponse() != nil {
-			return x.immediate(r), nil
-		}
-		b := r.GetRequestBody()
-		if b == nil {
-			return nil, orderErrorf("got %s, want request_body", replyKind(r))
-		}
-		if b.GetResponse().GetBodyMutation().GetStreamedResponse() != nil {
-			return nil, orderErrorf("streamed_response outside FULL_DUPLEX_STREAMED")
-		}
-		if err := applyCommon(res, b.GetResponse(), false); err != nil {
-			return nil, err
-		}
-		if m, ok := b.GetResponse().GetBodyMutation().GetMutation().(*extprocv3.BodyMutation_Body); ok {
+		if m, ok := mut.GetMutation().(*extprocv3.BodyMutation_Body); ok {
 			c = m.Body
 		}
 		res.Body = append(res.Body, c...)
@@ -542,12 +530,8 @@ func (x *Exchange) ResponseHeaders(h Headers, eos bool, md *corev3.Metadata) (He
 	if x.cfg.SkipResponseHeaders {
 		return h, nil
 	}
-	err := x.send(&extprocv3.ProcessingRequest{MetadataContext: md, Request: &extprocv3.ProcessingRequest_ResponseHeaders{
+	r, err := x.roundTrip(&extprocv3.ProcessingRequest{MetadataContext: md, Request: &extprocv3.ProcessingRequest_ResponseHeaders{
 		ResponseHeaders: &extprocv3.HttpHeaders{Headers: h.toProto(), EndOfStream: eos}}})
-	if err != nil {
-		return nil, err
-	}
-	r, err := x.next()
 	if err != nil {
 		return nil, err
 	}
