@@ -2,45 +2,22 @@ package chattemplate_test
 
 import (
 	"encoding/json"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 
 	"github.com/kvrouter/kvrouter/chattemplate"
+	"github.com/kvrouter/kvrouter/internal/testtext"
 )
-
-var benchWords = strings.Fields(`the of and to in is that for it as was with be by on not he this are or his
-from at which but have an they you were her she there been one all we their has would when if so no
-will can more about said into its only other than then them these some time very could make like
-router cache block token prefix request latency throughput model server pod weight score index event`)
-
-// benchText returns deterministic prose of about n tokens (roughly 1.3 words a token).
-func benchText(seed uint64, n int) string {
-	r := rand.New(rand.NewPCG(seed, 7))
-	var b strings.Builder
-	for i := 0; i < n*3/4; i++ {
-		if i > 0 {
-			if i%17 == 0 {
-				b.WriteString(".\n")
-			} else {
-				b.WriteByte(' ')
-			}
-		}
-		b.WriteString(benchWords[r.IntN(len(benchWords))])
-	}
-	return b.String()
-}
 
 // BenchChatBody is a typical 2,400-token chat: a ~2,000-token shared system prompt
 // and a ~340-token user turn after a short exchange.
 func benchChatMessages(tail uint64) json.RawMessage {
 	msgs := []map[string]string{
-		{"role": "system", "content": benchText(1, 2540)},
+		{"role": "system", "content": testtext.Prose(1, 2540)},
 		{"role": "user", "content": "Summarise the policy in one line."},
 		{"role": "assistant", "content": "The router sends each request to the pod that caches most of its prefix."},
-		{"role": "user", "content": benchText(100+tail, 430)},
+		{"role": "user", "content": testtext.Prose(100+tail, 430)},
 	}
 	raw, _ := json.Marshal(msgs)
 	return raw

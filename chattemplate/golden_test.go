@@ -1,7 +1,6 @@
 package chattemplate_test
 
 import (
-	"bufio"
 	"bytes"
 	"encoding/json"
 	"errors"
@@ -12,6 +11,7 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/chattemplate"
+	"github.com/kvrouter/kvrouter/internal/testtext"
 )
 
 // goldenNow is the clock gen_golden.py gives strftime_now.
@@ -116,45 +116,19 @@ func loadTemplateEngine(t testing.TB, model string, defaults json.RawMessage, en
 
 func readCases(t testing.TB) []goldenCase {
 	t.Helper()
-	f, err := os.Open(filepath.Join("testdata", "cases.jsonl"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	var cases []goldenCase
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 1<<20), 1<<22)
-	for sc.Scan() {
-		if len(bytes.TrimSpace(sc.Bytes())) == 0 {
-			continue
+	cases := testtext.ReadJSONL[goldenCase](t, filepath.Join("testdata", "cases.jsonl"))
+	for i := range cases {
+		if len(cases[i].Models) == 0 {
+			cases[i].Models = []string{"qwen3", "llama3"}
 		}
-		var c goldenCase
-		if err := json.Unmarshal(sc.Bytes(), &c); err != nil {
-			t.Fatalf("cases.jsonl: %v", err)
-		}
-		if len(c.Models) == 0 {
-			c.Models = []string{"qwen3", "llama3"}
-		}
-		cases = append(cases, c)
 	}
 	return cases
 }
 
 func readGolden(t testing.TB, model string) map[string]goldenResult {
 	t.Helper()
-	raw, err := os.ReadFile(filepath.Join("testdata", "golden", model+".jsonl"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	out := map[string]goldenResult{}
-	for _, line := range bytes.Split(raw, []byte("\n")) {
-		if len(bytes.TrimSpace(line)) == 0 {
-			continue
-		}
-		var r goldenResult
-		if err := json.Unmarshal(line, &r); err != nil {
-			t.Fatalf("golden %s: %v", model, err)
-		}
+	for _, r := range testtext.ReadJSONL[goldenResult](t, filepath.Join("testdata", "golden", model+".jsonl")) {
 		out[r.Name] = r
 	}
 	return out

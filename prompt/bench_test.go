@@ -3,48 +3,26 @@ package prompt_test
 import (
 	"bytes"
 	"encoding/json"
-	"math/rand/v2"
 	"strconv"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/kvrouter/kvrouter/internal/testtext"
 	"github.com/kvrouter/kvrouter/openai"
 	"github.com/kvrouter/kvrouter/prompt"
 	"github.com/kvrouter/kvrouter/tokenizer"
 	"github.com/kvrouter/kvrouter/tokenizer/testmodels"
 )
 
-var words = strings.Fields(`the of and to in is that for it as was with be by on not he this are or his
-from at which but have an they you were her she there been one all we their has would when if so no
-will can more about said into its only other than then them these some time very could make like
-router cache block token prefix request latency throughput model server pod weight score index event`)
-
-func text(seed uint64, n int) string {
-	r := rand.New(rand.NewPCG(seed, 7))
-	var b strings.Builder
-	for i := 0; i < n*3/4; i++ {
-		if i > 0 {
-			if i%17 == 0 {
-				b.WriteString(".\n")
-			} else {
-				b.WriteByte(' ')
-			}
-		}
-		b.WriteString(words[r.IntN(len(words))])
-	}
-	return b.String()
-}
-
 // typicalChat is the reference experiment's request shape: a ~2,000-token shared
 // system prompt, a short exchange and a ~340-token unique user turn (tail selects it).
 func typicalChat(tail uint64) *openai.Request {
 	msgs := []map[string]string{
-		{"role": "system", "content": text(1, 2540)},
+		{"role": "system", "content": testtext.Prose(1, 2540)},
 		{"role": "user", "content": "Summarise the policy in one line."},
 		{"role": "assistant", "content": "The router sends each request to the pod that caches most of its prefix."},
-		{"role": "user", "content": "Request __N__. " + text(100+tail, 430)},
+		{"role": "user", "content": "Request __N__. " + testtext.Prose(100+tail, 430)},
 	}
 	raw, _ := json.Marshal(map[string]any{"model": "qwen3", "messages": msgs})
 	req, err := prompt.RequestFromBody(raw)

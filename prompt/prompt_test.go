@@ -1,7 +1,6 @@
 package prompt_test
 
 import (
-	"bufio"
 	"bytes"
 	"encoding/json"
 	"errors"
@@ -16,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/kvrouter/kvrouter/chattemplate"
+	"github.com/kvrouter/kvrouter/internal/testtext"
 	"github.com/kvrouter/kvrouter/openai"
 	"github.com/kvrouter/kvrouter/prompt"
 	"github.com/kvrouter/kvrouter/tokenizer"
@@ -64,29 +64,6 @@ func builder(t testing.TB, model string, defaults json.RawMessage) *prompt.Build
 	return b
 }
 
-func readJSONL[T any](t testing.TB, path string) []T {
-	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	var out []T
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 1<<20), 1<<24)
-	for sc.Scan() {
-		if len(bytes.TrimSpace(sc.Bytes())) == 0 {
-			continue
-		}
-		var v T
-		if err := json.Unmarshal(sc.Bytes(), &v); err != nil {
-			t.Fatalf("%s: %v", path, err)
-		}
-		out = append(out, v)
-	}
-	return out
-}
-
 type namedIDs struct {
 	Name string   `json:"name"`
 	IDs  []uint32 `json:"ids"`
@@ -103,10 +80,10 @@ type bodyCase struct {
 // tokenize) against HuggingFace tokenizers' ids for the renders Python's Jinja2
 // produced (testdata/gen/gen_ids.mjs over chattemplate's golden renders).
 func TestGoldenChatIDs(t *testing.T) {
-	cases := readJSONL[bodyCase](t, filepath.Join("..", "chattemplate", "testdata", "cases.jsonl"))
+	cases := testtext.ReadJSONL[bodyCase](t, filepath.Join("..", "chattemplate", "testdata", "cases.jsonl"))
 	for _, model := range []string{"qwen3", "llama3"} {
 		want := map[string][]uint32{}
-		for _, r := range readJSONL[namedIDs](t, filepath.Join("testdata", "golden_ids", model+".jsonl")) {
+		for _, r := range testtext.ReadJSONL[namedIDs](t, filepath.Join("testdata", "golden_ids", model+".jsonl")) {
 			want[r.Name] = r.IDs
 		}
 		matched := 0
@@ -139,10 +116,10 @@ func TestGoldenChatIDs(t *testing.T) {
 
 // TestGoldenCompletionIDs checks completions prompts against HuggingFace ids.
 func TestGoldenCompletionIDs(t *testing.T) {
-	cases := readJSONL[bodyCase](t, filepath.Join("testdata", "completions.jsonl"))
+	cases := testtext.ReadJSONL[bodyCase](t, filepath.Join("testdata", "completions.jsonl"))
 	for _, model := range []string{"qwen3", "llama3"} {
 		want := map[string][]uint32{}
-		for _, r := range readJSONL[namedIDs](t, filepath.Join("testdata", "golden_ids", model+"-completions.jsonl")) {
+		for _, r := range testtext.ReadJSONL[namedIDs](t, filepath.Join("testdata", "golden_ids", model+"-completions.jsonl")) {
 			want[r.Name] = r.IDs
 		}
 		for _, c := range cases {

@@ -1,8 +1,6 @@
 package tokenizer_test
 
 import (
-	"bufio"
-	"compress/gzip"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -12,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvrouter/kvrouter/internal/testtext"
 	"github.com/kvrouter/kvrouter/tokenizer"
 	"github.com/kvrouter/kvrouter/tokenizer/testmodels"
 )
@@ -29,31 +28,10 @@ type goldenIDs struct {
 	A *[]uint32 `json:"a"`
 }
 
+// readJSONL reads testdata/golden/<name>, a gzipped JSON Lines file.
 func readJSONL[T any](t *testing.T, name string) []T {
 	t.Helper()
-	f, err := os.Open(filepath.Join("testdata", "golden", name))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	zr, err := gzip.NewReader(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []T
-	sc := bufio.NewScanner(zr)
-	sc.Buffer(make([]byte, 1<<20), 1<<24)
-	for sc.Scan() {
-		var v T
-		if err := json.Unmarshal(sc.Bytes(), &v); err != nil {
-			t.Fatalf("%s line %d: %v", name, len(out)+1, err)
-		}
-		out = append(out, v)
-	}
-	if err := sc.Err(); err != nil {
-		t.Fatal(err)
-	}
-	return out
+	return testtext.ReadJSONL[T](t, filepath.Join("testdata", "golden", name))
 }
 
 // variantSpec is one entry of testdata/golden/variants.json: a model's tokenizer.json
