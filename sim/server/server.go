@@ -503,12 +503,10 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, b *body, prompt [
 	u := s.usage(res.PromptTokens, res.OutputTokens, res.CachedTokens)
 	var out any
 	if chat {
-		out = chatResponse{ID: sub.id, Object: "chat.completion", Created: sub.created, Model: s.cfg.servedName(),
-			Choices: []chatChoice{{Message: &fullMessage{Role: "assistant", Content: text.String(), ToolCalls: []any{}},
-				FinishReason: finishReason(res)}}, Usage: u}
+		out = reply(s, sub, "chat.completion", []chatChoice{{Message: &fullMessage{Role: "assistant", Content: text.String(), ToolCalls: []any{}},
+			FinishReason: finishReason(res)}}, u)
 	} else {
-		out = completionResponse{ID: sub.id, Object: "text_completion", Created: sub.created, Model: s.cfg.servedName(),
-			Choices: []completionChoice{{Text: text.String(), FinishReason: finishReason(res)}}, Usage: u}
+		out = reply(s, sub, "text_completion", []completionChoice{{Text: text.String(), FinishReason: finishReason(res)}}, u)
 	}
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(out)
@@ -519,13 +517,20 @@ func finishReason(r *sim.Result) *string {
 	return &reason
 }
 
-type completionResponse struct {
-	ID      string             `json:"id"`
-	Object  string             `json:"object"`
-	Created int64              `json:"created"`
-	Model   string             `json:"model"`
-	Choices []completionChoice `json:"choices"`
-	Usage   *usage             `json:"usage,omitempty"`
+// response is the body of a completions or chat completions reply, or one chunk of a
+// streamed one; C is the endpoint's choice type.
+type response[C completionChoice | chatChoice] struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"`
+	Created int64  `json:"created"`
+	Model   string `json:"model"`
+	Choices []C    `json:"choices"`
+	Usage   *usage `json:"usage,omitempty"`
+}
+
+// reply is the response to sub: object names its kind, u (nil: none) its usage.
+func reply[C completionChoice | chatChoice](s *Server, sub *submitted, object string, choices []C, u *usage) response[C] {
+	return response[C]{ID: sub.id, Object: object, Created: sub.created, Model: s.cfg.servedName(), Choices: choices, Usage: u}
 }
 
 type completionChoice struct {
@@ -534,15 +539,6 @@ type completionChoice struct {
 	Logprobs     any     `json:"logprobs"`
 	FinishReason *string `json:"finish_reason"`
 	StopReason   any     `json:"stop_reason"`
-}
-
-type chatResponse struct {
-	ID      string       `json:"id"`
-	Object  string       `json:"object"`
-	Created int64        `json:"created"`
-	Model   string       `json:"model"`
-	Choices []chatChoice `json:"choices"`
-	Usage   *usage       `json:"usage,omitempty"`
 }
 
 type chatChoice struct {
@@ -589,16 +585,13 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, sub *submitted, 
 	object := "text_completion"
 	if chat {
 		object = "chat.completion.chunk"
-		send(chatResponse{ID: sub.id, Object: object, Created: sub.created, Model: s.cfg.servedName(),
-			Choices: []chatChoice{{Delta: &chatMessage{Role: "assistant", Content: ""}}}})
+		send(reply(s, sub, object, []chatChoice{{Delta: &chatMessage{Role: "assistant", Content: ""}}}, nil))
 	}
 	chunk := func(text string, finish *string) any {
 		if chat {
-			return chatResponse{ID: sub.id, Object: object, Created: sub.created, Model: s.cfg.servedName(),
-				Choices: []chatChoice{{Delta: &chatMessage{Content: text}, FinishReason: finish}}}
+			return reply(s, sub, object, []chatChoice{{Delta: &chatMessage{Content: text}, FinishReason: finish}}, nil)
 		}
-		return completionResponse{ID: sub.id, Object: object, Created: sub.created, Model: s.cfg.servedName(),
-			Choices: []completionChoice{{Text: text, FinishReason: finish}}}
+		return reply(s, sub, object, []completionChoice{{Text: text, FinishReason: finish}}, nil)
 	}
 	// Hold one token back so the last token's chunk carries the finish reason.
 	var pending *uint32
@@ -618,9 +611,9 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, sub *submitted, 
 				if includeUsage {
 					u := s.usage(ev.done.PromptTokens, ev.done.OutputTokens, ev.done.CachedTokens)
 					if chat {
-						send(chatResponse{ID: sub.id, Object: object, Created: sub.created, Model: s.cfg.servedName(), Choices: []chatChoice{}, Usage: u})
+						send(reply(s, sub, object, []chatChoice{}, u))
 					} else {
-						send(completionResponse{ID: sub.id, Object: object, Created: sub.created, Model: s.cfg.servedName(), Choices: []completionChoice{}, Usage: u})
+						send(reply(s, sub, object, []completionChoice{}, u))
 					}
 				}
 				fmt.Fprint(w, "data: [DONE]\n\n")
