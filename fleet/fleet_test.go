@@ -515,17 +515,24 @@ func TestConcurrentUse(t *testing.T) {
 	}
 }
 
+// benchFleet is a fleet of n endpoints serving qwen, never scraped.
+func benchFleet(b *testing.B, n int) *fleet.Fleet {
+	b.Helper()
+	var eps []fleet.EndpointConfig
+	for i := range n {
+		eps = append(eps, fleet.EndpointConfig{Address: fmt.Sprintf("10.0.%d.%d:8000", i/250, i%250+1), Models: []string{qwen}})
+	}
+	f, err := fleet.New(fleet.Config{Endpoints: eps, Scrape: fleet.DefaultScrapeConfig()}, fleet.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return f
+}
+
 func BenchmarkCandidates(b *testing.B) {
 	for _, n := range []int{6, 64, 512} {
 		b.Run(fmt.Sprint(n), func(b *testing.B) {
-			var eps []fleet.EndpointConfig
-			for i := range n {
-				eps = append(eps, fleet.EndpointConfig{Address: fmt.Sprintf("10.0.%d.%d:8000", i/250, i%250+1), Models: []string{qwen}})
-			}
-			f, err := fleet.New(fleet.Config{Endpoints: eps, Scrape: fleet.DefaultScrapeConfig()}, fleet.Options{})
-			if err != nil {
-				b.Fatal(err)
-			}
+			f := benchFleet(b, n)
 			b.ReportAllocs()
 			for b.Loop() {
 				c, _, _, _ := f.Candidates(qwen)
@@ -534,14 +541,7 @@ func BenchmarkCandidates(b *testing.B) {
 			}
 		})
 		b.Run(fmt.Sprintf("%d/append", n), func(b *testing.B) {
-			var eps []fleet.EndpointConfig
-			for i := range n {
-				eps = append(eps, fleet.EndpointConfig{Address: fmt.Sprintf("10.0.%d.%d:8000", i/250, i%250+1), Models: []string{qwen}})
-			}
-			f, err := fleet.New(fleet.Config{Endpoints: eps, Scrape: fleet.DefaultScrapeConfig()}, fleet.Options{})
-			if err != nil {
-				b.Fatal(err)
-			}
+			f := benchFleet(b, n)
 			b.ReportAllocs()
 			var c []scoring.Endpoint
 			for b.Loop() {
