@@ -126,16 +126,31 @@ func (s *scanner) end() error {
 	return nil
 }
 
+// key reads an object member's name and the ':' after it.
+func (s *scanner) key() (string, error) {
+	k, err := s.str()
+	if err != nil {
+		return "", err
+	}
+	return k, s.expect(':')
+}
+
+// document is list for an array or object that must be the whole input: anything but
+// white space after it is an error.
+func (s *scanner) document(open, close byte, item func() error) error {
+	if err := s.list(open, close, item); err != nil {
+		return err
+	}
+	return s.end()
+}
+
 // scanVocab parses the model's "vocab" object {"token": id, ...}.
 func scanVocab(raw []byte) (map[string]uint32, error) {
 	s := &scanner{b: raw}
 	vocab := make(map[string]uint32, len(raw)/16)
-	err := s.list('{', '}', func() error {
-		k, err := s.str()
+	err := s.document('{', '}', func() error {
+		k, err := s.key()
 		if err != nil {
-			return err
-		}
-		if err := s.expect(':'); err != nil {
 			return err
 		}
 		id, err := s.uint()
@@ -145,9 +160,6 @@ func scanVocab(raw []byte) (map[string]uint32, error) {
 		vocab[k] = id
 		return nil
 	})
-	if err == nil {
-		err = s.end()
-	}
 	if err != nil {
 		return nil, fmt.Errorf("vocab: %w", err)
 	}
@@ -158,7 +170,7 @@ func scanVocab(raw []byte) (map[string]uint32, error) {
 func scanMerges(raw []byte) ([][2]string, error) {
 	s := &scanner{b: raw}
 	merges := make([][2]string, 0, len(raw)/12)
-	err := s.list('[', ']', func() error {
+	err := s.document('[', ']', func() error {
 		if s.peek() == '"' {
 			l, err := s.str()
 			if err != nil {
@@ -189,9 +201,6 @@ func scanMerges(raw []byte) ([][2]string, error) {
 		merges = append(merges, pair)
 		return err
 	})
-	if err == nil {
-		err = s.end()
-	}
 	if err != nil {
 		return nil, fmt.Errorf("merges: %w", err)
 	}
@@ -259,12 +268,9 @@ func (s *scanner) rawString() ([]byte, error) {
 func fields(raw []byte) (map[string][]byte, error) {
 	s := &scanner{b: raw}
 	out := map[string][]byte{}
-	err := s.list('{', '}', func() error {
-		k, err := s.str()
+	err := s.document('{', '}', func() error {
+		k, err := s.key()
 		if err != nil {
-			return err
-		}
-		if err := s.expect(':'); err != nil {
 			return err
 		}
 		s.ws()
@@ -275,9 +281,6 @@ func fields(raw []byte) (map[string][]byte, error) {
 		out[k] = raw[start:s.i]
 		return nil
 	})
-	if err == nil {
-		err = s.end()
-	}
 	return out, err
 }
 
