@@ -97,34 +97,23 @@ func DefaultConfig() Config {
 
 func (c Config) withDefaults() Config {
 	d := DefaultConfig()
-	if c.Watchdog <= 0 {
-		c.Watchdog = d.Watchdog
-	}
-	if c.BackoffMin <= 0 {
-		c.BackoffMin = d.BackoffMin
-	}
-	if c.BackoffMax <= 0 {
-		c.BackoffMax = d.BackoffMax
-	}
-	if c.ReplayIdle <= 0 {
-		c.ReplayIdle = d.ReplayIdle
-	}
-	if c.ReplayTimeout <= 0 {
-		c.ReplayTimeout = d.ReplayTimeout
-	}
-	if c.ReplayMaxRounds <= 0 {
-		c.ReplayMaxRounds = d.ReplayMaxRounds
-	}
-	if c.MaxMessageBytes <= 0 {
-		c.MaxMessageBytes = d.MaxMessageBytes
-	}
-	if c.HandshakeTimeout <= 0 {
-		c.HandshakeTimeout = d.HandshakeTimeout
-	}
-	if c.MaxPeers <= 0 {
-		c.MaxPeers = d.MaxPeers
-	}
+	defaultIfUnset(&c.Watchdog, d.Watchdog)
+	defaultIfUnset(&c.BackoffMin, d.BackoffMin)
+	defaultIfUnset(&c.BackoffMax, d.BackoffMax)
+	defaultIfUnset(&c.ReplayIdle, d.ReplayIdle)
+	defaultIfUnset(&c.ReplayTimeout, d.ReplayTimeout)
+	defaultIfUnset(&c.ReplayMaxRounds, d.ReplayMaxRounds)
+	defaultIfUnset(&c.MaxMessageBytes, d.MaxMessageBytes)
+	defaultIfUnset(&c.HandshakeTimeout, d.HandshakeTimeout)
+	defaultIfUnset(&c.MaxPeers, d.MaxPeers)
 	return c
+}
+
+// defaultIfUnset sets *v to d when it is zero or negative (unset or meaningless).
+func defaultIfUnset[T int | time.Duration](v *T, d T) {
+	if *v <= 0 {
+		*v = d
+	}
 }
 
 // Validate reports the first invalid setting.
