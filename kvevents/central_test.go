@@ -58,24 +58,7 @@ func runCentral(t *testing.T, port int, mod func(*kvevents.Config), sink kvevent
 		mod(&cfg)
 	}
 	reg := prometheus.NewRegistry()
-	sub, err := kvevents.NewSubscriber(cfg, sink, nil, reg, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- sub.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("Run: %v", err)
-			}
-		case <-time.After(10 * time.Second):
-			t.Error("Run did not return after cancel")
-		}
-	})
+	sub := startSubscriber(t, cfg, sink, reg)
 	// Wait for the socket.
 	deadline := time.Now().Add(10 * time.Second)
 	for {

@@ -261,7 +261,14 @@ func runSubscriber(t *testing.T, cfg kvevents.Config, sink kvevents.Sink) *kveve
 	cfg.Watchdog = 2 * time.Second
 	cfg.BackoffMin = 50 * time.Millisecond
 	cfg.BackoffMax = 500 * time.Millisecond
-	sub, err := kvevents.NewSubscriber(cfg, sink, nil, prometheus.NewRegistry(), nil)
+	return startSubscriber(t, cfg, sink, prometheus.NewRegistry())
+}
+
+// startSubscriber builds a subscriber and runs it until the test ends; Run must then
+// return nil, and soon.
+func startSubscriber(t *testing.T, cfg kvevents.Config, sink kvevents.Sink, reg prometheus.Registerer) *kvevents.Subscriber {
+	t.Helper()
+	sub, err := kvevents.NewSubscriber(cfg, sink, nil, reg, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
