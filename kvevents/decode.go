@@ -214,6 +214,15 @@ func (d *decoder) smallInt() (int, error) {
 	return int(v), nil
 }
 
+// optSmallInt reads a smallInt or nil; ok is false for nil (and on error).
+func (d *decoder) optSmallInt() (v int, ok bool, err error) {
+	if d.nextNil() {
+		return 0, false, nil
+	}
+	v, err = d.smallInt()
+	return v, err == nil, err
+}
+
 func (d *decoder) float() (float64, error) {
 	c, err := d.peek()
 	if err != nil {
@@ -558,15 +567,11 @@ func (d *decoder) batch(into *Batch) error {
 }
 
 func (d *decoder) dpRank(into *Batch) error {
-	if d.nextNil() {
-		into.DPRank, into.HasDPRank = 0, false
-		return nil
-	}
-	r, err := d.smallInt()
+	r, ok, err := d.optSmallInt()
 	if err != nil {
 		return err
 	}
-	into.DPRank, into.HasDPRank = r, true
+	into.DPRank, into.HasDPRank = r, ok
 	return nil
 }
 
@@ -869,21 +874,11 @@ func (d *decoder) field(ev Event, f field) error {
 				ev.ExtraKeys = append(ev.ExtraKeys[:0], d.b[start:d.off]...)
 			}
 		case fGroupIdx:
-			if d.nextNil() {
-				ev.GroupIdx, ev.HasGroupIdx = 0, false
-				return nil
-			}
-			ev.GroupIdx, err = d.smallInt()
-			ev.HasGroupIdx = err == nil
+			ev.GroupIdx, ev.HasGroupIdx, err = d.optSmallInt()
 		case fSpecKind:
 			ev.KVCacheSpecKind, err = d.optStr()
 		case fSlidingWindow:
-			if d.nextNil() {
-				ev.KVCacheSpecSlidingWindow, ev.HasSlidingWindow = 0, false
-				return nil
-			}
-			ev.KVCacheSpecSlidingWindow, err = d.smallInt()
-			ev.HasSlidingWindow = err == nil
+			ev.KVCacheSpecSlidingWindow, ev.HasSlidingWindow, err = d.optSmallInt()
 		default:
 			err = d.skip(0)
 		}
@@ -894,12 +889,7 @@ func (d *decoder) field(ev Event, f field) error {
 		case fMedium:
 			ev.Medium, err = d.optStr()
 		case fGroupIdx:
-			if d.nextNil() {
-				ev.GroupIdx, ev.HasGroupIdx = 0, false
-				return nil
-			}
-			ev.GroupIdx, err = d.smallInt()
-			ev.HasGroupIdx = err == nil
+			ev.GroupIdx, ev.HasGroupIdx, err = d.optSmallInt()
 		default:
 			err = d.skip(0)
 		}
