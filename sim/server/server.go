@@ -278,6 +278,20 @@ func readBody(r *http.Request) (*body, *apiError) {
 	return &b, nil
 }
 
+// readRequest reads r's body and checks that it names the served model (or none); when
+// either fails it answers the request with the error and returns nil.
+func (s *Server) readRequest(w http.ResponseWriter, r *http.Request) *body {
+	b, aerr := readBody(r)
+	if aerr == nil {
+		aerr = s.checkModel(b.Model)
+	}
+	if aerr != nil {
+		s.writeError(w, aerr)
+		return nil
+	}
+	return b
+}
+
 func (s *Server) checkModel(model string) *apiError {
 	if model != "" && model != s.cfg.servedName() {
 		return &apiError{http.StatusNotFound, "NotFoundError", fmt.Sprintf("The model `%s` does not exist.", model)}
@@ -405,12 +419,8 @@ func (s *Server) usage(prompt, completion, cached int) *usage {
 }
 
 func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) {
-	b, aerr := readBody(r)
-	if aerr == nil {
-		aerr = s.checkModel(b.Model)
-	}
-	if aerr != nil {
-		s.writeError(w, aerr)
+	b := s.readRequest(w, r)
+	if b == nil {
 		return
 	}
 	addSpecial := b.AddSpecialTokens == nil || *b.AddSpecialTokens
@@ -427,12 +437,8 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
-	b, aerr := readBody(r)
-	if aerr == nil {
-		aerr = s.checkModel(b.Model)
-	}
-	if aerr != nil {
-		s.writeError(w, aerr)
+	b := s.readRequest(w, r)
+	if b == nil {
 		return
 	}
 	if s.opts.Chat == nil {
@@ -644,12 +650,8 @@ func (s *Server) handleModels(w http.ResponseWriter, _ *http.Request) {
 }
 
 func (s *Server) handleTokenize(w http.ResponseWriter, r *http.Request) {
-	b, aerr := readBody(r)
-	if aerr == nil {
-		aerr = s.checkModel(b.Model)
-	}
-	if aerr != nil {
-		s.writeError(w, aerr)
+	b := s.readRequest(w, r)
+	if b == nil {
 		return
 	}
 	var ids []uint32
