@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/extproc"
 	"github.com/kvrouter/kvrouter/extproc/envoytest"
+	"github.com/kvrouter/kvrouter/internal/cputime"
 	"github.com/kvrouter/kvrouter/scoring"
 )
 
@@ -112,7 +113,7 @@ func BenchmarkRoundTrip(b *testing.B) {
 				ctx := context.Background()
 				b.SetBytes(int64(len(body)))
 				b.ReportAllocs()
-				cpu := cpuTime()
+				cpu := cputime.Process()
 				for b.Loop() {
 					x, err := envoytest.Start(ctx, conn.Client, envoytest.FullDuplex())
 					if err != nil {
@@ -129,7 +130,7 @@ func BenchmarkRoundTrip(b *testing.B) {
 						b.Fatal(err)
 					}
 				}
-				b.ReportMetric(float64(cpuTime()-cpu)/float64(b.N)/1e3, "cpu-us/op")
+				b.ReportMetric(float64(cputime.Process()-cpu)/float64(b.N)/1e3, "cpu-us/op")
 			})
 		}
 	}

@@ -4,9 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"syscall"
 	"testing"
-	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
@@ -14,6 +12,7 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	"github.com/kvrouter/kvrouter/extproc"
+	"github.com/kvrouter/kvrouter/internal/cputime"
 	"github.com/kvrouter/kvrouter/scoring"
 )
 
@@ -63,22 +62,14 @@ func BenchmarkServerExchange(b *testing.B) {
 			srv := extproc.New(extproc.Options{Policy: scoring.NewLeastLoad(), Fleet: newRegistryFleet(b, "model", n)})
 			b.SetBytes(int64(len(body)))
 			b.ReportAllocs()
-			cpu := cpuTime()
+			cpu := cputime.Process()
 			for b.Loop() {
 				st := &memStream{msgs: msgs}
 				if err := srv.Process(st); err != nil || st.replies != 3 {
 					b.Fatal(err, st.replies)
 				}
 			}
-			b.ReportMetric(float64(cpuTime()-cpu)/float64(b.N)/1e3, "cpu-us/op")
+			b.ReportMetric(float64(cputime.Process()-cpu)/float64(b.N)/1e3, "cpu-us/op")
 		})
 	}
-}
-
-// cpuTime is the process's CPU time (user + system): on a shared machine wall time also
-// counts the time other processes held the cores.
-func cpuTime() time.Duration {
-	var ru syscall.Rusage
-	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/kvrouter/kvrouter/extproc/envoytest"
 	"github.com/kvrouter/kvrouter/fleet"
 	"github.com/kvrouter/kvrouter/index"
+	"github.com/kvrouter/kvrouter/internal/cputime"
 	"github.com/kvrouter/kvrouter/openai"
 	"github.com/kvrouter/kvrouter/prompt"
 	"github.com/kvrouter/kvrouter/scoring"
@@ -268,7 +269,7 @@ func BenchmarkServerExchangeKV(b *testing.B) {
 			}
 			b.ReportAllocs()
 			i := 0
-			cpu := cpuTime()
+			cpu := cputime.Process()
 			for b.Loop() {
 				st := &memStream{msgs: []*extprocv3.ProcessingRequest{
 					{ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: filterv3.ProcessingMode_FULL_DUPLEX_STREAMED,
@@ -283,7 +284,7 @@ func BenchmarkServerExchangeKV(b *testing.B) {
 					b.Fatal(err, st.replies)
 				}
 			}
-			b.ReportMetric(float64(cpuTime()-cpu)/float64(b.N)/1e3, "cpu-us/op")
+			b.ReportMetric(float64(cputime.Process()-cpu)/float64(b.N)/1e3, "cpu-us/op")
 		})
 	}
 }

@@ -2,22 +2,11 @@ package kvevents_test
 
 import (
 	"os"
-	"syscall"
 	"testing"
-	"time"
 
+	"github.com/kvrouter/kvrouter/internal/cputime"
 	"github.com/kvrouter/kvrouter/kvevents"
 )
-
-// cpuTime is the process's user+system CPU time. The 2-core machine is shared, so wall
-// time also counts time other processes held the core; benchmarks report both.
-func cpuTime() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
 
 // BenchmarkDecode decodes realistic batches (Python-produced: 20 BlockStored events of 17
 // blocks, 340 blocks and 5,440 token ids, ~20 KB) and reports blocks/s.
@@ -41,13 +30,13 @@ func BenchmarkDecode(b *testing.B) {
 			b.SetBytes(int64(len(payload)))
 			b.ReportAllocs()
 			b.ResetTimer()
-			cpu0 := cpuTime()
+			cpu0 := cputime.Process()
 			for b.Loop() {
 				if err := kvevents.Decode(payload, &batch); err != nil {
 					b.Fatal(err)
 				}
 			}
-			cpu := cpuTime() - cpu0
+			cpu := cputime.Process() - cpu0
 			b.ReportMetric(float64(blocks*b.N)/b.Elapsed().Seconds(), "blocks/s")
 			b.ReportMetric(float64(blocks*b.N)/cpu.Seconds(), "blocks/cpu-s")
 			b.ReportMetric(float64(len(batch.Events)*b.N)/b.Elapsed().Seconds(), "events/s")

@@ -4,10 +4,9 @@ import (
 	"bytes"
 	"encoding/json"
 	"strconv"
-	"syscall"
 	"testing"
-	"time"
 
+	"github.com/kvrouter/kvrouter/internal/cputime"
 	"github.com/kvrouter/kvrouter/internal/testtext"
 	"github.com/kvrouter/kvrouter/openai"
 	"github.com/kvrouter/kvrouter/prompt"
@@ -32,14 +31,6 @@ func typicalChat(tail uint64) *openai.Request {
 	return req
 }
 
-func cpuTime(tb testing.TB) time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		tb.Fatal(err)
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
 func benchPromptTokens(b *testing.B, o prompt.LoadOptions) {
 	bl, err := prompt.LoadDir(testmodels.Dir(b, "qwen3"), o)
 	if err != nil {
@@ -59,14 +50,14 @@ func benchPromptTokens(b *testing.B, o prompt.LoadOptions) {
 		b.Fatal(err)
 	}
 	b.ReportAllocs()
-	start, n := cpuTime(b), 0
+	start, n := cputime.Process(), 0
 	for b.Loop() {
 		if _, err := bl.PromptTokens(unique(n)); err != nil {
 			b.Fatal(err)
 		}
 		n++
 	}
-	b.ReportMetric(float64(cpuTime(b)-start)/float64(n), "cpu-ns/op")
+	b.ReportMetric(float64(cputime.Process()-start)/float64(n), "cpu-ns/op")
 	b.ReportMetric(float64(len(ids)), "prompt-tokens")
 }
 
@@ -87,14 +78,14 @@ func BenchmarkPromptTokensSystemCached(b *testing.B) {
 // BenchmarkLoadQwen3 measures loading the tokenizer and compiling the template.
 func BenchmarkLoadQwen3(b *testing.B) {
 	dir := testmodels.Dir(b, "qwen3")
-	start, n := cpuTime(b), 0
+	start, n := cputime.Process(), 0
 	for b.Loop() {
 		if _, err := prompt.LoadDir(dir, prompt.LoadOptions{}); err != nil {
 			b.Fatal(err)
 		}
 		n++
 	}
-	b.ReportMetric(float64(cpuTime(b)-start)/float64(n), "cpu-ns/op")
+	b.ReportMetric(float64(cputime.Process()-start)/float64(n), "cpu-ns/op")
 }
 
 // FuzzRequestFromBody: arbitrary bodies never panic the parser or PromptTokens.

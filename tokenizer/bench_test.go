@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvrouter/kvrouter/internal/cputime"
 	"github.com/kvrouter/kvrouter/tokenizer"
 	"github.com/kvrouter/kvrouter/tokenizer/testmodels"
 )
@@ -66,7 +67,7 @@ func BenchmarkEncodeChat(b *testing.B) {
 			n := len(tk.Encode(prompt, false))
 			b.SetBytes(int64(len(prompt)))
 			b.ResetTimer()
-			cpu := processCPU()
+			cpu := cputime.Process()
 			for b.Loop() {
 				tk.Encode(prompt, false)
 			}
@@ -80,7 +81,7 @@ func BenchmarkEncodeChat(b *testing.B) {
 			b.SetBytes(int64(len(render(model, system, user))))
 			i := 0
 			b.ResetTimer()
-			cpu := processCPU()
+			cpu := cputime.Process()
 			for b.Loop() {
 				i++
 				// A fresh user turn each time: only the system prompt can hit the cache.
@@ -94,7 +95,7 @@ func BenchmarkEncodeChat(b *testing.B) {
 
 // reportCPU reports the process CPU time per iteration since start ("cpu-ns/op").
 func reportCPU(b *testing.B, start time.Duration) {
-	if end := processCPU(); end > start && b.N > 0 {
+	if end := cputime.Process(); end > start && b.N > 0 {
 		b.ReportMetric(float64(end-start)/float64(b.N), "cpu-ns/op")
 	}
 }
@@ -105,7 +106,7 @@ func BenchmarkLoad(b *testing.B) {
 	dir := testmodels.Dir(b, "qwen3")
 	var before, after runtime.MemStats
 	var tk *tokenizer.Tokenizer
-	cpu := processCPU()
+	cpu := cputime.Process()
 	for b.Loop() {
 		tk = nil
 		runtime.GC()

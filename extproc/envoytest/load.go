@@ -8,6 +8,8 @@ import (
 	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+
+	"github.com/kvrouter/kvrouter/internal/cputime"
 )
 
 // LoadConfig describes an open-loop load run: Requests exchanges started at Rate per
@@ -106,7 +108,7 @@ func Compare(ctx context.Context, clients []extprocv3.ExternalProcessorClient, c
 			a.res.Destinations[dest]++
 		}
 	}
-	cpu0 := cpuTime()
+	cpu0 := cputime.Process()
 	start := time.Now()
 	next := start
 	for i := 0; i < cfg.Requests && ctx.Err() == nil; i++ {
@@ -125,7 +127,7 @@ func Compare(ctx context.Context, clients []extprocv3.ExternalProcessorClient, c
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
-	cpu := cpuTime() - cpu0
+	cpu := cputime.Process() - cpu0
 	out := make([]LoadResult, len(clients))
 	total := 0
 	for _, a := range accs {

@@ -1,14 +1,14 @@
 //go:build unix
 
-package envoytest
+package cputime
 
 import (
 	"syscall"
 	"time"
 )
 
-// cpuTime is the process's CPU time (user + system), 0 if getrusage fails.
-func cpuTime() time.Duration {
+// Process returns the user+system CPU time of the process, or 0 if it cannot be read.
+func Process() time.Duration {
 	var ru syscall.Rusage
 	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
 		return 0
