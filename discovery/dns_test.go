@@ -13,6 +13,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/kvrouter/kvrouter/discovery"
+	"github.com/kvrouter/kvrouter/internal/testwait"
 )
 
 // fakeResolver answers with whatever the test set last.
@@ -112,29 +113,16 @@ func TestDNSRun(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error)
 	go func() { done <- d.Run(ctx) }()
-	waitFor(t, "first look-up", func() bool { return len(f.Status()) == 1 })
+	testwait.For(t, "first look-up", func() bool { return len(f.Status()) == 1 })
 	res.set(nil, "10.0.0.1", "10.0.0.2")
-	waitFor(t, "ticker armed", clk.HasWaiters)
+	testwait.For(t, "ticker armed", clk.HasWaiters)
 	clk.Step(5 * time.Second)
-	waitFor(t, "second look-up", func() bool { return len(f.Status()) == 2 })
+	testwait.For(t, "second look-up", func() bool { return len(f.Status()) == 2 })
 	cancel()
 	if err := <-done; err != nil {
 		t.Errorf("Run returned %v", err)
 	}
 	if n := res.count(); n != 2 {
 		t.Errorf("%d look-ups, want 2", n)
-	}
-}
-
-// waitFor polls cond until it holds; it fails the test after 10s (a hang, not a timing
-// assertion).
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/kvrouter/kvrouter/internal/testwait"
 	"github.com/kvrouter/kvrouter/kvevents"
 )
 
@@ -59,19 +60,13 @@ func runCentral(t *testing.T, port int, mod func(*kvevents.Config), sink kvevent
 	}
 	reg := prometheus.NewRegistry()
 	sub := startSubscriber(t, cfg, sink, reg)
-	// Wait for the socket.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	testwait.For(t, "the central socket to listen", func() bool {
 		c, err := net.Dial("tcp", "127.0.0.1:"+strconv.Itoa(port))
 		if err == nil {
 			c.Close()
-			break
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("central socket never listened: %v", err)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return err == nil
+	})
 	return sub, reg
 }
 

@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/kvrouter/kvrouter/internal/testwait"
 	"github.com/kvrouter/kvrouter/kvevents"
 )
 
@@ -25,17 +26,6 @@ func seqFrame(seq uint64) []byte { return binary.BigEndian.AppendUint64(nil, seq
 
 func stored(hs ...uint64) *kvevents.BlockStored {
 	return &kvevents.BlockStored{BlockHashes: hs, TokenIDs: make([]uint32, 16*len(hs)), BlockSize: 16, Medium: "GPU"}
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
 // TestSubscriberSequence drives the subscriber from a Go PUB socket (no replay socket):
@@ -75,7 +65,7 @@ func TestSubscriberSequence(t *testing.T) {
 	}
 	// The PUB drops messages until the subscription arrives: probe with two-frame
 	// messages (counted as drops) until one gets through.
-	waitFor(t, "the subscription", func() bool {
+	testwait.For(t, "the subscription", func() bool {
 		send([]byte("kv"), []byte("probe"))
 		return statusOf(t, sub, "pod", 0).Drops > 0
 	})
@@ -89,12 +79,12 @@ func TestSubscriberSequence(t *testing.T) {
 	batch(5, kvevents.EncodingMap, stored(5))                                          // gap: cleared, {5}
 	batch(6, kvevents.EncodingArray, &kvevents.BlockRemoved{BlockHashes: []uint64{5}}, // {}
 		&kvevents.AllBlocksCleared{}, stored(6)) // cleared, {6}
-	waitFor(t, "seq 6", func() bool { st := statusOf(t, sub, "pod", 0); return st.HasSeq && st.LastSeq == 6 })
+	testwait.For(t, "seq 6", func() bool { st := statusOf(t, sub, "pod", 0); return st.HasSeq && st.LastSeq == 6 })
 	if got := sink.snapshot("pod", 0); !maps.Equal(got, map[uint64]int{6: 1}) {
 		t.Fatalf("after seq 6 the sink holds %v, want {6:1}", got)
 	}
 	batch(0, kvevents.EncodingMap, stored(7), stored(7)) // restart: cleared, {7:2}
-	waitFor(t, "the restart", func() bool { return statusOf(t, sub, "pod", 0).LastSeq == 0 })
+	testwait.For(t, "the restart", func() bool { return statusOf(t, sub, "pod", 0).LastSeq == 0 })
 	if got := sink.snapshot("pod", 0); !maps.Equal(got, map[uint64]int{7: 2}) {
 		t.Fatalf("after the restart the sink holds %v, want {7:2}", got)
 	}
@@ -225,7 +215,7 @@ func TestSubscriberWatchdogRedials(t *testing.T) {
 	if err := sub.Add(kvevents.EndpointConfig{Name: "late", Address: tcp(port)}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "a watchdog redial", func() bool { return statusOf(t, sub, "late", 0).Redials >= 1 })
+	testwait.For(t, "a watchdog redial", func() bool { return statusOf(t, sub, "late", 0).Redials >= 1 })
 	if statusOf(t, sub, "late", 0).Connected {
 		t.Fatal("connected to nothing")
 	}
@@ -234,7 +224,7 @@ func TestSubscriberWatchdogRedials(t *testing.T) {
 	if err := pub.Listen(tcp(port)); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "a batch after the publisher appeared", func() bool {
+	testwait.For(t, "a batch after the publisher appeared", func() bool {
 		b := &kvevents.Batch{Events: []kvevents.Event{stored(42)}}
 		_ = pub.SendMulti(zmq4.NewMsgFrom([]byte{}, seqFrame(0), kvevents.Encode(b, kvevents.EncodingArray)))
 		return len(sink.snapshot("late", 0)) == 1

@@ -23,6 +23,7 @@ import (
 	kdisc "github.com/kvrouter/kvrouter/discovery/kubernetes"
 	"github.com/kvrouter/kvrouter/discovery/kubernetes/clientset"
 	"github.com/kvrouter/kvrouter/fleet"
+	"github.com/kvrouter/kvrouter/internal/testwait"
 )
 
 const (
@@ -75,17 +76,6 @@ func waitView(t *testing.T, f *fleet.Fleet, eligible, held []string) {
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("fleet: eligible %v held %v; want %v and %v", el, h, eligible, held)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
@@ -189,7 +179,7 @@ func TestSelectorPodsLifecycle(t *testing.T) {
 	t.Run("unready past the grace: removed", func(t *testing.T) {
 		update(vllmPod("a", "10.0.0.1", false))
 		waitView(t, f, []string{"10.0.0.2:8000", "10.0.0.3:8000"}, []string{"10.0.0.1:8000"})
-		waitFor(t, "grace timer", clk.HasWaiters)
+		testwait.For(t, "grace timer", clk.HasWaiters)
 		clk.Step(30 * time.Second)
 		waitView(t, f, []string{"10.0.0.2:8000", "10.0.0.3:8000"}, nil)
 		if got := rec.take(); !slices.Equal(got, []string{"10.0.0.1:8000"}) {
@@ -216,7 +206,7 @@ func TestSelectorPodsLifecycle(t *testing.T) {
 		p := vllmPod("c", "10.0.0.33", true)
 		p.Annotations = map[string]string{discovery.AnnotationModels: "m2", discovery.AnnotationDataParallelSize: "2"}
 		update(p)
-		waitFor(t, "update", func() bool {
+		testwait.For(t, "update", func() bool {
 			st := f.Status()
 			return len(st) == 1 && slices.Equal(st[0].Config.Models, []string{"m2"})
 		})

@@ -15,6 +15,7 @@ import (
 	"github.com/kvrouter/kvrouter/discovery"
 	"github.com/kvrouter/kvrouter/fleet"
 	"github.com/kvrouter/kvrouter/internal/app"
+	"github.com/kvrouter/kvrouter/internal/testwait"
 	"github.com/kvrouter/kvrouter/kvevents"
 	"github.com/kvrouter/kvrouter/sim/server"
 )
@@ -46,7 +47,7 @@ func TestKVPathCentral(t *testing.T) {
 	cfg.Discovery.KVEvents.Bind = "tcp://127.0.0.1:" + strconv.Itoa(bindPort)
 	a := startApp(t, cfg, app.Options{Registry: prometheus.NewRegistry()})
 	base := "http://" + a.addrs.Metrics
-	waitFor(t, "the central socket", func() bool {
+	testwait.For(t, "the central socket", func() bool {
 		c, err := net.Dial("tcp", "127.0.0.1:"+strconv.Itoa(bindPort))
 		if err == nil {
 			c.Close()
@@ -82,7 +83,7 @@ func TestKVPathCentral(t *testing.T) {
 	// zmq4's PUB drops what it publishes before the subscription arrives: repeat the
 	// request until its blocks are indexed (a cached prefix emits nothing new, so a
 	// later request for another prompt is not needed).
-	waitFor(t, "the server's blocks in the index", func() bool {
+	testwait.For(t, "the server's blocks in the index", func() bool {
 		resp, err := http.Post("http://"+simAddr+"/v1/chat/completions", "application/json", strings.NewReader(chat))
 		if err != nil {
 			t.Fatal(err)
@@ -92,7 +93,7 @@ func TestKVPathCentral(t *testing.T) {
 		e := byAddr(getJSON[[]app.KVEndpoint](t, base+"/debug/kv"), simAddr)
 		return e != nil && e.IndexedBlocks >= blocks
 	})
-	waitFor(t, "the central stream healthy", func() bool {
+	testwait.For(t, "the central stream healthy", func() bool {
 		code, x, _ := postRoute(t, base, chat)
 		return code == http.StatusOK && len(x.Endpoints) == 1 && x.Endpoints[0].EventsHealthy
 	})

@@ -16,6 +16,7 @@ import (
 	"github.com/kvrouter/kvrouter/config"
 	"github.com/kvrouter/kvrouter/fleet"
 	"github.com/kvrouter/kvrouter/internal/app"
+	"github.com/kvrouter/kvrouter/internal/testwait"
 	"github.com/kvrouter/kvrouter/openai"
 	"github.com/kvrouter/kvrouter/prompt"
 	"github.com/kvrouter/kvrouter/sim/server"
@@ -96,18 +97,6 @@ func simFleetConfig(dir string, endpoints ...fleet.EndpointConfig) *config.Confi
 	return &cfg
 }
 
-// waitFor polls cond until it holds; it asserts nothing about time.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 func getJSON[T any](t *testing.T, url string) T {
 	t.Helper()
 	code, body := httpGet(t, url)
@@ -164,7 +153,7 @@ func TestKVPath(t *testing.T) {
 	a := startApp(t, cfg, app.Options{Registry: prometheus.NewRegistry()})
 	base := "http://" + a.addrs.Metrics
 
-	waitFor(t, "both servers' events connected and capacity scraped", func() bool {
+	testwait.For(t, "both servers' events connected and capacity scraped", func() bool {
 		kv := getJSON[[]app.KVEndpoint](t, base+"/debug/kv")
 		n := 0
 		for _, e := range kv {
@@ -192,7 +181,7 @@ func TestKVPath(t *testing.T) {
 		t.Fatal(err)
 	}
 	blocks := len(ids) / 16
-	waitFor(t, "the server's blocks in the index", func() bool {
+	testwait.For(t, "the server's blocks in the index", func() bool {
 		e := byAddr(getJSON[[]app.KVEndpoint](t, base+"/debug/kv"), sims[1].addr)
 		return e != nil && e.IndexedBlocks >= blocks
 	})
@@ -268,7 +257,7 @@ func TestKVPath(t *testing.T) {
 
 	t.Run("removed endpoint is unsubscribed and purged", func(t *testing.T) {
 		a.Fleet().Remove(sims[1].addr)
-		waitFor(t, "the endpoint gone from the debug view", func() bool {
+		testwait.For(t, "the endpoint gone from the debug view", func() bool {
 			return byAddr(getJSON[[]app.KVEndpoint](t, base+"/debug/kv"), sims[1].addr) == nil
 		})
 	})
@@ -277,7 +266,7 @@ func TestKVPath(t *testing.T) {
 		if err := a.Fleet().Upsert(sims[2].endpoint()); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, "the new endpoint's events connected", func() bool {
+		testwait.For(t, "the new endpoint's events connected", func() bool {
 			e := byAddr(getJSON[[]app.KVEndpoint](t, base+"/debug/kv"), sims[2].addr)
 			return e != nil && e.Connected && e.EventsHealthy
 		})
@@ -289,7 +278,7 @@ func TestKVPath(t *testing.T) {
 		sims[0].stopEngine()
 		a.Fleet().Begin(sims[0].addr)
 		defer a.Fleet().End(sims[0].addr)
-		waitFor(t, "the stream seen down", func() bool {
+		testwait.For(t, "the stream seen down", func() bool {
 			e := byAddr(getJSON[[]app.KVEndpoint](t, base+"/debug/kv"), sims[0].addr)
 			return e != nil && !e.EventsHealthy
 		})

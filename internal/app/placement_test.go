@@ -14,6 +14,7 @@ import (
 	"github.com/kvrouter/kvrouter/extproc/envoytest"
 	"github.com/kvrouter/kvrouter/fleet"
 	"github.com/kvrouter/kvrouter/internal/app"
+	"github.com/kvrouter/kvrouter/internal/testwait"
 	"github.com/kvrouter/kvrouter/tokenizer/testmodels"
 )
 
@@ -37,7 +38,7 @@ func TestPlacementKeepsPrefixesHome(t *testing.T) {
 	a := startApp(t, cfg, app.Options{Registry: prometheus.NewRegistry()})
 	ext := dial(t, a.addrs.ExtProc)
 	waitHealth(t, ext, app.ExtProcService, healthpb.HealthCheckResponse_SERVING)
-	waitFor(t, "both endpoints scraped", func() bool {
+	testwait.For(t, "both endpoints scraped", func() bool {
 		n := 0
 		for _, st := range a.Fleet().Status() {
 			if st.State == fleet.StateHealthy {
