@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
@@ -86,7 +87,7 @@ func (c *Config) Validate() error {
 			adapters[a.Name] = a.BaseModel
 		}
 	}
-	for _, name := range sortedKeys(c.Models) {
+	for _, name := range slices.Sorted(maps.Keys(c.Models)) {
 		m := c.Models[name]
 		p := field.Key("models", name)
 		if base, ok := adapters[name]; ok {
@@ -99,15 +100,6 @@ func (c *Config) Validate() error {
 	errs.Nest("kv", c.KV.Validate())
 	errs.Nest("discovery", c.Discovery.Validate())
 	return errs.Err()
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	return keys
 }
 
 // ListenConfig holds the addresses kvrouter listens on ("host:port"; port 0 picks a free
@@ -290,7 +282,7 @@ func (c *PolicyConfig) Validate() error {
 		errs.Addf("fallback", "policy %q cannot be the fallback (allowed: %s)", c.Fallback, strings.Join(fb, ", "))
 	}
 	accepted := PolicyWeights(c.Name)
-	for _, k := range sortedKeys(c.Weights) {
+	for _, k := range slices.Sorted(maps.Keys(c.Weights)) {
 		w := c.Weights[k]
 		p := field.Key("weights", k)
 		switch {
@@ -301,7 +293,7 @@ func (c *PolicyConfig) Validate() error {
 			errs.Addf(p, "policy %q takes no weights", c.Name)
 		default:
 			if _, ok := accepted[k]; !ok {
-				errs.Addf(p, "policy %q has no weight %q (known: %s)", c.Name, k, strings.Join(sortedKeys(accepted), ", "))
+				errs.Addf(p, "policy %q has no weight %q (known: %s)", c.Name, k, strings.Join(slices.Sorted(maps.Keys(accepted)), ", "))
 			}
 		}
 		switch {
@@ -466,7 +458,7 @@ func underBad(path string, bad map[string]bool) bool {
 // resolveFiles makes the model file paths absolute against base and checks they exist.
 func resolveFiles(cfg *Config, base string) field.Errors {
 	var errs field.Errors
-	for _, name := range sortedKeys(cfg.Models) {
+	for _, name := range slices.Sorted(maps.Keys(cfg.Models)) {
 		m := cfg.Models[name]
 		p := field.Key("models", name)
 		for _, f := range []struct {

@@ -2,6 +2,7 @@ package discovery
 
 import (
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
 	"regexp"
@@ -171,7 +172,7 @@ func (c *KubernetesConfig) Validate() error {
 		if len(c.Selector) == 0 {
 			errs.Addf("selector", "needs at least one label")
 		}
-		for _, k := range sortedKeys(c.Selector) {
+		for _, k := range slices.Sorted(maps.Keys(c.Selector)) {
 			if msg := checkLabel(k, c.Selector[k]); msg != "" {
 				errs.Addf(field.Key("selector", k), "%s", msg)
 			}
@@ -208,15 +209,6 @@ func checkLabel(k, v string) string {
 		return fmt.Sprintf("%q is not a label value", v)
 	}
 	return ""
-}
-
-func sortedKeys(m map[string]string) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	return keys
 }
 
 // DNSConfig finds pods from the A and AAAA records of a headless Service, for
