@@ -331,12 +331,16 @@ func newTokenizer(cfg *config.Config, log *zap.Logger, reg prometheus.Registerer
 		Name: "kvrouter_model_tokenizer_ready",
 		Help: "1 when the model's prompts are tokenized for KV-aware routing, 0 when its requests are routed by load.",
 	}, []string{"model"})
+	engine := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "kvrouter_chat_template_engine",
+		Help: "1 for the engine that renders the model's chat template: native (kvrouter's own) or gonja (the fallback for templates the native engine refuses).",
+	}, []string{"model", "engine"})
 	metrics, err := prompt.NewMetrics(reg)
 	if err != nil {
 		return nil, fmt.Errorf("app: %w", err)
 	}
 	if reg != nil {
-		reg.MustRegister(ready)
+		reg.MustRegister(ready, engine)
 	}
 	var pc prompt.Config
 	for _, name := range sortedNames(cfg.Models) {
@@ -370,7 +374,16 @@ func newTokenizer(cfg *config.Config, log *zap.Logger, reg prometheus.Registerer
 			return nil, fmt.Errorf("app: %w", err)
 		default:
 			ready.WithLabelValues(m.Name).Set(1)
-			log.Info("model tokenized for KV-aware routing", zap.String("model", m.Name), zap.String("dir", m.Dir))
+			b, _ := r.Load(m.Name)
+			eng, why := b.ChatTemplateEngine()
+			fields := []zap.Field{zap.String("model", m.Name), zap.String("dir", m.Dir), zap.String("chat_template_engine", eng)}
+			if eng != "" {
+				engine.WithLabelValues(m.Name, eng).Set(1)
+			}
+			if why != "" {
+				fields = append(fields, zap.String("native_engine_refused", why))
+			}
+			log.Info("model tokenized for KV-aware routing", fields...)
 		}
 	}
 	served := map[string]bool{}
