@@ -17,9 +17,13 @@ type kvCore struct {
 	cfg     KVConfig
 	ix      PrefixIndex // nil: every overlap is predicted
 	health  EventHealth // nil: every endpoint's events are trusted
-	predict bool        // keep a predicted cache per endpoint
-	m       *kvMetrics
-	scratch sync.Pool
+	batch   EventHealthSnapshot
+	predict bool // keep a predicted cache per endpoint
+	keyBufs keyPool
+	// costHook, when set (tests only, see export_test.go), sees every pick's costs.
+	costHook func(cands []Endpoint, costs []float64)
+	m        *kvMetrics
+	scratch  sync.Pool
 
 	mu      sync.Mutex
 	rng     *rand.Rand
@@ -121,8 +125,9 @@ func newKVCore(policy string, cfg KVConfig, ix PrefixIndex, health EventHealth, 
 	if src == nil {
 		src = rand.NewPCG(rand.Uint64(), rand.Uint64())
 	}
+	batch, _ := health.(EventHealthSnapshot)
 	return &kvCore{
-		cfg: cfg, ix: ix, health: health, predict: predict,
+		cfg: cfg, ix: ix, health: health, batch: batch, predict: predict,
 		m:          newKVMetrics(policy, reg),
 		rng:        rand.New(src),
 		eps:        make(map[string]*kvEndpoint),
@@ -222,10 +227,16 @@ func (c *kvCore) newPending(isl, n int) *kvPending {
 	return p
 }
 
-// recycle returns p to the pool. Its key slices are not reused: a routed request keeps
-// the ones of its endpoint's block size.
+// recycle returns p and its key slices to their pools; routed takes out (sets to nil)
+// the key slice a routed request keeps.
 func (c *kvCore) recycle(p *kvPending) {
-	if p == nil || cap(p.endpoints) > 4096 {
+	if p == nil {
+		return
+	}
+	for _, k := range p.keys {
+		c.keyBufs.put(k.keys)
+	}
+	if cap(p.endpoints) > 4096 {
 		return
 	}
 	clear(p.endpoints)
@@ -303,15 +314,13 @@ func (c *kvCore) pick(req *Request, cands []Endpoint) (Decision, error) {
 		for i := range cands {
 			bs := c.blockSize(&cands[i])
 			sc.sizes[i] = bs
-			if keysFor(p.keys, bs) == nil {
-				p.keys = append(p.keys, kvKeys{bs, index.Keys(root, req.TokenIDs, bs, make([]uint64, 0, len(req.TokenIDs)/bs))})
+			if !slices.ContainsFunc(p.keys, func(k kvKeys) bool { return k.blockSize == bs }) {
+				p.keys = append(p.keys, kvKeys{bs, index.Keys(root, req.TokenIDs, bs, c.keyBufs.get(len(req.TokenIDs)/bs))})
 			}
 		}
 		predicted = slices.Grow(predicted, n)[:n]
 		sc.predicted = predicted
-		for i := range cands {
-			predicted[i] = c.ix == nil || (c.health != nil && !c.health.EventsHealthy(cands[i].Address))
-		}
+		c.predicted(cands, predicted)
 		if c.ix != nil {
 			c.lookup(cands, sc, p.keys, predicted)
 		}
@@ -378,6 +387,9 @@ func (c *kvCore) pick(req *Request, cands []Endpoint) (Decision, error) {
 		}
 	}
 	best := c.choose(sc, tokenized)
+	if c.costHook != nil {
+		c.costHook(cands, sc.costs)
+	}
 	if tokenized {
 		for i := range cands {
 			p.endpoints[i] = cands[i].Address
@@ -401,15 +413,12 @@ func (c *kvCore) pick(req *Request, cands []Endpoint) (Decision, error) {
 }
 
 // decision builds the answer: best first, then up to maxFallbacks others by rising cost
-// (earlier candidates first among equals), and Scores, the negated costs.
+// (earlier candidates first among equals). It leaves Scores nil: Explain has the costs.
 func (c *kvCore) decision(cands []Endpoint, sc *kvScratch, best int) Decision {
-	n := len(cands)
-
-	d := Decision{Endpoint: cands[best].Address, Scores: make(map[string]float64, n)}
+	d := Decision{Endpoint: cands[best].Address}
 	var top [maxFallbacks]int
 	k := 0
 	for i := range cands {
-		d.Scores[cands[i].Address] = -sc.costs[i]
 		if i == best {
 			continue
 		}
@@ -432,6 +441,29 @@ func (c *kvCore) decision(cands []Endpoint, sc *kvScratch, best int) Decision {
 		}
 	}
 	return d
+}
+
+// predicted sets predicted[i] when candidate i's overlap must be predicted: always
+// without an index, else when its events are not healthy (one snapshot for all the
+// candidates when the health view offers it).
+func (c *kvCore) predicted(cands []Endpoint, predicted []bool) {
+	switch {
+	case c.ix == nil:
+		for i := range predicted {
+			predicted[i] = true
+		}
+	case c.health == nil:
+		clear(predicted)
+	case c.batch != nil:
+		c.batch.EventsHealthyAll(cands, predicted)
+		for i, ok := range predicted {
+			predicted[i] = !ok
+		}
+	default:
+		for i := range cands {
+			predicted[i] = !c.health.EventsHealthy(cands[i].Address)
+		}
+	}
 }
 
 // lookup fills sc.overlaps from the index for the candidates not predicted, one index
@@ -515,10 +547,19 @@ func (c *kvCore) routed(req *Request, addr string) {
 	overlap, known := 0, false
 	if p != nil {
 		if i := slices.Index(p.endpoints, addr); i >= 0 {
-			keys, overlap, bs, known = keysFor(p.keys, p.sizes[i]), p.overlaps[i], p.sizes[i], true
+			overlap, bs, known = p.overlaps[i], p.sizes[i], true
+			for j := range p.keys {
+				if p.keys[j].blockSize == bs {
+					keys, p.keys[j].keys = p.keys[j].keys, nil // the request keeps them
+					break
+				}
+			}
 		}
 	}
-	predicted := c.ix == nil || (c.health != nil && !c.health.EventsHealthy(addr))
+	predicted := false
+	if !known {
+		predicted = c.ix == nil || (c.health != nil && !c.health.EventsHealthy(addr))
+	}
 	if !known && req.TokenIDs != nil {
 		keys = index.Keys(rootOf(req), req.TokenIDs, bs, nil)
 		if !predicted {
@@ -589,6 +630,44 @@ func (c *kvCore) release(id string) {
 	for _, k := range r.keys {
 		c.unhold(k, ep)
 	}
+	c.keyBufs.put(r.keys)
+}
+
+// keyPool recycles the block-key slices of picks and routed requests, so that a
+// request's keys are not a fresh allocation each time.
+type keyPool struct {
+	mu   sync.Mutex
+	free [][]uint64
+}
+
+// Bounds on what keyPool keeps: slices, and the keys of one slice (64k tokens of 16).
+const (
+	maxFreeKeySlices = 1024
+	maxPooledKeys    = 4096
+)
+
+// get returns an empty slice with room for at least n keys.
+func (kp *keyPool) get(n int) []uint64 {
+	kp.mu.Lock()
+	var k []uint64
+	if last := len(kp.free) - 1; last >= 0 {
+		k, kp.free[last] = kp.free[last], nil
+		kp.free = kp.free[:last]
+	}
+	kp.mu.Unlock()
+	return slices.Grow(k[:0], n)
+}
+
+// put gives k back; its owner must not use it again.
+func (kp *keyPool) put(k []uint64) {
+	if k == nil || cap(k) > maxPooledKeys {
+		return
+	}
+	kp.mu.Lock()
+	if len(kp.free) < maxFreeKeySlices {
+		kp.free = append(kp.free, k)
+	}
+	kp.mu.Unlock()
 }
 
 func (c *kvCore) forget(addr string) {
