@@ -30,15 +30,17 @@ type kvCore struct {
 	eps     map[string]*kvEndpoint
 	reqs    map[string]*kvRequest
 	pending map[string]*kvPending
-	// active maps each block key of an in-flight request to an endpoint whose in-flight
-	// requests hold it, and activeMore to any further such endpoints (rare: a prefix in
-	// flight on several endpoints at once), so that a pick counts the request's
-	// already-active blocks on every candidate with one map lookup per block, and routing
-	// a request allocates nothing per block.
-	active     map[uint64]kvHolder
-	activeMore map[uint64][]kvHolder
-	stamp      uint64
-	pendings   sync.Pool // *kvPending, recycled once Routed or Finished consumed them
+	// active maps each block key of an in-flight request to its entry in held: the
+	// endpoints whose in-flight requests hold it (usually one; several when a prefix is
+	// in flight on several endpoints at once), so that a pick counts the request's
+	// already-active blocks on every candidate with one map lookup per block, and
+	// routing or finishing a request costs one map lookup per block and allocates
+	// nothing once held has grown. freeHeld lists held's unused entries.
+	active   map[uint64]int32
+	held     []kvHeld
+	freeHeld []int32
+	stamp    uint64
+	pendings sync.Pool // *kvPending, recycled once Routed or Finished consumed them
 }
 
 type kvEndpoint struct {
@@ -128,89 +130,98 @@ func newKVCore(policy string, cfg KVConfig, ix PrefixIndex, health EventHealth, 
 	batch, _ := health.(EventHealthSnapshot)
 	return &kvCore{
 		cfg: cfg, ix: ix, health: health, batch: batch, predict: predict,
-		m:          newKVMetrics(policy, reg),
-		rng:        rand.New(src),
-		eps:        make(map[string]*kvEndpoint),
-		reqs:       make(map[string]*kvRequest),
-		pending:    make(map[string]*kvPending),
-		active:     make(map[uint64]kvHolder),
-		activeMore: make(map[uint64][]kvHolder),
+		m:       newKVMetrics(policy, reg),
+		rng:     rand.New(src),
+		eps:     make(map[string]*kvEndpoint),
+		reqs:    make(map[string]*kvRequest),
+		pending: make(map[string]*kvPending),
+		active:  make(map[uint64]int32),
 	}, nil
+}
+
+// kvHeld is the endpoints holding one in-flight block key.
+type kvHeld struct {
+	first kvHolder
+	more  []kvHolder
 }
 
 // holders calls f for every endpoint whose in-flight requests hold key k; c.mu must be
 // held.
 func (c *kvCore) holders(k uint64, f func(kvHolder)) {
-	h, ok := c.active[k]
+	i, ok := c.active[k]
 	if !ok {
 		return
 	}
-	f(h)
-	if len(c.activeMore) > 0 {
-		for _, h := range c.activeMore[k] {
-			f(h)
-		}
+	h := &c.held[i]
+	f(h.first)
+	for _, m := range h.more {
+		f(m)
 	}
 }
 
 // hold adds one in-flight reference to key k on ep; c.mu must be held.
 func (c *kvCore) hold(k uint64, ep *kvEndpoint) {
-	h, ok := c.active[k]
-	switch {
-	case !ok:
-		c.active[k] = kvHolder{ep, 1}
+	i, ok := c.active[k]
+	if !ok {
+		if n := len(c.freeHeld); n > 0 {
+			i = c.freeHeld[n-1]
+			c.freeHeld = c.freeHeld[:n-1]
+		} else {
+			i = int32(len(c.held))
+			c.held = append(c.held, kvHeld{})
+		}
+		c.held[i].first = kvHolder{ep, 1}
+		c.active[k] = i
 		ep.activeBlocks++
 		return
-	case h.ep == ep:
-		h.n++
-		c.active[k] = h
+	}
+	h := &c.held[i]
+	if h.first.ep == ep {
+		h.first.n++
 		return
 	}
-	more := c.activeMore[k]
-	if i := slices.IndexFunc(more, func(h kvHolder) bool { return h.ep == ep }); i >= 0 {
-		more[i].n++
+	if j := slices.IndexFunc(h.more, func(m kvHolder) bool { return m.ep == ep }); j >= 0 {
+		h.more[j].n++
 		return
 	}
-	c.activeMore[k] = append(more, kvHolder{ep, 1})
+	h.more = append(h.more, kvHolder{ep, 1})
 	ep.activeBlocks++
 }
 
 // unhold drops one in-flight reference to key k on ep; c.mu must be held.
 func (c *kvCore) unhold(k uint64, ep *kvEndpoint) {
-	h, ok := c.active[k]
+	i, ok := c.active[k]
 	if !ok {
 		return
 	}
-	more := c.activeMore[k]
-	if h.ep == ep {
-		if h.n--; h.n > 0 {
-			c.active[k] = h
+	h := &c.held[i]
+	if h.first.ep == ep {
+		if h.first.n--; h.first.n > 0 {
 			return
 		}
 		ep.activeBlocks--
-		if len(more) == 0 {
+		last := len(h.more) - 1
+		if last < 0 {
+			h.first = kvHolder{}
 			delete(c.active, k)
+			c.freeHeld = append(c.freeHeld, i)
 			return
 		}
-		c.active[k] = more[len(more)-1]
-		more = more[:len(more)-1]
-	} else {
-		i := slices.IndexFunc(more, func(h kvHolder) bool { return h.ep == ep })
-		if i < 0 {
-			return
-		}
-		if more[i].n--; more[i].n > 0 {
-			return
-		}
-		ep.activeBlocks--
-		more[i] = more[len(more)-1]
-		more = more[:len(more)-1]
+		h.first, h.more[last] = h.more[last], kvHolder{}
+		h.more = h.more[:last]
+		return
 	}
-	if len(more) == 0 {
-		delete(c.activeMore, k)
-	} else {
-		c.activeMore[k] = more
+	j := slices.IndexFunc(h.more, func(m kvHolder) bool { return m.ep == ep })
+	if j < 0 {
+		return
 	}
+	if h.more[j].n--; h.more[j].n > 0 {
+		return
+	}
+	ep.activeBlocks--
+	last := len(h.more) - 1
+	h.more[j], h.more[last] = h.more[last], kvHolder{}
+	h.more = h.more[:last]
 }
 
 // newPending returns a cleared kvPending with room for n candidates.
@@ -354,19 +365,18 @@ func (c *kvCore) pick(req *Request, cands []Endpoint) (Decision, error) {
 		}
 		for _, g := range p.keys {
 			for _, k := range g.keys {
-				h, ok := c.active[k]
+				i, ok := c.active[k]
 				if !ok {
-					continue
+					// Keys chain: an in-flight request holding a later key holds this one.
+					break
 				}
-				if h.ep.sharedStamp == c.stamp && h.ep.blockSize == g.blockSize {
-					h.ep.shared++
+				h := &c.held[i]
+				if ep := h.first.ep; ep.sharedStamp == c.stamp && ep.blockSize == g.blockSize {
+					ep.shared++
 				}
-				if len(c.activeMore) == 0 {
-					continue
-				}
-				for _, h := range c.activeMore[k] {
-					if h.ep.sharedStamp == c.stamp && h.ep.blockSize == g.blockSize {
-						h.ep.shared++
+				for _, m := range h.more {
+					if m.ep.sharedStamp == c.stamp && m.ep.blockSize == g.blockSize {
+						m.ep.shared++
 					}
 				}
 			}
