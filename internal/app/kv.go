@@ -21,6 +21,7 @@ import (
 	"github.com/kvrouter/kvrouter/index/kvsink"
 	"github.com/kvrouter/kvrouter/kvevents"
 	"github.com/kvrouter/kvrouter/prompt"
+	"github.com/kvrouter/kvrouter/scoring"
 	"github.com/kvrouter/kvrouter/tokenizer"
 )
 
@@ -233,6 +234,8 @@ func (k *kvPath) updateCapacity() {
 	}
 }
 
+var _ scoring.EventHealthSnapshot = (*eventHealth)(nil)
+
 // eventHealth is the kv policy's view of which endpoints' KV events can be trusted: an
 // endpoint is healthy when it is subscribed, every one of its rank streams is connected,
 // and no stream has been silent for staleAfter while the endpoint was busy (requests in
@@ -266,7 +269,19 @@ func newEventHealth(sub *kvevents.Subscriber, f *fleet.Fleet, refresh, staleAfte
 }
 
 // EventsHealthy implements scoring.EventHealth.
-func (h *eventHealth) EventsHealthy(endpoint string) bool {
+func (h *eventHealth) EventsHealthy(endpoint string) bool { return h.current().healthy[endpoint] }
+
+// EventsHealthyAll implements scoring.EventHealthSnapshot: one view (and one clock read)
+// for all of a pick's candidates.
+func (h *eventHealth) EventsHealthyAll(candidates []scoring.Endpoint, healthy []bool) {
+	v := h.current()
+	for i := range candidates {
+		healthy[i] = v.healthy[candidates[i].Address]
+	}
+}
+
+// current returns the view, rebuilt first when older than the refresh period.
+func (h *eventHealth) current() *healthView {
 	v := h.view.Load()
 	if v == nil || h.now().Sub(v.at) >= h.refresh {
 		switch {
@@ -282,7 +297,7 @@ func (h *eventHealth) EventsHealthy(endpoint string) bool {
 		}
 		// Otherwise another caller is rebuilding: the previous view will do.
 	}
-	return v.healthy[endpoint]
+	return v
 }
 
 func (h *eventHealth) invalidate() { h.view.Store(nil) }
