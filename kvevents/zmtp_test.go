@@ -55,8 +55,11 @@ func TestZMTPReader(t *testing.T) {
 		{"too large", concat(frame(true, []byte("a")), frame(false, bytes.Repeat([]byte{1}, 2000)), frame(false, []byte("next"))),
 			nil, errTooLarge},
 		{"reserved flags", []byte{0x80, 1, 0}, nil, errZMTP},
-		// Read past (never allocated) until the bytes run out.
-		{"huge announced frame", []byte{flagLong, 0x40, 0, 0, 0, 0, 0, 0, 0, 1, 2, 3}, nil, io.EOF},
+		// Not worth reading past (nor ever allocated): the connection is broken.
+		{"huge announced frame", []byte{flagLong, 0x40, 0, 0, 0, 0, 0, 0, 0, 1, 2, 3}, nil, errZMTP},
+		{"2^40 bytes announced", []byte{flagLong, 0, 0, 1, 0, 0, 0, 0, 0, 1, 2, 3}, nil, errZMTP},
+		// Over the bound but plausible: read past until the bytes run out.
+		{"large announced frame", []byte{flagLong, 0, 0, 0, 0, 0x01, 0, 0, 0, 1, 2, 3}, nil, io.EOF},
 		{"command inside message", concat(frame(true, []byte("a")), command("PING", []byte{0, 1})), nil, errZMTP},
 		{"truncated", []byte{0, 5, 'a'}, nil, io.ErrUnexpectedEOF},
 	}
