@@ -17,8 +17,12 @@ import (
 // PING with PONG unless told not to, records subscriptions, and writes whatever frames
 // the test gives it, well-formed or not.
 type fakePub struct {
-	t  *testing.T
-	ln net.Listener
+	t          *testing.T
+	ln         net.Listener
+	socketType string
+	// onMessage, if set before the first connection, receives every message the peer
+	// sends (a ROUTER's requests), on the connection's goroutine.
+	onMessage func(c *fakeConn, frames [][]byte)
 
 	// silent: accept TCP but never greet (a stuck or foreign server).
 	silent atomic.Bool
@@ -39,13 +43,16 @@ type fakeConn struct {
 	once       sync.Once
 }
 
-func newFakePub(t *testing.T, addr string) *fakePub {
+func newFakePub(t *testing.T, addr string) *fakePub { return newFakePeer(t, addr, "PUB") }
+
+// newFakePeer is a fake ZMTP peer greeting as socketType (PUB or ROUTER).
+func newFakePeer(t *testing.T, addr, socketType string) *fakePub {
 	t.Helper()
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &fakePub{t: t, ln: ln, accept: make(chan *fakeConn, 16)}
+	p := &fakePub{t: t, ln: ln, socketType: socketType, accept: make(chan *fakeConn, 16)}
 	go p.serve()
 	t.Cleanup(p.close)
 	return p
@@ -81,7 +88,7 @@ func (p *fakePub) handle(c *fakeConn) {
 	g := make([]byte, 64)
 	g[0], g[9], g[10], g[11] = 0xff, 0x7f, 3, 0
 	copy(g[12:], "NULL")
-	ready := zmtpCommand("READY", zmtpProperty("Socket-Type", "PUB"))
+	ready := zmtpCommand("READY", zmtpProperty("Socket-Type", p.socketType))
 	if err := c.write(append(g, ready...)); err != nil {
 		return
 	}
@@ -93,10 +100,22 @@ func (p *fakePub) handle(c *fakeConn) {
 	case p.accept <- c:
 	default:
 	}
+	if p.socketType != "PUB" {
+		c.once.Do(func() { close(c.subscribed) })
+	}
+	var msg [][]byte
 	for {
 		flags, body, err := readZMTPFrame(r)
 		if err != nil {
 			return
+		}
+		if flags&0x04 == 0 && p.onMessage != nil {
+			msg = append(msg, body)
+			if flags&0x01 == 0 {
+				p.onMessage(c, msg)
+				msg = nil
+			}
+			continue
 		}
 		if flags&0x04 != 0 {
 			if len(body) > 5 && string(body[1:1+body[0]]) == "PING" {
@@ -120,7 +139,7 @@ func (c *fakeConn) write(b []byte) error {
 	return err
 }
 
-// next waits for the next greeted connection.
+// next waits for the next greeted connection (a PUB's: subscribed).
 func (p *fakePub) next(t *testing.T) *fakeConn {
 	t.Helper()
 	select {
