@@ -216,6 +216,31 @@ func TestSubscriberWatchdogPing(t *testing.T) {
 	awaitState(t, sink, "pod", 0, held(1, 2))
 }
 
+// TestSubscriberNoPingToZMTP30: a ZMTP 3.0 peer (go-zeromq/zmq4's PUB, as in vllm-sim)
+// is never sent a PING, which 3.0 does not define (zmq4 queues each as an inbound
+// message until its readers stall), and is not dropped for being silent.
+func TestSubscriberNoPingToZMTP30(t *testing.T) {
+	pub := newFakePub(t, "127.0.0.1:0")
+	pub.zmtp30.Store(true)
+	pub.noPong.Store(true)
+	sink := newRefSink()
+	const wd = 200 * time.Millisecond
+	sub, _, _, _ := startSub(t, kvevents.Config{Watchdog: wd,
+		Endpoints: []kvevents.EndpointConfig{{Name: "pod", Address: pub.addr()}}}, sink)
+	c := pub.next(t)
+	mustSend(t, c, liveBatch(0, 1))
+	awaitState(t, sink, "pod", 0, held(1))
+	time.Sleep(5 * wd) // idle: a 3.1 peer would have been pinged several times by now
+	mustSend(t, c, liveBatch(1, 2))
+	awaitState(t, sink, "pod", 0, held(1, 2))
+	if n := c.pings.Load(); n != 0 {
+		t.Errorf("a ZMTP 3.0 peer was sent %d PINGs", n)
+	}
+	if st := statusOf(t, sub, "pod", 0); !st.Connected || st.Redials != 0 {
+		t.Errorf("connected %v redials %d; want true, 0", st.Connected, st.Redials)
+	}
+}
+
 // TestSubscriberReplayPeers: a slow joiner (first batch seq 3) recovers batches 0..2
 // through a replay ROUTER; one that answers with a frame announcing 2^40 bytes, or never
 // greets, fails the recovery within its bounds, the rank is cleared, and the live stream

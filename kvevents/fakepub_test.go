@@ -12,7 +12,7 @@ import (
 	"time"
 )
 
-// fakePub is a PUB socket written from the ZMTP 3.0 spec in the test itself (independent
+// fakePub is a PUB socket written from the ZMTP 3.1 spec in the test itself (independent
 // of the package's reader): it listens on TCP, greets each connection as a PUB, answers
 // PING with PONG unless told not to, records subscriptions, and writes whatever frames
 // the test gives it, well-formed or not.
@@ -28,6 +28,8 @@ type fakePub struct {
 	silent atomic.Bool
 	// noPong: do not answer PING.
 	noPong atomic.Bool
+	// zmtp30: greet as ZMTP 3.0 (go-zeromq/zmq4) instead of 3.1 (libzmq 4.2+).
+	zmtp30 atomic.Bool
 
 	mu     sync.Mutex
 	conns  []*fakeConn
@@ -86,7 +88,10 @@ func (p *fakePub) serve() {
 // handle greets, then reads the peer's frames: subscriptions and PINGs.
 func (p *fakePub) handle(c *fakeConn) {
 	g := make([]byte, 64)
-	g[0], g[9], g[10], g[11] = 0xff, 0x7f, 3, 0
+	g[0], g[9], g[10], g[11] = 0xff, 0x7f, 3, 1
+	if p.zmtp30.Load() {
+		g[11] = 0
+	}
 	copy(g[12:], "NULL")
 	ready := zmtpCommand("READY", zmtpProperty("Socket-Type", p.socketType))
 	if err := c.write(append(g, ready...)); err != nil {

@@ -420,16 +420,18 @@ func (st *stream) session(ctx context.Context) (progressed bool) {
 	st.setConnected(true)
 	st.resumed = st.hasLast
 	var busy, fired atomic.Bool
-	watching.Add(1)
-	go func() {
-		defer watching.Done()
-		st.watch(sctx, lc, z, &busy, &fired)
-	}()
-	// A first PING tells whether the peer answers them (libzmq does), which is what
-	// lets the watchdog take silence for a dead connection.
-	if _, err := lc.Write(pingCommand()); err != nil {
-		st.fail(err, true)
-		return true
+	if z.heartbeats() {
+		watching.Add(1)
+		go func() {
+			defer watching.Done()
+			st.watch(sctx, lc, z, &busy, &fired)
+		}()
+		// A first PING tells whether the peer answers them (libzmq does), which is
+		// what lets the watchdog take silence for a dead connection.
+		if _, err := lc.Write(pingCommand()); err != nil {
+			st.fail(err, true)
+			return true
+		}
 	}
 	for {
 		frames, err := z.readMessage()
@@ -464,10 +466,11 @@ func (st *stream) session(ctx context.Context) (progressed bool) {
 	}
 }
 
-// watch keeps the connection honest while the session waits for messages: after
+// watch keeps a ZMTP 3.1 connection honest while the session waits for messages: after
 // Watchdog/2 of silence it sends a PING; once the peer has shown it answers PINGs,
 // Watchdog of silence (no message, no PONG) means the connection is dead, and it closes
-// it. A peer that never answers is left to TCP keepalive. It runs until ctx ends.
+// it. A peer that never answers (or speaks 3.0, and is never pinged) is left to TCP
+// keepalive. It runs until ctx ends.
 func (st *stream) watch(ctx context.Context, lc *liveConn, z *zmtpReader, busy, fired *atomic.Bool) {
 	wd := st.s.cfg.Watchdog
 	ticker := time.NewTicker(min(wd/4, time.Second))

@@ -51,6 +51,8 @@ type zmtpReader struct {
 	// ponged is set once the peer answered a PING: it keeps its connection alive, so
 	// its silence means the connection is dead. Read from other goroutines.
 	ponged atomic.Bool
+	// peerMinor is the ZMTP 3.x minor version the peer's greeting announced.
+	peerMinor byte
 	// frames and the backing buffer are reused by the next readMessage.
 	frames [][]byte
 	ends   []int
@@ -157,6 +159,11 @@ func (z *zmtpReader) greet(socketType string, peers ...string) error {
 	if mech := string(bytes.TrimRight(g[12:32], "\x00")); mech != "NULL" {
 		return fmt.Errorf("%w: security mechanism %q, want NULL", errZMTP, mech)
 	}
+	if g[10] == 3 {
+		z.peerMinor = g[11]
+	} else {
+		z.peerMinor = 0xff // a later major version: assume it knows PING
+	}
 	name, body, err := z.readCommand()
 	if err != nil {
 		return err
@@ -177,6 +184,13 @@ func (z *zmtpReader) greet(socketType string, peers ...string) error {
 	}
 	return nil
 }
+
+// heartbeats reports whether the peer speaks ZMTP 3.1 or later, which defines PING and
+// PONG (libzmq 4.2+ does, and answers every PING). A 3.0 peer may not expect commands
+// after the handshake: go-zeromq/zmq4's PUB (3.0) queues each PING as an inbound
+// message in a 10-slot channel nobody reads, and then stops reading every subscriber's
+// connection, so 3.0 peers are never pinged.
+func (z *zmtpReader) heartbeats() bool { return z.peerMinor >= 1 }
 
 // waitMessage blocks until the next message's first byte has arrived, consuming
 // nothing: a deadline that expires here leaves the connection usable.
