@@ -15,10 +15,10 @@ type Config struct {
 	Endpoints []EndpointConfig `yaml:"endpoints"`
 	// Topic is the subscription prefix ("" subscribes to everything, vLLM's default topic).
 	Topic string `yaml:"topic"`
-	// Watchdog (per-pod mode): after Watchdog/2 without a byte from the publisher the
-	// subscriber sends a ZMTP PING; a connection whose peer has answered PINGs before
-	// (libzmq does) and that then receives nothing, not even a PONG, for Watchdog is
-	// closed and redialled. It also sets TCP keepalive (idle Watchdog, 4 probes
+	// Watchdog (per-pod mode): after Watchdog/2 without a byte from a ZMTP 3.1 publisher
+	// (libzmq 4.2+; 3.0 peers such as zmq4 are never pinged) the subscriber sends a ZMTP
+	// PING; a connection whose peer has answered PINGs before and that then receives
+	// nothing, not even a PONG, for Watchdog is closed and redialled. It also sets TCP keepalive (idle Watchdog, 4 probes
 	// Watchdog/4 apart) for peers that do not answer PINGs.
 	Watchdog time.Duration `yaml:"watchdog"`
 	// BackoffMin and BackoffMax bound the delay between dial attempts: a connection

@@ -25,7 +25,7 @@
 // (Config.HandshakeTimeout), message size (Config.MaxMessageBytes: longer messages are
 // read past, never buffered; absurd announced sizes end the connection), memory (it
 // grows with the bytes received, not with sizes announced), silence (Config.Watchdog,
-// with ZMTP PINGs and TCP keepalive), a replay (Config.ReplayTimeout, ReplayIdle). A
+// with ZMTP PINGs to 3.1 peers and TCP keepalive), a replay (Config.ReplayTimeout, ReplayIdle). A
 // stream is Connected exactly from a completed handshake until its connection fails.
 //
 // Concurrency: Decode and Encode are safe to call concurrently on distinct Batches; a
