@@ -240,8 +240,9 @@ var _ scoring.EventHealthSnapshot = (*eventHealth)(nil)
 // endpoint is healthy when it is subscribed, every one of its rank streams is connected,
 // and no stream has been silent for staleAfter while the endpoint was busy (requests in
 // flight from this router, or running by its scraped metrics). The last rule catches a
-// publisher that went away without the socket noticing (ZeroMQ redials silently): a busy
-// vLLM stores blocks every few steps, an idle one legitimately says nothing. The view is
+// publisher that is connected but says nothing (its process alive, its event path stuck;
+// a lost connection already shows as not connected): a busy vLLM stores blocks every few
+// steps, an idle one legitimately says nothing. The view is
 // rebuilt from the subscriber's and the fleet's status at most once per refresh period,
 // so the routing path reads a map and never waits on either.
 type eventHealth struct {
