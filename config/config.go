@@ -327,15 +327,22 @@ type LimitsConfig struct {
 	MaxBodyBytes int `yaml:"max_body_bytes"`
 	// DrainTimeout bounds how long in-flight streams may run on after SIGTERM.
 	DrainTimeout time.Duration `yaml:"drain_timeout"`
+	// MaxHold bounds how long one request may wait at the router when the policy asks to
+	// hold it (placement's hold_max_ms; 0 never holds). Envoy's ext_proc message_timeout
+	// keeps running meanwhile, so it must stay well under it (at most 500ms; envoy.yaml
+	// sets 1s). Default 200ms.
+	MaxHold time.Duration `yaml:"max_hold"`
 	// Scrape tunes the scraping of each endpoint's /metrics.
 	Scrape fleet.ScrapeConfig `yaml:",inline"`
 }
 
-// DefaultLimitsConfig returns 16 MiB bodies, a 30s drain and the scrape defaults.
+// DefaultLimitsConfig returns 16 MiB bodies, a 30s drain, 200ms holds and the scrape
+// defaults.
 func DefaultLimitsConfig() LimitsConfig {
 	return LimitsConfig{
 		MaxBodyBytes: 16 << 20,
 		DrainTimeout: 30 * time.Second,
+		MaxHold:      200 * time.Millisecond,
 		Scrape:       fleet.DefaultScrapeConfig(),
 	}
 }
@@ -348,6 +355,9 @@ func (c *LimitsConfig) Validate() error {
 	}
 	if c.DrainTimeout < 0 || c.DrainTimeout > time.Hour {
 		errs.Addf("drain_timeout", "%v is out of range [0, 1h]", c.DrainTimeout)
+	}
+	if c.MaxHold < 0 || c.MaxHold > 500*time.Millisecond {
+		errs.Addf("max_hold", "%v is out of range [0, 500ms] (Envoy's ext_proc message_timeout runs while a request is held)", c.MaxHold)
 	}
 	errs.Nest("", c.Scrape.Validate())
 	return errs.Err()
