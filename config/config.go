@@ -542,6 +542,12 @@ type EventsConfig struct {
 	ReplayIdle      time.Duration `yaml:"replay_idle"`
 	ReplayTimeout   time.Duration `yaml:"replay_timeout"`
 	ReplayMaxRounds int           `yaml:"replay_max_rounds"`
+	// MaxMessageBytes bounds one event message (live or replayed): a longer one is
+	// dropped and counted and its stream sees a gap.
+	MaxMessageBytes int `yaml:"max_message_bytes"`
+	// HandshakeTimeout bounds connecting to a publisher or replay socket and its ZMTP
+	// handshake (and, in central mode, a connecting publisher's handshake).
+	HandshakeTimeout time.Duration `yaml:"handshake_timeout"`
 }
 
 // DefaultKVConfig returns the index, subscriber and policy defaults.
@@ -551,7 +557,8 @@ func DefaultKVConfig() KVConfig {
 	return KVConfig{
 		Index: index.DefaultConfig(),
 		Events: EventsConfig{Watchdog: e.Watchdog, BackoffMin: e.BackoffMin, BackoffMax: e.BackoffMax,
-			ReplayIdle: e.ReplayIdle, ReplayTimeout: e.ReplayTimeout, ReplayMaxRounds: e.ReplayMaxRounds},
+			ReplayIdle: e.ReplayIdle, ReplayTimeout: e.ReplayTimeout, ReplayMaxRounds: e.ReplayMaxRounds,
+			MaxMessageBytes: e.MaxMessageBytes, HandshakeTimeout: e.HandshakeTimeout},
 		ApproxBlocks:     k.ApproxBlocks,
 		MaxTracked:       k.MaxTracked,
 		HealthRefresh:    250 * time.Millisecond,
@@ -564,7 +571,8 @@ func DefaultKVConfig() KVConfig {
 func (c *KVConfig) Subscriber() kvevents.Config {
 	e := c.Events
 	return kvevents.Config{Watchdog: e.Watchdog, BackoffMin: e.BackoffMin, BackoffMax: e.BackoffMax,
-		ReplayIdle: e.ReplayIdle, ReplayTimeout: e.ReplayTimeout, ReplayMaxRounds: e.ReplayMaxRounds}
+		ReplayIdle: e.ReplayIdle, ReplayTimeout: e.ReplayTimeout, ReplayMaxRounds: e.ReplayMaxRounds,
+		MaxMessageBytes: e.MaxMessageBytes, HandshakeTimeout: e.HandshakeTimeout}
 }
 
 // Subscriber returns the KV-event subscriber's whole configuration: KV.Subscriber()
@@ -601,7 +609,8 @@ func (c *KVConfig) Validate() error {
 		name string
 		v    time.Duration
 	}{{"watchdog", c.Events.Watchdog}, {"backoff_min", c.Events.BackoffMin}, {"backoff_max", c.Events.BackoffMax},
-		{"replay_idle", c.Events.ReplayIdle}, {"replay_timeout", c.Events.ReplayTimeout}} {
+		{"replay_idle", c.Events.ReplayIdle}, {"replay_timeout", c.Events.ReplayTimeout},
+		{"handshake_timeout", c.Events.HandshakeTimeout}} {
 		if d.v <= 0 || d.v > time.Hour {
 			errs.Addf("events."+d.name, "%v is out of range (0, 1h]", d.v)
 		}
@@ -611,6 +620,11 @@ func (c *KVConfig) Validate() error {
 	}
 	if c.Events.ReplayMaxRounds < 1 {
 		errs.Addf("events.replay_max_rounds", "%d must be at least 1", c.Events.ReplayMaxRounds)
+	}
+	// vLLM batches a few hundred events (tens of KB); 64 KiB leaves no room for a large
+	// batch, 1 GiB is where the client ends the connection anyway.
+	if c.Events.MaxMessageBytes < 64<<10 || c.Events.MaxMessageBytes > 1<<30 {
+		errs.Addf("events.max_message_bytes", "%d is out of range [64 KiB, 1 GiB]", c.Events.MaxMessageBytes)
 	}
 	if c.ApproxBlocks < 1 {
 		errs.Addf("approx_blocks", "%d must be at least 1", c.ApproxBlocks)
