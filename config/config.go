@@ -319,15 +319,22 @@ type LimitsConfig struct {
 	MaxBodyBytes int `yaml:"max_body_bytes"`
 	// DrainTimeout bounds how long in-flight streams may run on after SIGTERM.
 	DrainTimeout time.Duration `yaml:"drain_timeout"`
+	// MaxHold bounds how long one request may wait at the router when the policy asks to
+	// hold it (placement's hold_max_ms; 0 never holds). Envoy's ext_proc message_timeout
+	// keeps running meanwhile, so it must stay well under it (at most 500ms; envoy.yaml
+	// sets 1s). Default 200ms.
+	MaxHold time.Duration `yaml:"max_hold"`
 	// Scrape tunes the scraping of each endpoint's /metrics.
 	Scrape fleet.ScrapeConfig `yaml:",inline"`
 }
 
-// DefaultLimitsConfig returns 16 MiB bodies, a 30s drain and the scrape defaults.
+// DefaultLimitsConfig returns 16 MiB bodies, a 30s drain, 200ms holds and the scrape
+// defaults.
 func DefaultLimitsConfig() LimitsConfig {
 	return LimitsConfig{
 		MaxBodyBytes: 16 << 20,
 		DrainTimeout: 30 * time.Second,
+		MaxHold:      200 * time.Millisecond,
 		Scrape:       fleet.DefaultScrapeConfig(),
 	}
 }
@@ -340,6 +347,9 @@ func (c *LimitsConfig) Validate() error {
 	}
 	if c.DrainTimeout < 0 || c.DrainTimeout > time.Hour {
 		errs.Addf("drain_timeout", "%v is out of range [0, 1h]", c.DrainTimeout)
+	}
+	if c.MaxHold < 0 || c.MaxHold > 500*time.Millisecond {
+		errs.Addf("max_hold", "%v is out of range [0, 500ms] (Envoy's ext_proc message_timeout runs while a request is held)", c.MaxHold)
 	}
 	errs.Nest("", c.Scrape.Validate())
 	return errs.Err()
@@ -524,6 +534,12 @@ type EventsConfig struct {
 	ReplayIdle      time.Duration `yaml:"replay_idle"`
 	ReplayTimeout   time.Duration `yaml:"replay_timeout"`
 	ReplayMaxRounds int           `yaml:"replay_max_rounds"`
+	// MaxMessageBytes bounds one event message (live or replayed): a longer one is
+	// dropped and counted and its stream sees a gap.
+	MaxMessageBytes int `yaml:"max_message_bytes"`
+	// HandshakeTimeout bounds connecting to a publisher or replay socket and its ZMTP
+	// handshake (and, in central mode, a connecting publisher's handshake).
+	HandshakeTimeout time.Duration `yaml:"handshake_timeout"`
 }
 
 // DefaultKVConfig returns the index, subscriber and policy defaults.
@@ -533,7 +549,8 @@ func DefaultKVConfig() KVConfig {
 	return KVConfig{
 		Index: index.DefaultConfig(),
 		Events: EventsConfig{Watchdog: e.Watchdog, BackoffMin: e.BackoffMin, BackoffMax: e.BackoffMax,
-			ReplayIdle: e.ReplayIdle, ReplayTimeout: e.ReplayTimeout, ReplayMaxRounds: e.ReplayMaxRounds},
+			ReplayIdle: e.ReplayIdle, ReplayTimeout: e.ReplayTimeout, ReplayMaxRounds: e.ReplayMaxRounds,
+			MaxMessageBytes: e.MaxMessageBytes, HandshakeTimeout: e.HandshakeTimeout},
 		ApproxBlocks:     k.ApproxBlocks,
 		MaxTracked:       k.MaxTracked,
 		HealthRefresh:    250 * time.Millisecond,
@@ -546,7 +563,8 @@ func DefaultKVConfig() KVConfig {
 func (c *KVConfig) Subscriber() kvevents.Config {
 	e := c.Events
 	return kvevents.Config{Watchdog: e.Watchdog, BackoffMin: e.BackoffMin, BackoffMax: e.BackoffMax,
-		ReplayIdle: e.ReplayIdle, ReplayTimeout: e.ReplayTimeout, ReplayMaxRounds: e.ReplayMaxRounds}
+		ReplayIdle: e.ReplayIdle, ReplayTimeout: e.ReplayTimeout, ReplayMaxRounds: e.ReplayMaxRounds,
+		MaxMessageBytes: e.MaxMessageBytes, HandshakeTimeout: e.HandshakeTimeout}
 }
 
 // Subscriber returns the KV-event subscriber's whole configuration: KV.Subscriber()
@@ -583,7 +601,8 @@ func (c *KVConfig) Validate() error {
 		name string
 		v    time.Duration
 	}{{"watchdog", c.Events.Watchdog}, {"backoff_min", c.Events.BackoffMin}, {"backoff_max", c.Events.BackoffMax},
-		{"replay_idle", c.Events.ReplayIdle}, {"replay_timeout", c.Events.ReplayTimeout}} {
+		{"replay_idle", c.Events.ReplayIdle}, {"replay_timeout", c.Events.ReplayTimeout},
+		{"handshake_timeout", c.Events.HandshakeTimeout}} {
 		if d.v <= 0 || d.v > time.Hour {
 			errs.Addf("events."+d.name, "%v is out of range (0, 1h]", d.v)
 		}
@@ -593,6 +612,11 @@ func (c *KVConfig) Validate() error {
 	}
 	if c.Events.ReplayMaxRounds < 1 {
 		errs.Addf("events.replay_max_rounds", "%d must be at least 1", c.Events.ReplayMaxRounds)
+	}
+	// vLLM batches a few hundred events (tens of KB); 64 KiB leaves no room for a large
+	// batch, 1 GiB is where the client ends the connection anyway.
+	if c.Events.MaxMessageBytes < 64<<10 || c.Events.MaxMessageBytes > 1<<30 {
+		errs.Addf("events.max_message_bytes", "%d is out of range [64 KiB, 1 GiB]", c.Events.MaxMessageBytes)
 	}
 	if c.ApproxBlocks < 1 {
 		errs.Addf("approx_blocks", "%d must be at least 1", c.ApproxBlocks)

@@ -49,6 +49,9 @@ func TestLoadCentral(t *testing.T) {
 	if sc.Bind != "tcp://*:5557" || sc.AnySource {
 		t.Errorf("subscriber bind %q any_source %v", sc.Bind, sc.AnySource)
 	}
+	if sc.MaxMessageBytes != 1<<20 || sc.HandshakeTimeout != 2*time.Second {
+		t.Errorf("subscriber max_message_bytes %d handshake_timeout %v, want 1048576 and 2s", sc.MaxMessageBytes, sc.HandshakeTimeout)
+	}
 	if got := cfg.Endpoints[0].KVEvents.CentralRanks; len(got) != 1 || got[0] != 0 {
 		t.Errorf("central ranks %v", got)
 	}

@@ -58,8 +58,11 @@ type choice struct {
 func (st *stream) decideAndReply(in decideInput, kind replyKind) (done bool, err error) {
 	s := st.s
 	start := s.now()
-	c, reason := st.choose(in)
-	s.m.decisionLatency.Observe(s.now().Sub(start).Seconds())
+	c, reason, err := st.choose(in)
+	if err != nil {
+		return true, err
+	}
+	s.m.decisionLatency.Observe(s.now().Sub(start).Seconds() - c.req.Held.Seconds())
 	if reason != "" {
 		return true, st.reply503(reason)
 	}
@@ -116,9 +119,14 @@ func (st *stream) commit(c choice) {
 	}
 }
 
+// errHoldCancelled ends a stream whose context ended while its request was held.
+var errHoldCancelled = errors.New("extproc: stream ended while the request was held")
+
 // choose picks the endpoint for the request, or returns a no-endpoint reason. It has no
-// effect beyond counting parse and tokenizer errors.
-func (st *stream) choose(in decideInput) (c choice, noEndpointReason string) {
+// effect beyond counting parse and tokenizer errors and holds. It holds the request
+// (blocking the stream) while the policy asks, within MaxHold; err is errHoldCancelled
+// when the stream's context ends meanwhile.
+func (st *stream) choose(in decideInput) (c choice, noEndpointReason string, err error) {
 	s := st.s
 	fallback := in.fallback
 	var parsed *openai.Request
@@ -144,18 +152,12 @@ func (st *stream) choose(in decideInput) (c choice, noEndpointReason string) {
 		model = parsed.Model
 	}
 	eps, base, lora, ok, buf := s.candidates(model)
-	defer s.putCandidates(buf)
+	defer func() { s.putCandidates(buf) }()
 	if parsed != nil && !ok {
 		fallback = fallbackUnknownModel
 	}
-	if len(eps) == 0 {
-		return c, noEndpointNone
-	}
-	if st.hasSubset {
-		eps = inSubset(eps, st.subset)
-		if len(eps) == 0 {
-			return c, noEndpointSubset
-		}
+	if reason := st.usable(&eps); reason != "" {
+		return c, reason, nil
 	}
 
 	req := scoring.Request{ID: s.nextID(), Model: model, BaseModel: base, LoRA: lora}
@@ -176,12 +178,30 @@ func (st *stream) choose(in decideInput) (c choice, noEndpointReason string) {
 		policy = s.fallback
 	}
 	d, err := policy.Pick(&req, eps)
+	for err == nil && d.Hold > 0 && req.Held+d.Hold <= s.maxHold {
+		// The policy asks to wait: hold the stream (Envoy waits for this reply), then pick
+		// again among the candidates as they are then.
+		select {
+		case <-st.srv.Context().Done():
+			return c, "", errHoldCancelled
+		case <-s.after(d.Hold):
+		}
+		req.Held += d.Hold
+		s.m.holds.Inc()
+		s.m.holdSeconds.Add(d.Hold.Seconds())
+		s.putCandidates(buf)
+		eps, _, _, _, buf = s.candidates(model)
+		if reason := st.usable(&eps); reason != "" {
+			return c, reason, nil
+		}
+		d, err = policy.Pick(&req, eps)
+	}
 	if fallback == "" && (err != nil || !contains(eps, d.Endpoint)) {
 		fallback, policy = fallbackPolicyError, s.fallback
 		d, err = policy.Pick(&req, eps)
 	}
 	if err != nil || !contains(eps, d.Endpoint) {
-		return c, noEndpointPolicy
+		return c, noEndpointPolicy, nil
 	}
 	dest := d.Endpoint
 	if s.maxFalls > 0 && len(d.Fallbacks) > 0 {
@@ -200,7 +220,21 @@ func (st *stream) choose(in decideInput) (c choice, noEndpointReason string) {
 		}
 		dest = b.String()
 	}
-	return choice{dest: dest, endpoint: d.Endpoint, policy: policy.Name(), fallback: fallback, req: req}, ""
+	return choice{dest: dest, endpoint: d.Endpoint, policy: policy.Name(), fallback: fallback, req: req}, "", nil
+}
+
+// usable narrows eps to the proxy's subset hint, or returns why no endpoint is left.
+func (st *stream) usable(eps *[]scoring.Endpoint) (noEndpointReason string) {
+	if len(*eps) == 0 {
+		return noEndpointNone
+	}
+	if st.hasSubset {
+		*eps = inSubset(*eps, st.subset)
+		if len(*eps) == 0 {
+			return noEndpointSubset
+		}
+	}
+	return ""
 }
 
 // candidateAppender is implemented by fleets that can write the candidates into a

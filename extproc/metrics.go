@@ -20,6 +20,8 @@ type metrics struct {
 	responses       *prometheus.CounterVec
 	promptTokens    *prometheus.CounterVec
 	cachedTokens    *prometheus.CounterVec
+	holds           prometheus.Counter
+	holdSeconds     prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -62,7 +64,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		})),
 		streamErrors: register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvrouter_extproc_stream_errors_total",
-			Help: "ext_proc streams that ended in error: recv (client gone or stream broken), send, protocol (message out of order).",
+			Help: "ext_proc streams that ended in error: recv (client gone or stream broken), send, protocol (message out of order), cancelled (the stream ended while its request was held).",
 		}, []string{"reason"})),
 		responses: register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvrouter_responses_total",
@@ -76,6 +78,14 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "kvrouter_cached_prompt_tokens_total",
 			Help: "Prompt tokens served from the endpoint's prefix cache (usage.prompt_tokens_details.cached_tokens), by endpoint.",
 		}, []string{"endpoint"})),
+		holds: register(reg, prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvrouter_routing_holds_total",
+			Help: "Holds honoured: times a request waited at the router, at its policy's request, before being picked again.",
+		})),
+		holdSeconds: register(reg, prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvrouter_routing_hold_seconds_total",
+			Help: "Time requests spent held at the router at their policy's request.",
+		})),
 	}
 	return m
 }

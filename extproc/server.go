@@ -86,6 +86,14 @@ type Options struct {
 	Registerer prometheus.Registerer
 	// Now is the clock for latency metrics. Nil = time.Now.
 	Now func() time.Time
+	// MaxHold bounds how long one request may be held when its policy asks
+	// (scoring.Decision.Hold): the holds are summed, and one that would pass MaxHold is
+	// not honoured (the request goes to the Decision's Endpoint). Keep it well under the
+	// ext_proc filter's message_timeout, which also runs while a request is held. 0 never
+	// holds.
+	MaxHold time.Duration
+	// After is the timer holds wait on. Nil = time.After.
+	After func(time.Duration) <-chan time.Time
 }
 
 // Server implements Envoy's ExternalProcessor service. Create it with New.
@@ -102,6 +110,8 @@ type Server struct {
 	respMode filterv3.ProcessingMode_BodySendMode
 	log      *zap.Logger
 	now      func() time.Time
+	maxHold  time.Duration
+	after    func(time.Duration) <-chan time.Time
 	m        *metrics
 	// candidateBufs pools *[]scoring.Endpoint for fleets implementing candidateAppender.
 	candidateBufs sync.Pool
@@ -131,6 +141,8 @@ func New(o Options) *Server {
 		respMode: filterv3.ProcessingMode_FULL_DUPLEX_STREAMED,
 		log:      o.Logger,
 		now:      o.Now,
+		maxHold:  o.MaxHold,
+		after:    o.After,
 		m:        newMetrics(o.Registerer),
 	}
 	if a, ok := o.Fleet.(candidateAppender); ok {
@@ -153,6 +165,9 @@ func New(o Options) *Server {
 	}
 	if s.now == nil {
 		s.now = time.Now
+	}
+	if s.after == nil {
+		s.after = time.After
 	}
 	return s
 }
@@ -200,6 +215,11 @@ func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
 		done, err := st.handle(msg)
 		if err != nil {
 			var pe *protocolError
+			if errors.Is(err, errHoldCancelled) {
+				// Envoy or the client gave up while the request was held: nothing was routed.
+				s.m.streamErrors.WithLabelValues("cancelled").Inc()
+				return status.FromContextError(srv.Context().Err()).Err()
+			}
 			if errors.As(err, &pe) {
 				s.m.streamErrors.WithLabelValues("protocol").Inc()
 				s.log.Warn("ext_proc protocol violation", zap.Error(err))

@@ -132,7 +132,10 @@ func (st *stream) onRequestHeaders(msg *extprocv3.ProcessingRequest, h *extprocv
 		// empty (only trailers, or nothing at all with trailer mode SKIP), so this reply
 		// already names a load-based endpoint; the body reply overrides it, and it is
 		// committed only if no body comes.
-		c, reason := st.choose(decideInput{fallback: fallbackNoBody})
+		c, reason, err := st.choose(decideInput{fallback: fallbackNoBody})
+		if err != nil {
+			return true, err
+		}
 		if reason != "" {
 			return true, st.reply503(reason)
 		}

@@ -94,6 +94,9 @@ type SimConfig struct {
 	Replicas int
 	// Churn is a schedule of servers leaving and joining.
 	Churn []ChurnEvent
+	// MaxHold bounds how long a request may be held at the router when its policy asks
+	// (scoring.Decision.Hold), in all; 0 routes every request at its first answer.
+	MaxHold time.Duration
 	// EventEncoding is the msgpack layout the engines publish.
 	EventEncoding kvevents.Encoding
 	// Tokenizer tokenizes the router's view of each completions request (each prefix once
@@ -105,6 +108,10 @@ type SimConfig struct {
 	// Policies builds the routers.
 	Policies PolicyFactory
 }
+
+// DefaultMaxHold is the router's bound on holding one request (SimConfig.MaxHold), as
+// kvrouter's limits.max_hold default has it.
+const DefaultMaxHold = 200 * time.Millisecond
 
 // DefaultSimConfig is the reference fleet as the simulator's calibration against the
 // reference baseline has it (sim.DefaultReference): six workers with 1 GiB of KV cache
@@ -125,6 +132,7 @@ func DefaultSimConfig() SimConfig {
 		EventLag:       5 * time.Millisecond,
 		ScrapeInterval: 50 * time.Millisecond,
 		Replicas:       1,
+		MaxHold:        DefaultMaxHold,
 		EventEncoding:  kvevents.EncodingMap,
 	}
 }
@@ -142,8 +150,8 @@ func (c *SimConfig) Validate() error {
 			return fmt.Errorf("kvbench: server %d: %d KV bytes hold fewer than 2 blocks", i, s.KVBytes)
 		}
 	}
-	if c.RTT < 0 || c.EventLag < 0 || c.ScrapeInterval < 0 {
-		return errors.New("kvbench: rtt, event lag and scrape interval must not be negative")
+	if c.RTT < 0 || c.EventLag < 0 || c.ScrapeInterval < 0 || c.MaxHold < 0 {
+		return errors.New("kvbench: rtt, event lag, scrape interval and max hold must not be negative")
 	}
 	if c.Replicas < 1 {
 		return fmt.Errorf("kvbench: replicas must be at least 1, got %d", c.Replicas)
@@ -342,20 +350,34 @@ func (r *simRun) dispatch(req *Request, sent float64, done func()) {
 		return
 	}
 	replica := req.Seq % len(r.routers)
+	sreq := &scoring.Request{ID: "req-" + strconv.Itoa(req.Seq), Model: r.cfg.Model, BaseModel: r.cfg.Model, TokenIDs: ids}
+	r.pick(sreq, replica, res, fail, done)
+}
+
+// pick asks the replica's policy for sreq's endpoint and submits it there; a hold the
+// policy asks for (within MaxHold) waits on the virtual clock and picks again.
+func (r *simRun) pick(sreq *scoring.Request, replica int, res *Result, fail func(error), done func()) {
 	rt := r.routers[replica]
 	cands := r.candidates(replica)
 	if len(cands) == 0 {
 		fail(errors.New("no server is up"))
 		return
 	}
-	sreq := &scoring.Request{ID: "req-" + strconv.Itoa(req.Seq), Model: r.cfg.Model, BaseModel: r.cfg.Model, TokenIDs: ids}
 	t0 := time.Now()
 	d, err := rt.Policy.Pick(sreq, cands)
-	res.Decision = max(time.Since(t0), 1)
+	res.Decision += max(time.Since(t0), 1)
 	if err != nil {
 		fail(fmt.Errorf("policy: %w", err))
 		return
 	}
+	if d.Hold > 0 && sreq.Held+d.Hold <= r.cfg.MaxHold {
+		sreq.Held += d.Hold
+		r.f.After(d.Hold.Seconds(), func() { r.pick(sreq, replica, res, fail, done) })
+		return
+	}
+	ids := sreq.TokenIDs
+	rtt2 := r.cfg.RTT.Seconds() / 2
+	sent := res.Start.Seconds()
 	server := -1
 	for i, a := range r.addrs {
 		if a == d.Endpoint {

@@ -417,3 +417,57 @@ func TestRunSimChat(t *testing.T) {
 		}
 	}
 }
+
+// holder asks for a hold of step at every pick, records the Held each request is
+// picked with, and routes like sticky.
+type holder struct {
+	sticky
+	step time.Duration
+	held map[string][]time.Duration
+}
+
+func (h *holder) Pick(req *scoring.Request, c []scoring.Endpoint) (scoring.Decision, error) {
+	h.mu.Lock()
+	if h.held == nil {
+		h.held = map[string][]time.Duration{}
+	}
+	h.held[req.ID] = append(h.held[req.ID], req.Held)
+	h.mu.Unlock()
+	d, err := h.sticky.Pick(req, c)
+	d.Hold = h.step
+	return d, err
+}
+
+// A hold waits on the virtual clock and picks again, never past MaxHold: with one
+// client, every request's TTFT grows by exactly the holds honoured.
+func TestRunSimHolds(t *testing.T) {
+	w := simWorkload(t, 2, 12, 0)
+	run := func(maxHold time.Duration) (*holder, []Result) {
+		t.Helper()
+		p := &holder{step: 20 * time.Millisecond}
+		cfg := DefaultSimConfig()
+		cfg.MaxHold = maxHold
+		cfg.Policies = func(PolicyEnv) (Router, error) { return Router{Policy: p}, nil }
+		out, err := RunSim(context.Background(), cfg, w, "holder", 1, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p, out.Results
+	}
+	_, direct := run(0)
+	p, held := run(50 * time.Millisecond)
+	want := []time.Duration{0, 20 * time.Millisecond, 40 * time.Millisecond}
+	for i := range held {
+		id := fmt.Sprint("req-", i)
+		if fmt.Sprint(p.held[id]) != fmt.Sprint(want) {
+			t.Fatalf("%s picked with Held %v, want %v (re-picked every 20ms, the hold that would pass 50ms refused)", id, p.held[id], want)
+		}
+		// The virtual clock is in float seconds: allow a microsecond of rounding.
+		if d := held[i].TTFT - direct[i].TTFT; d < 40*time.Millisecond-time.Microsecond || d > 40*time.Millisecond+time.Microsecond {
+			t.Fatalf("request %d: TTFT %v held vs %v direct, want 40ms more", i, held[i].TTFT, direct[i].TTFT)
+		}
+		if held[i].Server != direct[i].Server || held[i].Err != "" {
+			t.Fatalf("request %d: %+v vs %+v", i, held[i], direct[i])
+		}
+	}
+}

@@ -176,7 +176,8 @@ func (s *Subscriber) serve(ctx context.Context, rank int, nc net.Conn) {
 	defer stop()
 
 	z := newZMTPReader(nc, s.cfg.MaxMessageBytes)
-	_ = nc.SetDeadline(s.clock.Now().Add(s.cfg.HandshakeTimeout))
+	// Socket deadlines are wall-clock instants: not the injected clock.
+	_ = nc.SetDeadline(time.Now().Add(s.cfg.HandshakeTimeout))
 	if err := z.handshake([]byte(CentralTopicPrefix)); err != nil {
 		s.m.centralConns.WithLabelValues(connHandshakeFailed).Inc()
 		return
@@ -198,14 +199,16 @@ func (s *Subscriber) serve(ctx context.Context, rank int, nc net.Conn) {
 	}()
 	for {
 		frames, err := z.readMessage()
-		switch {
-		case errors.Is(err, errTooLarge):
+		if errors.Is(err, errTooLarge) {
 			s.m.badMessages.WithLabelValues(badTooLarge).Inc()
-			continue
+		}
+		switch {
+		case errors.Is(err, errZMTP):
+			s.m.centralConns.WithLabelValues(connProtocolError).Inc()
+			return
+		case errors.Is(err, errTooLarge):
+			continue // read past: the connection goes on
 		case err != nil:
-			if errors.Is(err, errZMTP) {
-				s.m.centralConns.WithLabelValues(connProtocolError).Inc()
-			}
 			return
 		}
 		s.dispatch(ctx, p, rank, frames, fed)

@@ -15,11 +15,15 @@ type Config struct {
 	Endpoints []EndpointConfig `yaml:"endpoints"`
 	// Topic is the subscription prefix ("" subscribes to everything, vLLM's default topic).
 	Topic string `yaml:"topic"`
-	// Watchdog: a stream whose peer went away (or was never reached) and that receives
-	// nothing for this long is torn down and redialled on a fresh socket.
+	// Watchdog (per-pod mode): after Watchdog/2 without a byte from a ZMTP 3.1 publisher
+	// (libzmq 4.2+; 3.0 peers such as zmq4 are never pinged) the subscriber sends a ZMTP
+	// PING; a connection whose peer has answered PINGs before and that then receives
+	// nothing, not even a PONG, for Watchdog is closed and redialled. It also sets TCP keepalive (idle Watchdog, 4 probes
+	// Watchdog/4 apart) for peers that do not answer PINGs.
 	Watchdog time.Duration `yaml:"watchdog"`
-	// BackoffMin and BackoffMax bound the delay between dial attempts; it doubles after
-	// every watchdog redial that brings no message and resets on the first message.
+	// BackoffMin and BackoffMax bound the delay between dial attempts: a connection
+	// that completed its handshake (and did not end in a protocol error) is redialled
+	// after BackoffMin; each fruitless attempt doubles the delay up to BackoffMax.
 	BackoffMin time.Duration `yaml:"backoff_min"`
 	BackoffMax time.Duration `yaml:"backoff_max"`
 	// ReplayIdle ends a replay round when no reply arrives for this long (vLLM's replay
@@ -42,10 +46,13 @@ type Config struct {
 	// speak only for itself; set it when a proxy (an Istio sidecar, a NAT) hides the
 	// publisher's address.
 	AnySource bool `yaml:"any_source"`
-	// MaxMessageBytes bounds one central-mode message; a longer one is read past, dropped
-	// and counted (its stream then sees a gap). Default 16 MiB.
+	// MaxMessageBytes bounds one message, in both modes and on replay connections; a
+	// longer one is read past (never buffered), dropped and counted, and its stream sees
+	// a gap; one announcing more than 1 GiB (or MaxMessageBytes if larger) ends the
+	// connection. Default 16 MiB.
 	MaxMessageBytes int `yaml:"max_message_bytes"`
-	// HandshakeTimeout bounds a central-mode peer's ZMTP handshake. Default 10s.
+	// HandshakeTimeout bounds a ZMTP handshake: a dialled publisher's or replay socket's
+	// (connect included), or a central-mode peer's. Default 10s.
 	HandshakeTimeout time.Duration `yaml:"handshake_timeout"`
 	// MaxPeers bounds the central-mode connections open at once; more are closed on
 	// arrival. Default 4096.
@@ -184,10 +191,11 @@ func (e EndpointConfig) ranks() int {
 // data-parallel publishers.
 func rankAddress(addr string, rank int) (string, error) {
 	if !strings.HasPrefix(addr, "tcp://") {
-		if rank == 0 && (strings.HasPrefix(addr, "ipc://") || strings.HasPrefix(addr, "inproc://")) {
+		// ipc:// is dialled as a Unix socket; inproc:// exists only inside one process.
+		if rank == 0 && strings.HasPrefix(addr, "ipc://") && len(addr) > len("ipc://") {
 			return addr, nil
 		}
-		return "", fmt.Errorf("address %q: want tcp://host:port", addr)
+		return "", fmt.Errorf("address %q: want tcp://host:port (or ipc://path without data-parallel ranks)", addr)
 	}
 	i := strings.LastIndexByte(addr, ':')
 	port, err := strconv.Atoi(addr[i+1:])

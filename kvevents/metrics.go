@@ -25,14 +25,18 @@ const (
 	badFrames = "frame_count"
 	badSeq    = "seq_size"
 	badTopic  = "topic"
+	// badTooLarge: over max_message_bytes (read past), or announcing an absurd size (the
+	// connection is dropped).
+	badTooLarge = "too_large"
+	// badProtocol: the peer broke ZMTP; the connection was dropped (per-pod mode).
+	badProtocol = "protocol"
 	// Central mode only.
 	badUnknownEndpoint = "unknown_endpoint" // the topic names no endpoint discovery knows
 	badSource          = "source"           // the topic names an IP other than the connection's
 	badRank            = "rank"             // the endpoint has no stream for the port's rank
-	badTooLarge        = "too_large"        // over max_message_bytes
 )
 
-var badReasons = []string{badFrames, badSeq, badTopic, badUnknownEndpoint, badSource, badRank, badTooLarge}
+var badReasons = []string{badFrames, badSeq, badTopic, badTooLarge, badProtocol, badUnknownEndpoint, badSource, badRank}
 
 type metrics struct {
 	batches      prometheus.Counter
@@ -72,7 +76,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"reason"}),
 		badMessages: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvrouter_kv_events_bad_messages_total",
-			Help: "Messages dropped before decoding: wrong frame count, sequence frame size or topic; in central mode also unknown endpoint, source mismatch, rank without a stream, over max_message_bytes.",
+			Help: "Messages dropped before decoding: wrong frame count, sequence frame size or topic, over max_message_bytes, a connection ended by a ZMTP protocol error; in central mode also unknown endpoint, source mismatch, rank without a stream.",
 		}, []string{"reason"}),
 		gaps: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "kvrouter_kv_events_gaps_total",
@@ -88,7 +92,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"reason"}),
 		redials: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "kvrouter_kv_events_redials_total",
-			Help: "Sockets torn down and redialled by the watchdog.",
+			Help: "Per-pod connections redialled: after a failed dial or handshake, a lost connection, a protocol error or a watchdog timeout.",
 		}),
 		connected: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "kvrouter_kv_events_streams_connected",

@@ -6,16 +6,15 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
-	"log"
 	"net"
 	"net/netip"
+	"os"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/go-zeromq/zmq4"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 )
@@ -57,10 +56,14 @@ type StreamStatus struct {
 	Peer    string `json:"peer,omitempty"`
 	// Model is the model named by the stream's topic (central mode).
 	Model string `json:"model,omitempty"`
-	// Connected is true while the socket is connected to the publisher (as far as the
-	// socket can tell: it has no heartbeats). In central mode: since the stream's first
-	// message, while that connection stays open.
+	// Connected is true from a completed ZMTP handshake with the publisher until that
+	// connection fails (closed, reset, a protocol error, or silent for the watchdog
+	// while the peer answers PINGs). In central mode: since the stream's first message,
+	// while that connection stays open.
 	Connected bool `json:"connected"`
+	// LastError says why the last dial, handshake or connection failed (per-pod mode);
+	// empty if none has.
+	LastError string `json:"last_error,omitempty"`
 	// LastSeq is the last sequence number applied; HasSeq is false before the first.
 	LastSeq uint64 `json:"last_seq"`
 	HasSeq  bool   `json:"has_seq"`
@@ -77,7 +80,7 @@ type StreamStatus struct {
 	// Clears counts Clear calls by reason (ClearGap, ClearRestart, ...).
 	Clears map[string]uint64 `json:"clears"`
 	// Drops counts messages dropped before decoding (wrong frame count, sequence frame
-	// size, topic).
+	// size, topic, over max_message_bytes, a connection ended by a protocol error).
 	Drops uint64 `json:"drops"`
 	// DecodeErrors counts undecodable payloads by reason.
 	DecodeErrors map[Reason]uint64 `json:"decode_errors"`
@@ -372,41 +375,11 @@ func (st *stream) setConnected(c bool) {
 	}
 }
 
-var discardLog = log.New(io.Discard, "", 0)
-
-type recvResult struct {
-	msg zmq4.Msg
-	err error
-}
-
-// recvLoop forwards sock's messages to ch until ctx ends.
-func recvLoop(ctx context.Context, sock zmq4.Socket, ch chan<- recvResult) {
-	for {
-		msg, err := sock.Recv()
-		if ctx.Err() != nil {
-			return
-		}
-		select {
-		case ch <- recvResult{msg, err}:
-		case <-ctx.Done():
-			return
-		}
-		if err != nil && !errors.Is(err, io.EOF) {
-			// Not a disconnect: do not spin.
-			select {
-			case <-time.After(10 * time.Millisecond):
-			case <-ctx.Done():
-				return
-			}
-		}
-	}
-}
-
 func (st *stream) run(ctx context.Context) {
 	cfg := &st.s.cfg
 	backoff := cfg.BackoffMin
 	for {
-		progressed := st.session(ctx, backoff)
+		progressed := st.session(ctx)
 		st.setConnected(false)
 		if ctx.Err() != nil {
 			return
@@ -428,66 +401,183 @@ func (st *stream) run(ctx context.Context) {
 	}
 }
 
-// session runs one SUB socket until ctx ends or the watchdog gives up on it. It reports
-// whether the socket ever connected or received anything.
-func (st *stream) session(ctx context.Context, retry time.Duration) (progressed bool) {
-	cfg := &st.s.cfg
+// session dials the publisher once and reads its messages until the connection fails,
+// the watchdog gives up on it or ctx ends. It reports whether it got anywhere (a
+// completed handshake on a connection that did not end in a protocol error): the caller
+// then redials after the shortest backoff.
+func (st *stream) session(ctx context.Context) (progressed bool) {
 	sctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	sock := zmq4.NewSub(sctx, zmq4.WithAutomaticReconnect(true), zmq4.WithDialerMaxRetries(-1),
-		zmq4.WithDialerRetry(retry), zmq4.WithLogger(discardLog))
-	defer sock.Close()
-	if err := sock.SetOption(zmq4.OptionSubscribe, string(st.topic)); err != nil {
-		st.s.log.Warn("subscribe", zap.String("endpoint", st.name), zap.Error(err))
+	var watching sync.WaitGroup
+	defer watching.Wait()
+	defer cancel() // closes the connection
+	lc, z, err := st.s.dial(sctx, st.addr, func(z *zmtpReader) error { return z.handshake(st.topic) })
+	if err != nil {
+		if ctx.Err() == nil {
+			st.fail(err, false)
+		}
 		return false
 	}
-	dialed := make(chan error, 1)
-	go func() { dialed <- sock.Dial(st.addr) }()
-	ch := make(chan recvResult, 64)
-	go recvLoop(sctx, sock, ch)
-
-	tick := min(cfg.Watchdog/4, time.Second)
-	ticker := time.NewTicker(tick)
-	defer ticker.Stop()
-	connected := false
-	downSince := st.s.clock.Now()
+	st.setConnected(true)
 	st.resumed = st.hasLast
+	var busy, fired atomic.Bool
+	if z.heartbeats() {
+		watching.Add(1)
+		go func() {
+			defer watching.Done()
+			st.watch(sctx, lc, z, &busy, &fired)
+		}()
+		// A first PING tells whether the peer answers them (libzmq does), which is
+		// what lets the watchdog take silence for a dead connection.
+		if _, err := lc.Write(pingCommand()); err != nil {
+			st.fail(err, true)
+			return true
+		}
+	}
+	for {
+		frames, err := z.readMessage()
+		if errors.Is(err, errTooLarge) {
+			st.drop(badTooLarge)
+		}
+		switch {
+		case err == nil:
+		case errors.Is(err, errZMTP):
+			if !errors.Is(err, errTooLarge) {
+				st.drop(badProtocol)
+			}
+			st.fail(err, true)
+			return false
+		case errors.Is(err, errTooLarge):
+			// Read past: the batch is lost and the next one shows the gap.
+			continue
+		default:
+			if ctx.Err() != nil {
+				return true
+			}
+			if fired.Load() {
+				err = fmt.Errorf("watchdog: nothing received for %v", st.s.cfg.Watchdog)
+			}
+			st.fail(err, true)
+			return true
+		}
+		busy.Store(true)
+		st.handle(ctx, frames)
+		lc.touch()
+		busy.Store(false)
+	}
+}
+
+// watch keeps a ZMTP 3.1 connection honest while the session waits for messages: after
+// Watchdog/2 of silence it sends a PING; once the peer has shown it answers PINGs,
+// Watchdog of silence (no message, no PONG) means the connection is dead, and it closes
+// it. A peer that never answers (or speaks 3.0, and is never pinged) is left to TCP
+// keepalive. It runs until ctx ends.
+func (st *stream) watch(ctx context.Context, lc *liveConn, z *zmtpReader, busy, fired *atomic.Bool) {
+	wd := st.s.cfg.Watchdog
+	ticker := time.NewTicker(min(wd/4, time.Second))
+	defer ticker.Stop()
+	var pinged time.Time
 	for {
 		select {
 		case <-ctx.Done():
-			return progressed
-		case err := <-dialed:
-			if err != nil {
-				if ctx.Err() == nil {
-					st.s.log.Warn("dial failed", zap.String("endpoint", st.name),
-						zap.String("address", st.addr), zap.Error(err))
-				}
-				return progressed
-			}
-			connected, progressed = true, true
-			st.setConnected(true)
-		case r := <-ch:
-			if r.err != nil {
-				if connected {
-					connected = false
-					downSince = st.s.clock.Now()
-					st.setConnected(false)
-				}
-				st.resumed = st.hasLast
-				continue
-			}
-			if !connected {
-				connected = true
-				st.setConnected(true)
-			}
-			progressed = true
-			st.handle(ctx, r.msg.Frames)
+			return
 		case <-ticker.C:
-			if !connected && st.s.clock.Now().Sub(downSince) >= cfg.Watchdog {
-				return progressed
+		}
+		if busy.Load() {
+			continue // handling a message (perhaps replaying): not reading
+		}
+		now := st.s.clock.Now()
+		silent := lc.silence(now)
+		switch {
+		case silent >= wd && z.ponged.Load():
+			fired.Store(true)
+			lc.Close()
+			return
+		case silent >= wd/2 && now.Sub(pinged) >= wd/4:
+			pinged = now
+			if _, err := lc.Write(pingCommand()); err != nil {
+				return
 			}
 		}
 	}
+}
+
+// fail records why a dial or a connection failed. A connection that was up is logged;
+// repeated dial failures are not (they are in the status and the redial count).
+func (st *stream) fail(err error, wasUp bool) {
+	st.mu.Lock()
+	st.st.LastError = err.Error()
+	st.mu.Unlock()
+	if wasUp {
+		st.s.log.Warn("KV events connection lost", zap.String("endpoint", st.name),
+			zap.Int("rank", st.rank), zap.String("address", st.addr), zap.Error(err))
+	} else {
+		st.s.log.Debug("KV events dial failed", zap.String("endpoint", st.name),
+			zap.Int("rank", st.rank), zap.String("address", st.addr), zap.Error(err))
+	}
+}
+
+// liveConn is a connection that remembers when it last received a byte (or the session
+// last finished handling a message), on the subscriber's clock.
+type liveConn struct {
+	net.Conn
+	clock Clock
+	last  atomic.Int64 // UnixNano
+}
+
+func (c *liveConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if n > 0 {
+		c.touch()
+	}
+	return n, err
+}
+
+func (c *liveConn) touch() { c.last.Store(c.clock.Now().UnixNano()) }
+
+func (c *liveConn) silence(now time.Time) time.Duration {
+	return now.Sub(time.Unix(0, c.last.Load()))
+}
+
+// dialAddress splits a tcp:// or ipc:// address into net.Dial's network and address.
+func dialAddress(addr string) (network, address string, err error) {
+	if rest, ok := strings.CutPrefix(addr, "tcp://"); ok {
+		return "tcp", rest, nil
+	}
+	if rest, ok := strings.CutPrefix(addr, "ipc://"); ok {
+		return "unix", rest, nil
+	}
+	return "", "", fmt.Errorf("kvevents: cannot dial %q: want tcp:// or ipc://", addr)
+}
+
+// dial connects to the ZMTP peer at addr and runs handshake on the connection within
+// HandshakeTimeout. The connection is closed when ctx ends: callers pass a context they
+// cancel when done with it.
+func (s *Subscriber) dial(ctx context.Context, addr string, handshake func(*zmtpReader) error) (*liveConn, *zmtpReader, error) {
+	network, address, err := dialAddress(addr)
+	if err != nil {
+		return nil, nil, err
+	}
+	wd := s.cfg.Watchdog
+	d := net.Dialer{Timeout: s.cfg.HandshakeTimeout, KeepAliveConfig: net.KeepAliveConfig{
+		// A peer gone without a FIN (node lost, partition) and that does not answer
+		// PING is declared dead by the kernel after about twice the watchdog.
+		Enable: true, Idle: wd, Interval: max(wd/4, time.Second), Count: 4}}
+	nc, err := d.DialContext(ctx, network, address)
+	if err != nil {
+		return nil, nil, fmt.Errorf("kvevents: dial %s: %w", addr, err)
+	}
+	context.AfterFunc(ctx, func() { nc.Close() })
+	lc := &liveConn{Conn: nc, clock: s.clock}
+	lc.touch()
+	z := newZMTPReader(lc, s.cfg.MaxMessageBytes)
+	// Socket deadlines are wall-clock instants: not the injected clock.
+	_ = nc.SetDeadline(time.Now().Add(s.cfg.HandshakeTimeout))
+	if err := handshake(z); err != nil {
+		nc.Close()
+		return nil, nil, fmt.Errorf("kvevents: handshake with %s: %w", addr, err)
+	}
+	_ = nc.SetDeadline(time.Time{})
+	return lc, z, nil
 }
 
 func (st *stream) drop(reason string) {
@@ -703,89 +793,94 @@ func (st *stream) recover(ctx context.Context, from, upto uint64) {
 func (st *stream) replayRange(ctx context.Context, from, upto uint64) replayResult {
 	cfg := &st.s.cfg
 	rctx, cancel := context.WithTimeout(ctx, cfg.ReplayTimeout)
-	defer cancel()
-	sock := zmq4.NewDealer(rctx, zmq4.WithDialerMaxRetries(3),
-		zmq4.WithDialerRetry(100*time.Millisecond), zmq4.WithLogger(discardLog))
-	defer sock.Close()
-	if err := sock.Dial(st.replay); err != nil {
+	defer cancel() // closes the connection
+	deadline, _ := rctx.Deadline()
+	lc, z, err := st.s.dial(rctx, st.replay, func(z *zmtpReader) error { return z.greet("DEALER", "ROUTER") })
+	if err != nil {
 		return replayFailed
 	}
-	ch := make(chan recvResult, 64)
-	go recvLoop(rctx, sock, ch)
-	idle := time.NewTimer(cfg.ReplayIdle)
-	defer idle.Stop()
+	_ = lc.SetWriteDeadline(deadline)
 
 	want := from
+	var req []byte
 	for round := 0; round < cfg.ReplayMaxRounds && want < upto; round++ {
-		var req [8]byte
-		binary.BigEndian.PutUint64(req[:], want)
-		if err := sock.SendMulti(zmq4.NewMsgFrom([]byte{}, req[:])); err != nil {
+		req = appendMessage(req[:0], nil, binary.BigEndian.AppendUint64(nil, want))
+		if _, err := lc.Write(req); err != nil {
 			return replayFailed
 		}
 		st.mu.Lock()
 		st.st.ReplayRounds++
 		st.mu.Unlock()
 		first, holed, progressed := true, false, false
-		idle.Reset(cfg.ReplayIdle)
 	round:
 		for {
-			select {
-			case <-rctx.Done():
-				return replayFailed
-			case <-idle.C:
-				break round
-			case r := <-ch:
-				if r.err != nil {
-					return replayFailed
-				}
-				idle.Reset(cfg.ReplayIdle)
-				f := r.msg.Frames
-				if len(f) > 0 && len(f[0]) == 0 {
-					f = f[1:] // the DEALER's empty delimiter
-				}
-				var seqB, payload []byte
-				switch len(f) {
-				case 2:
-					seqB, payload = f[0], f[1]
-				case 3:
-					seqB, payload = f[1], f[2]
-				default:
-					st.drop(badFrames)
-					continue
-				}
-				if len(seqB) != 8 {
-					st.drop(badSeq)
-					continue
-				}
-				if [8]byte(seqB) == endSeq {
+			// The idle timeout applies between messages only; a message that has
+			// started arriving has until the recovery's deadline.
+			idle := time.Now().Add(cfg.ReplayIdle)
+			if idle.After(deadline) {
+				idle = deadline
+			}
+			_ = lc.SetReadDeadline(idle)
+			if err := z.waitMessage(); err != nil {
+				if errors.Is(err, os.ErrDeadlineExceeded) && time.Now().Before(deadline) {
 					break round
 				}
-				if holed || want >= upto {
-					continue // drain the round
+				return replayFailed
+			}
+			_ = lc.SetReadDeadline(deadline)
+			frames, err := z.readMessage()
+			if err != nil {
+				if errors.Is(err, errTooLarge) {
+					st.drop(badTooLarge) // a batch that cannot be read: cannot recover
 				}
-				seq := binary.BigEndian.Uint64(seqB)
-				if first && seq > want {
-					return replayEvicted
-				}
-				first = false
-				switch {
-				case seq < want:
-					continue
-				case seq > want:
-					holed = true
-					continue
-				}
-				if err := Decode(payload, &st.batch); err != nil {
-					st.decodeError(err)
-					return replayFailed
-				}
-				st.apply(&st.batch)
-				st.advance(seq)
-				want++
-				progressed = true
-				if want >= upto {
-					return replayOK
-				}
+				return replayFailed
+			}
+			f := frames
+			if len(f) > 0 && len(f[0]) == 0 {
+				f = f[1:] // the DEALER's empty delimiter
+			}
+			var seqB, payload []byte
+			switch len(f) {
+			case 2:
+				seqB, payload = f[0], f[1]
+			case 3:
+				seqB, payload = f[1], f[2]
+			default:
+				st.drop(badFrames)
+				continue
+			}
+			if len(seqB) != 8 {
+				st.drop(badSeq)
+				continue
+			}
+			if [8]byte(seqB) == endSeq {
+				break round
+			}
+			if holed || want >= upto {
+				continue // drain the round
+			}
+			seq := binary.BigEndian.Uint64(seqB)
+			if first && seq > want {
+				return replayEvicted
+			}
+			first = false
+			switch {
+			case seq < want:
+				continue
+			case seq > want:
+				holed = true
+				continue
+			}
+			if err := Decode(payload, &st.batch); err != nil {
+				st.decodeError(err)
+				return replayFailed
+			}
+			st.apply(&st.batch)
+			st.advance(seq)
+			want++
+			progressed = true
+			if want >= upto {
+				return replayOK
 			}
 		}
 		if !progressed {

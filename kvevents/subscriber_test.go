@@ -204,8 +204,8 @@ func mapS[K ~string](m map[K]uint64) string {
 	return strings.Join(keys, ",")
 }
 
-// TestSubscriberWatchdogRedials: with no publisher the watchdog tears the socket down and
-// redials with backoff; once a publisher appears, batches flow.
+// TestSubscriberWatchdogRedials: with no publisher every dial fails and is retried with
+// backoff; once a publisher (here zmq4's) appears, batches flow.
 func TestSubscriberWatchdogRedials(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

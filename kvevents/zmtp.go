@@ -8,16 +8,21 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"sync/atomic"
 )
 
-// The receiving end of one ZMTP 3.0 connection (NULL security) accepted from a PUB
-// peer: central mode's bound SUB. It is written here rather than taken from zmq4's
-// listening socket because that socket handshakes in its accept loop with no deadline
-// (one silent TCP client stalls every later publisher), allocates a frame of whatever
-// size the peer announces (a 10-byte packet claiming 2^62 bytes crashes the process),
-// and cannot say which peer a message came from. Here every connection has its own
-// goroutine, the handshake a deadline, messages a size bound, and allocation follows
-// the bytes actually received.
+// The client end of one ZMTP 3.0 connection (NULL security), used for every ZeroMQ
+// socket kvevents speaks: the SUB that dials a pod's PUB (per-pod mode), the SUB side of
+// a connection a PUB made to central mode's bound socket, and the DEALER that asks a pod's
+// replay ROUTER for missed batches. It is written here rather than taken from
+// go-zeromq/zmq4 because zmq4 allocates a frame of whatever size the peer announces (a
+// 10-byte header claiming 2^40 bytes kills the process with an unrecoverable
+// out-of-memory), runs its reads in goroutines whose panics nobody can recover, reports a
+// dialled socket as connected after the peer is gone (auto-reconnect), and its listening
+// socket handshakes in its accept loop with no deadline and cannot say which peer sent a
+// message. Here the caller owns the connection and its goroutine, deadlines bound the
+// handshake, messages have a size bound, allocation follows the bytes actually received,
+// and a frame announcing an absurd size ends the connection.
 
 const (
 	zmtpGreetingLen = 64
@@ -30,13 +35,24 @@ const (
 var errZMTP = errors.New("kvevents: zmtp")
 
 // errTooLarge is returned (wrapped) by readMessage for a message over the bound: its
-// bytes were discarded and the connection is still usable.
+// bytes were discarded and the connection is still usable, unless the error also wraps
+// errZMTP (a message announcing more than zmtpMaxDiscard bytes, not worth reading past).
 var errTooLarge = errors.New("kvevents: message over max_message_bytes")
+
+// zmtpMaxDiscard: a message over the bound is read past (the connection goes on) only up
+// to this many announced bytes, or the bound if larger; a longer announcement is treated
+// as a broken peer. vLLM's largest batches are tens of MB.
+const zmtpMaxDiscard = 1 << 30
 
 type zmtpReader struct {
 	r   *bufio.Reader
 	w   io.Writer
 	max int
+	// ponged is set once the peer answered a PING: it keeps its connection alive, so
+	// its silence means the connection is dead. Read from other goroutines.
+	ponged atomic.Bool
+	// peerMinor is the ZMTP 3.x minor version the peer's greeting announced.
+	peerMinor byte
 	// frames and the backing buffer are reused by the next readMessage.
 	frames [][]byte
 	ends   []int
@@ -71,14 +87,35 @@ func command(name string, body []byte) []byte {
 	return append(out, body...)
 }
 
-// readyCommand is the SUB side's READY: Socket-Type=SUB.
-func readyCommand() []byte {
+// readyCommand is READY with Socket-Type=socketType.
+func readyCommand(socketType string) []byte {
 	var body []byte
 	body = append(body, byte(len("Socket-Type")))
 	body = append(body, "Socket-Type"...)
-	body = binary.BigEndian.AppendUint32(body, 3)
-	body = append(body, "SUB"...)
+	body = binary.BigEndian.AppendUint32(body, uint32(len(socketType)))
+	body = append(body, socketType...)
 	return command("READY", body)
+}
+
+// pingCommand is a PING with TTL 0 (the peer keeps no timer of its own: a busy
+// publisher would otherwise drop a subscriber that sends nothing) and no context.
+func pingCommand() []byte { return command("PING", []byte{0, 0}) }
+
+// appendMessage encodes frames as one message (MORE on all but the last).
+func appendMessage(dst []byte, frames ...[]byte) []byte {
+	for i, f := range frames {
+		var flags byte
+		if i < len(frames)-1 {
+			flags = flagMore
+		}
+		if len(f) > 255 {
+			dst = binary.BigEndian.AppendUint64(append(dst, flags|flagLong), uint64(len(f)))
+		} else {
+			dst = append(dst, flags, byte(len(f)))
+		}
+		dst = append(dst, f...)
+	}
+	return dst
 }
 
 // subscribeMessage is a ZMTP 3.0 subscription: one frame, 0x01 then the prefix (libzmq
@@ -91,11 +128,21 @@ func subscribeMessage(prefix []byte) []byte {
 	return append([]byte{0, byte(len(body))}, body...)
 }
 
-// handshake exchanges greetings and READY commands with a PUB or XPUB peer and sends
-// the subscription. The caller bounds it with a deadline.
+// handshake is a SUB's handshake with a PUB or XPUB peer, then the subscription. The
+// caller bounds it with a deadline.
 func (z *zmtpReader) handshake(prefix []byte) error {
+	if err := z.greet("SUB", "PUB", "XPUB"); err != nil {
+		return err
+	}
+	_, err := z.w.Write(subscribeMessage(prefix))
+	return err
+}
+
+// greet exchanges greetings and READY commands as a socketType socket with a peer whose
+// Socket-Type is one of peers. The caller bounds it with a deadline.
+func (z *zmtpReader) greet(socketType string, peers ...string) error {
 	out := greeting()
-	out = append(out, readyCommand()...)
+	out = append(out, readyCommand(socketType)...)
 	if _, err := z.w.Write(out); err != nil {
 		return err
 	}
@@ -112,6 +159,11 @@ func (z *zmtpReader) handshake(prefix []byte) error {
 	if mech := string(bytes.TrimRight(g[12:32], "\x00")); mech != "NULL" {
 		return fmt.Errorf("%w: security mechanism %q, want NULL", errZMTP, mech)
 	}
+	if g[10] == 3 {
+		z.peerMinor = g[11]
+	} else {
+		z.peerMinor = 0xff // a later major version: assume it knows PING
+	}
 	name, body, err := z.readCommand()
 	if err != nil {
 		return err
@@ -127,10 +179,23 @@ func (z *zmtpReader) handshake(prefix []byte) error {
 	if err != nil {
 		return err
 	}
-	if st := props["socket-type"]; st != "PUB" && st != "XPUB" {
-		return fmt.Errorf("%w: peer is a %q socket, want PUB", errZMTP, st)
+	if st := props["socket-type"]; !slices.Contains(peers, st) {
+		return fmt.Errorf("%w: peer is a %q socket, want %s", errZMTP, st, peers[0])
 	}
-	_, err = z.w.Write(subscribeMessage(prefix))
+	return nil
+}
+
+// heartbeats reports whether the peer speaks ZMTP 3.1 or later, which defines PING and
+// PONG (libzmq 4.2+ does, and answers every PING). A 3.0 peer may not expect commands
+// after the handshake: go-zeromq/zmq4's PUB (3.0) queues each PING as an inbound
+// message in a 10-slot channel nobody reads, and then stops reading every subscriber's
+// connection, so 3.0 peers are never pinged.
+func (z *zmtpReader) heartbeats() bool { return z.peerMinor >= 1 }
+
+// waitMessage blocks until the next message's first byte has arrived, consuming
+// nothing: a deadline that expires here leaves the connection usable.
+func (z *zmtpReader) waitMessage() error {
+	_, err := z.r.Peek(1)
 	return err
 }
 
@@ -238,9 +303,12 @@ func (z *zmtpReader) readMessage() ([][]byte, error) {
 			continue
 		}
 		total += size
+		if total > uint64(max(z.max, zmtpMaxDiscard)) {
+			return nil, fmt.Errorf("%w: %w: a message announcing %d bytes or more", errZMTP, errTooLarge, total)
+		}
 		if tooLarge || total > uint64(z.max) {
 			tooLarge = true
-			if _, err := io.CopyN(io.Discard, z.r, int64(min(size, 1<<62))); err != nil {
+			if _, err := io.CopyN(io.Discard, z.r, int64(size)); err != nil {
 				return nil, err
 			}
 		} else if z.buf, err = z.readBody(z.buf, size); err != nil {
@@ -278,10 +346,13 @@ func (z *zmtpReader) command(size uint64) error {
 		return fmt.Errorf("%w: bad command frame", errZMTP)
 	}
 	name, rest := string(body[1:1+body[0]]), body[1+body[0]:]
-	if name == "PING" && len(rest) >= 2 {
+	switch {
+	case name == "PING" && len(rest) >= 2:
 		// PING: 2-byte TTL, then a context the PONG echoes.
 		_, err := z.w.Write(command("PONG", rest[2:]))
 		return err
+	case name == "PONG":
+		z.ponged.Store(true)
 	}
 	return nil
 }

@@ -55,8 +55,11 @@ func TestZMTPReader(t *testing.T) {
 		{"too large", concat(frame(true, []byte("a")), frame(false, bytes.Repeat([]byte{1}, 2000)), frame(false, []byte("next"))),
 			nil, errTooLarge},
 		{"reserved flags", []byte{0x80, 1, 0}, nil, errZMTP},
-		// Read past (never allocated) until the bytes run out.
-		{"huge announced frame", []byte{flagLong, 0x40, 0, 0, 0, 0, 0, 0, 0, 1, 2, 3}, nil, io.EOF},
+		// Not worth reading past (nor ever allocated): the connection is broken.
+		{"huge announced frame", []byte{flagLong, 0x40, 0, 0, 0, 0, 0, 0, 0, 1, 2, 3}, nil, errZMTP},
+		{"2^40 bytes announced", []byte{flagLong, 0, 0, 1, 0, 0, 0, 0, 0, 1, 2, 3}, nil, errZMTP},
+		// Over the bound but plausible: read past until the bytes run out.
+		{"large announced frame", []byte{flagLong, 0, 0, 0, 0, 0x01, 0, 0, 0, 1, 2, 3}, nil, io.EOF},
 		{"command inside message", concat(frame(true, []byte("a")), command("PING", []byte{0, 1})), nil, errZMTP},
 		{"truncated", []byte{0, 5, 'a'}, nil, io.ErrUnexpectedEOF},
 	}
@@ -127,6 +130,31 @@ func TestZMTPHandshakeRefusals(t *testing.T) {
 	}
 }
 
+// TestZMTPGreetDealer: the replay client greets as a DEALER and accepts only a ROUTER;
+// its request is one two-frame message.
+func TestZMTPGreetDealer(t *testing.T) {
+	peer := func(socketType string) []byte {
+		g := greeting()
+		return append(g, readyCommand(socketType)...)
+	}
+	for _, tc := range []struct{ peer, err string }{{"ROUTER", ""}, {"PUB", "want ROUTER"}} {
+		t.Run(tc.peer, func(t *testing.T) {
+			c := &rw{Reader: bytes.NewReader(peer(tc.peer))}
+			err := newZMTPReader(c, 1024).greet("DEALER", "ROUTER")
+			if tc.err == "" && err != nil || tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)) {
+				t.Fatalf("err = %v, want %q", err, tc.err)
+			}
+			if want := concat(greeting(), readyCommand("DEALER")); !bytes.Equal(c.out.Bytes(), want) {
+				t.Errorf("sent %q, want %q", c.out.Bytes(), want)
+			}
+		})
+	}
+	req := appendMessage(nil, nil, []byte{0, 0, 0, 0, 0, 0, 0, 9})
+	if want := []byte{flagMore, 0, 0, 8, 0, 0, 0, 0, 0, 0, 0, 9}; !bytes.Equal(req, want) {
+		t.Errorf("request %v, want %v", req, want)
+	}
+}
+
 func concat(bs ...[]byte) []byte { return bytes.Join(bs, nil) }
 
 // FuzzZMTPReader: whatever follows a valid handshake, reading never panics, never
@@ -144,8 +172,8 @@ func FuzzZMTPReader(f *testing.F) {
 		for range len(wire) + 1 {
 			frames, err := z.readMessage()
 			if err != nil {
-				if errors.Is(err, errTooLarge) {
-					continue
+				if errors.Is(err, errTooLarge) && !errors.Is(err, errZMTP) {
+					continue // read past: the connection goes on
 				}
 				return
 			}

@@ -80,8 +80,8 @@ func (c *kvCore) explain(policy string, req *Request, cands []Endpoint) (Explana
 			if keysFor(keys, bs) == nil {
 				keys = append(keys, kvKeys{bs, index.Keys(root, req.TokenIDs, bs, nil)})
 			}
-			predicted[i] = c.ix == nil || (c.health != nil && !c.health.EventsHealthy(cands[i].Address))
 		}
+		c.predicted(cands, predicted)
 		if c.ix != nil {
 			for _, g := range keys {
 				var names []string

@@ -49,8 +49,8 @@ func NewKV(cfg KVConfig, ix PrefixIndex, health EventHealth, src rand.Source, re
 // Name returns "kv".
 func (*KV) Name() string { return "kv" }
 
-// Pick returns the candidate of lowest cost; Fallbacks are up to four others by rising cost and
-// Scores the negated costs.
+// Pick returns the candidate of lowest cost; Fallbacks are up to four others by rising
+// cost. Scores is nil: Explain gives every candidate's cost terms.
 func (p *KV) Pick(req *Request, candidates []Endpoint) (Decision, error) {
 	return p.core.pick(req, candidates)
 }
@@ -66,3 +66,12 @@ func (p *KV) Finished(reqID string) { p.core.finished(reqID) }
 
 // Forget drops everything known of an endpoint that left the fleet.
 func (p *KV) Forget(endpoint string) { p.core.forget(endpoint) }
+
+// EventHealthSnapshot may be implemented by an EventHealth that can answer for a whole
+// candidate list from one view of the events' status: the kv policy then asks once per
+// pick instead of once per candidate.
+type EventHealthSnapshot interface {
+	// EventsHealthyAll sets healthy[i] to EventsHealthy(candidates[i].Address);
+	// len(healthy) == len(candidates).
+	EventsHealthyAll(candidates []Endpoint, healthy []bool)
+}

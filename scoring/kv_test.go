@@ -54,6 +54,19 @@ type kvFakeHealth struct{ down map[string]bool }
 
 func (h kvFakeHealth) EventsHealthy(ep string) bool { return !h.down[ep] }
 
+// kvFakeHealthSnapshot also answers for all the candidates at once.
+type kvFakeHealthSnapshot struct{ kvFakeHealth }
+
+func (h kvFakeHealthSnapshot) EventsHealthy(string) bool {
+	panic("kvFakeHealthSnapshot: the policy should use EventsHealthyAll")
+}
+
+func (h kvFakeHealthSnapshot) EventsHealthyAll(cands []scoring.Endpoint, healthy []bool) {
+	for i, c := range cands {
+		healthy[i] = !h.down[c.Address]
+	}
+}
+
 func kvTokens(start, n int) []uint32 {
 	t := make([]uint32, n)
 	for i := range t {
@@ -83,6 +96,7 @@ func kvCands(names ...string) []scoring.Endpoint {
 type kvPolicy interface {
 	scoring.Policy
 	scoring.Observer
+	Explain(*scoring.Request, []scoring.Endpoint) (scoring.Explanation, error)
 }
 
 // route picks among ep alone and reports the request routed there, as the router does.
@@ -95,12 +109,23 @@ func kvRoute(t *testing.T, p kvPolicy, req *scoring.Request, ep string) {
 	p.Routed(req, ep)
 }
 
-func kvCosts(d scoring.Decision) map[string]float64 {
-	out := map[string]float64{}
-	for k, v := range d.Scores {
-		out[k] = -v
+// kvPick picks for req and returns the decision and each candidate's cost as Explain
+// reports it (Explain scores exactly as Pick does: TestExplainMatchesPick).
+func kvPick(t *testing.T, p kvPolicy, req *scoring.Request, cands []scoring.Endpoint) (scoring.Decision, map[string]float64) {
+	t.Helper()
+	d, err := p.Pick(req, cands)
+	if err != nil {
+		t.Fatal(err)
 	}
-	return out
+	ex, err := p.Explain(req, cands)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]float64{}
+	for _, c := range ex.Candidates {
+		out[c.Address] = c.Cost
+	}
+	return d, out
 }
 
 var (
@@ -221,11 +246,7 @@ func TestKVCostTerms(t *testing.T) {
 			if req == nil {
 				req = kvPrompt
 			}
-			d, err := p.Pick(kvReq(req), kvCands("A", "B"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			if got := kvCosts(d); fmt.Sprint(got) != fmt.Sprint(tc.want) {
+			if _, got := kvPick(t, p, kvReq(req), kvCands("A", "B")); fmt.Sprint(got) != fmt.Sprint(tc.want) {
 				t.Fatalf("costs = %v, want %v", got, tc.want)
 			}
 		})
@@ -243,7 +264,7 @@ func TestKVPrefixAgainstLoad(t *testing.T) {
 	for range 20 {
 		d, _ := p.Pick(kvReq(long), kvCands("A", "B", "C"))
 		if d.Endpoint != "A" {
-			t.Fatalf("equal loads: chose %s, want the prefix holder A (scores %v)", d.Endpoint, d.Scores)
+			t.Fatalf("equal loads: chose %s, want the prefix holder A", d.Endpoint)
 		}
 	}
 	// Pile distinct requests onto A until its load outweighs its cache.
@@ -254,7 +275,7 @@ func TestKVPrefixAgainstLoad(t *testing.T) {
 	}
 	d, _ := p.Pick(kvReq(long), kvCands("A", "B", "C"))
 	if d.Endpoint == "A" {
-		t.Fatalf("overwhelming load on A: still chose A (scores %v)", d.Scores)
+		t.Fatalf("overwhelming load on A: still chose A (fallbacks %v)", d.Fallbacks)
 	}
 	if d.Fallbacks[len(d.Fallbacks)-1] != "A" {
 		t.Fatalf("fallbacks %v should end with the costliest, A", d.Fallbacks)
@@ -329,33 +350,42 @@ kvrouter_scoring_untokenized_requests_total{policy="kv"} 2
 	}
 }
 
+// The kv policy asks an EventHealth per candidate, or once per pick when it offers
+// EventsHealthyAll: the answers must be the same.
 func TestKVUnhealthyEndpointIsPredicted(t *testing.T) {
-	ix := newKVFakeIndex()
-	ix.hold("A", kvKeysOf(kvPrompt)) // stale: A's events are down
-	health := kvFakeHealth{down: map[string]bool{"A": true}}
-	p, err := scoring.NewKV(scoring.DefaultKVConfig(), ix, health, rand.NewPCG(1, 2), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	d, _ := p.Pick(kvReq(kvPrompt), kvCands("A", "B"))
-	if c := kvCosts(d); c["A"] != c["B"] {
-		t.Fatalf("costs %v: A's index entries must be ignored while its events are down", c)
-	}
-	r := kvReq(kvPrompt)
-	kvRoute(t, p, r, "B")
-	p.Finished(r.ID)
-	r = kvReq(kvPrompt)
-	kvRoute(t, p, r, "A") // the prediction learns A now holds the prompt
-	p.Finished(r.ID)
-	d, _ = p.Pick(kvReq(kvPrompt), kvCands("A", "C"))
-	if c := kvCosts(d); c["A"] != 4 || c["C"] != 8 {
-		t.Fatalf("costs %v: want A predicted to hold the prompt (4), C idle (8)", c)
-	}
-	health.down["A"] = false
-	ix.held["A"] = nil // events flow again and say A holds nothing
-	d, _ = p.Pick(kvReq(kvPrompt), kvCands("A", "C"))
-	if c := kvCosts(d); c["A"] != 8 {
-		t.Fatalf("costs %v: with events back, the index decides", c)
+	for _, tc := range []struct {
+		name   string
+		health func(down map[string]bool) scoring.EventHealth
+	}{
+		{"per endpoint", func(down map[string]bool) scoring.EventHealth { return kvFakeHealth{down} }},
+		{"snapshot", func(down map[string]bool) scoring.EventHealth { return kvFakeHealthSnapshot{kvFakeHealth{down}} }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ix := newKVFakeIndex()
+			ix.hold("A", kvKeysOf(kvPrompt)) // stale: A's events are down
+			health := kvFakeHealth{down: map[string]bool{"A": true}}
+			p, err := scoring.NewKV(scoring.DefaultKVConfig(), ix, tc.health(health.down), rand.NewPCG(1, 2), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, c := kvPick(t, p, kvReq(kvPrompt), kvCands("A", "B")); c["A"] != c["B"] {
+				t.Fatalf("costs %v: A's index entries must be ignored while its events are down", c)
+			}
+			r := kvReq(kvPrompt)
+			kvRoute(t, p, r, "B")
+			p.Finished(r.ID)
+			r = kvReq(kvPrompt)
+			kvRoute(t, p, r, "A") // the prediction learns A now holds the prompt
+			p.Finished(r.ID)
+			if _, c := kvPick(t, p, kvReq(kvPrompt), kvCands("A", "C")); c["A"] != 4 || c["C"] != 8 {
+				t.Fatalf("costs %v: want A predicted to hold the prompt (4), C idle (8)", c)
+			}
+			health.down["A"] = false
+			ix.held["A"] = nil // events flow again and say A holds nothing
+			if _, c := kvPick(t, p, kvReq(kvPrompt), kvCands("A", "C")); c["A"] != 8 {
+				t.Fatalf("costs %v: with events back, the index decides", c)
+			}
+		})
 	}
 }
 
@@ -405,11 +435,7 @@ func TestApproximate(t *testing.T) {
 			if tc.setup != nil {
 				tc.setup(t, p)
 			}
-			d, err := p.Pick(kvReq(kvPrompt), small)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if got := kvCosts(d); fmt.Sprint(got) != fmt.Sprint(tc.want) {
+			if _, got := kvPick(t, p, kvReq(kvPrompt), small); fmt.Sprint(got) != fmt.Sprint(tc.want) {
 				t.Fatalf("costs = %v, want %v", got, tc.want)
 			}
 		})
@@ -511,8 +537,8 @@ func TestKVConcurrent(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	d, _ := p.Pick(kvReq(kvOther), kvCands("A", "B", "C"))
-	if c := kvCosts(d); c["A"] != 8 || c["B"] != 8 || c["C"] != 8 {
+	d, c := kvPick(t, p, kvReq(kvOther), kvCands("A", "B", "C"))
+	if c["A"] != 8 || c["B"] != 8 || c["C"] != 8 {
 		t.Fatalf("costs %v after every request finished, want 8 each", c)
 	}
 	if !slices.Contains([]string{"A", "B", "C"}, d.Endpoint) {
@@ -546,11 +572,7 @@ func TestKVWithRealIndex(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d, err := p.Pick(kvReq(long), kvCands("A", "B", "C"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := kvCosts(d)
+	d, c := kvPick(t, p, kvReq(long), kvCands("A", "B", "C"))
 	// prefill: 2371/16 - overlap; decode: 148 new blocks.
 	want := map[string]float64{"A": 2371.0/16 - 127 + 148, "B": 2371.0/16 - 100 + 148, "C": 2371.0/16 + 148}
 	if fmt.Sprint(c) != fmt.Sprint(want) || d.Endpoint != "A" {
@@ -583,8 +605,7 @@ func TestApproximateCapacityFollowsMetrics(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			d, _ := p.Pick(kvReq(kvPrompt), ep(tc.blocks))
-			if c := kvCosts(d)["A"]; c != tc.want {
+			if _, c := kvPick(t, p, kvReq(kvPrompt), ep(tc.blocks)); c["A"] != tc.want {
 				t.Fatalf("cost %v, want %v", c, tc.want)
 			}
 		})
@@ -596,16 +617,15 @@ func TestForget(t *testing.T) {
 	r := kvReq(kvPrompt)
 	kvRoute(t, p, r, "A")
 	p.Forget("A")
-	d, _ := p.Pick(kvReq(kvPrompt), kvCands("A"))
-	if c := kvCosts(d)["A"]; c != 8 {
+	if _, c := kvPick(t, p, kvReq(kvPrompt), kvCands("A")); c["A"] != 8 {
 		t.Fatalf("cost %v after Forget, want 8 (nothing predicted, no load)", c)
 	}
 	p.Finished(r.ID) // the forgotten endpoint's request may still finish
 	k, _ := scoring.NewKV(scoring.DefaultKVConfig(), newKVFakeIndex(), nil, rand.NewPCG(1, 2), nil)
 	kvRoute(t, k, kvReq(kvOther), "A")
 	k.Forget("A")
-	if d, _ := k.Pick(kvReq(kvPrompt), kvCands("A")); kvCosts(d)["A"] != 8 {
-		t.Fatalf("kv cost %v after Forget, want 8", kvCosts(d))
+	if _, c := kvPick(t, k, kvReq(kvPrompt), kvCands("A")); c["A"] != 8 {
+		t.Fatalf("kv cost %v after Forget, want 8", c)
 	}
 }
 
@@ -635,11 +655,8 @@ func TestKVSharedPrefixInFlightOnSeveralEndpoints(t *testing.T) {
 				reqs = append(reqs, r)
 			}
 			costs := func() map[string]float64 {
-				d, err := p.Pick(kvReq(kvPrompt), kvCands("A", "B", "C", "D"))
-				if err != nil {
-					t.Fatal(err)
-				}
-				return kvCosts(d)
+				_, c := kvPick(t, p, kvReq(kvPrompt), kvCands("A", "B", "C", "D"))
+				return c
 			}
 			busy, idle := costs()["A"], costs()["D"]
 			if busy != 9 || idle != 8 {

@@ -17,24 +17,30 @@ type kvCore struct {
 	cfg     KVConfig
 	ix      PrefixIndex // nil: every overlap is predicted
 	health  EventHealth // nil: every endpoint's events are trusted
-	predict bool        // keep a predicted cache per endpoint
-	m       *kvMetrics
-	scratch sync.Pool
+	batch   EventHealthSnapshot
+	predict bool // keep a predicted cache per endpoint
+	keyBufs keyPool
+	// costHook, when set (tests only, see export_test.go), sees every pick's costs.
+	costHook func(cands []Endpoint, costs []float64)
+	m        *kvMetrics
+	scratch  sync.Pool
 
 	mu      sync.Mutex
 	rng     *rand.Rand
 	eps     map[string]*kvEndpoint
 	reqs    map[string]*kvRequest
 	pending map[string]*kvPending
-	// active maps each block key of an in-flight request to an endpoint whose in-flight
-	// requests hold it, and activeMore to any further such endpoints (rare: a prefix in
-	// flight on several endpoints at once), so that a pick counts the request's
-	// already-active blocks on every candidate with one map lookup per block, and routing
-	// a request allocates nothing per block.
-	active     map[uint64]kvHolder
-	activeMore map[uint64][]kvHolder
-	stamp      uint64
-	pendings   sync.Pool // *kvPending, recycled once Routed or Finished consumed them
+	// active maps each block key of an in-flight request to its entry in held: the
+	// endpoints whose in-flight requests hold it (usually one; several when a prefix is
+	// in flight on several endpoints at once), so that a pick counts the request's
+	// already-active blocks on every candidate with one map lookup per block, and
+	// routing or finishing a request costs one map lookup per block and allocates
+	// nothing once held has grown. freeHeld lists held's unused entries.
+	active   map[uint64]int32
+	held     []kvHeld
+	freeHeld []int32
+	stamp    uint64
+	pendings sync.Pool // *kvPending, recycled once Routed or Finished consumed them
 }
 
 type kvEndpoint struct {
@@ -121,91 +127,101 @@ func newKVCore(policy string, cfg KVConfig, ix PrefixIndex, health EventHealth, 
 	if src == nil {
 		src = rand.NewPCG(rand.Uint64(), rand.Uint64())
 	}
+	batch, _ := health.(EventHealthSnapshot)
 	return &kvCore{
-		cfg: cfg, ix: ix, health: health, predict: predict,
-		m:          newKVMetrics(policy, reg),
-		rng:        rand.New(src),
-		eps:        make(map[string]*kvEndpoint),
-		reqs:       make(map[string]*kvRequest),
-		pending:    make(map[string]*kvPending),
-		active:     make(map[uint64]kvHolder),
-		activeMore: make(map[uint64][]kvHolder),
+		cfg: cfg, ix: ix, health: health, batch: batch, predict: predict,
+		m:       newKVMetrics(policy, reg),
+		rng:     rand.New(src),
+		eps:     make(map[string]*kvEndpoint),
+		reqs:    make(map[string]*kvRequest),
+		pending: make(map[string]*kvPending),
+		active:  make(map[uint64]int32),
 	}, nil
+}
+
+// kvHeld is the endpoints holding one in-flight block key.
+type kvHeld struct {
+	first kvHolder
+	more  []kvHolder
 }
 
 // holders calls f for every endpoint whose in-flight requests hold key k; c.mu must be
 // held.
 func (c *kvCore) holders(k uint64, f func(kvHolder)) {
-	h, ok := c.active[k]
+	i, ok := c.active[k]
 	if !ok {
 		return
 	}
-	f(h)
-	if len(c.activeMore) > 0 {
-		for _, h := range c.activeMore[k] {
-			f(h)
-		}
+	h := &c.held[i]
+	f(h.first)
+	for _, m := range h.more {
+		f(m)
 	}
 }
 
 // hold adds one in-flight reference to key k on ep; c.mu must be held.
 func (c *kvCore) hold(k uint64, ep *kvEndpoint) {
-	h, ok := c.active[k]
-	switch {
-	case !ok:
-		c.active[k] = kvHolder{ep, 1}
+	i, ok := c.active[k]
+	if !ok {
+		if n := len(c.freeHeld); n > 0 {
+			i = c.freeHeld[n-1]
+			c.freeHeld = c.freeHeld[:n-1]
+		} else {
+			i = int32(len(c.held))
+			c.held = append(c.held, kvHeld{})
+		}
+		c.held[i].first = kvHolder{ep, 1}
+		c.active[k] = i
 		ep.activeBlocks++
 		return
-	case h.ep == ep:
-		h.n++
-		c.active[k] = h
+	}
+	h := &c.held[i]
+	if h.first.ep == ep {
+		h.first.n++
 		return
 	}
-	more := c.activeMore[k]
-	if i := slices.IndexFunc(more, func(h kvHolder) bool { return h.ep == ep }); i >= 0 {
-		more[i].n++
+	if j := slices.IndexFunc(h.more, func(m kvHolder) bool { return m.ep == ep }); j >= 0 {
+		h.more[j].n++
 		return
 	}
-	c.activeMore[k] = append(more, kvHolder{ep, 1})
+	h.more = append(h.more, kvHolder{ep, 1})
 	ep.activeBlocks++
 }
 
 // unhold drops one in-flight reference to key k on ep; c.mu must be held.
 func (c *kvCore) unhold(k uint64, ep *kvEndpoint) {
-	h, ok := c.active[k]
+	i, ok := c.active[k]
 	if !ok {
 		return
 	}
-	more := c.activeMore[k]
-	if h.ep == ep {
-		if h.n--; h.n > 0 {
-			c.active[k] = h
+	h := &c.held[i]
+	if h.first.ep == ep {
+		if h.first.n--; h.first.n > 0 {
 			return
 		}
 		ep.activeBlocks--
-		if len(more) == 0 {
+		last := len(h.more) - 1
+		if last < 0 {
+			h.first = kvHolder{}
 			delete(c.active, k)
+			c.freeHeld = append(c.freeHeld, i)
 			return
 		}
-		c.active[k] = more[len(more)-1]
-		more = more[:len(more)-1]
-	} else {
-		i := slices.IndexFunc(more, func(h kvHolder) bool { return h.ep == ep })
-		if i < 0 {
-			return
-		}
-		if more[i].n--; more[i].n > 0 {
-			return
-		}
-		ep.activeBlocks--
-		more[i] = more[len(more)-1]
-		more = more[:len(more)-1]
+		h.first, h.more[last] = h.more[last], kvHolder{}
+		h.more = h.more[:last]
+		return
 	}
-	if len(more) == 0 {
-		delete(c.activeMore, k)
-	} else {
-		c.activeMore[k] = more
+	j := slices.IndexFunc(h.more, func(m kvHolder) bool { return m.ep == ep })
+	if j < 0 {
+		return
 	}
+	if h.more[j].n--; h.more[j].n > 0 {
+		return
+	}
+	ep.activeBlocks--
+	last := len(h.more) - 1
+	h.more[j], h.more[last] = h.more[last], kvHolder{}
+	h.more = h.more[:last]
 }
 
 // newPending returns a cleared kvPending with room for n candidates.
@@ -222,10 +238,16 @@ func (c *kvCore) newPending(isl, n int) *kvPending {
 	return p
 }
 
-// recycle returns p to the pool. Its key slices are not reused: a routed request keeps
-// the ones of its endpoint's block size.
+// recycle returns p and its key slices to their pools; routed takes out (sets to nil)
+// the key slice a routed request keeps.
 func (c *kvCore) recycle(p *kvPending) {
-	if p == nil || cap(p.endpoints) > 4096 {
+	if p == nil {
+		return
+	}
+	for _, k := range p.keys {
+		c.keyBufs.put(k.keys)
+	}
+	if cap(p.endpoints) > 4096 {
 		return
 	}
 	clear(p.endpoints)
@@ -303,15 +325,13 @@ func (c *kvCore) pick(req *Request, cands []Endpoint) (Decision, error) {
 		for i := range cands {
 			bs := c.blockSize(&cands[i])
 			sc.sizes[i] = bs
-			if keysFor(p.keys, bs) == nil {
-				p.keys = append(p.keys, kvKeys{bs, index.Keys(root, req.TokenIDs, bs, make([]uint64, 0, len(req.TokenIDs)/bs))})
+			if !slices.ContainsFunc(p.keys, func(k kvKeys) bool { return k.blockSize == bs }) {
+				p.keys = append(p.keys, kvKeys{bs, index.Keys(root, req.TokenIDs, bs, c.keyBufs.get(len(req.TokenIDs)/bs))})
 			}
 		}
 		predicted = slices.Grow(predicted, n)[:n]
 		sc.predicted = predicted
-		for i := range cands {
-			predicted[i] = c.ix == nil || (c.health != nil && !c.health.EventsHealthy(cands[i].Address))
-		}
+		c.predicted(cands, predicted)
 		if c.ix != nil {
 			c.lookup(cands, sc, p.keys, predicted)
 		}
@@ -345,19 +365,18 @@ func (c *kvCore) pick(req *Request, cands []Endpoint) (Decision, error) {
 		}
 		for _, g := range p.keys {
 			for _, k := range g.keys {
-				h, ok := c.active[k]
+				i, ok := c.active[k]
 				if !ok {
-					continue
+					// Keys chain: an in-flight request holding a later key holds this one.
+					break
 				}
-				if h.ep.sharedStamp == c.stamp && h.ep.blockSize == g.blockSize {
-					h.ep.shared++
+				h := &c.held[i]
+				if ep := h.first.ep; ep.sharedStamp == c.stamp && ep.blockSize == g.blockSize {
+					ep.shared++
 				}
-				if len(c.activeMore) == 0 {
-					continue
-				}
-				for _, h := range c.activeMore[k] {
-					if h.ep.sharedStamp == c.stamp && h.ep.blockSize == g.blockSize {
-						h.ep.shared++
+				for _, m := range h.more {
+					if m.ep.sharedStamp == c.stamp && m.ep.blockSize == g.blockSize {
+						m.ep.shared++
 					}
 				}
 			}
@@ -378,6 +397,9 @@ func (c *kvCore) pick(req *Request, cands []Endpoint) (Decision, error) {
 		}
 	}
 	best := c.choose(sc, tokenized)
+	if c.costHook != nil {
+		c.costHook(cands, sc.costs)
+	}
 	if tokenized {
 		for i := range cands {
 			p.endpoints[i] = cands[i].Address
@@ -401,15 +423,12 @@ func (c *kvCore) pick(req *Request, cands []Endpoint) (Decision, error) {
 }
 
 // decision builds the answer: best first, then up to maxFallbacks others by rising cost
-// (earlier candidates first among equals), and Scores, the negated costs.
+// (earlier candidates first among equals). It leaves Scores nil: Explain has the costs.
 func (c *kvCore) decision(cands []Endpoint, sc *kvScratch, best int) Decision {
-	n := len(cands)
-
-	d := Decision{Endpoint: cands[best].Address, Scores: make(map[string]float64, n)}
+	d := Decision{Endpoint: cands[best].Address}
 	var top [maxFallbacks]int
 	k := 0
 	for i := range cands {
-		d.Scores[cands[i].Address] = -sc.costs[i]
 		if i == best {
 			continue
 		}
@@ -432,6 +451,29 @@ func (c *kvCore) decision(cands []Endpoint, sc *kvScratch, best int) Decision {
 		}
 	}
 	return d
+}
+
+// predicted sets predicted[i] when candidate i's overlap must be predicted: always
+// without an index, else when its events are not healthy (one snapshot for all the
+// candidates when the health view offers it).
+func (c *kvCore) predicted(cands []Endpoint, predicted []bool) {
+	switch {
+	case c.ix == nil:
+		for i := range predicted {
+			predicted[i] = true
+		}
+	case c.health == nil:
+		clear(predicted)
+	case c.batch != nil:
+		c.batch.EventsHealthyAll(cands, predicted)
+		for i, ok := range predicted {
+			predicted[i] = !ok
+		}
+	default:
+		for i := range cands {
+			predicted[i] = !c.health.EventsHealthy(cands[i].Address)
+		}
+	}
 }
 
 // lookup fills sc.overlaps from the index for the candidates not predicted, one index
@@ -515,10 +557,19 @@ func (c *kvCore) routed(req *Request, addr string) {
 	overlap, known := 0, false
 	if p != nil {
 		if i := slices.Index(p.endpoints, addr); i >= 0 {
-			keys, overlap, bs, known = keysFor(p.keys, p.sizes[i]), p.overlaps[i], p.sizes[i], true
+			overlap, bs, known = p.overlaps[i], p.sizes[i], true
+			for j := range p.keys {
+				if p.keys[j].blockSize == bs {
+					keys, p.keys[j].keys = p.keys[j].keys, nil // the request keeps them
+					break
+				}
+			}
 		}
 	}
-	predicted := c.ix == nil || (c.health != nil && !c.health.EventsHealthy(addr))
+	predicted := false
+	if !known {
+		predicted = c.ix == nil || (c.health != nil && !c.health.EventsHealthy(addr))
+	}
 	if !known && req.TokenIDs != nil {
 		keys = index.Keys(rootOf(req), req.TokenIDs, bs, nil)
 		if !predicted {
@@ -589,6 +640,44 @@ func (c *kvCore) release(id string) {
 	for _, k := range r.keys {
 		c.unhold(k, ep)
 	}
+	c.keyBufs.put(r.keys)
+}
+
+// keyPool recycles the block-key slices of picks and routed requests, so that a
+// request's keys are not a fresh allocation each time.
+type keyPool struct {
+	mu   sync.Mutex
+	free [][]uint64
+}
+
+// Bounds on what keyPool keeps: slices, and the keys of one slice (64k tokens of 16).
+const (
+	maxFreeKeySlices = 1024
+	maxPooledKeys    = 4096
+)
+
+// get returns an empty slice with room for at least n keys.
+func (kp *keyPool) get(n int) []uint64 {
+	kp.mu.Lock()
+	var k []uint64
+	if last := len(kp.free) - 1; last >= 0 {
+		k, kp.free[last] = kp.free[last], nil
+		kp.free = kp.free[:last]
+	}
+	kp.mu.Unlock()
+	return slices.Grow(k[:0], n)
+}
+
+// put gives k back; its owner must not use it again.
+func (kp *keyPool) put(k []uint64) {
+	if k == nil || cap(k) > maxPooledKeys {
+		return
+	}
+	kp.mu.Lock()
+	if len(kp.free) < maxFreeKeySlices {
+		kp.free = append(kp.free, k)
+	}
+	kp.mu.Unlock()
 }
 
 func (c *kvCore) forget(addr string) {

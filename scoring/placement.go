@@ -92,6 +92,9 @@ type plEndpoint struct {
 	// decode is a moving average of the time from first token to finish, seconds; 0
 	// until measured. It ranks endpoints by speed.
 	decode float64
+	// misses counts in-flight requests with at least HoldPrefillTokens uncached tokens and
+	// no first token yet: while > 0, hits wait (HoldMaxMS).
+	misses int
 }
 
 type plActive struct {
@@ -129,6 +132,7 @@ type plReq struct {
 	unique  int
 	prefill int       // uncached tokens, released at the first token
 	first   time.Time // zero until FirstToken
+	miss    bool      // counted in ep.misses
 }
 
 type plScratch struct {
@@ -160,6 +164,7 @@ const (
 	plDivert      = "divert"
 	plQueue       = "queue"
 	plUntokenized = "untokenized"
+	plHold        = "hold"
 )
 
 // NewPlacement returns a Placement policy over ix. now is the clock that times responses
@@ -173,9 +178,9 @@ func NewPlacement(cfg PlacementConfig, ix PrefixIndex, now func() time.Time, reg
 	}
 	m := &placementMetrics{decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kvrouter_scoring_placement_decisions_total",
-		Help: "Placement policy decisions by kind: holder, home, replica, spill, divert, queue, untokenized.",
+		Help: "Placement policy decisions by kind: holder, home, replica, spill, divert, queue, untokenized, hold (the router is asked to wait and pick again).",
 	}, []string{"kind"})}
-	for _, k := range []string{plHolder, plHome, plReplica, plSpill, plDivert, plQueue, plUntokenized} {
+	for _, k := range []string{plHolder, plHome, plReplica, plSpill, plDivert, plQueue, plUntokenized, plHold} {
 		m.decisions.WithLabelValues(k)
 	}
 	if reg != nil {
@@ -283,9 +288,39 @@ func (p *Placement) Pick(req *Request, cands []Endpoint) (Decision, error) {
 		p.pending[req.ID] = plPending{key: key, addr: addr, blocks: len(sc.keys), pblocks: e.blocks,
 			prefill: max(0, len(req.TokenIDs)-sc.lead[best]*bs)}
 	}
+	var hold time.Duration
+	if kind != plDivert {
+		hold = p.hold(req, e, key, sc, best, bs)
+	}
 	p.mu.Unlock()
+	if hold > 0 {
+		kind = plHold
+	}
 	p.m.decisions.WithLabelValues(kind).Inc()
-	return p.decision(cands, sc, best, sc.pos), nil
+	d := p.decision(cands, sc, best, sc.pos)
+	d.Hold = hold
+	return d, nil
+}
+
+// hold returns how long the request should wait before it is picked again (0: route it
+// now): see HoldMaxMS. p.mu must be held.
+func (p *Placement) hold(req *Request, e *plPrefix, key uint64, sc *plScratch, best, bs int) time.Duration {
+	if p.cfg.HoldMaxMS <= 0 || sc.eps[best].misses == 0 {
+		return 0
+	}
+	step := time.Duration(p.cfg.HoldStepMS * float64(time.Millisecond))
+	if req.Held+step > time.Duration(p.cfg.HoldMaxMS*float64(time.Millisecond)) {
+		return 0
+	}
+	// The endpoint holds the prefix, or is computing it now (the index shows it later).
+	have := sc.lead[best]
+	if a := sc.eps[best].active[key]; a != nil {
+		have = max(have, a.blocks)
+	}
+	if float64(have) < p.cfg.HoldFraction*float64(e.blocks) || len(req.TokenIDs)-have*bs >= p.cfg.HoldPrefillTokens {
+		return 0
+	}
+	return step
 }
 
 // prefix returns key's entry, creating it, and refreshes its size estimate from keys;
@@ -818,6 +853,10 @@ func (p *Placement) Routed(req *Request, endpoint string) {
 	}
 	ep.footprint += r.unique
 	ep.prefill += r.prefill
+	if r.prefill >= p.cfg.HoldPrefillTokens {
+		r.miss = true
+		ep.misses++
+	}
 	p.reqs[req.ID] = r
 }
 
@@ -828,6 +867,10 @@ func (p *Placement) FirstToken(reqID string) {
 	if r, ok := p.reqs[reqID]; ok && r.first.IsZero() {
 		r.first = t
 		r.ep.prefill -= r.prefill
+		if r.miss {
+			r.miss = false
+			r.ep.misses--
+		}
 		p.reqs[reqID] = r
 	}
 	p.mu.Unlock()
@@ -919,6 +962,9 @@ func (p *Placement) release(id string) {
 	r.ep.footprint -= r.unique
 	if r.first.IsZero() {
 		r.ep.prefill -= r.prefill
+	}
+	if r.miss {
+		r.ep.misses--
 	}
 	if a := r.ep.active[r.key]; a != nil {
 		if a.requests--; a.requests <= 0 {

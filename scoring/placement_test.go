@@ -315,9 +315,10 @@ func TestPlacementMetrics(t *testing.T) {
 	place(t, p, prefixed(0, 1), cs)
 	place(t, p, nil, cs)
 	want := `
-# HELP kvrouter_scoring_placement_decisions_total Placement policy decisions by kind: holder, home, replica, spill, divert, queue, untokenized.
+# HELP kvrouter_scoring_placement_decisions_total Placement policy decisions by kind: holder, home, replica, spill, divert, queue, untokenized, hold (the router is asked to wait and pick again).
 # TYPE kvrouter_scoring_placement_decisions_total counter
 kvrouter_scoring_placement_decisions_total{kind="divert"} 0
+kvrouter_scoring_placement_decisions_total{kind="hold"} 0
 kvrouter_scoring_placement_decisions_total{kind="holder"} 1
 kvrouter_scoring_placement_decisions_total{kind="home"} 1
 kvrouter_scoring_placement_decisions_total{kind="queue"} 0
@@ -342,6 +343,9 @@ func TestPlacementConfigValidate(t *testing.T) {
 		{"spill below saturated", func(c *scoring.PlacementConfig) { c.SpillLoad = 1; c.Saturated = 2 }, "spill_load"},
 		{"negative deadline", func(c *scoring.PlacementConfig) { c.DeadlineTokens = -1 }, "deadline_tokens"},
 		{"zero headroom", func(c *scoring.PlacementConfig) { c.Headroom = 0 }, "headroom"},
+		{"negative hold", func(c *scoring.PlacementConfig) { c.HoldMaxMS = -1 }, "hold_max_ms"},
+		{"zero hold step", func(c *scoring.PlacementConfig) { c.HoldStepMS = 0 }, "hold_step_ms"},
+		{"zero hold tokens", func(c *scoring.PlacementConfig) { c.HoldPrefillTokens = 0 }, "hold_prefill_tokens"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := scoring.DefaultPlacementConfig()
@@ -485,4 +489,89 @@ func TestPlacementPrefersAHeldPlacement(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A request that hits at an endpoint prefilling a miss is held (re-picked after
+// HoldStepMS) until the miss's first token, within HoldMaxMS; misses are never held.
+func TestPlacementHoldsBehindAMiss(t *testing.T) {
+	const ms = time.Millisecond
+	tests := []struct {
+		name     string
+		holdMax  float64
+		req      []uint32 // the request picked while the miss prefills
+		held     time.Duration
+		firstTok bool // the miss has its first token by then
+		wantHold time.Duration
+		wantKind string
+	}{
+		{"hit behind a miss is held", 120, prefixed(0, 2), 0, false, 5 * ms, "hold"},
+		{"held again within the bound", 120, prefixed(0, 2), 115 * ms, false, 5 * ms, "hold"},
+		{"never past the bound", 120, prefixed(0, 2), 116 * ms, false, 0, "holder"},
+		{"released at the miss's first token", 120, prefixed(0, 2), 10 * ms, true, 0, "holder"},
+		{"a miss itself is not held", 120, prefixed(2, 2), 0, false, 0, "home"},
+		{"holds off", 0, prefixed(0, 2), 0, false, 0, "holder"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			ix := newKVFakeIndex()
+			cfg := scoring.DefaultPlacementConfig()
+			cfg.HoldMaxMS = tc.holdMax
+			reg := prometheus.NewRegistry()
+			p, err := scoring.NewPlacement(cfg, ix, func() time.Time { return time.Unix(0, 0) }, reg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cs := fleet(1, nil)
+			ep := cs[0].Address
+			place(t, p, prefixed(0, 0), cs)
+			ix.hold(ep, plKeysOf(prefixed(0, 0))[:64]) // the endpoint holds prefix 0
+			miss := plRequest(prefixed(1, 1))          // prefix 1: 1,152 uncached tokens
+			if d, err := p.Pick(miss, cs); err != nil || d.Hold != 0 {
+				t.Fatalf("the miss: %+v, %v", d, err)
+			}
+			p.Routed(miss, ep)
+			if tc.firstTok {
+				p.FirstToken(miss.ID)
+			}
+			cs[0].InFlight = 1
+			req := plRequest(tc.req)
+			req.Held = tc.held
+			before := decisionCount(t, reg, tc.wantKind)
+			d, err := p.Pick(req, cs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.Hold != tc.wantHold || d.Endpoint != ep {
+				t.Fatalf("decision %+v, want hold %v at %s", d, tc.wantHold, ep)
+			}
+			if tc.held+d.Hold > time.Duration(tc.holdMax*float64(ms)) && d.Hold > 0 {
+				t.Fatalf("hold %v after %v passes hold_max_ms %v", d.Hold, tc.held, tc.holdMax)
+			}
+			if got := decisionCount(t, reg, tc.wantKind) - before; got != 1 {
+				t.Fatalf("decisions of kind %q: %v, want 1", tc.wantKind, got)
+			}
+		})
+	}
+}
+
+// decisionCount reads kvrouter_scoring_placement_decisions_total{kind} from reg.
+func decisionCount(t *testing.T, reg *prometheus.Registry, kind string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "kvrouter_scoring_placement_decisions_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "kind" && l.GetValue() == kind {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
 }

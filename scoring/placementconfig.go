@@ -100,6 +100,20 @@ type PlacementConfig struct {
 	// PreferHeld ranks a prefix's placements that the index shows holding it before those
 	// that lost it (router replicas keep homes another replica moved). Default true.
 	PreferHeld bool `yaml:"prefer_held"`
+	// HoldMaxMS > 0 lets a request wait at the router, in steps of HoldStepMS and for at
+	// most HoldMaxMS in all (Decision.Hold, Request.Held), instead of joining the
+	// prefill of a miss: when the chosen endpoint holds the request's prefix, the
+	// request's own uncached tokens there are fewer than HoldPrefillTokens, and the
+	// endpoint is prefilling a request of at least HoldPrefillTokens uncached tokens that
+	// has no first token yet. Joining would add the request's tokens to the miss's last
+	// prefill chunk and delay its first token; held, it starts after it. 0 disables.
+	// Default 120 (N = 24, C = 8: p99 TTFT 189 -> 170 ms; docs/results-policy.md).
+	HoldMaxMS float64 `yaml:"hold_max_ms"`
+	// HoldStepMS is how long one hold lasts before the request is picked again. Default 5.
+	HoldStepMS float64 `yaml:"hold_step_ms"`
+	// HoldPrefillTokens is the uncached prompt tokens that make an in-flight request a
+	// miss worth waiting for (see HoldMaxMS). Default 600.
+	HoldPrefillTokens int `yaml:"hold_prefill_tokens"`
 	// LiveWindow is how many of the policy's own picks a placement stays live without
 	// being used. Default 1024.
 	LiveWindow int `yaml:"live_window"`
@@ -121,31 +135,34 @@ type PlacementConfig struct {
 // DefaultPlacementConfig returns the defaults measured in docs/results-policy.md.
 func DefaultPlacementConfig() PlacementConfig {
 	return PlacementConfig{
-		PrefixDepth:      4,
-		Saturated:        6,
-		SpillLoad:        10,
-		ReplicaLoad:      1,
-		Fill:             0.5,
-		Headroom:         1,
-		OutputBlocks:     4,
-		SpillOnFull:      false,
-		DeadlineTokens:   2048,
-		DivertOnFull:     true,
-		DivertMisses:     true,
-		HoldFraction:     0.5,
-		LiveWindow:       1024,
-		ConfirmPicks:     32,
-		AdoptAll:         true,
-		StickyHolders:    true,
-		MissSpeedup:      0.85,
-		BlockSize:        16,
-		DefaultBlocks:    4096,
-		MaxPrefixes:      65536,
-		ScrapedLoad:      false,
-		RehomeLost:       true,
-		RehomeSlack:      1.4,
-		RehomeLoadTokens: 600,
-		PreferHeld:       true,
+		PrefixDepth:       4,
+		Saturated:         6,
+		SpillLoad:         10,
+		ReplicaLoad:       1,
+		Fill:              0.5,
+		Headroom:          1,
+		OutputBlocks:      4,
+		SpillOnFull:       false,
+		DeadlineTokens:    2048,
+		DivertOnFull:      true,
+		DivertMisses:      true,
+		HoldFraction:      0.5,
+		LiveWindow:        1024,
+		ConfirmPicks:      32,
+		AdoptAll:          true,
+		StickyHolders:     true,
+		MissSpeedup:       0.85,
+		BlockSize:         16,
+		DefaultBlocks:     4096,
+		MaxPrefixes:       65536,
+		ScrapedLoad:       false,
+		RehomeLost:        true,
+		RehomeSlack:       1.4,
+		RehomeLoadTokens:  600,
+		PreferHeld:        true,
+		HoldMaxMS:         120,
+		HoldStepMS:        5,
+		HoldPrefillTokens: 600,
 	}
 }
 
@@ -189,6 +206,15 @@ func (c PlacementConfig) Validate() error {
 	if c.DeadlineTokens < 0 {
 		errs = append(errs, fmt.Errorf("scoring: placement deadline_tokens must be >= 0, got %d", c.DeadlineTokens))
 	}
+	if math.IsNaN(c.HoldMaxMS) || c.HoldMaxMS < 0 {
+		errs = append(errs, fmt.Errorf("scoring: placement hold_max_ms must be >= 0, got %v", c.HoldMaxMS))
+	}
+	if math.IsNaN(c.HoldStepMS) || c.HoldStepMS <= 0 || c.HoldStepMS > 1000 {
+		errs = append(errs, fmt.Errorf("scoring: placement hold_step_ms must be in (0, 1000], got %v", c.HoldStepMS))
+	}
+	if c.HoldPrefillTokens <= 0 {
+		errs = append(errs, fmt.Errorf("scoring: placement hold_prefill_tokens must be > 0, got %d", c.HoldPrefillTokens))
+	}
 	if c.OutputBlocks < 0 {
 		errs = append(errs, fmt.Errorf("scoring: placement output_blocks must be >= 0, got %d", c.OutputBlocks))
 	}
@@ -207,32 +233,35 @@ type placementKnob struct {
 }
 
 var placementKnobs = map[string]placementKnob{
-	"prefix_depth":       {i: func(c *PlacementConfig) *int { return &c.PrefixDepth }},
-	"saturated":          {i: func(c *PlacementConfig) *int { return &c.Saturated }},
-	"replica_load":       {i: func(c *PlacementConfig) *int { return &c.ReplicaLoad }},
-	"spill_load":         {i: func(c *PlacementConfig) *int { return &c.SpillLoad }},
-	"fill":               {f: func(c *PlacementConfig) *float64 { return &c.Fill }},
-	"headroom":           {f: func(c *PlacementConfig) *float64 { return &c.Headroom }},
-	"output_blocks":      {i: func(c *PlacementConfig) *int { return &c.OutputBlocks }},
-	"spill_on_full":      {b: func(c *PlacementConfig) *bool { return &c.SpillOnFull }},
-	"deadline_tokens":    {i: func(c *PlacementConfig) *int { return &c.DeadlineTokens }},
-	"divert_on_full":     {b: func(c *PlacementConfig) *bool { return &c.DivertOnFull }},
-	"divert_misses":      {b: func(c *PlacementConfig) *bool { return &c.DivertMisses }},
-	"miss_speedup":       {f: func(c *PlacementConfig) *float64 { return &c.MissSpeedup }},
-	"hold_fraction":      {f: func(c *PlacementConfig) *float64 { return &c.HoldFraction }},
-	"confirm_picks":      {i: func(c *PlacementConfig) *int { return &c.ConfirmPicks }},
-	"balance":            {f: func(c *PlacementConfig) *float64 { return &c.Balance }},
-	"sticky_holders":     {b: func(c *PlacementConfig) *bool { return &c.StickyHolders }},
-	"adopt_all":          {b: func(c *PlacementConfig) *bool { return &c.AdoptAll }},
-	"live_window":        {i: func(c *PlacementConfig) *int { return &c.LiveWindow }},
-	"rehome_lost":        {b: func(c *PlacementConfig) *bool { return &c.RehomeLost }},
-	"rehome_slack":       {f: func(c *PlacementConfig) *float64 { return &c.RehomeSlack }},
-	"rehome_load_tokens": {i: func(c *PlacementConfig) *int { return &c.RehomeLoadTokens }},
-	"prefer_held":        {b: func(c *PlacementConfig) *bool { return &c.PreferHeld }},
-	"block_size":         {i: func(c *PlacementConfig) *int { return &c.BlockSize }},
-	"default_blocks":     {i: func(c *PlacementConfig) *int { return &c.DefaultBlocks }},
-	"max_prefixes":       {i: func(c *PlacementConfig) *int { return &c.MaxPrefixes }},
-	"scraped_load":       {b: func(c *PlacementConfig) *bool { return &c.ScrapedLoad }},
+	"prefix_depth":        {i: func(c *PlacementConfig) *int { return &c.PrefixDepth }},
+	"saturated":           {i: func(c *PlacementConfig) *int { return &c.Saturated }},
+	"replica_load":        {i: func(c *PlacementConfig) *int { return &c.ReplicaLoad }},
+	"spill_load":          {i: func(c *PlacementConfig) *int { return &c.SpillLoad }},
+	"fill":                {f: func(c *PlacementConfig) *float64 { return &c.Fill }},
+	"headroom":            {f: func(c *PlacementConfig) *float64 { return &c.Headroom }},
+	"output_blocks":       {i: func(c *PlacementConfig) *int { return &c.OutputBlocks }},
+	"spill_on_full":       {b: func(c *PlacementConfig) *bool { return &c.SpillOnFull }},
+	"deadline_tokens":     {i: func(c *PlacementConfig) *int { return &c.DeadlineTokens }},
+	"divert_on_full":      {b: func(c *PlacementConfig) *bool { return &c.DivertOnFull }},
+	"divert_misses":       {b: func(c *PlacementConfig) *bool { return &c.DivertMisses }},
+	"miss_speedup":        {f: func(c *PlacementConfig) *float64 { return &c.MissSpeedup }},
+	"hold_fraction":       {f: func(c *PlacementConfig) *float64 { return &c.HoldFraction }},
+	"confirm_picks":       {i: func(c *PlacementConfig) *int { return &c.ConfirmPicks }},
+	"balance":             {f: func(c *PlacementConfig) *float64 { return &c.Balance }},
+	"sticky_holders":      {b: func(c *PlacementConfig) *bool { return &c.StickyHolders }},
+	"adopt_all":           {b: func(c *PlacementConfig) *bool { return &c.AdoptAll }},
+	"live_window":         {i: func(c *PlacementConfig) *int { return &c.LiveWindow }},
+	"rehome_lost":         {b: func(c *PlacementConfig) *bool { return &c.RehomeLost }},
+	"rehome_slack":        {f: func(c *PlacementConfig) *float64 { return &c.RehomeSlack }},
+	"rehome_load_tokens":  {i: func(c *PlacementConfig) *int { return &c.RehomeLoadTokens }},
+	"prefer_held":         {b: func(c *PlacementConfig) *bool { return &c.PreferHeld }},
+	"hold_max_ms":         {f: func(c *PlacementConfig) *float64 { return &c.HoldMaxMS }},
+	"hold_step_ms":        {f: func(c *PlacementConfig) *float64 { return &c.HoldStepMS }},
+	"hold_prefill_tokens": {i: func(c *PlacementConfig) *int { return &c.HoldPrefillTokens }},
+	"block_size":          {i: func(c *PlacementConfig) *int { return &c.BlockSize }},
+	"default_blocks":      {i: func(c *PlacementConfig) *int { return &c.DefaultBlocks }},
+	"max_prefixes":        {i: func(c *PlacementConfig) *int { return &c.MaxPrefixes }},
+	"scraped_load":        {b: func(c *PlacementConfig) *bool { return &c.ScrapedLoad }},
 }
 
 // Knobs returns every knob by its YAML name as a number (booleans as 0 or 1), for

@@ -1,6 +1,9 @@
 package scoring
 
-import "errors"
+import (
+	"errors"
+	"time"
+)
 
 // Endpoint is one candidate for a request as a policy sees it: its address and the load
 // the router knows of. Policies never see protobufs, sockets or configuration.
@@ -39,6 +42,9 @@ type Request struct {
 	// TokenIDs are the prompt's token ids exactly as vLLM computes them; nil when the
 	// router could not tokenize the request (policies then choose by load).
 	TokenIDs []uint32
+	// Held is how long the router has already held the request at a policy's request
+	// (the sum of the Decision.Hold it honoured); 0 at the first Pick.
+	Held time.Duration
 }
 
 // Decision is a policy's answer.
@@ -50,9 +56,16 @@ type Decision struct {
 	// Scores, when the policy keeps them, maps each candidate's address to its score
 	// (higher is better) for the debug view. May be nil.
 	Scores map[string]float64
+	// Hold > 0 asks the router to hold the request for Hold, then call Pick again with
+	// Request.Held increased by Hold (the candidates may have changed by then). Endpoint
+	// is still a valid answer: a router that cannot wait (its own hold limit is reached,
+	// or it does not hold at all) routes there instead. Policies bound their own holds
+	// through Request.Held; the router bounds them again.
+	Hold time.Duration
 }
 
-// Policy picks one endpoint among candidates. Candidates are never empty, are all
+// Policy picks one endpoint among candidates, or asks the router to hold the request
+// briefly (Decision.Hold) and ask again. Candidates are never empty, are all
 // eligible (healthy, serving the request's model) and are in a stable order. Pick must
 // not keep the candidates slice once it returns (the router reuses it for the next
 // request); the strings in it may be kept. Implementations must be safe for concurrent

@@ -71,6 +71,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		replicas     = fs.Int("replicas", 1, "router replicas (sim mode); each sees every KV event, only its own in-flight requests")
 		eventLag     = fs.Duration("event-lag", sc.EventLag, "KV event delivery lag (sim mode)")
 		scrape       = fs.Duration("scrape-interval", sc.ScrapeInterval, "how stale the router's view of server metrics may be (sim mode; 0 = live)")
+		maxHold      = fs.Duration("max-hold", sc.MaxHold, "longest the router holds a request when its policy asks (sim mode; 0 = never hold)")
 		rtt          = fs.Duration("rtt", sc.RTT, "client round trip to the fleet (sim mode)")
 		tokDir       = fs.String("tokenizer", defaultTokenizerDir, "directory with the model's tokenizer.json and tokenizer_config.json; none = the embedded Qwen3 ids")
 		metricsURLs  = fs.String("metrics-urls", "", "engines' /metrics URLs, comma list (URL mode)")
@@ -134,6 +135,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		o.Policies = []string{or(*policy, "url")}
 	case *simMode:
 		sc.Model, sc.EventLag, sc.ScrapeInterval, sc.RTT, sc.Replicas = *model, *eventLag, *scrape, *rtt, *replicas
+		sc.MaxHold = *maxHold
 		if sc.Servers, err = serverSpecs(*servers, *workers, *kvBytes, *speeds, set); err != nil {
 			return err
 		}

@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"runtime/pprof"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -22,6 +23,7 @@ import (
 
 	"google.golang.org/grpc"
 
+	"github.com/kvrouter/kvrouter/config"
 	"github.com/kvrouter/kvrouter/extproc"
 	"github.com/kvrouter/kvrouter/extproc/envoytest"
 	"github.com/kvrouter/kvrouter/internal/demo"
@@ -152,6 +154,7 @@ func latency(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.Float64Var(&o.Rate, "rate", o.Rate, "open-loop ext_proc exchanges per second")
 	fs.DurationVar(&o.Duration, "duration", o.Duration, "length of each measured round")
 	fs.IntVar(&o.Rounds, "rounds", o.Rounds, "rounds per server, alternating kvrouter and trivial")
+	fs.StringVar(&o.Policy, "policy", o.Policy, "kvrouter's policy: "+strings.Join(config.PolicyNames(), ", "))
 	fs.StringVar(&o.TokenizerDir, "tokenizer", o.TokenizerDir, "the model's tokenizer directory (make models)")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of this process (the fake Envoy) to this file")
 	keep := fs.Bool("keep-logs", false, "keep the generated configurations and the processes' logs")
@@ -168,6 +171,9 @@ func latency(ctx context.Context, args []string, stdout, stderr io.Writer) error
 			return err
 		}
 		defer pprof.StopCPUProfile()
+	}
+	if !slices.Contains(config.PolicyNames(), o.Policy) {
+		return fmt.Errorf("--policy: %q is not one of %s", o.Policy, strings.Join(config.PolicyNames(), ", "))
 	}
 	o.Endpoints = nil
 	for _, f := range strings.Split(*eps, ",") {

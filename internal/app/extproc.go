@@ -104,6 +104,7 @@ func (a *App) registerExtProc(o Options) error {
 		Fleet:        a.fleet,
 		Tokenizer:    tok,
 		MaxBodyBytes: a.cfg.Limits.MaxBodyBytes,
+		MaxHold:      a.cfg.Limits.MaxHold,
 		Logger:       a.log.Named("extproc"),
 		Registerer:   a.reg,
 		Now:          o.Now,

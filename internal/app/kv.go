@@ -21,6 +21,7 @@ import (
 	"github.com/kvrouter/kvrouter/index/kvsink"
 	"github.com/kvrouter/kvrouter/kvevents"
 	"github.com/kvrouter/kvrouter/prompt"
+	"github.com/kvrouter/kvrouter/scoring"
 	"github.com/kvrouter/kvrouter/tokenizer"
 )
 
@@ -233,12 +234,15 @@ func (k *kvPath) updateCapacity() {
 	}
 }
 
+var _ scoring.EventHealthSnapshot = (*eventHealth)(nil)
+
 // eventHealth is the kv policy's view of which endpoints' KV events can be trusted: an
 // endpoint is healthy when it is subscribed, every one of its rank streams is connected,
 // and no stream has been silent for staleAfter while the endpoint was busy (requests in
 // flight from this router, or running by its scraped metrics). The last rule catches a
-// publisher that went away without the socket noticing (ZeroMQ redials silently): a busy
-// vLLM stores blocks every few steps, an idle one legitimately says nothing. The view is
+// publisher that is connected but says nothing (its process alive, its event path stuck;
+// a lost connection already shows as not connected): a busy vLLM stores blocks every few
+// steps, an idle one legitimately says nothing. The view is
 // rebuilt from the subscriber's and the fleet's status at most once per refresh period,
 // so the routing path reads a map and never waits on either.
 type eventHealth struct {
@@ -266,7 +270,19 @@ func newEventHealth(sub *kvevents.Subscriber, f *fleet.Fleet, refresh, staleAfte
 }
 
 // EventsHealthy implements scoring.EventHealth.
-func (h *eventHealth) EventsHealthy(endpoint string) bool {
+func (h *eventHealth) EventsHealthy(endpoint string) bool { return h.current().healthy[endpoint] }
+
+// EventsHealthyAll implements scoring.EventHealthSnapshot: one view (and one clock read)
+// for all of a pick's candidates.
+func (h *eventHealth) EventsHealthyAll(candidates []scoring.Endpoint, healthy []bool) {
+	v := h.current()
+	for i := range candidates {
+		healthy[i] = v.healthy[candidates[i].Address]
+	}
+}
+
+// current returns the view, rebuilt first when older than the refresh period.
+func (h *eventHealth) current() *healthView {
 	v := h.view.Load()
 	if v == nil || h.now().Sub(v.at) >= h.refresh {
 		switch {
@@ -282,7 +298,7 @@ func (h *eventHealth) EventsHealthy(endpoint string) bool {
 		}
 		// Otherwise another caller is rebuilding: the previous view will do.
 	}
-	return v.healthy[endpoint]
+	return v
 }
 
 func (h *eventHealth) invalidate() { h.view.Store(nil) }
@@ -331,12 +347,16 @@ func newTokenizer(cfg *config.Config, log *zap.Logger, reg prometheus.Registerer
 		Name: "kvrouter_model_tokenizer_ready",
 		Help: "1 when the model's prompts are tokenized for KV-aware routing, 0 when its requests are routed by load.",
 	}, []string{"model"})
+	engine := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "kvrouter_chat_template_engine",
+		Help: "1 for the engine that renders the model's chat template: native (kvrouter's own) or gonja (the fallback for templates the native engine refuses).",
+	}, []string{"model", "engine"})
 	metrics, err := prompt.NewMetrics(reg)
 	if err != nil {
 		return nil, fmt.Errorf("app: %w", err)
 	}
 	if reg != nil {
-		reg.MustRegister(ready)
+		reg.MustRegister(ready, engine)
 	}
 	var pc prompt.Config
 	for _, name := range sortedNames(cfg.Models) {
@@ -370,7 +390,16 @@ func newTokenizer(cfg *config.Config, log *zap.Logger, reg prometheus.Registerer
 			return nil, fmt.Errorf("app: %w", err)
 		default:
 			ready.WithLabelValues(m.Name).Set(1)
-			log.Info("model tokenized for KV-aware routing", zap.String("model", m.Name), zap.String("dir", m.Dir))
+			b, _ := r.Load(m.Name)
+			eng, why := b.ChatTemplateEngine()
+			fields := []zap.Field{zap.String("model", m.Name), zap.String("dir", m.Dir), zap.String("chat_template_engine", eng)}
+			if eng != "" {
+				engine.WithLabelValues(m.Name, eng).Set(1)
+			}
+			if why != "" {
+				fields = append(fields, zap.String("native_engine_refused", why))
+			}
+			log.Info("model tokenized for KV-aware routing", fields...)
 		}
 	}
 	served := map[string]bool{}

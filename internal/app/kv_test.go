@@ -273,8 +273,9 @@ func TestKVPath(t *testing.T) {
 	})
 
 	t.Run("endpoint whose event stream is down is scored by prediction", func(t *testing.T) {
-		// The publisher goes away; ZeroMQ redials silently, so what gives it away is a
-		// busy endpoint (a request in flight from this router) whose stream says nothing.
+		// The publisher goes away: its connection closes, so the stream is no longer
+		// connected (a busy endpoint, a request in flight from this router, whose
+		// stream says nothing would be caught too).
 		sims[0].stopEngine()
 		a.Fleet().Begin(sims[0].addr)
 		defer a.Fleet().End(sims[0].addr)

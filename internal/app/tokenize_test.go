@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -96,5 +98,38 @@ func TestUnsupportedTokenizerRoutesByLoad(t *testing.T) {
 	}
 	if !found {
 		t.Error("kvrouter_model_tokenizer_ready not registered")
+	}
+}
+
+// TestChatTemplateEngineGauge: a model whose chat template kvrouter's own engine
+// compiles (Qwen3's) is shown as native in kvrouter_chat_template_engine.
+func TestChatTemplateEngineGauge(t *testing.T) {
+	const model = "Qwen/Qwen3-0.6B"
+	vllm := newFakeVLLM(t)
+	cfg := testConfig(t, vllm)
+	cfg.Models = map[string]config.ModelConfig{model: {Tokenizer: testmodels.Dir(t, "qwen3"), BlockSize: 16}}
+	reg := prometheus.NewRegistry()
+	if _, err := app.New(cfg, app.Options{Registry: reg}); err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, mf := range mfs {
+		if mf.GetName() != "kvrouter_chat_template_engine" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			got = append(got, labels["model"]+"="+labels["engine"]+":"+strconv.FormatFloat(m.GetGauge().GetValue(), 'g', -1, 64))
+		}
+	}
+	if want := []string{model + "=native:1"}; !slices.Equal(got, want) {
+		t.Errorf("kvrouter_chat_template_engine: %v, want %v", got, want)
 	}
 }

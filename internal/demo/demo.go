@@ -166,7 +166,8 @@ func Compare(ctx context.Context, o Options, start Starter) ([]Result, error) {
 
 func runOne(ctx context.Context, o *Options, start Starter, policy string, w *kvbench.Workload, wl kvbench.WorkloadConfig) (res Result, err error) {
 	o.logf("starting %d simulated vLLM servers, kvrouter (policy %s) and the gateway", o.Workers, policy)
-	st, err := start(ctx, o, policy)
+	st, err := startReady(ctx, func() (Stack, error) { return start(ctx, o, policy) },
+		func(st Stack) error { return waitReady(ctx, st, o.Workers, 60*time.Second) }, o.logf)
 	if err != nil {
 		return res, err
 	}
@@ -175,9 +176,6 @@ func runOne(ctx context.Context, o *Options, start Starter, policy string, w *kv
 			err = cerr
 		}
 	}()
-	if err := waitReady(ctx, st, o.Workers, 60*time.Second); err != nil {
-		return res, err
-	}
 	o.logf("%s: sending %d requests (N=%d, concurrency %d) through %s", policy, wl.Requests, wl.Prefixes, o.Concurrency, st.GatewayURL())
 	target, err := kvbench.NewHTTPTarget(kvbench.HTTPConfig{URL: st.GatewayURL(), Model: o.Model,
 		MetricsURLs: st.EngineMetricsURLs(), IgnoreEOS: true, Timeout: 2 * time.Minute})

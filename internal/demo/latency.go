@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/kvrouter/kvrouter/config"
 	"github.com/kvrouter/kvrouter/extproc/envoytest"
 	"github.com/kvrouter/kvrouter/internal/app"
 	"github.com/kvrouter/kvrouter/openai"
@@ -40,6 +41,8 @@ type LatencyOptions struct {
 	// Model and TokenizerDir: the model the requests name and its tokenizer.
 	Model        string
 	TokenizerDir string
+	// Policy is kvrouter's policy (config.PolicyNames); the default is kvrouter's own.
+	Policy string
 	// BinDir holds the kvrouter and vllm-sim binaries (make build).
 	BinDir string
 	// RouterEnv is added to kvrouter's environment (e.g. GOGC=400, GOMEMLIMIT=1GiB).
@@ -51,10 +54,11 @@ type LatencyOptions struct {
 	Log io.Writer
 }
 
-// DefaultLatencyOptions: 6 and 64 endpoints, 1,000 exchanges/s, 2 rounds of 3 s each.
+// DefaultLatencyOptions: 6 and 64 endpoints, 1,000 exchanges/s, 2 rounds of 3 s each,
+// kvrouter's default policy.
 func DefaultLatencyOptions() LatencyOptions {
 	return LatencyOptions{Endpoints: []int{6, 64}, Rate: 1000, Duration: 3 * time.Second, Rounds: 2,
-		Model: "Qwen/Qwen3-0.6B", TokenizerDir: ".cache/models/qwen3", BinDir: "bin"}
+		Model: "Qwen/Qwen3-0.6B", TokenizerDir: ".cache/models/qwen3", BinDir: "bin", Policy: config.DefaultPolicyConfig().Name}
 }
 
 // LatencyRound is one measured round of one server.
@@ -108,7 +112,7 @@ func words(seed, n int) string {
 
 // MeasureLatency measures the ext_proc round trip Envoy sees (stream open to the last
 // request-phase reply, envoytest.Load at a fixed open-loop rate over loopback TCP) of
-// kvrouter (bin/kvrouter as its own process: kv policy, exact tokenization and chat
+// kvrouter (bin/kvrouter as its own process: o.Policy, exact tokenization and chat
 // template, an index fed by real KV events from simulated servers that were sent
 // realistic traffic first) and, in the same run and alternating round by round, of a
 // trivial ext_proc server (envoytest.Trivial in its own process, `kvdemo
@@ -223,7 +227,7 @@ func startLatencyStack(o LatencyOptions, dir string, n int) (*latencyStack, erro
 	s.routerURL, s.gatewayURL = "http://"+addr(ports[2]), "http://"+s.trivial
 	do := &Options{Model: o.Model, TokenizerDir: o.TokenizerDir}
 	path := filepath.Join(dir, fmt.Sprintf("kvrouter-latency-%d.yaml", n))
-	if err := os.WriteFile(path, routerConfigScrape(do, s.servers, "kv", s.extproc, addr(ports[1]), addr(ports[2]), false), 0o644); err != nil {
+	if err := os.WriteFile(path, routerConfigScrape(do, s.servers, o.Policy, s.extproc, addr(ports[1]), addr(ports[2]), false), 0o644); err != nil {
 		return s, err
 	}
 	if err := s.spawn("kvrouter", filepath.Join(dir, fmt.Sprintf("kvrouter-%d.log", n)), o.RouterEnv, bin("kvrouter"),
@@ -236,27 +240,18 @@ func startLatencyStack(o LatencyOptions, dir string, n int) (*latencyStack, erro
 
 func measureFleet(ctx context.Context, o LatencyOptions, dir string, n int, shared string,
 	req envoytest.Request, logf func(string, ...any)) (_ []LatencyRound, err error) {
-	var st *latencyStack
-	// Ports are released before the children bind them; a fresh set gets past a race.
-	for attempt := 0; attempt < 3 && ctx.Err() == nil; attempt++ {
-		if st != nil {
+	logf("%d endpoints: starting vllm-sim (%d replicas), kvrouter and the trivial server", n, n)
+	st, err := startReady(ctx, func() (*latencyStack, error) {
+		st, err := startLatencyStack(o, dir, n)
+		if err != nil && st != nil {
 			_ = st.Close()
 		}
-		logf("%d endpoints: starting vllm-sim (%d replicas), kvrouter and the trivial server", n, n)
-		if st, err = startLatencyStack(o, dir, n); err == nil {
-			err = waitReady(ctx, st, n, 60*time.Second)
-		}
-		if err == nil {
-			break
-		}
-		logf("%d endpoints: %v", n, err)
-	}
-	if st != nil {
-		defer st.Close()
-	}
+		return st, err
+	}, func(st *latencyStack) error { return waitReady(ctx, st, n, 60*time.Second) }, logf)
 	if err != nil {
 		return nil, err
 	}
+	defer st.Close()
 
 	// Warm the caches: every server gets 2,400-token chats directly (their blocks reach
 	// the index through the KV events), the first one the measured request's system prompt.
@@ -410,7 +405,7 @@ func waitIndexed(ctx context.Context, routerURL string, n int) int {
 // every process's CPU time per exchange in each round.
 func WriteLatency(w io.Writer, o LatencyOptions, rounds []LatencyRound) error {
 	var b strings.Builder
-	fmt.Fprintf(&b, "\next_proc round trip (stream open to last request reply), %.0f exchanges/s open loop, %v per round, loopback TCP, one process each: kvrouter, trivial server, vllm-sim fleet, kvdemo (fake Envoy)\n\n", o.Rate, o.Duration)
+	fmt.Fprintf(&b, "\next_proc round trip (stream open to last request reply), kvrouter policy %s, %.0f exchanges/s open loop, %v per round, loopback TCP, one process each: kvrouter, trivial server, vllm-sim fleet, kvdemo (fake Envoy)\n\n", o.Policy, o.Rate, o.Duration)
 	b.WriteString("| endpoints | round | kvrouter p50 / p99 | trivial p50 / p99 | ratio p50 / p99 | decision p50 / p99 kvrouter | decision p50 / p99 trivial | achieved req/s |\n|---|---|---|---|---|---|---|---|\n")
 	us := func(d time.Duration) string { return fmt.Sprintf("%.0f µs", float64(d)/float64(time.Microsecond)) }
 	for i := 0; i+1 < len(rounds); i += 2 {

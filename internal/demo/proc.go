@@ -1,6 +1,7 @@
 package demo
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -34,21 +35,12 @@ type ProcessOptions struct {
 // (SIGTERM, then SIGKILL after 5 s); on Linux the children also die with this process.
 func Processes(po ProcessOptions) Starter {
 	return func(ctx context.Context, o *Options, policy string) (Stack, error) {
-		// freePorts releases its ports before the children bind them, so another process
-		// can take one in between (seen once in 25 full-stack runs); a fresh set of ports
-		// on a second or third try gets past that.
-		var err error
-		for attempt := 0; attempt < 3 && ctx.Err() == nil; attempt++ {
-			s := &procStack{}
-			if err = s.start(ctx, o, po, policy); err == nil {
-				return s, nil
-			}
+		s := &procStack{}
+		if err := s.start(ctx, o, po, policy); err != nil {
 			_ = s.Close()
+			return nil, err
 		}
-		if err == nil {
-			err = ctx.Err()
-		}
-		return nil, err
+		return s, nil
 	}
 }
 
@@ -128,7 +120,22 @@ func (s *procStack) cpu(name string) func() (time.Duration, error) {
 	return func() (time.Duration, error) { return 0, fmt.Errorf("demo: no process %q", name) }
 }
 
-// exited reports a child that stopped before Close, with the tail of its log.
+// exitError is a child that stopped before Close.
+type exitError struct {
+	name, log string
+	err       error
+	tail      []byte // the end of its log
+}
+
+func (e *exitError) Error() string {
+	return fmt.Sprintf("demo: %s exited (%v); log %s ends:\n%s", e.name, e.err, e.log, e.tail)
+}
+
+// portTaken reports whether the child failed to bind a port: the ports were reserved and
+// released before it started, and another process took one in between.
+func (e *exitError) portTaken() bool { return bytes.Contains(e.tail, []byte("address already in use")) }
+
+// exited reports (as an *exitError) a child that stopped before Close.
 func (s *procStack) exited() error {
 	for _, p := range s.procs {
 		select {
@@ -137,11 +144,36 @@ func (s *procStack) exited() error {
 			if len(tail) > 800 {
 				tail = tail[len(tail)-800:]
 			}
-			return fmt.Errorf("demo: %s exited (%v); log %s ends:\n%s", p.name, p.err, p.log, tail)
+			return &exitError{name: p.name, log: p.log, err: p.err, tail: tail}
 		default:
 		}
 	}
 	return nil
+}
+
+// startTries bounds the starts of a stack whose child lost a port to another process.
+const startTries = 3
+
+// startReady starts a stack and waits until it is ready; when a child exits because
+// another process took one of its ports, it closes the stack and starts a new one (new
+// ports) up to startTries times in all. Other errors are returned at once.
+func startReady[S interface{ Close() error }](ctx context.Context, start func() (S, error), ready func(S) error,
+	logf func(string, ...any)) (S, error) {
+	var zero S
+	for try := 1; ; try++ {
+		st, err := start()
+		if err == nil {
+			if err = ready(st); err == nil {
+				return st, nil
+			}
+			_ = st.Close()
+		}
+		var ee *exitError
+		if !errors.As(err, &ee) || !ee.portTaken() || try == startTries || ctx.Err() != nil {
+			return zero, err
+		}
+		logf("%s lost a port to another process (try %d of %d): starting again on new ports", ee.name, try, startTries)
+	}
 }
 
 // Close stops the processes, the gateway first, and waits for all of them.
