@@ -441,6 +441,7 @@ func (f *Fleet) fresh(ep *endpoint, now time.Time) scoring.Metrics {
 		return scoring.Metrics{}
 	}
 	m := s.m
+	m.At = s.at
 	if age := now.Sub(s.at); age > f.scrape.StalenessLimit || age < -f.scrape.StalenessLimit {
 		m.Valid = false
 	}

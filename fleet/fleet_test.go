@@ -145,7 +145,10 @@ func TestScrapeLifecycle(t *testing.T) {
 		})
 	}
 	st := status(t, f, scraped.Address)
-	want := scoring.Metrics{Valid: true, Running: 3, Waiting: 1, KVCacheUsage: 0.42, NumGPUBlocks: 585, BlockSize: 16}
+	want := scoring.Metrics{Valid: true, Running: 3, Waiting: 1, KVCacheUsage: 0.42, NumGPUBlocks: 585, BlockSize: 16, At: st.ScrapedAt}
+	if st.ScrapedAt.IsZero() {
+		t.Error("ScrapedAt is zero after a good scrape")
+	}
 	if st.Metrics != want {
 		t.Errorf("metrics = %+v, want %+v", st.Metrics, want)
 	}

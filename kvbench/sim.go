@@ -489,7 +489,8 @@ func (r *simRun) scrapeNow() {
 	for i, e := range r.engines {
 		s := e.Stats()
 		r.metrics[i] = scoring.Metrics{Valid: true, Running: s.Running, Waiting: s.Waiting,
-			KVCacheUsage: s.KVCacheUsage, NumGPUBlocks: s.NumGPUBlocks, BlockSize: s.BlockSize}
+			KVCacheUsage: s.KVCacheUsage, NumGPUBlocks: s.NumGPUBlocks, BlockSize: s.BlockSize,
+			At: time.Unix(0, 0).Add(secs(r.f.Now()))}
 	}
 }
 

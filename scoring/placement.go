@@ -95,6 +95,43 @@ type plEndpoint struct {
 	// misses counts in-flight requests with at least HoldPrefillTokens uncached tokens and
 	// no first token yet: while > 0, hits wait (HoldMaxMS).
 	misses int
+	// inflight counts the requests this router routed there and has not seen finish;
+	// hist is a ring of its last histLen values with footprint and time, histN how many
+	// were ever recorded: SharedLoad reads this router's share of a scrape from them.
+	inflight int
+	hist     [histLen]plSnap
+	histN    int
+}
+
+// histLen bounds each endpoint's history of its own in-flight count: 64 changes (32
+// requests) cover a scrape interval unless an endpoint takes over ~600 requests/s at 50 ms.
+const histLen = 64
+
+// plSnap is an endpoint's own in-flight count and footprint from time at on.
+type plSnap struct {
+	at        time.Time
+	inflight  int
+	footprint int
+}
+
+// record appends the endpoint's current own count and footprint at t to its history.
+func (ep *plEndpoint) record(t time.Time) {
+	ep.hist[ep.histN%histLen] = plSnap{at: t, inflight: ep.inflight, footprint: ep.footprint}
+	ep.histN++
+}
+
+// ownAt returns the endpoint's own in-flight count and footprint at t, and false when
+// the history no longer reaches back that far.
+func (ep *plEndpoint) ownAt(t time.Time) (plSnap, bool) {
+	for k := 0; k < min(ep.histN, histLen); k++ {
+		s := ep.hist[(ep.histN-1-k)%histLen]
+		if !s.at.After(t) {
+			return s, true
+		}
+	}
+	// Nothing recorded at or before t: nothing had been routed then, unless the ring
+	// has overwritten it.
+	return plSnap{}, ep.histN <= histLen
 }
 
 type plActive struct {
@@ -149,6 +186,10 @@ type plScratch struct {
 	meanDecode float64
 	// eps is each candidate's state, looked up once per pick under p.mu.
 	eps []*plEndpoint
+	// others is each candidate's requests from other routers (SharedLoad), otherKV
+	// the KV blocks they hold.
+	others  []int
+	otherKV []float64
 }
 
 type placementMetrics struct {
@@ -431,6 +472,7 @@ func (p *Placement) choose(e *plPrefix, key uint64, cands []Endpoint, sc *plScra
 	for i := range cands {
 		sc.eps[i] = p.endpoint(cands[i].Address)
 	}
+	p.shared(cands, sc)
 	hold := int(math.Ceil(p.cfg.HoldFraction * float64(e.blocks)))
 	hasHome := false
 	for _, pl := range e.on {
@@ -509,7 +551,7 @@ func (p *Placement) choose(e *plPrefix, key uint64, cands []Endpoint, sc *plScra
 	sc.ok = slices.Grow(sc.ok[:0], n)[:n]
 	sc.room = slices.Grow(sc.room[:0], n)[:n]
 	for i := range cands {
-		sc.room[i] = p.room(sc.eps[i], key, &cands[i], blocks)
+		sc.room[i] = p.room(sc.eps[i], key, &cands[i], blocks, sc.otherKV[i])
 		sc.ok[i] = sc.loads[i] < p.cfg.Saturated && sc.room[i]
 	}
 	if p.cfg.RehomeLost {
@@ -600,6 +642,33 @@ func (p *Placement) choose(e *plPrefix, key uint64, cands []Endpoint, sc *plScra
 	return s, plSpill
 }
 
+// shared sets sc.others and sc.otherKV, and adds the others to sc.loads, when
+// SharedLoad is on: another router's requests on an endpoint are its scraped running
+// plus waiting requests beyond this router's own in flight at the scrape (Metrics.At),
+// and their KV blocks the scraped usage beyond this router's footprint then. Without
+// a scrape time, or a history reaching back to it, there are none. p.mu must be held.
+func (p *Placement) shared(cands []Endpoint, sc *plScratch) {
+	n := len(cands)
+	sc.others = slices.Grow(sc.others[:0], n)[:n]
+	sc.otherKV = slices.Grow(sc.otherKV[:0], n)[:n]
+	for i := range cands {
+		sc.others[i], sc.otherKV[i] = 0, 0
+		m := &cands[i].Metrics
+		if !p.cfg.SharedLoad || p.cfg.ScrapedLoad || !m.Valid || m.At.IsZero() {
+			continue
+		}
+		own, ok := sc.eps[i].ownAt(m.At)
+		if !ok {
+			continue
+		}
+		if o := m.Running + m.Waiting - own.inflight; o > 0 {
+			sc.others[i] = o
+			sc.otherKV[i] = max(0, m.KVCacheUsage*float64(p.capacity(&cands[i]))-float64(own.footprint))
+			sc.loads[i] += o
+		}
+	}
+}
+
 // rehome moves a prefix's home when the index shows the home lost it (it holds less than
 // hold blocks and no request for it is in flight there) and no other candidate holds it:
 // the request misses wherever it goes, so its prefix is recomputed on the candidate with
@@ -623,7 +692,7 @@ func (p *Placement) rehome(e *plPrefix, key uint64, cands []Endpoint, sc *plScra
 	}
 	// Requests other routers sent there (scraped, as stale as the scrape) may be
 	// computing the prefix now: leave the home alone.
-	if m := cands[old].Metrics; m.Valid && m.Running+m.Waiting > sc.loads[old] {
+	if m := cands[old].Metrics; sc.others[old] > 0 || (m.Valid && m.Running+m.Waiting > sc.loads[old]) {
 		return
 	}
 	best, bestShare := old, p.homeShare(sc, cands, old, 0)
@@ -852,6 +921,10 @@ func (p *Placement) Routed(req *Request, endpoint string) {
 		r.prefill = len(req.TokenIDs)
 	}
 	ep.footprint += r.unique
+	ep.inflight++
+	if p.cfg.SharedLoad {
+		ep.record(p.now())
+	}
 	ep.prefill += r.prefill
 	if r.prefill >= p.cfg.HoldPrefillTokens {
 		r.miss = true
@@ -959,6 +1032,7 @@ func (p *Placement) release(id string) {
 		return
 	}
 	delete(p.reqs, id)
+	r.ep.inflight--
 	r.ep.footprint -= r.unique
 	if r.first.IsZero() {
 		r.ep.prefill -= r.prefill
@@ -972,14 +1046,18 @@ func (p *Placement) release(id string) {
 			delete(r.ep.active, r.key)
 		}
 	}
+	if p.cfg.SharedLoad {
+		r.ep.record(p.now())
+	}
 }
 
 // room reports whether candidate i can start the request without waiting for KV blocks:
-// its footprint, plus the request's blocks not already active there, stays within
-// Headroom of its capacity. p.mu must be held.
-func (p *Placement) room(ep *plEndpoint, key uint64, c *Endpoint, blocks int) bool {
+// its footprint, plus others (blocks other routers' requests hold), plus the request's
+// blocks not already active there, stays within Headroom of its capacity. p.mu must be
+// held.
+func (p *Placement) room(ep *plEndpoint, key uint64, c *Endpoint, blocks int, others float64) bool {
 	capacity := float64(p.capacity(c))
-	used := float64(ep.footprint)
+	used := float64(ep.footprint) + others
 	if p.cfg.ScrapedLoad && c.Metrics.Valid {
 		used = max(used, c.Metrics.KVCacheUsage*capacity)
 	}

@@ -575,3 +575,75 @@ func decisionCount(t *testing.T, reg *prometheus.Registry, kind string) float64 
 	}
 	return 0
 }
+
+// TestPlacementSharedLoad: with SharedLoad, an endpoint's scraped requests beyond the
+// router's own in flight at the scrape count as another router's load (the prefix takes
+// a replica elsewhere), while the router's own requests in a scrape do not.
+func TestPlacementSharedLoad(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		shared bool
+		// scraped is the home's scraped running requests at the scrape, ownFirst whether
+		// the router's own request was in flight then.
+		scraped  int
+		ownFirst bool
+		wantHome bool
+	}{
+		{name: "off: scraped requests ignored", shared: false, scraped: 3, wantHome: true},
+		{name: "another router's requests make the home busy", shared: true, scraped: 3, wantHome: false},
+		{name: "own request in the scrape is not another router's", shared: true, scraped: 1, ownFirst: true, wantHome: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ix, err := index.New(index.DefaultConfig(), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg := scoring.DefaultPlacementConfig()
+			cfg.SharedLoad = tc.shared
+			cfg.RehomeLost = false
+			clock := time.Unix(100, 0)
+			p, err := scoring.NewPlacement(cfg, ix, func() time.Time { return clock }, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cs := fleet(2, nil)
+			home := place(t, p, prefixed(0, 0), cs)
+			var homeIdx int
+			for i := range cs {
+				if cs[i].Address == home {
+					homeIdx = i
+				}
+			}
+			// The index shows the prefix at its home, so the home holds it.
+			handles := make([]uint64, 64)
+			for i := range handles {
+				handles[i] = uint64(i + 1)
+			}
+			if err := ix.Store(home, 0, index.Blocks{Root: index.Root("m", "", ""), Handles: handles,
+				Tokens: prefixed(0, 0)[:64*16], BlockSize: 16}); err != nil {
+				t.Fatal(err)
+			}
+			if tc.ownFirst {
+				// The router's own request is in flight at the scrape, then finishes.
+				req := plRequest(prefixed(0, 1))
+				if _, err := p.Pick(req, cs); err != nil {
+					t.Fatal(err)
+				}
+				p.Routed(req, home)
+				clock = clock.Add(10 * time.Millisecond)
+				cs[homeIdx].Metrics.At = clock
+				clock = clock.Add(10 * time.Millisecond)
+				p.Finished(req.ID)
+			} else {
+				clock = clock.Add(10 * time.Millisecond)
+				cs[homeIdx].Metrics.At = clock
+			}
+			cs[homeIdx].Metrics.Running = tc.scraped
+			clock = clock.Add(10 * time.Millisecond)
+			got := place(t, p, prefixed(0, 2), cs)
+			if (got == home) != tc.wantHome {
+				t.Errorf("picked %s, home %s: want home %v", got, home, tc.wantHome)
+			}
+		})
+	}
+}

@@ -130,6 +130,12 @@ type PlacementConfig struct {
 	// footprint and the scraped usage: for several router replicas, each seeing only its
 	// own requests. Stale by the scrape interval, so off by default (false).
 	ScrapedLoad bool `yaml:"scraped_load"`
+	// SharedLoad adds other routers' requests to an endpoint's load and their KV blocks
+	// to its footprint, for router replicas that each see only their own requests: the
+	// scraped running plus waiting requests and KV usage beyond this router's own at the
+	// time of the scrape (Metrics.At; the policy keeps a short history of its own counts).
+	// With one router that is zero, so nothing changes. Ignored when ScrapedLoad is on.
+	SharedLoad bool `yaml:"shared_load"`
 }
 
 // DefaultPlacementConfig returns the defaults measured in docs/results-policy.md.
@@ -262,6 +268,7 @@ var placementKnobs = map[string]placementKnob{
 	"default_blocks":      {i: func(c *PlacementConfig) *int { return &c.DefaultBlocks }},
 	"max_prefixes":        {i: func(c *PlacementConfig) *int { return &c.MaxPrefixes }},
 	"scraped_load":        {b: func(c *PlacementConfig) *bool { return &c.ScrapedLoad }},
+	"shared_load":         {b: func(c *PlacementConfig) *bool { return &c.SharedLoad }},
 }
 
 // Knobs returns every knob by its YAML name as a number (booleans as 0 or 1), for

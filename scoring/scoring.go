@@ -25,6 +25,10 @@ type Metrics struct {
 	KVCacheUsage float64 // vllm:kv_cache_usage_perc, 0..1
 	NumGPUBlocks int     // vllm:cache_config_info{num_gpu_blocks}
 	BlockSize    int     // vllm:cache_config_info{block_size}
+	// At is when these figures were scraped (zero when unknown), on the clock the router
+	// gives its policies: a policy that counts its own requests can tell how many of the
+	// scraped ones were its own then, and so how many other router replicas sent.
+	At time.Time
 }
 
 // Request is what a policy knows of one request.
