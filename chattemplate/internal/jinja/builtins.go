@@ -335,6 +335,15 @@ func filterLast(_ *state, in Value, args []Value, kwargs []KwArg) (Value, error)
 }
 
 // attrGetter is Jinja2's make_attribute_getter: a dotted path of item lookups.
+// itemGetter is attrGetter(attr), or the item itself when attr is None (the filter's
+// attribute argument was not given).
+func itemGetter(attr Value) (func(Value) (Value, error), error) {
+	if attr.kind == KindNone {
+		return func(v Value) (Value, error) { return v, nil }, nil
+	}
+	return attrGetter(attr)
+}
+
 func attrGetter(attr Value) (func(Value) (Value, error), error) {
 	if attr.kind == KindInt {
 		return func(v Value) (Value, error) { return getItem(v, attr) }, nil
@@ -770,11 +779,9 @@ func filterUnique(_ *state, in Value, args []Value, kwargs []KwArg) (Value, erro
 	if err != nil {
 		return Value{}, err
 	}
-	get := func(v Value) (Value, error) { return v, nil }
-	if a[1].kind != KindNone {
-		if get, err = attrGetter(a[1]); err != nil {
-			return Value{}, err
-		}
+	get, err := itemGetter(a[1])
+	if err != nil {
+		return Value{}, err
 	}
 	var seen []Value
 	out := []Value{}
@@ -828,11 +835,9 @@ func filterSort(_ *state, in Value, args []Value, kwargs []KwArg) (Value, error)
 		return Value{}, err
 	}
 	items = append([]Value{}, items...)
-	get := func(v Value) (Value, error) { return v, nil }
-	if a[2].kind != KindNone {
-		if get, err = attrGetter(a[2]); err != nil {
-			return Value{}, err
-		}
+	get, err := itemGetter(a[2])
+	if err != nil {
+		return Value{}, err
 	}
 	cs := a[1].Truth()
 	err = sortValues(items, func(v Value) (Value, error) {
@@ -854,11 +859,9 @@ func filterMinMax(in Value, args []Value, kwargs []KwArg, sign int) (Value, erro
 	if len(items) == 0 {
 		return Undefined(""), nil
 	}
-	get := func(v Value) (Value, error) { return v, nil }
-	if a[1].kind != KindNone {
-		if get, err = attrGetter(a[1]); err != nil {
-			return Value{}, err
-		}
+	get, err := itemGetter(a[1])
+	if err != nil {
+		return Value{}, err
 	}
 	best := items[0]
 	bk, err := get(best)
@@ -892,11 +895,9 @@ func filterSum(_ *state, in Value, args []Value, kwargs []KwArg) (Value, error) 
 	if err != nil {
 		return Value{}, err
 	}
-	get := func(v Value) (Value, error) { return v, nil }
-	if a[0].kind != KindNone {
-		if get, err = attrGetter(a[0]); err != nil {
-			return Value{}, err
-		}
+	get, err := itemGetter(a[0])
+	if err != nil {
+		return Value{}, err
 	}
 	acc := a[1]
 	for _, it := range items {
