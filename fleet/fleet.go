@@ -1,7 +1,6 @@
 package fleet
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -726,7 +725,7 @@ func (f *Fleet) fetch(ctx context.Context, cfg *EndpointConfig) (scoring.Metrics
 	if int64(len(body)) > f.scrape.MaxBytes {
 		return scoring.Metrics{}, &scrapeError{"too_large", fmt.Errorf("fleet: GET %s: body over %d bytes", cfg.MetricsURL, f.scrape.MaxBytes)}
 	}
-	m, err := ParseMetrics(bytes.NewReader(body), cfg.Models)
+	m, err := parseMetrics(body, cfg.Models)
 	if err != nil {
 		var pe *ParseError
 		reason := "parse"
