@@ -71,7 +71,7 @@ func TestParseMetrics(t *testing.T) {
 			want: scoring.Metrics{Valid: true, Running: 2, Waiting: 1},
 		},
 		{name: "second TYPE line of a family read", models: []string{"m"},
-			text: "# TYPE vllm:num_requests_running gauge\n# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 2\nvllm:num_requests_waiting 1\n",
+			text:    "# TYPE vllm:num_requests_running gauge\n# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 2\nvllm:num_requests_waiting 1\n",
 			wantErr: "syntax"},
 		{name: "malformed sample of a family read", models: []string{"m"},
 			text: "vllm:num_requests_running{model_name=\"m} 2\nvllm:num_requests_waiting 1\n", wantErr: "syntax"},
