@@ -51,6 +51,7 @@ type choice struct {
 	policy   string
 	fallback string // fallback reason, "" when the configured policy chose
 	req      scoring.Request
+	ids      *[]uint32 // pooled buffer behind req.TokenIDs, returned once the choice is committed
 }
 
 // decideAndReply picks the endpoint, commits it and sends the reply that carries the
@@ -117,6 +118,7 @@ func (st *stream) commit(c choice) {
 	if s.observer != nil {
 		s.observer.Routed(&c.req, c.endpoint)
 	}
+	s.putIDs(c.ids) // policies keep no token ids past Pick and Routed
 }
 
 // errHoldCancelled ends a stream whose context ended while its request was held.
@@ -153,6 +155,12 @@ func (st *stream) choose(in decideInput) (c choice, noEndpointReason string, err
 	}
 	eps, base, lora, ok, buf := s.candidates(model)
 	defer func() { s.putCandidates(buf) }()
+	var ids *[]uint32 // pooled token ids; the returned choice owns them
+	defer func() {
+		if ids != c.ids {
+			s.putIDs(ids)
+		}
+	}()
 	if parsed != nil && !ok {
 		fallback = fallbackUnknownModel
 	}
@@ -165,11 +173,13 @@ func (st *stream) choose(in decideInput) (c choice, noEndpointReason string, err
 		req.CacheSalt = parsed.CacheSalt
 	}
 	if fallback == "" && s.tok != nil {
-		ids, err := s.tok.PromptTokens(parsed, base)
+		var toks []uint32
+		var err error
+		toks, ids, err = s.promptTokens(parsed, base)
 		if err != nil {
 			s.m.tokenizeErrors.Inc()
 		} else {
-			req.TokenIDs = ids
+			req.TokenIDs = toks
 		}
 	}
 
@@ -220,7 +230,7 @@ func (st *stream) choose(in decideInput) (c choice, noEndpointReason string, err
 		}
 		dest = b.String()
 	}
-	return choice{dest: dest, endpoint: d.Endpoint, policy: policy.Name(), fallback: fallback, req: req}, "", nil
+	return choice{dest: dest, endpoint: d.Endpoint, policy: policy.Name(), fallback: fallback, req: req, ids: ids}, "", nil
 }
 
 // usable narrows eps to the proxy's subset hint, or returns why no endpoint is left.
@@ -270,6 +280,40 @@ func (s *Server) putCandidates(buf *[]scoring.Endpoint) {
 	clear(*buf) // drop the address strings while pooled (entries past len were cleared before)
 	*buf = (*buf)[:0]
 	s.candidateBufs.Put(buf)
+}
+
+// tokenAppender is implemented by tokenizers that can append the ids to a caller's
+// buffer (prompt.Registry does), so that a decision allocates no id slice.
+type tokenAppender interface {
+	AppendPromptTokens(dst []uint32, req *openai.Request, baseModel string) ([]uint32, error)
+}
+
+// maxPooledIDs bounds the token-id buffers kept for reuse (1 MiB each).
+const maxPooledIDs = 1 << 18
+
+// promptTokens asks the Tokenizer for req's token ids, into a pooled buffer when it
+// supports it; buf (maybe nil) goes back with putIDs once no policy reads the ids.
+func (s *Server) promptTokens(req *openai.Request, base string) (ids []uint32, buf *[]uint32, err error) {
+	if s.tokApp == nil {
+		ids, err = s.tok.PromptTokens(req, base)
+		return ids, nil, err
+	}
+	buf, _ = s.idBufs.Get().(*[]uint32)
+	if buf == nil {
+		buf = new([]uint32)
+	}
+	ids, err = s.tokApp.AppendPromptTokens((*buf)[:0], req, base)
+	if cap(ids) > cap(*buf) {
+		*buf = ids[:0]
+	}
+	return ids, buf, err
+}
+
+func (s *Server) putIDs(buf *[]uint32) {
+	if buf == nil || cap(*buf) > maxPooledIDs {
+		return
+	}
+	s.idBufs.Put(buf)
 }
 
 func contains(eps []scoring.Endpoint, addr string) bool {

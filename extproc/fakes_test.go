@@ -138,3 +138,63 @@ func (t fakeTokenizer) PromptTokens(req *openai.Request, base string) ([]uint32,
 	n := len(req.Messages) + len(req.Prompt)
 	return make([]uint32, n), nil
 }
+
+// appendingTokenizer implements AppendPromptTokens: the ids are the bytes of the
+// messages, appended to the router's buffer. It counts the calls that were given a
+// buffer with capacity (reused).
+type appendingTokenizer struct {
+	mu            sync.Mutex
+	calls, reused int
+}
+
+func (t *appendingTokenizer) PromptTokens(req *openai.Request, base string) ([]uint32, error) {
+	return t.AppendPromptTokens(nil, req, base)
+}
+
+func (t *appendingTokenizer) AppendPromptTokens(dst []uint32, req *openai.Request, _ string) ([]uint32, error) {
+	t.mu.Lock()
+	t.calls++
+	if cap(dst) > 0 {
+		t.reused++
+	}
+	t.mu.Unlock()
+	for _, b := range req.Messages {
+		dst = append(dst, uint32(b))
+	}
+	return dst, nil
+}
+
+// idCheckPolicy is least-load that checks the token ids Routed sees are the ids Pick
+// saw for the same request.
+type idCheckPolicy struct {
+	scoring.LeastLoad
+	mu       sync.Mutex
+	seen     map[string]string
+	problems []string
+}
+
+func (p *idCheckPolicy) Pick(r *scoring.Request, c []scoring.Endpoint) (scoring.Decision, error) {
+	p.mu.Lock()
+	p.seen[r.ID] = idString(r.TokenIDs)
+	p.mu.Unlock()
+	return p.LeastLoad.Pick(r, c)
+}
+
+func (p *idCheckPolicy) Routed(r *scoring.Request, _ string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if got := idString(r.TokenIDs); got != p.seen[r.ID] {
+		p.problems = append(p.problems, r.ID+": Routed saw "+got+", Pick saw "+p.seen[r.ID])
+	}
+}
+
+func (p *idCheckPolicy) FirstToken(string) {}
+func (p *idCheckPolicy) Finished(string)   {}
+
+func idString(ids []uint32) string {
+	b := make([]byte, len(ids))
+	for i, id := range ids {
+		b[i] = byte(id)
+	}
+	return string(b)
+}

@@ -69,7 +69,10 @@ type Options struct {
 	Fallback scoring.Policy
 	// Fleet names the candidate endpoints and counts in-flight requests.
 	Fleet Fleet
-	// Tokenizer is optional: nil routes without token ids.
+	// Tokenizer is optional: nil routes without token ids. One that also has
+	// AppendPromptTokens(dst, req, baseModel) (as prompt.Registry does) fills pooled
+	// buffers, reused once the decision is committed: policies must not keep
+	// scoring.Request.TokenIDs past Pick and Routed.
 	Tokenizer Tokenizer
 	// MaxBodyBytes bounds the request body the router parses; larger bodies are routed by
 	// load and streamed through. 0 means DefaultMaxBodyBytes.
@@ -104,6 +107,7 @@ type Server struct {
 	fleet    Fleet
 	appender candidateAppender // fleet, when it can fill a reused buffer
 	tok      Tokenizer
+	tokApp   tokenAppender // tok, when it can fill a reused buffer
 	maxBody  int
 	maxFalls int
 	reqMode  filterv3.ProcessingMode_BodySendMode
@@ -115,6 +119,8 @@ type Server struct {
 	m        *metrics
 	// candidateBufs pools *[]scoring.Endpoint for fleets implementing candidateAppender.
 	candidateBufs sync.Pool
+	// idBufs pools *[]uint32 token-id buffers for tokenizers implementing tokenAppender.
+	idBufs sync.Pool
 	// Replies that depend only on an endpoint address: decisions in a headers reply or a
 	// body reply, and the response-headers reply naming the served endpoint.
 	headerReplies, bodyReplies, servedReplies replyCache
@@ -147,6 +153,9 @@ func New(o Options) *Server {
 	}
 	if a, ok := o.Fleet.(candidateAppender); ok {
 		s.appender = a
+	}
+	if a, ok := o.Tokenizer.(tokenAppender); ok {
+		s.tokApp = a
 	}
 	if s.fallback == nil {
 		s.fallback = scoring.NewLeastLoad()

@@ -1039,3 +1039,56 @@ func TestRegistryFleetConcurrent(t *testing.T) {
 		}
 	}
 }
+
+// TestPooledTokenIDs: a tokenizer that appends to the router's buffers gets them back
+// for later requests, and concurrent requests never see each other's ids.
+func TestPooledTokenIDs(t *testing.T) {
+	tok := &appendingTokenizer{}
+	pol := &idCheckPolicy{seen: map[string]string{}}
+	h := newHarness(t, func(o *extproc.Options) { o.Tokenizer, o.Policy = tok, pol })
+	run := func(i int) error {
+		x, err := envoytest.Start(context.Background(), h.conn.Client, envoytest.FullDuplex())
+		if err != nil {
+			return err
+		}
+		defer x.Close()
+		body := fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":"req-%d %s"}]}`, i, strings.Repeat("x", i*37%500))
+		_, err = x.Request(envoytest.Request{Headers: postHeaders(), Body: [][]byte{[]byte(body)}})
+		return err
+	}
+	for i := range 20 { // one after the other: buffers come back
+		if err := run(i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 64)
+	for i := range 64 { // concurrently: no buffer is shared
+		wg.Go(func() {
+			if err := run(100 + i); err != nil {
+				errs <- err
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	h.waitIdle()
+	pol.mu.Lock()
+	defer pol.mu.Unlock()
+	if len(pol.problems) > 0 {
+		t.Fatalf("ids changed between Pick and Routed:\n%s", strings.Join(pol.problems, "\n"))
+	}
+	for id, ids := range pol.seen {
+		if !strings.HasPrefix(ids, `[{"role":"user","content":"req-`) {
+			t.Fatalf("request %s: policy saw ids %q, not its own messages", id, ids)
+		}
+	}
+	tok.mu.Lock()
+	defer tok.mu.Unlock()
+	if tok.calls != 84 || tok.reused == 0 {
+		t.Fatalf("tokenizer calls %d, with a reused buffer %d; want 84 and some reused", tok.calls, tok.reused)
+	}
+}

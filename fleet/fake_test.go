@@ -2,9 +2,11 @@ package fleet_test
 
 import (
 	"bytes"
+	"compress/gzip"
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"text/template"
@@ -49,6 +51,8 @@ type fakeVLLM struct {
 	status int // 0: 200
 	body   []byte
 	hits   int
+	accept []string     // Accept-Encoding of each scrape
+	z      *gzip.Writer // reused, so that the fake's own compression costs little in benchmarks
 }
 
 func newFakeVLLM(t *testing.T, l load) *fakeVLLM {
@@ -67,6 +71,7 @@ func (f *fakeVLLM) serve(w http.ResponseWriter, r *http.Request) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.hits++
+	f.accept = append(f.accept, r.Header.Get("Accept-Encoding"))
 	if r.URL.Path != "/metrics" {
 		http.NotFound(w, r)
 		return
@@ -85,6 +90,18 @@ func (f *fakeVLLM) serve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+	if strings.Contains(r.Header.Get("Accept-Encoding"), "gzip") {
+		// As vLLM's prometheus_client app does when the scraper accepts gzip.
+		w.Header().Set("Content-Encoding", "gzip")
+		if f.z == nil {
+			f.z = gzip.NewWriter(w)
+		} else {
+			f.z.Reset(w)
+		}
+		_, _ = f.z.Write(b.Bytes())
+		_ = f.z.Close()
+		return
+	}
 	_, _ = w.Write(b.Bytes())
 }
 

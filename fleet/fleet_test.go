@@ -5,10 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
+	"os"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
+	"text/template"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -609,5 +612,49 @@ func TestRunFollowsRegistry(t *testing.T) {
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatalf("Run = %v", err)
+	}
+}
+
+// TestScrapeAsksUncompressed: scrapes ask for the page uncompressed (a gzip reader per
+// scrape cost more CPU than the page's parse), and still read a server that compresses
+// anyway.
+func TestScrapeAsksUncompressed(t *testing.T) {
+	vllm := newFakeVLLM(t, load{Running: 3, Waiting: 1, Usage: 0.42, Blocks: 585})
+	f := newFleet(t, newClock(), nil, fleet.EndpointConfig{Address: "127.0.0.1:8000", Models: []string{qwen}, MetricsURL: vllm.metricsURL()})
+	f.ScrapeAll(context.Background())
+	vllm.mu.Lock()
+	accept := slices.Clone(vllm.accept)
+	vllm.mu.Unlock()
+	if len(accept) != 1 || accept[0] != "identity" {
+		t.Fatalf("Accept-Encoding of the scrapes: %q, want [identity]", accept)
+	}
+	eps, _, _, _ := f.Candidates(qwen)
+	if len(eps) != 1 || eps[0].Metrics.Running != 3 || !eps[0].Metrics.Valid {
+		t.Fatalf("candidates after the scrape: %+v", eps)
+	}
+}
+
+// BenchmarkScrape is one scrape of a vLLM /metrics page over loopback HTTP (the fake
+// compresses when asked, as vLLM does): request, read, parse.
+func BenchmarkScrape(b *testing.B) {
+	text, err := os.ReadFile("testdata/vllm-metrics.txt")
+	if err != nil {
+		b.Fatal(err)
+	}
+	vllm := &fakeVLLM{tmpl: template.Must(template.New("m").Parse(string(text))), load: load{Running: 3, Waiting: 1, Usage: 0.42, Blocks: 585}}
+	vllm.Server = httptest.NewServer(http.HandlerFunc(vllm.serve))
+	defer vllm.Close()
+	f, err := fleet.New(fleet.Config{Scrape: fleet.DefaultScrapeConfig(), Endpoints: []fleet.EndpointConfig{
+		{Address: "127.0.0.1:8000", Models: []string{qwen}, MetricsURL: vllm.metricsURL()}}}, fleet.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		f.ScrapeAll(ctx)
+		vllm.mu.Lock()
+		vllm.accept = vllm.accept[:0]
+		vllm.mu.Unlock()
 	}
 }

@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -47,9 +48,27 @@ func (e *ParseError) Unwrap() error { return e.Err }
 // reports one sample per data-parallel engine); when none of them match, all count.
 // The result has Valid set. It returns a *ParseError when the text does not parse or
 // lacks vllm:num_requests_running or vllm:num_requests_waiting.
+//
+// Only the families read are parsed in full; the lines of every other family are
+// checked for a plain metric name and skipped (a page that is not Prometheus text at
+// all still fails as "syntax"; a malformed sample of an unrelated family no longer
+// does). A page the skim cannot classify (quoted UTF-8 names) is parsed whole.
 func ParseMetrics(r io.Reader, models []string) (scoring.Metrics, error) {
+	body, err := io.ReadAll(r)
+	if err != nil {
+		return scoring.Metrics{}, &ParseError{Reason: "syntax", Err: err}
+	}
+	return parseMetrics(body, models)
+}
+
+// parseMetrics is ParseMetrics on the whole body.
+func parseMetrics(body []byte, models []string) (scoring.Metrics, error) {
+	text := body
+	if kept, ok := readFamilies(body); ok {
+		text = kept
+	}
 	p := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := p.TextToMetricFamilies(r)
+	fams, err := p.TextToMetricFamilies(bytes.NewReader(text))
 	if err != nil {
 		return scoring.Metrics{}, &ParseError{Reason: "syntax", Err: err}
 	}
@@ -88,6 +107,71 @@ func ParseMetrics(r io.Reader, models []string) (scoring.Metrics, error) {
 	}
 	m.Valid = true
 	return m, nil
+}
+
+// isRead reports whether name is a family ParseMetrics reads.
+func isRead(name []byte) bool {
+	switch string(name) {
+	case metricRunning, metricWaiting, metricKVUsage, metricGPUUsageOld, metricCacheConfig:
+		return true
+	}
+	return false
+}
+
+// readFamilies returns the lines of body that belong to the families ParseMetrics reads
+// (their samples and their HELP and TYPE comments), in order: parsing a vLLM page of
+// histograms whole cost ~700 allocations per scrape, and a router scrapes every endpoint
+// every second. ok is false when a line is neither blank, a comment nor a sample whose
+// metric name is plain ([a-zA-Z_:][a-zA-Z0-9_:]*); the caller then parses the whole
+// body, so that text which is not Prometheus text fails exactly as before.
+func readFamilies(body []byte) (kept []byte, ok bool) {
+	kept = make([]byte, 0, min(len(body), 2048))
+	for len(body) > 0 {
+		line := body
+		if i := bytes.IndexByte(body, '\n'); i >= 0 {
+			line, body = body[:i], body[i+1:]
+		} else {
+			body = nil
+		}
+		t := bytes.TrimLeft(line, " \t")
+		if len(t) == 0 {
+			continue
+		}
+		if t[0] == '#' {
+			// "# HELP name ..." and "# TYPE name ...": keep those of a family read; any
+			// other comment is dropped, as the parser ignores it.
+			c := bytes.TrimLeft(t[1:], " \t")
+			if bytes.HasPrefix(c, []byte("HELP")) || bytes.HasPrefix(c, []byte("TYPE")) {
+				c = c[4:]
+				if len(c) > 0 && (c[0] == ' ' || c[0] == '\t') {
+					c = bytes.TrimLeft(c, " \t")
+					if n := bytes.IndexAny(c, " \t"); n >= 0 {
+						c = c[:n]
+					}
+					if isRead(c) {
+						kept = append(append(kept, line...), '\n')
+					}
+				}
+			}
+			continue
+		}
+		n := 0
+		for n < len(t) && isNameByte(t[n], n == 0) {
+			n++
+		}
+		if n == 0 || (n < len(t) && t[n] != '{' && t[n] != ' ' && t[n] != '\t') {
+			return nil, false
+		}
+		if isRead(t[:n]) {
+			kept = append(append(kept, line...), '\n')
+		}
+	}
+	return kept, true
+}
+
+// isNameByte reports whether c may appear in a plain metric name (first: at its start).
+func isNameByte(c byte, first bool) bool {
+	return c == '_' || c == ':' || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (!first && c >= '0' && c <= '9')
 }
 
 func missingOr(name string, err error) error {

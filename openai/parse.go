@@ -82,7 +82,8 @@ func Parse(path string, body []byte) (*Request, error) {
 	if !utf8.Valid(body) {
 		return nil, &ParseError{Reason: ReasonNonUTF8}
 	}
-	members, err := objectMembers(body)
+	var top [16]member
+	members, err := objectMembers(top[:0], body)
 	if err != nil {
 		return nil, &ParseError{Reason: ReasonMalformedJSON, Err: err}
 	}
@@ -165,13 +166,14 @@ func Parse(path string, body []byte) (*Request, error) {
 		return nil, err
 	}
 	if f.streamOpts != nil {
-		so, err := objectMembers(f.streamOpts)
+		var opts [4]member
+		so, err := objectMembers(opts[:0], f.streamOpts)
 		if err != nil {
 			return nil, &ParseError{Reason: ReasonMalformedJSON, Field: "stream_options", Err: err}
 		}
 		var inc []byte
 		for _, m := range so {
-			if m.key == "include_usage" {
+			if string(m.key) == "include_usage" {
 				inc = nonNull(m.raw)
 			}
 		}
@@ -202,9 +204,9 @@ func nonNull(raw []byte) []byte {
 	return raw
 }
 
-func (f *fields) set(key string, raw []byte) {
+func (f *fields) set(key []byte, raw []byte) {
 	raw = nonNull(raw)
-	switch key {
+	switch string(key) {
 	case "model":
 		f.model = raw
 	case "prompt":

@@ -52,6 +52,12 @@ func TestParse(t *testing.T) {
 				AddGenerationPrompt: true, AddSpecialTokens: true},
 		},
 		{
+			name: "escaped keys",
+			path: "/v1/chat/completions",
+			body: `{"mod\u0065l":"m","messages":[],"stream_opti\u006fns":{"include_\u0075sage":true}}`,
+			want: openai.Request{Model: "m", Kind: openai.KindChat, Messages: []byte(`[]`), AddGenerationPrompt: true, IncludeUsage: true},
+		},
+		{
 			name: "completion string prompt",
 			path: "/v1/completions",
 			body: `{"model":"m","prompt":"hello","stream":false}`,

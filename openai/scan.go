@@ -1,6 +1,7 @@
 package openai
 
 import (
+	"bytes"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -31,18 +32,18 @@ func skipWS(d []byte, i int) int {
 
 // member is one top-level "key": value pair; raw is the value's exact bytes.
 type member struct {
-	key string
+	key []byte // decoded; a slice of the input unless the key has escapes
 	raw []byte
 }
 
 // objectMembers validates d as one JSON object (surrounding whitespace allowed) and
-// returns its members in order. Keys are decoded; values are left raw.
-func objectMembers(d []byte) ([]member, error) {
+// appends its members in order to dst. Keys are decoded; values are left raw.
+func objectMembers(dst []member, d []byte) ([]member, error) {
 	i := skipWS(d, 0)
 	if i == len(d) || d[i] != '{' {
 		return nil, syntaxErr(i, "body is not a JSON object")
 	}
-	members := make([]member, 0, 16)
+	members := dst
 	i = skipWS(d, i+1)
 	if i < len(d) && d[i] == '}' {
 		i++
@@ -55,7 +56,7 @@ func objectMembers(d []byte) ([]member, error) {
 			if err != nil {
 				return nil, err
 			}
-			key, err := decodeString(d[i:ke])
+			key, err := decodeKey(d[i:ke])
 			if err != nil {
 				return nil, err
 			}
@@ -259,6 +260,17 @@ func specialIn8(w uint64) bool {
 	hasZero := func(x uint64) uint64 { return (x - ones) & ^x & highs }
 	less20 := (w - 0x20*ones) & ^w & highs
 	return hasZero(w^('"'*ones))|hasZero(w^('\\'*ones))|less20 != 0
+}
+
+// decodeKey decodes a validated JSON string token (quotes included) into bytes: the
+// token's own bytes when it has no escapes (no allocation), else a copy.
+func decodeKey(tok []byte) ([]byte, error) {
+	body := tok[1 : len(tok)-1]
+	if bytes.IndexByte(body, '\\') < 0 {
+		return body, nil
+	}
+	s, err := decodeString(tok)
+	return []byte(s), err
 }
 
 // decodeString decodes a validated JSON string token (quotes included).

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 
 	"github.com/kvrouter/kvrouter/chattemplate"
@@ -78,14 +79,22 @@ func New(tok *tokenizer.Tokenizer, tmpl *chattemplate.Template, metrics *Metrics
 // (add_special_tokens, default false). Requests it cannot reproduce return
 // *UnsupportedError; bodies vLLM rejects return an error wrapping ErrBadRequest.
 func (b *Builder) PromptTokens(req *openai.Request) ([]uint32, error) {
-	ids, err := b.promptTokens(req)
-	if err != nil {
-		b.metrics.observe(err)
-	}
-	return ids, err
+	return b.AppendPromptTokens(nil, req)
 }
 
-func (b *Builder) promptTokens(req *openai.Request) ([]uint32, error) {
+// AppendPromptTokens appends the ids PromptTokens returns for req to dst (which may be
+// a buffer reused across requests) and returns the extended slice. On error it returns
+// nil; dst's contents are then undefined past its length.
+func (b *Builder) AppendPromptTokens(dst []uint32, req *openai.Request) ([]uint32, error) {
+	ids, err := b.promptTokens(dst, req)
+	if err != nil {
+		b.metrics.observe(err)
+		return nil, err
+	}
+	return ids, nil
+}
+
+func (b *Builder) promptTokens(dst []uint32, req *openai.Request) ([]uint32, error) {
 	if req == nil {
 		return nil, fmt.Errorf("%w: no request", ErrBadRequest)
 	}
@@ -93,21 +102,21 @@ func (b *Builder) promptTokens(req *openai.Request) ([]uint32, error) {
 	var err error
 	switch req.Kind {
 	case openai.KindCompletions:
-		ids, err = b.completion(req)
+		ids, err = b.completion(dst, req)
 	case openai.KindChat:
-		ids, err = b.chat(req)
+		ids, err = b.chat(dst, req)
 	default:
 		return nil, &UnsupportedError{Reason: ReasonKind}
 	}
 	// truncate_prompt_tokens N >= 0 cuts longer prompts; -1 (cut to the context length)
 	// only matters for prompts vLLM would otherwise reject.
-	if n := req.TruncatePromptTokens; err == nil && n != nil && *n >= 0 && len(ids) > *n {
+	if n := req.TruncatePromptTokens; err == nil && n != nil && *n >= 0 && len(ids)-len(dst) > *n {
 		return nil, &UnsupportedError{Reason: ReasonTruncated}
 	}
 	return ids, err
 }
 
-func (b *Builder) chat(req *openai.Request) ([]uint32, error) {
+func (b *Builder) chat(dst []uint32, req *openai.Request) ([]uint32, error) {
 	if b.tmpl == nil {
 		if req.ChatTemplate != "" {
 			return nil, &UnsupportedError{Reason: chattemplate.ReasonRequestChatTemplate}
@@ -135,10 +144,10 @@ func (b *Builder) chat(req *openai.Request) ([]uint32, error) {
 		}
 		return nil, fmt.Errorf("prompt: %w", err)
 	}
-	return b.tok.Encode(text, req.AddSpecialTokens), nil
+	return b.tok.AppendEncode(dst, text, req.AddSpecialTokens), nil
 }
 
-func (b *Builder) completion(req *openai.Request) ([]uint32, error) {
+func (b *Builder) completion(dst []uint32, req *openai.Request) ([]uint32, error) {
 	raw := bytes.TrimSpace(req.Prompt)
 	if len(raw) == 0 {
 		return nil, fmt.Errorf("%w: completions request without a prompt", ErrBadRequest)
@@ -149,7 +158,7 @@ func (b *Builder) completion(req *openai.Request) ([]uint32, error) {
 		if err := json.Unmarshal(raw, &s); err != nil {
 			return nil, fmt.Errorf("%w: prompt: %w", ErrBadRequest, err)
 		}
-		return b.tok.Encode(s, req.AddSpecialTokens), nil
+		return b.tok.AppendEncode(dst, s, req.AddSpecialTokens), nil
 	case '[':
 	default:
 		return nil, fmt.Errorf("%w: prompt must be a string or a list", ErrBadRequest)
@@ -169,15 +178,15 @@ func (b *Builder) completion(req *openai.Request) ([]uint32, error) {
 		}
 		one := *req
 		one.Prompt = items[0]
-		return b.completion(&one)
+		return b.completion(dst, &one)
 	}
-	ids := make([]uint32, len(items))
+	ids := slices.Grow(dst, len(items))
 	for i, it := range items {
 		v, err := strconv.ParseUint(string(bytes.TrimSpace(it)), 10, 32)
 		if err != nil {
 			return nil, fmt.Errorf("%w: prompt[%d] is not a token id", ErrBadRequest, i)
 		}
-		ids[i] = uint32(v)
+		ids = append(ids, uint32(v))
 	}
 	return ids, nil
 }

@@ -104,6 +104,7 @@ func TestGoldenChatIDs(t *testing.T) {
 				if !slices.Equal(got, ids) {
 					t.Fatalf("ids differ\n got %v\nwant %v", got, ids)
 				}
+				checkAppend(t, builder(t, model, c.ServerDefaults), req, ids)
 				matched++
 			})
 		}
@@ -135,8 +136,23 @@ func TestGoldenCompletionIDs(t *testing.T) {
 				if !slices.Equal(got, want[c.Name]) {
 					t.Fatalf("ids differ\n got %v\nwant %v", got, want[c.Name])
 				}
+				checkAppend(t, builder(t, model, nil), req, want[c.Name])
 			})
 		}
+	}
+}
+
+// checkAppend checks that AppendPromptTokens appends exactly want to a buffer that
+// already holds ids and has spare capacity, as the router's pooled buffers do.
+func checkAppend(t *testing.T, b *prompt.Builder, req *openai.Request, want []uint32) {
+	t.Helper()
+	dst := append(make([]uint32, 0, 64), 7, 7, 7)
+	got, err := b.AppendPromptTokens(dst, req)
+	if err != nil {
+		t.Fatalf("AppendPromptTokens: %v", err)
+	}
+	if !slices.Equal(got[:3], []uint32{7, 7, 7}) || !slices.Equal(got[3:], want) {
+		t.Fatalf("AppendPromptTokens differs\n got %v\nwant [7 7 7] + %v", got, want)
 	}
 }
 
@@ -173,24 +189,35 @@ func TestPromptTokensShapes(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			ids, err := b.PromptTokens(req)
-			var unsupported *prompt.UnsupportedError
-			switch {
-			case tt.unsupported != "":
-				if !errors.As(err, &unsupported) || unsupported.Reason != tt.unsupported {
-					t.Fatalf("want unsupported %q, got %v (%v)", tt.unsupported, err, ids)
+			// PromptTokens, then AppendPromptTokens onto a buffer already holding ids.
+			for _, dst := range [][]uint32{nil, {9, 9}} {
+				ids, err := b.AppendPromptTokens(dst, req)
+				if dst == nil {
+					ids, err = b.PromptTokens(req)
+				} else if err == nil {
+					if !slices.Equal(ids[:len(dst)], dst) {
+						t.Fatalf("AppendPromptTokens changed the buffer's ids: %v", ids)
+					}
+					ids = ids[len(dst):]
 				}
-			case tt.badRequest:
-				if !errors.Is(err, prompt.ErrBadRequest) {
-					t.Fatalf("want ErrBadRequest, got %v (%v)", err, ids)
-				}
-			case tt.wantIDs != nil:
-				if err != nil || !slices.Equal(ids, tt.wantIDs) {
-					t.Fatalf("got %v, %v; want %v", ids, err, tt.wantIDs)
-				}
-			default:
-				if err == nil {
-					t.Fatalf("want an error, got %v", ids)
+				var unsupported *prompt.UnsupportedError
+				switch {
+				case tt.unsupported != "":
+					if !errors.As(err, &unsupported) || unsupported.Reason != tt.unsupported {
+						t.Fatalf("want unsupported %q, got %v (%v)", tt.unsupported, err, ids)
+					}
+				case tt.badRequest:
+					if !errors.Is(err, prompt.ErrBadRequest) {
+						t.Fatalf("want ErrBadRequest, got %v (%v)", err, ids)
+					}
+				case tt.wantIDs != nil:
+					if err != nil || !slices.Equal(ids, tt.wantIDs) {
+						t.Fatalf("got %v, %v; want %v", ids, err, tt.wantIDs)
+					}
+				default:
+					if err == nil {
+						t.Fatalf("want an error, got %v", ids)
+					}
 				}
 			}
 		})

@@ -218,3 +218,14 @@ func (r *Registry) PromptTokens(req *openai.Request, baseModel string) ([]uint32
 	}
 	return b.PromptTokens(req)
 }
+
+// AppendPromptTokens is PromptTokens appending to dst, a buffer the caller may reuse
+// across requests (see Builder.AppendPromptTokens).
+func (r *Registry) AppendPromptTokens(dst []uint32, req *openai.Request, baseModel string) ([]uint32, error) {
+	b, err := r.Load(baseModel)
+	if err != nil {
+		r.opts.Metrics.observe(err)
+		return nil, err
+	}
+	return b.AppendPromptTokens(dst, req)
+}

@@ -116,10 +116,16 @@ func (t *Tokenizer) Derive(opts ...Option) (*Tokenizer, error) {
 // encode(text, add_special_tokens) does. Added tokens in text (special or not) are
 // recognised. Invalid UTF-8 is first replaced with U+FFFD, one per invalid run.
 func (t *Tokenizer) Encode(text string, addSpecialTokens bool) []uint32 {
+	return t.AppendEncode(nil, text, addSpecialTokens)
+}
+
+// AppendEncode appends the ids Encode returns for text to dst and returns the extended
+// slice, so that a caller can reuse one buffer across requests. dst's contents are kept.
+func (t *Tokenizer) AppendEncode(dst []uint32, text string, addSpecialTokens bool) []uint32 {
 	if !utf8.ValidString(text) {
 		text = strings.ToValidUTF8(text, "\uFFFD")
 	}
-	out := make([]uint32, 0, len(text)/4+len(t.prefix)+len(t.suffix)+4)
+	out := slices.Grow(dst, len(text)/4+len(t.prefix)+len(t.suffix)+4)
 	if addSpecialTokens {
 		out = append(out, t.prefix...)
 	}

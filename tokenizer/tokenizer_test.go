@@ -41,6 +41,10 @@ func TestEncodeTiny(t *testing.T) {
 			if !slices.Equal(got, c.want) && !(len(got) == 0 && len(c.want) == 0) {
 				t.Errorf("Encode(%q) = %v, want %v", c.text, got, c.want)
 			}
+			dst := append(make([]uint32, 0, 16), 5, 6)
+			if got := tk.AppendEncode(dst, c.text, false); !slices.Equal(got, append([]uint32{5, 6}, c.want...)) {
+				t.Errorf("AppendEncode([5 6], %q) = %v, want [5 6] + %v", c.text, got, c.want)
+			}
 		})
 	}
 }

@@ -11,6 +11,8 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
+	httppprof "net/http/pprof"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -157,6 +159,7 @@ func latency(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.StringVar(&o.Policy, "policy", o.Policy, "kvrouter's policy: "+strings.Join(config.PolicyNames(), ", "))
 	fs.StringVar(&o.TokenizerDir, "tokenizer", o.TokenizerDir, "the model's tokenizer directory (make models)")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of this process (the fake Envoy) to this file")
+	fs.StringVar(&o.TrivialPprof, "trivial-pprof", "", "serve the trivial server's /debug/pprof/ on this address (kvrouter's is on its metrics port)")
 	keep := fs.Bool("keep-logs", false, "keep the generated configurations and the processes' logs")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -212,12 +215,21 @@ func trivialExtProc(ctx context.Context, args []string, stderr io.Writer) error 
 	fs.SetOutput(stderr)
 	listen := fs.String("listen", "127.0.0.1:9002", "ext_proc gRPC address")
 	endpoint := fs.String("endpoint", "127.0.0.1:8000", "the endpoint every request is routed to")
+	pprofAddr := fs.String("pprof", "", "serve Go's /debug/pprof/ on this address (to profile the trivial server as kvrouter's admin port allows)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	lis, err := net.Listen("tcp", *listen)
 	if err != nil {
 		return err
+	}
+	if *pprofAddr != "" {
+		mux := http.NewServeMux()
+		mux.HandleFunc("/debug/pprof/", httppprof.Index)
+		mux.HandleFunc("/debug/pprof/profile", httppprof.Profile)
+		ps := &http.Server{Addr: *pprofAddr, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		go func() { _ = ps.ListenAndServe() }()
+		defer ps.Close()
 	}
 	g := grpc.NewServer(extproc.ServerOptions()...)
 	envoytest.NewTrivial(*endpoint).Register(g)

@@ -50,6 +50,8 @@ type LatencyOptions struct {
 	// Trivial is the command whose `trivial-extproc --listen ADDR` subcommand serves the
 	// trivial ext_proc server (program first); empty: this executable (cmd/kvdemo).
 	Trivial []string
+	// TrivialPprof, when set, is the address the trivial server serves /debug/pprof/ on.
+	TrivialPprof string
 	// Log receives progress lines; nil discards them.
 	Log io.Writer
 }
@@ -235,6 +237,9 @@ func startLatencyStack(o LatencyOptions, dir string, n int) (*latencyStack, erro
 		return s, err
 	}
 	args := append(slices.Clone(o.Trivial[1:]), "trivial-extproc", "--listen", s.trivial)
+	if o.TrivialPprof != "" {
+		args = append(args, "--pprof", o.TrivialPprof)
+	}
 	return s, s.spawn("trivial", filepath.Join(dir, fmt.Sprintf("trivial-%d.log", n)), nil, o.Trivial[0], args...)
 }
 
