@@ -44,7 +44,9 @@ type Request struct {
 	// CacheSalt is the request's cache_salt, folded into the first block's key.
 	CacheSalt string
 	// TokenIDs are the prompt's token ids exactly as vLLM computes them; nil when the
-	// router could not tokenize the request (policies then choose by load).
+	// router could not tokenize the request (policies then choose by load). The slice is
+	// borrowed: the ext_proc server reuses its buffer once Observer.Routed has returned,
+	// so a policy keeps what it derives (block keys, counts), never the slice.
 	TokenIDs []uint32
 	// Held is how long the router has already held the request at a policy's request
 	// (the sum of the Decision.Hold it honoured); 0 at the first Pick.
