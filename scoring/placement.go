@@ -86,9 +86,7 @@ type plEndpoint struct {
 	// footprint is the KV blocks the endpoint's in-flight requests (routed by this
 	// router) occupy: each active prefix's blocks once, plus each request's own.
 	footprint int
-	// unique is the part of footprint that is requests' own blocks (not prefixes).
-	unique int
-	active map[uint64]*plActive
+	active    map[uint64]*plActive
 	// prefill is the uncached prompt tokens of in-flight requests without a first token.
 	prefill int
 	// decode is a moving average of the time from first token to finish, seconds; 0
@@ -320,15 +318,6 @@ func (p *Placement) Pick(req *Request, cands []Endpoint) (Decision, error) {
 	} else {
 		p.touch(e, cands[best].Address, kind == plHome)
 	}
-	var hold time.Duration
-	if kind != plDivert {
-		hold = p.hold(req, e, key, cands, sc, best, bs)
-		if hold > 0 {
-			if f := p.follower(cands, sc, best); f >= 0 {
-				best, kind, hold = f, plDivert, 0
-			}
-		}
-	}
 	addr := cands[best].Address
 	if len(p.pending) >= maxPending {
 		for id := range p.pending { // any one: Go's map order is random
@@ -339,6 +328,10 @@ func (p *Placement) Pick(req *Request, cands []Endpoint) (Decision, error) {
 	if req.ID != "" {
 		p.pending[req.ID] = plPending{key: key, addr: addr, blocks: len(sc.keys), pblocks: e.blocks,
 			prefill: max(0, len(req.TokenIDs)-sc.lead[best]*bs)}
+	}
+	var hold time.Duration
+	if kind != plDivert {
+		hold = p.hold(req, e, key, sc, best, bs)
 	}
 	p.mu.Unlock()
 	if hold > 0 {
@@ -352,11 +345,8 @@ func (p *Placement) Pick(req *Request, cands []Endpoint) (Decision, error) {
 
 // hold returns how long the request should wait before it is picked again (0: route it
 // now): see HoldMaxMS. p.mu must be held.
-func (p *Placement) hold(req *Request, e *plPrefix, key uint64, cands []Endpoint, sc *plScratch, best, bs int) time.Duration {
+func (p *Placement) hold(req *Request, e *plPrefix, key uint64, sc *plScratch, best, bs int) time.Duration {
 	if p.cfg.HoldMaxMS <= 0 || sc.eps[best].misses == 0 {
-		return 0
-	}
-	if p.cfg.HoldEndWaiting && cands[best].Metrics.Valid && cands[best].Metrics.Waiting > 0 {
 		return 0
 	}
 	step := time.Duration(p.cfg.HoldStepMS * float64(time.Millisecond))
@@ -372,29 +362,6 @@ func (p *Placement) hold(req *Request, e *plPrefix, key uint64, cands []Endpoint
 		return 0
 	}
 	return step
-}
-
-// follower returns an idle candidate with KV room for a request that would be held
-// behind a miss at best (FollowerIdle), or -1. p.mu must be held.
-func (p *Placement) follower(cands []Endpoint, sc *plScratch, best int) int {
-	switch p.cfg.FollowerIdle {
-	case 0:
-		return -1
-	case 2:
-		if m := cands[best].Metrics; !m.Valid || m.Waiting == 0 {
-			return -1
-		}
-	}
-	f := -1
-	for i := range cands {
-		if i == best || !sc.ok[i] || sc.loads[i] > 0 {
-			continue
-		}
-		if f < 0 || p.wait(sc, i) < p.wait(sc, f) || (p.wait(sc, i) == p.wait(sc, f) && sc.lead[i] > sc.lead[f]) {
-			f = i
-		}
-	}
-	return f
 }
 
 // prefix returns key's entry, creating it, and refreshes its size estimate from keys;
@@ -686,15 +653,6 @@ func (p *Placement) shared(cands []Endpoint, sc *plScratch) {
 	sc.otherKV = slices.Grow(sc.otherKV[:0], n)[:n]
 	for i := range cands {
 		sc.others[i], sc.otherKV[i] = 0, 0
-		if r := p.cfg.RouterReplicas - 1; r > 0 {
-			if p.cfg.ReplicasLoad {
-				sc.others[i] = r * sc.loads[i]
-				sc.loads[i] += sc.others[i]
-			}
-			if p.cfg.ReplicasKV {
-				sc.otherKV[i] = float64(r * sc.eps[i].unique)
-			}
-		}
 		m := &cands[i].Metrics
 		if !p.cfg.SharedLoad || p.cfg.ScrapedLoad || !m.Valid || m.At.IsZero() {
 			continue
@@ -963,7 +921,6 @@ func (p *Placement) Routed(req *Request, endpoint string) {
 		r.prefill = len(req.TokenIDs)
 	}
 	ep.footprint += r.unique
-	ep.unique += r.unique
 	ep.inflight++
 	if p.cfg.SharedLoad {
 		ep.record(p.now())
@@ -1077,7 +1034,6 @@ func (p *Placement) release(id string) {
 	delete(p.reqs, id)
 	r.ep.inflight--
 	r.ep.footprint -= r.unique
-	r.ep.unique -= r.unique
 	if r.first.IsZero() {
 		r.ep.prefill -= r.prefill
 	}

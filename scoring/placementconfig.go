@@ -136,12 +136,6 @@ type PlacementConfig struct {
 	// time of the scrape (Metrics.At; the policy keeps a short history of its own counts).
 	// With one router that is zero, so nothing changes. Ignored when ScrapedLoad is on.
 	SharedLoad bool `yaml:"shared_load"`
-	// RouterReplicas is the number of router replicas. Default 1.
-	RouterReplicas int  `yaml:"router_replicas"`
-	ReplicasLoad   bool `yaml:"replicas_load"`
-	ReplicasKV     bool `yaml:"replicas_kv"`
-	HoldEndWaiting bool `yaml:"hold_end_waiting"`
-	FollowerIdle   int  `yaml:"follower_idle"`
 }
 
 // DefaultPlacementConfig returns the defaults measured in docs/results-policy.md.
@@ -175,9 +169,6 @@ func DefaultPlacementConfig() PlacementConfig {
 		HoldMaxMS:         120,
 		HoldStepMS:        5,
 		HoldPrefillTokens: 600,
-		RouterReplicas:    1,
-		ReplicasLoad:      true,
-		ReplicasKV:        true,
 	}
 }
 
@@ -198,7 +189,6 @@ func (c PlacementConfig) Validate() error {
 	pos("block_size", c.BlockSize)
 	pos("default_blocks", c.DefaultBlocks)
 	pos("max_prefixes", c.MaxPrefixes)
-	pos("router_replicas", c.RouterReplicas)
 	share := func(name string, v float64) {
 		if math.IsNaN(v) || v <= 0 || v > 1 {
 			errs = append(errs, fmt.Errorf("scoring: placement %s must be in (0, 1], got %v", name, v))
@@ -279,11 +269,6 @@ var placementKnobs = map[string]placementKnob{
 	"max_prefixes":        {i: func(c *PlacementConfig) *int { return &c.MaxPrefixes }},
 	"scraped_load":        {b: func(c *PlacementConfig) *bool { return &c.ScrapedLoad }},
 	"shared_load":         {b: func(c *PlacementConfig) *bool { return &c.SharedLoad }},
-	"router_replicas":     {i: func(c *PlacementConfig) *int { return &c.RouterReplicas }},
-	"replicas_load":       {b: func(c *PlacementConfig) *bool { return &c.ReplicasLoad }},
-	"replicas_kv":         {b: func(c *PlacementConfig) *bool { return &c.ReplicasKV }},
-	"hold_end_waiting":    {b: func(c *PlacementConfig) *bool { return &c.HoldEndWaiting }},
-	"follower_idle":       {i: func(c *PlacementConfig) *int { return &c.FollowerIdle }},
 }
 
 // Knobs returns every knob by its YAML name as a number (booleans as 0 or 1), for
