@@ -46,7 +46,8 @@ import (
 // toward the candidate with KV room that would start it soonest: when the chosen one
 // has no KV room for it (DivertOnFull), when its prefill backlog exceeds DeadlineTokens
 // and the other would start it twice as soon, or when it is busy, holds too little of
-// the prefix to hit, and an idle faster endpoint exists (DivertMisses).
+// the prefix to hit, and an idle faster endpoint exists (DivertMisses). A replica or
+// spill placement made by that pick is then dropped (UnplaceDiverted): no request fills it.
 //
 // KV room is each endpoint's footprint, tracked from Routed to Finished: every active
 // prefix once plus each request's own blocks, against Headroom of its capacity.
@@ -314,6 +315,10 @@ func (p *Placement) Pick(req *Request, cands []Endpoint) (Decision, error) {
 	e := p.prefix(key, sc.keys)
 	best, kind := p.choose(e, key, cands, sc)
 	if d := p.divert(e, cands, sc, best, len(req.TokenIDs), bs); d >= 0 {
+		if p.cfg.UnplaceDiverted && (kind == plReplica || kind == plSpill) {
+			p.drop(e, cands[best].Address)
+			sc.pos[best] = -1
+		}
 		best, kind = d, plDivert
 	} else {
 		p.touch(e, cands[best].Address, kind == plHome)
@@ -396,6 +401,17 @@ func (p *Placement) prefix(key uint64, keys []uint64) *plPrefix {
 func (p *Placement) expire(e *plPrefix) {
 	e.on = slices.DeleteFunc(e.on, func(pl plPlace) bool {
 		if p.tick-pl.used <= uint64(p.cfg.LiveWindow) {
+			return false
+		}
+		p.unplace(e, &pl)
+		return true
+	})
+}
+
+// drop removes e's placement on addr, if any; p.mu must be held.
+func (p *Placement) drop(e *plPrefix, addr string) {
+	e.on = slices.DeleteFunc(e.on, func(pl plPlace) bool {
+		if pl.addr != addr {
 			return false
 		}
 		p.unplace(e, &pl)

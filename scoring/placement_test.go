@@ -647,3 +647,43 @@ func TestPlacementSharedLoad(t *testing.T) {
 		})
 	}
 }
+
+// TestPlacementUnplacesADivertedReplica: a replica whose request is diverted past the
+// deadline leaves no placement behind with UnplaceDiverted (the endpoint is not ranked as
+// a holder afterwards); without it the unfilled replica stays a holder.
+func TestPlacementUnplacesADivertedReplica(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		unplace bool
+		want    int // the first fallback of the next pick, as a candidate index
+	}{
+		{"unplaced", true, 2},
+		{"kept", false, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := scoring.DefaultPlacementConfig()
+			cfg.DeadlineTokens = 512 // the replica's 1,152-token miss is past it
+			cfg.HoldMaxMS = 0
+			cfg.UnplaceDiverted = tc.unplace
+			ix := newKVFakeIndex()
+			p := newPlacement(t, cfg, ix)
+			cs := fleet(3, nil)
+			ix.hold(cs[0].Address, plKeysOf(prefixed(0, 0))[:64])
+			cs[0].InFlight = cfg.ReplicaLoad // busy: the prefix takes a replica on cs[1]
+			if got := place(t, p, prefixed(0, 1), cs); got != cs[0].Address {
+				t.Fatalf("replica's request went to %s, want it diverted to the holder %s", got, cs[0].Address)
+			}
+			cs[0].InFlight, cs[1].InFlight, cs[2].InFlight = 0, 3, 0
+			d, err := p.Pick(plRequest(prefixed(0, 2)), cs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.Endpoint != cs[0].Address {
+				t.Fatalf("went to %s, want the idle holder %s", d.Endpoint, cs[0].Address)
+			}
+			if len(d.Fallbacks) == 0 || d.Fallbacks[0] != cs[tc.want].Address {
+				t.Fatalf("fallbacks %v, want %s first", d.Fallbacks, cs[tc.want].Address)
+			}
+		})
+	}
+}

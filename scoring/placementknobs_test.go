@@ -15,7 +15,7 @@ func TestPlacementKnobs(t *testing.T) {
 			c := scoring.DefaultPlacementConfig()
 			want := v + 1
 			if v == 1 && (name == "adopt_all" || name == "divert_on_full" || name == "divert_misses" || name == "sticky_holders" ||
-				name == "rehome_lost" || name == "prefer_held") {
+				name == "rehome_lost" || name == "prefer_held" || name == "unplace_diverted") {
 				want = 0
 			}
 			if !c.SetKnob(name, want) {
