@@ -45,7 +45,8 @@ type PlacementConfig struct {
 	// the request, scaled by the endpoint's measured speed) a request accepts at the
 	// chosen endpoint: beyond it, and when another endpoint with KV room would start it
 	// at least twice as soon, the request alone goes there (placing nothing). 0 disables.
-	// Default 2048.
+	// Default 2304 (2048 lost Zipf 1.2, N = 24, C = 8 throughput to kv by 1.4%;
+	// docs/results-policy.md).
 	DeadlineTokens int `yaml:"deadline_tokens"`
 	// DivertOnFull sends a request alone (placing nothing) to the candidate with KV room
 	// that would start it soonest when the chosen endpoint has no KV room (vLLM would
@@ -156,7 +157,7 @@ func DefaultPlacementConfig() PlacementConfig {
 		Headroom:          1,
 		OutputBlocks:      4,
 		SpillOnFull:       false,
-		DeadlineTokens:    2048,
+		DeadlineTokens:    2304,
 		DivertOnFull:      true,
 		DivertMisses:      true,
 		HoldFraction:      0.5,
