@@ -38,16 +38,14 @@ const (
 // Source watches the Kubernetes API (informers) and feeds the fleet through a
 // discovery.Reconciler.
 type Source struct {
-	cfg    discovery.KubernetesConfig
-	name   string
-	c      Clients
-	rec    *discovery.Reconciler
-	o      discovery.Options
-	kick   chan struct{}
-	snap   func() ([]discovery.Target, error)
-	synced []cache.InformerSynced
-	start  func(stop <-chan struct{})
-	stop   func() // waits for the informers' goroutines, once stop is closed
+	cfg  discovery.KubernetesConfig
+	name string
+	c    Clients
+	rec  *discovery.Reconciler
+	o    discovery.Options
+	kick chan struct{}
+	snap func() ([]discovery.Target, error)
+	infs []cache.SharedIndexInformer // built by setup, run by Run
 }
 
 // New builds the source for cfg; it starts nothing (Run does).
@@ -104,26 +102,15 @@ func (s *Source) handler() cache.ResourceEventHandler {
 	}
 }
 
-// informers builds one shared informer per list-watch and the start and stop functions
-// Run uses: start runs them until stop is closed, and the stop function waits for them.
-func (s *Source) informers(lws map[string]cache.ListerWatcher, objs map[string]runtime.Object) (map[string]cache.SharedIndexInformer, error) {
-	infs := make(map[string]cache.SharedIndexInformer, len(lws))
-	var wg sync.WaitGroup
-	for name, lw := range lws {
-		inf := cache.NewSharedIndexInformer(lw, objs[name], 0, cache.Indexers{})
-		if _, err := inf.AddEventHandler(s.handler()); err != nil {
-			return nil, err
-		}
-		infs[name] = inf
-		s.synced = append(s.synced, inf.HasSynced)
+// watch adds a shared informer on lw (objects like obj) that kicks the source on every
+// change, and returns its store.
+func (s *Source) watch(lw cache.ListerWatcher, obj runtime.Object) (cache.Store, error) {
+	inf := cache.NewSharedIndexInformer(lw, obj, 0, cache.Indexers{})
+	if _, err := inf.AddEventHandler(s.handler()); err != nil {
+		return nil, err
 	}
-	s.start = func(stop <-chan struct{}) {
-		for _, inf := range infs {
-			wg.Go(func() { inf.Run(stop) })
-		}
-	}
-	s.stop = wg.Wait
-	return infs, nil
+	s.infs = append(s.infs, inf)
+	return inf.GetStore(), nil
 }
 
 // typed lists a store's objects of type T.
@@ -138,19 +125,28 @@ func typed[T any](st cache.Store) []T {
 	return out
 }
 
+// podsMatching lists the store's pods that sel selects.
+func podsMatching(st cache.Store, sel labels.Selector) []*corev1.Pod {
+	var out []*corev1.Pod
+	for _, p := range typed[*corev1.Pod](st) {
+		if sel.Matches(labels.Set(p.Labels)) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
 // setup builds the informers; Run calls it.
 func (s *Source) setup() error {
 	ns := s.cfg.Namespace
 	switch {
 	case s.cfg.Service != "":
 		sel := labels.Set{discoveryv1.LabelServiceName: s.cfg.Service}.String()
-		infs, err := s.informers(
-			map[string]cache.ListerWatcher{"slices": s.c.Core.ListWatch(EndpointSlices, ns, func(o *metav1.ListOptions) { o.LabelSelector = sel })},
-			map[string]runtime.Object{"slices": &discoveryv1.EndpointSlice{}})
+		store, err := s.watch(s.c.Core.ListWatch(EndpointSlices, ns, func(o *metav1.ListOptions) { o.LabelSelector = sel }),
+			&discoveryv1.EndpointSlice{})
 		if err != nil {
 			return err
 		}
-		store := infs["slices"].GetStore()
 		s.snap = func() ([]discovery.Target, error) {
 			return s.sliceTargets(typed[*discoveryv1.EndpointSlice](store)), nil
 		}
@@ -164,16 +160,14 @@ func (s *Source) setup() error {
 				return pools.Watch(ctx, o)
 			},
 		}
-		infs, err := s.informers(
-			map[string]cache.ListerWatcher{
-				"pods":  s.c.Core.ListWatch(Pods, ns, nil),
-				"pools": cache.ToListWatcherWithWatchListSemantics(poolLW, s.c.Dynamic),
-			},
-			map[string]runtime.Object{"pods": &corev1.Pod{}, "pools": &unstructured.Unstructured{}})
+		podStore, err := s.watch(s.c.Core.ListWatch(Pods, ns, nil), &corev1.Pod{})
 		if err != nil {
 			return err
 		}
-		podStore, poolStore := infs["pods"].GetStore(), infs["pools"].GetStore()
+		poolStore, err := s.watch(cache.ToListWatcherWithWatchListSemantics(poolLW, s.c.Dynamic), &unstructured.Unstructured{})
+		if err != nil {
+			return err
+		}
 		s.snap = func() ([]discovery.Target, error) {
 			obj, found, err := poolStore.GetByKey(ns + "/" + s.cfg.InferencePool)
 			if err != nil {
@@ -202,35 +196,19 @@ func (s *Source) setup() error {
 			if len(ports) == 0 {
 				return nil, fmt.Errorf("InferencePool %s/%s has no target port", ns, pool.Name)
 			}
-			sel := labels.SelectorFromSet(set)
-			var list []*corev1.Pod
-			for _, p := range typed[*corev1.Pod](podStore) {
-				if sel.Matches(labels.Set(p.Labels)) {
-					list = append(list, p)
-				}
-			}
-			return podTargets(list, ports), nil
+			return podTargets(podsMatching(podStore, labels.SelectorFromSet(set)), ports), nil
 		}
 	default:
 		selStr := labels.Set(s.cfg.Selector).String()
-		infs, err := s.informers(
-			map[string]cache.ListerWatcher{"pods": s.c.Core.ListWatch(Pods, ns, func(o *metav1.ListOptions) { o.LabelSelector = selStr })},
-			map[string]runtime.Object{"pods": &corev1.Pod{}})
+		store, err := s.watch(s.c.Core.ListWatch(Pods, ns, func(o *metav1.ListOptions) { o.LabelSelector = selStr }), &corev1.Pod{})
 		if err != nil {
 			return err
 		}
-		store := infs["pods"].GetStore()
 		// The API filters by the selector; the store is checked again in case a
 		// CoreAPI does not.
 		sel := labels.SelectorFromSet(s.cfg.Selector)
 		s.snap = func() ([]discovery.Target, error) {
-			var list []*corev1.Pod
-			for _, p := range typed[*corev1.Pod](store) {
-				if sel.Matches(labels.Set(p.Labels)) {
-					list = append(list, p)
-				}
-			}
-			return podTargets(list, []uint16{uint16(s.cfg.Port)}), nil
+			return podTargets(podsMatching(store, sel), []uint16{uint16(s.cfg.Port)}), nil
 		}
 	}
 	return nil
@@ -258,10 +236,15 @@ func (s *Source) Run(ctx context.Context) error {
 		return fmt.Errorf("discovery: %s: %w", s.name, err)
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	defer s.stop()
-	defer cancel() // runs first: stop waits for the informers to see it
-	s.start(ctx.Done())
-	if !cache.WaitForCacheSync(ctx.Done(), s.synced...) {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel() // runs first: the informers stop, then Run waits for them
+	synced := make([]cache.InformerSynced, 0, len(s.infs))
+	for _, inf := range s.infs {
+		wg.Go(func() { inf.Run(ctx.Done()) })
+		synced = append(synced, inf.HasSynced)
+	}
+	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
 		if ctx.Err() != nil {
 			return nil
 		}

@@ -346,17 +346,27 @@ type setBlockStmt struct {
 }
 
 func (s *setBlockStmt) exec(st *state) (ctl, error) {
-	text, err := capture(st, s.body)
+	v, err := captureFiltered(st, s.body, s.filters)
 	if err != nil {
 		return ctlNone, err
 	}
+	return ctlNone, s.target.assign(st, v)
+}
+
+// captureFiltered renders body to a string and passes it through filters, in order:
+// the value of a `{% set x | f %}` block and the output of a `{% filter f %}` block.
+func captureFiltered(st *state, body []stmt, filters []*filterExpr) (Value, error) {
+	text, err := capture(st, body)
+	if err != nil {
+		return Value{}, err
+	}
 	v := String(text)
-	for _, f := range s.filters {
+	for _, f := range filters {
 		if v, err = f.apply(st, v); err != nil {
-			return ctlNone, err
+			return Value{}, err
 		}
 	}
-	return ctlNone, s.target.assign(st, v)
+	return v, nil
 }
 
 type filterBlockStmt struct {
@@ -365,15 +375,9 @@ type filterBlockStmt struct {
 }
 
 func (s *filterBlockStmt) exec(st *state) (ctl, error) {
-	text, err := capture(st, s.body)
+	v, err := captureFiltered(st, s.body, s.filters)
 	if err != nil {
 		return ctlNone, err
-	}
-	v := String(text)
-	for _, f := range s.filters {
-		if v, err = f.apply(st, v); err != nil {
-			return ctlNone, err
-		}
 	}
 	return ctlNone, st.write(v)
 }
