@@ -380,7 +380,7 @@ func newTokenizer(cfg *config.Config, log *zap.Logger, reg prometheus.Registerer
 		return nil, fmt.Errorf("app: %w", err)
 	}
 	for _, m := range pc.Models {
-		_, err := r.Load(m.Name)
+		b, err := r.Load(m.Name)
 		var unsupported *prompt.UnsupportedError
 		switch {
 		case errors.As(err, &unsupported):
@@ -390,7 +390,6 @@ func newTokenizer(cfg *config.Config, log *zap.Logger, reg prometheus.Registerer
 			return nil, fmt.Errorf("app: %w", err)
 		default:
 			ready.WithLabelValues(m.Name).Set(1)
-			b, _ := r.Load(m.Name)
 			eng, why := b.ChatTemplateEngine()
 			fields := []zap.Field{zap.String("model", m.Name), zap.String("dir", m.Dir), zap.String("chat_template_engine", eng)}
 			if eng != "" {
