@@ -6,12 +6,14 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/kvrouter/kvrouter/chattemplate"
 	"github.com/kvrouter/kvrouter/internal/testtext"
+	"github.com/kvrouter/kvrouter/tokenizer/testmodels"
 )
 
 // goldenNow is the clock gen_golden.py gives strftime_now.
@@ -76,6 +78,35 @@ func loadTemplate(t testing.TB, model string, defaults json.RawMessage) *chattem
 	return loadTemplateEngine(t, model, defaults, "")
 }
 
+// modelTemplates are the models whose own chat template (tokenizer_config.json, fetched
+// by `make models`) gen_golden.py renders on the golden conversations, the cases for
+// qwen3 and llama3.
+var modelTemplates = []string{"deepseek_v3", "gemma3", "gemini", "llama3_1"}
+
+// loadModelTemplate compiles a fetched model's chat template as kvrouter does
+// (ParseTokenizerConfig + CompileConfig).
+func loadModelTemplate(t testing.TB, model string, defaults json.RawMessage, engine string) *chattemplate.Template {
+	t.Helper()
+	dir := testmodels.DirWith(t, model, "tokenizer_config.json")
+	raw, err := os.ReadFile(filepath.Join(dir, "tokenizer_config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := chattemplate.ParseTokenizerConfig(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl, err := chattemplate.CompileConfig(cfg, chattemplate.Options{
+		DefaultKwargs: defaults,
+		Now:           func() time.Time { return goldenNow },
+		Engine:        engine,
+	})
+	if err != nil {
+		t.Fatalf("compile %s: %v", model, err)
+	}
+	return tmpl
+}
+
 // loadTemplateEngine compiles a test template for one engine ("" = automatic).
 func loadTemplateEngine(t testing.TB, model string, defaults json.RawMessage, engine string) *chattemplate.Template {
 	t.Helper()
@@ -120,6 +151,9 @@ func readCases(t testing.TB) []goldenCase {
 	for i := range cases {
 		if len(cases[i].Models) == 0 {
 			cases[i].Models = []string{"qwen3", "llama3"}
+		}
+		if slices.Contains(cases[i].Models, "qwen3") || slices.Contains(cases[i].Models, "llama3") {
+			cases[i].Models = append(slices.Clip(cases[i].Models), modelTemplates...)
 		}
 	}
 	return cases
@@ -172,7 +206,15 @@ func testGolden(t *testing.T, engine string) {
 				if reason, ok := nativeRefused[model]; ok && engine == chattemplate.EngineNative {
 					t.Skipf("native engine refuses %s: %s", model, reason)
 				}
-				tmpl := loadTemplateEngine(t, model, c.ServerDefaults, engine)
+				var tmpl *chattemplate.Template
+				if slices.Contains(modelTemplates, model) {
+					if engine == chattemplate.EngineGonja {
+						t.Skip("model templates are proved on the native engine")
+					}
+					tmpl = loadModelTemplate(t, model, c.ServerDefaults, engine)
+				} else {
+					tmpl = loadTemplateEngine(t, model, c.ServerDefaults, engine)
+				}
 				if got := tmpl.Engine(); got != engine {
 					t.Fatalf("engine %s, want %s", got, engine)
 				}
@@ -203,9 +245,13 @@ func testGolden(t *testing.T, engine string) {
 						t.Fatalf("want template error %q, got %q", want.TemplateError, got)
 					}
 					// Cases named *raise exercise raise_exception: the typed error must
-					// carry Jinja2's message.
-					if strings.HasSuffix(c.Name, "raise") && (!errors.As(err, &raised) || raised.Message != want.TemplateError) {
+					// carry Jinja2's message; so must any raise_exception.
+					isRaise := errors.As(err, &raised)
+					if strings.HasSuffix(c.Name, "raise") && !isRaise {
 						t.Fatalf("want raise_exception(%q), got %v", want.TemplateError, err)
+					}
+					if isRaise && raised.Message != want.TemplateError {
+						t.Fatalf("raise_exception(%q), want %q", raised.Message, want.TemplateError)
 					}
 				case want.BadRequest != "":
 					if !errors.Is(err, chattemplate.ErrBadRequest) {
