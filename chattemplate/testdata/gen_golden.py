@@ -333,28 +333,33 @@ def main():
         fmt = "openai" if CONTENT_LOOP.search(src) else "string"
         models[name] = (compile_template(src), special, fmt)
     outs = {name: [] for name in models}
-    with open(os.path.join(HERE, "cases.jsonl")) as f:
-        for line in f:
-            line = line.strip()
-            if not line:
-                continue
-            case = json.loads(line)
-            names = case.get("models", ["qwen3", "llama3"])
-            if "qwen3" in names or "llama3" in names:
-                names = names + list(MODEL_TEMPLATES)
-            for name in names:
-                tmpl, special, fmt = models[name]
-                rec = {"name": case["name"]}
-                try:
-                    rec["rendered"] = render(tmpl, special, case["body"],
-                                             case.get("server_defaults"), fmt)
-                except Unsupported as e:
-                    rec["unsupported"] = str(e)
-                except jinja2.exceptions.TemplateError as e:
-                    rec["template_error"] = str(e)
-                except BadRequest as e:
-                    rec["bad_request"] = str(e)
-                outs[name].append(rec)
+    # cases.jsonl is written by hand; fuzz_cases.jsonl by the Go fuzz generator
+    # (differential_test.go, TestFuzzCasesCurrent).
+    lines = []
+    for path in ("cases.jsonl", "fuzz_cases.jsonl"):
+        with open(os.path.join(HERE, path)) as f:
+            lines.extend(f)
+    for line in lines:
+        line = line.strip()
+        if not line:
+            continue
+        case = json.loads(line)
+        names = case.get("models", ["qwen3", "llama3"])
+        if "qwen3" in names or "llama3" in names:
+            names = names + list(MODEL_TEMPLATES)
+        for name in names:
+            tmpl, special, fmt = models[name]
+            rec = {"name": case["name"]}
+            try:
+                rec["rendered"] = render(tmpl, special, case["body"],
+                                         case.get("server_defaults"), fmt)
+            except Unsupported as e:
+                rec["unsupported"] = str(e)
+            except jinja2.exceptions.TemplateError as e:
+                rec["template_error"] = str(e)
+            except BadRequest as e:
+                rec["bad_request"] = str(e)
+            outs[name].append(rec)
     # Jinja semantics snippets, rendered with fixed variables (see snippets_test.go).
     snippets = json.load(open(os.path.join(HERE, "snippets.json")))
     snip_out = []
