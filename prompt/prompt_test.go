@@ -78,10 +78,13 @@ type bodyCase struct {
 
 // TestGoldenChatIDs checks chat requests end to end (body -> request -> render ->
 // tokenize) against HuggingFace tokenizers' ids for the renders Python's Jinja2
-// produced (testdata/gen/gen_ids.mjs over chattemplate's golden renders).
+// produced (testdata/gen/gen_ids.mjs over chattemplate's golden renders, generated
+// conversations included), for the byte-level BPE models whose templates chattemplate
+// proves: Qwen3, Llama 3 and Llama 3.1.
 func TestGoldenChatIDs(t *testing.T) {
 	cases := testtext.ReadJSONL[bodyCase](t, filepath.Join("..", "chattemplate", "testdata", "cases.jsonl"))
-	for _, model := range []string{"qwen3", "llama3"} {
+	cases = append(cases, testtext.ReadJSONL[bodyCase](t, filepath.Join("..", "chattemplate", "testdata", "fuzz_cases.jsonl"))...)
+	for _, model := range []string{"qwen3", "llama3", "llama3_1"} {
 		want := map[string][]uint32{}
 		for _, r := range testtext.ReadJSONL[namedIDs](t, filepath.Join("testdata", "golden_ids", model+".jsonl")) {
 			want[r.Name] = r.IDs
