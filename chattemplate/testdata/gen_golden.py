@@ -6,7 +6,8 @@ way transformers' `_compile_jinja_template` sets it up, after applying the
 message preprocessing vLLM applies to a /v1/chat/completions body. The Go test
 (golden_test.go) asserts the Go renderer produces byte-identical output.
 
-Needs only jinja2 (3.1.x). Run from the repository root:
+Needs only jinja2 3.1.x (Debian: apt-get install python3-jinja2) and, for the
+models' own templates, `make models`. Run from the repository root:
 
     python3 chattemplate/testdata/gen_golden.py
 
