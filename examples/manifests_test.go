@@ -49,9 +49,9 @@ func newTyped(gvk schema.GroupVersionKind) any {
 	switch gvk {
 	case schema.GroupVersion(infv1.GroupVersion).WithKind("InferencePool"):
 		return &infv1.InferencePool{}
-	case gwv1.GroupVersion.WithKind("Gateway"):
+	case schema.GroupVersion(gwv1.GroupVersion).WithKind("Gateway"):
 		return &gwv1.Gateway{}
-	case gwv1.GroupVersion.WithKind("HTTPRoute"):
+	case schema.GroupVersion(gwv1.GroupVersion).WithKind("HTTPRoute"):
 		return &gwv1.HTTPRoute{}
 	case istionetv1alpha3.SchemeGroupVersion.WithKind("EnvoyFilter"):
 		return &istionetv1alpha3.EnvoyFilter{}
