@@ -19,7 +19,11 @@ func cachedRatio(t *testing.T, policy string, prefixes, concurrency int) float64
 		t.Fatal(err)
 	}
 	sc := kvbench.DefaultSimConfig()
-	sc.Policies = newRouter
+	rs, err := newRouters()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc.Policies = rs.router
 	out, err := kvbench.RunSim(context.Background(), sc, w, policy, concurrency, 0)
 	if err != nil {
 		t.Fatal(err)
