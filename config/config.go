@@ -22,6 +22,7 @@ import (
 	"github.com/kvrouter/kvrouter/fleet"
 	"github.com/kvrouter/kvrouter/index"
 	"github.com/kvrouter/kvrouter/kvevents"
+	"github.com/kvrouter/kvrouter/placement"
 	"github.com/kvrouter/kvrouter/policy"
 	"github.com/kvrouter/kvrouter/scoring"
 )
@@ -210,7 +211,7 @@ func policyWeights(s policy.Spec) map[string]float64 {
 			"temperature":                  d.Temperature,
 		}
 	case policy.SectionPlacement:
-		return scoring.DefaultPlacementConfig().Knobs()
+		return placement.DefaultConfig().Knobs()
 	}
 	return nil
 }

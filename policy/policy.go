@@ -9,6 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvrouter/kvrouter/placement"
 	"github.com/kvrouter/kvrouter/scoring"
 )
 
@@ -18,12 +19,12 @@ type Config struct {
 	// KV is the kv and approximate policies' cost weights (NVIDIA Dynamo's).
 	KV scoring.KVConfig `yaml:"kv"`
 	// Placement tunes the placement policy.
-	Placement scoring.PlacementConfig `yaml:"placement"`
+	Placement placement.Config `yaml:"placement"`
 }
 
 // DefaultConfig returns every section's defaults.
 func DefaultConfig() Config {
-	return Config{KV: scoring.DefaultKVConfig(), Placement: scoring.DefaultPlacementConfig()}
+	return Config{KV: scoring.DefaultKVConfig(), Placement: placement.DefaultConfig()}
 }
 
 // Deps is what a policy may be built from; a caller fills what it has, and Registry.New
@@ -188,7 +189,7 @@ func Builtin() *Registry {
 			return scoring.NewApproximate(kvConfig(c, d), d.Rand, d.Registerer)
 		}},
 		{Name: "placement", Index: true, Section: SectionPlacement, New: func(c *Config, d Deps) (scoring.Policy, error) {
-			return scoring.NewPlacement(c.Placement, d.Index, d.Now, d.Registerer)
+			return placement.New(c.Placement, d.Index, d.Now, d.Registerer)
 		}},
 	}}
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/kvrouter/kvrouter/index/kvsink"
 	"github.com/kvrouter/kvrouter/kvbench"
 	"github.com/kvrouter/kvrouter/kvevents"
+	"github.com/kvrouter/kvrouter/placement"
 	"github.com/kvrouter/kvrouter/policy"
 	"github.com/kvrouter/kvrouter/scoring"
 )
@@ -106,8 +107,8 @@ func (s indexSink) Apply(endpoint string, b *kvevents.Batch) error {
 func (s indexSink) Forget(endpoint string) { s.ix.Purge(endpoint) }
 
 // parsePlacement applies "key=value,..." overrides (the YAML field names of
-// scoring.PlacementConfig) to the placement policy's configuration.
-func parsePlacement(spec string, c *scoring.PlacementConfig) error {
+// placement.Config) to the placement policy's configuration.
+func parsePlacement(spec string, c *placement.Config) error {
 	if strings.TrimSpace(spec) == "" {
 		return nil
 	}
@@ -116,7 +117,7 @@ func parsePlacement(spec string, c *scoring.PlacementConfig) error {
 		if !ok {
 			return fmt.Errorf("--placement: %q is not key=value", kv)
 		}
-		if _, known := scoring.DefaultPlacementConfig().Knobs()[k]; !known {
+		if _, known := placement.DefaultConfig().Knobs()[k]; !known {
 			return fmt.Errorf("--placement: unknown key %q", k)
 		}
 		err := c.ParseKnob(k, v)
