@@ -39,6 +39,9 @@ import jinja2.sandbox
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 MODELS_DIR = os.environ.get("KVROUTER_MODELS_DIR", os.path.join(ROOT, ".cache", "models"))
+# GOLDEN_OUT redirects the output (TestGoldensRebuild compares a fresh run with the
+# committed files).
+OUT = os.environ.get("GOLDEN_OUT", os.path.join(HERE, "golden"))
 # Models whose own chat template (from the tokenizer_config.json `make models`
 # fetches) is rendered on the golden conversations (the cases for qwen3/llama3).
 MODEL_TEMPLATES = ("deepseek_v3", "gemma3", "gemini", "llama3_1")
@@ -372,10 +375,10 @@ def main():
                 x=1, y=2, items=["a", "b"], d={"b": 1, "a": 2})})
         except Exception as e:  # noqa: BLE001 - any template error is an outcome
             snip_out.append({"error": str(e)})
-    with open(os.path.join(HERE, "golden", "snippets.json"), "w") as f:
+    with open(os.path.join(OUT, "snippets.json"), "w") as f:
         json.dump(snip_out, f, ensure_ascii=False, indent=1)
     for name, recs in outs.items():
-        with open(os.path.join(HERE, "golden", name + ".jsonl"), "w") as f:
+        with open(os.path.join(OUT, name + ".jsonl"), "w") as f:
             for r in recs:
                 f.write(json.dumps(r, ensure_ascii=False) + "\n")
         print(name, len(recs), "renders", file=sys.stderr)
