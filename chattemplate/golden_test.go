@@ -181,8 +181,9 @@ func readGolden(t testing.TB, model string) map[string]goldenResult {
 func TestGolden(t *testing.T) {
 	cases := readCases(t)
 	goldens := map[string]map[string]goldenResult{}
-	counts := map[string]int{} // byte-identical renders per template
-	errs := map[string]int{}   // the same error outcome as Jinja2 per template
+	compiled := map[string]*chattemplate.Template{} // by model and server defaults
+	counts := map[string]int{}                      // byte-identical renders per template
+	errs := map[string]int{}                        // the same error outcome as Jinja2 per template
 	for _, c := range cases {
 		for _, model := range c.Models {
 			if goldens[model] == nil {
@@ -193,11 +194,15 @@ func TestGolden(t *testing.T) {
 				t.Fatalf("%s/%s: no golden; run gen_golden.py", model, c.Name)
 			}
 			t.Run(model+"/"+c.Name, func(t *testing.T) {
-				var tmpl *chattemplate.Template
-				if slices.Contains(modelTemplates, model) {
-					tmpl = loadModelTemplate(t, model, c.ServerDefaults)
-				} else {
-					tmpl = loadTemplate(t, model, c.ServerDefaults)
+				key := model + "\x00" + string(c.ServerDefaults)
+				tmpl := compiled[key]
+				if tmpl == nil {
+					if slices.Contains(modelTemplates, model) {
+						tmpl = loadModelTemplate(t, model, c.ServerDefaults)
+					} else {
+						tmpl = loadTemplate(t, model, c.ServerDefaults)
+					}
+					compiled[key] = tmpl
 				}
 				got, err := tmpl.Render(inputFromBody(t, c.Body))
 				var unsupported *chattemplate.UnsupportedError
