@@ -41,6 +41,14 @@ fuzz: ## Run every fuzz target for FUZZTIME each.
 	  done; \
 	done
 
+.PHONY: docs
+docs: ## Render every table in docs/ from the JSON committed beside it (scripts/docs.py).
+	python3 scripts/docs.py
+
+.PHONY: docs-check
+docs-check: ## Fail when a table in docs/ differs from what its committed JSON renders.
+	python3 scripts/docs.py --check
+
 .PHONY: lint
 lint: ## gofmt, go vet and staticcheck (its default checks; `make tools` builds it).
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt: $$out"; exit 1; fi
