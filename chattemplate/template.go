@@ -40,20 +40,26 @@ func (e *UnsupportedError) Unwrap() error { return e.Err }
 
 // RefusedError reports a chat template the engine refuses at compile time: it uses a
 // construct (a tag, filter, test or method) outside the Jinja2 subset implemented here
-// (internal/jinja/README.md). Such a template is never rendered differently from
-// Jinja2: every request it would render returns *UnsupportedError
+// (internal/jinja/README.md), or it does not parse. Such a template is never rendered
+// differently from Jinja2: every request it would render returns *UnsupportedError
 // (ReasonTemplateRefused) and is routed by load.
 type RefusedError struct {
 	// Template is which of the model's templates: "default" or "tool_use".
 	Template string
-	// Construct names what the engine refused, e.g. "filter 'wordwrap'".
+	// Construct names what the engine refused, e.g. "filter 'wordwrap'"; empty for a
+	// syntax error.
 	Construct string
+	// Err is the engine's error (with the line for a syntax error).
+	Err error
 }
 
 // Error implements error.
 func (e *RefusedError) Error() string {
-	return "chattemplate: " + e.Template + " chat template refused: unsupported " + e.Construct
+	return "chattemplate: " + e.Template + " chat template refused: " + e.Err.Error()
 }
+
+// Unwrap returns the engine's error.
+func (e *RefusedError) Unwrap() error { return e.Err }
 
 // TemplateError is raised by the template itself through raise_exception, as vLLM
 // would report it (HTTP 400).
@@ -129,10 +135,10 @@ var contentLoop = regexp.MustCompile(`for\s+\w+\s+in\s+\w+(?:\.content\b|\[\s*['
 
 // Compile parses a Jinja chat template with the environment transformers uses:
 // trim_blocks, lstrip_blocks, loop controls, transformers' tojson, raise_exception and
-// strftime_now. It returns an error for a template Jinja2 would not compile either (a
-// syntax error). A template using a construct the engine does not implement compiles
-// to a Template that reports it in Refusal and answers every Render with
-// *UnsupportedError (ReasonTemplateRefused), so its requests are routed by load.
+// strftime_now. A template using a construct the engine does not implement, or one it
+// cannot parse, compiles to a Template that reports it in Refusal and answers every
+// Render with *UnsupportedError (ReasonTemplateRefused), so its requests are routed by
+// load rather than the router failing to start on a template it cannot check.
 func Compile(src string, opts Options) (*Template, error) {
 	now := opts.Now
 	if now == nil {
@@ -179,15 +185,15 @@ func Compile(src string, opts Options) (*Template, error) {
 func (t *Template) compileSource(src, name string) (compiled, error) {
 	c := compiled{openaiContent: contentLoop.MatchString(src)}
 	tmpl, err := jinja.Compile(src, jinja.Options{TrimBlocks: true, LStripBlocks: true, Globals: t.globals()})
-	var refused *jinja.UnsupportedError
-	switch {
-	case errors.As(err, &refused):
-		c.refusal = &RefusedError{Template: name, Construct: refused.Construct}
-	case err != nil:
-		return compiled{}, fmt.Errorf("chattemplate: %s chat template: %w", name, err)
-	default:
-		c.tmpl = tmpl
+	if err != nil {
+		c.refusal = &RefusedError{Template: name, Err: err}
+		var refused *jinja.UnsupportedError
+		if errors.As(err, &refused) {
+			c.refusal.Construct = refused.Construct
+		}
+		return c, nil
 	}
+	c.tmpl = tmpl
 	return c, nil
 }
 

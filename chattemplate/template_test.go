@@ -241,7 +241,7 @@ func TestRefusedTemplate(t *testing.T) {
 		wantReason   string
 	}{
 		{"default refused", `{"chat_template": ` + strconv.Quote(wordwrap) + `}`, chattemplate.Input{Messages: hi}, "filter 'wordwrap'", "", chattemplate.ReasonTemplateRefused},
-		{"tool_use refused, no tools", named(ok, wordwrap), chattemplate.Input{Messages: hi}, "tool_use chat template refused", "hi", ""},
+		{"tool_use refused, no tools", named(ok, wordwrap), chattemplate.Input{Messages: hi}, "tool_use chat template refused: jinja: unsupported: filter 'wordwrap'", "hi", ""},
 		{"tool_use refused, tools", named(ok, wordwrap), chattemplate.Input{Messages: hi, Tools: tools}, "tool_use", "", chattemplate.ReasonTemplateRefused},
 		{"format flag, other request", `{"chat_template": ` + strconv.Quote(format) + `}`, chattemplate.Input{Messages: hi}, "", "hi", ""},
 		{"format flag refused at render", `{"chat_template": ` + strconv.Quote(format) + `}`, chattemplate.Input{Messages: json.RawMessage(`[{"role":"user","content":"pad"}]`)}, "", "", chattemplate.ReasonTemplateConstruct},
@@ -278,10 +278,20 @@ func TestRefusedTemplate(t *testing.T) {
 	}
 }
 
-// TestSyntaxErrorFailsCompile: a template Jinja2 would not compile either is an error,
-// not a refusal.
-func TestSyntaxErrorFailsCompile(t *testing.T) {
-	if _, err := chattemplate.Compile(`{% if x %}unclosed`, chattemplate.Options{}); err == nil {
-		t.Fatal("Compile accepted an unclosed if")
+// TestSyntaxErrorRefused: a template that does not parse is refused with its line (no
+// construct), and its requests are routed by load.
+func TestSyntaxErrorRefused(t *testing.T) {
+	tmpl, err := chattemplate.Compile("x\n{% if x %}unclosed", chattemplate.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := tmpl.Refusal()
+	if r == nil || r.Construct != "" || !strings.Contains(r.Error(), "line 2") {
+		t.Fatalf("Refusal() = %v, want a syntax error at line 2", r)
+	}
+	_, err = tmpl.Render(chattemplate.Input{Messages: json.RawMessage(`[]`)})
+	var u *chattemplate.UnsupportedError
+	if !errors.As(err, &u) || u.Reason != chattemplate.ReasonTemplateRefused {
+		t.Fatalf("Render: %v, want UnsupportedError %s", err, chattemplate.ReasonTemplateRefused)
 	}
 }
