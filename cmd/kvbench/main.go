@@ -83,6 +83,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		parallel     = fs.Int("parallel", runtime.GOMAXPROCS(0), "sim runs at once")
 		placement    = fs.String("placement", "", `placement policy overrides, e.g. "saturated=3,spill_load=6,fill=0.75" (sim mode)`)
 		progress     = fs.String("progress", "auto", "progress bar on stderr: auto, always or never")
+		traceFile    = fs.String("trace", "", "replay a Mooncake-format trace (JSON lines of timestamp ms, input_length, output_length, hash_ids) open loop")
+		speedup      = fs.Float64("speedup", 1, "divide the trace's timestamps by this factor")
+		traceReqs    = fs.Int("trace-requests", 0, "replay only the trace's first N requests (0 = all); with --gen-trace, how many to write (default 400)")
+		genTrace     = fs.String("gen-trace", "", "write the built-in synthetic conversation trace (seeded by --seed) to this file and exit")
+		workload     = fs.String("workload", "", "an open-loop workload instead of the reference's closed loop: chat (multi-turn conversations), agent (long shared contexts, short steps) or mixed")
+		maxModelLen  = fs.Int("max-model-len", sc.Engine.MaxModelLen, "servers' max_model_len: longer prompt + output is refused with 400 (sim mode)")
 	)
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "usage: kvbench (--sim | --url URL) [flags]\n\n")
@@ -96,6 +102,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if *genTrace != "" {
+		return writeGeneratedTrace(*genTrace, *traceReqs, *seed)
+	}
+	scripted := *traceFile != "" || *workload != ""
+	if *traceFile != "" && *workload != "" {
+		return errors.New("choose one of --trace and --workload")
+	}
 
 	wl.PrefixTokens, wl.TailTokens, wl.OutputTokens = *prefixTokens, *tailTokens, *outputTokens
 	wl.Requests, wl.Warmup, wl.Seed, wl.Zipf, wl.API = *requests, *warmup, *seed, *zipf, kvbench.API(*api)
@@ -136,6 +149,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	case *simMode:
 		sc.Model, sc.EventLag, sc.ScrapeInterval, sc.RTT, sc.Replicas = *model, *eventLag, *scrape, *rtt, *replicas
 		sc.MaxHold = *maxHold
+		sc.Engine.MaxModelLen = *maxModelLen
 		if sc.Servers, err = serverSpecs(*servers, *workers, *kvBytes, *speeds, set); err != nil {
 			return err
 		}
@@ -176,7 +190,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		switch {
 		case err == nil:
 			tok = encoder{t}
-			if wl.API == kvbench.APIChat {
+			if wl.API == kvbench.APIChat || *workload != "" {
 				tmpl, err := loadTemplate(*tokDir)
 				if err != nil {
 					return fmt.Errorf("loading the chat template: %w", err)
@@ -209,11 +223,80 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("--progress must be auto, always or never, got %q", *progress)
 	}
 	start := time.Now()
+	if scripted {
+		s, err := buildScript(*traceFile, *traceReqs, *speedup, *workload, *seed, tok)
+		if err != nil {
+			return err
+		}
+		if o.Sim != nil && s.API == kvbench.APIChat && prompts == nil {
+			return errors.New("the chat workloads need the model's tokenizer and chat template (--tokenizer; run `make models`)")
+		}
+		so := kvbench.ScriptOptions{Script: s, Policies: o.Policies, Reps: o.Reps, Sim: o.Sim, HTTP: o.HTTP,
+			Parallel: *parallel, JSONPath: *jsonPath}
+		if _, err := kvbench.ExecuteScript(ctx, so, stdout); err != nil {
+			return err
+		}
+		fmt.Fprintf(stderr, "kvbench: done in %s\n", time.Since(start).Round(time.Millisecond))
+		return nil
+	}
 	if _, err := kvbench.Execute(ctx, o, stdout); err != nil {
 		return err
 	}
 	fmt.Fprintf(stderr, "kvbench: done in %s\n", time.Since(start).Round(time.Millisecond))
 	return nil
+}
+
+// buildScript builds the open-loop workload the flags ask for.
+func buildScript(traceFile string, limit int, speedup float64, workload string, seed uint64, tok kvbench.Tokenizer) (*kvbench.Script, error) {
+	if traceFile != "" {
+		f, err := os.Open(traceFile)
+		if err != nil {
+			return nil, err
+		}
+		defer f.Close()
+		recs, err := kvbench.DecodeTrace(f, limit)
+		if err != nil {
+			return nil, err
+		}
+		return kvbench.NewTraceScript(recs, speedup, tok)
+	}
+	switch workload {
+	case "chat":
+		c := kvbench.DefaultChatConfig()
+		c.Seed = seed
+		return kvbench.NewChatScript(c, tok)
+	case "agent":
+		c := kvbench.DefaultAgentConfig()
+		c.Seed = seed
+		return kvbench.NewAgentScript(c, tok)
+	case "mixed":
+		c := kvbench.DefaultMixedConfig()
+		c.Chat.Seed, c.Agent.Seed, c.OneShot.Seed = seed, seed, seed
+		return kvbench.NewMixedScript(c, tok)
+	}
+	return nil, fmt.Errorf("--workload must be chat, agent or mixed, got %q", workload)
+}
+
+// writeGeneratedTrace writes kvbench's synthetic conversation trace.
+func writeGeneratedTrace(path string, requests int, seed uint64) error {
+	c := kvbench.DefaultTraceGenConfig()
+	c.Seed = seed
+	if requests > 0 {
+		c.Requests = requests
+	}
+	recs, err := kvbench.GenerateTrace(c)
+	if err != nil {
+		return err
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := kvbench.WriteTrace(f, recs); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }
 
 // encoder adapts the tokenizer to kvbench: completions add special tokens (none for Qwen3).
