@@ -364,56 +364,59 @@ func sortSessions(ss []Session) {
 	slices.SortStableFunc(ss, func(a, b Session) int { return cmp.Compare(a.Start, b.Start) })
 }
 
-// infiniteCache is the bound's prefix cache: every full block any request computed (its
-// prompt and its outputs but the last), kept forever, keyed by a chained hash.
-type infiniteCache struct {
-	blockSize int
-	seen      map[uint64]struct{}
-	buf       []byte
+// boundEntry is what the bound needs of one served request: the chained keys of the full
+// blocks its server computed (the prompt, then every output but the last, which is
+// sampled and never fed back) and its prompt length.
+type boundEntry struct {
+	keys      []uint64
+	promptLen int
 }
 
-func newInfiniteCache(blockSize int) *infiniteCache {
-	return &infiniteCache{blockSize: blockSize, seen: map[uint64]struct{}{}}
-}
-
-// chain returns the chained keys of ids' full blocks.
-func (c *infiniteCache) chain(ids []uint32) []uint64 {
-	out := make([]uint64, 0, len(ids)/c.blockSize)
+// chainKeys returns the chained keys of ids' full blocks of blockSize tokens.
+func chainKeys(ids []uint32, blockSize int) []uint64 {
+	out := make([]uint64, 0, len(ids)/blockSize)
 	var prev uint64
-	for b := 0; b+c.blockSize <= len(ids); b += c.blockSize {
-		h := fnv.New64a()
-		c.buf = binary.LittleEndian.AppendUint64(c.buf[:0], prev)
-		for _, t := range ids[b : b+c.blockSize] {
-			c.buf = binary.LittleEndian.AppendUint32(c.buf, t)
+	buf := make([]byte, 0, 8+4*blockSize)
+	for b := 0; b+blockSize <= len(ids); b += blockSize {
+		buf = binary.LittleEndian.AppendUint64(buf[:0], prev)
+		for _, t := range ids[b : b+blockSize] {
+			buf = binary.LittleEndian.AppendUint32(buf, t)
 		}
-		h.Write(c.buf)
+		h := fnv.New64a()
+		h.Write(buf)
 		prev = h.Sum64()
 		out = append(out, prev)
 	}
 	return out
 }
 
-// hit returns the tokens of prompt an infinite cache serves: its leading cached full
-// blocks, never the last token (vLLM recomputes it); then it records the prompt's blocks.
-func (c *infiniteCache) hit(prompt []uint32) int {
-	keys := c.chain(prompt)
-	hitable := (len(prompt) - 1) / c.blockSize
-	n := 0
-	for n < len(keys) && n < hitable {
-		if _, ok := c.seen[keys[n]]; !ok {
-			break
+// infiniteBound fills out.BoundCached: the prompt tokens an infinite prefix cache of
+// blockSize-token blocks would have served each request, taking the served requests in
+// the order they were sent (rejected and failed ones never reach a cache): the leading
+// full blocks any earlier request computed, never the last prompt token (vLLM recomputes
+// it).
+func infiniteBound(out *ScriptOutput, entries []boundEntry, blockSize int) {
+	order := make([]int, 0, len(entries))
+	for i := range entries {
+		if entries[i].keys != nil || entries[i].promptLen > 0 {
+			order = append(order, i)
 		}
-		n++
 	}
-	for _, k := range keys {
-		c.seen[k] = struct{}{}
-	}
-	return n * c.blockSize
-}
-
-// add records the full blocks of a finished request's computed tokens.
-func (c *infiniteCache) add(ids []uint32) {
-	for _, k := range c.chain(ids) {
-		c.seen[k] = struct{}{}
+	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(out.Results[a].Start, out.Results[b].Start) })
+	seen := map[uint64]struct{}{}
+	for _, i := range order {
+		e := &entries[i]
+		hitable := (e.promptLen - 1) / blockSize
+		n := 0
+		for n < len(e.keys) && n < hitable {
+			if _, ok := seen[e.keys[n]]; !ok {
+				break
+			}
+			n++
+		}
+		out.BoundCached[i] = n * blockSize
+		for _, k := range e.keys {
+			seen[k] = struct{}{}
+		}
 	}
 }

@@ -15,7 +15,8 @@ import (
 // RunScript sends a script to the URL open loop: each session in its own goroutine from
 // its start time, its turns in order with their think times. Chat answers are the
 // streamed text, sent back as assistant messages. The infinite-cache bound is computed
-// for completions (token-id prompts); chat leaves it 0 (the client does not tokenize).
+// for completions (token-id prompts, 16-token blocks); chat leaves it 0 (the client does
+// not tokenize).
 // A 400 answer counts as rejected (vLLM's answer to a prompt over max_model_len) and
 // ends its session.
 func (t *HTTPTarget) RunScript(ctx context.Context, s *Script) (ScriptOutput, error) {
@@ -26,8 +27,7 @@ func (t *HTTPTarget) RunScript(ctx context.Context, s *Script) (ScriptOutput, er
 	}
 	n := s.Requests()
 	out := ScriptOutput{Results: make([]Result, n), BoundCached: make([]int, n), Preemptions: -1}
-	var mu sync.Mutex
-	bound := newInfiniteCache(16)
+	entries := make([]boundEntry, n)
 	t0 := t.now()
 	var wg sync.WaitGroup
 	seq := 0
@@ -52,11 +52,6 @@ func (t *HTTPTarget) RunScript(ctx context.Context, s *Script) (ScriptOutput, er
 					return
 				}
 				body := s.Body(sess, k, answers, t.cfg.Model, t.cfg.IgnoreEOS)
-				if s.API == APICompletions {
-					mu.Lock()
-					out.BoundCached[i] = bound.hit(s.PromptIDs(&sess.Turns[k]))
-					mu.Unlock()
-				}
 				res, text := t.post(ctx, s.Path(), body, t0)
 				res.Seq, res.Prefix = i, si
 				out.Results[i] = res
@@ -67,6 +62,10 @@ func (t *HTTPTarget) RunScript(ctx context.Context, s *Script) (ScriptOutput, er
 					return
 				}
 				answers[k] = text
+				if s.API == APICompletions {
+					ids := s.PromptIDs(&sess.Turns[k])
+					entries[i] = boundEntry{keys: chainKeys(ids, 16), promptLen: len(ids)}
+				}
 			}
 		}()
 	}
@@ -74,6 +73,7 @@ func (t *HTTPTarget) RunScript(ctx context.Context, s *Script) (ScriptOutput, er
 	if err := ctx.Err(); err != nil {
 		return ScriptOutput{}, fmt.Errorf("kvbench: run interrupted: %w", err)
 	}
+	infiniteBound(&out, entries, 16)
 	seen := map[string]bool{}
 	for _, r := range out.Results {
 		if r.Server != "" && !seen[r.Server] {

@@ -198,7 +198,7 @@ func RunScriptSim(ctx context.Context, cfg SimConfig, s *Script, policy string, 
 	r.pending = s.Requests()
 	r.scrape()
 	out := ScriptOutput{Results: make([]Result, r.pending), BoundCached: make([]int, r.pending), Servers: r.addrs}
-	bound := newInfiniteCache(cfg.Engine.BlockSize)
+	entries := make([]boundEntry, r.pending)
 	rtt2 := cfg.RTT.Seconds() / 2
 	seq := 0
 	for si := range s.Sessions {
@@ -249,18 +249,14 @@ func RunScriptSim(ctx context.Context, cfg SimConfig, s *Script, policy string, 
 				r.pending--
 				// The bound's cache holds what the server computed: the prompt and every
 				// output but the last (sampled, never fed back).
-				bound.add(append(ids[:len(ids):len(ids)], outputs[:max(len(outputs)-1, 0)]...))
+				entries[i] = boundEntry{promptLen: len(ids),
+					keys: chainKeys(append(ids[:len(ids):len(ids)], outputs[:max(len(outputs)-1, 0)]...), cfg.Engine.BlockSize)}
 				answers[k] = s.OutputText(outputs)
 				if k+1 < len(sess.Turns) {
 					r.f.After(rtt2+sess.Turns[k+1].Think.Seconds(), func() { send(k + 1) })
 				}
 			}
-			hit := -1
 			r.f.After(rtt2, func() {
-				if hit < 0 {
-					hit = bound.hit(ids)
-					out.BoundCached[i] = hit
-				}
 				sreq := &scoring.Request{ID: "req-" + strconv.Itoa(i), Model: cfg.Model, BaseModel: cfg.Model, TokenIDs: ids}
 				r.pick(simJob{sreq: sreq, replica: i % len(r.routers), res: res, output: sess.Turns[k].Output,
 					onToken: func(t uint32) { outputs = append(outputs, t) }, fail: fail, done: done})
@@ -278,6 +274,7 @@ func RunScriptSim(ctx context.Context, cfg SimConfig, s *Script, policy string, 
 	for _, st := range r.stats() {
 		out.Preemptions += st.Preemptions
 	}
+	infiniteBound(&out, entries, cfg.Engine.BlockSize)
 	return out, nil
 }
 
