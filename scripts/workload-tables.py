@@ -20,6 +20,7 @@ POLICIES = ["kv", "round-robin", "least-load", "placement"]
 # (file, title, the kvbench flags after `--sim --policy kv,round-robin,least-load,placement --reps 3`)
 WORKLOADS = [
     ("chat", "Multi-turn chat", "--workload chat"),
+    ("chat-no-system", "Multi-turn chat without shared system prompts", "--workload chat --system-prompts 0"),
     ("agent", "Agentic long context", "--workload agent --kv-bytes 16GiB --max-model-len 131072"),
     ("mixed", "Mixed (chats, agents, one-shot requests)", "--workload mixed --kv-bytes 16GiB --max-model-len 131072"),
     ("trace", "Mooncake-format trace (kvbench's own, 200 requests, 2x speed)",
