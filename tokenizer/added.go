@@ -111,6 +111,7 @@ func (m *matcher) nextMatch(s string, from int) (tok int32, start, end int) {
 type piece struct {
 	text string
 	tok  int32
+	at   int // an added token's start in the input (after lstrip)
 }
 
 // split cuts s into text and added tokens the way HF's AddedVocabulary::find_matches
@@ -155,7 +156,7 @@ func (m *matcher) split(s string, out []piece) []piece {
 			out = append(out, piece{text: s[offset:start], tok: -1})
 		}
 		// A match overlapping the previous token's rstrip still counts, as in HF.
-		out = append(out, piece{tok: mt.tok})
+		out = append(out, piece{tok: mt.tok, at: start})
 		offset = stop
 	}
 	if offset < len(s) {
@@ -205,4 +206,23 @@ func spaceRightmostAtStart(s string) int {
 		i += n
 	}
 	return i
+}
+
+// cutSafe reports whether text splits exactly before every raw match of tok: the ids of
+// text are those of text[:c] followed by those of text[c:] when tok is matched at c.
+// That holds when the split of text[:c] does not depend on what follows c and the
+// match itself does not depend on what precedes it: tok must not strip the white space
+// before it (lstrip) nor be matched as a single word only (single_word looks at the
+// character before it), and its first character must be neither white space (an
+// earlier token's rstrip would run into it) nor a word character (an earlier
+// single_word token ending at c looks at it). Segments between raw matches are then
+// normalised, pre-tokenised and merged on their own, and the leftmost-longest scan
+// finds the same matches before c in text[:c] as in text, because no match it took
+// before c ends after c (it would overlap the match at c).
+func cutSafe(tk addedToken) bool {
+	if tk.LStrip || tk.SingleWord || tk.Normalized || tk.Content == "" {
+		return false
+	}
+	r, _ := utf8.DecodeRuneInString(tk.Content)
+	return !unicode.IsSpace(r) && !isWordRune(r)
 }

@@ -56,12 +56,12 @@ func loadBench(b *testing.B, model string, opts ...tokenizer.Option) *tokenizer.
 }
 
 // BenchmarkEncodeChat tokenizes a ~2,400-token chat prompt whose ~2,000-token system
-// prompt is shared: "cold" with the segment cache off, "system-cached" with the system
-// segment memoised and a user turn that differs on every iteration.
+// prompt is shared: "cold" with the prefix cache off, "system-cached" with the system
+// prompt's prefix memoised and a user turn that differs on every iteration.
 func BenchmarkEncodeChat(b *testing.B) {
 	for _, model := range []string{"qwen3", "llama3"} {
 		b.Run(model+"/cold", func(b *testing.B) {
-			tk := loadBench(b, model, tokenizer.WithSegmentCache(0, 0, 1<<20))
+			tk := loadBench(b, model, tokenizer.WithPrefixCache(0))
 			system, user := chatPrompt(b, tk, 2000, 400)
 			prompt := render(model, system, user)
 			n := len(tk.Encode(prompt, false))
