@@ -37,7 +37,7 @@ func benchPromptTokens(b *testing.B, o prompt.LoadOptions) {
 		b.Fatal(err)
 	}
 	// Every request gets a unique user turn ("Request <n>. ..."), so only the shared
-	// system prompt can come from the tokenizer's segment cache.
+	// system prompt can come from the tokenizer's prefix cache.
 	req := typicalChat(0)
 	head, tail, _ := bytes.Cut(req.Messages, []byte("__N__"))
 	unique := func(n int) *openai.Request {
@@ -62,10 +62,10 @@ func benchPromptTokens(b *testing.B, o prompt.LoadOptions) {
 }
 
 // BenchmarkPromptTokensCold: render + tokenize a 2,400-token chat with the tokenizer's
-// segment cache and the template's message cache disabled, so every request decodes,
+// prefix cache and the template's message cache disabled, so every request decodes,
 // renders and tokenizes its whole prompt.
 func BenchmarkPromptTokensCold(b *testing.B) {
-	benchPromptTokens(b, prompt.LoadOptions{Tokenizer: []tokenizer.Option{tokenizer.WithSegmentCache(0, 0, 0)}, MessageCacheSize: -1})
+	benchPromptTokens(b, prompt.LoadOptions{Tokenizer: []tokenizer.Option{tokenizer.WithPrefixCache(0)}, MessageCacheSize: -1})
 }
 
 // BenchmarkPromptTokensSystemCached: the same requests with the default caches: the
