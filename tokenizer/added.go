@@ -1,6 +1,7 @@
 package tokenizer
 
 import (
+	"bytes"
 	"strings"
 	"unicode"
 	"unicode/utf8"
@@ -18,9 +19,20 @@ type addedToken struct {
 }
 
 // trieNode is a byte trie node; tok is the index of the token ending here, or -1.
+// Its edges are parallel slices searched with IndexByte: most nodes have one child,
+// and a long conversation walks the trie at every added token it holds.
 type trieNode struct {
-	next map[byte]int32
-	tok  int32
+	edges []byte  // the bytes of the edges
+	next  []int32 // the node each edge leads to
+	tok   int32
+}
+
+// child returns the node the edge labelled c leads to, or -1.
+func (n *trieNode) child(c byte) int32 {
+	if k := bytes.IndexByte(n.edges, c); k >= 0 {
+		return n.next[k]
+	}
+	return -1
 }
 
 // matcher finds added tokens leftmost-longest, as HF's aho-corasick
@@ -45,14 +57,12 @@ func newMatcher(tokens []addedToken) *matcher {
 		n := int32(0)
 		for j := 0; j < len(t.Content); j++ {
 			c := t.Content[j]
-			if m.nodes[n].next == nil {
-				m.nodes[n].next = map[byte]int32{}
-			}
-			nx, ok := m.nodes[n].next[c]
-			if !ok {
+			nx := m.nodes[n].child(c)
+			if nx < 0 {
 				nx = int32(len(m.nodes))
 				m.nodes = append(m.nodes, trieNode{tok: -1})
-				m.nodes[n].next[c] = nx
+				m.nodes[n].edges = append(m.nodes[n].edges, c)
+				m.nodes[n].next = append(m.nodes[n].next, nx)
 			}
 			n = nx
 		}
@@ -76,8 +86,8 @@ func (m *matcher) empty() bool { return len(m.nodes) == 1 }
 func (m *matcher) longestAt(s string, i int) (tok int32, end int) {
 	tok, n := -1, int32(0)
 	for j := i; j < len(s); j++ {
-		nx, ok := m.nodes[n].next[s[j]]
-		if !ok {
+		nx := m.nodes[n].child(s[j])
+		if nx < 0 {
 			break
 		}
 		n = nx

@@ -123,3 +123,56 @@ func BenchmarkLoad(b *testing.B) {
 	b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/(1<<20), "MiB-heap")
 	runtime.KeepAlive(tk)
 }
+
+// BenchmarkEncodeConversation tokenizes turn k of a Qwen3-format conversation whose
+// history is about 2k, 32k or 128k tokens: "cold" with the prefix cache off (the whole
+// history every turn), "warm" after the previous turn was tokenized, so only the new
+// answer and question (~150 tokens, unique to each iteration) are.
+func BenchmarkEncodeConversation(b *testing.B) {
+	base := loadBench(b, "qwen3")
+	for _, size := range []struct {
+		name   string
+		tokens int
+	}{{"2k", 2000}, {"32k", 32000}, {"128k", 128000}} {
+		var hist strings.Builder
+		hist.WriteString("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n")
+		for i, n := 0, 0; n < size.tokens; i++ {
+			role := []string{"user", "assistant"}[i%2]
+			msg := strings.Repeat(fmt.Sprintf("Message %d: the router keeps the prefix of every conversation. ", i), 25)
+			fmt.Fprintf(&hist, "<|im_start|>%s\n%s<|im_end|>\n", role, msg)
+			n += len(base.Encode(msg, false)) + 5
+		}
+		h := hist.String()
+		turn := func(n int) string {
+			return fmt.Sprintf("%s<|im_start|>assistant\nAnswer %d: %s<|im_end|>\n<|im_start|>user\nQuestion %d: %s<|im_end|>\n<|im_start|>assistant\n",
+				h, n, strings.Repeat("the cached prefix is copied. ", 15), n, strings.Repeat("and the rest is tokenized? ", 8))
+		}
+		for _, mode := range []struct {
+			name  string
+			bytes int64
+		}{{"cold", 0}, {"warm", tokenizer.DefaultPrefixCacheBytes}} {
+			b.Run(size.name+"/"+mode.name, func(b *testing.B) {
+				tk, err := base.Derive(tokenizer.WithPrefixCache(mode.bytes))
+				if err != nil {
+					b.Fatal(err)
+				}
+				tk.Encode(h+"<|im_start|>assistant\n", false) // the previous turn
+				ids := tk.Encode(turn(-1), false)
+				buf := make([]uint32, 0, 2*len(ids))
+				var cpu time.Duration
+				n := 0
+				for b.Loop() {
+					b.StopTimer()
+					text := turn(n)
+					b.StartTimer()
+					start := cputime.Process()
+					buf = tk.AppendEncode(buf[:0], text, false)
+					cpu += cputime.Process() - start
+					n++
+				}
+				b.ReportMetric(float64(cpu)/float64(n), "cpu-ns/op")
+				b.ReportMetric(float64(len(ids)), "tokens/op")
+			})
+		}
+	}
+}
