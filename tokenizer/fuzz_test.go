@@ -109,3 +109,35 @@ func FuzzEncodeModels(f *testing.F) {
 		}
 	})
 }
+
+// FuzzPrefixCache: texts sharing a fuzzed prefix, with added tokens whose flags make
+// some splits inexact (lstrip, single_word, rstrip, tokens starting with a word
+// character or a space, tokens containing another), give the same ids from a warm
+// prefix cache as without one.
+func FuzzPrefixCache(f *testing.F) {
+	for _, s := range [][2]string{{"hello <R>  ", "<|s|>y"}, {"hellox", "<|s|> wd>"}, {"he <sp>", "<L> x<W>"}, {"aa<|s|>bb", "<|s|>"}} {
+		f.Add(s[0], s[1])
+	}
+	added := []string{"<|s|>", "<L>", "<W>", "x<|s|>", "<|s|>y", " <sp>", "wd>", "<R>"}
+	flags := func(doc map[string]any) {
+		for _, a := range doc["added_tokens"].([]map[string]any) {
+			switch a["content"] {
+			case "<L>":
+				a["lstrip"] = true
+			case "<W>":
+				a["single_word"] = true
+			case "<R>":
+				a["rstrip"] = true
+			}
+		}
+	}
+	cached := tiny(f, helloMerges, added, flags, tokenizer.WithPrefixCache(1<<16))
+	plain := tiny(f, helloMerges, added, flags, tokenizer.WithPrefixCache(0))
+	f.Fuzz(func(t *testing.T, prefix, tail string) {
+		for _, text := range []string{prefix + "<|s|>", prefix + tail, prefix + "<|s|>" + tail, prefix + tail + "<|s|>" + prefix} {
+			if got, want := cached.Encode(text, true), plain.Encode(text, true); !slices.Equal(got, want) {
+				t.Fatalf("%q: cached ids %v, want %v", text, got, want)
+			}
+		}
+	})
+}
