@@ -415,18 +415,27 @@ func TestCutSafety(t *testing.T) {
 			}
 		}
 	}
-	cached := tiny(t, helloMerges, added, flags, tokenizer.WithPrefixCache(1<<20))
-	plain := tiny(t, helloMerges, added, flags, tokenizer.WithPrefixCache(0))
-	prefixes := []string{"hello <R>  ", "hello  ", "hellox", "hello<W>", "he <sp>", "aawd", "hello<|s|>", ""}
+	// With special tokens added around the text (BOS and EOS), as Meta's Llama 3
+	// tokenizer.json does, the cached prefixes start with BOS and never hold EOS.
+	withBOS := func(doc map[string]any) {
+		flags(doc)
+		doc["post_processor"] = map[string]any{"type": "TemplateProcessing",
+			"single":         []any{map[string]any{"SpecialToken": map[string]any{"id": "<|s|>"}}, map[string]any{"Sequence": map[string]any{"id": "A"}}, map[string]any{"SpecialToken": map[string]any{"id": "<R>"}}},
+			"special_tokens": map[string]any{"<|s|>": map[string]any{"ids": []int{1000}}, "<R>": map[string]any{"ids": []int{1007}}}}
+	}
+	cached := tiny(t, helloMerges, added, withBOS, tokenizer.WithPrefixCache(1<<20))
+	plain := tiny(t, helloMerges, added, withBOS, tokenizer.WithPrefixCache(0))
+	prefixes := []string{"hello <R>  ", "hello  ", "hellox", "hello<W>", "hello <W>", "<W>", "he <sp>", "aawd", "hello<|s|>", ""}
 	cuts := []string{"<|s|>", "<L>", "<W>", " <sp>", "wd>", "<R>", "<|s|>y", "x<|s|>"}
 	tails := []string{"", "hello", " world", "y<|s|>", "<L> x", "ll<W>"}
 	for _, p := range prefixes {
 		for _, c := range cuts {
 			for _, a := range tails {
 				for _, b := range tails {
-					for _, text := range []string{p + c + a, p + c + b + c + a, p + "x" + c + a} {
-						if got, want := cached.Encode(text, false), plain.Encode(text, false); !slices.Equal(got, want) {
-							t.Fatalf("%q: cached ids %v, want %v", text, got, want)
+					for i, text := range []string{p + c + a, p + c + b + c + a, p + "x" + c + a} {
+						add := i == 1
+						if got, want := cached.Encode(text, add), plain.Encode(text, add); !slices.Equal(got, want) {
+							t.Fatalf("%q (special tokens %v): cached ids %v, want %v", text, add, got, want)
 						}
 					}
 				}
