@@ -3,6 +3,8 @@ package prompt_test
 import (
 	"bytes"
 	"encoding/json"
+	"os"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"strconv"
@@ -11,6 +13,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvrouter/kvrouter/chattemplate"
 	"github.com/kvrouter/kvrouter/internal/cputime"
 	"github.com/kvrouter/kvrouter/internal/testtext"
 	"github.com/kvrouter/kvrouter/openai"
@@ -156,8 +159,8 @@ func nextTurn(hist []byte, n int) *openai.Request {
 // default caches after the previous turn was tokenized (so only the new answer and
 // question, ~180 tokens, are tokenized), "cold" with the prefix and message caches off
 // (the whole history every time). cpu-ns/op counts the process CPU of PromptTokens
-// alone (building the next request's body, and collecting the garbage left before
-// the call, are not counted).
+// alone, garbage collection included as in the other benchmarks (building the next
+// request's body is not counted).
 func BenchmarkConversationTurn(b *testing.B) {
 	dir := testmodels.Dir(b, "qwen3")
 	for _, size := range []struct {
@@ -193,7 +196,6 @@ func BenchmarkConversationTurn(b *testing.B) {
 				for b.Loop() {
 					b.StopTimer()
 					req := nextTurn(hist, n)
-					runtime.GC() // so that collecting the harness's garbage is not counted
 					b.StartTimer()
 					start := cputime.Process()
 					if _, err := bl.PromptTokens(req); err != nil {
@@ -264,6 +266,51 @@ func BenchmarkConversationCacheMemory(b *testing.B) {
 			b.ReportMetric(heap/n, "heap-bytes/conv")
 			b.ReportMetric(accounted/tokens, "cache-bytes/token")
 			b.ReportMetric(heap/tokens, "heap-bytes/token")
+		})
+	}
+}
+
+// BenchmarkConversationRender is the chat template's share of
+// BenchmarkConversationTurn's warm case: rendering turn k alone, with the default
+// message cache warmed by the previous turn. At long contexts it is most of the turn.
+func BenchmarkConversationRender(b *testing.B) {
+	dir := testmodels.Dir(b, "qwen3")
+	raw, err := os.ReadFile(filepath.Join(dir, "tokenizer_config.json"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	cfg, err := chattemplate.ParseTokenizerConfig(raw)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, size := range []struct {
+		name   string
+		tokens int
+	}{{"2k", 2000}, {"32k", 32000}, {"128k", 128000}} {
+		hist := history(size.tokens)
+		b.Run(size.name, func(b *testing.B) {
+			tmpl, err := chattemplate.CompileConfig(cfg, chattemplate.Options{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			render := func(req *openai.Request) {
+				if _, err := tmpl.Render(chattemplate.Input{Messages: req.Messages, AddGenerationPrompt: true}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			render(&openai.Request{Messages: append(slices.Clone(hist), ']')})
+			var cpu time.Duration
+			n := 0
+			for b.Loop() {
+				b.StopTimer()
+				req := nextTurn(hist, n)
+				b.StartTimer()
+				start := cputime.Process()
+				render(req)
+				cpu += cputime.Process() - start
+				n++
+			}
+			b.ReportMetric(float64(cpu)/float64(n), "cpu-ns/op")
 		})
 	}
 }
