@@ -70,7 +70,7 @@ func (t *Tokenizer) initCache(o options) error {
 }
 
 // Derive returns a tokenizer that shares t's (immutable) vocabulary, merges and
-// settings but has its own segment cache and metrics, configured by opts from the
+// settings but has its own prefix cache and metrics, configured by opts from the
 // defaults. Deriving is cheap; loading is not.
 func (t *Tokenizer) Derive(opts ...Option) (*Tokenizer, error) {
 	o := defaultOptions()
