@@ -141,6 +141,7 @@ func (p *Policy) Pick(req *scoring.Request, cands []scoring.Endpoint) (scoring.D
 	}
 	// Keys at the first candidate's block size: a fleet serving one model has one.
 	bs := p.blockSize(&cands[0])
+	sc.blockSize = bs
 	if req.TokenIDs != nil {
 		sc.keys = index.Keys(req.Root(), req.TokenIDs, bs, sc.keys[:0])
 	} else {

@@ -56,7 +56,7 @@ func (r *routers) router(env kvbench.PolicyEnv) (kvbench.Router, error) {
 	if !ok {
 		return kvbench.Router{}, fmt.Errorf("unknown policy %q", env.Policy)
 	}
-	d := policy.Deps{Rand: rand.NewPCG(env.Seed, randStreams[s.Name]), Now: env.Now}
+	d := policy.Deps{Rand: rand.NewPCG(env.Seed, randStreams[s.Name]), Now: env.Now, BlockSize: env.BlockSize}
 	var rt kvbench.Router
 	if s.Index {
 		ix, sink, err := newIndex(env)
