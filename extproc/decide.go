@@ -52,7 +52,8 @@ type choice struct {
 	policy   string
 	fallback string // fallback reason, "" when the configured policy chose
 	req      scoring.Request
-	ids      *[]uint32 // pooled buffer behind req.TokenIDs, returned once the choice is committed
+	ids      *[]uint32        // pooled buffer behind req.TokenIDs, returned once the choice is committed
+	observer scoring.Observer // the configured policy's Observer when the choice was made, if any
 }
 
 // decideAndReply picks the endpoint, commits it and sends the reply that carries the
@@ -116,8 +117,9 @@ func (st *stream) commit(c choice) {
 	st.routed, st.endpoint, st.reqID = true, c.endpoint, c.req.ID
 	st.tentative = nil
 	s.fleet.Begin(c.endpoint)
-	if s.observer != nil {
-		s.observer.Routed(&c.req, c.endpoint)
+	st.observer = c.observer
+	if st.observer != nil {
+		st.observer.Routed(&c.req, c.endpoint)
 	}
 	s.putIDs(c.ids) // policies keep no token ids past Pick and Routed
 }
@@ -184,12 +186,13 @@ func (st *stream) choose(in decideInput) (c choice, noEndpointReason string, err
 		}
 	}
 
-	policy := s.policy
+	rt := s.routing.Load() // this request's routing, even if SetRouting runs meanwhile
+	policy := rt.policy
 	if fallback != "" {
-		policy = s.fallback
+		policy = rt.fallback
 	}
 	d, err := policy.Pick(&req, eps)
-	for err == nil && d.Hold > 0 && req.Held+d.Hold <= s.maxHold {
+	for err == nil && d.Hold > 0 && req.Held+d.Hold <= rt.maxHold {
 		// The policy asks to wait: hold the stream (Envoy waits for this reply), then pick
 		// again among the candidates as they are then.
 		select {
@@ -208,19 +211,19 @@ func (st *stream) choose(in decideInput) (c choice, noEndpointReason string, err
 		d, err = policy.Pick(&req, eps)
 	}
 	if fallback == "" && (err != nil || !contains(eps, d.Endpoint)) {
-		fallback, policy = fallbackPolicyError, s.fallback
+		fallback, policy = fallbackPolicyError, rt.fallback
 		d, err = policy.Pick(&req, eps)
 	}
 	if err != nil || !contains(eps, d.Endpoint) {
 		return c, noEndpointPolicy, nil
 	}
 	dest := d.Endpoint
-	if s.maxFalls > 0 && len(d.Fallbacks) > 0 {
+	if rt.maxFalls > 0 && len(d.Fallbacks) > 0 {
 		var b strings.Builder
 		b.WriteString(d.Endpoint)
 		n := 0
 		for _, f := range d.Fallbacks {
-			if n == s.maxFalls {
+			if n == rt.maxFalls {
 				break
 			}
 			if f != d.Endpoint && contains(eps, f) {
@@ -231,7 +234,9 @@ func (st *stream) choose(in decideInput) (c choice, noEndpointReason string, err
 		}
 		dest = b.String()
 	}
-	return choice{dest: dest, endpoint: d.Endpoint, policy: policy.Name(), fallback: fallback, req: req, ids: ids}, "", nil
+	c = choice{dest: dest, endpoint: d.Endpoint, policy: policy.Name(), fallback: fallback, req: req, ids: ids}
+	c.observer = rt.observer // told of every request routed under rt, as the fallback's too
+	return c, "", nil
 }
 
 // usable narrows eps to the proxy's subset hint, or returns why no endpoint is left.

@@ -84,20 +84,17 @@ type Options struct {
 
 // Server implements Envoy's ExternalProcessor service. Create it with New.
 type Server struct {
-	policy   scoring.Policy
-	fallback scoring.Policy
-	observer scoring.Observer // Policy's, when it implements scoring.Observer
+	// routing is what SetRouting swaps; a request reads it once, when it is decided.
+	routing  atomic.Pointer[routing]
 	fleet    Fleet
 	appender candidateAppender // fleet, when it can fill a reused buffer
 	tok      Tokenizer
 	tokApp   tokenAppender // tok, when it can fill a reused buffer
 	maxBody  int
-	maxFalls int
 	reqMode  filterv3.ProcessingMode_BodySendMode
 	respMode filterv3.ProcessingMode_BodySendMode
 	log      *zap.Logger
 	now      func() time.Time
-	maxHold  time.Duration
 	after    func(time.Duration) <-chan time.Time
 	m        *metrics
 	// candidateBufs pools *[]scoring.Endpoint for fleets implementing candidateAppender.
@@ -120,17 +117,13 @@ func New(o Options) *Server {
 		panic("extproc: New needs Options.Policy and Options.Fleet")
 	}
 	s := &Server{
-		policy:   o.Policy,
-		fallback: o.Fallback,
 		fleet:    o.Fleet,
 		tok:      o.Tokenizer,
 		maxBody:  o.MaxBodyBytes,
-		maxFalls: o.MaxFallbacks,
 		reqMode:  filterv3.ProcessingMode_FULL_DUPLEX_STREAMED,
 		respMode: filterv3.ProcessingMode_FULL_DUPLEX_STREAMED,
 		log:      o.Logger,
 		now:      o.Now,
-		maxHold:  o.MaxHold,
 		after:    o.After,
 		m:        newMetrics(o.Registerer),
 	}
@@ -140,12 +133,7 @@ func New(o Options) *Server {
 	if a, ok := o.Tokenizer.(tokenAppender); ok {
 		s.tokApp = a
 	}
-	if s.fallback == nil {
-		s.fallback = scoring.NewLeastLoad()
-	}
-	if obs, ok := o.Policy.(scoring.Observer); ok {
-		s.observer = obs
-	}
+	s.SetRouting(Routing{Policy: o.Policy, Fallback: o.Fallback, MaxHold: o.MaxHold, MaxFallbacks: o.MaxFallbacks})
 	if s.maxBody <= 0 {
 		s.maxBody = DefaultMaxBodyBytes
 	}
@@ -162,6 +150,41 @@ func New(o Options) *Server {
 		s.after = time.After
 	}
 	return s
+}
+
+// Routing is the part of a Server's options that may change while it serves (a
+// configuration reload): the fields of Options of the same names.
+type Routing struct {
+	Policy       scoring.Policy
+	Fallback     scoring.Policy // nil: scoring.NewLeastLoad()
+	MaxHold      time.Duration
+	MaxFallbacks int
+}
+
+// routing is a Routing in force, with the policy's Observer found once.
+type routing struct {
+	policy, fallback scoring.Policy
+	observer         scoring.Observer // policy's, when it implements scoring.Observer
+	maxHold          time.Duration
+	maxFalls         int
+}
+
+// SetRouting puts r in force for the requests decided from now on. A request already
+// decided keeps the policy that routed it to its end: its Observer calls (FirstToken,
+// Finished) go to that policy, never to one it was not Routed by. Safe to call while
+// streams are open. It panics only if r.Policy is nil, a programming error.
+func (s *Server) SetRouting(r Routing) {
+	if r.Policy == nil {
+		panic("extproc: SetRouting needs a Policy")
+	}
+	rt := &routing{policy: r.Policy, fallback: r.Fallback, maxHold: r.MaxHold, maxFalls: r.MaxFallbacks}
+	if rt.fallback == nil {
+		rt.fallback = scoring.NewLeastLoad()
+	}
+	if obs, ok := r.Policy.(scoring.Observer); ok {
+		rt.observer = obs
+	}
+	s.routing.Store(rt)
 }
 
 // Register adds the ExternalProcessor service to g.

@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/epp"
 	"github.com/kvrouter/kvrouter/openai"
+	"github.com/kvrouter/kvrouter/scoring"
 )
 
 // phase is where a stream stands; each Envoy message is accepted only in some phases.
@@ -62,6 +63,7 @@ type stream struct {
 	// decision
 	routed    bool
 	endpoint  string
+	observer  scoring.Observer // told of this request's progress: the one in force when it was routed
 	reqID     string
 	tentative *choice // BUFFERED: named in the headers reply, committed if no body comes
 
@@ -317,8 +319,8 @@ func (st *stream) markFirstToken() {
 		return
 	}
 	st.firstToken = true
-	if st.s.observer != nil {
-		st.s.observer.FirstToken(st.reqID)
+	if st.observer != nil {
+		st.observer.FirstToken(st.reqID)
 	}
 }
 
@@ -344,8 +346,8 @@ func (st *stream) release() {
 	}
 	st.released = true
 	st.s.fleet.End(st.endpoint)
-	if st.s.observer != nil {
-		st.s.observer.Finished(st.reqID)
+	if st.observer != nil {
+		st.observer.Finished(st.reqID)
 	}
 }
 
