@@ -29,7 +29,6 @@ import (
 	"github.com/kvrouter/kvrouter/extproc"
 	"github.com/kvrouter/kvrouter/fleet"
 	"github.com/kvrouter/kvrouter/policy"
-	"github.com/kvrouter/kvrouter/scoring"
 )
 
 // Health service names.
@@ -66,8 +65,15 @@ type Options struct {
 	KubeClients *kdisc.Clients
 	// Resolver resolves discovery.dns names. Nil: net.DefaultResolver.
 	Resolver discovery.Resolver
-	// Clock drives discovery's intervals and grace periods. Nil: the real clock.
+	// Clock drives discovery's intervals and grace periods, and the configuration file's
+	// change checks. Nil: the real clock.
 	Clock clock.WithTicker
+	// ConfigPath is the file the configuration was loaded from: Reload reads it again,
+	// and Run checks it for changes every ConfigCheckInterval. Empty: no reload.
+	ConfigPath string
+	// ConfigCheckInterval is how often Run looks at ConfigPath's identity, modification
+	// time and size. 0: DefaultConfigCheckInterval; negative: never (Reload only).
+	ConfigCheckInterval time.Duration
 }
 
 // Addrs are the addresses the App listens on (resolved, so port 0 becomes a real port).
@@ -85,10 +91,17 @@ type App struct {
 	kv      *kvPath
 	// policies is the one list of routing policies (policy.Builtin), built once.
 	policies *policy.Registry
-	policy   scoring.Policy
-	// fallback routes requests without token ids or a known model.
-	fallback scoring.Policy
-	tok      extproc.Tokenizer
+	// pols are the policy and the fallback (which routes requests without token ids or a
+	// known model) in force; a reload swaps them.
+	pols atomic.Pointer[policies]
+	// policyReg takes the policies' metrics: a policy rebuilt by a reload replaces its
+	// predecessor's collectors (its counters start again from 0).
+	policyReg prometheus.Registerer
+	rand      rand.Source
+	// live is the configuration in force: New's, with a reload's live sections applied.
+	live   atomic.Pointer[config.Config]
+	reload *reloader
+	tok    extproc.Tokenizer
 	// now is the injected clock (time.Now when none is given).
 	now       func() time.Time
 	discovery runner // nil without discovery
@@ -111,6 +124,7 @@ func New(cfg *config.Config, o Options) (*App, error) {
 		return nil, fmt.Errorf("app: invalid configuration: %w", err)
 	}
 	a := &App{cfg: cfg, log: o.Logger, reg: o.Registry, now: o.Now, policies: policy.Builtin()}
+	a.live.Store(cfg)
 	if a.now == nil {
 		a.now = time.Now
 	}
@@ -121,6 +135,8 @@ func New(cfg *config.Config, o Options) (*App, error) {
 		a.reg = prometheus.NewRegistry()
 		a.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	}
+	a.policyReg = replacingRegisterer{a.reg}
+	a.reload = newReloader(o, a.reg)
 	f, err := fleet.New(cfg.Fleet(), fleet.Options{
 		Logger:     a.log.Named("fleet"),
 		Registerer: a.reg,
@@ -227,6 +243,9 @@ func (a *App) Run(ctx context.Context) error {
 	if a.discovery != nil {
 		g.Go(func() error { return a.discovery.Run(gctx) })
 	}
+	if a.reload.path != "" && a.reload.interval > 0 {
+		g.Go(func() error { a.watchConfig(gctx); return nil })
+	}
 	g.Go(func() error { return serveGRPC(a.extGRPC, a.lnExt, "extproc") })
 	g.Go(func() error { return serveGRPC(a.probeGRPC, a.lnProbe, "health") })
 	g.Go(func() error {
@@ -257,14 +276,15 @@ func (a *App) drain() {
 	a.draining.Store(true)
 	a.updateHealth()
 	a.extproc.Drain()
-	a.log.Info("draining", zap.Duration("timeout", a.cfg.Limits.DrainTimeout))
+	timeout := a.live.Load().Limits.DrainTimeout
+	a.log.Info("draining", zap.Duration("timeout", timeout))
 
 	done := make(chan struct{})
 	go func() {
 		a.extGRPC.GracefulStop()
 		close(done)
 	}()
-	timer := time.NewTimer(a.cfg.Limits.DrainTimeout)
+	timer := time.NewTimer(timeout)
 	defer timer.Stop()
 	select {
 	case <-done:

@@ -22,7 +22,7 @@ import (
 const usage = `kvrouter: a KV-cache-aware router for vLLM fleets, serving Envoy's ext_proc.
 
 Usage:
-  kvrouter --config FILE [--log-level LEVEL]   serve
+  kvrouter --config FILE [--log-level LEVEL]   serve; SIGHUP or a change of FILE reloads it
   kvrouter check-config FILE                   report every problem in FILE, exit 1 if any
   kvrouter tokenize --model-dir DIR            read request bodies (JSON lines) on stdin, print
                                                {"ids":[...]} or {"error":...} per line, as vLLM's /tokenize
@@ -59,7 +59,8 @@ func MainIO(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		fmt.Fprint(stderr, usage)
 		fs.PrintDefaults()
 	}
-	cfgPath := fs.String("config", "", "path of the YAML configuration file (required)")
+	cfgPath := fs.String("config", "", "path of the YAML configuration file (required); reloaded on SIGHUP and when it changes")
+	checkEvery := fs.Duration("config-check-interval", DefaultConfigCheckInterval, "how often to look for a change of the configuration file (0: only on SIGHUP)")
 	level := zapcore.InfoLevel
 	fs.Var(&level, "log-level", "log level: debug, info, warn, error")
 	if err := fs.Parse(args); err != nil {
@@ -84,13 +85,33 @@ func MainIO(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "%v\n", err)
 		return 1
 	}
-	a, err := New(cfg, Options{Logger: log})
+	interval := *checkEvery
+	if interval <= 0 {
+		interval = -1
+	}
+	a, err := New(cfg, Options{Logger: log, ConfigPath: *cfgPath, ConfigCheckInterval: interval})
 	if err != nil {
 		log.Error("cannot start", zap.Error(err))
 		return 1
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
+	// SIGHUP reloads the configuration (its default action would end the process
+	// without a drain).
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	go func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-hup:
+				log.Info("SIGHUP: reloading the configuration", zap.String("file", *cfgPath))
+				_, _ = a.Reload()
+			}
+		}
+	}()
 	if err := a.Run(ctx); err != nil {
 		log.Error("stopped", zap.Error(err))
 		return 1
@@ -112,7 +133,7 @@ func checkConfig(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "usage: kvrouter check-config FILE")
 		return 2
 	}
-	cfg, err := config.Load(args[0])
+	cfg, err := loadChecked(args[0])
 	if err != nil {
 		fmt.Fprintln(stderr, err)
 		return 1
@@ -125,6 +146,12 @@ func checkConfig(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stdout, "kv events: per-pod mode: kvrouter dials every pod's publisher; any number of replicas\n")
 	}
 	return 0
+}
+
+// loadChecked loads a configuration file with every check of check-config; its error's
+// text is what check-config prints (a configuration reload logs the same lines).
+func loadChecked(path string) (*config.Config, error) {
+	return config.Load(path)
 }
 
 // tokenize implements `kvrouter tokenize --model-dir DIR`.

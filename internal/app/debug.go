@@ -208,9 +208,10 @@ func (a *App) ExplainRoute(path string, body []byte) (*RouteExplanation, error) 
 		return nil, errors.Join(errBadDebugRequest, err)
 	}
 	eps, base, lora, ok := a.fleet.Candidates(req.Model)
-	x := &RouteExplanation{Model: req.Model, BaseModel: base, LoRA: lora, Used: a.policy.Name(), Endpoints: []RouteEndpoint{}}
+	pols := a.pols.Load()
+	x := &RouteExplanation{Model: req.Model, BaseModel: base, LoRA: lora, Used: pols.policy.Name(), Endpoints: []RouteEndpoint{}}
 	if !ok {
-		x.Used, x.FallbackReason = a.fallback.Name(), "unknown_model"
+		x.Used, x.FallbackReason = pols.fallback.Name(), "unknown_model"
 	}
 	sreq := &scoring.Request{ID: "debug", Model: req.Model, BaseModel: base, LoRA: lora, CacheSalt: req.CacheSalt}
 	switch {
@@ -247,12 +248,12 @@ func (a *App) ExplainRoute(path string, body []byte) (*RouteExplanation, error) 
 		x.Endpoints = append(x.Endpoints, re)
 	}
 	if len(eps) == 0 {
-		x.Policy = PolicyView{Policy: a.policy.Name(), Note: "no eligible endpoint: the router answers 503"}
-		x.Fallback = PolicyView{Policy: a.fallback.Name(), Note: x.Policy.Note}
+		x.Policy = PolicyView{Policy: pols.policy.Name(), Note: "no eligible endpoint: the router answers 503"}
+		x.Fallback = PolicyView{Policy: pols.fallback.Name(), Note: x.Policy.Note}
 		return x, nil
 	}
-	x.Policy = explainPolicy(a.policy, sreq, eps)
-	x.Fallback = explainPolicy(a.fallback, sreq, eps)
+	x.Policy = explainPolicy(pols.policy, sreq, eps)
+	x.Fallback = explainPolicy(pols.fallback, sreq, eps)
 	x.Pick = x.Policy.Pick
 	if !ok {
 		x.Pick = x.Fallback.Pick

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"math/rand/v2"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/kvrouter/kvrouter/config"
 	"github.com/kvrouter/kvrouter/extproc"
 	"github.com/kvrouter/kvrouter/fleet"
@@ -29,12 +31,12 @@ type forgetter interface {
 // the policy configuration with the kv section's bounds, the block index, the events'
 // health view, the clock and the model's block size. src feeds the random policy and
 // the kv policies' tie-breaks (nil: seeded from the clock).
-func (a *App) newPolicy(name string, src rand.Source) (scoring.Policy, error) {
-	pc := a.cfg.Policy.Config
+func (a *App) newPolicy(pcfg config.PolicyConfig, name string, src rand.Source, reg prometheus.Registerer) (scoring.Policy, error) {
+	pc := pcfg.Config
 	pc.KV.ApproxBlocks = a.cfg.KV.ApproxBlocks
 	pc.KV.MaxTracked = a.cfg.KV.MaxTracked
 	p, err := a.policies.New(name, &pc, policy.Deps{
-		Index: a.kv.ix, Health: a.kv.health, Rand: src, Now: a.now, Registerer: a.reg,
+		Index: a.kv.ix, Health: a.kv.health, Rand: src, Now: a.now, Registerer: reg,
 		BlockSize: a.blockSize(),
 	})
 	if err != nil {
@@ -53,20 +55,44 @@ func (a *App) blockSize() int {
 	return config.DefaultBlockSize
 }
 
+// policies are the routing and fallback policies in force.
+type policies struct {
+	policy, fallback scoring.Policy
+}
+
+// buildPolicies builds the configured policy and fallback, their metrics on reg.
+func (a *App) buildPolicies(pc config.PolicyConfig, src rand.Source, reg prometheus.Registerer) (*policies, error) {
+	pol, err := a.newPolicy(pc, pc.Name, src, reg)
+	if err != nil {
+		return nil, err
+	}
+	fallback, err := a.newPolicy(pc, pc.Fallback, src, reg)
+	if err != nil {
+		return nil, err
+	}
+	return &policies{policy: pol, fallback: fallback}, nil
+}
+
+// forget tells the policies in force that an endpoint left the fleet.
+func (a *App) forget(addr string) {
+	p := a.pols.Load()
+	for _, pol := range []scoring.Policy{p.policy, p.fallback} {
+		if f, ok := pol.(forgetter); ok {
+			f.Forget(addr)
+		}
+	}
+}
+
 // registerExtProc builds the ext_proc server over the fleet and registers it on g.
 func (a *App) registerExtProc(o Options) error {
-	pol, err := a.newPolicy(a.cfg.Policy.Name, o.Rand)
+	a.rand = o.Rand
+	pols, err := a.buildPolicies(a.cfg.Policy, o.Rand, a.policyReg)
 	if err != nil {
 		return err
 	}
-	fallback, err := a.newPolicy(a.cfg.Policy.Fallback, o.Rand)
-	if err != nil {
-		return err
-	}
-	a.policy, a.fallback = pol, fallback
-	if f, ok := pol.(forgetter); ok {
-		a.kv.forget = f.Forget
-	}
+	a.pols.Store(pols)
+	pol, fallback := pols.policy, pols.fallback
+	a.kv.forget = a.forget
 	tok := o.Tokenizer
 	if tok == nil && len(a.cfg.Models) > 0 {
 		if tok, err = newTokenizer(a.cfg, a.log.Named("prompt"), a.reg, o.Now); err != nil {

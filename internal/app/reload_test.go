@@ -1,0 +1,287 @@
+package app_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/kvrouter/kvrouter/config"
+	"github.com/kvrouter/kvrouter/internal/app"
+	"github.com/kvrouter/kvrouter/internal/testwait"
+)
+
+// reloadYAML is a configuration file over the fake vLLMs at addrs.
+func reloadYAML(metrics, policy string, maxHold time.Duration, vllms ...*fakeVLLM) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "listen:\n  extproc: 127.0.0.1:0\n  health: 127.0.0.1:0\n  metrics: %s\n", metrics)
+	b.WriteString("endpoints:\n")
+	for _, v := range vllms {
+		fmt.Fprintf(&b, "  - address: %s\n    models: [%s]\n    metrics_url: %s/metrics\n", v.Listener.Addr(), model, v.URL)
+	}
+	fmt.Fprintf(&b, "policy:\n  name: %s\n", policy)
+	fmt.Fprintf(&b, "limits:\n  max_hold: %s\n", maxHold)
+	return b.String()
+}
+
+func writeFile(t *testing.T, path, text string) {
+	t.Helper()
+	// Write beside and rename, as a ConfigMap update or an editor does.
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func endpointAddrs(t *testing.T, base string) []string {
+	t.Helper()
+	_, body := httpGet(t, base+"/debug/endpoints")
+	var eps []struct {
+		Address string `json:"address"`
+	}
+	if err := json.Unmarshal([]byte(body), &eps); err != nil {
+		t.Fatalf("/debug/endpoints: %v: %s", err, body)
+	}
+	var out []string
+	for _, e := range eps {
+		out = append(out, e.Address)
+	}
+	slices.Sort(out)
+	return out
+}
+
+func reloads(t *testing.T, reg *prometheus.Registry, result string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "kvrouter_config_reloads_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if m.GetLabel()[0].GetValue() == result {
+				return m.GetCounter().GetValue()
+			}
+		}
+	}
+	return 0
+}
+
+func TestReload(t *testing.T) {
+	v1, v2 := newFakeVLLM(t), newFakeVLLM(t)
+	v1.up.Store(true)
+	v2.up.Store(true)
+	path := filepath.Join(t.TempDir(), "kvrouter.yaml")
+	writeFile(t, path, reloadYAML("127.0.0.1:0", "round-robin", 50*time.Millisecond, v1, v2))
+	cfg, err := config.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	r := startApp(t, cfg, app.Options{Registry: reg, ConfigPath: path, ConfigCheckInterval: -1})
+	base := "http://" + r.addrs.Metrics
+	if got := endpointAddrs(t, base); len(got) != 2 {
+		t.Fatalf("endpoints %v, want 2", got)
+	}
+
+	type step struct {
+		name        string
+		yaml        string
+		wantResult  string
+		wantApplied []string
+		wantRestart []string
+		wantEps     []string
+		wantPolicy  string
+	}
+	v1Only := []string{v1.Listener.Addr().String()}
+	steps := []step{
+		{name: "same file", yaml: reloadYAML("127.0.0.1:0", "round-robin", 50*time.Millisecond, v1, v2),
+			wantResult: app.ReloadUnchanged, wantEps: endpointAddrs(t, base), wantPolicy: "round-robin"},
+		{name: "endpoint removed, policy, max_hold and a listen address changed",
+			yaml:       reloadYAML("127.0.0.1:1", "least-load", 80*time.Millisecond, v1),
+			wantResult: app.ReloadApplied, wantApplied: []string{"endpoints", "policy.name", "limits.max_hold"},
+			wantRestart: []string{"listen.metrics"}, wantEps: v1Only, wantPolicy: "least-load"},
+		{name: "invalid: the configuration in force stays",
+			yaml:       reloadYAML("127.0.0.1:0", "no-such-policy", 50*time.Millisecond, v1, v2),
+			wantResult: app.ReloadInvalid, wantEps: v1Only, wantPolicy: "least-load"},
+	}
+	for _, s := range steps {
+		t.Run(s.name, func(t *testing.T) {
+			writeFile(t, path, s.yaml)
+			before := reloads(t, reg, s.wantResult)
+			rep, err := r.Reload()
+			if rep.Result != s.wantResult {
+				t.Fatalf("result %q (err %v), want %q", rep.Result, err, s.wantResult)
+			}
+			if s.wantResult == app.ReloadInvalid {
+				// The error is what check-config prints for the same file.
+				var stdout, stderr bytes.Buffer
+				if code := app.Main([]string{"check-config", path}, &stdout, &stderr); code != 1 {
+					t.Fatalf("check-config exit %d", code)
+				}
+				if err == nil || err.Error()+"\n" != stderr.String() {
+					t.Fatalf("reload error %q, check-config printed %q", err, stderr.String())
+				}
+			} else if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(rep.Applied, s.wantApplied) || !slices.Equal(rep.Restart, s.wantRestart) {
+				t.Fatalf("applied %v restart %v, want %v and %v", rep.Applied, rep.Restart, s.wantApplied, s.wantRestart)
+			}
+			if got := reloads(t, reg, s.wantResult); got != before+1 {
+				t.Fatalf("reloads{result=%s} %v, want %v", s.wantResult, got, before+1)
+			}
+			if got := endpointAddrs(t, base); !slices.Equal(got, s.wantEps) {
+				t.Fatalf("endpoints %v, want %v", got, s.wantEps)
+			}
+			if got := usedPolicy(t, base); got != s.wantPolicy {
+				t.Fatalf("/debug/route uses %s, want %s", got, s.wantPolicy)
+			}
+		})
+	}
+	// The last valid file asked for one restart-only change; the invalid one changed nothing.
+	if got := gauge(t, reg, "kvrouter_config_restart_required"); got != 1 {
+		t.Fatalf("kvrouter_config_restart_required %v, want 1", got)
+	}
+}
+
+func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			return mf.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	t.Fatalf("no metric %s", name)
+	return 0
+}
+
+func usedPolicy(t *testing.T, base string) string {
+	t.Helper()
+	resp, err := http.Post(base+"/debug/route", "application/json", strings.NewReader(`{"model":"`+model+`","prompt":"hi"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var x app.RouteExplanation
+	if err := json.NewDecoder(resp.Body).Decode(&x); err != nil {
+		t.Fatal(err)
+	}
+	return x.Used
+}
+
+// A change of the file is picked up on the next check of the injected clock.
+func TestReloadOnFileChange(t *testing.T) {
+	v1, v2 := newFakeVLLM(t), newFakeVLLM(t)
+	v1.up.Store(true)
+	v2.up.Store(true)
+	path := filepath.Join(t.TempDir(), "kvrouter.yaml")
+	writeFile(t, path, reloadYAML("127.0.0.1:0", "round-robin", 50*time.Millisecond, v1))
+	cfg, err := config.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	clk := clocktesting.NewFakeClock(time.Now())
+	r := startApp(t, cfg, app.Options{Registry: reg, ConfigPath: path, ConfigCheckInterval: time.Second, Clock: clk})
+	base := "http://" + r.addrs.Metrics
+
+	writeFile(t, path, reloadYAML("127.0.0.1:0", "round-robin", 50*time.Millisecond, v1, v2))
+	testwait.For(t, "the file change to be applied", func() bool {
+		clk.Step(time.Second)
+		return reloads(t, reg, app.ReloadApplied) == 1
+	})
+	if got := endpointAddrs(t, base); len(got) != 2 {
+		t.Fatalf("endpoints %v, want 2", got)
+	}
+	// No change: further checks reload nothing.
+	for range 3 {
+		clk.Step(time.Second)
+	}
+	if got := reloads(t, reg, app.ReloadApplied) + reloads(t, reg, app.ReloadUnchanged); got != 1 {
+		t.Fatalf("%v reloads, want 1", got)
+	}
+}
+
+// SIGHUP reloads the configuration instead of ending the process (its default action,
+// exit 129 without a drain); SIGTERM then drains and exits 0.
+func TestSIGHUPReloads(t *testing.T) {
+	v1 := newFakeVLLM(t)
+	v1.up.Store(true)
+	path := filepath.Join(t.TempDir(), "kvrouter.yaml")
+	writeFile(t, path, reloadYAML("127.0.0.1:0", "round-robin", 50*time.Millisecond, v1))
+	logs := &syncBuffer{}
+	code := make(chan int, 1)
+	go func() { code <- app.Main([]string{"--config", path, "--config-check-interval", "0"}, logs, logs) }()
+	testwait.For(t, "kvrouter to serve", func() bool { return strings.Contains(logs.String(), "kvrouter serving") })
+
+	writeFile(t, path, reloadYAML("127.0.0.1:0", "least-load", 50*time.Millisecond, v1))
+	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	testwait.For(t, "the reload", func() bool { return strings.Contains(logs.String(), `"configuration reloaded"`) })
+	if !strings.Contains(logs.String(), `"applied":["policy.name"]`) {
+		t.Fatalf("reload log does not name policy.name: %s", logs.String())
+	}
+
+	writeFile(t, path, "policy: {name: nope}\n")
+	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	testwait.For(t, "the rejected reload", func() bool {
+		return strings.Contains(logs.String(), "configuration reload rejected: the configuration in force stays")
+	})
+
+	if err := syscall.Kill(os.Getpid(), syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case c := <-code:
+		if c != 0 {
+			t.Fatalf("exit %d after SIGTERM, want 0: %s", c, logs.String())
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("Main did not return after SIGTERM")
+	}
+	if !strings.Contains(logs.String(), `"drained"`) {
+		t.Fatalf("no drain logged: %s", logs.String())
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for the logger's and the test's goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
