@@ -6,6 +6,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -46,6 +47,9 @@ func main() {
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) > 0 && args[0] == "latency" {
 		return latency(ctx, args[1:], stdout, stderr)
+	}
+	if len(args) > 0 && args[0] == "faults" {
+		return faults(ctx, args[1:], stdout, stderr)
 	}
 	if len(args) > 0 && args[0] == "trivial-extproc" {
 		return trivialExtProc(ctx, args[1:], stderr)
@@ -204,6 +208,52 @@ func latency(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return err
 	}
 	return demo.WriteLatency(stdout, o, rounds)
+}
+
+// faults is `kvdemo faults`: the fault suite (issue 12) on one stack of child processes
+// and the dev gateway; it prints the table and, with --json, writes the rows.
+func faults(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fo := demo.DefaultFaultOptions()
+	fs := flag.NewFlagSet("kvdemo faults", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&fo.Process.BinDir, "bin", "bin", "directory with the vllm-sim, kvrouter and devgateway binaries (make build)")
+	fs.StringVar(&fo.TokenizerDir, "tokenizer", fo.TokenizerDir, "the model's tokenizer directory (make models)")
+	short := fs.Bool("short", false, "the short version (make test): fewer requests, streams, connections and smaller bodies")
+	jsonOut := fs.String("json", "", "write the rows as JSON to this file")
+	keep := fs.Bool("keep-logs", false, "keep the generated configurations and the processes' logs")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *short {
+		tok, bin := fo.TokenizerDir, fo.Process.BinDir
+		fo = demo.ShortFaultOptions()
+		fo.TokenizerDir, fo.Process.BinDir = tok, bin
+	}
+	fo.Log = stderr
+	dir, err := os.MkdirTemp("", "kvdemo-faults-")
+	if err != nil {
+		return err
+	}
+	if *keep {
+		fmt.Fprintf(stderr, "kvdemo faults: configurations and logs in %s\n", dir)
+	} else {
+		defer os.RemoveAll(dir)
+	}
+	fo.Process.WorkDir = dir
+	rows, err := demo.RunFaults(ctx, fo)
+	if err != nil {
+		return err
+	}
+	if *jsonOut != "" {
+		b, err := json.MarshalIndent(rows, "", "  ")
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(*jsonOut, append(b, '\n'), 0o644); err != nil {
+			return err
+		}
+	}
+	return demo.WriteFaults(stdout, rows)
 }
 
 // trivialExtProc is `kvdemo trivial-extproc` (not in the usage: kvdemo latency starts

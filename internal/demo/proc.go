@@ -50,12 +50,18 @@ type proc struct {
 	log  string
 	done chan struct{}
 	err  error
+	// how it was started, for respawn
+	env  []string
+	bin  string
+	args []string
 }
 
 type procStack struct {
 	procs                 []*proc
 	gatewayURL, routerURL string
 	metrics               []string
+	routerConfig          string // kvrouter's configuration file
+	extproc               string // kvrouter's ext_proc address
 }
 
 func (s *procStack) GatewayURL() string          { return s.gatewayURL }
@@ -99,14 +105,64 @@ func (s *procStack) spawn(name, logPath string, env []string, bin string, args .
 		f.Close()
 		return fmt.Errorf("demo: start %s: %w", name, err)
 	}
-	p := &proc{name: name, cmd: cmd, log: logPath, done: make(chan struct{})}
+	p := &proc{name: name, cmd: cmd, log: logPath, done: make(chan struct{}), env: env, bin: bin, args: args}
 	go func() {
 		p.err = cmd.Wait()
 		f.Close()
 		close(p.done)
 	}()
+	for i, q := range s.procs {
+		if q.name == name {
+			s.procs[i] = p // a respawn takes its predecessor's place
+			return nil
+		}
+	}
 	s.procs = append(s.procs, p)
 	return nil
+}
+
+// find returns the named child, or nil.
+func (s *procStack) find(name string) *proc {
+	for _, p := range s.procs {
+		if p.name == name {
+			return p
+		}
+	}
+	return nil
+}
+
+// stop sends sig to the named child and waits (at most 10 s, then SIGKILL) until it exits.
+func (s *procStack) stop(name string, sig syscall.Signal) error {
+	p := s.find(name)
+	if p == nil {
+		return fmt.Errorf("demo: no process %q", name)
+	}
+	_ = p.cmd.Process.Signal(sig)
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	}
+	return nil
+}
+
+// respawn starts the named child again as it was first started (same arguments, same
+// ports), its output in the old log's name + ".again".
+func (s *procStack) respawn(name string) error {
+	p := s.find(name)
+	if p == nil {
+		return fmt.Errorf("demo: no process %q", name)
+	}
+	return s.spawn(name, p.log+".again", p.env, p.bin, p.args...)
+}
+
+// pid returns the named child's process id (0 when unknown).
+func (s *procStack) pid(name string) int {
+	if p := s.find(name); p != nil {
+		return p.cmd.Process.Pid
+	}
+	return 0
 }
 
 // cpu returns a reader of the named child's CPU time (user + system, all threads).
@@ -233,6 +289,7 @@ func (s *procStack) start(ctx context.Context, o *Options, po ProcessOptions, po
 	if err := os.WriteFile(cfgPath, routerConfig(&oc, servers, policy, ext, health, metrics), 0o644); err != nil {
 		return err
 	}
+	s.routerConfig, s.extproc = cfgPath, ext
 	if err := s.spawn("kvrouter", filepath.Join(po.WorkDir, "kvrouter-"+policy+".log"), nil, bin("kvrouter"),
 		"--config", cfgPath, "--log-level", "info"); err != nil {
 		return err
