@@ -69,7 +69,7 @@ HELM_VERSION ?= v3.22.0
 # off by default) and unused code (U1000). A finding read on purpose carries a
 # //lint:ignore with its reason on the line above.
 STATICCHECK         ?= $(shell command -v staticcheck 2>/dev/null || echo $(CURDIR)/bin/staticcheck)
-STATICCHECK_VERSION ?= 2026.2.2
+STATICCHECK_VERSION ?= v0.8.2 # staticcheck 2026.2.2
 
 .PHONY: tools
 tools: ## Build helm (chart goldens) and staticcheck (lint) into ./bin from the Go module proxy.
