@@ -19,6 +19,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/config/field"
 	"github.com/kvrouter/kvrouter/discovery"
+	"github.com/kvrouter/kvrouter/extproc"
 	"github.com/kvrouter/kvrouter/fleet"
 	"github.com/kvrouter/kvrouter/index"
 	"github.com/kvrouter/kvrouter/kvevents"
@@ -319,22 +320,24 @@ type LimitsConfig struct {
 	MaxBodyBytes int `yaml:"max_body_bytes"`
 	// DrainTimeout bounds how long in-flight streams may run on after SIGTERM.
 	DrainTimeout time.Duration `yaml:"drain_timeout"`
-	// MaxHold bounds how long one request may wait at the router when the policy asks to
-	// hold it (placement's hold_max_ms; 0 never holds). Envoy's ext_proc message_timeout
-	// keeps running meanwhile, so it must stay well under it (at most 500ms; envoy.yaml
-	// sets 1s). Default 200ms.
+	// MaxHold bounds how long the router may take to answer a request the policy asks to
+	// hold (placement's hold_max_ms), counted from the start of the decision: parsing,
+	// tokenization and earlier holds count (0 never holds). Envoy's ext_proc
+	// message_timeout (200ms unless set) runs meanwhile in every body mode but
+	// FULL_DUPLEX_STREAMED, so it must stay well under it (at most 500ms). Default 100ms
+	// (extproc.DefaultMaxHold): half of Envoy's default message_timeout.
 	MaxHold time.Duration `yaml:"max_hold"`
 	// Scrape tunes the scraping of each endpoint's /metrics.
 	Scrape fleet.ScrapeConfig `yaml:",inline"`
 }
 
-// DefaultLimitsConfig returns 16 MiB bodies, a 30s drain, 200ms holds and the scrape
+// DefaultLimitsConfig returns 16 MiB bodies, a 30s drain, 100ms holds and the scrape
 // defaults.
 func DefaultLimitsConfig() LimitsConfig {
 	return LimitsConfig{
 		MaxBodyBytes: 16 << 20,
 		DrainTimeout: 30 * time.Second,
-		MaxHold:      200 * time.Millisecond,
+		MaxHold:      extproc.DefaultMaxHold,
 		Scrape:       fleet.DefaultScrapeConfig(),
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"slices"
 	"strings"
+	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
@@ -59,7 +60,7 @@ type choice struct {
 func (st *stream) decideAndReply(in decideInput, kind replyKind) (done bool, err error) {
 	s := st.s
 	start := s.now()
-	c, reason, err := st.choose(in)
+	c, reason, err := st.choose(in, start)
 	if err != nil {
 		return true, err
 	}
@@ -126,9 +127,9 @@ var errHoldCancelled = errors.New("extproc: stream ended while the request was h
 
 // choose picks the endpoint for the request, or returns a no-endpoint reason. It has no
 // effect beyond counting parse and tokenizer errors and holds. It holds the request
-// (blocking the stream) while the policy asks, within MaxHold; err is errHoldCancelled
-// when the stream's context ends meanwhile.
-func (st *stream) choose(in decideInput) (c choice, noEndpointReason string, err error) {
+// (blocking the stream) while the policy asks and mayHold allows, start being when the
+// decision began; err is errHoldCancelled when the stream's context ends meanwhile.
+func (st *stream) choose(in decideInput, start time.Time) (c choice, noEndpointReason string, err error) {
 	s := st.s
 	fallback := in.fallback
 	var parsed *openai.Request
@@ -188,7 +189,7 @@ func (st *stream) choose(in decideInput) (c choice, noEndpointReason string, err
 		policy = s.fallback
 	}
 	d, err := policy.Pick(&req, eps)
-	for err == nil && d.Hold > 0 && req.Held+d.Hold <= s.maxHold {
+	for err == nil && d.Hold > 0 && st.mayHold(start, req.Held, d.Hold) {
 		// The policy asks to wait: hold the stream (Envoy waits for this reply), then pick
 		// again among the candidates as they are then.
 		select {
@@ -231,6 +232,22 @@ func (st *stream) choose(in decideInput) (c choice, noEndpointReason string, err
 		dest = b.String()
 	}
 	return choice{dest: dest, endpoint: d.Endpoint, policy: policy.Name(), fallback: fallback, req: req, ids: ids}, "", nil
+}
+
+// mayHold reports whether a hold of d may begin now, in a decision begun at start that
+// has held the request for held so far: the hold must end within MaxHold of start
+// (measured on the server's clock, or by the holds' sum where that is larger, as under
+// a test's timer) and deadlineReserve before the stream's deadline, if it has one.
+func (st *stream) mayHold(start time.Time, held, d time.Duration) bool {
+	s := st.s
+	now := s.now()
+	if max(now.Sub(start), held)+d > s.maxHold {
+		return false
+	}
+	if dl, ok := st.srv.Context().Deadline(); ok && time.Until(dl) < d+deadlineReserve {
+		return false
+	}
+	return true
 }
 
 // usable narrows eps to the proxy's subset hint, or returns why no endpoint is left.

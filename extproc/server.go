@@ -43,6 +43,17 @@ const (
 	DefaultMaxBodyBytes = 16 << 20
 )
 
+// DefaultMaxHold is the default Options.MaxHold (limits.max_hold): half of Envoy's
+// default ext_proc message_timeout (200 ms), leaving the other half for what the router
+// cannot see on its own clock: the message's way in (a buffered body of megabytes), the
+// reply's way out, and a stall of the router's process (one 100 ms CFS period of a
+// CPU-limited pod).
+const DefaultMaxHold = 100 * time.Millisecond
+
+// deadlineReserve is kept before a deadline the gateway sends with the stream (gRPC
+// grpc-timeout): holds end by then, leaving time for the last pick and the reply.
+const deadlineReserve = 10 * time.Millisecond
+
 // Fleet is what the server needs from the endpoint registry.
 type Fleet interface {
 	// Candidates returns the healthy endpoints serving model, in stable order; base and lora
@@ -89,11 +100,14 @@ type Options struct {
 	Registerer prometheus.Registerer
 	// Now is the clock for latency metrics. Nil = time.Now.
 	Now func() time.Time
-	// MaxHold bounds how long one request may be held when its policy asks
-	// (scoring.Decision.Hold): the holds are summed, and one that would pass MaxHold is
-	// not honoured (the request goes to the Decision's Endpoint). Keep it well under the
-	// ext_proc filter's message_timeout, which also runs while a request is held. 0 never
-	// holds.
+	// MaxHold bounds how long the router may take to answer a request whose policy asks
+	// to hold it (scoring.Decision.Hold), counted from the start of the decision, so that
+	// parsing, tokenization and earlier holds count: a hold that would end past MaxHold is
+	// not honoured and the request goes to the Decision's Endpoint, the best pick then.
+	// When the stream carries a deadline (grpc-timeout), holds also end deadlineReserve
+	// before it. Envoy's message_timeout (200 ms unless configured) runs while a request
+	// is held in every body mode but FULL_DUPLEX_STREAMED: keep MaxHold well under it
+	// (DefaultMaxHold is half of the default). 0 never holds.
 	MaxHold time.Duration
 	// After is the timer holds wait on. Nil = time.After.
 	After func(time.Duration) <-chan time.Time
