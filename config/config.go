@@ -324,14 +324,14 @@ type LimitsConfig struct {
 	// hold (placement's hold_max_ms), counted from the start of the decision: parsing,
 	// tokenization and earlier holds count (0 never holds). Envoy's ext_proc
 	// message_timeout (200ms unless set) runs meanwhile in every body mode but
-	// FULL_DUPLEX_STREAMED, so it must stay well under it (at most 500ms). Default 100ms
-	// (extproc.DefaultMaxHold): half of Envoy's default message_timeout.
+	// FULL_DUPLEX_STREAMED, so it must stay well under it (at most 500ms). Default 120ms
+	// (extproc.DefaultMaxHold): 80ms under Envoy's default message_timeout.
 	MaxHold time.Duration `yaml:"max_hold"`
 	// Scrape tunes the scraping of each endpoint's /metrics.
 	Scrape fleet.ScrapeConfig `yaml:",inline"`
 }
 
-// DefaultLimitsConfig returns 16 MiB bodies, a 30s drain, 100ms holds and the scrape
+// DefaultLimitsConfig returns 16 MiB bodies, a 30s drain, 120ms holds and the scrape
 // defaults.
 func DefaultLimitsConfig() LimitsConfig {
 	return LimitsConfig{

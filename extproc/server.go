@@ -43,12 +43,12 @@ const (
 	DefaultMaxBodyBytes = 16 << 20
 )
 
-// DefaultMaxHold is the default Options.MaxHold (limits.max_hold): half of Envoy's
-// default ext_proc message_timeout (200 ms), leaving the other half for what the router
-// cannot see on its own clock: the message's way in (a buffered body of megabytes), the
-// reply's way out, and a stall of the router's process (one 100 ms CFS period of a
-// CPU-limited pod).
-const DefaultMaxHold = 100 * time.Millisecond
+// DefaultMaxHold is the default Options.MaxHold (limits.max_hold): the longest hold the
+// default policy asks for (placement's hold_max_ms), leaving 80 ms of Envoy's default
+// ext_proc message_timeout (200 ms) for what the router's clock does not see: the
+// message's way in (a buffered body of megabytes), the reply's way out and a stall of
+// the router's process.
+const DefaultMaxHold = 120 * time.Millisecond
 
 // deadlineReserve is kept before a deadline the gateway sends with the stream (gRPC
 // grpc-timeout): holds end by then, leaving time for the last pick and the reply.
@@ -107,7 +107,7 @@ type Options struct {
 	// When the stream carries a deadline (grpc-timeout), holds also end deadlineReserve
 	// before it. Envoy's message_timeout (200 ms unless configured) runs while a request
 	// is held in every body mode but FULL_DUPLEX_STREAMED: keep MaxHold well under it
-	// (DefaultMaxHold is half of the default). 0 never holds.
+	// (DefaultMaxHold leaves 80 ms of the default). 0 never holds.
 	MaxHold time.Duration
 	// After is the timer holds wait on. Nil = time.After.
 	After func(time.Duration) <-chan time.Time
