@@ -3,6 +3,7 @@ package extproc
 import (
 	"errors"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -30,6 +31,10 @@ const (
 	noEndpointSubset = "subset_excludes_all"
 	noEndpointPolicy = "fallback_failed"
 )
+
+// shedOverloaded is the no-endpoint reason of a 429: every eligible endpoint's queue is
+// over Options.ShedWaiting (counted in kvrouter_requests_shed_total).
+const shedOverloaded = "overloaded"
 
 type decideInput struct {
 	body     []byte
@@ -87,10 +92,15 @@ func (st *stream) decisionReply(dest string, kind replyKind) *extprocv3.Processi
 	return cache.get(dest, func() *extprocv3.ProcessingResponse { return decisionReply(dest, nil, kind) })
 }
 
+// reply503 answers the client directly: 429 when the request is shed, 503 otherwise.
 func (st *stream) reply503(reason string) error {
-	st.s.m.noEndpoint.WithLabelValues(reason).Inc()
+	if reason == shedOverloaded {
+		st.s.m.shed.Inc()
+	} else {
+		st.s.m.noEndpoint.WithLabelValues(reason).Inc()
+	}
 	st.phase = phaseDone
-	return st.send(immediate503(reason))
+	return st.send(immediateError(reason, st.s.retry))
 }
 
 // decisionReply is the request-headers or request-body reply naming dest.
@@ -167,6 +177,9 @@ func (st *stream) choose(in decideInput, start time.Time) (c choice, noEndpointR
 	}
 	if reason := st.usable(&eps); reason != "" {
 		return c, reason, nil
+	}
+	if s.shed > 0 && in.fallback != fallbackNoBody && saturated(eps, s.shed) { // a GET queues nothing
+		return c, shedOverloaded, nil
 	}
 
 	req := scoring.Request{ID: s.nextID(), Model: model, BaseModel: base, LoRA: lora}
@@ -248,6 +261,18 @@ func (st *stream) mayHold(start time.Time, held, d time.Duration) bool {
 		return false
 	}
 	return true
+}
+
+// saturated reports whether every endpoint in eps has valid metrics and more than
+// waiting requests in its queue. An endpoint whose figures are unknown or stale is not
+// saturated: the router sheds only on what it sees.
+func saturated(eps []scoring.Endpoint, waiting int) bool {
+	for i := range eps {
+		if !eps[i].Metrics.Valid || eps[i].Metrics.Waiting <= waiting {
+			return false
+		}
+	}
+	return len(eps) > 0
 }
 
 // usable narrows eps to the proxy's subset hint, or returns why no endpoint is left.
@@ -383,23 +408,29 @@ func decisionMetadata(dest string) *structpb.Struct {
 }
 
 var errorBodies = map[string][]byte{
-	noEndpointNone:   errorBody("no healthy endpoint can serve this request"),
-	noEndpointSubset: errorBody("no endpoint in the proxy's subset hint can serve this request"),
-	noEndpointPolicy: errorBody("the router could not choose an endpoint"),
+	noEndpointNone:   errorBody("no healthy endpoint can serve this request", "service_unavailable", 503),
+	noEndpointSubset: errorBody("no endpoint in the proxy's subset hint can serve this request", "service_unavailable", 503),
+	noEndpointPolicy: errorBody("the router could not choose an endpoint", "service_unavailable", 503),
+	shedOverloaded:   errorBody("every endpoint that can serve this request is saturated; retry later", "rate_limit_exceeded", 429),
 }
 
-func errorBody(msg string) []byte {
-	return []byte(`{"error":{"message":"kvrouter: ` + msg + `","type":"service_unavailable","param":null,"code":503}}`)
+func errorBody(msg, typ string, code int) []byte {
+	return []byte(`{"error":{"message":"kvrouter: ` + msg + `","type":"` + typ + `","param":null,"code":` + strconv.Itoa(code) + `}}`)
 }
 
-// immediate503 is the OpenAI-style error Envoy returns to the client when no endpoint is
-// eligible.
-func immediate503(reason string) *extprocv3.ProcessingResponse {
+// immediateError is the OpenAI-style error Envoy returns to the client when no endpoint
+// is eligible (503) or the request is shed (429), with Retry-After retry seconds.
+func immediateError(reason, retry string) *extprocv3.ProcessingResponse {
+	code := typev3.StatusCode_ServiceUnavailable
+	if reason == shedOverloaded {
+		code = typev3.StatusCode_TooManyRequests
+	}
 	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ImmediateResponse{
 		ImmediateResponse: &extprocv3.ImmediateResponse{
-			Status: &typev3.HttpStatus{Code: typev3.StatusCode_ServiceUnavailable},
+			Status: &typev3.HttpStatus{Code: code},
 			Headers: &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{
 				setHeader("content-type", "application/json"),
+				setHeader("retry-after", retry),
 			}},
 			Body:    errorBodies[reason],
 			Details: "kvrouter_" + reason,

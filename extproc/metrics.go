@@ -22,6 +22,7 @@ type metrics struct {
 	cachedTokens    *prometheus.CounterVec
 	holds           prometheus.Counter
 	holdSeconds     prometheus.Counter
+	shed            prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -85,6 +86,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		holdSeconds: register(reg, prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "kvrouter_routing_hold_seconds_total",
 			Help: "Time requests spent held at the router at their policy's request.",
+		})),
+		shed: register(reg, prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvrouter_requests_shed_total",
+			Help: "Requests answered 429 because every eligible endpoint's queue was over the shedding bound.",
 		})),
 	}
 	return m

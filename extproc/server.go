@@ -111,7 +111,18 @@ type Options struct {
 	MaxHold time.Duration
 	// After is the timer holds wait on. Nil = time.After.
 	After func(time.Duration) <-chan time.Time
+	// ShedWaiting > 0 sheds load: a request is answered 429 when every endpoint eligible
+	// for it has valid metrics and more than ShedWaiting requests waiting in its queue
+	// (vllm:num_requests_waiting), instead of adding to a queue. 0 never sheds.
+	ShedWaiting int
+	// RetryAfter is the Retry-After of 429 and 503 answers, rounded up to whole seconds.
+	// 0 means DefaultRetryAfter.
+	RetryAfter time.Duration
 }
+
+// DefaultRetryAfter is the default Options.RetryAfter: one scrape interval's worth, after
+// which the router's view of the endpoints' queues and health is new.
+const DefaultRetryAfter = time.Second
 
 // Server implements Envoy's ExternalProcessor service. Create it with New.
 type Server struct {
@@ -130,6 +141,8 @@ type Server struct {
 	now      func() time.Time
 	maxHold  time.Duration
 	after    func(time.Duration) <-chan time.Time
+	shed     int    // Options.ShedWaiting
+	retry    string // Retry-After value of 429 and 503 answers, in seconds
 	m        *metrics
 	// candidateBufs pools *[]scoring.Endpoint for fleets implementing candidateAppender.
 	candidateBufs sync.Pool
@@ -163,6 +176,8 @@ func New(o Options) *Server {
 		now:      o.Now,
 		maxHold:  o.MaxHold,
 		after:    o.After,
+		shed:     o.ShedWaiting,
+		retry:    retryAfterSeconds(o.RetryAfter),
 		m:        newMetrics(o.Registerer),
 	}
 	if a, ok := o.Fleet.(candidateAppender); ok {
@@ -193,6 +208,14 @@ func New(o Options) *Server {
 		s.after = time.After
 	}
 	return s
+}
+
+// retryAfterSeconds is d as a Retry-After value: whole seconds, rounded up, at least 1.
+func retryAfterSeconds(d time.Duration) string {
+	if d <= 0 {
+		d = DefaultRetryAfter
+	}
+	return strconv.FormatInt(int64((d+time.Second-1)/time.Second), 10)
 }
 
 // Register adds the ExternalProcessor service to g.
