@@ -196,6 +196,7 @@ func checkHCM(listener string, hcm *hcmv3.HttpConnectionManager, clusters map[st
 func stripsDestination(tc *anypb.Any) bool {
 	lua := &luav3.Lua{}
 	if tc.MessageIs(lua) && tc.UnmarshalTo(lua) == nil {
+		//lint:ignore SA1019 configs may still use the deprecated inline_code, which Envoy still runs
 		code := lua.GetDefaultSourceCode().GetInlineString() + lua.GetInlineCode()
 		return strings.Contains(code, "envoy_on_request") && strings.Contains(code, DestinationPrefix) && strings.Contains(code, ":remove(")
 	}
@@ -299,7 +300,8 @@ func checkExtProc(fw string, ep *extprocv3.ExternalProcessor, clusters map[strin
 }
 
 func speaksHTTP2(c *clusterv3.Cluster) bool {
-	if c.GetHttp2ProtocolOptions() != nil { //nolint:staticcheck // the deprecated field still works
+	//lint:ignore SA1019 the deprecated field still works in Envoy, so a config using it speaks HTTP/2
+	if c.GetHttp2ProtocolOptions() != nil {
 		return true
 	}
 	a := c.GetTypedExtensionProtocolOptions()["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]

@@ -167,11 +167,10 @@ func checkDecision(t *testing.T, res *envoytest.RequestResult, want string) {
 func TestRequestModes(t *testing.T) {
 	body := chatBody("only-b")
 	type modeCase struct {
-		name     string
-		cfg      envoytest.Config
-		parsed   bool // the body reaches the router before its decision
-		replies  func(chunks int, trailers bool) []string
-		noConfig bool
+		name    string
+		cfg     envoytest.Config
+		parsed  bool // the body reaches the router before its decision
+		replies func(chunks int, trailers bool) []string
 	}
 	fds := func(chunks int, trailers bool) []string {
 		if trailers {

@@ -143,22 +143,26 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 		o.Workers = len(sc.Servers)
-		if err := parsePlacement(*placement, &placementConfig); err != nil {
+		rs, err := newRouters()
+		if err != nil {
 			return err
 		}
-		sc.Policies = newRouter
+		if err := parsePlacement(*placement, &rs.cfg.Placement); err != nil {
+			return err
+		}
+		sc.Policies = rs.router
 		o.Sim = &sc
 		switch {
 		case *policy != "":
 			o.Policies = strings.Split(*policy, ",")
 		case *sweep:
-			o.Policies = policyNames()
+			o.Policies = rs.reg.Names()
 		default:
 			o.Policies = []string{defaultPolicy}
 		}
 		for _, p := range o.Policies {
-			if !registered(p) {
-				return fmt.Errorf("unknown policy %q (registered: %s)", p, strings.Join(policyNames(), ", "))
+			if _, ok := rs.reg.Lookup(p); !ok {
+				return fmt.Errorf("unknown policy %q (registered: %s)", p, strings.Join(rs.reg.Names(), ", "))
 			}
 		}
 	default:

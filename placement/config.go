@@ -1,4 +1,4 @@
-package scoring
+package placement
 
 import (
 	"errors"
@@ -7,11 +7,11 @@ import (
 	"strconv"
 )
 
-// PlacementConfig tunes the placement policy (see Placement). Loads are request counts:
+// Config tunes the placement policy (see Policy). Loads are request counts:
 // the router's own in-flight requests on an endpoint, or, when its scraped metrics are
 // valid and say more, vLLM's running plus waiting requests (which include other router
 // replicas' requests).
-type PlacementConfig struct {
+type Config struct {
 	// PrefixDepth is the block whose key names a request's prefix: the key of block
 	// min(PrefixDepth, full blocks) - 1, i.e. the first PrefixDepth x block_size tokens.
 	// Requests sharing those tokens share a placement. Default 4.
@@ -53,16 +53,16 @@ type PlacementConfig struct {
 	// queue it until blocks free up). Default true.
 	DivertOnFull bool `yaml:"divert_on_full"`
 	// DivertMisses sends a request alone to an idle candidate with KV room when the
-	// chosen endpoint is busy and holds less than HoldFraction of the prefix (it would
+	// chosen endpoint is busy and holds less than HolderShare of the prefix (it would
 	// recompute the prefix behind other requests) and the idle one is faster (see
 	// MissSpeedup). Default true.
 	DivertMisses bool `yaml:"divert_misses"`
 	// MissSpeedup is how much shorter an idle candidate's measured decode time must be,
 	// as a share of the chosen endpoint's, to take a diverted miss. Default 0.85.
 	MissSpeedup float64 `yaml:"miss_speedup"`
-	// HoldFraction is the share of a prefix's estimated blocks an endpoint must hold, per
+	// HolderShare is the share of a prefix's estimated blocks an endpoint must hold, per
 	// the index, to count as holding it. Default 0.5.
-	HoldFraction float64 `yaml:"hold_fraction"`
+	HolderShare float64 `yaml:"hold_fraction"`
 	// ConfirmPicks is how many picks a replica may go unconfirmed by the index (KV events
 	// lag) before it is taken for evicted and dropped. Default 32.
 	ConfirmPicks int `yaml:"confirm_picks"`
@@ -76,14 +76,14 @@ type PlacementConfig struct {
 	// it is not busy and duplicates die out. Default true (with 4 router replicas it
 	// halves the cached-token loss; docs/results-policy.md).
 	StickyHolders bool `yaml:"sticky_holders"`
-	// AdoptAll adopts every endpoint the index shows holding HoldFraction of a prefix as
+	// AdoptAll adopts every endpoint the index shows holding HolderShare of a prefix as
 	// a holder; by default only the one holding most of a prefix the router has no
 	// placement for is adopted. Default true (measured better with router replicas).
 	AdoptAll bool `yaml:"adopt_all"`
 	// RehomeLost moves a prefix's home when the index shows that the home lost it (holds
-	// less than HoldFraction of it, with no request for it in flight there, from this
+	// less than HolderShare of it, with no request for it in flight there, from this
 	// router or, per the scraped metrics, any other) and no other endpoint holds it: the
-	// request misses wherever it goes, so the prefix is recomputed where RehomeSlack says
+	// request missesInPrefill wherever it goes, so the prefix is recomputed where RehomeSlack says
 	// and that endpoint becomes its home. Default true (N = 24: +1 to +4 points of
 	// cached-token ratio at C = 8 and 16; docs/results-policy.md).
 	RehomeLost bool `yaml:"rehome_lost"`
@@ -91,7 +91,7 @@ type PlacementConfig struct {
 	// least home blocks per block of capacity (the home stays put on ties). > 0 (at least
 	// 1): among endpoints with KV room whose home share would stay within RehomeSlack x
 	// the mean share, the one that would start the miss soonest (see RehomeLoadTokens), so
-	// misses move to fast, idle endpoints while homes stay near a capacity-weighted
+	// missesInPrefill move to fast, idle endpoints while homes stay near a capacity-weighted
 	// partition. Default 1.4.
 	RehomeSlack float64 `yaml:"rehome_slack"`
 	// RehomeLoadTokens is what one in-flight request counts for, in prefill tokens, when
@@ -146,9 +146,9 @@ type PlacementConfig struct {
 	UnplaceDiverted bool `yaml:"unplace_diverted"`
 }
 
-// DefaultPlacementConfig returns the defaults measured in docs/results-policy.md.
-func DefaultPlacementConfig() PlacementConfig {
-	return PlacementConfig{
+// DefaultConfig returns the defaults measured in docs/results-policy.md.
+func DefaultConfig() Config {
+	return Config{
 		PrefixDepth:       4,
 		Saturated:         6,
 		SpillLoad:         10,
@@ -160,7 +160,7 @@ func DefaultPlacementConfig() PlacementConfig {
 		DeadlineTokens:    2304,
 		DivertOnFull:      true,
 		DivertMisses:      true,
-		HoldFraction:      0.5,
+		HolderShare:       0.5,
 		LiveWindow:        1024,
 		ConfirmPicks:      32,
 		AdoptAll:          true,
@@ -182,11 +182,11 @@ func DefaultPlacementConfig() PlacementConfig {
 }
 
 // Validate reports every invalid field.
-func (c PlacementConfig) Validate() error {
+func (c Config) Validate() error {
 	var errs []error
 	pos := func(name string, v int) {
 		if v <= 0 {
-			errs = append(errs, fmt.Errorf("scoring: placement %s must be > 0, got %d", name, v))
+			errs = append(errs, fmt.Errorf("placement: %s must be > 0, got %d", name, v))
 		}
 	}
 	pos("prefix_depth", c.PrefixDepth)
@@ -200,92 +200,92 @@ func (c PlacementConfig) Validate() error {
 	pos("max_prefixes", c.MaxPrefixes)
 	share := func(name string, v float64) {
 		if math.IsNaN(v) || v <= 0 || v > 1 {
-			errs = append(errs, fmt.Errorf("scoring: placement %s must be in (0, 1], got %v", name, v))
+			errs = append(errs, fmt.Errorf("placement: %s must be in (0, 1], got %v", name, v))
 		}
 	}
 	share("fill", c.Fill)
-	share("hold_fraction", c.HoldFraction)
+	share("hold_fraction", c.HolderShare)
 	share("headroom", c.Headroom)
 	if math.IsNaN(c.Balance) || c.Balance < 0 || (c.Balance > 0 && c.Balance < 1) {
-		errs = append(errs, fmt.Errorf("scoring: placement balance must be 0 or >= 1, got %v", c.Balance))
+		errs = append(errs, fmt.Errorf("placement: balance must be 0 or >= 1, got %v", c.Balance))
 	}
 	if math.IsNaN(c.MissSpeedup) || c.MissSpeedup <= 0 {
-		errs = append(errs, fmt.Errorf("scoring: placement miss_speedup must be > 0, got %v", c.MissSpeedup))
+		errs = append(errs, fmt.Errorf("placement: miss_speedup must be > 0, got %v", c.MissSpeedup))
 	}
 	if math.IsNaN(c.RehomeSlack) || c.RehomeSlack < 0 || (c.RehomeSlack > 0 && c.RehomeSlack < 1) {
-		errs = append(errs, fmt.Errorf("scoring: placement rehome_slack must be 0 or >= 1, got %v", c.RehomeSlack))
+		errs = append(errs, fmt.Errorf("placement: rehome_slack must be 0 or >= 1, got %v", c.RehomeSlack))
 	}
 	if c.RehomeLoadTokens < 0 {
-		errs = append(errs, fmt.Errorf("scoring: placement rehome_load_tokens must be >= 0, got %d", c.RehomeLoadTokens))
+		errs = append(errs, fmt.Errorf("placement: rehome_load_tokens must be >= 0, got %d", c.RehomeLoadTokens))
 	}
 	if c.DeadlineTokens < 0 {
-		errs = append(errs, fmt.Errorf("scoring: placement deadline_tokens must be >= 0, got %d", c.DeadlineTokens))
+		errs = append(errs, fmt.Errorf("placement: deadline_tokens must be >= 0, got %d", c.DeadlineTokens))
 	}
 	if math.IsNaN(c.HoldMaxMS) || c.HoldMaxMS < 0 {
-		errs = append(errs, fmt.Errorf("scoring: placement hold_max_ms must be >= 0, got %v", c.HoldMaxMS))
+		errs = append(errs, fmt.Errorf("placement: hold_max_ms must be >= 0, got %v", c.HoldMaxMS))
 	}
 	if math.IsNaN(c.HoldStepMS) || c.HoldStepMS <= 0 || c.HoldStepMS > 1000 {
-		errs = append(errs, fmt.Errorf("scoring: placement hold_step_ms must be in (0, 1000], got %v", c.HoldStepMS))
+		errs = append(errs, fmt.Errorf("placement: hold_step_ms must be in (0, 1000], got %v", c.HoldStepMS))
 	}
 	if c.HoldPrefillTokens <= 0 {
-		errs = append(errs, fmt.Errorf("scoring: placement hold_prefill_tokens must be > 0, got %d", c.HoldPrefillTokens))
+		errs = append(errs, fmt.Errorf("placement: hold_prefill_tokens must be > 0, got %d", c.HoldPrefillTokens))
 	}
 	if c.OutputBlocks < 0 {
-		errs = append(errs, fmt.Errorf("scoring: placement output_blocks must be >= 0, got %d", c.OutputBlocks))
+		errs = append(errs, fmt.Errorf("placement: output_blocks must be >= 0, got %d", c.OutputBlocks))
 	}
 	if c.SpillLoad < c.Saturated && c.Saturated > 0 && c.SpillLoad > 0 {
-		errs = append(errs, fmt.Errorf("scoring: placement spill_load (%d) must be >= saturated (%d)", c.SpillLoad, c.Saturated))
+		errs = append(errs, fmt.Errorf("placement: spill_load (%d) must be >= saturated (%d)", c.SpillLoad, c.Saturated))
 	}
 	return errors.Join(errs...)
 }
 
-// placementKnob is one PlacementConfig field named by its YAML name; exactly one of the
+// knob is one Config field named by its YAML name; exactly one of the
 // accessors is set, by the field's kind.
-type placementKnob struct {
-	i func(*PlacementConfig) *int
-	f func(*PlacementConfig) *float64
-	b func(*PlacementConfig) *bool
+type knob struct {
+	i func(*Config) *int
+	f func(*Config) *float64
+	b func(*Config) *bool
 }
 
-var placementKnobs = map[string]placementKnob{
-	"prefix_depth":        {i: func(c *PlacementConfig) *int { return &c.PrefixDepth }},
-	"saturated":           {i: func(c *PlacementConfig) *int { return &c.Saturated }},
-	"replica_load":        {i: func(c *PlacementConfig) *int { return &c.ReplicaLoad }},
-	"spill_load":          {i: func(c *PlacementConfig) *int { return &c.SpillLoad }},
-	"fill":                {f: func(c *PlacementConfig) *float64 { return &c.Fill }},
-	"headroom":            {f: func(c *PlacementConfig) *float64 { return &c.Headroom }},
-	"output_blocks":       {i: func(c *PlacementConfig) *int { return &c.OutputBlocks }},
-	"spill_on_full":       {b: func(c *PlacementConfig) *bool { return &c.SpillOnFull }},
-	"deadline_tokens":     {i: func(c *PlacementConfig) *int { return &c.DeadlineTokens }},
-	"divert_on_full":      {b: func(c *PlacementConfig) *bool { return &c.DivertOnFull }},
-	"divert_misses":       {b: func(c *PlacementConfig) *bool { return &c.DivertMisses }},
-	"miss_speedup":        {f: func(c *PlacementConfig) *float64 { return &c.MissSpeedup }},
-	"hold_fraction":       {f: func(c *PlacementConfig) *float64 { return &c.HoldFraction }},
-	"confirm_picks":       {i: func(c *PlacementConfig) *int { return &c.ConfirmPicks }},
-	"balance":             {f: func(c *PlacementConfig) *float64 { return &c.Balance }},
-	"sticky_holders":      {b: func(c *PlacementConfig) *bool { return &c.StickyHolders }},
-	"adopt_all":           {b: func(c *PlacementConfig) *bool { return &c.AdoptAll }},
-	"live_window":         {i: func(c *PlacementConfig) *int { return &c.LiveWindow }},
-	"rehome_lost":         {b: func(c *PlacementConfig) *bool { return &c.RehomeLost }},
-	"rehome_slack":        {f: func(c *PlacementConfig) *float64 { return &c.RehomeSlack }},
-	"rehome_load_tokens":  {i: func(c *PlacementConfig) *int { return &c.RehomeLoadTokens }},
-	"prefer_held":         {b: func(c *PlacementConfig) *bool { return &c.PreferHeld }},
-	"hold_max_ms":         {f: func(c *PlacementConfig) *float64 { return &c.HoldMaxMS }},
-	"hold_step_ms":        {f: func(c *PlacementConfig) *float64 { return &c.HoldStepMS }},
-	"hold_prefill_tokens": {i: func(c *PlacementConfig) *int { return &c.HoldPrefillTokens }},
-	"block_size":          {i: func(c *PlacementConfig) *int { return &c.BlockSize }},
-	"default_blocks":      {i: func(c *PlacementConfig) *int { return &c.DefaultBlocks }},
-	"max_prefixes":        {i: func(c *PlacementConfig) *int { return &c.MaxPrefixes }},
-	"scraped_load":        {b: func(c *PlacementConfig) *bool { return &c.ScrapedLoad }},
-	"shared_load":         {b: func(c *PlacementConfig) *bool { return &c.SharedLoad }},
-	"unplace_diverted":    {b: func(c *PlacementConfig) *bool { return &c.UnplaceDiverted }},
+var knobs = map[string]knob{
+	"prefix_depth":        {i: func(c *Config) *int { return &c.PrefixDepth }},
+	"saturated":           {i: func(c *Config) *int { return &c.Saturated }},
+	"replica_load":        {i: func(c *Config) *int { return &c.ReplicaLoad }},
+	"spill_load":          {i: func(c *Config) *int { return &c.SpillLoad }},
+	"fill":                {f: func(c *Config) *float64 { return &c.Fill }},
+	"headroom":            {f: func(c *Config) *float64 { return &c.Headroom }},
+	"output_blocks":       {i: func(c *Config) *int { return &c.OutputBlocks }},
+	"spill_on_full":       {b: func(c *Config) *bool { return &c.SpillOnFull }},
+	"deadline_tokens":     {i: func(c *Config) *int { return &c.DeadlineTokens }},
+	"divert_on_full":      {b: func(c *Config) *bool { return &c.DivertOnFull }},
+	"divert_misses":       {b: func(c *Config) *bool { return &c.DivertMisses }},
+	"miss_speedup":        {f: func(c *Config) *float64 { return &c.MissSpeedup }},
+	"hold_fraction":       {f: func(c *Config) *float64 { return &c.HolderShare }},
+	"confirm_picks":       {i: func(c *Config) *int { return &c.ConfirmPicks }},
+	"balance":             {f: func(c *Config) *float64 { return &c.Balance }},
+	"sticky_holders":      {b: func(c *Config) *bool { return &c.StickyHolders }},
+	"adopt_all":           {b: func(c *Config) *bool { return &c.AdoptAll }},
+	"live_window":         {i: func(c *Config) *int { return &c.LiveWindow }},
+	"rehome_lost":         {b: func(c *Config) *bool { return &c.RehomeLost }},
+	"rehome_slack":        {f: func(c *Config) *float64 { return &c.RehomeSlack }},
+	"rehome_load_tokens":  {i: func(c *Config) *int { return &c.RehomeLoadTokens }},
+	"prefer_held":         {b: func(c *Config) *bool { return &c.PreferHeld }},
+	"hold_max_ms":         {f: func(c *Config) *float64 { return &c.HoldMaxMS }},
+	"hold_step_ms":        {f: func(c *Config) *float64 { return &c.HoldStepMS }},
+	"hold_prefill_tokens": {i: func(c *Config) *int { return &c.HoldPrefillTokens }},
+	"block_size":          {i: func(c *Config) *int { return &c.BlockSize }},
+	"default_blocks":      {i: func(c *Config) *int { return &c.DefaultBlocks }},
+	"max_prefixes":        {i: func(c *Config) *int { return &c.MaxPrefixes }},
+	"scraped_load":        {b: func(c *Config) *bool { return &c.ScrapedLoad }},
+	"shared_load":         {b: func(c *Config) *bool { return &c.SharedLoad }},
+	"unplace_diverted":    {b: func(c *Config) *bool { return &c.UnplaceDiverted }},
 }
 
 // Knobs returns every knob by its YAML name as a number (booleans as 0 or 1), for
 // configuration layers that take numeric weights.
-func (c PlacementConfig) Knobs() map[string]float64 {
-	out := make(map[string]float64, len(placementKnobs))
-	for name, k := range placementKnobs {
+func (c Config) Knobs() map[string]float64 {
+	out := make(map[string]float64, len(knobs))
+	for name, k := range knobs {
 		switch {
 		case k.i != nil:
 			out[name] = float64(*k.i(&c))
@@ -302,8 +302,8 @@ func (c PlacementConfig) Knobs() map[string]float64 {
 
 // SetKnob sets the knob with that YAML name from a number: integers are truncated,
 // booleans are v != 0. It reports whether the name is a knob.
-func (c *PlacementConfig) SetKnob(name string, v float64) bool {
-	k, ok := placementKnobs[name]
+func (c *Config) SetKnob(name string, v float64) bool {
+	k, ok := knobs[name]
 	switch {
 	case !ok:
 	case k.i != nil:
@@ -318,10 +318,10 @@ func (c *PlacementConfig) SetKnob(name string, v float64) bool {
 
 // ParseKnob sets the knob with that YAML name from text, parsed by the field's kind
 // (strconv.Atoi, ParseFloat or ParseBool).
-func (c *PlacementConfig) ParseKnob(name, text string) error {
-	k, ok := placementKnobs[name]
+func (c *Config) ParseKnob(name, text string) error {
+	k, ok := knobs[name]
 	if !ok {
-		return fmt.Errorf("scoring: unknown placement knob %q", name)
+		return fmt.Errorf("placement: unknown knob %q", name)
 	}
 	var err error
 	switch {

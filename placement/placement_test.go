@@ -1,10 +1,12 @@
-package scoring_test
+package placement_test
 
 import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -12,8 +14,42 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/kvrouter/kvrouter/index"
+	"github.com/kvrouter/kvrouter/placement"
 	"github.com/kvrouter/kvrouter/scoring"
 )
+
+// fakeIndex holds, per endpoint, the block keys it was told about.
+type fakeIndex struct {
+	mu   sync.Mutex
+	held map[string]map[uint64]bool
+}
+
+func newFakeIndex() *fakeIndex { return &fakeIndex{held: map[string]map[uint64]bool{}} }
+
+func (f *fakeIndex) hold(ep string, keys []uint64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.held[ep] == nil {
+		f.held[ep] = map[uint64]bool{}
+	}
+	for _, k := range keys {
+		f.held[ep][k] = true
+	}
+}
+
+func (f *fakeIndex) LeadingBlocks(keys []uint64, eps []string, dst []int) []int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	dst = dst[:0]
+	for _, ep := range eps {
+		n := 0
+		for n < len(keys) && f.held[ep][keys[n]] {
+			n++
+		}
+		dst = append(dst, n)
+	}
+	return dst
+}
 
 func plTokens(start, n int) []uint32 {
 	t := make([]uint32, n)
@@ -52,9 +88,9 @@ func fleet(n int, caps []int) []scoring.Endpoint {
 	return out
 }
 
-func newPlacement(t testing.TB, cfg scoring.PlacementConfig, ix scoring.PrefixIndex) *scoring.Placement {
+func newPlacement(t testing.TB, cfg placement.Config, ix scoring.PrefixIndex) *placement.Policy {
 	t.Helper()
-	p, err := scoring.NewPlacement(cfg, ix, func() time.Time { return time.Unix(0, 0) }, nil)
+	p, err := placement.New(cfg, ix, func() time.Time { return time.Unix(0, 0) }, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -62,7 +98,7 @@ func newPlacement(t testing.TB, cfg scoring.PlacementConfig, ix scoring.PrefixIn
 }
 
 // place picks, tells the policy it was routed and finished, and returns the endpoint.
-func place(t testing.TB, p *scoring.Placement, toks []uint32, cs []scoring.Endpoint) string {
+func place(t testing.TB, p *placement.Policy, toks []uint32, cs []scoring.Endpoint) string {
 	t.Helper()
 	req := plRequest(toks)
 	d, err := p.Pick(req, cs)
@@ -80,7 +116,7 @@ func TestPlacementHomeIsStable(t *testing.T) {
 		prefixes int
 	}{{"one prefix", 1}, {"six prefixes over six", 6}, {"twenty over six", 20}} {
 		t.Run(tc.name, func(t *testing.T) {
-			p := newPlacement(t, scoring.DefaultPlacementConfig(), newKVFakeIndex())
+			p := newPlacement(t, placement.DefaultConfig(), newFakeIndex())
 			cs := fleet(6, nil)
 			home := map[int]string{}
 			for rep := 0; rep < 5; rep++ {
@@ -107,7 +143,7 @@ func TestPlacementCapacityWeighting(t *testing.T) {
 		{"one half", []int{1000, 500, 1000}, []int{4, 2, 4}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			p := newPlacement(t, scoring.DefaultPlacementConfig(), newKVFakeIndex())
+			p := newPlacement(t, placement.DefaultConfig(), newFakeIndex())
 			cs := fleet(len(tc.caps), tc.caps)
 			total := 0
 			for _, w := range tc.want {
@@ -130,7 +166,7 @@ func TestPlacementCapacityWeighting(t *testing.T) {
 }
 
 func TestPlacementSpillsOnlyOnSaturation(t *testing.T) {
-	cfg := scoring.DefaultPlacementConfig()
+	cfg := placement.DefaultConfig()
 	cfg.Fill = 0.01 // no endpoint has room for a replica: only spills can move a prefix
 	cfg.DeadlineTokens = 0
 	for _, tc := range []struct {
@@ -146,7 +182,7 @@ func TestPlacementSpillsOnlyOnSaturation(t *testing.T) {
 		{"others saturated too", cfg.SpillLoad + 2, cfg.Saturated, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ix := newKVFakeIndex()
+			ix := newFakeIndex()
 			p := newPlacement(t, cfg, ix)
 			cs := fleet(3, nil)
 			home := place(t, p, prefixed(0, 0), cs)
@@ -175,9 +211,9 @@ func TestPlacementReplicatesOnlyWithinFreeCapacity(t *testing.T) {
 		{"no room: queue at home", 0.05, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			cfg := scoring.DefaultPlacementConfig()
+			cfg := placement.DefaultConfig()
 			cfg.Fill = tc.fill
-			ix := newKVFakeIndex()
+			ix := newFakeIndex()
 			p := newPlacement(t, cfg, ix)
 			cs := fleet(2, nil)
 			home := place(t, p, prefixed(0, 0), cs)
@@ -196,8 +232,8 @@ func TestPlacementReplicatesOnlyWithinFreeCapacity(t *testing.T) {
 }
 
 func TestPlacementAdoptsWhatTheIndexHolds(t *testing.T) {
-	ix := newKVFakeIndex()
-	p := newPlacement(t, scoring.DefaultPlacementConfig(), ix)
+	ix := newFakeIndex()
+	p := newPlacement(t, placement.DefaultConfig(), ix)
 	cs := fleet(4, nil)
 	// Another router replica placed prefix 0 on the third endpoint: the index says so.
 	ix.hold(cs[2].Address, plKeysOf(prefixed(0, 99))[:64])
@@ -209,7 +245,7 @@ func TestPlacementAdoptsWhatTheIndexHolds(t *testing.T) {
 }
 
 func TestPlacementChurnRemapsOnlyTheDepartedPrefixes(t *testing.T) {
-	p := newPlacement(t, scoring.DefaultPlacementConfig(), newKVFakeIndex())
+	p := newPlacement(t, placement.DefaultConfig(), newFakeIndex())
 	cs := fleet(4, nil)
 	home := map[int]string{}
 	for k := 0; k < 12; k++ {
@@ -245,9 +281,9 @@ func TestPlacementChurnRemapsOnlyTheDepartedPrefixes(t *testing.T) {
 }
 
 func TestPlacementDivertsPastTheDeadline(t *testing.T) {
-	cfg := scoring.DefaultPlacementConfig()
+	cfg := placement.DefaultConfig()
 	cfg.Fill = 0.01
-	p := newPlacement(t, cfg, newKVFakeIndex())
+	p := newPlacement(t, cfg, newFakeIndex())
 	cs := fleet(2, nil)
 	home := place(t, p, prefixed(0, 0), cs)
 	// Four misses routed to home have not produced a first token: a large prefill backlog.
@@ -265,7 +301,7 @@ func TestPlacementDivertsPastTheDeadline(t *testing.T) {
 }
 
 func TestPlacementWithoutTokensPicksLeastLoaded(t *testing.T) {
-	p := newPlacement(t, scoring.DefaultPlacementConfig(), newKVFakeIndex())
+	p := newPlacement(t, placement.DefaultConfig(), newFakeIndex())
 	cs := fleet(3, nil)
 	cs[0].InFlight, cs[1].InFlight, cs[2].InFlight = 3, 1, 2
 	for _, toks := range [][]uint32{nil, plTokens(0, 15)} {
@@ -283,8 +319,8 @@ func TestPlacementWithoutTokensPicksLeastLoaded(t *testing.T) {
 }
 
 func TestPlacementFallbacks(t *testing.T) {
-	ix := newKVFakeIndex()
-	p := newPlacement(t, scoring.DefaultPlacementConfig(), ix)
+	ix := newFakeIndex()
+	p := newPlacement(t, placement.DefaultConfig(), ix)
 	cs := fleet(8, nil)
 	for i := range cs {
 		cs[i].InFlight = 10 - i // the last candidates are the least loaded of the rest
@@ -306,7 +342,7 @@ func TestPlacementFallbacks(t *testing.T) {
 
 func TestPlacementMetrics(t *testing.T) {
 	reg := prometheus.NewPedanticRegistry()
-	p, err := scoring.NewPlacement(scoring.DefaultPlacementConfig(), newKVFakeIndex(), nil, reg)
+	p, err := placement.New(placement.DefaultConfig(), newFakeIndex(), nil, reg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -334,33 +370,33 @@ kvrouter_scoring_placement_decisions_total{kind="untokenized"} 1
 func TestPlacementConfigValidate(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
-		modify func(*scoring.PlacementConfig)
+		modify func(*placement.Config)
 		want   string
 	}{
-		{"defaults", func(*scoring.PlacementConfig) {}, ""},
-		{"zero depth", func(c *scoring.PlacementConfig) { c.PrefixDepth = 0 }, "prefix_depth"},
-		{"fill above one", func(c *scoring.PlacementConfig) { c.Fill = 1.5 }, "fill"},
-		{"spill below saturated", func(c *scoring.PlacementConfig) { c.SpillLoad = 1; c.Saturated = 2 }, "spill_load"},
-		{"negative deadline", func(c *scoring.PlacementConfig) { c.DeadlineTokens = -1 }, "deadline_tokens"},
-		{"zero headroom", func(c *scoring.PlacementConfig) { c.Headroom = 0 }, "headroom"},
-		{"negative hold", func(c *scoring.PlacementConfig) { c.HoldMaxMS = -1 }, "hold_max_ms"},
-		{"zero hold step", func(c *scoring.PlacementConfig) { c.HoldStepMS = 0 }, "hold_step_ms"},
-		{"zero hold tokens", func(c *scoring.PlacementConfig) { c.HoldPrefillTokens = 0 }, "hold_prefill_tokens"},
+		{"defaults", func(*placement.Config) {}, ""},
+		{"zero depth", func(c *placement.Config) { c.PrefixDepth = 0 }, "prefix_depth"},
+		{"fill above one", func(c *placement.Config) { c.Fill = 1.5 }, "fill"},
+		{"spill below saturated", func(c *placement.Config) { c.SpillLoad = 1; c.Saturated = 2 }, "spill_load"},
+		{"negative deadline", func(c *placement.Config) { c.DeadlineTokens = -1 }, "deadline_tokens"},
+		{"zero headroom", func(c *placement.Config) { c.Headroom = 0 }, "headroom"},
+		{"negative hold", func(c *placement.Config) { c.HoldMaxMS = -1 }, "hold_max_ms"},
+		{"zero hold step", func(c *placement.Config) { c.HoldStepMS = 0 }, "hold_step_ms"},
+		{"zero hold tokens", func(c *placement.Config) { c.HoldPrefillTokens = 0 }, "hold_prefill_tokens"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := scoring.DefaultPlacementConfig()
+			c := placement.DefaultConfig()
 			tc.modify(&c)
 			err := c.Validate()
 			if (err == nil) != (tc.want == "") || (err != nil && !strings.Contains(err.Error(), tc.want)) {
 				t.Fatalf("Validate() = %v, want an error naming %q", err, tc.want)
 			}
-			if _, nerr := scoring.NewPlacement(c, newKVFakeIndex(), nil, nil); (nerr == nil) != (err == nil) {
-				t.Fatalf("NewPlacement error %v disagrees with Validate %v", nerr, err)
+			if _, nerr := placement.New(c, newFakeIndex(), nil, nil); (nerr == nil) != (err == nil) {
+				t.Fatalf("New error %v disagrees with Validate %v", nerr, err)
 			}
 		})
 	}
-	if _, err := scoring.NewPlacement(scoring.DefaultPlacementConfig(), nil, nil, nil); err == nil {
-		t.Fatal("NewPlacement with no index: want an error")
+	if _, err := placement.New(placement.DefaultConfig(), nil, nil, nil); err == nil {
+		t.Fatal("New with no index: want an error")
 	}
 }
 
@@ -386,13 +422,13 @@ func benchPlacement(b *testing.B, n int) {
 			b.Fatal(err)
 		}
 	}
-	p := newPlacement(b, scoring.DefaultPlacementConfig(), ix)
+	p := newPlacement(b, placement.DefaultConfig(), ix)
 	reqs := make([]*scoring.Request, 256)
 	for i := range reqs {
 		reqs[i] = plRequest(append(prefix(i%24), plTokens(500_000_000+1000*i, 339)...))
 	}
 	b.ReportAllocs()
-	cpu := kvCPUTime()
+	cpu := cpuTime()
 	b.ResetTimer()
 	for i := 0; b.Loop(); i++ {
 		req := reqs[i%len(reqs)]
@@ -403,7 +439,7 @@ func benchPlacement(b *testing.B, n int) {
 		p.Routed(req, d.Endpoint)
 		p.Finished(req.ID)
 	}
-	b.ReportMetric(float64((kvCPUTime()-cpu).Nanoseconds())/float64(b.N), "cpu-ns/op")
+	b.ReportMetric(float64((cpuTime()-cpu).Nanoseconds())/float64(b.N), "cpu-ns/op")
 }
 
 func BenchmarkPlacementPick6(b *testing.B)  { benchPlacement(b, 6) }
@@ -423,11 +459,11 @@ func TestPlacementRehomesALostPrefix(t *testing.T) {
 		{"rehome off", false, false, false, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			cfg := scoring.DefaultPlacementConfig()
+			cfg := placement.DefaultConfig()
 			cfg.RehomeLost = tc.rehome
 			cfg.Fill = 0.01 // no replicas: only a re-home moves the prefix
 			cfg.DeadlineTokens = 0
-			ix := newKVFakeIndex()
+			ix := newFakeIndex()
 			p := newPlacement(t, cfg, ix)
 			cs := fleet(2, nil)
 			home := place(t, p, prefixed(0, 0), cs)
@@ -472,8 +508,8 @@ func TestPlacementRehomesALostPrefix(t *testing.T) {
 func TestPlacementPrefersAHeldPlacement(t *testing.T) {
 	for other := 0; other < 4; other++ {
 		t.Run(fmt.Sprint("holder ", other), func(t *testing.T) {
-			ix := newKVFakeIndex()
-			p := newPlacement(t, scoring.DefaultPlacementConfig(), ix)
+			ix := newFakeIndex()
+			p := newPlacement(t, placement.DefaultConfig(), ix)
 			cs := fleet(4, nil)
 			home := place(t, p, prefixed(0, 0), cs)
 			if cs[other].Address == home {
@@ -513,11 +549,11 @@ func TestPlacementHoldsBehindAMiss(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			ix := newKVFakeIndex()
-			cfg := scoring.DefaultPlacementConfig()
+			ix := newFakeIndex()
+			cfg := placement.DefaultConfig()
 			cfg.HoldMaxMS = tc.holdMax
 			reg := prometheus.NewRegistry()
-			p, err := scoring.NewPlacement(cfg, ix, func() time.Time { return time.Unix(0, 0) }, reg)
+			p, err := placement.New(cfg, ix, func() time.Time { return time.Unix(0, 0) }, reg)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -598,11 +634,11 @@ func TestPlacementSharedLoad(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			cfg := scoring.DefaultPlacementConfig()
+			cfg := placement.DefaultConfig()
 			cfg.SharedLoad = tc.shared
 			cfg.RehomeLost = false
 			clock := time.Unix(100, 0)
-			p, err := scoring.NewPlacement(cfg, ix, func() time.Time { return clock }, nil)
+			p, err := placement.New(cfg, ix, func() time.Time { return clock }, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -661,11 +697,11 @@ func TestPlacementUnplacesADivertedReplica(t *testing.T) {
 		{"kept", false, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			cfg := scoring.DefaultPlacementConfig()
+			cfg := placement.DefaultConfig()
 			cfg.DeadlineTokens = 512 // the replica's 1,152-token miss is past it
 			cfg.HoldMaxMS = 0
 			cfg.UnplaceDiverted = tc.unplace
-			ix := newKVFakeIndex()
+			ix := newFakeIndex()
 			p := newPlacement(t, cfg, ix)
 			cs := fleet(3, nil)
 			ix.hold(cs[0].Address, plKeysOf(prefixed(0, 0))[:64])
@@ -686,4 +722,11 @@ func TestPlacementUnplacesADivertedReplica(t *testing.T) {
 			}
 		})
 	}
+}
+
+// cpuTime is the process's user plus system CPU time, for benchmarks on a shared box.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

@@ -1,18 +1,18 @@
-package scoring_test
+package placement_test
 
 import (
 	"testing"
 
-	"github.com/kvrouter/kvrouter/scoring"
+	"github.com/kvrouter/kvrouter/placement"
 )
 
 // TestPlacementKnobs: every knob reads back what was set, by number and by text, and
 // an unknown name is refused.
 func TestPlacementKnobs(t *testing.T) {
-	def := scoring.DefaultPlacementConfig()
+	def := placement.DefaultConfig()
 	for name, v := range def.Knobs() {
 		t.Run(name, func(t *testing.T) {
-			c := scoring.DefaultPlacementConfig()
+			c := placement.DefaultConfig()
 			want := v + 1
 			if v == 1 && (name == "adopt_all" || name == "divert_on_full" || name == "divert_misses" || name == "sticky_holders" ||
 				name == "rehome_lost" || name == "prefer_held" || name == "unplace_diverted") {
@@ -29,7 +29,7 @@ func TestPlacementKnobs(t *testing.T) {
 			}
 		})
 	}
-	c := scoring.DefaultPlacementConfig()
+	c := placement.DefaultConfig()
 	if c.SetKnob("nope", 1) {
 		t.Error("SetKnob accepted an unknown name")
 	}
