@@ -137,7 +137,7 @@ var errHoldCancelled = errors.New("extproc: stream ended while the request was h
 
 // choose picks the endpoint for the request, or returns a no-endpoint reason. It has no
 // effect beyond counting parse and tokenizer errors and holds. It holds the request
-// (blocking the stream) while the policy asks and mayHold allows, start being when the
+// (blocking the stream) while the policy asks and holdBound allows, start being when the
 // decision began; err is errHoldCancelled when the stream's context ends meanwhile.
 func (st *stream) choose(in decideInput, start time.Time) (c choice, noEndpointReason string, err error) {
 	s := st.s
@@ -202,7 +202,11 @@ func (st *stream) choose(in decideInput, start time.Time) (c choice, noEndpointR
 		policy = s.fallback
 	}
 	d, err := policy.Pick(&req, eps)
-	for err == nil && d.Hold > 0 && st.mayHold(start, req.Held, d.Hold) {
+	for err == nil && d.Hold > 0 {
+		if bound := st.holdBound(start, req.Held, d.Hold); bound != "" {
+			s.m.holdsCut.WithLabelValues(bound).Inc()
+			break
+		}
 		// The policy asks to wait: hold the stream (Envoy waits for this reply), then pick
 		// again among the candidates as they are then.
 		select {
@@ -247,20 +251,26 @@ func (st *stream) choose(in decideInput, start time.Time) (c choice, noEndpointR
 	return choice{dest: dest, endpoint: d.Endpoint, policy: policy.Name(), fallback: fallback, req: req, ids: ids}, "", nil
 }
 
-// mayHold reports whether a hold of d may begin now, in a decision begun at start that
-// has held the request for held so far: the hold must end within MaxHold of start
-// (measured on the server's clock, or by the holds' sum where that is larger, as under
-// a test's timer) and deadlineReserve before the stream's deadline, if it has one.
-func (st *stream) mayHold(start time.Time, held, d time.Duration) bool {
+// Bounds that cut a hold short; they label kvrouter_routing_holds_cut_total.
+const (
+	holdBoundMax      = "max_hold" // Options.MaxHold
+	holdBoundDeadline = "deadline" // the stream's deadline
+)
+
+// holdBound returns "" when a hold of d may begin now, in a decision begun at start that
+// has held the request for held so far, or else the bound it would pass: it must end
+// within MaxHold of start (on the server's clock, or by the holds' sum where that is
+// larger, as under a test's timer) and deadlineReserve before the stream's deadline, if
+// it has one.
+func (st *stream) holdBound(start time.Time, held, d time.Duration) string {
 	s := st.s
-	now := s.now()
-	if max(now.Sub(start), held)+d > s.maxHold {
-		return false
+	if max(s.now().Sub(start), held)+d > s.maxHold {
+		return holdBoundMax
 	}
 	if dl, ok := st.srv.Context().Deadline(); ok && time.Until(dl) < d+deadlineReserve {
-		return false
+		return holdBoundDeadline
 	}
-	return true
+	return ""
 }
 
 // saturated reports whether every endpoint in eps has valid metrics and more than

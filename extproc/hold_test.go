@@ -217,6 +217,9 @@ func TestHoldWithinEnvoyMessageTimeout(t *testing.T) {
 	if h.counter("kvrouter_routing_holds_total") == 0 {
 		t.Fatal("no request was held: the test shows nothing")
 	}
+	if got := h.counter("kvrouter_routing_holds_cut_total", "bound", "max_hold"); got != requests {
+		t.Fatalf("holds cut by max_hold %v, want %d (one per request)", got, requests)
+	}
 }
 
 // A deadline the gateway sends with the stream (grpc-timeout) bounds the holds even when
@@ -239,5 +242,8 @@ func TestHoldEndsBeforeStreamDeadline(t *testing.T) {
 	checkDecision(t, res, epA)
 	if h.counter("kvrouter_routing_holds_total") == 0 {
 		t.Fatal("no hold: the test shows nothing")
+	}
+	if got := h.counter("kvrouter_routing_holds_cut_total", "bound", "deadline"); got != 1 {
+		t.Fatalf("holds cut by the deadline %v, want 1", got)
 	}
 }
