@@ -50,9 +50,10 @@ const (
 // the router's process.
 const DefaultMaxHold = 120 * time.Millisecond
 
-// deadlineReserve is kept before a deadline the gateway sends with the stream (gRPC
-// grpc-timeout): holds end by then, leaving time for the last pick and the reply.
-const deadlineReserve = 10 * time.Millisecond
+// deadlineReserve is kept before a deadline the client sends with the stream (gRPC
+// grpc-timeout): holds end by then, leaving time for the last pick, the reply's way back
+// and a scheduling delay on a busy node.
+const deadlineReserve = 25 * time.Millisecond
 
 // Fleet is what the server needs from the endpoint registry.
 type Fleet interface {
