@@ -41,6 +41,21 @@ fuzz: ## Run every fuzz target for FUZZTIME each.
 	  done; \
 	done
 
+.PHONY: docs
+docs: ## Render every table in docs/ from the JSON committed beside it (scripts/docs.py).
+	python3 scripts/docs.py
+
+.PHONY: docs-data
+docs-data: ## Rerun the kvbench sim runs whose JSON docs/results-policy.md renders (minutes).
+	@mkdir -p $(BIN)
+	$(GO) build -o $(BIN)/ ./cmd/kvbench
+	KVBENCH=$(BIN)/kvbench sh scripts/policy-variants.sh docs/policy
+	python3 scripts/docs.py
+
+.PHONY: docs-check
+docs-check: ## Fail when a table in docs/ differs from what its committed JSON renders.
+	python3 scripts/docs.py --check
+
 .PHONY: lint
 lint: ## gofmt, go vet and staticcheck (its default checks; `make tools` builds it).
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt: $$out"; exit 1; fi

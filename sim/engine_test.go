@@ -2,6 +2,7 @@ package sim_test
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"reflect"
 	"testing"
@@ -397,5 +398,22 @@ func TestResetPrefixCache(t *testing.T) {
 	drain(t, e)
 	if tr.results["B"].CachedTokens != 0 {
 		t.Error("hit after reset")
+	}
+}
+
+func TestBaselineCellsFromPublishedFigures(t *testing.T) {
+	cells, err := sim.BaselineCells()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cells) != 4*6 {
+		t.Fatalf("%d cells, want 24 (4 N x 6 figures)", len(cells))
+	}
+	// Spot checks against the published tables (docs/reference.md).
+	want := map[string]float64{"cached_ratio/2/4": 0.814, "hit_rate/24/8": 0.175, "ttft_p99_ms/7/16": 1353, "throughput_rps/12/16": 13.9}
+	for _, c := range cells {
+		if w, ok := want[fmt.Sprintf("%s/%d/%d", c.Metric, c.N, c.Conc)]; ok && c.Ref != w {
+			t.Errorf("%s N=%d C=%d: ref %v, want %v", c.Metric, c.N, c.Conc, c.Ref, w)
+		}
 	}
 }
