@@ -423,6 +423,72 @@ def runs_table(before, after, pol="placement"):
     return table(["N", "C", "ratio before", "ratio after", "change", "TTFT p99 ms before", "after", "change"], rows)
 
 
+# ---- docs/results-workloads.md (issue 14) ----
+
+WORKLOAD_POLICIES = ["kv", "round-robin", "least-load", "placement"]
+
+
+def workload_goal(r, kv):
+    """Issue 14's goal of r against kv: ratio >= kv's (3 decimals), TTFT p99 <= 1.05 x kv's,
+    throughput >= kv's within 0.5%. Returns the three cells and the missed checks."""
+    checks = (("ratio", round(r["cached_ratio"], 3) >= round(kv["cached_ratio"], 3)),
+              ("p99", r["ttft_p99_ms"] <= 1.05 * kv["ttft_p99_ms"]),
+              ("throughput", r["requests_per_s"] >= 0.995 * kv["requests_per_s"]))
+    return ["yes" if ok else "**NO**" for _, ok in checks], [m for m, ok in checks if not ok]
+
+
+def workload_rows(recs):
+    """(cell label, policy, record, goal cells, missed) for every policy of every cell."""
+    grid = "workload" not in recs[0]
+    key = (lambda r: (r["prefixes"], r["concurrency"])) if grid else (lambda r: ())
+    ix = {(key(r), r["policy"]): r for r in recs}
+    out = []
+    for cell in sorted({key(r) for r in recs}):
+        kv = ix.get((cell, "kv"))
+        for p in WORKLOAD_POLICIES:
+            r = ix.get((cell, p))
+            if r is None:
+                continue
+            g, missed = (["-"] * 3, []) if p == "kv" or kv is None else workload_goal(r, kv)
+            out.append((cell, p, r, g, missed))
+    return grid, out
+
+
+def workload_table(path):
+    """One workload, every policy's medians and the goal against kv."""
+    recs = records(path)
+    grid, rows = workload_rows(recs)
+    r0 = recs[0]
+    goal = ["ratio >= kv", "p99 <= 1.05 kv", "thr >= kv"]
+    if grid:
+        head = (f"{r0['workers']} servers, prefix {r0['prefix_tokens']} + tail {r0['tail_tokens']} tokens, output "
+                f"{r0['output_tokens']}, {r0['requests']} requests from empty caches, closed loop, {r0['reps']} repetitions (medians).\n")
+        body = [[n, c, f"**{p}**" if p == "placement" else p, f"{r['cached_ratio']:.3f}", f"{r['bound_cached_ratio']:.3f}",
+                 f"{r['ttft_p50_ms']:.0f}", f"{r['ttft_p99_ms']:.0f}", f"{r['requests_per_s']:.2f}",
+                 "-" if r.get("servers_per_prefix") is None else f"{r['servers_per_prefix']:.2f}"] + g
+                for (n, c), p, r, g, _ in rows]
+        return head + table(["N", "C", "policy", "cached", "bound", "TTFT p50 ms", "TTFT p99 ms", "req/s", "servers/prefix"] + goal, body)
+    head = (f"{r0['workers']} servers of {r0['kv_bytes_per_server'] / 2**30:g} GiB, max_model_len {r0['max_model_len']}, "
+            f"{r0['requests']} requests, open loop, {r0['reps']} repetitions (medians).\n")
+    body = [[f"**{p}**" if p == "placement" else p, f"{r['cached_ratio']:.3f}", f"{r['bound_cached_ratio']:.3f}",
+             f"{r['ttft_p50_ms']:.0f}", f"{r['ttft_p99_ms']:.0f}", f"{r['requests_per_s']:.2f}", f"{r['tokens_per_s']:,.0f}",
+             f"{r['load_spread']:.2f}", f"{r['servers_per_session']:.2f}", f"{r['preemptions']:.0f}", r["rejected"]] + g
+            for _, p, r, g, _ in rows]
+    return head + table(["policy", "cached", "bound", "TTFT p50 ms", "TTFT p99 ms", "req/s", "tok/s", "load spread",
+                         "servers/session", "preemptions", "rejected"] + goal, body)
+
+
+def workload_summary(*paths):
+    """Per workload file: whether placement meets the goal against kv, and where not."""
+    rows = []
+    for path in paths:
+        grid, rs = workload_rows(records(path))
+        misses = [(f"N={cell[0]} C={cell[1]} " if grid else "") + "(" + ", ".join(m) + ")"
+                  for cell, p, _, _, m in rs if p == "placement" and m]
+        rows.append([os.path.basename(path)[:-len(".json")], "met" if not misses else "missed: " + "; ".join(misses)])
+    return table(["workload", "placement against kv"], rows)
+
+
 # ---- docs/results.md ----
 
 def results_sweep():
@@ -449,6 +515,8 @@ RENDERERS = {
     "goal": goal_table,
     "vs-kv": vs_kv_table,
     "runs": runs_table,
+    "workload": workload_table,
+    "workload-summary": workload_summary,
 }
 
 BLOCK = re.compile(r"(<!-- render: ([^>]*?) -->\n)(.*?)(<!-- /render -->)", re.S)
