@@ -266,7 +266,7 @@ type LimitsConfig struct {
 	// DrainTimeout bounds how long in-flight streams may run on after SIGTERM.
 	DrainTimeout time.Duration `yaml:"drain_timeout"`
 	// MaxHold bounds how long the router may take to answer a request the policy asks to
-	// hold (placement's hold_max_ms), counted from the start of the decision: parsing,
+	// hold (placement's hold_max), counted from the start of the decision: parsing,
 	// tokenization and earlier holds count (0 never holds). Envoy's ext_proc
 	// message_timeout (200ms unless set) runs meanwhile in every body mode but
 	// FULL_DUPLEX_STREAMED, so it must stay well under it (at most 500ms). Default 120ms

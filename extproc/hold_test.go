@@ -176,7 +176,7 @@ func equalDurations(a, b []time.Duration) bool {
 
 // Under Envoy's default message_timeout (200 ms, armed in every body mode but
 // FULL_DUPLEX_STREAMED), requests whose policy asks to hold them for as long as it may
-// (as placement does behind a slow miss when its hold_max_ms is above limits.max_hold)
+// (as placement does behind a slow miss when its hold_max is above limits.max_hold)
 // are answered in time with the default limits: none times out, and they were held.
 func TestHoldWithinEnvoyMessageTimeout(t *testing.T) {
 	const envoyDefault = 200 * time.Millisecond // message_timeout when the gateway sets none

@@ -74,12 +74,12 @@ func completion(p, tail int) envoytest.Request {
 }
 
 // The placement policy holds a hit behind a miss in prefill on its endpoint, for up to
-// its hold_max_ms (here above limits.max_hold, as an operator may set it). Under Envoy's
+// its hold_max (here above limits.max_hold, as an operator may set it). Under Envoy's
 // default 200 ms message_timeout (BUFFERED request body) and the default limits, none of
 // those held requests times out.
 func TestPlacementHoldsWithinEnvoyMessageTimeout(t *testing.T) {
 	cfg := placement.DefaultConfig()
-	cfg.HoldMaxMS = 400
+	cfg.HoldMax = 400 * time.Millisecond
 	ix := &heldIndex{held: map[string]map[uint64]bool{}}
 	pol, err := placement.New(cfg, ix, nil, prometheus.NewRegistry())
 	if err != nil {

@@ -27,7 +27,7 @@ const (
 )
 
 // DefaultMaxHold is the default Options.MaxHold (limits.max_hold): the longest hold the
-// default policy asks for (placement's hold_max_ms), leaving 80 ms of Envoy's default
+// default policy asks for (placement's hold_max), leaving 80 ms of Envoy's default
 // ext_proc message_timeout (200 ms) for what the router's clock does not see: the
 // message's way in (a buffered body of megabytes), the reply's way out and a stall of
 // the router's process.
