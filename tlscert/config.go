@@ -13,7 +13,8 @@ import (
 type Mode string
 
 const (
-	// ModeEnabled serves TLS: the configured certificate, or a self-signed one.
+	// ModeEnabled serves TLS: the configured certificate, or a self-signed one. The zero
+	// Mode means the same, so a Config written in Go is secure unless it says otherwise.
 	ModeEnabled Mode = "enabled"
 	// ModeDisabled serves plaintext gRPC; only when the configuration says so.
 	ModeDisabled Mode = "disabled"
@@ -49,7 +50,7 @@ func (c *Config) SelfSigned() bool { return c.Enabled() && c.CertFile == "" }
 func (c *Config) Validate() error {
 	var errs field.Errors
 	switch c.Mode {
-	case ModeEnabled:
+	case ModeEnabled, "":
 		if (c.CertFile == "") != (c.KeyFile == "") {
 			if c.CertFile == "" {
 				errs.Addf("cert_file", "is required with key_file")

@@ -286,7 +286,7 @@ func TestValidateAndCheck(t *testing.T) {
 		{"files", tlscert.Config{Mode: "enabled", CertFile: p("c1"), KeyFile: p("k1")}, ""},
 		{"disabled", tlscert.Config{Mode: "disabled"}, ""},
 		{"unknown mode", tlscert.Config{Mode: "on"}, `mode: unknown mode "on"`},
-		{"empty mode", tlscert.Config{}, `mode: unknown mode ""`},
+		{"zero mode is enabled", tlscert.Config{}, ""},
 		{"cert without key", tlscert.Config{Mode: "enabled", CertFile: p("c1")}, "key_file: is required with cert_file"},
 		{"key without cert", tlscert.Config{Mode: "enabled", KeyFile: p("k1")}, "cert_file: is required with key_file"},
 		{"files while disabled", tlscert.Config{Mode: "disabled", CertFile: p("c1"), KeyFile: p("k1")}, "cert_file: is set but mode is disabled"},

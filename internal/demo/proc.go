@@ -53,14 +53,15 @@ type proc struct {
 }
 
 type procStack struct {
-	procs                 []*proc
-	gatewayURL, routerURL string
-	metrics               []string
+	procs                           []*proc
+	gatewayURL, routerURL, debugURL string
+	metrics                         []string
 }
 
 func (s *procStack) GatewayURL() string          { return s.gatewayURL }
 func (s *procStack) EngineMetricsURLs() []string { return s.metrics }
 func (s *procStack) RouterURL() string           { return s.routerURL }
+func (s *procStack) DebugURL() string            { return s.debugURL }
 
 // freePorts reserves n distinct free loopback ports and releases them for the children.
 func freePorts(n int) ([]int, error) {
@@ -200,8 +201,8 @@ func (s *procStack) start(ctx context.Context, o *Options, po ProcessOptions, po
 	if err != nil {
 		return err
 	}
-	// Per worker: HTTP, events, replay; then extproc, health, metrics, gateway, envoy admin.
-	ports, err := freePorts(3*o.Workers + 5)
+	// Per worker: HTTP, events, replay; then extproc, health, metrics, gateway, envoy admin, debug.
+	ports, err := freePorts(3*o.Workers + 6)
 	if err != nil {
 		return err
 	}
@@ -226,18 +227,18 @@ func (s *procStack) start(ctx context.Context, o *Options, po ProcessOptions, po
 	}
 	base := 3 * o.Workers
 	ext, health, metrics := fmt.Sprintf("127.0.0.1:%d", ports[base]), fmt.Sprintf("127.0.0.1:%d", ports[base+1]), fmt.Sprintf("127.0.0.1:%d", ports[base+2])
-	gw, admin := fmt.Sprintf("127.0.0.1:%d", ports[base+3]), ports[base+4]
+	gw, admin, debug := fmt.Sprintf("127.0.0.1:%d", ports[base+3]), ports[base+4], fmt.Sprintf("127.0.0.1:%d", ports[base+5])
 	oc := *o
 	oc.TokenizerDir = tokDir
 	cfgPath := filepath.Join(po.WorkDir, "kvrouter-"+policy+".yaml")
-	if err := os.WriteFile(cfgPath, routerConfig(&oc, servers, policy, ext, health, metrics), 0o644); err != nil {
+	if err := os.WriteFile(cfgPath, routerConfig(&oc, servers, policy, listenAddrs{extproc: ext, health: health, metrics: metrics, debug: debug}), 0o644); err != nil {
 		return err
 	}
 	if err := s.spawn("kvrouter", filepath.Join(po.WorkDir, "kvrouter-"+policy+".log"), nil, bin("kvrouter"),
 		"--config", cfgPath, "--log-level", "info"); err != nil {
 		return err
 	}
-	s.routerURL = "http://" + metrics
+	s.routerURL, s.debugURL = "http://"+metrics, "http://"+debug
 	s.gatewayURL = "http://" + gw
 	if po.Envoy != "" {
 		src, err := os.ReadFile(po.EnvoyConfig)
