@@ -32,6 +32,7 @@ func main() {
 	extproc := flag.String("extproc", "127.0.0.1:9002", "kvrouter ext_proc gRPC address")
 	upstreams := flag.String("upstreams", "", "comma-separated ip:port allowlist of upstream endpoints")
 	maxBody := flag.Int64("max-request-bytes", gateway.DefaultMaxRequestBytes, "largest request body accepted")
+	expose := flag.Bool("expose-served", false, "keep kvrouter's x-gateway-destination-endpoint-served header (a pod's ip:port) in responses, for benchmarks; removed by default")
 	plaintext := flag.Bool("extproc-plaintext", false, "connect to kvrouter without TLS (only for a kvrouter with listen.tls.mode: disabled)")
 	var tc tlscert.ClientConfig
 	flag.StringVar(&tc.CAFile, "extproc-ca", "", "PEM CA bundle to verify kvrouter's certificate with (empty: verification skipped, for kvrouter's self-signed default)")
@@ -48,13 +49,13 @@ func main() {
 		}
 		creds = credentials.NewTLS(c)
 	}
-	if err := run(*listen, *extproc, *upstreams, *maxBody, creds); err != nil {
+	if err := run(*listen, *extproc, *upstreams, *maxBody, *expose, creds); err != nil {
 		fmt.Fprintln(os.Stderr, "devgateway:", err)
 		os.Exit(1)
 	}
 }
 
-func run(listen, target, upstreams string, maxBody int64, creds credentials.TransportCredentials) error {
+func run(listen, target, upstreams string, maxBody int64, expose bool, creds credentials.TransportCredentials) error {
 	log, err := zap.NewProduction()
 	if err != nil {
 		return err
@@ -75,7 +76,7 @@ func run(listen, target, upstreams string, maxBody int64, creds credentials.Tran
 	}
 	defer conn.Close()
 	gw := gateway.New(extprocv3.NewExternalProcessorClient(conn),
-		gateway.Config{Upstreams: allow, MaxRequestBytes: maxBody}, nil, log)
+		gateway.Config{Upstreams: allow, MaxRequestBytes: maxBody, ExposeServed: expose}, nil, log)
 	srv := &http.Server{Addr: listen, Handler: gw, ReadHeaderTimeout: 10 * time.Second}
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)

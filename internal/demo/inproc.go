@@ -178,7 +178,7 @@ func (s *inproc) start(ctx context.Context, o *Options, policy, dir string, log 
 	for _, sv := range servers {
 		allow = append(allow, sv.HTTP)
 	}
-	gw := gateway.New(extprocv3.NewExternalProcessorClient(conn), gateway.Config{Upstreams: allow}, nil, log.Named("gateway"))
+	gw := gateway.New(extprocv3.NewExternalProcessorClient(conn), gateway.Config{Upstreams: allow, ExposeServed: true}, nil, log.Named("gateway"))
 	gaddr, err := s.serveHTTP("gateway", gw)
 	if err != nil {
 		conn.Close()

@@ -261,13 +261,14 @@ func (s *procStack) start(ctx context.Context, o *Options, po ProcessOptions, po
 		ups = append(ups, sv.HTTP)
 	}
 	return s.spawn("devgateway", filepath.Join(po.WorkDir, "devgateway-"+policy+".log"), nil, bin("devgateway"),
-		"-listen", gw, "-extproc", ext, "-upstreams", strings.Join(ups, ","))
+		"-listen", gw, "-extproc", ext, "-upstreams", strings.Join(ups, ","), "-expose-served")
 }
 
 // envoyConfig points the repository's Envoy bootstrap at the demo's ports: the listener
-// on gw (loopback), the admin port, and the kvrouter cluster at ext. Everything else (the
-// header-stripping filter, ext_proc in FULL_DUPLEX_STREAMED, the ORIGINAL_DST cluster) is
-// used as shipped.
+// on gw (loopback), the admin port, and the kvrouter cluster at ext (TLS, kvrouter's
+// self-signed default), and keeps the served-endpoint response header for kvbench's
+// servers-per-prefix column. Everything else (the header-stripping filter, ext_proc in
+// FULL_DUPLEX_STREAMED, the ORIGINAL_DST cluster) is used as shipped.
 func envoyConfig(src, gw, ext string, admin int) (string, error) {
 	gwHost, gwPort, _ := net.SplitHostPort(gw)
 	extHost, extPort, _ := net.SplitHostPort(ext)
@@ -275,6 +276,7 @@ func envoyConfig(src, gw, ext string, admin int) (string, error) {
 		{"{address: 127.0.0.1, port_value: 9901}", fmt.Sprintf("{address: 127.0.0.1, port_value: %d}", admin)},
 		{"{address: 0.0.0.0, port_value: 8081}", fmt.Sprintf("{address: %s, port_value: %s}", gwHost, gwPort)},
 		{"{address: kvrouter, port_value: 9002}", fmt.Sprintf("{address: %s, port_value: %s}", extHost, extPort)},
+		{`handle:headers():remove("x-gateway-destination-endpoint-served")`, "-- kvdemo keeps the served endpoint: kvbench counts servers per prefix"},
 	} {
 		if !strings.Contains(src, r.old) {
 			return "", errors.New("demo: envoy config: " + r.old + " not found; the bootstrap changed shape")
