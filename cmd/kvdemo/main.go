@@ -164,7 +164,6 @@ func latency(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.StringVar(&o.TrivialPprof, "trivial-pprof", "", "serve the trivial server's /debug/pprof/ on this address (kvrouter's is on its debug port)")
 	keep := fs.Bool("keep-logs", false, "keep the generated configurations and the processes' logs")
 	fs.BoolVar(&o.Plaintext, "plaintext", false, "serve both ext_proc ports without TLS (default: TLS on both, self-signed, as kvrouter's default)")
-	fs.BoolVar(&o.Plaintext, "plaintext", false, "serve both ext_proc ports without TLS (default: TLS on both, self-signed, as kvrouter's default)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
