@@ -116,6 +116,20 @@ func checkChart(t *testing.T, name string, objs []object) {
 		t.Errorf("kvrouter Deployment: replicas %d, probe %+v, annotations %v", *d.Spec.Replicas, c.ReadinessProbe, d.Spec.Template.Annotations)
 	}
 	checkNetworkPolicy(t, objs, central)
+	if f := cfg.Listen.TLS.CertFile; f != "" {
+		// The certificate comes from a Secret mounted where the configuration names it.
+		mounted := false
+		for _, m := range c.VolumeMounts {
+			for _, v := range d.Spec.Template.Spec.Volumes {
+				if v.Name == m.Name && v.Secret != nil && filepath.Dir(f) == m.MountPath {
+					mounted = true
+				}
+			}
+		}
+		if !mounted {
+			t.Errorf("listen.tls.cert_file %s is not in a mounted Secret (%+v)", f, c.VolumeMounts)
+		}
+	}
 	if kinds["EnvoyFilter"] > 0 {
 		checkIstioTLS(t, find[*istionetv1.DestinationRule](t, objs, "kvrouter-extproc"), "kvrouter.llm.svc.cluster.local")
 	}
