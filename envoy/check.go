@@ -21,17 +21,14 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/anypb"
 
-	"github.com/kvrouter/kvrouter/extproc"
-
 	// Typed configs the files use, registered for protojson's Any resolution.
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
+
+	"github.com/kvrouter/kvrouter/epp"
 )
 
 // The names kvrouter's routing relies on.
 const (
-	DestinationHeader      = "x-gateway-destination-endpoint"
-	DestinationPrefix      = "x-gateway-destination-"
-	ExtProcHealthService   = "envoy.service.ext_proc.v3.ExternalProcessor"
 	extProcFilterType      = "envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor"
 	minCircuitBreakerLimit = 10000
 )
@@ -153,8 +150,8 @@ func checkCluster(c *clusterv3.Cluster) []error {
 			errs = append(errs, fmt.Errorf("cluster %s: ORIGINAL_DST needs lb_policy CLUSTER_PROVIDED, not %v", c.GetName(), c.GetLbPolicy()))
 		}
 		o := c.GetOriginalDstLbConfig()
-		if !o.GetUseHttpHeader() || !strings.EqualFold(o.GetHttpHeaderName(), DestinationHeader) {
-			errs = append(errs, fmt.Errorf("cluster %s: ORIGINAL_DST must take its destination from the %s header (original_dst_lb_config use_http_header, http_header_name)", c.GetName(), DestinationHeader))
+		if !o.GetUseHttpHeader() || !strings.EqualFold(o.GetHttpHeaderName(), epp.HeaderDestination) {
+			errs = append(errs, fmt.Errorf("cluster %s: ORIGINAL_DST must take its destination from the %s header (original_dst_lb_config use_http_header, http_header_name)", c.GetName(), epp.HeaderDestination))
 		}
 	}
 	return errs
@@ -186,13 +183,13 @@ func checkHCM(listener string, hcm *hcmv3.HttpConnectionManager, clusters map[st
 		}
 		fw := fmt.Sprintf("%s: filter %s", where, f.GetName())
 		if stripAt < 0 {
-			errs = append(errs, fmt.Errorf("%s: no filter before ext_proc removes client-sent %s* headers (a Lua filter or header_mutation)", fw, DestinationPrefix))
+			errs = append(errs, fmt.Errorf("%s: no filter before ext_proc removes client-sent %s* headers (a Lua filter or header_mutation)", fw, epp.HeaderPrefix))
 		}
 		// Response filters run in reverse order: only a filter listed before ext_proc
 		// sees the header kvrouter adds (a route's response_headers_to_remove runs
 		// before ext_proc and does not).
 		if servedAt < 0 {
-			errs = append(errs, fmt.Errorf("%s: no filter before ext_proc removes %s from responses (a Lua envoy_on_response or header_mutation response_mutations): it tells the client a pod's ip:port", fw, extproc.HeaderServed))
+			errs = append(errs, fmt.Errorf("%s: no filter before ext_proc removes %s from responses (a Lua envoy_on_response or header_mutation response_mutations): it tells the client a pod's ip:port", fw, epp.HeaderServed))
 		}
 		errs = append(errs, checkExtProc(fw, ep, clusters)...)
 	}
@@ -208,8 +205,9 @@ func checkHCM(listener string, hcm *hcmv3.HttpConnectionManager, clusters map[st
 func stripsDestination(tc *anypb.Any) bool {
 	lua := &luav3.Lua{}
 	if tc.MessageIs(lua) && tc.UnmarshalTo(lua) == nil {
+		//lint:ignore SA1019 configs may still use the deprecated inline_code, which Envoy still runs
 		code := lua.GetDefaultSourceCode().GetInlineString() + lua.GetInlineCode()
-		return strings.Contains(code, "envoy_on_request") && strings.Contains(code, DestinationPrefix) && strings.Contains(code, ":remove(")
+		return strings.Contains(code, "envoy_on_request") && strings.Contains(code, epp.HeaderPrefix) && strings.Contains(code, ":remove(")
 	}
 	if strings.HasSuffix(tc.GetTypeUrl(), ".header_mutation.v3.HeaderMutation") {
 		// Decode generically, to avoid compiling the header_mutation package for a
@@ -230,7 +228,7 @@ func stripsDestination(tc *anypb.Any) bool {
 			return false
 		}
 		for _, rm := range v.Mutations.RequestMutations {
-			if strings.EqualFold(rm.Remove, DestinationHeader) {
+			if strings.EqualFold(rm.Remove, epp.HeaderDestination) {
 				return true
 			}
 		}
@@ -246,7 +244,7 @@ func stripsServed(tc *anypb.Any) bool {
 	if tc.MessageIs(lua) && tc.UnmarshalTo(lua) == nil {
 		code := lua.GetDefaultSourceCode().GetInlineString() + lua.GetInlineCode()
 		_, resp, ok := strings.Cut(code, "function envoy_on_response")
-		return ok && strings.Contains(resp, `:remove("`+extproc.HeaderServed+`")`)
+		return ok && strings.Contains(resp, `:remove("`+epp.HeaderServed+`")`)
 	}
 	if strings.HasSuffix(tc.GetTypeUrl(), ".header_mutation.v3.HeaderMutation") {
 		m, err := tc.UnmarshalNew()
@@ -265,7 +263,7 @@ func stripsServed(tc *anypb.Any) bool {
 			return false
 		}
 		for _, rm := range v.Mutations.ResponseMutations {
-			if strings.EqualFold(rm.Remove, extproc.HeaderServed) {
+			if strings.EqualFold(rm.Remove, epp.HeaderServed) {
 				return true
 			}
 		}
@@ -323,12 +321,12 @@ func checkExtProc(fw string, ep *extprocv3.ExternalProcessor, clusters map[strin
 		errs = append(errs, fmt.Errorf("%s: the route cache must be cleared so that the picked endpoint's route is taken", fw))
 	}
 	mo := ep.GetMetadataOptions()
-	for _, ns := range []string{"envoy.lb.subset_hint", "envoy.lb"} {
+	for _, ns := range []string{epp.NamespaceSubsetHint, epp.NamespaceLB} {
 		if !slices.Contains(mo.GetForwardingNamespaces().GetUntyped(), ns) {
 			errs = append(errs, fmt.Errorf("%s: metadata_options.forwarding_namespaces.untyped lacks %s", fw, ns))
 		}
 	}
-	if !slices.Contains(mo.GetReceivingNamespaces().GetUntyped(), "envoy.lb") {
+	if !slices.Contains(mo.GetReceivingNamespaces().GetUntyped(), epp.NamespaceLB) {
 		errs = append(errs, fmt.Errorf("%s: metadata_options.receiving_namespaces.untyped lacks envoy.lb", fw))
 	}
 	name := ep.GetGrpcService().GetEnvoyGrpc().GetClusterName()
@@ -348,12 +346,12 @@ func checkExtProc(fw string, ep *extprocv3.ExternalProcessor, clusters map[strin
 	errs = append(errs, checkUpstreamTLS(c)...)
 	hc := false
 	for _, h := range c.GetHealthChecks() {
-		if h.GetGrpcHealthCheck() != nil && h.GetGrpcHealthCheck().GetServiceName() == ExtProcHealthService {
+		if h.GetGrpcHealthCheck() != nil && h.GetGrpcHealthCheck().GetServiceName() == epp.ServiceName {
 			hc = true
 		}
 	}
 	if !hc {
-		errs = append(errs, fmt.Errorf("cluster %s: needs a gRPC health check on service %s", name, ExtProcHealthService))
+		errs = append(errs, fmt.Errorf("cluster %s: needs a gRPC health check on service %s", name, epp.ServiceName))
 	}
 	high := false
 	for _, t := range c.GetCircuitBreakers().GetThresholds() {
@@ -369,7 +367,8 @@ func checkExtProc(fw string, ep *extprocv3.ExternalProcessor, clusters map[strin
 }
 
 func speaksHTTP2(c *clusterv3.Cluster) bool {
-	if c.GetHttp2ProtocolOptions() != nil { //nolint:staticcheck // the deprecated field still works
+	//lint:ignore SA1019 the deprecated field still works in Envoy, so a config using it speaks HTTP/2
+	if c.GetHttp2ProtocolOptions() != nil {
 		return true
 	}
 	a := c.GetTypedExtensionProtocolOptions()["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]
@@ -399,12 +398,12 @@ func checkRoutes(where string, rc *routev3.RouteConfiguration, clusters map[stri
 			}
 			ok := false
 			for _, h := range r.GetMatch().GetHeaders() {
-				if strings.EqualFold(h.GetName(), DestinationHeader) && h.GetPresentMatch() && !h.GetInvertMatch() {
+				if strings.EqualFold(h.GetName(), epp.HeaderDestination) && h.GetPresentMatch() && !h.GetInvertMatch() {
 					ok = true
 				}
 			}
 			if !ok {
-				errs = append(errs, fmt.Errorf("%s: route %q to ORIGINAL_DST cluster %s must match only requests with %s present (headers: present_match)", where, r.GetName(), c.GetName(), DestinationHeader))
+				errs = append(errs, fmt.Errorf("%s: route %q to ORIGINAL_DST cluster %s must match only requests with %s present (headers: present_match)", where, r.GetName(), c.GetName(), epp.HeaderDestination))
 			}
 		}
 	}

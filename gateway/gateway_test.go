@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvrouter/kvrouter/epp"
 	"github.com/kvrouter/kvrouter/extproc"
 	"github.com/kvrouter/kvrouter/extproc/envoytest"
 	"github.com/kvrouter/kvrouter/gateway"
@@ -171,8 +172,8 @@ func TestGatewayEndToEnd(t *testing.T) {
 		if hs, _ := s.ups[i%2].requests(); len(hs) != i/2+1 {
 			t.Fatalf("request %d: upstream %d has %d requests, want %d", i, i%2, len(hs), i/2+1)
 		}
-		if got := resp.Header.Values(extproc.HeaderServed); len(got) != 0 {
-			t.Fatalf("the client saw %s %q", extproc.HeaderServed, got)
+		if got := resp.Header.Values(epp.HeaderServed); len(got) != 0 {
+			t.Fatalf("the client saw %s %q", epp.HeaderServed, got)
 		}
 		if ct := resp.Header.Get("content-type"); ct != "text/event-stream" {
 			t.Fatalf("content-type %q", ct)
@@ -184,7 +185,7 @@ func TestGatewayEndToEnd(t *testing.T) {
 			t.Fatalf("upstream %s got %d requests", u.addr(), len(hs))
 		}
 		for i, h := range hs {
-			if got := h.Values(extproc.HeaderDestination); len(got) != 1 || got[0] != u.addr() {
+			if got := h.Values(epp.HeaderDestination); len(got) != 1 || got[0] != u.addr() {
 				t.Fatalf("upstream saw destination %q", got)
 			}
 			if h.Get("x-gateway-destination-endpoint-subset") != "" {
@@ -293,7 +294,7 @@ func TestGatewayExposeServed(t *testing.T) {
 		}
 		io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
-		if got, want := resp.Header.Get(extproc.HeaderServed), s.ups[i%2].addr(); got != want {
+		if got, want := resp.Header.Get(epp.HeaderServed), s.ups[i%2].addr(); got != want {
 			t.Errorf("served %q, want %q", got, want)
 		}
 	}
