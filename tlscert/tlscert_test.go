@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/kvrouter/kvrouter/tlscert"
 )
@@ -120,9 +122,14 @@ func clientTLS(t *testing.T, c tlscert.ClientConfig) *tls.Config {
 
 func TestSelfSignedByDefault(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	src, err := tlscert.New(tlscert.DefaultConfig(), tlscert.Options{Registerer: reg, Hosts: []string{"kvrouter.ns.svc", "10.1.2.3"}})
+	core, logs := observer.New(zap.InfoLevel)
+	src, err := tlscert.New(tlscert.DefaultConfig(), tlscert.Options{Registerer: reg, Logger: zap.New(core), Hosts: []string{"kvrouter.ns.svc", "10.1.2.3"}})
 	if err != nil {
 		t.Fatal(err)
+	}
+	// The fingerprint is logged, for pinning (Envoy's verify_certificate_hash).
+	if e := logs.FilterField(zap.String("sha256_fingerprint", tlscert.Fingerprint(src.Certificate()))).All(); len(e) != 1 {
+		t.Errorf("logs %v: want one entry with the certificate's fingerprint", logs.All())
 	}
 	got, err := handshake(t, src.ServerConfig(), clientTLS(t, tlscert.ClientConfig{}))
 	if err != nil {
