@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
+	"golang.org/x/net/netutil"
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
@@ -149,7 +150,10 @@ func New(cfg *config.Config, o Options) (*App, error) {
 	// In BUFFERED mode Envoy sends the whole body in one message: allow the largest body
 	// kvrouter reads plus room for headers, so that it arrives rather than failing the
 	// stream (gRPC's default limit is 4 MiB).
-	a.extGRPC = grpc.NewServer(append(extproc.ServerOptions(), grpc.MaxRecvMsgSize(cfg.Limits.MaxBodyBytes+1<<20))...)
+	// limits.max_streams is also each connection's HTTP/2 stream limit, so a gateway
+	// opens another connection rather than have streams refused.
+	a.extGRPC = grpc.NewServer(append(extproc.ServerOptions(), grpc.MaxRecvMsgSize(cfg.Limits.MaxBodyBytes+1<<20),
+		grpc.MaxConcurrentStreams(uint32(cfg.Limits.MaxStreams)))...)
 	healthpb.RegisterHealthServer(a.extGRPC, a.extHealth)
 	if err := a.registerExtProc(o); err != nil {
 		return nil, err
@@ -190,6 +194,9 @@ func (a *App) Listen() (Addrs, error) {
 		if a.lnExt, err = net.Listen("tcp", l.ExtProc); err != nil {
 			return Addrs{}, fmt.Errorf("app: listen extproc: %w", err)
 		}
+		// Connections past limits.max_connections wait in the kernel's backlog instead of
+		// taking the descriptors the admin port, KV events and scrapes need.
+		a.lnExt = netutil.LimitListener(a.lnExt, a.cfg.Limits.MaxConnections)
 		if a.lnProbe, err = net.Listen("tcp", l.Health); err != nil {
 			a.lnExt.Close()
 			return Addrs{}, fmt.Errorf("app: listen health: %w", err)

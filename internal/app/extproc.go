@@ -99,15 +99,18 @@ func (a *App) registerExtProc(o Options) error {
 	}
 	a.tok = tok
 	a.extproc = extproc.New(extproc.Options{
-		Policy:       policy,
-		Fallback:     fallback,
-		Fleet:        a.fleet,
-		Tokenizer:    tok,
-		MaxBodyBytes: a.cfg.Limits.MaxBodyBytes,
-		MaxHold:      a.cfg.Limits.MaxHold,
-		Logger:       a.log.Named("extproc"),
-		Registerer:   a.reg,
-		Now:          o.Now,
+		Policy:            policy,
+		Fallback:          fallback,
+		Fleet:             a.fleet,
+		Tokenizer:         tok,
+		MaxBodyBytes:      a.cfg.Limits.MaxBodyBytes,
+		BodyBudgetBytes:   a.cfg.Limits.BodyBudgetBytes,
+		MaxStreams:        a.cfg.Limits.MaxStreams,
+		StreamIdleTimeout: a.cfg.Limits.StreamIdleTimeout,
+		MaxHold:           a.cfg.Limits.MaxHold,
+		Logger:            a.log.Named("extproc"),
+		Registerer:        a.reg,
+		Now:               o.Now,
 	})
 	a.extproc.Register(a.extGRPC)
 	return nil
