@@ -3,6 +3,7 @@ package tokenizer
 import (
 	"fmt"
 	"hash/maphash"
+	"math"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -122,30 +123,53 @@ func (t *Tokenizer) Encode(text string, addSpecialTokens bool) []uint32 {
 // AppendEncode appends the ids Encode returns for text to dst and returns the extended
 // slice, so that a caller can reuse one buffer across requests. dst's contents are kept.
 func (t *Tokenizer) AppendEncode(dst []uint32, text string, addSpecialTokens bool) []uint32 {
+	out, _ := t.AppendEncodeMax(dst, text, addSpecialTokens, 0)
+	return out
+}
+
+// AppendEncodeMax is AppendEncode stopping once maxTokens ids were appended (0: no
+// limit): the ids appended are the first maxTokens of AppendEncode's, and complete is
+// false when some were left out. Its cost is that of the text up to the limit (plus a
+// linear scan of the rest for added tokens and normalisation), not of the whole text.
+func (t *Tokenizer) AppendEncodeMax(dst []uint32, text string, addSpecialTokens bool, maxTokens int) (out []uint32, complete bool) {
 	if !utf8.ValidString(text) {
 		text = strings.ToValidUTF8(text, "\uFFFD")
 	}
-	out := slices.Grow(dst, len(text)/4+len(t.prefix)+len(t.suffix)+4)
+	// The encoders stop once out holds limit ids; limit is one past maxTokens, so that
+	// more than maxTokens ids (then cut) tells that some were left out.
+	limit := math.MaxInt
+	want := len(text)/4 + len(t.prefix) + len(t.suffix) + 4
+	if maxTokens > 0 {
+		limit = len(dst) + maxTokens + 1
+		want = min(want, maxTokens+1)
+	}
+	out = slices.Grow(dst, want)
 	if addSpecialTokens {
 		out = append(out, t.prefix...)
 	}
 	var buf [32]piece
 	for _, p := range t.rawMatcher.split(text, buf[:0]) {
+		if len(out) >= limit {
+			break
+		}
 		if p.tok >= 0 {
 			out = append(out, t.rawMatcher.tokens[p.tok].ID)
 			continue
 		}
-		out = t.encodeSegment(p.text, out)
+		out = t.encodeSegment(p.text, out, limit)
 	}
 	if addSpecialTokens {
 		out = append(out, t.suffix...)
 	}
-	return out
+	if maxTokens > 0 && len(out)-len(dst) > maxTokens {
+		return out[:len(dst)+maxTokens], false
+	}
+	return out, true
 }
 
 // encodeSegment appends the ids of text that holds no raw added token, through the
-// segment cache.
-func (t *Tokenizer) encodeSegment(seg string, out []uint32) []uint32 {
+// segment cache, stopping at limit ids in out (a cut segment is not cached).
+func (t *Tokenizer) encodeSegment(seg string, out []uint32, limit int) []uint32 {
 	cacheable := t.cache != nil && len(seg) >= t.cacheMinLen && len(seg) <= t.cacheMaxLen
 	if cacheable {
 		ids, ok := t.cache.Get(seg)
@@ -155,8 +179,8 @@ func (t *Tokenizer) encodeSegment(seg string, out []uint32) []uint32 {
 		}
 	}
 	start := len(out)
-	out = t.encodeText(seg, out)
-	if cacheable && t.admit(seg) {
+	out = t.encodeText(seg, out, limit)
+	if cacheable && len(out) < limit && t.admit(seg) {
 		t.cache.Add(strings.Clone(seg), slices.Clone(out[start:]))
 	}
 	return out
@@ -176,27 +200,31 @@ func (t *Tokenizer) admit(seg string) bool {
 
 // encodeText normalises seg, splits it on normalized added tokens, pre-tokenises and
 // applies BPE.
-func (t *Tokenizer) encodeText(seg string, out []uint32) []uint32 {
+func (t *Tokenizer) encodeText(seg string, out []uint32, limit int) []uint32 {
 	if t.nfc {
 		seg = nfc(seg)
 	}
 	if t.normMatcher.empty() {
-		return t.encodeWords(seg, out)
+		return t.encodeWords(seg, out, limit)
 	}
 	var buf [8]piece
 	for _, p := range t.normMatcher.split(seg, buf[:0]) {
+		if len(out) >= limit {
+			return out
+		}
 		if p.tok >= 0 {
 			out = append(out, t.normMatcher.tokens[p.tok].ID)
 			continue
 		}
-		out = t.encodeWords(p.text, out)
+		out = t.encodeWords(p.text, out, limit)
 	}
 	return out
 }
 
-// encodeWords pre-tokenises s and appends the BPE ids of every piece.
-func (t *Tokenizer) encodeWords(s string, out []uint32) []uint32 {
-	for i := 0; i < len(s); {
+// encodeWords pre-tokenises s and appends the BPE ids of every piece, until out holds
+// limit ids.
+func (t *Tokenizer) encodeWords(s string, out []uint32, limit int) []uint32 {
+	for i := 0; i < len(s) && len(out) < limit; {
 		var e int
 		switch t.split {
 		case splitQwen2:

@@ -2,6 +2,7 @@ package tokenizer_test
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -350,5 +351,32 @@ func TestCacheAdmitsRepeatedSegments(t *testing.T) {
 				t.Errorf("hits %v misses %v, want %v and %v", hit, miss, tc.hit, tc.miss)
 			}
 		})
+	}
+}
+
+// TestAppendEncodeMax checks that stopping at maxTokens yields exactly the first
+// maxTokens ids of the whole encoding, with or without the segment cache.
+func TestAppendEncodeMax(t *testing.T) {
+	for _, name := range []string{"qwen3", "llama3"} {
+		tk := model(t, name)
+		text := render(name, strings.Repeat("Be brief. ", 50), strings.Repeat("Tell me about caches, «ünïcode» and 42 tokens!\n", 200))
+		whole := tk.Encode(text, true)
+		for _, max := range []int{0, 1, 2, 17, 100, 1000, len(whole) - 1, len(whole), len(whole) + 1} {
+			t.Run(fmt.Sprintf("%s/max=%d", name, max), func(t *testing.T) {
+				for range 2 { // the second run goes through the segment cache
+					got, complete := tk.AppendEncodeMax([]uint32{7}, text, true, max)
+					want := whole
+					if max > 0 && max < len(whole) {
+						want = whole[:max]
+					}
+					if !slices.Equal(got[1:], want) || got[0] != 7 {
+						t.Fatalf("got %d ids, want the first %d of the encoding", len(got)-1, len(want))
+					}
+					if wantComplete := max == 0 || max >= len(whole); complete != wantComplete {
+						t.Fatalf("complete %v, want %v", complete, wantComplete)
+					}
+				}
+			})
+		}
 	}
 }
