@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/extproc"
 	"github.com/kvrouter/kvrouter/extproc/envoytest"
+	"github.com/kvrouter/kvrouter/scoring"
 )
 
 // rawStream opens an ext_proc stream driven message by message (FULL_DUPLEX_STREAMED),
@@ -193,4 +194,41 @@ func TestIdleStream(t *testing.T) {
 		checkDecision(t, res, epB)
 		_ = x.Close()
 	})
+}
+
+// TestPromptTokenLimit checks that the tokenizer is asked for no more tokens than the
+// largest KV cache among the candidates holds (num_gpu_blocks x block_size), and for
+// Options.MaxPromptTokens while no capacity is scraped.
+func TestPromptTokenLimit(t *testing.T) {
+	tests := []struct {
+		name    string
+		metrics map[string]scoring.Metrics
+		want    int
+	}{
+		{"no capacity scraped", nil, 1000},
+		{"largest cache among the candidates", map[string]scoring.Metrics{
+			epA: {Valid: true, NumGPUBlocks: 4, BlockSize: 16},
+			epB: {Valid: true, NumGPUBlocks: 8, BlockSize: 16},
+			epC: {Valid: false, NumGPUBlocks: 1 << 20, BlockSize: 16}, // stale: not used
+		}, 128},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			tok := &appendingTokenizer{}
+			h := newHarness(t, func(o *extproc.Options) { o.Tokenizer = tok; o.MaxPromptTokens = 1000 })
+			h.fleet.metrics = tc.metrics
+			x := h.start(envoytest.FullDuplex())
+			if _, err := x.Request(envoytest.Request{Headers: postHeaders(), Body: [][]byte{chatBody("m")}}); err != nil {
+				t.Fatal(err)
+			}
+			_ = x.Close()
+			picks, _, _, _ := h.policy.snapshot()
+			if len(tok.maxTokens) != 1 || tok.maxTokens[0] != tc.want {
+				t.Fatalf("tokenizer limits %v, want [%d]", tok.maxTokens, tc.want)
+			}
+			if n := len(picks[0].TokenIDs); n > tc.want {
+				t.Fatalf("policy saw %d token ids, want at most %d", n, tc.want)
+			}
+		})
+	}
 }

@@ -82,6 +82,10 @@ type Options struct {
 	// buffers, reused once the decision is committed: policies must not keep
 	// scoring.Request.TokenIDs past Pick and Routed.
 	Tokenizer Tokenizer
+	// MaxPromptTokens bounds the prompt tokens a Tokenizer with AppendPromptTokens
+	// computes while no candidate's KV capacity (num_gpu_blocks x block_size, the bound
+	// used once scraped) is known. 0 means no bound.
+	MaxPromptTokens int
 	// MaxBodyBytes bounds the request body the router parses; larger bodies are routed by
 	// load and streamed through. 0 means DefaultMaxBodyBytes.
 	MaxBodyBytes int
@@ -120,25 +124,26 @@ type Options struct {
 
 // Server implements Envoy's ExternalProcessor service. Create it with New.
 type Server struct {
-	policy   scoring.Policy
-	fallback scoring.Policy
-	observer scoring.Observer // Policy's, when it implements scoring.Observer
-	fleet    Fleet
-	appender candidateAppender // fleet, when it can fill a reused buffer
-	tok      Tokenizer
-	tokApp   tokenAppender // tok, when it can fill a reused buffer
-	maxBody  int
-	budget   int64
-	maxStrm  int
-	idle     time.Duration
-	maxFalls int
-	reqMode  filterv3.ProcessingMode_BodySendMode
-	respMode filterv3.ProcessingMode_BodySendMode
-	log      *zap.Logger
-	now      func() time.Time
-	maxHold  time.Duration
-	after    func(time.Duration) <-chan time.Time
-	m        *metrics
+	policy    scoring.Policy
+	fallback  scoring.Policy
+	observer  scoring.Observer // Policy's, when it implements scoring.Observer
+	fleet     Fleet
+	appender  candidateAppender // fleet, when it can fill a reused buffer
+	tok       Tokenizer
+	tokApp    tokenAppender // tok, when it can fill a reused buffer
+	maxBody   int
+	maxTokens int
+	budget    int64
+	maxStrm   int
+	idle      time.Duration
+	maxFalls  int
+	reqMode   filterv3.ProcessingMode_BodySendMode
+	respMode  filterv3.ProcessingMode_BodySendMode
+	log       *zap.Logger
+	now       func() time.Time
+	maxHold   time.Duration
+	after     func(time.Duration) <-chan time.Time
+	m         *metrics
 	// candidateBufs pools *[]scoring.Endpoint for fleets implementing candidateAppender.
 	candidateBufs sync.Pool
 	// idBufs pools *[]uint32 token-id buffers for tokenizers implementing tokenAppender.
@@ -162,23 +167,24 @@ func New(o Options) *Server {
 		panic("extproc: New needs Options.Policy and Options.Fleet")
 	}
 	s := &Server{
-		policy:   o.Policy,
-		fallback: o.Fallback,
-		fleet:    o.Fleet,
-		tok:      o.Tokenizer,
-		maxBody:  o.MaxBodyBytes,
-		budget:   o.BodyBudgetBytes,
-		maxStrm:  o.MaxStreams,
-		idle:     o.StreamIdleTimeout,
-		drainCh:  make(chan struct{}),
-		maxFalls: o.MaxFallbacks,
-		reqMode:  filterv3.ProcessingMode_FULL_DUPLEX_STREAMED,
-		respMode: filterv3.ProcessingMode_FULL_DUPLEX_STREAMED,
-		log:      o.Logger,
-		now:      o.Now,
-		maxHold:  o.MaxHold,
-		after:    o.After,
-		m:        newMetrics(o.Registerer),
+		policy:    o.Policy,
+		fallback:  o.Fallback,
+		fleet:     o.Fleet,
+		tok:       o.Tokenizer,
+		maxBody:   o.MaxBodyBytes,
+		maxTokens: o.MaxPromptTokens,
+		budget:    o.BodyBudgetBytes,
+		maxStrm:   o.MaxStreams,
+		idle:      o.StreamIdleTimeout,
+		drainCh:   make(chan struct{}),
+		maxFalls:  o.MaxFallbacks,
+		reqMode:   filterv3.ProcessingMode_FULL_DUPLEX_STREAMED,
+		respMode:  filterv3.ProcessingMode_FULL_DUPLEX_STREAMED,
+		log:       o.Logger,
+		now:       o.Now,
+		maxHold:   o.MaxHold,
+		after:     o.After,
+		m:         newMetrics(o.Registerer),
 	}
 	if a, ok := o.Fleet.(candidateAppender); ok {
 		s.appender = a

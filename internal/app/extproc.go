@@ -98,7 +98,11 @@ func (a *App) registerExtProc(o Options) error {
 		}
 	}
 	a.tok = tok
+	// Until an endpoint's num_gpu_blocks is scraped, the prompt tokens that can matter
+	// are those of the KV capacity the policies assume for it.
+	kc := a.kvConfig()
 	a.extproc = extproc.New(extproc.Options{
+		MaxPromptTokens:   kc.ApproxBlocks * kc.BlockSize,
 		Policy:            policy,
 		Fallback:          fallback,
 		Fleet:             a.fleet,
