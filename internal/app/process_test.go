@@ -2,6 +2,7 @@ package app_test
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"net"
 	"net/http"
@@ -9,10 +10,18 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"testing"
 	"time"
 
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/kvrouter/kvrouter/extproc/envoytest"
 	"github.com/kvrouter/kvrouter/internal/app"
+	"github.com/kvrouter/kvrouter/internal/testtext"
+	"github.com/kvrouter/kvrouter/tokenizer/testmodels"
 )
 
 // envChild makes the test binary run kvrouter's command line instead of the tests, so
@@ -126,5 +135,95 @@ func TestAdminPortAnswersWhileExtProcIsFlooded(t *testing.T) {
 		if resp.StatusCode != http.StatusOK {
 			t.Fatalf("admin %s: %s", path, resp.Status)
 		}
+	}
+}
+
+// procStatus reads a field of /proc/PID/status in bytes (VmRSS: resident now, VmHWM:
+// the peak resident set since start).
+func procStatus(t *testing.T, pid int, field string) int64 {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Skipf("no /proc: %v", err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, field+":"); ok {
+			var kb int64
+			fmt.Sscanf(strings.TrimSpace(rest), "%d kB", &kb)
+			return kb << 10
+		}
+	}
+	t.Fatalf("no %s in /proc/%d/status", field, pid)
+	return 0
+}
+
+// TestPeakRSSUnderHugeBodies sends 24 parallel 15 MB chat bodies to kvrouter running as
+// a process with a real tokenizer, and checks that its peak resident set (the kernel's
+// VmHWM) stays within 2x its idle resident set (after start-up, tokenizer loaded) plus
+// limits.body_budget_bytes: the budget bounds the bodies held and parsed at once, the
+// token limit bounds the tokenizer's work, the rest stream through.
+func TestPeakRSSUnderHugeBodies(t *testing.T) {
+	if testing.Short() {
+		t.Skip("sends 360 MB through a kvrouter process")
+	}
+	// Known failure, not yet fixed: a parsed 15 MB body costs ~12x its size at peak
+	// (the body, the parsed content, the rendered prompt, NFC, and Go's GC headroom), so
+	// the budget, which counts body bytes only, does not bound RSS: measured peak 348 MiB
+	// at a 16 MiB budget (idle 120 MiB, bound 256 MiB), 535 MiB at 32 MiB. Run it with
+	// KVROUTER_RSS_TEST=1 while fixing that.
+	if os.Getenv("KVROUTER_RSS_TEST") != "1" {
+		t.Skip("known to fail (see the comment); set KVROUTER_RSS_TEST=1 to run")
+	}
+	const budget = 16 << 20
+	dir := testmodels.Dir(t, "qwen3")
+	cfg := childConfig(fmt.Sprintf("  body_budget_bytes: %d\n", budget)) + "models:\n  m:\n    tokenizer: " + dir + "\n"
+	cfg = strings.Replace(cfg, "policy: {name: least-load}", "policy: {name: placement}", 1)
+	c := startChild(t, "", cfg)
+	pid := c.cmd.Process.Pid
+
+	cc, err := grpc.NewClient(c.extproc, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	client := extprocv3.NewExternalProcessorClient(cc)
+	send := func(body []byte) error {
+		x, err := envoytest.Start(context.Background(), client, envoytest.FullDuplex())
+		if err != nil {
+			return err
+		}
+		defer x.Cancel()
+		var chunks [][]byte
+		for len(body) > 0 {
+			n := min(len(body), 64<<10)
+			chunks = append(chunks, body[:n])
+			body = body[n:]
+		}
+		_, err = x.Request(envoytest.Request{Headers: envoytest.Headers{{Key: ":method", Value: "POST"},
+			{Key: ":path", Value: "/v1/chat/completions"}, {Key: "content-type", Value: "application/json"}}, Body: chunks})
+		return err
+	}
+	// One small request first, so that idle includes what every request warms up.
+	if err := send([]byte(`{"model":"m","messages":[{"role":"user","content":"hello"}]}`)); err != nil {
+		t.Fatal(err)
+	}
+	idle := procStatus(t, pid, "VmRSS")
+
+	huge := []byte(`{"model":"m","messages":[{"role":"user","content":"` + testtext.Prose(1, 3_700_000) + `"}]}`)
+	const parallel = 24
+	errs := make(chan error, parallel)
+	for range parallel {
+		go func() { errs <- send(huge) }()
+	}
+	for range parallel {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	peak := procStatus(t, pid, "VmHWM")
+	t.Logf("idle RSS %d MiB, peak RSS %d MiB, budget %d MiB, bound 2 x idle + budget = %d MiB",
+		idle>>20, peak>>20, budget>>20, (2*idle+budget)>>20)
+	if peak > 2*idle+budget {
+		t.Fatalf("peak RSS %d MiB > 2 x idle %d MiB + budget %d MiB", peak>>20, idle>>20, budget>>20)
 	}
 }
