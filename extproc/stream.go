@@ -56,6 +56,7 @@ type stream struct {
 	subset    []string
 	hasSubset bool
 	body      []byte
+	declared  int  // the content-length header, when it is at most maxBody (else 0)
 	held      int  // bytes of body reserved in the server's body budget
 	through   bool // FDS: decided already; body chunks pass straight through
 
@@ -109,6 +110,10 @@ func (st *stream) onRequestHeaders(msg *extprocv3.ProcessingRequest, h *extprocv
 		switch {
 		case key == ":path":
 			st.path = headerValue(hv)
+		case key == "content-length":
+			if n, err := strconv.Atoi(headerValue(hv)); err == nil && n > 0 && n <= st.s.maxBody {
+				st.declared = n
+			}
 		case strings.HasPrefix(key, HeaderPrefix):
 			st.spoofed = append(st.spoofed, key)
 		}
@@ -161,16 +166,23 @@ func (st *stream) onRequestBody(b *extprocv3.HttpBody) (bool, error) {
 			return false, st.sendBody(b.GetBody(), eos)
 		}
 		chunk := b.GetBody()
+		need := len(st.body) + len(chunk)
 		reason := ""
 		switch {
-		case len(st.body)+len(chunk) > st.s.maxBody:
+		case need > st.s.maxBody:
 			reason = openai.ReasonTooLarge
-		case !st.hold(len(chunk)):
+		case need > st.held && !st.hold(max(need, st.declared)-st.held):
+			// The declared length is reserved at the first chunk, so that a body that
+			// cannot be parsed is known before any of it is held.
 			reason = ReasonBodyBudget
 		}
-		if st.body == nil && eos {
+		switch {
+		case st.body == nil && eos:
 			st.body = chunk // the whole body in one message: no copy needed
-		} else {
+		case st.body == nil && st.declared > len(chunk):
+			// One buffer of the declared size instead of a chain of grown copies.
+			st.body = append(make([]byte, 0, st.declared), chunk...)
+		default:
 			st.body = append(st.body, chunk...)
 		}
 		if reason != "" {
