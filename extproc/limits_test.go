@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/kvrouter/kvrouter/epp"
 	"github.com/kvrouter/kvrouter/extproc"
 	"github.com/kvrouter/kvrouter/extproc/envoytest"
 	"github.com/kvrouter/kvrouter/scoring"
@@ -100,7 +101,7 @@ func TestBodyBudget(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := headerOf(r, extproc.HeaderDestination); got != epB {
+	if got := headerOf(r, epp.HeaderDestination); got != epB {
 		t.Fatalf("holder routed to %q, want %q", got, epB)
 	}
 	waitFor(t, "the budget to be released", func() bool { return h.counter("kvrouter_extproc_body_bytes_held") == 0 })

@@ -12,12 +12,11 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"go.uber.org/zap"
 
+	"github.com/kvrouter/kvrouter/epp"
 	"github.com/kvrouter/kvrouter/extproc/envoytest"
 )
 
 const (
-	headerDestination = "x-gateway-destination-endpoint"
-	headerPrefix      = "x-gateway-destination-"
 	// DefaultMaxRequestBytes bounds the request body the gateway buffers.
 	DefaultMaxRequestBytes = 64 << 20
 	chunkBytes             = 32 << 10
@@ -77,7 +76,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		{Key: ":authority", Value: r.Host}, {Key: ":scheme", Value: "http"}}
 	for k, vs := range r.Header {
 		k = strings.ToLower(k)
-		if strings.HasPrefix(k, headerPrefix) || hopByHop[k] {
+		if strings.HasPrefix(k, epp.HeaderPrefix) || hopByHop[k] {
 			continue
 		}
 		for _, v := range vs {
@@ -130,7 +129,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	// 3. ORIGINAL_DST by header: the first address, only if allowed.
-	dest, _ := res.Headers.Get(headerDestination)
+	dest, _ := res.Headers.Get(epp.HeaderDestination)
 	dest, _, _ = strings.Cut(dest, ",")
 	dest = strings.TrimSpace(dest)
 	if !g.allow[dest] {
