@@ -2,6 +2,7 @@ package extproc_test
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -31,10 +32,10 @@ func rawStream(t *testing.T, h *harness) extprocv3.ExternalProcessor_ProcessClie
 	return st
 }
 
-func sendHeaders(t *testing.T, st extprocv3.ExternalProcessor_ProcessClient) {
+func sendHeaders(t *testing.T, st extprocv3.ExternalProcessor_ProcessClient, extra ...[2]string) {
 	t.Helper()
 	var hm corev3.HeaderMap
-	for _, kv := range [][2]string{{":method", "POST"}, {":path", "/v1/chat/completions"}, {"content-type", "application/json"}} {
+	for _, kv := range append([][2]string{{":method", "POST"}, {":path", "/v1/chat/completions"}, {"content-type", "application/json"}}, extra...) {
 		hm.Headers = append(hm.Headers, &corev3.HeaderValue{Key: kv[0], RawValue: []byte(kv[1])})
 	}
 	err := st.Send(&extprocv3.ProcessingRequest{
@@ -232,4 +233,39 @@ func TestPromptTokenLimit(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestBodyBudgetDeclaredLength checks that a content-length header reserves the whole
+// body at its first chunk, so that a body that cannot fit is routed by load before any
+// more of it is held.
+func TestBodyBudgetDeclaredLength(t *testing.T) {
+	body := chatBody("only-b")
+	h := newHarness(t, func(o *extproc.Options) { o.BodyBudgetBytes = int64(len(body)) + 100 })
+	holder := rawStream(t, h)
+	sendHeaders(t, holder, [2]string{"content-length", strconv.Itoa(len(body))})
+	sendBody(t, holder, body[:10], false)
+	waitFor(t, "the declared length to be held", func() bool {
+		return h.counter("kvrouter_extproc_body_bytes_held") == float64(len(body))
+	})
+	// A second body's first chunk already does not fit.
+	x := h.start(envoytest.FullDuplex())
+	res, err := x.Request(envoytest.Request{Headers: postHeaders(envoytest.Header{Key: "content-length", Value: strconv.Itoa(len(body))}),
+		Body: split(body, 4)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkDecision(t, res, epA)
+	if got := h.counter("kvrouter_request_parse_errors_total", "reason", extproc.ReasonBodyBudget); got != 1 {
+		t.Fatalf("body_budget parse errors = %v, want 1", got)
+	}
+	_ = x.Close()
+	sendBody(t, holder, body[10:], true)
+	r, err := holder.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := headerOf(r, epp.HeaderDestination); got != epB {
+		t.Fatalf("holder routed to %q, want %q", got, epB)
+	}
+	_ = holder.CloseSend()
 }
