@@ -180,7 +180,7 @@ func (st *stream) onRequestBody(b *extprocv3.HttpBody) (bool, error) {
 		switch {
 		case st.body == nil && eos:
 			st.body = chunk // the whole body in one message: no copy needed
-		case st.body == nil && st.declared > len(chunk):
+		case st.body == nil && reason == "" && st.declared > len(chunk):
 			// One buffer of the declared size instead of a chain of grown copies.
 			st.body = append(make([]byte, 0, st.declared), chunk...)
 		default:
