@@ -196,106 +196,64 @@ func (m *ModelConfig) Validate() error {
 	return errs.Err()
 }
 
-// policyWeights lists the weights a policy accepts in policy.weights, with their
-// defaults, by the configuration section the registry says it reads: kv and approximate
-// take NVIDIA Dynamo's cost terms (see scoring.KVConfig), placement its knobs; the
-// load-only policies take none.
-func policyWeights(s policy.Spec) map[string]float64 {
-	switch s.Section {
-	case policy.SectionKV:
-		d := scoring.DefaultKVConfig()
-		return map[string]float64{
-			"prefill_load_scale":           d.PrefillLoadScale,
-			"overlap_credit":               d.OverlapCredit,
-			"decode_active_request_weight": d.DecodeActiveRequestWeight,
-			"temperature":                  d.Temperature,
-		}
-	case policy.SectionPlacement:
-		return placement.DefaultConfig().Knobs()
-	}
-	return nil
-}
-
-// PolicyConfig chooses the placement policy.
+// PolicyConfig chooses the routing policy and tunes it, one typed section per policy
+// that has knobs (policy.kv, policy.placement; see policy.Config).
 type PolicyConfig struct {
 	// Name is the policy used when the request's tokens are known (policy.Builtin's names).
 	Name string `yaml:"name"`
 	// Fallback is the policy used when they are not (no tokenizer for the model,
-	// unparsable body); it must not need tokens.
+	// unparsable body); it must be load-only.
 	Fallback string `yaml:"fallback"`
-	// Weights tunes the policy by name; each weight is finite and >= 0.
+	// Weights is the former untyped map of every policy's knobs, replaced by the typed
+	// sections: any entry is refused with the name it now has.
 	Weights map[string]float64 `yaml:"weights"`
-}
-
-// Policies returns every policy's configuration with Weights applied over the
-// defaults: the kv cost weights onto Policies().KV, placement's knobs onto
-// Policies().Placement (checked by its Validate).
-func (c *PolicyConfig) Policies() policy.Config {
-	pc := policy.DefaultConfig()
-	for name, w := range c.Weights {
-		switch name {
-		case "prefill_load_scale":
-			pc.KV.PrefillLoadScale = w
-		case "overlap_credit":
-			pc.KV.OverlapCredit = w
-		case "decode_active_request_weight":
-			pc.KV.DecodeActiveRequestWeight = w
-		case "temperature":
-			pc.KV.Temperature = w
-		}
-		pc.Placement.SetKnob(name, w)
-	}
-	return pc
+	// Config holds the typed sections, kv and placement.
+	policy.Config `yaml:",inline"`
 }
 
 // DefaultPolicyConfig returns placement (requests the router cannot tokenize are placed
-// by load) with least-load as the fallback.
+// by load) with least-load as the fallback, and every section's defaults.
 func DefaultPolicyConfig() PolicyConfig {
-	return PolicyConfig{Name: "placement", Fallback: "least-load"}
+	return PolicyConfig{Name: "placement", Fallback: "least-load", Config: policy.DefaultConfig()}
 }
 
-var weightName = regexp.MustCompile(`^[a-z][a-z0-9_-]*$`)
+// movedWeight maps a former policy.weights names to their place in the typed sections.
+func movedWeight(name string) string {
+	switch name {
+	case "prefill_load_scale", "overlap_credit", "decode_active_request_weight", "temperature":
+		return "policy.kv." + name
+	case "hold_fraction":
+		return "policy.placement.holder_share"
+	case "hold_max_ms", "hold_step_ms":
+		return "policy.placement." + strings.TrimSuffix(name, "_ms") + " (a duration, e.g. 120ms)"
+	case "block_size":
+		return "models.*.block_size (the model's block size)"
+	}
+	if slices.Contains(placement.KnobNames(), name) {
+		return "policy.placement." + name
+	}
+	return ""
+}
 
-// Validate checks the names and weights.
+// Validate checks the names against the policy registry and every section.
 func (c *PolicyConfig) Validate() error {
 	var errs field.Errors
 	reg := policy.Builtin()
-	known := reg.Names()
-	spec, found := reg.Lookup(c.Name)
-	if !found {
-		errs.Addf("name", "unknown policy %q (known: %s)", c.Name, strings.Join(known, ", "))
+	if _, ok := reg.Lookup(c.Name); !ok {
+		errs.Addf("name", "unknown policy %q (known: %s)", c.Name, strings.Join(reg.Names(), ", "))
 	}
 	if fb := reg.FallbackNames(); !slices.Contains(fb, c.Fallback) {
 		errs.Addf("fallback", "policy %q cannot be the fallback (allowed: %s)", c.Fallback, strings.Join(fb, ", "))
 	}
-	accepted := policyWeights(spec)
 	for _, k := range slices.Sorted(maps.Keys(c.Weights)) {
-		w := c.Weights[k]
-		p := field.Key("weights", k)
-		switch {
-		case !weightName.MatchString(k):
-			errs.Addf(p, "weight names are lower-case words ([a-z][a-z0-9_-]*)")
-		case !found:
-		case accepted == nil:
-			errs.Addf(p, "policy %q takes no weights", c.Name)
-		default:
-			if _, ok := accepted[k]; !ok {
-				errs.Addf(p, "policy %q has no weight %q (known: %s)", c.Name, k, strings.Join(slices.Sorted(maps.Keys(accepted)), ", "))
-			}
-		}
-		switch {
-		case w < 0:
-			errs.Addf(p, "weight %v is negative", w)
-		case k == "overlap_credit" && w > 1:
-			errs.Addf(p, "weight %v is above 1 (the share of a cached block credited)", w)
+		if to := movedWeight(k); to != "" {
+			errs.Addf(field.Key("weights", k), "policy.weights was replaced by typed sections: set %s", to)
+		} else {
+			errs.Addf(field.Key("weights", k), "policy.weights was replaced by typed sections (policy.kv, policy.placement), which have no %q", k)
 		}
 	}
-	if spec.Section == policy.SectionPlacement && len(errs) == 0 {
-		pc := c.Policies()
-		if err := pc.Placement.Validate(); err != nil {
-			errs.Addf("weights", "%v", err)
-		}
-	}
+	errs.Nest(policy.SectionKV, c.KV.Validate())
+	errs.Nest(policy.SectionPlacement, c.Placement.Validate())
 	return errs.Err()
 }
 

@@ -132,7 +132,7 @@ func TestDefaultsOverridden(t *testing.T) {
 endpoints: [{address: "127.0.0.1:1", models: [m]}]
 listen: {metrics: "127.0.0.1:0"}
 limits: {drain_timeout: 2s, metrics_scrape_interval: 250ms, metrics_scrape_timeout: 100ms, metrics_staleness_limit: 1s}
-policy: {name: kv, weights: {prefill_load_scale: 0.5}}
+policy: {name: kv, kv: {prefill_load_scale: 0.5}, placement: {prefix_depth: 3, sticky_holders: false, hold_max: 80ms}}
 `
 	cfg, err := config.Parse([]byte(doc), "inline")
 	if err != nil {
@@ -150,8 +150,12 @@ policy: {name: kv, weights: {prefill_load_scale: 0.5}}
 		{"max body default", cfg.Limits.MaxBodyBytes, 16 << 20},
 		{"policy name", cfg.Policy.Name, "kv"},
 		{"policy fallback default", cfg.Policy.Fallback, "least-load"},
-		{"weight", cfg.Policy.Policies().KV.PrefillLoadScale, 0.5},
-		{"overlap credit default", cfg.Policy.Policies().KV.OverlapCredit, 1.0},
+		{"kv weight", cfg.Policy.KV.PrefillLoadScale, 0.5},
+		{"overlap credit default", cfg.Policy.KV.OverlapCredit, 1.0},
+		{"placement int", cfg.Policy.Placement.PrefixDepth, 3},
+		{"placement bool", cfg.Policy.Placement.StickyHolders, false},
+		{"placement duration", cfg.Policy.Placement.HoldMax, 80 * time.Millisecond},
+		{"placement default", cfg.Policy.Placement.Fill, 0.5},
 		{"index headroom default", cfg.KV.Index.Headroom, 1.1},
 	}
 	for _, tc := range tests {
