@@ -119,7 +119,7 @@ func checkConfig(args []string, stdout, stderr io.Writer) int {
 	}
 	// Load every tokenizer and chat template with start-up's own code, so that what
 	// would stop the process at start (a missing tokenizer_config.json, a truncated
-	// tokenizer.json, a template that does not compile) fails here too. Its notes (a
+	// tokenizer.json) fails here too. Its notes (a
 	// model routed by load, the template engine) go to stdout.
 	if len(cfg.Models) > 0 {
 		if _, err := newTokenizer(cfg, newCheckLogger(stdout), nil, nil); err != nil {
