@@ -16,7 +16,7 @@ type fakeFleet struct {
 	order    []string            // healthy endpoints in stable order
 	serves   map[string][]string // model -> endpoints
 	inflight map[string]int
-	metrics  map[string]scoring.Metrics // scraped metrics by endpoint; none: not valid
+	metrics  map[string]scoring.Metrics // scraped figures per endpoint (zero: none)
 	begins   int
 	ends     int
 }

@@ -87,6 +87,8 @@ func (a *App) registerExtProc(o Options) error {
 		MaxStreams:        a.cfg.Limits.MaxStreams,
 		StreamIdleTimeout: a.cfg.Limits.StreamIdleTimeout,
 		MaxHold:           a.cfg.Limits.MaxHold,
+		ShedWaiting:       a.cfg.Limits.ShedQueueDepth,
+		RetryAfter:        a.cfg.Limits.RetryAfter,
 		Logger:            a.log.Named("extproc"),
 		Registerer:        a.reg,
 		Now:               o.Now,
