@@ -190,7 +190,7 @@ func (st *stream) choose(in decideInput, start time.Time) (c choice, noEndpointR
 	if fallback == "" && s.tok != nil {
 		var toks []uint32
 		var err error
-		toks, ids, err = s.promptTokens(parsed, base)
+		toks, ids, err = s.promptTokens(parsed, base, s.maxPromptTokens(eps))
 		if err != nil {
 			s.m.tokenizeErrors.Inc()
 		} else {
@@ -336,9 +336,27 @@ func (s *Server) putCandidates(buf *[]scoring.Endpoint) {
 }
 
 // tokenAppender is implemented by tokenizers that can append the ids to a caller's
-// buffer (prompt.Registry does), so that a decision allocates no id slice.
+// buffer (prompt.Registry does), so that a decision allocates no id slice, and stop at
+// maxTokens ids (0: all).
 type tokenAppender interface {
-	AppendPromptTokens(dst []uint32, req *openai.Request, baseModel string) ([]uint32, error)
+	AppendPromptTokens(dst []uint32, req *openai.Request, baseModel string, maxTokens int) ([]uint32, error)
+}
+
+// maxPromptTokens is how many prompt tokens can matter for routing among eps: the most
+// any of them can hold in its KV cache (scraped num_gpu_blocks x block_size); a longer
+// prompt's tail is in no cache and cannot change which prefix matches. Before any
+// capacity is scraped it is Options.MaxPromptTokens.
+func (s *Server) maxPromptTokens(eps []scoring.Endpoint) int {
+	most := 0
+	for i := range eps {
+		if m := eps[i].Metrics; m.Valid && m.NumGPUBlocks > 0 && m.BlockSize > 0 {
+			most = max(most, m.NumGPUBlocks*m.BlockSize)
+		}
+	}
+	if most == 0 {
+		return s.maxTokens
+	}
+	return most
 }
 
 // maxPooledIDs bounds the token-id buffers kept for reuse (1 MiB each).
@@ -346,7 +364,7 @@ const maxPooledIDs = 1 << 18
 
 // promptTokens asks the Tokenizer for req's token ids, into a pooled buffer when it
 // supports it; buf (maybe nil) goes back with putIDs once no policy reads the ids.
-func (s *Server) promptTokens(req *openai.Request, base string) (ids []uint32, buf *[]uint32, err error) {
+func (s *Server) promptTokens(req *openai.Request, base string, maxTokens int) (ids []uint32, buf *[]uint32, err error) {
 	if s.tokApp == nil {
 		ids, err = s.tok.PromptTokens(req, base)
 		return ids, nil, err
@@ -355,7 +373,7 @@ func (s *Server) promptTokens(req *openai.Request, base string) (ids []uint32, b
 	if buf == nil {
 		buf = new([]uint32)
 	}
-	ids, err = s.tokApp.AppendPromptTokens((*buf)[:0], req, base)
+	ids, err = s.tokApp.AppendPromptTokens((*buf)[:0], req, base, maxTokens)
 	if cap(ids) > cap(*buf) {
 		*buf = ids[:0]
 	}

@@ -160,7 +160,7 @@ func TestGoldenCompletionIDs(t *testing.T) {
 func checkAppend(t *testing.T, b *prompt.Builder, req *openai.Request, want []uint32) {
 	t.Helper()
 	dst := append(make([]uint32, 0, 64), 7, 7, 7)
-	got, err := b.AppendPromptTokens(dst, req)
+	got, err := b.AppendPromptTokens(dst, req, 0)
 	if err != nil {
 		t.Fatalf("AppendPromptTokens: %v", err)
 	}
@@ -204,7 +204,7 @@ func TestPromptTokensShapes(t *testing.T) {
 			}
 			// PromptTokens, then AppendPromptTokens onto a buffer already holding ids.
 			for _, dst := range [][]uint32{nil, {9, 9}} {
-				ids, err := b.AppendPromptTokens(dst, req)
+				ids, err := b.AppendPromptTokens(dst, req, 0)
 				if dst == nil {
 					ids, err = b.PromptTokens(req)
 				} else if err == nil {

@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
+	"golang.org/x/net/netutil"
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
@@ -157,13 +158,18 @@ func New(cfg *config.Config, o Options) (*App, error) {
 	// In BUFFERED mode Envoy sends the whole body in one message: allow the largest body
 	// kvrouter reads plus room for headers, so that it arrives rather than failing the
 	// stream (gRPC's default limit is 4 MiB).
-	extOpts := append(extproc.ServerOptions(), grpc.MaxRecvMsgSize(cfg.Limits.MaxBodyBytes+1<<20))
+	// limits.max_streams is also each connection's HTTP/2 stream limit, so a gateway
+	// opens another connection rather than have streams refused.
+	extOpts := append(extproc.ServerOptions(), grpc.MaxRecvMsgSize(cfg.Limits.MaxBodyBytes+1<<20),
+		grpc.MaxConcurrentStreams(uint32(cfg.Limits.MaxStreams)))
 	if cfg.Listen.TLS.Enabled() {
 		// The ext_proc port, and the health service Envoy checks on it, speak TLS.
 		if a.tls, err = tlscert.New(cfg.Listen.TLS, tlscert.Options{Logger: a.log.Named("tls"), Registerer: a.reg, Now: o.Now}); err != nil {
 			return nil, fmt.Errorf("app: %w", err)
 		}
-		extOpts = append(extOpts, grpc.Creds(credentials.NewTLS(a.tls.ServerConfig())))
+		// A connection that never finishes its handshake holds one of limits.max_connections:
+		// give it 10 s (gRPC's default is 120 s), ample for a gateway on the same network.
+		extOpts = append(extOpts, grpc.Creds(credentials.NewTLS(a.tls.ServerConfig())), grpc.ConnectionTimeout(10*time.Second))
 	} else {
 		a.log.Warn("listen.tls.mode is disabled: the ext_proc port serves plaintext gRPC")
 	}
@@ -213,6 +219,9 @@ func (a *App) Listen() (Addrs, error) {
 		if a.lnExt, err = net.Listen("tcp", l.ExtProc); err != nil {
 			return Addrs{}, fmt.Errorf("app: listen extproc: %w", err)
 		}
+		// Connections past limits.max_connections wait in the kernel's backlog instead of
+		// taking the descriptors the admin port, KV events and scrapes need.
+		a.lnExt = netutil.LimitListener(a.lnExt, a.cfg.Limits.MaxConnections)
 		if a.lnProbe, err = net.Listen("tcp", l.Health); err != nil {
 			a.lnExt.Close()
 			return Addrs{}, fmt.Errorf("app: listen health: %w", err)

@@ -51,3 +51,43 @@ func TestMain_CommandLine(t *testing.T) {
 		})
 	}
 }
+
+// TestCheckConfig_LoadsModels checks that check-config refuses exactly the model files
+// that stop the process at start, with the reason, and accepts a loadable model.
+func TestCheckConfig_LoadsModels(t *testing.T) {
+	tests := []struct {
+		name, file, stderr string
+	}{
+		{"no tokenizer_config.json", "testdata/check-config/no-config.yaml", "tokenizer_config.json: no such file or directory"},
+		{"truncated tokenizer.json", "testdata/check-config/truncated.yaml", "models.m: "},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var out, errOut bytes.Buffer
+			if code := app.Main([]string{"check-config", tc.file}, &out, &errOut); code != 1 {
+				t.Errorf("check-config exit %d, want 1 (stdout %q)", code, out.String())
+			}
+			if !strings.Contains(errOut.String(), tc.stderr) {
+				t.Errorf("check-config stderr %q lacks %q", errOut.String(), tc.stderr)
+			}
+			// Start-up refuses the same file, before listening on anything.
+			out.Reset()
+			errOut.Reset()
+			if code := app.Main([]string{"--config", tc.file}, &out, &errOut); code != 1 {
+				t.Errorf("start-up exit %d, want 1", code)
+			}
+			if !strings.Contains(errOut.String(), "cannot start") {
+				t.Errorf("start-up stderr %q lacks \"cannot start\"", errOut.String())
+			}
+		})
+	}
+	t.Run("loadable model", func(t *testing.T) {
+		var out, errOut bytes.Buffer
+		if code := app.Main([]string{"check-config", "../../config/testdata/valid.yaml"}, &out, &errOut); code != 0 {
+			t.Fatalf("exit %d, stderr %q", code, errOut.String())
+		}
+		if !strings.Contains(out.String(), "model tokenized for KV-aware routing") {
+			t.Errorf("stdout %q lacks the model's load note", out.String())
+		}
+	})
+}
