@@ -133,7 +133,7 @@ func checkConfig(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "usage: kvrouter check-config FILE")
 		return 2
 	}
-	cfg, err := loadChecked(args[0])
+	cfg, err := loadChecked(args[0], stdout)
 	if err != nil {
 		fmt.Fprintln(stderr, err)
 		return 1
@@ -149,9 +149,35 @@ func checkConfig(args []string, stdout, stderr io.Writer) int {
 }
 
 // loadChecked loads a configuration file with every check of check-config; its error's
-// text is what check-config prints (a configuration reload logs the same lines).
-func loadChecked(path string) (*config.Config, error) {
-	return config.Load(path)
+// text is what check-config prints (a configuration reload logs the same lines). It also
+// loads every tokenizer and chat template with start-up's own code, so that what would
+// stop the process at start (a missing tokenizer_config.json, a truncated
+// tokenizer.json) fails here too; their notes (a model routed by load, the template
+// engine) go to notes.
+func loadChecked(path string, notes io.Writer) (*config.Config, error) {
+	cfg, err := config.Load(path)
+	if err != nil {
+		return nil, err
+	}
+	if len(cfg.Models) > 0 {
+		if _, err := newTokenizer(cfg, newCheckLogger(notes), nil, nil); err != nil {
+			var le *prompt.LoadError
+			if errors.As(err, &le) {
+				return nil, fmt.Errorf("%s: models.%s: %w", path, le.Model, le.Err)
+			}
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+	}
+	return cfg, nil
+}
+
+// newCheckLogger prints start-up's log lines for check-config: level and message, then
+// the fields, one line each, no timestamps.
+func newCheckLogger(w io.Writer) *zap.Logger {
+	enc := zap.NewDevelopmentEncoderConfig()
+	enc.TimeKey, enc.CallerKey, enc.NameKey = "", "", ""
+	enc.EncodeLevel = zapcore.LowercaseLevelEncoder
+	return zap.New(zapcore.NewCore(zapcore.NewConsoleEncoder(enc), zapcore.Lock(zapcore.AddSync(w)), zapcore.InfoLevel))
 }
 
 // tokenize implements `kvrouter tokenize --model-dir DIR`.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"reflect"
 	"slices"
@@ -125,7 +126,8 @@ func (a *App) watchConfig(ctx context.Context) {
 
 // Reload reads the configuration file again (Options.ConfigPath) and puts in force what
 // can change while serving: the static endpoints, the policy and its sections
-// (policy.kv, policy.placement), the fallback, limits.max_hold and limits.drain_timeout.
+// (policy.kv, policy.placement), the fallback, limits.max_hold, limits.shed_queue_depth
+// and limits.drain_timeout.
 // TLS certificate files are reloaded by the TLS source itself when they change. A file
 // that fails `kvrouter check-config` is logged with check-config's messages and changes
 // nothing. Settings that need a restart are logged and listed in the report. Requests
@@ -157,7 +159,7 @@ func (a *App) Reload() (ReloadReport, error) {
 
 func (a *App) reloadLocked() (ReloadReport, error) {
 	rep := ReloadReport{Result: ReloadInvalid}
-	next, err := loadChecked(a.reload.path)
+	next, err := loadChecked(a.reload.path, io.Discard)
 	if err != nil {
 		return rep, err
 	}
@@ -169,6 +171,7 @@ func (a *App) reloadLocked() (ReloadReport, error) {
 	applied.Policy = next.Policy
 	applied.Limits.MaxHold = next.Limits.MaxHold
 	applied.Limits.DrainTimeout = next.Limits.DrainTimeout
+	applied.Limits.ShedQueueDepth = next.Limits.ShedQueueDepth
 	if !reflect.DeepEqual(run.Endpoints, next.Endpoints) {
 		rep.Applied = append(rep.Applied, "endpoints")
 	}
@@ -188,7 +191,8 @@ func (a *App) reloadLocked() (ReloadReport, error) {
 		}
 	}
 	a.applyEndpoints(run.Endpoints, next.Endpoints)
-	a.extproc.SetRouting(extproc.Routing{Policy: pols.policy, Fallback: pols.fallback, MaxHold: applied.Limits.MaxHold})
+	a.extproc.SetRouting(extproc.Routing{Policy: pols.policy, Fallback: pols.fallback, MaxHold: applied.Limits.MaxHold,
+		ShedWaiting: applied.Limits.ShedQueueDepth})
 	a.pols.Store(pols)
 	a.live.Store(&applied)
 	rep.Result = ReloadApplied
@@ -232,7 +236,7 @@ func restartNeeded(run, next *config.Config) []string {
 	out = append(out, diffFields("kv", run.KV, next.KV)...)
 	out = append(out, diffFields("discovery", run.Discovery, next.Discovery)...)
 	l := next.Limits
-	l.MaxHold, l.DrainTimeout = run.Limits.MaxHold, run.Limits.DrainTimeout
+	l.MaxHold, l.DrainTimeout, l.ShedQueueDepth = run.Limits.MaxHold, run.Limits.DrainTimeout, run.Limits.ShedQueueDepth
 	out = append(out, diffFields("limits", run.Limits, l)...)
 	return out
 }

@@ -25,7 +25,7 @@ import (
 // reloadYAML is a configuration file over the fake vLLMs at addrs.
 func reloadYAML(metrics, policy string, maxHold time.Duration, vllms ...*fakeVLLM) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "listen:\n  extproc: 127.0.0.1:0\n  health: 127.0.0.1:0\n  metrics: %s\n", metrics)
+	fmt.Fprintf(&b, "listen:\n  extproc: 127.0.0.1:0\n  health: 127.0.0.1:0\n  debug: 127.0.0.1:0\n  metrics: %s\n", metrics)
 	b.WriteString("endpoints:\n")
 	for _, v := range vllms {
 		fmt.Fprintf(&b, "  - address: %s\n    models: [%s]\n    metrics_url: %s/metrics\n", v.Listener.Addr(), model, v.URL)
@@ -95,7 +95,7 @@ func TestReload(t *testing.T) {
 	}
 	reg := prometheus.NewRegistry()
 	r := startApp(t, cfg, app.Options{Registry: reg, ConfigPath: path, ConfigCheckInterval: -1})
-	base := "http://" + r.addrs.Metrics
+	base := "http://" + r.addrs.Debug
 	if got := endpointAddrs(t, base); len(got) != 2 {
 		t.Fatalf("endpoints %v, want 2", got)
 	}
@@ -204,7 +204,7 @@ func TestReloadOnFileChange(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	clk := clocktesting.NewFakeClock(time.Now())
 	r := startApp(t, cfg, app.Options{Registry: reg, ConfigPath: path, ConfigCheckInterval: time.Second, Clock: clk})
-	base := "http://" + r.addrs.Metrics
+	base := "http://" + r.addrs.Debug
 
 	writeFile(t, path, reloadYAML("127.0.0.1:0", "round-robin", 50*time.Millisecond, v1, v2))
 	testwait.For(t, "the file change to be applied", func() bool {

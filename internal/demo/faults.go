@@ -19,10 +19,11 @@ import (
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/credentials"
 
 	"github.com/kvrouter/kvrouter/kvbench"
 	"github.com/kvrouter/kvrouter/prompt"
+	"github.com/kvrouter/kvrouter/tlscert"
 )
 
 // FaultOptions size the fault suite. Options describe the stack (one policy: the first
@@ -123,6 +124,12 @@ func RunFaults(ctx context.Context, fo FaultOptions) (_ []FaultResult, err error
 	}
 	var out []FaultResult
 	for _, f := range faults(fo) {
+		// The stack as at start (the gateway reconnected to a restarted kvrouter, every
+		// server answering) before the next fault, so that no fault is charged with the
+		// previous one's recovery.
+		if err := waitReady(ctx, st, o.Workers, 60*time.Second); err != nil {
+			return out, fmt.Errorf("demo: before fault %s: %w", f.name, err)
+		}
 		o.logf("fault: %s", f.name)
 		r, err := runFault(ctx, s, target, w, o.Concurrency, f)
 		if err != nil {
@@ -159,9 +166,8 @@ func runFault(ctx context.Context, s *procStack, target *kvbench.HTTPTarget, w *
 		return r, err
 	}
 	r.Note = note
-	if ms, ok := waitKVAware(ctx, s.RouterURL(), len(s.EngineMetricsURLs()), 30*time.Second); ok {
+	if waitKVAware(ctx, s.DebugURL(), len(s.EngineMetricsURLs()), 30*time.Second) {
 		r.KVAwareAfterMS = float64(time.Since(injected).Microseconds()) / 1000
-		_ = ms
 	}
 	lo := <-load
 	stopSampling()
@@ -254,9 +260,14 @@ func sighup(ctx context.Context, s *procStack, bad []byte) (string, error) {
 	return metricLine(ctx, s.RouterURL(), "kvrouter_config_reloads_total"), nil
 }
 
-// idleStreams opens n ext_proc streams that send nothing, holds them for d, and closes them.
+// idleStreams opens n ext_proc streams (TLS, kvrouter's self-signed default) that send
+// nothing, holds them for d, and closes them.
 func idleStreams(ctx context.Context, addr string, n int, d time.Duration) (string, error) {
-	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	tc, err := tlscert.ClientConfig{}.TLS()
+	if err != nil {
+		return "", err
+	}
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(tc)))
 	if err != nil {
 		return "", err
 	}
@@ -410,16 +421,16 @@ func get(ctx context.Context, url string) string {
 	return string(b)
 }
 
-// waitKVAware waits (at most bound) until kvrouter's /debug/kv shows n endpoints whose
-// KV events are connected and healthy.
-func waitKVAware(ctx context.Context, routerURL string, n int, bound time.Duration) (time.Duration, bool) {
+// waitKVAware waits (at most bound) until kvrouter's /debug/kv (on its debug port) shows
+// n endpoints whose KV events are connected and healthy.
+func waitKVAware(ctx context.Context, debugURL string, n int, bound time.Duration) bool {
 	start := time.Now()
 	for time.Since(start) < bound && ctx.Err() == nil {
 		var view []struct {
 			Connected     bool `json:"connected"`
 			EventsHealthy bool `json:"events_healthy"`
 		}
-		if json.Unmarshal([]byte(get(ctx, routerURL+"/debug/kv")), &view) == nil {
+		if json.Unmarshal([]byte(get(ctx, debugURL+"/debug/kv")), &view) == nil {
 			ok := 0
 			for _, e := range view {
 				if e.Connected && e.EventsHealthy {
@@ -427,12 +438,12 @@ func waitKVAware(ctx context.Context, routerURL string, n int, bound time.Durati
 				}
 			}
 			if ok == n {
-				return time.Since(start), true
+				return true
 			}
 		}
 		sleep(ctx, 20*time.Millisecond)
 	}
-	return 0, false
+	return false
 }
 
 var errNoRows = errors.New("demo: no fault rows")
