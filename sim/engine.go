@@ -82,6 +82,9 @@ type Stats struct {
 	PromptTokens, GenerationTokens      int64
 	Preemptions                         int64
 	NumGPUBlocks, BlockSize             int
+	// CachedBlocks counts the distinct block hashes the prefix cache holds: what a
+	// KV-event subscriber's index should hold for this engine once its events are read.
+	CachedBlocks int
 }
 
 // StepResult is what one engine step did.
@@ -193,6 +196,7 @@ func (e *Engine) Stats() Stats {
 	s.Running, s.Waiting = len(e.running), len(e.waiting)
 	s.KVCacheUsage = e.pool.usage()
 	s.NumGPUBlocks, s.BlockSize = e.cfg.NumGPUBlocks, e.cfg.BlockSize
+	s.CachedBlocks = len(e.pool.cached)
 	return s
 }
 

@@ -71,8 +71,10 @@ type FaultResult struct {
 	// PeakRSSMB and PeakGoroutines are kvrouter's, sampled every 100 ms from its /metrics.
 	PeakRSSMB      float64 `json:"peak_rss_mb"`
 	PeakGoroutines int     `json:"peak_goroutines"`
-	// DivergenceBlocks compares kvrouter's index with the servers' caches after the fault;
-	// nil: not measured (vllm-sim has no cache view yet).
+	// DivergenceBlocks is, after the fault and its load, the sum over the servers of the
+	// difference between the blocks kvrouter's index holds for the server (/debug/kv
+	// indexed_blocks) and the distinct blocks the server's prefix cache holds (vllm-sim's
+	// /debug/cache); nil: not measured (a view could not be read).
 	DivergenceBlocks *int   `json:"divergence_blocks"`
 	Note             string `json:"note,omitempty"`
 }
@@ -175,6 +177,9 @@ func runFault(ctx context.Context, s *procStack, target *kvbench.HTTPTarget, w *
 	if lo.err != nil {
 		return r, lo.err
 	}
+	if d, ok := divergence(ctx, s, 3*time.Second); ok {
+		r.DivergenceBlocks = &d
+	}
 	first := ""
 	for _, res := range lo.run.Results {
 		r.Requests++
@@ -245,19 +250,36 @@ func sighup(ctx context.Context, s *procStack, bad []byte) (string, error) {
 		}
 		defer os.WriteFile(s.routerConfig, good, 0o644)
 	}
-	pid := s.pid("kvrouter")
-	if err := syscall.Kill(pid, syscall.SIGHUP); err != nil {
+	before := reloadsTotal(ctx, s.RouterURL())
+	if err := syscall.Kill(s.pid("kvrouter"), syscall.SIGHUP); err != nil {
 		return "", err
 	}
-	sleep(ctx, 500*time.Millisecond)
-	if p := s.find("kvrouter"); p != nil {
-		select {
-		case <-p.done:
-			return "kvrouter exited on SIGHUP", s.respawn("kvrouter")
-		default:
+	// The reload loads the models' tokenizers as check-config does: wait for its count.
+	for t0 := time.Now(); time.Since(t0) < 30*time.Second && reloadsTotal(ctx, s.RouterURL()) == before; {
+		if p := s.find("kvrouter"); p != nil {
+			select {
+			case <-p.done:
+				return "kvrouter exited on SIGHUP", s.respawn("kvrouter")
+			default:
+			}
 		}
+		sleep(ctx, 50*time.Millisecond)
 	}
 	return metricLine(ctx, s.RouterURL(), "kvrouter_config_reloads_total"), nil
+}
+
+// reloadsTotal is kvrouter's kvrouter_config_reloads_total summed over results.
+func reloadsTotal(ctx context.Context, routerURL string) float64 {
+	total := 0.0
+	for _, l := range strings.Split(get(ctx, routerURL+"/metrics"), "\n") {
+		if strings.HasPrefix(l, "kvrouter_config_reloads_total{") {
+			if _, v, ok := strings.Cut(l, "} "); ok {
+				f, _ := strconv.ParseFloat(v, 64)
+				total += f
+			}
+		}
+	}
+	return total
 }
 
 // idleStreams opens n ext_proc streams (TLS, kvrouter's self-signed default) that send
@@ -444,6 +466,41 @@ func waitKVAware(ctx context.Context, debugURL string, n int, bound time.Duratio
 		sleep(ctx, 20*time.Millisecond)
 	}
 	return false
+}
+
+// divergence compares kvrouter's index with the servers' caches, waiting (at most bound)
+// for the events in flight to arrive: the sum of the per-server block-count differences.
+func divergence(ctx context.Context, s *procStack, bound time.Duration) (int, bool) {
+	start := time.Now()
+	for {
+		var view []struct {
+			Endpoint string `json:"endpoint"`
+			Indexed  int    `json:"indexed_blocks"`
+		}
+		if json.Unmarshal([]byte(get(ctx, s.DebugURL()+"/debug/kv")), &view) != nil {
+			return 0, false
+		}
+		indexed := map[string]int{}
+		for _, e := range view {
+			indexed[e.Endpoint] = e.Indexed
+		}
+		total := 0
+		for _, m := range s.EngineMetricsURLs() {
+			base := strings.TrimSuffix(m, "/metrics")
+			var c struct {
+				Cached *int `json:"cached_blocks"`
+			}
+			if json.Unmarshal([]byte(get(ctx, base+"/debug/cache")), &c) != nil || c.Cached == nil {
+				return 0, false
+			}
+			d := indexed[strings.TrimPrefix(base, "http://")] - *c.Cached
+			total += max(d, -d)
+		}
+		if total == 0 || time.Since(start) > bound || ctx.Err() != nil {
+			return total, true
+		}
+		sleep(ctx, 50*time.Millisecond)
+	}
 }
 
 var errNoRows = errors.New("demo: no fault rows")

@@ -207,6 +207,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("POST /tokenize", s.handleTokenize)
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /debug/cache", s.handleDebugCache)
 	return mux
 }
 
@@ -697,4 +698,15 @@ func (s *Server) handleTokenize(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(map[string]any{"count": len(ids), "max_model_len": s.cfg.Engine.MaxModelLen, "tokens": ids, "token_strs": nil})
+}
+
+// handleDebugCache serves the prefix cache's truth, to compare with a router's index:
+// {"cached_blocks": N}, the distinct block hashes cached, summed over the ranks.
+func (s *Server) handleDebugCache(w http.ResponseWriter, _ *http.Request) {
+	n := 0
+	for _, r := range s.ranks {
+		n += r.stats().CachedBlocks
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = fmt.Fprintf(w, "{\"cached_blocks\": %d}\n", n)
 }
