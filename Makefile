@@ -20,6 +20,13 @@ demo: models ## Run kvrouter on a local simulated fleet behind a gateway; compar
 	$(GO) build -o $(BIN)/ ./cmd/kvrouter ./cmd/vllm-sim ./cmd/devgateway ./cmd/kvdemo
 	$(BIN)/kvdemo --bin $(BIN)
 
+.PHONY: faults
+faults: models ## Run the fault suite on a local stack (about 2 minutes); write docs/data/faults.json and render docs/faults.md.
+	@mkdir -p $(BIN)
+	$(GO) build -o $(BIN)/ ./cmd/kvrouter ./cmd/vllm-sim ./cmd/devgateway ./cmd/kvdemo
+	$(BIN)/kvdemo faults --bin $(BIN) --json docs/data/faults.json
+	python3 scripts/docs.py
+
 .PHONY: models
 models: ## Fetch the tokenizer files the tests use into .cache/models (sha256-verified).
 	bash scripts/fetch-models.sh

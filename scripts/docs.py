@@ -506,7 +506,30 @@ def results_fullstack():
     return fullstack_tables(sweep, matched, fs) + run1_table(fs)
 
 
+# ---- docs/faults.md ----
+
+def faults_table(path):
+    """The fault suite's table (kvdemo faults --json)."""
+    with open(os.path.join(ROOT, path)) as f:
+        rep = json.load(f)
+    head = (f"{rep['workers']} vllm-sim servers, kvrouter (policy {rep['policy']}) behind the dev gateway; "
+            f"{rep['requests_per_fault']} kvbench requests at concurrency {rep['concurrency']} through the gateway during each fault; "
+            f"the suite's open-file limit {rep['open_file_limit']}.\n")
+    rows = []
+    for r in rep["rows"]:
+        failed = f"{r['failed']} / {r['requests']}" + (" (kvrouter down)" if r["router_down"] else "")
+        aware = "not within 30 s" if r["kv_aware_after_ms"] < 0 else f"{r['kv_aware_after_ms']:.0f}"
+        div = "-" if r["divergence_blocks"] is None else str(r["divergence_blocks"])
+        note = r.get("note", "").replace("|", "\\|")
+        if len(note) > 160:
+            note = note[:157] + "..."
+        rows.append([r["fault"], failed, aware, f"{r['peak_rss_mb']:.0f}", r["peak_goroutines"], div, note])
+    return head + table(["fault", "failed / sent", "KV-aware after (ms)", "kvrouter peak RSS (MB)", "peak goroutines",
+                         "index divergence (blocks)", "note"], rows)
+
+
 RENDERERS = {
+    "faults": faults_table,
     "reference": reference_tables,
     "results-sweep": results_sweep,
     "results-sensitivity": results_sensitivity,

@@ -248,7 +248,9 @@ func faults(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return err
 	}
 	if *jsonOut != "" {
-		b, err := json.MarshalIndent(rows, "", "  ")
+		rep := demo.FaultReport{Workers: fo.Workers, Requests: fo.Requests, Concurrency: fo.Concurrency, Policy: fo.Policies[0],
+			Short: *short, OpenFileLimit: demo.OpenFileLimit(), Rows: rows}
+		b, err := json.MarshalIndent(rep, "", "  ")
 		if err != nil {
 			return err
 		}

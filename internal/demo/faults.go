@@ -79,6 +79,35 @@ type FaultResult struct {
 	Note             string `json:"note,omitempty"`
 }
 
+// FaultReport is what `kvdemo faults --json` writes (docs/data/faults.json).
+type FaultReport struct {
+	// The stack and the load sent during each fault.
+	Workers     int    `json:"workers"`
+	Requests    int    `json:"requests_per_fault"`
+	Concurrency int    `json:"concurrency"`
+	Policy      string `json:"policy"`
+	Short       bool   `json:"short"`
+	// OpenFileLimit is the suite's own open-file limit (raised to its hard limit), which
+	// bounds the TCP connections it can open.
+	OpenFileLimit int           `json:"open_file_limit"`
+	Rows          []FaultResult `json:"rows"`
+}
+
+// OpenFileLimit returns this process's open-file limit (soft), after raising it to the hard
+// limit as the TCP-connection fault does.
+func OpenFileLimit() int {
+	var lim syscall.Rlimit
+	if syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim) != nil {
+		return 0
+	}
+	if lim.Cur < lim.Max {
+		lim.Cur = lim.Max
+		_ = syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim)
+		_ = syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim)
+	}
+	return int(lim.Cur)
+}
+
 // fault is one injection: it runs while the load runs, and returns a note.
 type fault struct {
 	name       string
@@ -311,18 +340,10 @@ func idleStreams(ctx context.Context, addr string, n int, d time.Duration) (stri
 // tcpConns opens up to n raw TCP connections (bounded by this process's open-file
 // limit, leaving 256 descriptors), holds them for d, and closes them.
 func tcpConns(ctx context.Context, addr string, n int, d time.Duration) (string, error) {
-	var lim syscall.Rlimit
 	note := ""
-	if syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim) == nil {
-		if lim.Cur < lim.Max {
-			lim.Cur = lim.Max
-			_ = syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim)
-			_ = syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim)
-		}
-		if room := int(lim.Cur) - 256; room < n {
-			note = fmt.Sprintf("scaled from %d to the open-file limit %d; ", n, lim.Cur)
-			n = max(room, 0)
-		}
+	if limit := OpenFileLimit(); limit > 0 && limit-256 < n {
+		note = fmt.Sprintf("scaled from %d to the open-file limit %d less 256; ", n, limit)
+		n = max(limit-256, 0)
 	}
 	var conns []net.Conn
 	defer func() {
