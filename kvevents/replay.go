@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"os"
 	"time"
 )
@@ -19,11 +20,13 @@ const (
 	replayFailed
 )
 
-func (st *stream) countGap() {
+// countGap counts batches [from, upto) as lost.
+func (st *stream) countGap(from, upto uint64) {
 	st.s.m.gaps.Inc()
 	st.mu.Lock()
 	st.st.Gaps++
 	st.mu.Unlock()
+	st.report(failGap, "KV events gap", fmt.Errorf("gap: batches %d..%d lost", from, upto-1))
 }
 
 // recover fetches and applies batches [from, upto) through the replay socket. When that
@@ -49,9 +52,11 @@ func (st *stream) recover(ctx context.Context, from, upto uint64) {
 		st.s.m.replays.WithLabelValues("ok").Inc()
 	case replayEvicted:
 		st.s.m.replays.WithLabelValues("evicted").Inc()
+		st.report(failReplay, "KV events replay failed", fmt.Errorf("replay of %d..%d: evicted from the publisher's buffer", from, upto-1))
 		st.clear(ClearEvicted)
 	default:
 		st.s.m.replays.WithLabelValues("failed").Inc()
+		st.report(failReplay, "KV events replay failed", fmt.Errorf("replay of %d..%d from %s: unreachable, silent or garbled", from, upto-1, st.replay))
 		st.clear(ClearReplayFailed)
 	}
 }

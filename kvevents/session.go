@@ -35,11 +35,10 @@ type stream struct {
 	batch   Batch
 	hasLast bool
 	last    uint64
-	// resumed is set after a disconnect: the publisher may have restarted meanwhile.
-	resumed bool
 
-	mu sync.Mutex // guards st
-	st StreamStatus
+	mu   sync.Mutex // guards st and logs
+	st   StreamStatus
+	logs logLimit
 }
 
 func (st *stream) status() StreamStatus {
@@ -105,7 +104,11 @@ func (st *stream) session(ctx context.Context) (progressed bool) {
 	var watching sync.WaitGroup
 	defer watching.Wait()
 	defer cancel() // closes the connection
-	lc, z, err := st.s.dial(sctx, st.addr, func(z *zmtpReader) error { return z.handshake(st.topic) })
+	// Subscribe to every topic and filter here (handle): a PUB filters at the
+	// publisher, so a prefix sent with the subscription would hide a topic mismatch as a
+	// connected stream that never receives a batch. A vLLM PUB socket carries one pod's
+	// events, so nothing is sent that would not be anyway.
+	lc, z, err := st.s.dial(sctx, st.addr, func(z *zmtpReader) error { return z.handshake(nil) })
 	if err != nil {
 		if ctx.Err() == nil {
 			st.fail(err, false)
@@ -113,7 +116,7 @@ func (st *stream) session(ctx context.Context) (progressed bool) {
 		return false
 	}
 	st.setConnected(true)
-	st.resumed = st.hasLast
+	st.reconnected()
 	var busy, fired atomic.Bool
 	if z.heartbeats() {
 		watching.Add(1)
@@ -196,18 +199,12 @@ func (st *stream) watch(ctx context.Context, lc *liveConn, z *zmtpReader, busy, 
 	}
 }
 
-// fail records why a dial or a connection failed. A connection that was up is logged;
-// repeated dial failures are not (they are in the status and the redial count).
+// fail records why a dial or a connection failed, and logs it (rate-limited).
 func (st *stream) fail(err error, wasUp bool) {
-	st.mu.Lock()
-	st.st.LastError = err.Error()
-	st.mu.Unlock()
 	if wasUp {
-		st.s.log.Warn("KV events connection lost", zap.String("endpoint", st.name),
-			zap.Int("rank", st.rank), zap.String("address", st.addr), zap.Error(err))
+		st.report(failConnection, "KV events connection lost", err)
 	} else {
-		st.s.log.Debug("KV events dial failed", zap.String("endpoint", st.name),
-			zap.Int("rank", st.rank), zap.String("address", st.addr), zap.Error(err))
+		st.report(failDial, "KV events dial failed", err)
 	}
 }
 
@@ -289,7 +286,10 @@ func (st *stream) handle(ctx context.Context, frames [][]byte) {
 		return
 	}
 	if !bytes.HasPrefix(frames[0], st.topic) {
+		// The subscription is to every topic (see session) so that a publisher on
+		// another topic shows here instead of looking connected and idle.
 		st.drop(badTopic)
+		st.foreignTopic(frames[0])
 		return
 	}
 	if len(frames[1]) != 8 {
@@ -297,12 +297,12 @@ func (st *stream) handle(ctx context.Context, frames [][]byte) {
 		return
 	}
 	seq := binary.BigEndian.Uint64(frames[1])
-	resumed := st.resumed
-	st.resumed = false
 	switch {
 	case !st.hasLast:
-		// First batch seen from this publisher: fetch what came before it (slow joiner)
-		// when a replay socket exists. Nothing is known yet, so nothing needs clearing.
+		// First batch seen from this publisher (or since a reconnect, which forgot the
+		// last one): fetch what came before it (slow joiner, or a rebuild after a
+		// reconnect) when a replay socket exists. Nothing is known now, so nothing needs
+		// clearing.
 		if seq > 0 && st.replay != "" {
 			st.recover(ctx, 0, seq)
 		}
@@ -314,20 +314,8 @@ func (st *stream) handle(ctx context.Context, frames [][]byte) {
 		if seq > 0 && st.replay != "" {
 			st.recover(ctx, 0, seq)
 		}
-	case resumed:
-		// Batches were lost across a reconnect, or the publisher restarted and already
-		// passed our sequence: the two cannot be told apart, and replaying from st.last+1
-		// would splice two processes' streams. Start over from 0.
-		st.countGap()
-		if st.replay == "" {
-			st.clear(ClearGap)
-			break
-		}
-		st.clear(ClearReconnect)
-		st.hasLast = false
-		st.recover(ctx, 0, seq)
 	default:
-		st.countGap()
+		st.countGap(st.last+1, seq)
 		st.recover(ctx, st.last+1, seq)
 	}
 	st.applyPayload(ctx, seq, frames[2])
@@ -339,7 +327,7 @@ func (st *stream) applyPayload(ctx context.Context, seq uint64, payload []byte) 
 		st.decodeError(err)
 		// Treat it as a lost batch: its replayed copy may decode (it will not if the
 		// publisher sent garbage), otherwise the endpoint is cleared.
-		st.countGap()
+		st.countGap(seq, seq+1)
 		st.recover(ctx, seq, seq+1)
 		st.advance(seq)
 		return
@@ -365,6 +353,7 @@ func (st *stream) decodeError(err error) {
 	st.mu.Lock()
 	st.st.DecodeErrors[reason]++
 	st.mu.Unlock()
+	st.report(failDecode, "KV events batch undecodable", err, zap.String("reason", string(reason)))
 }
 
 func (st *stream) clear(reason string) {
@@ -373,6 +362,28 @@ func (st *stream) clear(reason string) {
 	st.mu.Lock()
 	st.st.Clears[reason]++
 	st.mu.Unlock()
+	switch reason {
+	case ClearAllBlocks, ClearRemoved: // the publisher's own, or ours: not a failure
+	case ClearReconnect:
+		// Routine after any reconnect: logged, but the stream's last error stays the
+		// one that broke the connection.
+		st.logLimited(failClear, "KV events endpoint cleared", errors.New("cleared: "+reason), zap.String("reason", reason))
+	default:
+		st.report(failClear, "KV events endpoint cleared", errors.New("cleared: "+reason), zap.String("reason", reason))
+	}
+}
+
+// reconnected runs once a new connection (per-pod mode) or a new peer (central mode)
+// speaks for the stream. The publisher may have restarted meanwhile, and a new process
+// whose first sequence number happens to follow the old one's last cannot be told from a
+// continuation: what the old connection said is dropped, and the first batch on the new
+// one rebuilds the endpoint from the replay socket (from sequence 0) when one exists.
+func (st *stream) reconnected() {
+	if !st.hasLast {
+		return
+	}
+	st.clear(ClearReconnect)
+	st.hasLast = false
 }
 
 // apply hands b to the Sink, turning AllBlocksCleared into Clear at its place.

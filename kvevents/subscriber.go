@@ -57,9 +57,15 @@ type StreamStatus struct {
 	// while the peer answers PINGs). In central mode: since the stream's first message,
 	// while that connection stays open.
 	Connected bool `json:"connected"`
-	// LastError says why the last dial, handshake or connection failed (per-pod mode);
-	// empty if none has.
-	LastError string `json:"last_error,omitempty"`
+	// LastError says what last went wrong with the stream: a dial, handshake or
+	// connection failure (per-pod mode), a gap, a failed replay, a clear, an undecodable
+	// batch or a batch on another topic; empty if nothing has. LastErrorAt is when.
+	LastError   string    `json:"last_error,omitempty"`
+	LastErrorAt time.Time `json:"last_error_at,omitzero"`
+	// ForeignTopic is the topic of the last message dropped because it does not start
+	// with the configured topic (per-pod mode): a publisher configured with another
+	// topic shows here, and in the drops with reason "topic".
+	ForeignTopic string `json:"foreign_topic,omitempty"`
 	// LastSeq is the last sequence number applied; HasSeq is false before the first.
 	LastSeq uint64 `json:"last_seq"`
 	HasSeq  bool   `json:"has_seq"`
