@@ -29,6 +29,12 @@ const (
 	HeaderDestination = "x-gateway-destination-endpoint"
 	// HeaderServed is added to the response: the endpoint that served it.
 	HeaderServed = "x-gateway-destination-endpoint-served"
+	// HeaderUpstreamServiceTime is the header Envoy's router adds to a response that came
+	// from an upstream (the upstream's time to headers). A response without it was made
+	// by the proxy itself (a local reply): with status 503, the chosen endpoint could not
+	// be connected to or reset before answering. Proxies configured with the router's
+	// suppress_envoy_headers never send it: keep that off.
+	HeaderUpstreamServiceTime = "x-envoy-upstream-service-time"
 	// HeaderPrefix starts every header the router owns; client-sent ones are removed.
 	HeaderPrefix = "x-gateway-destination-"
 	// NamespaceLB is the dynamic-metadata namespace of the decision and of the served endpoint.
@@ -53,6 +59,13 @@ type Fleet interface {
 	Begin(addr string)
 	// End records that the request routed to addr ended; called exactly once per Begin.
 	End(addr string)
+}
+
+// upstreamReporter is implemented by fleets that take passive health signals
+// (fleet.Fleet): the server tells it when the proxy's response shows that the chosen
+// endpoint did not answer.
+type upstreamReporter interface {
+	UpstreamFailed(addr string)
 }
 
 // Tokenizer turns a parsed request into vLLM's prompt token ids.
@@ -106,6 +119,7 @@ type Server struct {
 	observer scoring.Observer // Policy's, when it implements scoring.Observer
 	fleet    Fleet
 	appender candidateAppender // fleet, when it can fill a reused buffer
+	reporter upstreamReporter  // fleet, when it takes passive health signals
 	tok      Tokenizer
 	tokApp   tokenAppender // tok, when it can fill a reused buffer
 	maxBody  int
@@ -153,6 +167,9 @@ func New(o Options) *Server {
 	}
 	if a, ok := o.Fleet.(candidateAppender); ok {
 		s.appender = a
+	}
+	if r, ok := o.Fleet.(upstreamReporter); ok {
+		s.reporter = r
 	}
 	if a, ok := o.Tokenizer.(tokenAppender); ok {
 		s.tokApp = a

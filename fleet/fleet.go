@@ -31,11 +31,17 @@ const (
 	StateUnhealthy
 	// StateUnscraped: the endpoint has no metrics URL. Always eligible.
 	StateUnscraped
+	// StateSuspect: a passive signal (ReportFailure: its KV-event connection ended, the
+	// proxy could not reach it, a scrape was refused) took the endpoint out before
+	// scrapes would have. Not eligible until a scrape that started after the signal
+	// succeeds.
+	StateSuspect
 )
 
-var stateNames = [...]string{"pending", "healthy", "unhealthy", "unscraped"}
+var stateNames = [...]string{"pending", "healthy", "unhealthy", "unscraped", "suspect"}
 
-// String returns the state's metric label: pending, healthy, unhealthy or unscraped.
+// String returns the state's metric label: pending, healthy, unhealthy, unscraped or
+// suspect.
 func (s State) String() string {
 	if s >= 0 && int(s) < len(stateNames) {
 		return stateNames[s]
@@ -130,8 +136,11 @@ type endpoint struct {
 	state    atomic.Int32
 	unready  atomic.Bool // set by SetReady(addr, false): held out of routing
 	failures atomic.Int32
-	last     atomic.Pointer[sample]
-	scraping sync.Mutex // one scrape of this endpoint at a time
+	// suspectAt is when a passive signal made the endpoint suspect (UnixNano on the
+	// fleet's clock): only a scrape started after it may clear it.
+	suspectAt atomic.Int64
+	last      atomic.Pointer[sample]
+	scraping  sync.Mutex // one scrape of this endpoint at a time
 }
 
 // eligible reports whether the endpoint may receive requests now.
@@ -484,6 +493,9 @@ type EndpointStatus struct {
 	InFlight int
 	// Failures counts the scrapes that failed since the last good one.
 	Failures int
+	// SuspectSince is when a passive signal made the endpoint StateSuspect; zero when
+	// it is not suspect.
+	SuspectSince time.Time
 	// Metrics are the last scraped figures (Valid false once stale or never scraped).
 	Metrics scoring.Metrics
 	// ScrapedAt is when the last good scrape ended; zero if none.
@@ -506,6 +518,9 @@ func (f *Fleet) Status() []EndpointStatus {
 		}
 		if s := ep.last.Load(); s != nil {
 			st.ScrapedAt = s.at
+		}
+		if st.State == StateSuspect {
+			st.SuspectSince = time.Unix(0, ep.suspectAt.Load())
 		}
 		out = append(out, st)
 	}

@@ -147,6 +147,7 @@ func (f *Fleet) scrapeOne(ctx context.Context, ep *endpoint) {
 	defer ep.scraping.Unlock()
 	cfg := ep.cfg.Load()
 	start := time.Now()
+	started := f.now() // on the fleet's clock, to compare with a passive signal's time
 	m, err := f.fetch(ctx, cfg)
 	if f.metrics != nil {
 		f.metrics.duration.Observe(time.Since(start).Seconds())
@@ -159,13 +160,17 @@ func (f *Fleet) scrapeOne(ctx context.Context, ep *endpoint) {
 	}
 	prev := State(ep.state.Load())
 	next := prev
+	reason := ""
 	if err == nil {
 		ep.last.Store(&sample{m: m, at: f.now()})
 		ep.failures.Store(0)
 		next = StateHealthy
+		if prev == StateSuspect && started.UnixNano() < ep.suspectAt.Load() {
+			next = prev // began before the passive signal: proves nothing about it
+		}
 	} else {
 		var se *scrapeError
-		reason := "other"
+		reason = "other"
 		if errors.As(err, &se) {
 			reason = se.reason
 		}
@@ -181,6 +186,11 @@ func (f *Fleet) scrapeOne(ctx context.Context, ep *endpoint) {
 		}
 	}
 	if next == prev {
+		if prev == StateHealthy && reason == "connect" {
+			// Refused or unreachable: the process or its pod is gone, as a passive
+			// signal says, without waiting for FailuresBeforeIneligible scrapes.
+			f.ReportFailure(ep.addr, SignalScrape)
+		}
 		return
 	}
 	f.mu.Lock()

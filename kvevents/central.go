@@ -280,6 +280,9 @@ func (st *stream) peerGone(p *pubConn) {
 	if st.peer == p {
 		st.peer = nil
 		st.setConnected(false)
+		if !st.removed {
+			st.connectionLost()
+		}
 	}
 }
 

@@ -128,6 +128,9 @@ func (st *stream) session(ctx context.Context) (progressed bool) {
 		// what lets the watchdog take silence for a dead connection.
 		if _, err := lc.Write(pingCommand()); err != nil {
 			st.fail(err, true)
+			if ctx.Err() == nil {
+				st.connectionLost()
+			}
 			return true
 		}
 	}
@@ -155,6 +158,7 @@ func (st *stream) session(ctx context.Context) (progressed bool) {
 				err = fmt.Errorf("watchdog: nothing received for %v", st.s.cfg.Watchdog)
 			}
 			st.fail(err, true)
+			st.connectionLost()
 			return true
 		}
 		busy.Store(true)
@@ -205,6 +209,14 @@ func (st *stream) fail(err error, wasUp bool) {
 		st.report(failConnection, "KV events connection lost", err)
 	} else {
 		st.report(failDial, "KV events dial failed", err)
+	}
+}
+
+// connectionLost tells OnConnectionLost's function that the connection, which was up,
+// ended without a protocol error on our side: closed, reset or silent.
+func (st *stream) connectionLost() {
+	if st.s.lost != nil {
+		st.s.lost(st.name)
 	}
 }
 

@@ -114,6 +114,9 @@ type Subscriber struct {
 	central   map[netip.AddrPort]*endpoint
 	listeners map[int]net.Listener
 	peers     atomic.Int64
+
+	// lost, set by OnConnectionLost before Run, hears of connections that ended.
+	lost func(endpoint string)
 }
 
 type endpoint struct {
@@ -182,6 +185,13 @@ func (s *Subscriber) Run(ctx context.Context) error {
 	s.wg.Wait()
 	return nil
 }
+
+// OnConnectionLost registers fn to hear, from the stream's goroutine, that a connection
+// to the endpoint's publisher that was up has ended (closed, reset, a protocol error, the
+// watchdog; in central mode, the peer speaking for it hung up), not counting Run's end
+// or Remove. A pod killed is seen this way within milliseconds, which makes it a passive
+// health signal. fn must return quickly. Call it before Run.
+func (s *Subscriber) OnConnectionLost(fn func(endpoint string)) { s.lost = fn }
 
 // Add subscribes to one more endpoint (at once if Run is running).
 func (s *Subscriber) Add(e EndpointConfig) error {
