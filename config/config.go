@@ -324,9 +324,21 @@ type LimitsConfig struct {
 	// keeps running meanwhile, so it must stay well under it (at most 500ms; envoy.yaml
 	// sets 1s). Default 200ms.
 	MaxHold time.Duration `yaml:"max_hold"`
+	// MaxFallbacks is how many fallback endpoints the router lists after the chosen one
+	// in x-gateway-destination-endpoint (comma-separated, best first), for the proxy to
+	// retry on when the chosen endpoint cannot be connected to. Default 0: an
+	// ORIGINAL_DST cluster (the chart's and Istio's Envoy configs) takes a single
+	// ip:port; set it (2 is enough for one dead pod at a time plus a second failure)
+	// behind a proxy with Envoy's override_host load-balancing policy (envoy/envoy.yaml)
+	// or the dev gateway, which retry on the next listed endpoint.
+	MaxFallbacks int `yaml:"max_fallbacks"`
 	// Scrape tunes the scraping of each endpoint's /metrics.
 	Scrape fleet.ScrapeConfig `yaml:",inline"`
 }
+
+// maxFallbacks is the most fallbacks a policy names (scoring's kv and placement
+// policies list up to four).
+const maxFallbacks = 4
 
 // DefaultLimitsConfig returns 16 MiB bodies, a 30s drain, 200ms holds and the scrape
 // defaults.
@@ -350,6 +362,9 @@ func (c *LimitsConfig) Validate() error {
 	}
 	if c.MaxHold < 0 || c.MaxHold > 500*time.Millisecond {
 		errs.Addf("max_hold", "%v is out of range [0, 500ms] (Envoy's ext_proc message_timeout runs while a request is held)", c.MaxHold)
+	}
+	if c.MaxFallbacks < 0 || c.MaxFallbacks > maxFallbacks {
+		errs.Addf("max_fallbacks", "%d is out of range [0, %d] (the policies name at most %d)", c.MaxFallbacks, maxFallbacks, maxFallbacks)
 	}
 	errs.Nest("", c.Scrape.Validate())
 	return errs.Err()

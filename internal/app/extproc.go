@@ -105,6 +105,7 @@ func (a *App) registerExtProc(o Options) error {
 		Tokenizer:    tok,
 		MaxBodyBytes: a.cfg.Limits.MaxBodyBytes,
 		MaxHold:      a.cfg.Limits.MaxHold,
+		MaxFallbacks: a.cfg.Limits.MaxFallbacks,
 		Logger:       a.log.Named("extproc"),
 		Registerer:   a.reg,
 		Now:          o.Now,
