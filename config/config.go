@@ -22,6 +22,8 @@ import (
 	"github.com/kvrouter/kvrouter/fleet"
 	"github.com/kvrouter/kvrouter/index"
 	"github.com/kvrouter/kvrouter/kvevents"
+	"github.com/kvrouter/kvrouter/placement"
+	"github.com/kvrouter/kvrouter/policy"
 	"github.com/kvrouter/kvrouter/scoring"
 )
 
@@ -194,22 +196,13 @@ func (m *ModelConfig) Validate() error {
 	return errs.Err()
 }
 
-// PolicyNames lists the policies this build knows: the load-only ones (which may also
-// serve as the fallback), the KV-aware kv and approximate, and placement.
-func PolicyNames() []string {
-	return []string{"random", "round-robin", "least-load", "kv", "approximate", "placement"}
-}
-
-// FallbackNames lists the policies that need no token ids and keep no per-request state,
-// the only ones allowed as policy.fallback.
-func FallbackNames() []string { return []string{"random", "round-robin", "least-load"} }
-
-// PolicyWeights lists the weights a policy accepts in policy.weights, with their
-// defaults. kv and approximate take NVIDIA Dynamo's cost terms (see scoring.KVConfig);
-// the load-only policies take none.
-func PolicyWeights(name string) map[string]float64 {
-	switch name {
-	case "kv", "approximate":
+// policyWeights lists the weights a policy accepts in policy.weights, with their
+// defaults, by the configuration section the registry says it reads: kv and approximate
+// take NVIDIA Dynamo's cost terms (see scoring.KVConfig), placement its knobs; the
+// load-only policies take none.
+func policyWeights(s policy.Spec) map[string]float64 {
+	switch s.Section {
+	case policy.SectionKV:
 		d := scoring.DefaultKVConfig()
 		return map[string]float64{
 			"prefill_load_scale":           d.PrefillLoadScale,
@@ -217,50 +210,42 @@ func PolicyWeights(name string) map[string]float64 {
 			"decode_active_request_weight": d.DecodeActiveRequestWeight,
 			"temperature":                  d.Temperature,
 		}
-	case "placement":
-		return scoring.DefaultPlacementConfig().Knobs()
+	case policy.SectionPlacement:
+		return placement.DefaultConfig().Knobs()
 	}
 	return nil
 }
 
 // PolicyConfig chooses the placement policy.
 type PolicyConfig struct {
-	// Name is the policy used when the request's tokens are known.
+	// Name is the policy used when the request's tokens are known (policy.Builtin's names).
 	Name string `yaml:"name"`
 	// Fallback is the policy used when they are not (no tokenizer for the model,
 	// unparsable body); it must not need tokens.
 	Fallback string `yaml:"fallback"`
-	// Weights tunes the policy by name (see PolicyWeights); each weight is finite and >= 0.
+	// Weights tunes the policy by name; each weight is finite and >= 0.
 	Weights map[string]float64 `yaml:"weights"`
 }
 
-// KVWeights returns the kv and approximate policies' configuration with Weights applied
-// over scoring.DefaultKVConfig.
-func (c *PolicyConfig) KVWeights() scoring.KVConfig {
-	k := scoring.DefaultKVConfig()
+// Policies returns every policy's configuration with Weights applied over the
+// defaults: the kv cost weights onto Policies().KV, placement's knobs onto
+// Policies().Placement (checked by its Validate).
+func (c *PolicyConfig) Policies() policy.Config {
+	pc := policy.DefaultConfig()
 	for name, w := range c.Weights {
 		switch name {
 		case "prefill_load_scale":
-			k.PrefillLoadScale = w
+			pc.KV.PrefillLoadScale = w
 		case "overlap_credit":
-			k.OverlapCredit = w
+			pc.KV.OverlapCredit = w
 		case "decode_active_request_weight":
-			k.DecodeActiveRequestWeight = w
+			pc.KV.DecodeActiveRequestWeight = w
 		case "temperature":
-			k.Temperature = w
+			pc.KV.Temperature = w
 		}
+		pc.Placement.SetKnob(name, w)
 	}
-	return k
-}
-
-// PlacementWeights returns the placement policy's configuration with Weights applied
-// over scoring.DefaultPlacementConfig; the result is checked by its Validate.
-func (c *PolicyConfig) PlacementWeights() scoring.PlacementConfig {
-	p := scoring.DefaultPlacementConfig()
-	for name, w := range c.Weights {
-		p.SetKnob(name, w)
-	}
-	return p
+	return pc
 }
 
 // DefaultPolicyConfig returns placement (requests the router cannot tokenize are placed
@@ -274,21 +259,23 @@ var weightName = regexp.MustCompile(`^[a-z][a-z0-9_-]*$`)
 // Validate checks the names and weights.
 func (c *PolicyConfig) Validate() error {
 	var errs field.Errors
-	known := PolicyNames()
-	if !slices.Contains(known, c.Name) {
+	reg := policy.Builtin()
+	known := reg.Names()
+	spec, found := reg.Lookup(c.Name)
+	if !found {
 		errs.Addf("name", "unknown policy %q (known: %s)", c.Name, strings.Join(known, ", "))
 	}
-	if fb := FallbackNames(); !slices.Contains(fb, c.Fallback) {
+	if fb := reg.FallbackNames(); !slices.Contains(fb, c.Fallback) {
 		errs.Addf("fallback", "policy %q cannot be the fallback (allowed: %s)", c.Fallback, strings.Join(fb, ", "))
 	}
-	accepted := PolicyWeights(c.Name)
+	accepted := policyWeights(spec)
 	for _, k := range slices.Sorted(maps.Keys(c.Weights)) {
 		w := c.Weights[k]
 		p := field.Key("weights", k)
 		switch {
 		case !weightName.MatchString(k):
 			errs.Addf(p, "weight names are lower-case words ([a-z][a-z0-9_-]*)")
-		case !slices.Contains(known, c.Name):
+		case !found:
 		case accepted == nil:
 			errs.Addf(p, "policy %q takes no weights", c.Name)
 		default:
@@ -303,9 +290,9 @@ func (c *PolicyConfig) Validate() error {
 			errs.Addf(p, "weight %v is above 1 (the share of a cached block credited)", w)
 		}
 	}
-	if c.Name == "placement" && len(errs) == 0 {
-		pc := c.PlacementWeights()
-		if err := pc.Validate(); err != nil {
+	if spec.Section == policy.SectionPlacement && len(errs) == 0 {
+		pc := c.Policies()
+		if err := pc.Placement.Validate(); err != nil {
 			errs.Addf("weights", "%v", err)
 		}
 	}

@@ -150,8 +150,8 @@ policy: {name: kv, weights: {prefill_load_scale: 0.5}}
 		{"max body default", cfg.Limits.MaxBodyBytes, 16 << 20},
 		{"policy name", cfg.Policy.Name, "kv"},
 		{"policy fallback default", cfg.Policy.Fallback, "least-load"},
-		{"weight", cfg.Policy.KVWeights().PrefillLoadScale, 0.5},
-		{"overlap credit default", cfg.Policy.KVWeights().OverlapCredit, 1.0},
+		{"weight", cfg.Policy.Policies().KV.PrefillLoadScale, 0.5},
+		{"overlap credit default", cfg.Policy.Policies().KV.OverlapCredit, 1.0},
 		{"index headroom default", cfg.KV.Index.Headroom, 1.1},
 	}
 	for _, tc := range tests {

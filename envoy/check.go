@@ -24,13 +24,12 @@ import (
 	// Typed configs the files use, registered for protojson's Any resolution.
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/load_balancing_policies/least_request/v3"
+
+	"github.com/kvrouter/kvrouter/epp"
 )
 
 // The names kvrouter's routing relies on.
 const (
-	DestinationHeader      = "x-gateway-destination-endpoint"
-	DestinationPrefix      = "x-gateway-destination-"
-	ExtProcHealthService   = "envoy.service.ext_proc.v3.ExternalProcessor"
 	extProcFilterType      = "envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor"
 	minCircuitBreakerLimit = 10000
 )
@@ -162,13 +161,13 @@ func checkCluster(c *clusterv3.Cluster) []error {
 		src := false
 		for _, s := range oh.GetOverrideHostSources() {
 			md := s.GetMetadata()
-			if strings.EqualFold(s.GetHeader(), DestinationHeader) ||
-				(md.GetKey() == "envoy.lb" && len(md.GetPath()) == 1 && md.GetPath()[0].GetKey() == DestinationHeader) {
+			if strings.EqualFold(s.GetHeader(), epp.HeaderDestination) ||
+				(md.GetKey() == "envoy.lb" && len(md.GetPath()) == 1 && md.GetPath()[0].GetKey() == epp.HeaderDestination) {
 				src = true
 			}
 		}
 		if !src {
-			errs = append(errs, fmt.Errorf("cluster %s: override_host must take its hosts from the %s header or envoy.lb metadata", c.GetName(), DestinationHeader))
+			errs = append(errs, fmt.Errorf("cluster %s: override_host must take its hosts from the %s header or envoy.lb metadata", c.GetName(), epp.HeaderDestination))
 		}
 		retries := false
 		for _, t := range c.GetCircuitBreakers().GetThresholds() {
@@ -183,8 +182,8 @@ func checkCluster(c *clusterv3.Cluster) []error {
 			errs = append(errs, fmt.Errorf("cluster %s: ORIGINAL_DST needs lb_policy CLUSTER_PROVIDED, not %v", c.GetName(), c.GetLbPolicy()))
 		}
 		o := c.GetOriginalDstLbConfig()
-		if !o.GetUseHttpHeader() || !strings.EqualFold(o.GetHttpHeaderName(), DestinationHeader) {
-			errs = append(errs, fmt.Errorf("cluster %s: ORIGINAL_DST must take its destination from the %s header (original_dst_lb_config use_http_header, http_header_name)", c.GetName(), DestinationHeader))
+		if !o.GetUseHttpHeader() || !strings.EqualFold(o.GetHttpHeaderName(), epp.HeaderDestination) {
+			errs = append(errs, fmt.Errorf("cluster %s: ORIGINAL_DST must take its destination from the %s header (original_dst_lb_config use_http_header, http_header_name)", c.GetName(), epp.HeaderDestination))
 		}
 	}
 	return errs
@@ -213,7 +212,7 @@ func checkHCM(listener string, hcm *hcmv3.HttpConnectionManager, clusters map[st
 		}
 		fw := fmt.Sprintf("%s: filter %s", where, f.GetName())
 		if stripAt < 0 {
-			errs = append(errs, fmt.Errorf("%s: no filter before ext_proc removes client-sent %s* headers (a Lua filter or header_mutation)", fw, DestinationPrefix))
+			errs = append(errs, fmt.Errorf("%s: no filter before ext_proc removes client-sent %s* headers (a Lua filter or header_mutation)", fw, epp.HeaderPrefix))
 		}
 		errs = append(errs, checkExtProc(fw, ep, clusters)...)
 	}
@@ -229,8 +228,9 @@ func checkHCM(listener string, hcm *hcmv3.HttpConnectionManager, clusters map[st
 func stripsDestination(tc *anypb.Any) bool {
 	lua := &luav3.Lua{}
 	if tc.MessageIs(lua) && tc.UnmarshalTo(lua) == nil {
+		//lint:ignore SA1019 configs may still use the deprecated inline_code, which Envoy still runs
 		code := lua.GetDefaultSourceCode().GetInlineString() + lua.GetInlineCode()
-		return strings.Contains(code, "envoy_on_request") && strings.Contains(code, DestinationPrefix) && strings.Contains(code, ":remove(")
+		return strings.Contains(code, "envoy_on_request") && strings.Contains(code, epp.HeaderPrefix) && strings.Contains(code, ":remove(")
 	}
 	if strings.HasSuffix(tc.GetTypeUrl(), ".header_mutation.v3.HeaderMutation") {
 		// Decode generically, to avoid compiling the header_mutation package for a
@@ -251,7 +251,7 @@ func stripsDestination(tc *anypb.Any) bool {
 			return false
 		}
 		for _, rm := range v.Mutations.RequestMutations {
-			if strings.EqualFold(rm.Remove, DestinationHeader) {
+			if strings.EqualFold(rm.Remove, epp.HeaderDestination) {
 				return true
 			}
 		}
@@ -287,12 +287,12 @@ func checkExtProc(fw string, ep *extprocv3.ExternalProcessor, clusters map[strin
 		errs = append(errs, fmt.Errorf("%s: the route cache must be cleared so that the picked endpoint's route is taken", fw))
 	}
 	mo := ep.GetMetadataOptions()
-	for _, ns := range []string{"envoy.lb.subset_hint", "envoy.lb"} {
+	for _, ns := range []string{epp.NamespaceSubsetHint, epp.NamespaceLB} {
 		if !slices.Contains(mo.GetForwardingNamespaces().GetUntyped(), ns) {
 			errs = append(errs, fmt.Errorf("%s: metadata_options.forwarding_namespaces.untyped lacks %s", fw, ns))
 		}
 	}
-	if !slices.Contains(mo.GetReceivingNamespaces().GetUntyped(), "envoy.lb") {
+	if !slices.Contains(mo.GetReceivingNamespaces().GetUntyped(), epp.NamespaceLB) {
 		errs = append(errs, fmt.Errorf("%s: metadata_options.receiving_namespaces.untyped lacks envoy.lb", fw))
 	}
 	name := ep.GetGrpcService().GetEnvoyGrpc().GetClusterName()
@@ -311,12 +311,12 @@ func checkExtProc(fw string, ep *extprocv3.ExternalProcessor, clusters map[strin
 	}
 	hc := false
 	for _, h := range c.GetHealthChecks() {
-		if h.GetGrpcHealthCheck() != nil && h.GetGrpcHealthCheck().GetServiceName() == ExtProcHealthService {
+		if h.GetGrpcHealthCheck() != nil && h.GetGrpcHealthCheck().GetServiceName() == epp.ServiceName {
 			hc = true
 		}
 	}
 	if !hc {
-		errs = append(errs, fmt.Errorf("cluster %s: needs a gRPC health check on service %s", name, ExtProcHealthService))
+		errs = append(errs, fmt.Errorf("cluster %s: needs a gRPC health check on service %s", name, epp.ServiceName))
 	}
 	high := false
 	for _, t := range c.GetCircuitBreakers().GetThresholds() {
@@ -332,7 +332,8 @@ func checkExtProc(fw string, ep *extprocv3.ExternalProcessor, clusters map[strin
 }
 
 func speaksHTTP2(c *clusterv3.Cluster) bool {
-	if c.GetHttp2ProtocolOptions() != nil { //nolint:staticcheck // the deprecated field still works
+	//lint:ignore SA1019 the deprecated field still works in Envoy, so a config using it speaks HTTP/2
+	if c.GetHttp2ProtocolOptions() != nil {
 		return true
 	}
 	a := c.GetTypedExtensionProtocolOptions()["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]
@@ -369,12 +370,12 @@ func checkRoutes(where string, rc *routev3.RouteConfiguration, clusters map[stri
 			}
 			ok := false
 			for _, h := range r.GetMatch().GetHeaders() {
-				if strings.EqualFold(h.GetName(), DestinationHeader) && h.GetPresentMatch() && !h.GetInvertMatch() {
+				if strings.EqualFold(h.GetName(), epp.HeaderDestination) && h.GetPresentMatch() && !h.GetInvertMatch() {
 					ok = true
 				}
 			}
 			if !ok {
-				errs = append(errs, fmt.Errorf("%s: route %q to ORIGINAL_DST cluster %s must match only requests with %s present (headers: present_match)", where, r.GetName(), c.GetName(), DestinationHeader))
+				errs = append(errs, fmt.Errorf("%s: route %q to ORIGINAL_DST cluster %s must match only requests with %s present (headers: present_match)", where, r.GetName(), c.GetName(), epp.HeaderDestination))
 			}
 		}
 	}

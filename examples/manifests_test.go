@@ -47,11 +47,11 @@ func (o object) String() string { return fmt.Sprintf("%s: %s %s", o.file, o.gvk.
 // newTyped returns an empty Go object for a kind, or nil when the kind is unknown.
 func newTyped(gvk schema.GroupVersionKind) any {
 	switch gvk {
-	case infv1.SchemeGroupVersion.WithKind("InferencePool"):
+	case schema.GroupVersion(infv1.GroupVersion).WithKind("InferencePool"):
 		return &infv1.InferencePool{}
-	case gwv1.SchemeGroupVersion.WithKind("Gateway"):
+	case schema.GroupVersion(gwv1.GroupVersion).WithKind("Gateway"):
 		return &gwv1.Gateway{}
-	case gwv1.SchemeGroupVersion.WithKind("HTTPRoute"):
+	case schema.GroupVersion(gwv1.GroupVersion).WithKind("HTTPRoute"):
 		return &gwv1.HTTPRoute{}
 	case istionetv1alpha3.SchemeGroupVersion.WithKind("EnvoyFilter"):
 		return &istionetv1alpha3.EnvoyFilter{}

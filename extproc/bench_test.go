@@ -36,6 +36,7 @@ func benchServerOptions(b *testing.B) []grpc.ServerOption {
 		case "window":
 			out = append(out, grpc.InitialWindowSize(1<<20), grpc.InitialConnWindowSize(1<<20))
 		case "shared":
+			//lint:ignore SA1019 this case measures the option grpc-go now enables by default
 			out = append(out, grpc.SharedWriteBuffer(true))
 		case "bufs":
 			out = append(out, grpc.ReadBufferSize(64<<10), grpc.WriteBufferSize(64<<10))

@@ -10,6 +10,7 @@ import (
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/kvrouter/kvrouter/epp"
 	"github.com/kvrouter/kvrouter/openai"
 	"github.com/kvrouter/kvrouter/scoring"
 )
@@ -75,7 +76,7 @@ func (st *stream) decideAndReply(in decideInput, kind replyKind) (done bool, err
 // headers to remove (the usual case) it comes from the server's reply cache.
 func (st *stream) decisionReply(dest string, kind replyKind) *extprocv3.ProcessingResponse {
 	for _, h := range st.spoofed {
-		if h != HeaderDestination {
+		if h != epp.HeaderDestination {
 			return decisionReply(dest, st.spoofed, kind)
 		}
 	}
@@ -348,9 +349,9 @@ func setHeader(key, value string) *corev3.HeaderValueOption {
 // decisionMutation sets the destination header and removes every other client-sent
 // x-gateway-destination-* header (the destination itself is overwritten).
 func decisionMutation(dest string, spoofed []string) *extprocv3.HeaderMutation {
-	m := &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{setHeader(HeaderDestination, dest)}}
+	m := &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{setHeader(epp.HeaderDestination, dest)}}
 	for _, h := range spoofed {
-		if h != HeaderDestination {
+		if h != epp.HeaderDestination {
 			m.RemoveHeaders = append(m.RemoveHeaders, h)
 		}
 	}
@@ -359,8 +360,8 @@ func decisionMutation(dest string, spoofed []string) *extprocv3.HeaderMutation {
 
 func decisionMetadata(dest string) *structpb.Struct {
 	return &structpb.Struct{Fields: map[string]*structpb.Value{
-		NamespaceLB: structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
-			HeaderDestination: structpb.NewStringValue(dest),
+		epp.NamespaceLB: structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
+			epp.HeaderDestination: structpb.NewStringValue(dest),
 		}}),
 	}}
 }

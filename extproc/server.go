@@ -21,30 +21,7 @@ import (
 	"github.com/kvrouter/kvrouter/scoring"
 )
 
-// Names on the wire, shared with the proxy configuration.
 const (
-	// ServiceName is the gRPC service name Envoy's health check of the ext_proc cluster uses.
-	ServiceName = "envoy.service.ext_proc.v3.ExternalProcessor"
-	// HeaderDestination carries the chosen endpoint ("ip:port", fallbacks after commas).
-	HeaderDestination = "x-gateway-destination-endpoint"
-	// HeaderServed is added to the response: the endpoint that served it.
-	HeaderServed = "x-gateway-destination-endpoint-served"
-	// HeaderUpstreamServiceTime is the header Envoy's router adds to a response that came
-	// from an upstream (the upstream's time to headers). A response without it was made
-	// by the proxy itself (a local reply): with status 503, the chosen endpoint could not
-	// be connected to or reset before answering. Proxies configured with the router's
-	// suppress_envoy_headers never send it: keep that off.
-	HeaderUpstreamServiceTime = "x-envoy-upstream-service-time"
-	// HeaderPrefix starts every header the router owns; client-sent ones are removed.
-	HeaderPrefix = "x-gateway-destination-"
-	// NamespaceLB is the dynamic-metadata namespace of the decision and of the served endpoint.
-	NamespaceLB = "envoy.lb"
-	// NamespaceSubsetHint is the metadata namespace of the proxy's subset hint.
-	NamespaceSubsetHint = "envoy.lb.subset_hint"
-	// KeySubset is the subset hint's key: a list of "ip:port" or one comma-separated string.
-	KeySubset = "x-gateway-destination-endpoint-subset"
-	// MaxChunkBytes bounds each streamed_response chunk, as the endpoint-picker protocol asks.
-	MaxChunkBytes = 62000
 	// DefaultMaxBodyBytes is the largest request body the router parses.
 	DefaultMaxBodyBytes = 16 << 20
 )

@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/kvrouter/kvrouter/epp"
 	"github.com/kvrouter/kvrouter/extproc"
 	"github.com/kvrouter/kvrouter/extproc/envoytest"
 	"github.com/kvrouter/kvrouter/fleet"
@@ -147,18 +148,18 @@ func checkDecision(t *testing.T, res *envoytest.RequestResult, want string) {
 	if res.Immediate != nil {
 		t.Fatalf("immediate response %v", res.Immediate)
 	}
-	vals := res.Headers.Values(extproc.HeaderDestination)
+	vals := res.Headers.Values(epp.HeaderDestination)
 	if len(vals) != 1 || vals[0] != want {
 		t.Fatalf("destination header %q, want [%s]", vals, want)
 	}
-	if md := envoytest.MetadataString(res.DynamicMetadata, extproc.NamespaceLB, extproc.HeaderDestination); md != want {
+	if md := envoytest.MetadataString(res.DynamicMetadata, epp.NamespaceLB, epp.HeaderDestination); md != want {
 		t.Fatalf("envoy.lb metadata %q, want %q", md, want)
 	}
 	if !res.ClearRouteCache {
 		t.Fatal("clear_route_cache not set")
 	}
 	for _, kv := range res.Headers {
-		if strings.HasPrefix(kv.Key, extproc.HeaderPrefix) && kv.Key != extproc.HeaderDestination {
+		if strings.HasPrefix(kv.Key, epp.HeaderPrefix) && kv.Key != epp.HeaderDestination {
 			t.Fatalf("client header %s reached upstream", kv.Key)
 		}
 	}
@@ -167,11 +168,10 @@ func checkDecision(t *testing.T, res *envoytest.RequestResult, want string) {
 func TestRequestModes(t *testing.T) {
 	body := chatBody("only-b")
 	type modeCase struct {
-		name     string
-		cfg      envoytest.Config
-		parsed   bool // the body reaches the router before its decision
-		replies  func(chunks int, trailers bool) []string
-		noConfig bool
+		name    string
+		cfg     envoytest.Config
+		parsed  bool // the body reaches the router before its decision
+		replies func(chunks int, trailers bool) []string
 	}
 	fds := func(chunks int, trailers bool) []string {
 		if trailers {
@@ -251,7 +251,7 @@ func TestRequestModes(t *testing.T) {
 					if err != nil {
 						t.Fatal(err)
 					}
-					if v, _ := resp.Headers.Get(extproc.HeaderServed); v != want {
+					if v, _ := resp.Headers.Get(epp.HeaderServed); v != want {
 						t.Fatalf("served header %q, want %q", v, want)
 					}
 					if string(resp.Body) != "data: {}\n\ndata: [DONE]\n\n" {
@@ -338,7 +338,7 @@ func TestRequestWithoutBody(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if v, _ := resp.Headers.Get(extproc.HeaderServed); v != epB {
+			if v, _ := resp.Headers.Get(epp.HeaderServed); v != epB {
 				t.Fatalf("served %q", v)
 			}
 			// The response ended with its headers: the endpoint is released before Close.
@@ -629,7 +629,7 @@ func TestResponsePath(t *testing.T) {
 				trailers = envoytest.Headers{{Key: "grpc-status", Value: "0"}}
 			}
 			mdc := envoytest.ServedMetadata(tc.served)
-			resp, err := x.Response(200, envoytest.Headers{{Key: "content-type", Value: "text/event-stream"}, {Key: extproc.HeaderServed, Value: "spoof"}},
+			resp, err := x.Response(200, envoytest.Headers{{Key: "content-type", Value: "text/event-stream"}, {Key: epp.HeaderServed, Value: "spoof"}},
 				split([]byte(tc.body), tc.chunks), trailers, mdc)
 			if err != nil {
 				t.Fatal(err)
@@ -641,7 +641,7 @@ func TestResponsePath(t *testing.T) {
 			if tc.served != "" {
 				wantServed = tc.served
 			}
-			if v := resp.Headers.Values(extproc.HeaderServed); len(v) != 1 || v[0] != wantServed {
+			if v := resp.Headers.Values(epp.HeaderServed); len(v) != 1 || v[0] != wantServed {
 				t.Fatalf("served header %v, want %s", v, wantServed)
 			}
 			if tc.trailers {
@@ -957,7 +957,7 @@ func TestRepliesPerEndpoint(t *testing.T) {
 					if tc.served != "" {
 						wantServed = tc.served
 					}
-					if got := resp.Headers.Values(extproc.HeaderServed); len(got) != 1 || got[0] != wantServed {
+					if got := resp.Headers.Values(epp.HeaderServed); len(got) != 1 || got[0] != wantServed {
 						t.Fatalf("served header %q, want [%s]", got, wantServed)
 					}
 					if err := x.Close(); err != nil {
@@ -1013,7 +1013,7 @@ func TestRegistryFleetConcurrent(t *testing.T) {
 			}
 			res, err := x.Request(envoytest.Request{Headers: postHeaders(), Body: [][]byte{chatBody(tc.model)}, Metadata: md})
 			if err == nil {
-				if dest, _ := res.Headers.Get(extproc.HeaderDestination); !slices.Contains(tc.want, dest) {
+				if dest, _ := res.Headers.Get(epp.HeaderDestination); !slices.Contains(tc.want, dest) {
 					err = fmt.Errorf("model %s hint %v: routed to %q, want one of %v", tc.model, tc.hint, dest, tc.want)
 				}
 			}

@@ -9,6 +9,7 @@ import (
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 
+	"github.com/kvrouter/kvrouter/epp"
 	"github.com/kvrouter/kvrouter/openai"
 )
 
@@ -108,7 +109,7 @@ func (st *stream) onRequestHeaders(msg *extprocv3.ProcessingRequest, h *extprocv
 		switch {
 		case key == ":path":
 			st.path = headerValue(hv)
-		case strings.HasPrefix(key, HeaderPrefix):
+		case strings.HasPrefix(key, epp.HeaderPrefix):
 			st.spoofed = append(st.spoofed, key)
 		}
 	}
@@ -264,13 +265,13 @@ func (st *stream) onResponseHeaders(msg *extprocv3.ProcessingRequest, h *extproc
 		switch hv.GetKey() {
 		case ":status":
 			code, _ = strconv.Atoi(headerValue(hv))
-		case HeaderUpstreamServiceTime:
+		case epp.HeaderUpstreamServiceTime:
 			upstreamTime = true
 		}
 	}
 	st.s.m.responses.WithLabelValues(st.endpoint, statusClass(code)).Inc()
 	served := st.endpoint
-	if v := metadataString(msg.GetMetadataContext(), NamespaceLB, HeaderServed); v != "" {
+	if v := metadataString(msg.GetMetadataContext(), epp.NamespaceLB, epp.HeaderServed); v != "" {
 		served = v
 	}
 	if st.routed {
@@ -299,9 +300,9 @@ func (st *stream) upstreamFailed(kind string) {
 	}
 }
 
-// servedReply is the response-headers reply adding HeaderServed.
+// servedReply is the response-headers reply adding epp.HeaderServed.
 func servedReply(served string) *extprocv3.ProcessingResponse {
-	mut := &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{setHeader(HeaderServed, served)}}
+	mut := &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{setHeader(epp.HeaderServed, served)}}
 	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{
 		ResponseHeaders: &extprocv3.HeadersResponse{Response: &extprocv3.CommonResponse{HeaderMutation: mut}}}}
 }
@@ -380,12 +381,12 @@ func (st *stream) sendBody(body []byte, eos bool) error {
 	return st.sendChunks(body, eos, true)
 }
 
-// sendChunks sends body as streamed_response chunks of at most MaxChunkBytes, the last
+// sendChunks sends body as streamed_response chunks of at most epp.MaxChunkBytes, the last
 // carrying eos. An empty body still sends one (empty) chunk, so every body message Envoy
 // sent gets a reply and end_of_stream is passed on.
 func (st *stream) sendChunks(body []byte, eos, request bool) error {
 	for {
-		n := min(len(body), MaxChunkBytes)
+		n := min(len(body), epp.MaxChunkBytes)
 		last := n == len(body)
 		if err := st.send(newChunkReply(body[:n], eos && last, request)); err != nil {
 			return err
@@ -446,8 +447,8 @@ func statusClass(code int) string {
 // subsetHint reads the proxy's subset hint: a list of strings or one comma-separated
 // string. present is true whenever the key exists, even if it names nothing.
 func subsetHint(md *corev3.Metadata) (addrs []string, present bool) {
-	ns := md.GetFilterMetadata()[NamespaceSubsetHint]
-	v, ok := ns.GetFields()[KeySubset]
+	ns := md.GetFilterMetadata()[epp.NamespaceSubsetHint]
+	v, ok := ns.GetFields()[epp.KeySubset]
 	if !ok {
 		return nil, false
 	}

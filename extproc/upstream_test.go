@@ -4,7 +4,7 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/kvrouter/kvrouter/extproc"
+	"github.com/kvrouter/kvrouter/epp"
 	"github.com/kvrouter/kvrouter/extproc/envoytest"
 )
 
@@ -13,7 +13,7 @@ import (
 // response served by another endpoint (the proxy retried on a fallback). A 503 from the
 // upstream itself, and an ordinary response, say nothing.
 func TestUpstreamFailureSignal(t *testing.T) {
-	upstream := envoytest.Headers{{Key: extproc.HeaderUpstreamServiceTime, Value: "12"}}
+	upstream := envoytest.Headers{{Key: epp.HeaderUpstreamServiceTime, Value: "12"}}
 	tests := []struct {
 		name    string
 		status  int

@@ -97,3 +97,37 @@ func TestGatewayRetriesFallbacks(t *testing.T) {
 		})
 	}
 }
+
+// TestGatewayUpstreamDiesMidBody: an upstream that dies after the first event ends the
+// client's response (truncated) at once; the gateway used to wait for the end of a body
+// that never came, until the client gave up.
+func TestGatewayUpstreamDiesMidBody(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		w.Header().Set("content-type", "text/event-stream")
+		io.WriteString(w, "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n")
+		w.(http.Flusher).Flush()
+		conn, _, err := w.(http.Hijacker).Hijack()
+		if err == nil {
+			conn.Close()
+		}
+	}))
+	defer up.Close()
+	addr := strings.TrimPrefix(up.URL, "http://")
+	f := &fleet{addrs: []string{addr}, inflight: map[string]int{}}
+	srv := extproc.New(extproc.Options{Policy: scoring.NewRoundRobin(), Fleet: f})
+	conn, err := envoytest.Bufconn(srv.Register)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	gw := httptest.NewServer(gateway.New(conn.Client, gateway.Config{Upstreams: []string{addr}}, nil, nil))
+	defer gw.Close()
+	resp, err := http.Post(gw.URL+"/v1/chat/completions", "application/json", strings.NewReader(chat))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.ReadAll(resp.Body) // returns (truncated) instead of hanging
+	resp.Body.Close()
+	testwait.For(t, "the ext_proc stream to end", func() bool { return srv.Active() == 0 })
+}

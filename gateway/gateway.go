@@ -13,12 +13,11 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"go.uber.org/zap"
 
+	"github.com/kvrouter/kvrouter/epp"
 	"github.com/kvrouter/kvrouter/extproc/envoytest"
 )
 
 const (
-	headerDestination = "x-gateway-destination-endpoint"
-	headerPrefix      = "x-gateway-destination-"
 	// DefaultMaxRequestBytes bounds the request body the gateway buffers.
 	DefaultMaxRequestBytes = 64 << 20
 	chunkBytes             = 32 << 10
@@ -78,7 +77,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		{Key: ":authority", Value: r.Host}, {Key: ":scheme", Value: "http"}}
 	for k, vs := range r.Header {
 		k = strings.ToLower(k)
-		if strings.HasPrefix(k, headerPrefix) || hopByHop[k] {
+		if strings.HasPrefix(k, epp.HeaderPrefix) || hopByHop[k] {
 			continue
 		}
 		for _, v := range vs {
@@ -131,7 +130,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	// 3. ORIGINAL_DST by header: the first address, only if allowed.
-	value, _ := res.Headers.Get(headerDestination)
+	value, _ := res.Headers.Get(epp.HeaderDestination)
 	dests := destinations(value)
 	if len(dests) == 0 || !g.allow[dests[0]] {
 		errorJSON(w, http.StatusServiceUnavailable, fmt.Sprintf("destination %q is not an allowed upstream", value))
@@ -242,7 +241,7 @@ func (g *Gateway) respond(w http.ResponseWriter, x *envoytest.Exchange, resp *ht
 	// x-envoy-upstream-service-time, as Envoy's router adds to a response from an
 	// upstream (kvrouter tells upstream responses from local replies by it).
 	h := envoytest.Headers{{Key: ":status", Value: strconv.Itoa(resp.StatusCode)},
-		{Key: "x-envoy-upstream-service-time", Value: strconv.FormatInt(took.Milliseconds(), 10)}}
+		{Key: epp.HeaderUpstreamServiceTime, Value: strconv.FormatInt(took.Milliseconds(), 10)}}
 	for k, vs := range resp.Header {
 		k = strings.ToLower(k)
 		if hopByHop[k] {
@@ -279,7 +278,16 @@ func (g *Gateway) respond(w http.ResponseWriter, x *envoytest.Exchange, resp *ht
 	}
 	flusher, _ := w.(http.Flusher)
 	pumpErr := make(chan error, 1)
-	go func() { pumpErr <- pump(x, resp) }()
+	go func() {
+		err := pump(x, resp)
+		if err != nil {
+			// The upstream failed mid-body (a pod killed): end the ext_proc stream, so
+			// that the read below returns instead of waiting for an end that never comes
+			// (the client then sees a truncated body, as from Envoy).
+			x.Cancel()
+		}
+		pumpErr <- err
+	}()
 	for {
 		chunk, eos, err := x.ReadResponseBody()
 		if err != nil {

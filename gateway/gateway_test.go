@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvrouter/kvrouter/epp"
 	"github.com/kvrouter/kvrouter/extproc"
 	"github.com/kvrouter/kvrouter/extproc/envoytest"
 	"github.com/kvrouter/kvrouter/gateway"
@@ -163,7 +164,7 @@ func TestGatewayEndToEnd(t *testing.T) {
 			t.Fatalf("status %d body %q", resp.StatusCode, body)
 		}
 		want := s.ups[i%2].addr() // round-robin over the fleet
-		if got := resp.Header.Get(extproc.HeaderServed); got != want {
+		if got := resp.Header.Get(epp.HeaderServed); got != want {
 			t.Fatalf("served %q, want %q", got, want)
 		}
 		if ct := resp.Header.Get("content-type"); ct != "text/event-stream" {
@@ -176,7 +177,7 @@ func TestGatewayEndToEnd(t *testing.T) {
 			t.Fatalf("upstream %s got %d requests", u.addr(), len(hs))
 		}
 		for i, h := range hs {
-			if got := h.Values(extproc.HeaderDestination); len(got) != 1 || got[0] != u.addr() {
+			if got := h.Values(epp.HeaderDestination); len(got) != 1 || got[0] != u.addr() {
 				t.Fatalf("upstream saw destination %q", got)
 			}
 			if h.Get("x-gateway-destination-endpoint-subset") != "" {

@@ -176,50 +176,9 @@ func closedLoop(ctx context.Context, reqs []Request, concurrency int, do func(co
 }
 
 func (t *HTTPTarget) do(ctx context.Context, w *Workload, r *Request, t0 time.Time) Result {
-	res := Result{Seq: r.Seq, Prefix: r.Prefix, Warmup: r.Warmup}
-	ctx, cancel := context.WithTimeout(ctx, t.cfg.Timeout)
-	defer cancel()
-	body := w.Body(r, t.cfg.Model, t.cfg.IgnoreEOS)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, t.cfg.URL+w.Path(), bytes.NewReader(body))
-	if err != nil {
-		res.Err = err.Error()
-		return res
-	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Accept", "text/event-stream")
-	start := t.now()
-	res.Start = start.Sub(t0)
-	finish := func(err error) Result {
-		res.End = t.now().Sub(t0)
-		if res.End <= res.Start {
-			res.End = res.Start + 1
-		}
-		if err != nil {
-			res.Err = err.Error()
-		}
-		return res
-	}
-	resp, err := t.client.Do(req)
-	if err != nil {
-		return finish(err)
-	}
-	defer resp.Body.Close()
-	res.Server = resp.Header.Get(ServedHeader)
-	if resp.StatusCode != http.StatusOK {
-		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-		return finish(fmt.Errorf("HTTP %d: %s", resp.StatusCode, strings.TrimSpace(string(msg))))
-	}
-	st, err := ReadStream(resp.Body, func() { res.TTFT = t.now().Sub(start) })
-	if err != nil {
-		return finish(err)
-	}
-	res.PromptTokens = st.PromptTokens
-	res.CachedTokens = st.CachedTokens
-	res.OutputTokens = st.CompletionTokens
-	if res.TTFT == 0 {
-		return finish(errors.New("stream carried no token"))
-	}
-	return finish(nil)
+	res, _ := t.post(ctx, w.Path(), w.Body(r, t.cfg.Model, t.cfg.IgnoreEOS), t0)
+	res.Seq, res.Prefix, res.Warmup = r.Seq, r.Prefix, r.Warmup
+	return res
 }
 
 // StreamUsage is what ReadStream takes from a streamed response.
@@ -230,6 +189,8 @@ type StreamUsage struct {
 	// Chunks counts data events, Tokens those carrying generated text.
 	Chunks int
 	Tokens int
+	// Text is the generated text (completions' text, chat's content), concatenated.
+	Text string
 }
 
 // ErrNoUsage is returned when a stream ends without a usage chunk (the server ignored
@@ -261,11 +222,12 @@ type sseChunk struct {
 // firstToken is called once, when the first chunk carrying generated text arrives. It
 // returns the usage of the final chunk, or an error for a malformed stream, an error
 // event, or a stream without usage.
-func ReadStream(r io.Reader, firstToken func()) (StreamUsage, error) {
-	var u StreamUsage
+func ReadStream(r io.Reader, firstToken func()) (u StreamUsage, err error) {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64<<10), 16<<20)
 	gotUsage, done := false, false
+	var text strings.Builder
+	defer func() { u.Text = text.String() }()
 	for sc.Scan() {
 		line := sc.Bytes()
 		if !bytes.HasPrefix(line, []byte("data:")) {
@@ -285,6 +247,8 @@ func ReadStream(r io.Reader, firstToken func()) (StreamUsage, error) {
 		}
 		u.Chunks++
 		for _, ch := range c.Choices {
+			text.WriteString(ch.Text)
+			text.WriteString(ch.Delta.Content)
 			if ch.Text != "" || ch.Delta.Content != "" || ch.Delta.ReasoningContent != "" || ch.Delta.Reasoning != "" {
 				if u.Tokens == 0 && firstToken != nil {
 					firstToken()

@@ -252,13 +252,15 @@ func TestReadStream(t *testing.T) {
 		wantFirst bool
 	}{
 		{"completions", "data: {\"choices\":[{\"text\":\"a\"}]}\n\ndata: {\"choices\":[{\"text\":\"b\"}]}\n\n" + usage + "data: [DONE]\n\n",
-			StreamUsage{PromptTokens: 10, CompletionTokens: 2, CachedTokens: 4, Chunks: 3, Tokens: 2}, "", true},
+			StreamUsage{PromptTokens: 10, CompletionTokens: 2, CachedTokens: 4, Chunks: 3, Tokens: 2, Text: "ab"}, "", true},
+		{"chat text", "data: {\"choices\":[{\"delta\":{\"role\":\"assistant\"}}]}\n\ndata: {\"choices\":[{\"delta\":{\"content\":\" the\"}}]}\n\ndata: {\"choices\":[{\"delta\":{\"content\":\" cache\"}}]}\n\n" + usage + "data: [DONE]\n\n",
+			StreamUsage{PromptTokens: 10, CompletionTokens: 2, CachedTokens: 4, Chunks: 4, Tokens: 2, Text: " the cache"}, "", true},
 		{"chat role chunk is not a token", "data: {\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n" + usage + "data: [DONE]\n\n",
 			StreamUsage{PromptTokens: 10, CompletionTokens: 2, CachedTokens: 4, Chunks: 2}, "", false},
 		{"reasoning counts", "data:{\"choices\":[{\"delta\":{\"reasoning_content\":\"hm\"}}]}\n\n" + usage + "data: [DONE]\n\n",
 			StreamUsage{PromptTokens: 10, CompletionTokens: 2, CachedTokens: 4, Chunks: 2, Tokens: 1}, "", true},
 		{"no cached details", "data: {\"choices\":[{\"text\":\"a\"}],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":1,\"prompt_tokens_details\":null}}\n\ndata: [DONE]\n",
-			StreamUsage{PromptTokens: 3, CompletionTokens: 1, Chunks: 1, Tokens: 1}, "", true},
+			StreamUsage{PromptTokens: 3, CompletionTokens: 1, Chunks: 1, Tokens: 1, Text: "a"}, "", true},
 		{"comments ignored", ": keep-alive\nevent: x\n" + usage + "data: [DONE]\n", StreamUsage{PromptTokens: 10, CompletionTokens: 2, CachedTokens: 4, Chunks: 1}, "", false},
 		{"no usage", "data: {\"choices\":[{\"text\":\"a\"}]}\n\ndata: [DONE]\n\n", StreamUsage{}, "without usage", true},
 		{"no done", usage, StreamUsage{}, "before [DONE]", false},

@@ -207,6 +207,50 @@ func RunSim(ctx context.Context, cfg SimConfig, w *Workload, policy string, conc
 	if concurrency < 1 {
 		return RunOutput{}, fmt.Errorf("kvbench: concurrency must be at least 1, got %d", concurrency)
 	}
+	r, blocks, err := newSimRun(ctx, &cfg, policy, rep, nil)
+	if err != nil {
+		return RunOutput{}, err
+	}
+	r.w = w
+	r.pending = len(w.Requests())
+	r.scrape()
+	reqs := w.Requests()
+	r.results = make([]Result, len(reqs))
+	warm := w.Config().Warmup
+	var before []sim.Stats
+	measured := func() {
+		before = r.stats()
+		r.closedLoop(ctx, reqs[warm:], concurrency, nil)
+	}
+	if warm > 0 {
+		r.closedLoop(ctx, reqs[:warm], concurrency, measured)
+	} else {
+		measured()
+	}
+	r.f.Run()
+	if r.err != nil {
+		return RunOutput{}, r.err
+	}
+	if err := ctx.Err(); err != nil {
+		return RunOutput{}, fmt.Errorf("kvbench: run interrupted: %w", err)
+	}
+	after := r.stats()
+	var hits, queries int64
+	for i := range after {
+		hits += after[i].PrefixCacheHits - before[i].PrefixCacheHits
+		queries += after[i].PrefixCacheQueries - before[i].PrefixCacheQueries
+	}
+	out := RunOutput{Results: r.results, Blocks: blocks, BlockSize: cfg.Engine.BlockSize}
+	if queries > 0 {
+		rate := float64(hits) / float64(queries)
+		out.EngineHitRate = &rate
+	}
+	return out, nil
+}
+
+// newSimRun builds one run's fleet and routers from cfg (validated by the caller); vocab,
+// when set, is the engines' output vocabulary. It schedules the churn events.
+func newSimRun(ctx context.Context, cfg *SimConfig, policy string, rep int, vocab []uint32) (*simRun, []int, error) {
 	engCfgs := make([]sim.Config, len(cfg.Servers))
 	blocks := make([]int, len(cfg.Servers))
 	for i, s := range cfg.Servers {
@@ -215,14 +259,15 @@ func RunSim(ctx context.Context, cfg SimConfig, w *Workload, policy string, conc
 		c.Speed = s.Speed
 		c.EnableEvents = true
 		c.HashSeed = uint64(i + 1) // unseeded vLLM: every engine hashes differently
+		c.Vocabulary = vocab
 		engCfgs[i] = c
 		blocks[i] = c.NumGPUBlocks
 	}
 	f, err := sim.NewFleet(engCfgs, sim.FleetOptions{})
 	if err != nil {
-		return RunOutput{}, fmt.Errorf("kvbench: %w", err)
+		return nil, nil, fmt.Errorf("kvbench: %w", err)
 	}
-	r := &simRun{ctx: ctx, cfg: &cfg, w: w, f: f, prefix: map[int][]uint32{}, pending: len(w.Requests())}
+	r := &simRun{ctx: ctx, cfg: cfg, f: f, prefix: map[int][]uint32{}}
 	n := len(cfg.Servers)
 	for i := 0; i < n; i++ {
 		r.engines = append(r.engines, f.Engine(i))
@@ -243,7 +288,7 @@ func RunSim(ctx context.Context, cfg SimConfig, w *Workload, policy string, conc
 			Now: func() time.Time { return time.Unix(0, 0).Add(secs(f.Now())) },
 		})
 		if err != nil {
-			return RunOutput{}, fmt.Errorf("kvbench: policy %q: %w", policy, err)
+			return nil, nil, fmt.Errorf("kvbench: policy %q: %w", policy, err)
 		}
 		r.routers = append(r.routers, rt)
 		o, _ := rt.Policy.(scoring.Observer)
@@ -254,39 +299,7 @@ func RunSim(ctx context.Context, cfg SimConfig, w *Workload, policy string, conc
 		ev := ev
 		f.After(ev.At.Seconds(), func() { r.churn(ev) })
 	}
-	r.scrape()
-	reqs := w.Requests()
-	r.results = make([]Result, len(reqs))
-	warm := w.Config().Warmup
-	var before []sim.Stats
-	measured := func() {
-		before = r.stats()
-		r.closedLoop(ctx, reqs[warm:], concurrency, nil)
-	}
-	if warm > 0 {
-		r.closedLoop(ctx, reqs[:warm], concurrency, measured)
-	} else {
-		measured()
-	}
-	f.Run()
-	if r.err != nil {
-		return RunOutput{}, r.err
-	}
-	if err := ctx.Err(); err != nil {
-		return RunOutput{}, fmt.Errorf("kvbench: run interrupted: %w", err)
-	}
-	after := r.stats()
-	var hits, queries int64
-	for i := range after {
-		hits += after[i].PrefixCacheHits - before[i].PrefixCacheHits
-		queries += after[i].PrefixCacheQueries - before[i].PrefixCacheQueries
-	}
-	out := RunOutput{Results: r.results, Blocks: blocks, BlockSize: cfg.Engine.BlockSize}
-	if queries > 0 {
-		rate := float64(hits) / float64(queries)
-		out.EngineHitRate = &rate
-	}
-	return out, nil
+	return r, blocks, nil
 }
 
 func (r *simRun) stats() []sim.Stats {
@@ -351,12 +364,25 @@ func (r *simRun) dispatch(req *Request, sent float64, done func()) {
 	}
 	replica := req.Seq % len(r.routers)
 	sreq := &scoring.Request{ID: "req-" + strconv.Itoa(req.Seq), Model: r.cfg.Model, BaseModel: r.cfg.Model, TokenIDs: ids}
-	r.pick(sreq, replica, res, fail, done)
+	r.pick(simJob{sreq: sreq, replica: replica, res: res, output: r.w.Config().OutputTokens, fail: fail, done: done})
+}
+
+// simJob is one request on its way through the router to a server: output is its
+// max_tokens, onToken (optional) receives each generated token.
+type simJob struct {
+	sreq    *scoring.Request
+	replica int
+	res     *Result
+	output  int
+	onToken func(uint32)
+	fail    func(error)
+	done    func()
 }
 
 // pick asks the replica's policy for sreq's endpoint and submits it there; a hold the
 // policy asks for (within MaxHold) waits on the virtual clock and picks again.
-func (r *simRun) pick(sreq *scoring.Request, replica int, res *Result, fail func(error), done func()) {
+func (r *simRun) pick(j simJob) {
+	sreq, replica, res, fail, done := j.sreq, j.replica, j.res, j.fail, j.done
 	rt := r.routers[replica]
 	cands := r.candidates(replica)
 	if len(cands) == 0 {
@@ -372,7 +398,7 @@ func (r *simRun) pick(sreq *scoring.Request, replica int, res *Result, fail func
 	}
 	if d.Hold > 0 && sreq.Held+d.Hold <= r.cfg.MaxHold {
 		sreq.Held += d.Hold
-		r.f.After(d.Hold.Seconds(), func() { r.pick(sreq, replica, res, fail, done) })
+		r.f.After(d.Hold.Seconds(), func() { r.pick(j) })
 		return
 	}
 	ids := sreq.TokenIDs
@@ -396,6 +422,7 @@ func (r *simRun) pick(sreq *scoring.Request, replica int, res *Result, fail func
 	r.inflight[replica][server]++
 	finished := false
 	cb := sim.Callbacks{
+		Token: j.onToken,
 		FirstToken: func(uint32, int) {
 			res.TTFT = secs(r.f.Now() + rtt2 - sent)
 			if obs != nil {
@@ -420,7 +447,9 @@ func (r *simRun) pick(sreq *scoring.Request, replica int, res *Result, fail func
 			done()
 		},
 	}
-	if err := r.engines[server].AddRequest(sreq.ID, ids, r.w.Config().OutputTokens, cb); err != nil {
+	if err := r.engines[server].AddRequest(sreq.ID, ids, j.output, cb); err != nil {
+		var re *sim.RequestError
+		res.Rejected = errors.As(err, &re)
 		r.inflight[replica][server]--
 		if obs != nil {
 			obs.Finished(sreq.ID)

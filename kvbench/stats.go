@@ -25,8 +25,10 @@ type Result struct {
 	Server string
 	// Decision is the router's decision latency (0 when not measured: URL mode).
 	Decision time.Duration
-	// Err is non-empty when the request failed.
-	Err string
+	// Err is non-empty when the request failed; Rejected when the server refused it as
+	// invalid (vLLM's 400, e.g. longer than max_model_len).
+	Err      string
+	Rejected bool
 }
 
 // Summary holds the figures of one run, or the medians of several.

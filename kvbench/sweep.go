@@ -155,10 +155,13 @@ func Records(results []CellResult, mode string, w WorkloadConfig) []Record {
 }
 
 // WriteJSON writes records as an indented JSON array.
-func WriteJSON(w io.Writer, records []Record) error {
+func WriteJSON(w io.Writer, records []Record) error { return writeJSONValue(w, records) }
+
+// writeJSONValue writes v as indented JSON.
+func writeJSONValue(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
-	if err := enc.Encode(records); err != nil {
+	if err := enc.Encode(v); err != nil {
 		return fmt.Errorf("kvbench: writing json: %w", err)
 	}
 	return nil

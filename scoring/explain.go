@@ -73,7 +73,7 @@ func (c *kvCore) explain(policy string, req *Request, cands []Endpoint) (Explana
 	predicted := make([]bool, n)
 	overlaps := make([]int, n)
 	if ex.Tokenized {
-		root := rootOf(req)
+		root := req.Root()
 		for i := range cands {
 			bs := c.blockSize(&cands[i])
 			ex.Candidates[i].BlockSize = bs

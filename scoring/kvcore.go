@@ -283,14 +283,6 @@ func (c *kvCore) endpoint(addr string) *kvEndpoint {
 	return ep
 }
 
-func rootOf(req *Request) uint64 {
-	model := req.BaseModel
-	if model == "" {
-		model = req.Model
-	}
-	return index.Root(model, req.LoRA, req.CacheSalt)
-}
-
 func keysFor(all []kvKeys, blockSize int) []uint64 {
 	for _, k := range all {
 		if k.blockSize == blockSize {
@@ -321,7 +313,7 @@ func (c *kvCore) pick(req *Request, cands []Endpoint) (Decision, error) {
 	predicted := sc.predicted[:0]
 	if tokenized {
 		p = c.newPending(len(req.TokenIDs), n)
-		root := rootOf(req)
+		root := req.Root()
 		for i := range cands {
 			bs := c.blockSize(&cands[i])
 			sc.sizes[i] = bs
@@ -422,19 +414,19 @@ func (c *kvCore) pick(req *Request, cands []Endpoint) (Decision, error) {
 	return c.decision(cands, sc, best), nil
 }
 
-// decision builds the answer: best first, then up to maxFallbacks others by rising cost
+// decision builds the answer: best first, then up to MaxFallbacks others by rising cost
 // (earlier candidates first among equals). It leaves Scores nil: Explain has the costs.
 func (c *kvCore) decision(cands []Endpoint, sc *kvScratch, best int) Decision {
 	d := Decision{Endpoint: cands[best].Address}
-	var top [maxFallbacks]int
+	var top [MaxFallbacks]int
 	k := 0
 	for i := range cands {
 		if i == best {
 			continue
 		}
 		// Insert i into top[:k], kept sorted by cost (stable: earlier candidates first).
-		j := min(k, maxFallbacks-1)
-		if k == maxFallbacks && sc.costs[i] >= sc.costs[top[j]] {
+		j := min(k, MaxFallbacks-1)
+		if k == MaxFallbacks && sc.costs[i] >= sc.costs[top[j]] {
 			continue
 		}
 		for j > 0 && sc.costs[i] < sc.costs[top[j-1]] {
@@ -442,7 +434,7 @@ func (c *kvCore) decision(cands []Endpoint, sc *kvScratch, best int) Decision {
 			j--
 		}
 		top[j] = i
-		k = min(k+1, maxFallbacks)
+		k = min(k+1, MaxFallbacks)
 	}
 	if k > 0 {
 		d.Fallbacks = make([]string, k)
@@ -571,7 +563,7 @@ func (c *kvCore) routed(req *Request, addr string) {
 		predicted = c.ix == nil || (c.health != nil && !c.health.EventsHealthy(addr))
 	}
 	if !known && req.TokenIDs != nil {
-		keys = index.Keys(rootOf(req), req.TokenIDs, bs, nil)
+		keys = index.Keys(req.Root(), req.TokenIDs, bs, nil)
 		if !predicted {
 			overlap = c.ix.LeadingBlocks(keys, []string{addr}, nil)[0]
 		}

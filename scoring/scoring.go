@@ -3,6 +3,8 @@ package scoring
 import (
 	"errors"
 	"time"
+
+	"github.com/kvrouter/kvrouter/index"
 )
 
 // Endpoint is one candidate for a request as a policy sees it: its address and the load
@@ -53,6 +55,16 @@ type Request struct {
 	Held time.Duration
 }
 
+// Root is the key the chain of the request's block keys starts from: its base model
+// (Model when BaseModel is empty), LoRA adapter and cache_salt (index.Root).
+func (r *Request) Root() uint64 {
+	model := r.BaseModel
+	if model == "" {
+		model = r.Model
+	}
+	return index.Root(model, r.LoRA, r.CacheSalt)
+}
+
 // Decision is a policy's answer.
 type Decision struct {
 	// Endpoint is the chosen address; it is always one of the candidates.
@@ -69,6 +81,10 @@ type Decision struct {
 	// through Request.Held; the router bounds them again.
 	Hold time.Duration
 }
+
+// MaxFallbacks bounds Decision.Fallbacks: enough for the proxy's retries, and a pick
+// over many endpoints does not sort them all.
+const MaxFallbacks = 4
 
 // Policy picks one endpoint among candidates, or asks the router to hold the request
 // briefly (Decision.Hold) and ask again. Candidates are never empty, are all

@@ -72,6 +72,11 @@ type Config struct {
 	HashSeed uint64
 	// EnableEvents turns on KV cache events.
 	EnableEvents bool
+	// Vocabulary, when set, is the token ids generated outputs are drawn from
+	// (deterministically per request id and position); nil draws from 1000..100999. A
+	// client that renders the outputs back into a prompt (a multi-turn chat) needs ids
+	// whose text tokenizes back to the same ids, as a real model's outputs mostly do.
+	Vocabulary []uint32
 	// Timing is the step-time model and Speed divides every step's duration (2 = twice as
 	// fast as the model).
 	Timing Timing

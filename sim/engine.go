@@ -330,6 +330,9 @@ func (e *Engine) Complete() StepResult {
 			continue // partial prefill chunk, or aborted mid-step
 		}
 		tok := pseudoToken(r.seed, r.numTokens()-r.numPrompt)
+		if v := e.cfg.Vocabulary; len(v) > 0 {
+			tok = v[tok%uint32(len(v))]
+		}
 		r.tokens = append(r.tokens, tok)
 		e.stats.GenerationTokens++
 		out := r.numTokens() - r.numPrompt

@@ -2,6 +2,7 @@ package sim_test
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"reflect"
 	"testing"
@@ -397,5 +398,62 @@ func TestResetPrefixCache(t *testing.T) {
 	drain(t, e)
 	if tr.results["B"].CachedTokens != 0 {
 		t.Error("hit after reset")
+	}
+}
+
+// A 100k-token prompt on a long-context server (max_model_len 131072, 16 GiB of KV) is
+// prefilled in max_num_batched_tokens chunks, a decoding request riding along in every
+// step (vLLM v1 schedules running requests, decodes included, before the rest of the
+// budget); when KV runs out the newest running request is preempted by recompute.
+func TestLongPromptChunkedPrefillAndPreemption(t *testing.T) {
+	e := small(t, sim.Qwen3_0_6B.NumBlocks(16<<30, 4), func(c *sim.Config) { c.MaxModelLen = 131072 })
+	tr := newTracker()
+	add(t, e, tr, "chat", seq(5_000_000, 100), 400)
+	e.Step() // chat's prefill: it decodes from now on
+	add(t, e, tr, "long", seq(100, 100_000), 2)
+	steps := 0
+	for _, ok := tr.first["long"]; !ok && steps < 1000; _, ok = tr.first["long"] {
+		r := e.Step()
+		steps++
+		if tr.results["chat"].ID == "" && r.DecodeSeqs != 1 {
+			t.Fatalf("step %d: %d decoding sequences, want the chat request in every step", steps, r.DecodeSeqs)
+		}
+	}
+	// 2,047 tokens of budget per step beside one decode: ceil(100000/2047) = 49 chunks.
+	if want := (100_000 + 2046) / 2047; steps < want || steps > want+2 {
+		t.Errorf("the long prompt took %d steps, want about %d chunks", steps, want)
+	}
+
+	// Preemption by recompute: 9 usable blocks, two requests that outgrow them.
+	e = small(t, 10, func(c *sim.Config) { c.ReserveFullISL = false })
+	tr = newTracker()
+	add(t, e, tr, "old", seq(100, 16), 12)
+	add(t, e, tr, "new", seq(300, 16), 12)
+	for i := 0; e.HasWork() && i < 1000; i++ {
+		e.Step()
+	}
+	nw := tr.results["new"]
+	if nw.Preemptions == 0 || nw.OutputTokens != 12 || tr.results["old"].Preemptions != 0 {
+		t.Fatalf("old %+v new %+v: want the newest preempted and both finished", tr.results["old"], nw)
+	}
+	if st := e.Stats(); st.Preemptions == 0 || st.PrefixCacheQueries != 32 {
+		t.Errorf("stats %+v: re-admissions must not count as prefix-cache queries", st)
+	}
+}
+
+func TestBaselineCellsFromPublishedFigures(t *testing.T) {
+	cells, err := sim.BaselineCells()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cells) != 4*6 {
+		t.Fatalf("%d cells, want 24 (4 N x 6 figures)", len(cells))
+	}
+	// Spot checks against the published tables (docs/reference.md).
+	want := map[string]float64{"cached_ratio/2/4": 0.814, "hit_rate/24/8": 0.175, "ttft_p99_ms/7/16": 1353, "throughput_rps/12/16": 13.9}
+	for _, c := range cells {
+		if w, ok := want[fmt.Sprintf("%s/%d/%d", c.Metric, c.N, c.Conc)]; ok && c.Ref != w {
+			t.Errorf("%s N=%d C=%d: ref %v, want %v", c.Metric, c.N, c.Conc, c.Ref, w)
+		}
 	}
 }

@@ -1,6 +1,8 @@
 package sim
 
 import (
+	_ "embed"
+	"encoding/json"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -119,34 +121,60 @@ func (c Cell) String() string {
 	return fmt.Sprintf("| %-14s | %2d | %2d | %8.3f | %8.3f | %+7.3f%s | %s |", c.Metric, c.N, c.Conc, c.Ref, c.Sim, res, unit, mark)
 }
 
+// referenceJSON holds the reference experiment's published figures: the one copy that
+// this package's calibration and the docs' renderer (scripts/docs.py) both read.
+//
+//go:embed reference.json
+var referenceJSON []byte
+
+// Published is the part of the reference's published figures the baseline calibration uses.
+type Published struct {
+	Ns             []int                   `json:"ns"`
+	HitRateC8      map[string][]float64    `json:"hit_rate_c8"`
+	CachedRatioC4  map[string][]float64    `json:"cached_ratio_c4"`
+	CachedRatioC16 map[string][]float64    `json:"cached_ratio_c16"`
+	TTFTMsC16      map[string][][2]float64 `json:"ttft_ms_c16"`
+	RequestsPerS16 map[string][]float64    `json:"requests_per_s_c16"`
+}
+
+// PublishedFigures decodes reference.json.
+func PublishedFigures() (Published, error) {
+	var p Published
+	if err := json.Unmarshal(referenceJSON, &p); err != nil {
+		return Published{}, fmt.Errorf("sim: reference.json: %w", err)
+	}
+	return p, nil
+}
+
 // BaselineCells are the reference's baseline column with the issue's tolerances:
 // cached-token ratio at concurrency 4 and 16 (+-0.03), request hit rate at 8 (+-0.05),
 // TTFT p50/p99 and throughput at 16 (+-30%).
-func BaselineCells() []Cell {
+func BaselineCells() ([]Cell, error) {
+	p, err := PublishedFigures()
+	if err != nil {
+		return nil, err
+	}
+	const col = "baseline"
 	var cells []Cell
-	ns := []int{2, 7, 12, 24}
-	ratio4 := []float64{0.814, 0.431, 0.241, 0.135}
-	ratio16 := []float64{0.814, 0.425, 0.268, 0.141}
-	hit8 := []float64{0.950, 0.555, 0.321, 0.175}
-	p50 := []float64{64, 142, 193, 205}
-	p99 := []float64{325, 1353, 1441, 1508}
-	tput := []float64{18.9, 14.1, 13.9, 13.3}
-	for i, n := range ns {
+	for i, n := range p.Ns {
 		cells = append(cells,
-			Cell{Metric: "cached_ratio", N: n, Conc: 4, Ref: ratio4[i], Tol: 0.03},
-			Cell{Metric: "cached_ratio", N: n, Conc: 16, Ref: ratio16[i], Tol: 0.03},
-			Cell{Metric: "hit_rate", N: n, Conc: 8, Ref: hit8[i], Tol: 0.05},
-			Cell{Metric: "ttft_p50_ms", N: n, Conc: 16, Ref: p50[i], Tol: 0.30, Relative: true},
-			Cell{Metric: "ttft_p99_ms", N: n, Conc: 16, Ref: p99[i], Tol: 0.30, Relative: true},
-			Cell{Metric: "throughput_rps", N: n, Conc: 16, Ref: tput[i], Tol: 0.30, Relative: true},
+			Cell{Metric: "cached_ratio", N: n, Conc: 4, Ref: p.CachedRatioC4[col][i], Tol: 0.03},
+			Cell{Metric: "cached_ratio", N: n, Conc: 16, Ref: p.CachedRatioC16[col][i], Tol: 0.03},
+			Cell{Metric: "hit_rate", N: n, Conc: 8, Ref: p.HitRateC8[col][i], Tol: 0.05},
+			Cell{Metric: "ttft_p50_ms", N: n, Conc: 16, Ref: p.TTFTMsC16[col][i][0], Tol: 0.30, Relative: true},
+			Cell{Metric: "ttft_p99_ms", N: n, Conc: 16, Ref: p.TTFTMsC16[col][i][1], Tol: 0.30, Relative: true},
+			Cell{Metric: "throughput_rps", N: n, Conc: 16, Ref: p.RequestsPerS16[col][i], Tol: 0.30, Relative: true},
 		)
 	}
-	return cells
+	return cells, nil
 }
 
 // Calibrate runs every grid point the baseline cells need and fills in Sim.
 func (r Reference) Calibrate() ([]Cell, error) {
-	cells := BaselineCells()
+	cells, err := BaselineCells()
+	if err != nil {
+		return nil, err
+	}
 	points := map[[2]int]Summary{}
 	for i := range cells {
 		c := &cells[i]

@@ -1,7 +1,10 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -19,6 +22,39 @@ func TestRunChatWithRealTokenizer(t *testing.T) {
 		t.Fatalf("%v\n%s", err, errOut.String())
 	}
 	if !strings.Contains(out.String(), "kv W=6 N=7 C=8") || strings.Contains(errOut.String(), "no tokenizer") {
+		t.Errorf("output:\n%s\nstderr:\n%s", out.String(), errOut.String())
+	}
+}
+
+// --gen-trace writes the committed test trace.
+func TestGenTraceWritesTheCommittedTrace(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "trace.jsonl")
+	var out, errOut strings.Builder
+	if err := run(context.Background(), []string{"--gen-trace", path, "--trace-requests", "200"}, &out, &errOut); err != nil {
+		t.Fatal(err)
+	}
+	got, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := os.ReadFile("../../kvbench/testdata/trace-small.jsonl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatal("--gen-trace does not reproduce kvbench/testdata/trace-small.jsonl")
+	}
+}
+
+// The multi-turn chat workload through the router's real chat template and tokenizer.
+func TestRunChatWorkload(t *testing.T) {
+	dir := testmodels.Dir(t, "qwen3")
+	var out, errOut strings.Builder
+	args := []string{"--sim", "--workload", "chat", "--tokenizer", dir, "--policy", "kv", "--progress", "never"}
+	if err := run(context.Background(), args, &out, &errOut); err != nil {
+		t.Fatalf("%v\n%s", err, errOut.String())
+	}
+	if !strings.Contains(out.String(), "workload chat (sim mode, 6 servers") {
 		t.Errorf("output:\n%s\nstderr:\n%s", out.String(), errOut.String())
 	}
 }
@@ -46,6 +82,12 @@ func TestRun(t *testing.T) {
 		{"bad churn", []string{"--sim", "--churn", "soon"}, "", "churn"},
 		{"bad progress", []string{"--sim", "--tokenizer", "none", "--progress", "maybe"}, "", "--progress"},
 		{"missing tokenizer", []string{"--sim", "--tokenizer", "/nonexistent"}, "", "loading the tokenizer"},
+		{"trace replay", []string{"--sim", "--tokenizer", "none", "--policy", "kv,least-load", "--trace", "../../kvbench/testdata/trace-small.jsonl",
+			"--trace-requests", "30", "--speedup", "4", "--kv-bytes", "4GiB", "--progress", "never"}, "workload trace (sim mode, 6 servers, 30 requests", ""},
+		{"bad trace", []string{"--sim", "--tokenizer", "none", "--trace", "main.go"}, "", "trace line 1"},
+		{"trace and workload", []string{"--sim", "--trace", "x", "--workload", "chat"}, "", "one of --trace and --workload"},
+		{"unknown workload", []string{"--sim", "--tokenizer", "none", "--workload", "poker"}, "", "--workload must be"},
+		{"chat workload needs the template", []string{"--sim", "--tokenizer", "none", "--workload", "chat"}, "", "need the model's tokenizer"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/kvrouter/kvrouter/kvbench"
-	"github.com/kvrouter/kvrouter/scoring"
+	"github.com/kvrouter/kvrouter/placement"
 )
 
 // cachedRatio runs one small sim cell and returns its measured cached-token ratio.
@@ -19,7 +19,11 @@ func cachedRatio(t *testing.T, policy string, prefixes, concurrency int) float64
 		t.Fatal(err)
 	}
 	sc := kvbench.DefaultSimConfig()
-	sc.Policies = newRouter
+	rs, err := newRouters()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc.Policies = rs.router
 	out, err := kvbench.RunSim(context.Background(), sc, w, policy, concurrency, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -69,14 +73,14 @@ func TestParsePlacement(t *testing.T) {
 		{"invalid value", "fill=2", "fill must be in (0, 1]"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := scoring.DefaultPlacementConfig()
+			c := placement.DefaultConfig()
 			err := parsePlacement(tc.spec, &c)
 			if (err == nil) != (tc.wantErr == "") || (err != nil && !strings.Contains(err.Error(), tc.wantErr)) {
 				t.Fatalf("parsePlacement(%q) = %v, want error containing %q", tc.spec, err, tc.wantErr)
 			}
 		})
 	}
-	c := scoring.DefaultPlacementConfig()
+	c := placement.DefaultConfig()
 	if err := parsePlacement("balance=1.25,sticky_holders=false", &c); err != nil || c.Balance != 1.25 || c.StickyHolders {
 		t.Fatalf("overrides not applied: %+v, %v", c, err)
 	}
@@ -86,7 +90,7 @@ func FuzzParsePlacement(f *testing.F) {
 	f.Add("balance=1.25,sticky_holders=true")
 	f.Add("fill=0.5,,=")
 	f.Fuzz(func(t *testing.T, spec string) {
-		c := scoring.DefaultPlacementConfig()
+		c := placement.DefaultConfig()
 		if err := parsePlacement(spec, &c); err == nil {
 			if verr := c.Validate(); verr != nil {
 				t.Fatalf("accepted %q into an invalid config: %v", spec, verr)

@@ -9,62 +9,67 @@ import (
 	"github.com/kvrouter/kvrouter/index/kvsink"
 	"github.com/kvrouter/kvrouter/kvbench"
 	"github.com/kvrouter/kvrouter/kvevents"
+	"github.com/kvrouter/kvrouter/placement"
+	"github.com/kvrouter/kvrouter/policy"
 	"github.com/kvrouter/kvrouter/scoring"
 )
 
 // defaultPolicy is kvrouter's default policy, the one `kvbench --sim` measures.
 const defaultPolicy = "placement"
 
-// policies builds each registered policy fresh for one router replica of one run, in the
-// order sweeps report them.
-var policies = []struct {
-	name string
-	make func(env kvbench.PolicyEnv) (kvbench.Router, error)
-}{
-	{"random", func(env kvbench.PolicyEnv) (kvbench.Router, error) {
-		return kvbench.Router{Policy: scoring.NewRandom(rand.NewPCG(env.Seed, 0x72616e646f6d))}, nil
-	}},
-	{"round-robin", func(kvbench.PolicyEnv) (kvbench.Router, error) {
-		return kvbench.Router{Policy: scoring.NewRoundRobin()}, nil
-	}},
-	{"kv", func(env kvbench.PolicyEnv) (kvbench.Router, error) {
-		ix, err := index.New(index.DefaultConfig(), nil)
-		if err != nil {
-			return kvbench.Router{}, err
-		}
-		for i, ep := range env.Endpoints {
-			ix.SetCapacity(ep, env.NumGPUBlocks[i])
-		}
-		sink, err := kvsink.New(ix, func(string) string { return env.Model }, kvsink.DefaultConfig(), nil)
-		if err != nil {
-			return kvbench.Router{}, err
-		}
-		p, err := scoring.NewKV(scoring.DefaultKVConfig(), ix, nil, rand.NewPCG(env.Seed, 0x6b76), nil)
-		return kvbench.Router{Policy: p, Events: indexSink{ix, sink}}, err
-	}},
-	{"placement", func(env kvbench.PolicyEnv) (kvbench.Router, error) {
+// benchPolicies is kvrouter's own registry (policy.Builtin) plus kvbench's reference
+// point, the bound's perfect static partition, measured; sweeps report them in this
+// order.
+func benchPolicies() (*policy.Registry, error) {
+	specs := append(policy.Builtin().Specs(), policy.Spec{Name: "partition",
+		New: func(*policy.Config, policy.Deps) (scoring.Policy, error) { return kvbench.NewStaticPartition(), nil }})
+	return policy.NewRegistry(specs...)
+}
+
+// randStreams seeds each policy's random source beside the run's seed, so that a
+// policy's choices do not change when other policies are added.
+var randStreams = map[string]uint64{
+	"random":      0x72616e646f6d,
+	"kv":          0x6b76,
+	"approximate": 0x617070726f78,
+}
+
+// routers builds each policy fresh for one router replica of one run.
+type routers struct {
+	reg *policy.Registry
+	cfg policy.Config
+}
+
+// newRouters returns the registry's builders over the default configuration.
+func newRouters() (*routers, error) {
+	reg, err := benchPolicies()
+	if err != nil {
+		return nil, err
+	}
+	return &routers{reg: reg, cfg: policy.DefaultConfig()}, nil
+}
+
+// router is a kvbench.PolicyFactory: the named policy and, when it reads the block
+// index, a fresh index fed by the run's KV events.
+func (r *routers) router(env kvbench.PolicyEnv) (kvbench.Router, error) {
+	s, ok := r.reg.Lookup(env.Policy)
+	if !ok {
+		return kvbench.Router{}, fmt.Errorf("unknown policy %q", env.Policy)
+	}
+	d := policy.Deps{Rand: rand.NewPCG(env.Seed, randStreams[s.Name]), Now: env.Now}
+	var rt kvbench.Router
+	if s.Index {
 		ix, sink, err := newIndex(env)
 		if err != nil {
 			return kvbench.Router{}, err
 		}
-		p, err := scoring.NewPlacement(placementConfig, ix, env.Now, nil)
-		return kvbench.Router{Policy: p, Events: indexSink{ix, sink}}, err
-	}},
-	{"approximate", func(env kvbench.PolicyEnv) (kvbench.Router, error) {
-		p, err := scoring.NewApproximate(scoring.DefaultKVConfig(), rand.NewPCG(env.Seed, 0x617070726f78), nil)
-		return kvbench.Router{Policy: p}, err
-	}},
-	{"least-load", func(kvbench.PolicyEnv) (kvbench.Router, error) {
-		return kvbench.Router{Policy: scoring.NewLeastLoad()}, nil
-	}},
-	// partition is the bound's perfect static partition, measured: a reference point.
-	{"partition", func(kvbench.PolicyEnv) (kvbench.Router, error) {
-		return kvbench.Router{Policy: kvbench.NewStaticPartition()}, nil
-	}},
+		d.Index = ix
+		rt.Events = indexSink{ix, sink}
+	}
+	p, err := r.reg.New(s.Name, &r.cfg, d)
+	rt.Policy = p
+	return rt, err
 }
-
-// placementConfig is the placement policy's configuration (flags may tune it).
-var placementConfig = scoring.DefaultPlacementConfig()
 
 // newIndex builds one router replica's index, sized to the servers, and its event sink.
 func newIndex(env kvbench.PolicyEnv) (*index.Index, *kvsink.Sink, error) {
@@ -101,35 +106,9 @@ func (s indexSink) Apply(endpoint string, b *kvevents.Batch) error {
 // Forget drops a server that left the fleet.
 func (s indexSink) Forget(endpoint string) { s.ix.Purge(endpoint) }
 
-func newRouter(env kvbench.PolicyEnv) (kvbench.Router, error) {
-	for _, p := range policies {
-		if p.name == env.Policy {
-			return p.make(env)
-		}
-	}
-	return kvbench.Router{}, fmt.Errorf("unknown policy %q", env.Policy)
-}
-
-func registered(name string) bool {
-	for _, p := range policies {
-		if p.name == name {
-			return true
-		}
-	}
-	return false
-}
-
-func policyNames() []string {
-	out := make([]string, len(policies))
-	for i, p := range policies {
-		out[i] = p.name
-	}
-	return out
-}
-
 // parsePlacement applies "key=value,..." overrides (the YAML field names of
-// scoring.PlacementConfig) to the placement policy's configuration.
-func parsePlacement(spec string, c *scoring.PlacementConfig) error {
+// placement.Config) to the placement policy's configuration.
+func parsePlacement(spec string, c *placement.Config) error {
 	if strings.TrimSpace(spec) == "" {
 		return nil
 	}
@@ -138,7 +117,7 @@ func parsePlacement(spec string, c *scoring.PlacementConfig) error {
 		if !ok {
 			return fmt.Errorf("--placement: %q is not key=value", kv)
 		}
-		if _, known := scoring.DefaultPlacementConfig().Knobs()[k]; !known {
+		if _, known := placement.DefaultConfig().Knobs()[k]; !known {
 			return fmt.Errorf("--placement: unknown key %q", k)
 		}
 		err := c.ParseKnob(k, v)

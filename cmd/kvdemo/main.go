@@ -25,11 +25,11 @@ import (
 
 	"google.golang.org/grpc"
 
-	"github.com/kvrouter/kvrouter/config"
 	"github.com/kvrouter/kvrouter/extproc"
 	"github.com/kvrouter/kvrouter/extproc/envoytest"
 	"github.com/kvrouter/kvrouter/internal/demo"
 	"github.com/kvrouter/kvrouter/kvbench"
+	"github.com/kvrouter/kvrouter/policy"
 )
 
 func main() {
@@ -158,7 +158,7 @@ func latency(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.Float64Var(&o.Rate, "rate", o.Rate, "open-loop ext_proc exchanges per second")
 	fs.DurationVar(&o.Duration, "duration", o.Duration, "length of each measured round")
 	fs.IntVar(&o.Rounds, "rounds", o.Rounds, "rounds per server, alternating kvrouter and trivial")
-	fs.StringVar(&o.Policy, "policy", o.Policy, "kvrouter's policy: "+strings.Join(config.PolicyNames(), ", "))
+	fs.StringVar(&o.Policy, "policy", o.Policy, "kvrouter's policy: "+strings.Join(policy.Builtin().Names(), ", "))
 	fs.StringVar(&o.TokenizerDir, "tokenizer", o.TokenizerDir, "the model's tokenizer directory (make models)")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of this process (the fake Envoy) to this file")
 	fs.StringVar(&o.TrivialPprof, "trivial-pprof", "", "serve the trivial server's /debug/pprof/ on this address (kvrouter's is on its metrics port)")
@@ -177,8 +177,8 @@ func latency(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		}
 		defer pprof.StopCPUProfile()
 	}
-	if !slices.Contains(config.PolicyNames(), o.Policy) {
-		return fmt.Errorf("--policy: %q is not one of %s", o.Policy, strings.Join(config.PolicyNames(), ", "))
+	if !slices.Contains(policy.Builtin().Names(), o.Policy) {
+		return fmt.Errorf("--policy: %q is not one of %s", o.Policy, strings.Join(policy.Builtin().Names(), ", "))
 	}
 	o.Endpoints = nil
 	for _, f := range strings.Split(*eps, ",") {

@@ -13,6 +13,8 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/kvrouter/kvrouter/epp"
 )
 
 // MaxChunkBytes is the largest streamed_response chunk the fake accepts.
@@ -783,7 +785,7 @@ func SubsetHint(addrs ...string) *corev3.Metadata {
 	for i, a := range addrs {
 		vals[i] = a
 	}
-	s, _ := structpb.NewStruct(map[string]any{"x-gateway-destination-endpoint-subset": vals})
+	s, _ := structpb.NewStruct(map[string]any{epp.KeySubset: vals})
 	return &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{"envoy.lb.subset_hint": s}}
 }
 
@@ -793,6 +795,6 @@ func ServedMetadata(addr string) *corev3.Metadata {
 	if addr == "" {
 		return nil
 	}
-	s, _ := structpb.NewStruct(map[string]any{"x-gateway-destination-endpoint-served": addr})
+	s, _ := structpb.NewStruct(map[string]any{epp.HeaderServed: addr})
 	return &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{"envoy.lb": s}}
 }

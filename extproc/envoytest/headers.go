@@ -93,7 +93,8 @@ func (h Headers) apply(m *extprocv3.HeaderMutation) (Headers, error) {
 		_, exists := h.Get(k)
 		switch o.GetAppendAction() {
 		case corev3.HeaderValueOption_APPEND_IF_EXISTS_OR_ADD:
-			if o.GetAppend() != nil && !o.GetAppend().GetValue() { // deprecated append=false
+			//lint:ignore SA1019 Envoy still honours the deprecated append=false, so the fake does too
+			if o.GetAppend() != nil && !o.GetAppend().GetValue() {
 				h = append(h.without(k), Header{k, v})
 			} else {
 				h = append(h, Header{k, v})

@@ -28,6 +28,7 @@ import (
 	kdisc "github.com/kvrouter/kvrouter/discovery/kubernetes"
 	"github.com/kvrouter/kvrouter/extproc"
 	"github.com/kvrouter/kvrouter/fleet"
+	"github.com/kvrouter/kvrouter/policy"
 	"github.com/kvrouter/kvrouter/scoring"
 )
 
@@ -82,7 +83,9 @@ type App struct {
 	fleet   *fleet.Fleet
 	extproc *extproc.Server
 	kv      *kvPath
-	policy  scoring.Policy
+	// policies is the one list of routing policies (policy.Builtin), built once.
+	policies *policy.Registry
+	policy   scoring.Policy
 	// fallback routes requests without token ids or a known model.
 	fallback scoring.Policy
 	tok      extproc.Tokenizer
@@ -107,7 +110,7 @@ func New(cfg *config.Config, o Options) (*App, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("app: invalid configuration: %w", err)
 	}
-	a := &App{cfg: cfg, log: o.Logger, reg: o.Registry, now: o.Now}
+	a := &App{cfg: cfg, log: o.Logger, reg: o.Registry, now: o.Now, policies: policy.Builtin()}
 	if a.now == nil {
 		a.now = time.Now
 	}

@@ -232,13 +232,13 @@ func (a *App) ExplainRoute(path string, body []byte) (*RouteExplanation, error) 
 			sreq.TokenIDs, x.Tokens = ids, len(ids)
 		}
 	}
-	kc := a.kvConfig()
+	bs := a.blockSize()
 	root := index.Root(base, lora, req.CacheSalt)
 	keys := map[int][]uint64{}
 	for _, e := range eps {
 		re := RouteEndpoint{Address: e.Address, InFlight: e.InFlight, Running: e.Metrics.Running, Waiting: e.Metrics.Waiting,
 			KVCacheUsage: e.Metrics.KVCacheUsage, MetricsValid: e.Metrics.Valid, Load: scoring.Load(&e),
-			EventsHealthy: a.kv.health.EventsHealthy(e.Address), BlockSize: kc.BlockSize}
+			EventsHealthy: a.kv.health.EventsHealthy(e.Address), BlockSize: bs}
 		if e.Metrics.Valid && e.Metrics.BlockSize > 0 {
 			re.BlockSize = e.Metrics.BlockSize
 		}

@@ -3,11 +3,11 @@ package app
 import (
 	"fmt"
 	"math/rand/v2"
-	"time"
 
 	"github.com/kvrouter/kvrouter/config"
 	"github.com/kvrouter/kvrouter/extproc"
 	"github.com/kvrouter/kvrouter/fleet"
+	"github.com/kvrouter/kvrouter/policy"
 	"github.com/kvrouter/kvrouter/scoring"
 )
 
@@ -25,61 +25,37 @@ type forgetter interface {
 	Forget(endpoint string)
 }
 
-// newPolicy builds the named policy. Names are those config.PolicyNames lists; src feeds
-// the random policy and the kv policies' tie-breaks (nil: seeded from the clock).
+// newPolicy builds the named policy from the registry (policy.Builtin): its section of
+// the policy configuration with the kv section's bounds, the block index, the events'
+// health view, the clock and the model's block size. src feeds the random policy and
+// the kv policies' tie-breaks (nil: seeded from the clock).
 func (a *App) newPolicy(name string, src rand.Source) (scoring.Policy, error) {
-	if src == nil {
-		now := uint64(time.Now().UnixNano())
-		src = rand.NewPCG(now, now>>1|1)
+	pc := a.cfg.Policy.Policies()
+	pc.KV.ApproxBlocks = a.cfg.KV.ApproxBlocks
+	pc.KV.MaxTracked = a.cfg.KV.MaxTracked
+	p, err := a.policies.New(name, &pc, policy.Deps{
+		Index: a.kv.ix, Health: a.kv.health, Rand: src, Now: a.now, Registerer: a.reg,
+		BlockSize: a.blockSize(),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("app: %w", err)
 	}
-	switch name {
-	case "random":
-		return scoring.NewRandom(src), nil
-	case "round-robin":
-		return scoring.NewRoundRobin(), nil
-	case "least-load":
-		return scoring.NewLeastLoad(), nil
-	case "kv", "approximate":
-		kc := a.kvConfig()
-		if name == "kv" {
-			p, err := scoring.NewKV(kc, a.kv.ix, a.kv.health, src, a.reg)
-			if err != nil {
-				return nil, fmt.Errorf("app: %w", err)
-			}
-			return p, nil
-		}
-		p, err := scoring.NewApproximate(kc, src, a.reg)
-		if err != nil {
-			return nil, fmt.Errorf("app: %w", err)
-		}
-		return p, nil
-	case "placement":
-		p, err := scoring.NewPlacement(a.cfg.Policy.PlacementWeights(), a.kv.ix, a.now, a.reg)
-		if err != nil {
-			return nil, fmt.Errorf("app: %w", err)
-		}
-		return p, nil
-	}
-	return nil, fmt.Errorf("app: unknown policy %q (known: %v)", name, config.PolicyNames())
+	return p, nil
 }
 
-// kvConfig is the kv policies' configuration: policy.weights over Dynamo's defaults, the
-// kv section's bounds, and the block size of the first configured model (an endpoint's
-// scraped block size takes precedence).
-func (a *App) kvConfig() scoring.KVConfig {
-	kc := a.cfg.Policy.KVWeights()
-	kc.ApproxBlocks = a.cfg.KV.ApproxBlocks
-	kc.MaxTracked = a.cfg.KV.MaxTracked
+// blockSize is the block size of the first configured model (an endpoint's scraped
+// block size takes precedence in the policies), or vLLM's default without models.
+func (a *App) blockSize() int {
 	names := sortedNames(a.cfg.Models)
 	if len(names) > 0 {
-		kc.BlockSize = a.cfg.Models[names[0]].BlockSize
+		return a.cfg.Models[names[0]].BlockSize
 	}
-	return kc
+	return config.DefaultBlockSize
 }
 
 // registerExtProc builds the ext_proc server over the fleet and registers it on g.
 func (a *App) registerExtProc(o Options) error {
-	policy, err := a.newPolicy(a.cfg.Policy.Name, o.Rand)
+	pol, err := a.newPolicy(a.cfg.Policy.Name, o.Rand)
 	if err != nil {
 		return err
 	}
@@ -87,8 +63,8 @@ func (a *App) registerExtProc(o Options) error {
 	if err != nil {
 		return err
 	}
-	a.policy, a.fallback = policy, fallback
-	if f, ok := policy.(forgetter); ok {
+	a.policy, a.fallback = pol, fallback
+	if f, ok := pol.(forgetter); ok {
 		a.kv.forget = f.Forget
 	}
 	tok := o.Tokenizer
@@ -99,7 +75,7 @@ func (a *App) registerExtProc(o Options) error {
 	}
 	a.tok = tok
 	a.extproc = extproc.New(extproc.Options{
-		Policy:       policy,
+		Policy:       pol,
 		Fallback:     fallback,
 		Fleet:        a.fleet,
 		Tokenizer:    tok,

@@ -41,7 +41,7 @@ type LatencyOptions struct {
 	// Model and TokenizerDir: the model the requests name and its tokenizer.
 	Model        string
 	TokenizerDir string
-	// Policy is kvrouter's policy (config.PolicyNames); the default is kvrouter's own.
+	// Policy is kvrouter's policy (policy.Builtin().Names); the default is kvrouter's own.
 	Policy string
 	// BinDir holds the kvrouter and vllm-sim binaries (make build).
 	BinDir string

@@ -56,6 +56,8 @@ type Server struct {
 	ranks   []*rank
 	metrics *metrics
 	nextID  atomic.Uint64
+	// text is each generated id's text when the engines draw from a vocabulary.
+	text    map[uint32]string
 	started time.Time
 }
 
@@ -89,8 +91,13 @@ func New(cfg Config, opts Options) (*Server, error) {
 		opts.Registry = prometheus.NewRegistry()
 	}
 	s := &Server{cfg: cfg, opts: opts, log: opts.Logger, reg: opts.Registry, started: opts.Now()}
+	vocab, err := s.vocabulary()
+	if err != nil {
+		return nil, err
+	}
 	for i := range cfg.DataParallelSize {
 		ec := cfg.Engine
+		ec.Vocabulary = vocab
 		ec.EnableEvents = cfg.KVEvents.EnableKVCacheEvents
 		if !cfg.HashSeeded {
 			ec.HashSeed = cfg.Engine.HashSeed + uint64(i)
@@ -502,7 +509,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, b *body, prompt [
 			if ev.first {
 				s.observe(sub, true)
 			}
-			text.WriteString(tokenText(ev.tok))
+			text.WriteString(s.tokenText(ev.tok))
 		}
 	}
 	s.observe(sub, false)
@@ -610,7 +617,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, sub *submitted, 
 			if ev.done != nil {
 				text := ""
 				if pending != nil {
-					text = tokenText(*pending)
+					text = s.tokenText(*pending)
 				}
 				send(chunk(text, finishReason(ev.done)))
 				s.observe(sub, false)
@@ -632,7 +639,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, sub *submitted, 
 				s.observe(sub, true)
 			}
 			if pending != nil {
-				send(chunk(tokenText(*pending), nil))
+				send(chunk(s.tokenText(*pending), nil))
 			}
 			tok := ev.tok
 			pending = &tok

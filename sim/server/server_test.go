@@ -23,7 +23,9 @@ import (
 
 	"github.com/kvrouter/kvrouter/kvevents"
 	"github.com/kvrouter/kvrouter/openai"
+	"github.com/kvrouter/kvrouter/prompt"
 	"github.com/kvrouter/kvrouter/sim/server"
+	"github.com/kvrouter/kvrouter/tokenizer/testmodels"
 )
 
 var update = flag.Bool("update", false, "rewrite golden files")
@@ -477,5 +479,56 @@ func TestOffsetEndpoint(t *testing.T) {
 				t.Errorf("OffsetEndpoint(%q, %d) = %q, want %q", tc.ep, tc.n, got, tc.want)
 			}
 		})
+	}
+}
+
+// With the model's tokenizer the server generates only one-token words, and an answer
+// sent back as text (the next turn of a conversation) tokenizes to the ids the server
+// generated: the next request finds the first request's prompt and answer cached, as a
+// real model's re-tokenized answers are in vLLM.
+func TestGeneratedTextRetokenizesToTheCachedIDs(t *testing.T) {
+	b, err := prompt.LoadDir(testmodels.Dir(t, "qwen3"), prompt.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := server.DefaultConfig()
+	cfg.TimeScale = 1e6
+	cfg.EnablePromptTokensDetails = true
+	s, err := server.New(cfg, server.Options{Registry: prometheus.NewRegistry(), Tokenizer: b, Chat: b})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	hs := httptest.NewServer(s.Handler())
+	defer func() { hs.Close(); cancel(); <-done }()
+
+	first := strings.Repeat(" the cache of a prefix", 30) // 150 one-token words
+	complete := func(p string) (text string, promptTokens, cached int) {
+		t.Helper()
+		body, _ := json.Marshal(map[string]any{"model": cfg.Model, "prompt": p, "max_tokens": 40, "ignore_eos": true})
+		code, raw := post(t, hs, "/v1/completions", string(body))
+		if code != http.StatusOK {
+			t.Fatalf("HTTP %d: %s", code, raw)
+		}
+		var r struct {
+			Choices []struct{ Text string } `json:"choices"`
+			Usage   struct {
+				PromptTokens  int `json:"prompt_tokens"`
+				PromptDetails struct {
+					CachedTokens int `json:"cached_tokens"`
+				} `json:"prompt_tokens_details"`
+			} `json:"usage"`
+		}
+		if err := json.Unmarshal([]byte(raw), &r); err != nil {
+			t.Fatal(err)
+		}
+		return r.Choices[0].Text, r.Usage.PromptTokens, r.Usage.PromptDetails.CachedTokens
+	}
+	answer, p1, _ := complete(first)
+	_, _, cached := complete(first + answer + " and then")
+	if want := (p1 + 40 - 1) / 16 * 16; cached != want {
+		t.Fatalf("the second turn found %d cached tokens, want the %d of the first prompt and its answer", cached, want)
 	}
 }

@@ -1,0 +1,31 @@
+// Package epp holds the names of the endpoint-picker protocol that kvrouter speaks with
+// the gateway (the Gateway API Inference Extension's protocol over Envoy ext_proc): the
+// headers and dynamic-metadata keys that carry the decision, and the health service name.
+// The ext_proc server, the Envoy config checks and the dev gateway all read them from
+// here, so there is one copy of each. It declares constants only.
+package epp
+
+const (
+	// ServiceName is the gRPC service name the gateway's health check of the picker uses.
+	ServiceName = "envoy.service.ext_proc.v3.ExternalProcessor"
+	// HeaderDestination carries the chosen endpoint ("ip:port", fallbacks after commas).
+	HeaderDestination = "x-gateway-destination-endpoint"
+	// HeaderServed is added to the response: the endpoint that served it.
+	HeaderServed = "x-gateway-destination-endpoint-served"
+	// HeaderPrefix starts every header the picker owns; client-sent ones are removed.
+	HeaderPrefix = "x-gateway-destination-"
+	// NamespaceLB is the dynamic-metadata namespace of the decision and of the served endpoint.
+	NamespaceLB = "envoy.lb"
+	// NamespaceSubsetHint is the metadata namespace of the gateway's subset hint.
+	NamespaceSubsetHint = "envoy.lb.subset_hint"
+	// KeySubset is the subset hint's key: a list of "ip:port" or one comma-separated string.
+	KeySubset = "x-gateway-destination-endpoint-subset"
+	// HeaderUpstreamServiceTime is the header Envoy's router adds to a response that came
+	// from an upstream (the upstream's time to headers). A response without it was made
+	// by the proxy itself (a local reply): with status 503, the chosen endpoint could not
+	// be connected to or reset before answering, a passive health signal. Proxies
+	// configured with the router's suppress_envoy_headers never send it: keep that off.
+	HeaderUpstreamServiceTime = "x-envoy-upstream-service-time"
+	// MaxChunkBytes bounds each streamed_response body chunk, as the protocol asks.
+	MaxChunkBytes = 62000
+)

@@ -1,0 +1,336 @@
+package placement
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+)
+
+// Config tunes the placement policy (see Policy). Loads are request counts:
+// the router's own in-flight requests on an endpoint, or, when its scraped metrics are
+// valid and say more, vLLM's running plus waiting requests (which include other router
+// replicas' requests).
+type Config struct {
+	// PrefixDepth is the block whose key names a request's prefix: the key of block
+	// min(PrefixDepth, full blocks) - 1, i.e. the first PrefixDepth x block_size tokens.
+	// Requests sharing those tokens share a placement. Default 4.
+	PrefixDepth int `yaml:"prefix_depth"`
+	// Saturated is the load at which an endpoint no longer takes replicas, spills or
+	// diverts. Default 6.
+	Saturated int `yaml:"saturated"`
+	// ReplicaLoad is the load of the least-loaded holder at which the prefix takes a
+	// replica on a less-loaded endpoint where it fits within Fill (evicting nothing live).
+	// Default 1.
+	ReplicaLoad int `yaml:"replica_load"`
+	// SpillLoad is the load a prefix's least-loaded holder must reach before the prefix
+	// spills to an endpoint where its blocks would evict other live prefixes; below it,
+	// requests queue at the holder. Default 10.
+	SpillLoad int `yaml:"spill_load"`
+	// Fill is the share of an endpoint's KV capacity that live placements may take
+	// before an extra replica placed there would evict other live prefixes. Default 0.5.
+	Fill float64 `yaml:"fill"`
+	// Headroom is the share of an endpoint's KV capacity its in-flight requests may
+	// occupy (each active prefix once, plus every request's own blocks and OutputBlocks)
+	// before a new request would wait there for blocks. A holder without room counts as
+	// saturated. Default 1.
+	Headroom float64 `yaml:"headroom"`
+	// OutputBlocks is the blocks a request is expected to add while decoding. Default 4.
+	OutputBlocks int `yaml:"output_blocks"`
+	// SpillOnFull spills (rule 4) as soon as the least-loaded holder has no KV room,
+	// without waiting for SpillLoad, and records the new placement. Default false (the
+	// recorded spills cascade; DivertOnFull moves the one request instead).
+	SpillOnFull bool `yaml:"spill_on_full"`
+	// DeadlineTokens bounds the prefill backlog (uncached prompt tokens ahead of and in
+	// the request, scaled by the endpoint's measured speed) a request accepts at the
+	// chosen endpoint: beyond it, and when another endpoint with KV room would start it
+	// at least twice as soon, the request alone goes there (placing nothing). 0 disables.
+	// Default 2304 (2048 lost Zipf 1.2, N = 24, C = 8 throughput to kv by 1.4%;
+	// docs/results-policy.md).
+	DeadlineTokens int `yaml:"deadline_tokens"`
+	// DivertOnFull sends a request alone (placing nothing) to the candidate with KV room
+	// that would start it soonest when the chosen endpoint has no KV room (vLLM would
+	// queue it until blocks free up). Default true.
+	DivertOnFull bool `yaml:"divert_on_full"`
+	// DivertMisses sends a request alone to an idle candidate with KV room when the
+	// chosen endpoint is busy and holds less than HolderShare of the prefix (it would
+	// recompute the prefix behind other requests) and the idle one is faster (see
+	// MissSpeedup). Default true.
+	DivertMisses bool `yaml:"divert_misses"`
+	// MissSpeedup is how much shorter an idle candidate's measured decode time must be,
+	// as a share of the chosen endpoint's, to take a diverted miss. Default 0.85.
+	MissSpeedup float64 `yaml:"miss_speedup"`
+	// HolderShare is the share of a prefix's estimated blocks an endpoint must hold, per
+	// the index, to count as holding it. Default 0.5.
+	HolderShare float64 `yaml:"hold_fraction"`
+	// ConfirmPicks is how many picks a replica may go unconfirmed by the index (KV events
+	// lag) before it is taken for evicted and dropped. Default 32.
+	ConfirmPicks int `yaml:"confirm_picks"`
+	// Balance > 0 chooses a new prefix's home by capacity-weighted rendezvous hashing,
+	// skipping endpoints whose home blocks would exceed Balance x their capacity share
+	// of all home blocks (bounded load); 0 takes the endpoint with the least home blocks
+	// per block of capacity. Default 0.
+	Balance float64 `yaml:"balance"`
+	// StickyHolders ranks holders whose load is below ReplicaLoad by rendezvous score
+	// instead of wait, so that router replicas all use the same copy of a prefix while
+	// it is not busy and duplicates die out. Default true (with 4 router replicas it
+	// halves the cached-token loss; docs/results-policy.md).
+	StickyHolders bool `yaml:"sticky_holders"`
+	// AdoptAll adopts every endpoint the index shows holding HolderShare of a prefix as
+	// a holder; by default only the one holding most of a prefix the router has no
+	// placement for is adopted. Default true (measured better with router replicas).
+	AdoptAll bool `yaml:"adopt_all"`
+	// RehomeLost moves a prefix's home when the index shows that the home lost it (holds
+	// less than HolderShare of it, with no request for it in flight there, from this
+	// router or, per the scraped metrics, any other) and no other endpoint holds it: the
+	// request missesInPrefill wherever it goes, so the prefix is recomputed where RehomeSlack says
+	// and that endpoint becomes its home. Default true (N = 24: +1 to +4 points of
+	// cached-token ratio at C = 8 and 16; docs/results-policy.md).
+	RehomeLost bool `yaml:"rehome_lost"`
+	// RehomeSlack chooses the new home of a lost prefix. 0: the endpoint with KV room of
+	// least home blocks per block of capacity (the home stays put on ties). > 0 (at least
+	// 1): among endpoints with KV room whose home share would stay within RehomeSlack x
+	// the mean share, the one that would start the miss soonest (see RehomeLoadTokens), so
+	// missesInPrefill move to fast, idle endpoints while homes stay near a capacity-weighted
+	// partition. Default 1.4.
+	RehomeSlack float64 `yaml:"rehome_slack"`
+	// RehomeLoadTokens is what one in-flight request counts for, in prefill tokens, when
+	// RehomeSlack ranks endpoints by start time: (prefill backlog + prompt tokens +
+	// RehomeLoadTokens x load) x measured decode time. Default 600.
+	RehomeLoadTokens int `yaml:"rehome_load_tokens"`
+	// PreferHeld ranks a prefix's placements that the index shows holding it before those
+	// that lost it (router replicas keep homes another replica moved). Default true.
+	PreferHeld bool `yaml:"prefer_held"`
+	// HoldMaxMS > 0 lets a request wait at the router, in steps of HoldStepMS and for at
+	// most HoldMaxMS in all (Decision.Hold, Request.Held), instead of joining the
+	// prefill of a miss: when the chosen endpoint holds the request's prefix, the
+	// request's own uncached tokens there are fewer than HoldPrefillTokens, and the
+	// endpoint is prefilling a request of at least HoldPrefillTokens uncached tokens that
+	// has no first token yet. Joining would add the request's tokens to the miss's last
+	// prefill chunk and delay its first token; held, it starts after it. 0 disables.
+	// Default 120 (N = 24, C = 8: p99 TTFT 189 -> 170 ms; docs/results-policy.md).
+	HoldMaxMS float64 `yaml:"hold_max_ms"`
+	// HoldStepMS is how long one hold lasts before the request is picked again. Default 5.
+	HoldStepMS float64 `yaml:"hold_step_ms"`
+	// HoldPrefillTokens is the uncached prompt tokens that make an in-flight request a
+	// miss worth waiting for (see HoldMaxMS). Default 600.
+	HoldPrefillTokens int `yaml:"hold_prefill_tokens"`
+	// LiveWindow is how many of the policy's own picks a placement stays live without
+	// being used. Default 1024.
+	LiveWindow int `yaml:"live_window"`
+	// BlockSize is used for an endpoint whose scraped block size is unknown. Default 16.
+	BlockSize int `yaml:"block_size"`
+	// DefaultBlocks is the KV capacity assumed for an endpoint whose num_gpu_blocks is
+	// unknown. Default 4096.
+	DefaultBlocks int `yaml:"default_blocks"`
+	// MaxPrefixes bounds the placement table; beyond it the least recently seen prefixes
+	// are dropped. Default 65536.
+	MaxPrefixes int `yaml:"max_prefixes"`
+	// ScrapedLoad takes an endpoint's load as the larger of the router's in-flight count
+	// and its scraped running plus waiting requests, and its KV use as the larger of the
+	// footprint and the scraped usage: for several router replicas, each seeing only its
+	// own requests. Stale by the scrape interval, so off by default (false).
+	ScrapedLoad bool `yaml:"scraped_load"`
+	// SharedLoad adds other routers' requests to an endpoint's load and their KV blocks
+	// to its footprint, for router replicas that each see only their own requests: the
+	// scraped running plus waiting requests and KV usage beyond this router's own at the
+	// time of the scrape (Metrics.At; the policy keeps a short history of its own counts).
+	// With one router that is zero, so nothing changes. Ignored when ScrapedLoad is on.
+	SharedLoad bool `yaml:"shared_load"`
+	// UnplaceDiverted drops the replica or spill placement a pick has just made when the
+	// request itself is then diverted elsewhere (DeadlineTokens, DivertOnFull,
+	// DivertMisses): no request would ever fill it, and until ConfirmPicks drops it the
+	// unfilled placement counts as a holder, which keeps that endpoint from taking a
+	// replica. Default true (churn: 3 losses against kv to 0 over 9 repetitions;
+	// docs/results-policy.md).
+	UnplaceDiverted bool `yaml:"unplace_diverted"`
+}
+
+// DefaultConfig returns the defaults measured in docs/results-policy.md.
+func DefaultConfig() Config {
+	return Config{
+		PrefixDepth:       4,
+		Saturated:         6,
+		SpillLoad:         10,
+		ReplicaLoad:       1,
+		Fill:              0.5,
+		Headroom:          1,
+		OutputBlocks:      4,
+		SpillOnFull:       false,
+		DeadlineTokens:    2304,
+		DivertOnFull:      true,
+		DivertMisses:      true,
+		HolderShare:       0.5,
+		LiveWindow:        1024,
+		ConfirmPicks:      32,
+		AdoptAll:          true,
+		StickyHolders:     true,
+		MissSpeedup:       0.85,
+		BlockSize:         16,
+		DefaultBlocks:     4096,
+		MaxPrefixes:       65536,
+		ScrapedLoad:       false,
+		RehomeLost:        true,
+		RehomeSlack:       1.4,
+		RehomeLoadTokens:  600,
+		PreferHeld:        true,
+		HoldMaxMS:         120,
+		HoldStepMS:        5,
+		HoldPrefillTokens: 600,
+		UnplaceDiverted:   true,
+	}
+}
+
+// Validate reports every invalid field.
+func (c Config) Validate() error {
+	var errs []error
+	pos := func(name string, v int) {
+		if v <= 0 {
+			errs = append(errs, fmt.Errorf("placement: %s must be > 0, got %d", name, v))
+		}
+	}
+	pos("prefix_depth", c.PrefixDepth)
+	pos("saturated", c.Saturated)
+	pos("spill_load", c.SpillLoad)
+	pos("replica_load", c.ReplicaLoad)
+	pos("live_window", c.LiveWindow)
+	pos("confirm_picks", c.ConfirmPicks)
+	pos("block_size", c.BlockSize)
+	pos("default_blocks", c.DefaultBlocks)
+	pos("max_prefixes", c.MaxPrefixes)
+	share := func(name string, v float64) {
+		if math.IsNaN(v) || v <= 0 || v > 1 {
+			errs = append(errs, fmt.Errorf("placement: %s must be in (0, 1], got %v", name, v))
+		}
+	}
+	share("fill", c.Fill)
+	share("hold_fraction", c.HolderShare)
+	share("headroom", c.Headroom)
+	if math.IsNaN(c.Balance) || c.Balance < 0 || (c.Balance > 0 && c.Balance < 1) {
+		errs = append(errs, fmt.Errorf("placement: balance must be 0 or >= 1, got %v", c.Balance))
+	}
+	if math.IsNaN(c.MissSpeedup) || c.MissSpeedup <= 0 {
+		errs = append(errs, fmt.Errorf("placement: miss_speedup must be > 0, got %v", c.MissSpeedup))
+	}
+	if math.IsNaN(c.RehomeSlack) || c.RehomeSlack < 0 || (c.RehomeSlack > 0 && c.RehomeSlack < 1) {
+		errs = append(errs, fmt.Errorf("placement: rehome_slack must be 0 or >= 1, got %v", c.RehomeSlack))
+	}
+	if c.RehomeLoadTokens < 0 {
+		errs = append(errs, fmt.Errorf("placement: rehome_load_tokens must be >= 0, got %d", c.RehomeLoadTokens))
+	}
+	if c.DeadlineTokens < 0 {
+		errs = append(errs, fmt.Errorf("placement: deadline_tokens must be >= 0, got %d", c.DeadlineTokens))
+	}
+	if math.IsNaN(c.HoldMaxMS) || c.HoldMaxMS < 0 {
+		errs = append(errs, fmt.Errorf("placement: hold_max_ms must be >= 0, got %v", c.HoldMaxMS))
+	}
+	if math.IsNaN(c.HoldStepMS) || c.HoldStepMS <= 0 || c.HoldStepMS > 1000 {
+		errs = append(errs, fmt.Errorf("placement: hold_step_ms must be in (0, 1000], got %v", c.HoldStepMS))
+	}
+	if c.HoldPrefillTokens <= 0 {
+		errs = append(errs, fmt.Errorf("placement: hold_prefill_tokens must be > 0, got %d", c.HoldPrefillTokens))
+	}
+	if c.OutputBlocks < 0 {
+		errs = append(errs, fmt.Errorf("placement: output_blocks must be >= 0, got %d", c.OutputBlocks))
+	}
+	if c.SpillLoad < c.Saturated && c.Saturated > 0 && c.SpillLoad > 0 {
+		errs = append(errs, fmt.Errorf("placement: spill_load (%d) must be >= saturated (%d)", c.SpillLoad, c.Saturated))
+	}
+	return errors.Join(errs...)
+}
+
+// knob is one Config field named by its YAML name; exactly one of the
+// accessors is set, by the field's kind.
+type knob struct {
+	i func(*Config) *int
+	f func(*Config) *float64
+	b func(*Config) *bool
+}
+
+var knobs = map[string]knob{
+	"prefix_depth":        {i: func(c *Config) *int { return &c.PrefixDepth }},
+	"saturated":           {i: func(c *Config) *int { return &c.Saturated }},
+	"replica_load":        {i: func(c *Config) *int { return &c.ReplicaLoad }},
+	"spill_load":          {i: func(c *Config) *int { return &c.SpillLoad }},
+	"fill":                {f: func(c *Config) *float64 { return &c.Fill }},
+	"headroom":            {f: func(c *Config) *float64 { return &c.Headroom }},
+	"output_blocks":       {i: func(c *Config) *int { return &c.OutputBlocks }},
+	"spill_on_full":       {b: func(c *Config) *bool { return &c.SpillOnFull }},
+	"deadline_tokens":     {i: func(c *Config) *int { return &c.DeadlineTokens }},
+	"divert_on_full":      {b: func(c *Config) *bool { return &c.DivertOnFull }},
+	"divert_misses":       {b: func(c *Config) *bool { return &c.DivertMisses }},
+	"miss_speedup":        {f: func(c *Config) *float64 { return &c.MissSpeedup }},
+	"hold_fraction":       {f: func(c *Config) *float64 { return &c.HolderShare }},
+	"confirm_picks":       {i: func(c *Config) *int { return &c.ConfirmPicks }},
+	"balance":             {f: func(c *Config) *float64 { return &c.Balance }},
+	"sticky_holders":      {b: func(c *Config) *bool { return &c.StickyHolders }},
+	"adopt_all":           {b: func(c *Config) *bool { return &c.AdoptAll }},
+	"live_window":         {i: func(c *Config) *int { return &c.LiveWindow }},
+	"rehome_lost":         {b: func(c *Config) *bool { return &c.RehomeLost }},
+	"rehome_slack":        {f: func(c *Config) *float64 { return &c.RehomeSlack }},
+	"rehome_load_tokens":  {i: func(c *Config) *int { return &c.RehomeLoadTokens }},
+	"prefer_held":         {b: func(c *Config) *bool { return &c.PreferHeld }},
+	"hold_max_ms":         {f: func(c *Config) *float64 { return &c.HoldMaxMS }},
+	"hold_step_ms":        {f: func(c *Config) *float64 { return &c.HoldStepMS }},
+	"hold_prefill_tokens": {i: func(c *Config) *int { return &c.HoldPrefillTokens }},
+	"block_size":          {i: func(c *Config) *int { return &c.BlockSize }},
+	"default_blocks":      {i: func(c *Config) *int { return &c.DefaultBlocks }},
+	"max_prefixes":        {i: func(c *Config) *int { return &c.MaxPrefixes }},
+	"scraped_load":        {b: func(c *Config) *bool { return &c.ScrapedLoad }},
+	"shared_load":         {b: func(c *Config) *bool { return &c.SharedLoad }},
+	"unplace_diverted":    {b: func(c *Config) *bool { return &c.UnplaceDiverted }},
+}
+
+// Knobs returns every knob by its YAML name as a number (booleans as 0 or 1), for
+// configuration layers that take numeric weights.
+func (c Config) Knobs() map[string]float64 {
+	out := make(map[string]float64, len(knobs))
+	for name, k := range knobs {
+		switch {
+		case k.i != nil:
+			out[name] = float64(*k.i(&c))
+		case k.f != nil:
+			out[name] = *k.f(&c)
+		case *k.b(&c):
+			out[name] = 1
+		default:
+			out[name] = 0
+		}
+	}
+	return out
+}
+
+// SetKnob sets the knob with that YAML name from a number: integers are truncated,
+// booleans are v != 0. It reports whether the name is a knob.
+func (c *Config) SetKnob(name string, v float64) bool {
+	k, ok := knobs[name]
+	switch {
+	case !ok:
+	case k.i != nil:
+		*k.i(c) = int(v)
+	case k.f != nil:
+		*k.f(c) = v
+	default:
+		*k.b(c) = v != 0
+	}
+	return ok
+}
+
+// ParseKnob sets the knob with that YAML name from text, parsed by the field's kind
+// (strconv.Atoi, ParseFloat or ParseBool).
+func (c *Config) ParseKnob(name, text string) error {
+	k, ok := knobs[name]
+	if !ok {
+		return fmt.Errorf("placement: unknown knob %q", name)
+	}
+	var err error
+	switch {
+	case k.i != nil:
+		*k.i(c), err = strconv.Atoi(text)
+	case k.f != nil:
+		*k.f(c), err = strconv.ParseFloat(text, 64)
+	default:
+		*k.b(c), err = strconv.ParseBool(text)
+	}
+	return err
+}

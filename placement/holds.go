@@ -1,0 +1,28 @@
+package placement
+
+import (
+	"time"
+
+	"github.com/kvrouter/kvrouter/scoring"
+)
+
+// waitBehindMiss returns how long the request should wait at the router before it is
+// picked again (0: route it now): see HoldMaxMS. p.mu must be held.
+func (p *Policy) waitBehindMiss(req *scoring.Request, e *prefixEntry, key uint64, sc *scratch, best, bs int) time.Duration {
+	if p.cfg.HoldMaxMS <= 0 || sc.eps[best].missesInPrefill == 0 {
+		return 0
+	}
+	step := time.Duration(p.cfg.HoldStepMS * float64(time.Millisecond))
+	if req.Held+step > time.Duration(p.cfg.HoldMaxMS*float64(time.Millisecond)) {
+		return 0
+	}
+	// The endpoint holds the prefix, or is computing it now (the index shows it later).
+	have := sc.lead[best]
+	if a := sc.eps[best].active[key]; a != nil {
+		have = max(have, a.blocks)
+	}
+	if float64(have) < p.cfg.HolderShare*float64(e.blocks) || len(req.TokenIDs)-have*bs >= p.cfg.HoldPrefillTokens {
+		return 0
+	}
+	return step
+}

@@ -1,0 +1,732 @@
+package placement_test
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/kvrouter/kvrouter/index"
+	"github.com/kvrouter/kvrouter/placement"
+	"github.com/kvrouter/kvrouter/scoring"
+)
+
+// fakeIndex holds, per endpoint, the block keys it was told about.
+type fakeIndex struct {
+	mu   sync.Mutex
+	held map[string]map[uint64]bool
+}
+
+func newFakeIndex() *fakeIndex { return &fakeIndex{held: map[string]map[uint64]bool{}} }
+
+func (f *fakeIndex) hold(ep string, keys []uint64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.held[ep] == nil {
+		f.held[ep] = map[uint64]bool{}
+	}
+	for _, k := range keys {
+		f.held[ep][k] = true
+	}
+}
+
+func (f *fakeIndex) LeadingBlocks(keys []uint64, eps []string, dst []int) []int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	dst = dst[:0]
+	for _, ep := range eps {
+		n := 0
+		for n < len(keys) && f.held[ep][keys[n]] {
+			n++
+		}
+		dst = append(dst, n)
+	}
+	return dst
+}
+
+func plTokens(start, n int) []uint32 {
+	t := make([]uint32, n)
+	for i := range t {
+		t[i] = uint32(start + i)
+	}
+	return t
+}
+
+var plReqN atomic.Int64
+
+func plRequest(toks []uint32) *scoring.Request {
+	return &scoring.Request{ID: fmt.Sprint("p", plReqN.Add(1)), Model: "m", BaseModel: "m", TokenIDs: toks}
+}
+
+func plKeysOf(toks []uint32) []uint64 { return index.Keys(index.Root("m", "", ""), toks, 16, nil) }
+
+// prefixed is a prompt of 64 blocks of prefix p followed by 8 blocks of tail t.
+func prefixed(p, t int) []uint32 {
+	out := plTokens(1_000_000*(p+1), 64*16)
+	return append(out, plTokens(500_000_000+10_000*t, 8*16)...)
+}
+
+// fleet is n endpoints with valid metrics and the given KV capacities (all 1000 blocks
+// when caps is nil).
+func fleet(n int, caps []int) []scoring.Endpoint {
+	out := make([]scoring.Endpoint, n)
+	for i := range out {
+		c := 1000
+		if caps != nil {
+			c = caps[i]
+		}
+		out[i] = scoring.Endpoint{Address: fmt.Sprintf("10.0.0.%d:8000", i+1),
+			Metrics: scoring.Metrics{Valid: true, NumGPUBlocks: c, BlockSize: 16}}
+	}
+	return out
+}
+
+func newPlacement(t testing.TB, cfg placement.Config, ix scoring.PrefixIndex) *placement.Policy {
+	t.Helper()
+	p, err := placement.New(cfg, ix, func() time.Time { return time.Unix(0, 0) }, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// place picks, tells the policy it was routed and finished, and returns the endpoint.
+func place(t testing.TB, p *placement.Policy, toks []uint32, cs []scoring.Endpoint) string {
+	t.Helper()
+	req := plRequest(toks)
+	d, err := p.Pick(req, cs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Routed(req, d.Endpoint)
+	p.Finished(req.ID)
+	return d.Endpoint
+}
+
+func TestPlacementHomeIsStable(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		prefixes int
+	}{{"one prefix", 1}, {"six prefixes over six", 6}, {"twenty over six", 20}} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := newPlacement(t, placement.DefaultConfig(), newFakeIndex())
+			cs := fleet(6, nil)
+			home := map[int]string{}
+			for rep := 0; rep < 5; rep++ {
+				for k := 0; k < tc.prefixes; k++ {
+					got := place(t, p, prefixed(k, rep*100+k), cs)
+					if h, ok := home[k]; ok && h != got {
+						t.Fatalf("prefix %d moved from %s to %s on idle endpoints", k, h, got)
+					}
+					home[k] = got
+				}
+			}
+		})
+	}
+}
+
+func TestPlacementCapacityWeighting(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		caps []int
+		want []int // homes per endpoint
+	}{
+		{"equal", []int{1000, 1000, 1000}, []int{3, 3, 3}},
+		{"one double", []int{1000, 1000, 2000}, []int{2, 2, 4}},
+		{"one half", []int{1000, 500, 1000}, []int{4, 2, 4}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := newPlacement(t, placement.DefaultConfig(), newFakeIndex())
+			cs := fleet(len(tc.caps), tc.caps)
+			total := 0
+			for _, w := range tc.want {
+				total += w
+			}
+			got := make([]int, len(cs))
+			for k := 0; k < total; k++ {
+				ep := place(t, p, prefixed(k, k), cs)
+				for i := range cs {
+					if cs[i].Address == ep {
+						got[i]++
+					}
+				}
+			}
+			if fmt.Sprint(got) != fmt.Sprint(tc.want) {
+				t.Fatalf("homes per endpoint = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestPlacementSpillsOnlyOnSaturation(t *testing.T) {
+	cfg := placement.DefaultConfig()
+	cfg.Fill = 0.01 // no endpoint has room for a replica: only spills can move a prefix
+	cfg.DeadlineTokens = 0
+	for _, tc := range []struct {
+		name      string
+		homeLoad  int
+		otherLoad int
+		wantHome  bool
+	}{
+		{"idle home", 0, 0, true},
+		{"one-request imbalance", 1, 0, true},
+		{"below spill load", cfg.SpillLoad - 1, 0, true},
+		{"at spill load", cfg.SpillLoad, 0, false},
+		{"others saturated too", cfg.SpillLoad + 2, cfg.Saturated, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ix := newFakeIndex()
+			p := newPlacement(t, cfg, ix)
+			cs := fleet(3, nil)
+			home := place(t, p, prefixed(0, 0), cs)
+			ix.hold(home, plKeysOf(prefixed(0, 0))[:64]) // the home computed it
+			for i := range cs {
+				cs[i].InFlight = tc.otherLoad
+				if cs[i].Address == home {
+					cs[i].InFlight = tc.homeLoad
+				}
+			}
+			got := place(t, p, prefixed(0, 1), cs)
+			if (got == home) != tc.wantHome {
+				t.Fatalf("went to %s, home %s, want home: %v", got, home, tc.wantHome)
+			}
+		})
+	}
+}
+
+func TestPlacementReplicatesOnlyWithinFreeCapacity(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		fill        float64
+		wantReplica bool
+	}{
+		{"room for a replica", 0.5, true},
+		{"no room: queue at home", 0.05, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := placement.DefaultConfig()
+			cfg.Fill = tc.fill
+			ix := newFakeIndex()
+			p := newPlacement(t, cfg, ix)
+			cs := fleet(2, nil)
+			home := place(t, p, prefixed(0, 0), cs)
+			ix.hold(home, plKeysOf(prefixed(0, 0))[:64]) // the home computed it
+			for i := range cs {
+				if cs[i].Address == home {
+					cs[i].InFlight = cfg.ReplicaLoad
+				}
+			}
+			got := place(t, p, prefixed(0, 1), cs)
+			if (got != home) != tc.wantReplica {
+				t.Fatalf("went to %s, home %s, want replica: %v", got, home, tc.wantReplica)
+			}
+		})
+	}
+}
+
+func TestPlacementAdoptsWhatTheIndexHolds(t *testing.T) {
+	ix := newFakeIndex()
+	p := newPlacement(t, placement.DefaultConfig(), ix)
+	cs := fleet(4, nil)
+	// Another router replica placed prefix 0 on the third endpoint: the index says so.
+	ix.hold(cs[2].Address, plKeysOf(prefixed(0, 99))[:64])
+	for tail := 0; tail < 3; tail++ {
+		if got := place(t, p, prefixed(0, tail), cs); got != cs[2].Address {
+			t.Fatalf("request %d went to %s, want the holder %s", tail, got, cs[2].Address)
+		}
+	}
+}
+
+func TestPlacementChurnRemapsOnlyTheDepartedPrefixes(t *testing.T) {
+	p := newPlacement(t, placement.DefaultConfig(), newFakeIndex())
+	cs := fleet(4, nil)
+	home := map[int]string{}
+	for k := 0; k < 12; k++ {
+		home[k] = place(t, p, prefixed(k, k), cs)
+	}
+	gone := cs[1].Address
+	p.Forget(gone)
+	left := append([]scoring.Endpoint{cs[0]}, cs[2:]...)
+	moved := 0
+	for k := 0; k < 12; k++ {
+		got := place(t, p, prefixed(k, 100+k), left)
+		switch {
+		case home[k] == gone:
+			moved++
+		case got != home[k]:
+			t.Fatalf("prefix %d moved from %s to %s though its home stayed", k, home[k], got)
+		}
+		home[k] = got
+	}
+	if moved != 3 {
+		t.Fatalf("%d prefixes were homed on the departed endpoint, want 3", moved)
+	}
+	// A joining endpoint takes new prefixes; old ones stay where they are.
+	joined := append(left, fleet(5, nil)[4])
+	for k := 0; k < 12; k++ {
+		if got := place(t, p, prefixed(k, 200+k), joined); got != home[k] {
+			t.Fatalf("prefix %d moved from %s to %s when an endpoint joined", k, home[k], got)
+		}
+	}
+	if got := place(t, p, prefixed(12, 300), joined); got != joined[3].Address {
+		t.Fatalf("a new prefix went to %s, want the empty endpoint %s", got, joined[3].Address)
+	}
+}
+
+func TestPlacementDivertsPastTheDeadline(t *testing.T) {
+	cfg := placement.DefaultConfig()
+	cfg.Fill = 0.01
+	p := newPlacement(t, cfg, newFakeIndex())
+	cs := fleet(2, nil)
+	home := place(t, p, prefixed(0, 0), cs)
+	// Four misses routed to home have not produced a first token: a large prefill backlog.
+	for i := 1; i <= 4; i++ {
+		req := plRequest(prefixed(0, i))
+		d, err := p.Pick(req, cs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.Routed(req, d.Endpoint)
+	}
+	if got := place(t, p, prefixed(0, 9), cs); got == home {
+		t.Fatalf("went to the home %s behind %d backlog tokens", home, 4*72*16)
+	}
+}
+
+func TestPlacementWithoutTokensPicksLeastLoaded(t *testing.T) {
+	p := newPlacement(t, placement.DefaultConfig(), newFakeIndex())
+	cs := fleet(3, nil)
+	cs[0].InFlight, cs[1].InFlight, cs[2].InFlight = 3, 1, 2
+	for _, toks := range [][]uint32{nil, plTokens(0, 15)} {
+		d, err := p.Pick(plRequest(toks), cs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Endpoint != cs[1].Address || len(d.Fallbacks) != 2 {
+			t.Fatalf("got %+v, want %s first and two fallbacks", d, cs[1].Address)
+		}
+	}
+	if _, err := p.Pick(plRequest(nil), nil); !errors.Is(err, scoring.ErrNoCandidates) {
+		t.Fatalf("no candidates: err = %v", err)
+	}
+}
+
+func TestPlacementFallbacks(t *testing.T) {
+	ix := newFakeIndex()
+	p := newPlacement(t, placement.DefaultConfig(), ix)
+	cs := fleet(8, nil)
+	for i := range cs {
+		cs[i].InFlight = 10 - i // the last candidates are the least loaded of the rest
+	}
+	// Endpoints 1 and 2 hold the prefix; 2 is idle, so it is chosen.
+	cs[1].InFlight, cs[2].InFlight = 1, 0
+	ix.hold(cs[1].Address, plKeysOf(prefixed(0, 0))[:64])
+	ix.hold(cs[2].Address, plKeysOf(prefixed(0, 0))[:64])
+	d, err := p.Pick(plRequest(prefixed(0, 1)), cs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{cs[1].Address, cs[7].Address, cs[6].Address, cs[5].Address}
+	if d.Endpoint != cs[2].Address || fmt.Sprint(d.Fallbacks) != fmt.Sprint(want) {
+		t.Fatalf("got %s then %v, want %s then %v (holders first, then by load, at most 4)",
+			d.Endpoint, d.Fallbacks, cs[2].Address, want)
+	}
+}
+
+func TestPlacementMetrics(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	p, err := placement.New(placement.DefaultConfig(), newFakeIndex(), nil, reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs := fleet(2, nil)
+	place(t, p, prefixed(0, 0), cs)
+	place(t, p, prefixed(0, 1), cs)
+	place(t, p, nil, cs)
+	want := `
+# HELP kvrouter_scoring_placement_decisions_total Placement policy decisions by kind: holder, home, replica, spill, divert, queue, untokenized, hold (the router is asked to wait and pick again).
+# TYPE kvrouter_scoring_placement_decisions_total counter
+kvrouter_scoring_placement_decisions_total{kind="divert"} 0
+kvrouter_scoring_placement_decisions_total{kind="hold"} 0
+kvrouter_scoring_placement_decisions_total{kind="holder"} 1
+kvrouter_scoring_placement_decisions_total{kind="home"} 1
+kvrouter_scoring_placement_decisions_total{kind="queue"} 0
+kvrouter_scoring_placement_decisions_total{kind="replica"} 0
+kvrouter_scoring_placement_decisions_total{kind="spill"} 0
+kvrouter_scoring_placement_decisions_total{kind="untokenized"} 1
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestPlacementConfigValidate(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		modify func(*placement.Config)
+		want   string
+	}{
+		{"defaults", func(*placement.Config) {}, ""},
+		{"zero depth", func(c *placement.Config) { c.PrefixDepth = 0 }, "prefix_depth"},
+		{"fill above one", func(c *placement.Config) { c.Fill = 1.5 }, "fill"},
+		{"spill below saturated", func(c *placement.Config) { c.SpillLoad = 1; c.Saturated = 2 }, "spill_load"},
+		{"negative deadline", func(c *placement.Config) { c.DeadlineTokens = -1 }, "deadline_tokens"},
+		{"zero headroom", func(c *placement.Config) { c.Headroom = 0 }, "headroom"},
+		{"negative hold", func(c *placement.Config) { c.HoldMaxMS = -1 }, "hold_max_ms"},
+		{"zero hold step", func(c *placement.Config) { c.HoldStepMS = 0 }, "hold_step_ms"},
+		{"zero hold tokens", func(c *placement.Config) { c.HoldPrefillTokens = 0 }, "hold_prefill_tokens"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := placement.DefaultConfig()
+			tc.modify(&c)
+			err := c.Validate()
+			if (err == nil) != (tc.want == "") || (err != nil && !strings.Contains(err.Error(), tc.want)) {
+				t.Fatalf("Validate() = %v, want an error naming %q", err, tc.want)
+			}
+			if _, nerr := placement.New(c, newFakeIndex(), nil, nil); (nerr == nil) != (err == nil) {
+				t.Fatalf("New error %v disagrees with Validate %v", nerr, err)
+			}
+		})
+	}
+	if _, err := placement.New(placement.DefaultConfig(), nil, nil, nil); err == nil {
+		t.Fatal("New with no index: want an error")
+	}
+}
+
+// benchPlacement measures Pick (with Routed and Finished) over n endpoints against the
+// real index for reference-workload requests (one of 24 shared 2,032-token prefixes +
+// a unique 339-token tail), each prefix stored on one endpoint. cpu-ns/op is the
+// process's CPU time per pick: on a shared machine wall time overstates it.
+func benchPlacement(b *testing.B, n int) {
+	ix, err := index.New(index.DefaultConfig(), nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	cs := fleet(n, nil)
+	root := index.Root("m", "", "")
+	prefix := func(k int) []uint32 { return plTokens(1_000_000*(k+1), 2032) }
+	for k := 0; k < 24; k++ {
+		toks := prefix(k)[:127*16]
+		handles := make([]uint64, 127)
+		for i := range handles {
+			handles[i] = uint64(k*1000 + i + 1)
+		}
+		if err := ix.Store(cs[k%n].Address, 0, index.Blocks{Root: root, Handles: handles, Tokens: toks, BlockSize: 16}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	p := newPlacement(b, placement.DefaultConfig(), ix)
+	reqs := make([]*scoring.Request, 256)
+	for i := range reqs {
+		reqs[i] = plRequest(append(prefix(i%24), plTokens(500_000_000+1000*i, 339)...))
+	}
+	b.ReportAllocs()
+	cpu := cpuTime()
+	b.ResetTimer()
+	for i := 0; b.Loop(); i++ {
+		req := reqs[i%len(reqs)]
+		d, err := p.Pick(req, cs)
+		if err != nil {
+			b.Fatal(err)
+		}
+		p.Routed(req, d.Endpoint)
+		p.Finished(req.ID)
+	}
+	b.ReportMetric(float64((cpuTime()-cpu).Nanoseconds())/float64(b.N), "cpu-ns/op")
+}
+
+func BenchmarkPlacementPick6(b *testing.B)  { benchPlacement(b, 6) }
+func BenchmarkPlacementPick64(b *testing.B) { benchPlacement(b, 64) }
+
+func TestPlacementRehomesALostPrefix(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		rehome   bool
+		homeHeld bool // the index shows the home holding the prefix
+		inFlight bool // a request for the prefix is in flight at the home
+		wantMove bool
+	}{
+		{"home holds it", true, true, false, false},
+		{"home lost it", true, false, false, true},
+		{"home is computing it", true, false, true, false},
+		{"rehome off", false, false, false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := placement.DefaultConfig()
+			cfg.RehomeLost = tc.rehome
+			cfg.Fill = 0.01 // no replicas: only a re-home moves the prefix
+			cfg.DeadlineTokens = 0
+			ix := newFakeIndex()
+			p := newPlacement(t, cfg, ix)
+			cs := fleet(2, nil)
+			home := place(t, p, prefixed(0, 0), cs)
+			if tc.homeHeld {
+				ix.hold(home, plKeysOf(prefixed(0, 0))[:64])
+			}
+			if tc.inFlight {
+				req := plRequest(prefixed(0, 1))
+				if _, err := p.Pick(req, cs); err != nil {
+					t.Fatal(err)
+				}
+				p.Routed(req, home)
+			}
+			// The home is busy with another prefix's requests; the other endpoint is idle.
+			for i := range cs {
+				if cs[i].Address == home {
+					cs[i].InFlight = 2
+				}
+			}
+			got := place(t, p, prefixed(0, 2), cs)
+			if (got != home) != tc.wantMove {
+				t.Fatalf("went to %s, home %s, want moved: %v", got, home, tc.wantMove)
+			}
+			if !tc.wantMove {
+				return
+			}
+			// The new home computed it and is now where the prefix lives, even when the
+			// old home is idle again.
+			ix.hold(got, plKeysOf(prefixed(0, 2))[:64])
+			for i := range cs {
+				cs[i].InFlight = 0
+			}
+			for tail := 3; tail < 6; tail++ {
+				if again := place(t, p, prefixed(0, tail), cs); again != got {
+					t.Fatalf("request %d went to %s, want the new home %s", tail, again, got)
+				}
+			}
+		})
+	}
+}
+
+func TestPlacementPrefersAHeldPlacement(t *testing.T) {
+	for other := 0; other < 4; other++ {
+		t.Run(fmt.Sprint("holder ", other), func(t *testing.T) {
+			ix := newFakeIndex()
+			p := newPlacement(t, placement.DefaultConfig(), ix)
+			cs := fleet(4, nil)
+			home := place(t, p, prefixed(0, 0), cs)
+			if cs[other].Address == home {
+				t.Skip("the holder is the home")
+			}
+			// Another router replica moved the prefix: the index shows it on cs[other]
+			// and nowhere else; this router still has its home elsewhere.
+			ix.hold(cs[other].Address, plKeysOf(prefixed(0, 0))[:64])
+			for tail := 1; tail < 4; tail++ {
+				if got := place(t, p, prefixed(0, tail), cs); got != cs[other].Address {
+					t.Fatalf("request %d went to %s, want the endpoint holding it %s", tail, got, cs[other].Address)
+				}
+			}
+		})
+	}
+}
+
+// A request that hits at an endpoint prefilling a miss is held (re-picked after
+// HoldStepMS) until the miss's first token, within HoldMaxMS; misses are never held.
+func TestPlacementHoldsBehindAMiss(t *testing.T) {
+	const ms = time.Millisecond
+	tests := []struct {
+		name     string
+		holdMax  float64
+		req      []uint32 // the request picked while the miss prefills
+		held     time.Duration
+		firstTok bool // the miss has its first token by then
+		wantHold time.Duration
+		wantKind string
+	}{
+		{"hit behind a miss is held", 120, prefixed(0, 2), 0, false, 5 * ms, "hold"},
+		{"held again within the bound", 120, prefixed(0, 2), 115 * ms, false, 5 * ms, "hold"},
+		{"never past the bound", 120, prefixed(0, 2), 116 * ms, false, 0, "holder"},
+		{"released at the miss's first token", 120, prefixed(0, 2), 10 * ms, true, 0, "holder"},
+		{"a miss itself is not held", 120, prefixed(2, 2), 0, false, 0, "home"},
+		{"holds off", 0, prefixed(0, 2), 0, false, 0, "holder"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			ix := newFakeIndex()
+			cfg := placement.DefaultConfig()
+			cfg.HoldMaxMS = tc.holdMax
+			reg := prometheus.NewRegistry()
+			p, err := placement.New(cfg, ix, func() time.Time { return time.Unix(0, 0) }, reg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cs := fleet(1, nil)
+			ep := cs[0].Address
+			place(t, p, prefixed(0, 0), cs)
+			ix.hold(ep, plKeysOf(prefixed(0, 0))[:64]) // the endpoint holds prefix 0
+			miss := plRequest(prefixed(1, 1))          // prefix 1: 1,152 uncached tokens
+			if d, err := p.Pick(miss, cs); err != nil || d.Hold != 0 {
+				t.Fatalf("the miss: %+v, %v", d, err)
+			}
+			p.Routed(miss, ep)
+			if tc.firstTok {
+				p.FirstToken(miss.ID)
+			}
+			cs[0].InFlight = 1
+			req := plRequest(tc.req)
+			req.Held = tc.held
+			before := decisionCount(t, reg, tc.wantKind)
+			d, err := p.Pick(req, cs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.Hold != tc.wantHold || d.Endpoint != ep {
+				t.Fatalf("decision %+v, want hold %v at %s", d, tc.wantHold, ep)
+			}
+			if tc.held+d.Hold > time.Duration(tc.holdMax*float64(ms)) && d.Hold > 0 {
+				t.Fatalf("hold %v after %v passes hold_max_ms %v", d.Hold, tc.held, tc.holdMax)
+			}
+			if got := decisionCount(t, reg, tc.wantKind) - before; got != 1 {
+				t.Fatalf("decisions of kind %q: %v, want 1", tc.wantKind, got)
+			}
+		})
+	}
+}
+
+// decisionCount reads kvrouter_scoring_placement_decisions_total{kind} from reg.
+func decisionCount(t *testing.T, reg *prometheus.Registry, kind string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "kvrouter_scoring_placement_decisions_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "kind" && l.GetValue() == kind {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
+}
+
+// TestPlacementSharedLoad: with SharedLoad, an endpoint's scraped requests beyond the
+// router's own in flight at the scrape count as another router's load (the prefix takes
+// a replica elsewhere), while the router's own requests in a scrape do not.
+func TestPlacementSharedLoad(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		shared bool
+		// scraped is the home's scraped running requests at the scrape, ownFirst whether
+		// the router's own request was in flight then.
+		scraped  int
+		ownFirst bool
+		wantHome bool
+	}{
+		{name: "off: scraped requests ignored", shared: false, scraped: 3, wantHome: true},
+		{name: "another router's requests make the home busy", shared: true, scraped: 3, wantHome: false},
+		{name: "own request in the scrape is not another router's", shared: true, scraped: 1, ownFirst: true, wantHome: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ix, err := index.New(index.DefaultConfig(), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg := placement.DefaultConfig()
+			cfg.SharedLoad = tc.shared
+			cfg.RehomeLost = false
+			clock := time.Unix(100, 0)
+			p, err := placement.New(cfg, ix, func() time.Time { return clock }, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cs := fleet(2, nil)
+			home := place(t, p, prefixed(0, 0), cs)
+			var homeIdx int
+			for i := range cs {
+				if cs[i].Address == home {
+					homeIdx = i
+				}
+			}
+			// The index shows the prefix at its home, so the home holds it.
+			handles := make([]uint64, 64)
+			for i := range handles {
+				handles[i] = uint64(i + 1)
+			}
+			if err := ix.Store(home, 0, index.Blocks{Root: index.Root("m", "", ""), Handles: handles,
+				Tokens: prefixed(0, 0)[:64*16], BlockSize: 16}); err != nil {
+				t.Fatal(err)
+			}
+			if tc.ownFirst {
+				// The router's own request is in flight at the scrape, then finishes.
+				req := plRequest(prefixed(0, 1))
+				if _, err := p.Pick(req, cs); err != nil {
+					t.Fatal(err)
+				}
+				p.Routed(req, home)
+				clock = clock.Add(10 * time.Millisecond)
+				cs[homeIdx].Metrics.At = clock
+				clock = clock.Add(10 * time.Millisecond)
+				p.Finished(req.ID)
+			} else {
+				clock = clock.Add(10 * time.Millisecond)
+				cs[homeIdx].Metrics.At = clock
+			}
+			cs[homeIdx].Metrics.Running = tc.scraped
+			clock = clock.Add(10 * time.Millisecond)
+			got := place(t, p, prefixed(0, 2), cs)
+			if (got == home) != tc.wantHome {
+				t.Errorf("picked %s, home %s: want home %v", got, home, tc.wantHome)
+			}
+		})
+	}
+}
+
+// TestPlacementUnplacesADivertedReplica: a replica whose request is diverted past the
+// deadline leaves no placement behind with UnplaceDiverted (the endpoint is not ranked as
+// a holder afterwards); without it the unfilled replica stays a holder.
+func TestPlacementUnplacesADivertedReplica(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		unplace bool
+		want    int // the first fallback of the next pick, as a candidate index
+	}{
+		{"unplaced", true, 2},
+		{"kept", false, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := placement.DefaultConfig()
+			cfg.DeadlineTokens = 512 // the replica's 1,152-token miss is past it
+			cfg.HoldMaxMS = 0
+			cfg.UnplaceDiverted = tc.unplace
+			ix := newFakeIndex()
+			p := newPlacement(t, cfg, ix)
+			cs := fleet(3, nil)
+			ix.hold(cs[0].Address, plKeysOf(prefixed(0, 0))[:64])
+			cs[0].InFlight = cfg.ReplicaLoad // busy: the prefix takes a replica on cs[1]
+			if got := place(t, p, prefixed(0, 1), cs); got != cs[0].Address {
+				t.Fatalf("replica's request went to %s, want it diverted to the holder %s", got, cs[0].Address)
+			}
+			cs[0].InFlight, cs[1].InFlight, cs[2].InFlight = 0, 3, 0
+			d, err := p.Pick(plRequest(prefixed(0, 2)), cs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.Endpoint != cs[0].Address {
+				t.Fatalf("went to %s, want the idle holder %s", d.Endpoint, cs[0].Address)
+			}
+			if len(d.Fallbacks) == 0 || d.Fallbacks[0] != cs[tc.want].Address {
+				t.Fatalf("fallbacks %v, want %s first", d.Fallbacks, cs[tc.want].Address)
+			}
+		})
+	}
+}
+
+// cpuTime is the process's user plus system CPU time, for benchmarks on a shared box.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}

@@ -1,0 +1,384 @@
+package placement
+
+import (
+	"errors"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvrouter/kvrouter/index"
+	"github.com/kvrouter/kvrouter/scoring"
+)
+
+// Policy is the placement policy: it keeps a table of where each prefix lives and
+// sends requests there, so that prefixes stay partitioned over the fleet instead of
+// being recomputed, and evicting one another, wherever load happens to be lowest.
+//
+// A request's prefix is named by the key of its PrefixDepth-th block (no workload
+// knowledge needed); its size is estimated as the blocks two consecutive requests with
+// that name share. Load is the router's in-flight count (ScrapedLoad: or vLLM's running
+// plus waiting, when larger); "wait" ranks endpoints by (load + 1) x their measured
+// decode time, so faster endpoints take more. For each request, in order:
+//
+//  1. Holders are the endpoints the table places the prefix on, plus any the index says
+//     hold HolderShare of it (adopted, so router replicas converge on one another's
+//     placements). A replica the index does not confirm within ConfirmPicks is dropped.
+//  2. A prefix with no holder gets a home: the endpoint with the least home-placed
+//     blocks per block of KV capacity (a capacity-weighted partition), preferring those
+//     below Saturated with KV room.
+//  3. When the index shows that the home lost the prefix (no request for it in flight
+//     there) and no holder has it, the request missesInPrefill wherever it goes: with RehomeLost
+//     the home moves to the endpoint with KV room that would start the miss soonest
+//     among those whose home share stays within RehomeSlack of the mean.
+//  4. The holder of least wait takes it if its load is below ReplicaLoad (with
+//     StickyHolders, the idle holder of highest rendezvous score, so that router
+//     replicas agree; with PreferHeld, holders the index shows holding it first).
+//  5. Otherwise a less-loaded endpoint whose live placements leave room for the prefix
+//     within Fill of its capacity takes a replica (it evicts nothing live).
+//  6. Otherwise the holder of least wait with KV room takes it; failing that, the
+//     request queues at the least-loaded holder until it reaches SpillLoad, where the
+//     prefix spills to the endpoint whose live placements it would overflow least.
+//
+// The chosen endpoint may then be overridden for this request alone (nothing placed),
+// toward the candidate with KV room that would start it soonest: when the chosen one
+// has no KV room for it (DivertOnFull), when its prefill backlog exceeds DeadlineTokens
+// and the other would start it twice as soon, or when it is busy, holds too little of
+// the prefix to hit, and an idle faster endpoint exists (DivertMisses). A replica or
+// spill placement made by that pick is then dropped (UnplaceDiverted): no request fills it.
+//
+// KV room is each endpoint's footprint, tracked from Routed to Finished: every active
+// prefix once plus each request's own blocks, against Headroom of its capacity.
+// Placements not used for LiveWindow picks expire; a departed endpoint (Forget) loses
+// its placements and only its prefixes move. Requests without a full block of token ids
+// go to the least-loaded candidate.
+//
+// Policy implements scoring.Observer (footprint, prefill backlog and decode timing; a request
+// routed elsewhere than picked places its prefix where it went). It is safe for
+// concurrent use.
+type Policy struct {
+	cfg     Config
+	ix      scoring.PrefixIndex
+	m       *metrics
+	now     func() time.Time
+	scratch sync.Pool
+
+	mu       sync.Mutex
+	tick     uint64
+	eps      map[string]*endpointState
+	prefixes map[uint64]*prefixEntry
+	pending  map[string]pendingPick
+	reqs     map[string]tracked
+}
+
+type metrics struct {
+	decisions *prometheus.CounterVec
+}
+
+// scoring.Decision kinds counted by kvrouter_scoring_placement_decisions_total.
+const (
+	kindHolder      = "holder"
+	kindHome        = "home"
+	kindReplica     = "replica"
+	kindSpill       = "spill"
+	kindDivert      = "divert"
+	kindQueue       = "queue"
+	kindUntokenized = "untokenized"
+	kindHold        = "hold"
+)
+
+// New returns the placement policy over ix. now is the clock that times responses
+// to rank endpoints by speed (nil: time.Now); reg may be nil.
+func New(cfg Config, ix scoring.PrefixIndex, now func() time.Time, reg prometheus.Registerer) (*Policy, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if ix == nil {
+		return nil, errors.New("scoring: placement policy needs an index")
+	}
+	m := &metrics{decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kvrouter_scoring_placement_decisions_total",
+		Help: "Placement policy decisions by kind: holder, home, replica, spill, divert, queue, untokenized, hold (the router is asked to wait and pick again).",
+	}, []string{"kind"})}
+	for _, k := range []string{kindHolder, kindHome, kindReplica, kindSpill, kindDivert, kindQueue, kindUntokenized, kindHold} {
+		m.decisions.WithLabelValues(k)
+	}
+	if reg != nil {
+		reg.MustRegister(m.decisions)
+	}
+	if now == nil {
+		now = time.Now
+	}
+	return &Policy{
+		cfg: cfg, ix: ix, m: m, now: now,
+		eps:      make(map[string]*endpointState),
+		prefixes: make(map[uint64]*prefixEntry),
+		pending:  make(map[string]pendingPick),
+		reqs:     make(map[string]tracked),
+	}, nil
+}
+
+// Name returns "placement".
+func (*Policy) Name() string { return "placement" }
+
+// Pick returns the candidate chosen by the rules on Policy; Fallbacks are the other
+// holders by load, then the rest by load.
+func (p *Policy) Pick(req *scoring.Request, cands []scoring.Endpoint) (scoring.Decision, error) {
+	n := len(cands)
+	if n == 0 {
+		return scoring.Decision{}, scoring.ErrNoCandidates
+	}
+	sc, _ := p.scratch.Get().(*scratch)
+	if sc == nil {
+		sc = &scratch{}
+	}
+	defer p.scratch.Put(sc)
+	sc.loads = slices.Grow(sc.loads[:0], n)[:n]
+	for i := range cands {
+		sc.loads[i] = p.load(&cands[i])
+	}
+	// Keys at the first candidate's block size: a fleet serving one model has one.
+	bs := p.blockSize(&cands[0])
+	if req.TokenIDs != nil {
+		sc.keys = index.Keys(req.Root(), req.TokenIDs, bs, sc.keys[:0])
+	} else {
+		sc.keys = sc.keys[:0]
+	}
+	if len(sc.keys) == 0 {
+		best := argminLoad(sc.loads, nil)
+		p.m.decisions.WithLabelValues(kindUntokenized).Inc()
+		return p.decision(cands, sc, best, nil), nil
+	}
+	sc.names = slices.Grow(sc.names[:0], n)[:n]
+	for i := range cands {
+		sc.names[i] = cands[i].Address
+	}
+	key := sc.keys[min(p.cfg.PrefixDepth, len(sc.keys))-1]
+	// Only the prefix's blocks (plus one, to see it grow) matter: look those up.
+	look := len(sc.keys)
+	p.mu.Lock()
+	if e := p.prefixes[key]; e != nil {
+		look = min(look, max(e.blocks+1, p.cfg.PrefixDepth))
+	}
+	p.mu.Unlock()
+	sc.lead = p.ix.LeadingBlocks(sc.keys[:look], sc.names, sc.lead)
+
+	p.mu.Lock()
+	p.tick++
+	if p.tick%uint64(p.cfg.LiveWindow) == 0 || len(p.prefixes) > p.cfg.MaxPrefixes {
+		p.sweep()
+	}
+	e := p.prefix(key, sc.keys)
+	best, kind := p.choose(e, key, cands, sc)
+	if d := p.divert(e, cands, sc, best, len(req.TokenIDs), bs); d >= 0 {
+		if p.cfg.UnplaceDiverted && (kind == kindReplica || kind == kindSpill) {
+			p.drop(e, cands[best].Address)
+			sc.pos[best] = -1
+		}
+		best, kind = d, kindDivert
+	} else {
+		p.touch(e, cands[best].Address, kind == kindHome)
+	}
+	addr := cands[best].Address
+	if len(p.pending) >= maxPending {
+		for id := range p.pending { // any one: Go's map order is random
+			delete(p.pending, id)
+			break
+		}
+	}
+	if req.ID != "" {
+		p.pending[req.ID] = pendingPick{key: key, addr: addr, blocks: len(sc.keys), pblocks: e.blocks,
+			prefill: max(0, len(req.TokenIDs)-sc.lead[best]*bs)}
+	}
+	var delay time.Duration
+	if kind != kindDivert {
+		delay = p.waitBehindMiss(req, e, key, sc, best, bs)
+	}
+	p.mu.Unlock()
+	if delay > 0 {
+		kind = kindHold
+	}
+	p.m.decisions.WithLabelValues(kind).Inc()
+	d := p.decision(cands, sc, best, sc.pos)
+	d.Hold = delay
+	return d, nil
+}
+
+func argminLoad(loads []int, skip []bool) int {
+	best := -1
+	for i, l := range loads {
+		if (skip == nil || !skip[i]) && (best < 0 || l < loads[best]) {
+			best = i
+		}
+	}
+	return best
+}
+
+// decision builds the answer: best first, then up to scoring.MaxFallbacks others, holders (pos
+// >= 0) before the rest, each by load.
+func (p *Policy) decision(cands []scoring.Endpoint, sc *scratch, best int, pos []int) scoring.Decision {
+	d := scoring.Decision{Endpoint: cands[best].Address}
+	if len(cands) == 1 {
+		return d
+	}
+	rank := func(i int) int {
+		r := sc.loads[i]
+		if pos == nil || pos[i] < 0 {
+			r += 1 << 30
+		}
+		return r
+	}
+	var top [scoring.MaxFallbacks]int
+	k := 0
+	for i := range cands {
+		if i == best {
+			continue
+		}
+		// Insert i into top[:k], kept sorted by rank (stable: earlier candidates first).
+		j := min(k, scoring.MaxFallbacks-1)
+		if k == scoring.MaxFallbacks && rank(i) >= rank(top[j]) {
+			continue
+		}
+		for j > 0 && rank(i) < rank(top[j-1]) {
+			top[j] = top[j-1]
+			j--
+		}
+		top[j] = i
+		k = min(k+1, scoring.MaxFallbacks)
+	}
+	d.Fallbacks = make([]string, k)
+	for j := range k {
+		d.Fallbacks[j] = cands[top[j]].Address
+	}
+	return d
+}
+
+// Routed counts the request into endpoint's KV footprint and, when the router sent it
+// somewhere other than Pick chose (a fallback), places its prefix there.
+func (p *Policy) Routed(req *scoring.Request, endpoint string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	pd, ok := p.pending[req.ID]
+	if !ok {
+		return
+	}
+	delete(p.pending, req.ID)
+	if _, dup := p.reqs[req.ID]; dup {
+		return
+	}
+	if pd.addr != endpoint {
+		if e := p.prefixes[pd.key]; e != nil {
+			p.touch(e, endpoint, false)
+		}
+	}
+	if len(p.reqs) >= maxPending {
+		for id := range p.reqs {
+			p.release(id)
+			break
+		}
+	}
+	ep := p.endpoint(endpoint)
+	if ep.active == nil {
+		ep.active = make(map[uint64]*activePrefix)
+	}
+	a := ep.active[pd.key]
+	if a == nil {
+		a = &activePrefix{blocks: pd.pblocks}
+		ep.active[pd.key] = a
+		ep.footprint += a.blocks
+	}
+	a.requests++
+	r := tracked{ep: ep, key: pd.key, unique: max(0, pd.blocks-a.blocks) + p.cfg.OutputBlocks}
+	if pd.addr == endpoint {
+		r.prefill = pd.prefill
+	} else {
+		r.prefill = len(req.TokenIDs)
+	}
+	ep.footprint += r.unique
+	ep.inflight++
+	if p.cfg.SharedLoad {
+		ep.record(p.now())
+	}
+	ep.prefill += r.prefill
+	if r.prefill >= p.cfg.HoldPrefillTokens {
+		r.miss = true
+		ep.missesInPrefill++
+	}
+	p.reqs[req.ID] = r
+}
+
+// FirstToken starts timing the request's decode.
+func (p *Policy) FirstToken(reqID string) {
+	t := p.now()
+	p.mu.Lock()
+	if r, ok := p.reqs[reqID]; ok && r.first.IsZero() {
+		r.first = t
+		r.ep.prefill -= r.prefill
+		if r.miss {
+			r.miss = false
+			r.ep.missesInPrefill--
+		}
+		p.reqs[reqID] = r
+	}
+	p.mu.Unlock()
+}
+
+// Finished releases the request's footprint and folds its decode time into the
+// endpoint's speed estimate.
+func (p *Policy) Finished(reqID string) {
+	t := p.now()
+	p.mu.Lock()
+	delete(p.pending, reqID)
+	if r, ok := p.reqs[reqID]; ok && !r.first.IsZero() {
+		if d := t.Sub(r.first).Seconds(); d > 0 {
+			if r.ep.decode == 0 {
+				r.ep.decode = d
+			} else {
+				r.ep.decode += decodeAlpha * (d - r.ep.decode)
+			}
+		}
+	}
+	p.release(reqID)
+	p.mu.Unlock()
+}
+
+// decodeAlpha weighs the newest decode time in an endpoint's moving average.
+const decodeAlpha = 0.1
+
+// release drops a tracked request; p.mu must be held.
+func (p *Policy) release(id string) {
+	r, ok := p.reqs[id]
+	if !ok {
+		return
+	}
+	delete(p.reqs, id)
+	r.ep.inflight--
+	r.ep.footprint -= r.unique
+	if r.first.IsZero() {
+		r.ep.prefill -= r.prefill
+	}
+	if r.miss {
+		r.ep.missesInPrefill--
+	}
+	if a := r.ep.active[r.key]; a != nil {
+		if a.requests--; a.requests <= 0 {
+			r.ep.footprint -= a.blocks
+			delete(r.ep.active, r.key)
+		}
+	}
+	if p.cfg.SharedLoad {
+		r.ep.record(p.now())
+	}
+}
+
+// Forget drops every placement on an endpoint that left the fleet; only its prefixes
+// move.
+func (p *Policy) Forget(endpoint string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, e := range p.prefixes {
+		e.sites = slices.DeleteFunc(e.sites, func(pl site) bool { return pl.addr == endpoint })
+	}
+	delete(p.eps, endpoint)
+}

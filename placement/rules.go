@@ -1,0 +1,484 @@
+package placement
+
+import (
+	"math"
+	"slices"
+
+	"github.com/kvrouter/kvrouter/scoring"
+)
+
+type scratch struct {
+	keys  []uint64
+	names []string
+	lead  []int
+	loads []int
+	pos   []int
+	ok    []bool
+	room  []bool
+	// decode is each candidate's measured decode time, meanDecode their mean (1 when
+	// none is measured).
+	decode     []float64
+	meanDecode float64
+	// eps is each candidate's state, looked up once per pick under p.mu.
+	eps []*endpointState
+	// others is each candidate's requests from other routers (SharedLoad), otherKV
+	// the KV blocks they hold.
+	others  []int
+	otherKV []float64
+}
+
+func (p *Policy) load(e *scoring.Endpoint) int {
+	l := e.InFlight
+	if p.cfg.ScrapedLoad && e.Metrics.Valid {
+		l = max(l, e.Metrics.Running+e.Metrics.Waiting)
+	}
+	return l
+}
+
+func (p *Policy) capacity(e *scoring.Endpoint) int {
+	if e.Metrics.Valid && e.Metrics.NumGPUBlocks > 0 {
+		return e.Metrics.NumGPUBlocks
+	}
+	return p.cfg.DefaultBlocks
+}
+
+func (p *Policy) blockSize(e *scoring.Endpoint) int {
+	if e.Metrics.Valid && e.Metrics.BlockSize > 0 {
+		return e.Metrics.BlockSize
+	}
+	return p.cfg.BlockSize
+}
+
+// choose applies the rules documented on Policy and returns the chosen candidate and
+// the kind of decision; sc.pos[i] is set to candidate i's placement position or -1.
+func (p *Policy) choose(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc *scratch) (int, string) {
+	n := len(cands)
+	sc.pos = slices.Grow(sc.pos[:0], n)[:n]
+	sc.eps = slices.Grow(sc.eps[:0], n)[:n]
+	for i := range cands {
+		sc.eps[i] = p.endpoint(cands[i].Address)
+	}
+	p.shared(cands, sc)
+	heldBlocks := int(math.Ceil(p.cfg.HolderShare * float64(e.blocks)))
+	hasHome := false
+	for _, pl := range e.sites {
+		hasHome = hasHome || pl.home
+	}
+	// A replica the index still does not confirm ConfirmPicks picks after it was made has
+	// been evicted: drop it. Homes stay, so the partition stays put.
+	e.sites = slices.DeleteFunc(e.sites, func(pl site) bool {
+		if pl.home || p.tick-pl.placedAt <= uint64(p.cfg.ConfirmPicks) {
+			return false
+		}
+		for i := range cands {
+			if cands[i].Address == pl.addr && sc.lead[i] < max(heldBlocks, 1) {
+				p.unplace(e, &pl)
+				return true
+			}
+		}
+		return false
+	})
+	placed := false
+	for i := range cands {
+		sc.pos[i] = -1
+		for j := range e.sites {
+			if e.sites[j].addr == cands[i].Address {
+				sc.pos[i] = j
+				placed = true
+				break
+			}
+		}
+	}
+	// Adopt what the index shows: every holder (AdoptAll), or, for a prefix this router
+	// has no placement for, the one holding most of it (another replica's home, or the
+	// cache that survived a restart). Copies left by diverted requests are not adopted.
+	adopt := -1
+	for i := range cands {
+		if sc.pos[i] >= 0 || sc.lead[i] < max(heldBlocks, 1) {
+			continue
+		}
+		if p.cfg.AdoptAll {
+			sc.pos[i] = p.place(e, cands[i].Address, false)
+		} else if !placed && (adopt < 0 || sc.lead[i] > sc.lead[adopt]) {
+			adopt = i
+		}
+	}
+	if adopt >= 0 {
+		sc.pos[adopt] = p.place(e, cands[adopt].Address, false)
+	}
+	// A prefix whose home expired or left keeps its most-cached holder as home.
+	if !hasHome {
+		home := -1
+		for i := range cands {
+			if sc.pos[i] >= 0 && (home < 0 || sc.lead[i] > sc.lead[home]) {
+				home = i
+			}
+		}
+		if home >= 0 {
+			p.place(e, cands[home].Address, true)
+		}
+	}
+	blocks := len(sc.keys)
+	sc.decode = slices.Grow(sc.decode[:0], n)[:n]
+	sc.meanDecode = 0
+	var measured int
+	for i := range cands {
+		sc.decode[i] = sc.eps[i].decode
+		if sc.decode[i] > 0 {
+			sc.meanDecode += sc.decode[i]
+			measured++
+		}
+	}
+	if measured > 0 {
+		sc.meanDecode /= float64(measured)
+	} else {
+		sc.meanDecode = 1
+	}
+	sc.ok = slices.Grow(sc.ok[:0], n)[:n]
+	sc.room = slices.Grow(sc.room[:0], n)[:n]
+	for i := range cands {
+		sc.room[i] = p.room(sc.eps[i], key, &cands[i], blocks, sc.otherKV[i])
+		sc.ok[i] = sc.loads[i] < p.cfg.Saturated && sc.room[i]
+	}
+	if p.cfg.RehomeLost {
+		p.rehome(e, key, cands, sc, heldBlocks)
+	}
+	// The least-loaded holder (h), and the least-loaded holder that can take it now (g).
+	h, g := -1, -1
+	better := func(i, j int) bool {
+		if j < 0 {
+			return true
+		}
+		if p.cfg.PreferHeld {
+			// A placement the index shows lost loses to one that holds the prefix.
+			if hi, hj := sc.lead[i] >= max(heldBlocks, 1), sc.lead[j] >= max(heldBlocks, 1); hi != hj {
+				return hi
+			}
+		}
+		if p.cfg.StickyHolders && sc.loads[i] < p.cfg.ReplicaLoad && sc.loads[j] < p.cfg.ReplicaLoad {
+			// Both idle: the same holder for every router replica, so duplicate copies
+			// made by replicas' concurrent placements go unused and are evicted.
+			return p.score(key, sc.eps[i], &cands[i]) > p.score(key, sc.eps[j], &cands[j])
+		}
+		wi, wj := p.wait(sc, i), p.wait(sc, j)
+		return wi < wj ||
+			(wi == wj && (sc.lead[i] > sc.lead[j] ||
+				(sc.lead[i] == sc.lead[j] && e.sites[sc.pos[i]].home && !e.sites[sc.pos[j]].home)))
+	}
+	for i := range cands {
+		if sc.pos[i] < 0 {
+			continue
+		}
+		if better(i, h) {
+			h = i
+		}
+		if sc.ok[i] && better(i, g) {
+			g = i
+		}
+	}
+	if h < 0 {
+		return p.newHome(e, key, cands, sc), kindHome
+	}
+	if g >= 0 && sc.loads[g] < p.cfg.ReplicaLoad {
+		return g, kindHolder
+	}
+	// The holders are busy: a replica where it evicts nothing live, on an endpoint less
+	// loaded than every holder.
+	r := -1
+	for i := range cands {
+		if sc.pos[i] >= 0 || !sc.ok[i] || sc.loads[i] >= sc.loads[h] {
+			continue
+		}
+		c := p.capacity(&cands[i])
+		if float64(sc.eps[i].placedBlocks+e.blocks) > p.cfg.Fill*float64(c) {
+			continue
+		}
+		if r < 0 || p.wait(sc, i) < p.wait(sc, r) ||
+			(p.wait(sc, i) == p.wait(sc, r) && p.fillOf(sc.eps[i], &cands[i]) < p.fillOf(sc.eps[r], &cands[r])) {
+			r = i
+		}
+	}
+	if r >= 0 {
+		sc.pos[r] = p.place(e, cands[r].Address, false)
+		return r, kindReplica
+	}
+	if g >= 0 {
+		return g, kindHolder
+	}
+	full := p.cfg.SpillOnFull && !sc.room[h]
+	if sc.loads[h] < p.cfg.SpillLoad && !full {
+		return h, kindQueue
+	}
+	// A real queue: spill where the prefix overflows live placements least.
+	s, sOver := -1, 0.0
+	for i := range cands {
+		if sc.pos[i] >= 0 || !sc.ok[i] {
+			continue
+		}
+		c := float64(p.capacity(&cands[i]))
+		over := max(0, float64(sc.eps[i].placedBlocks+e.blocks)-p.cfg.Fill*c) / c
+		if s < 0 || over < sOver || (over == sOver && sc.loads[i] < sc.loads[s]) {
+			s, sOver = i, over
+		}
+	}
+	if s < 0 {
+		return h, kindQueue
+	}
+	sc.pos[s] = p.place(e, cands[s].Address, false)
+	return s, kindSpill
+}
+
+// shared sets sc.others and sc.otherKV, and adds the others to sc.loads, when
+// SharedLoad is on: another router's requests on an endpoint are its scraped running
+// plus waiting requests beyond this router's own in flight at the scrape (Metrics.At),
+// and their KV blocks the scraped usage beyond this router's footprint then. Without
+// a scrape time, or a history reaching back to it, there are none. p.mu must be held.
+func (p *Policy) shared(cands []scoring.Endpoint, sc *scratch) {
+	n := len(cands)
+	sc.others = slices.Grow(sc.others[:0], n)[:n]
+	sc.otherKV = slices.Grow(sc.otherKV[:0], n)[:n]
+	for i := range cands {
+		sc.others[i], sc.otherKV[i] = 0, 0
+		m := &cands[i].Metrics
+		if !p.cfg.SharedLoad || p.cfg.ScrapedLoad || !m.Valid || m.At.IsZero() {
+			continue
+		}
+		own, ok := sc.eps[i].ownAt(m.At)
+		if !ok {
+			continue
+		}
+		if o := m.Running + m.Waiting - own.inflight; o > 0 {
+			sc.others[i] = o
+			sc.otherKV[i] = max(0, m.KVCacheUsage*float64(p.capacity(&cands[i]))-float64(own.footprint))
+			sc.loads[i] += o
+		}
+	}
+}
+
+// rehome moves a prefix's home when the index shows the home lost it (it holds less than
+// heldBlocks blocks and no request for it is in flight there) and no other candidate holds it:
+// the request missesInPrefill wherever it goes, so its prefix is recomputed on the candidate with
+// KV room of least home share (homeShare), and that one becomes the home. p.mu must be
+// held.
+func (p *Policy) rehome(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc *scratch, heldBlocks int) {
+	old := -1
+	for i := range cands {
+		if sc.pos[i] < 0 {
+			continue
+		}
+		if sc.lead[i] >= max(heldBlocks, 1) || sc.eps[i].active[key] != nil {
+			return // someone holds it, or is computing it
+		}
+		if e.sites[sc.pos[i]].home {
+			old = i
+		}
+	}
+	if old < 0 {
+		return
+	}
+	// Requests other routers sent there (scraped, as stale as the scrape) may be
+	// computing the prefix now: leave the home alone.
+	if m := cands[old].Metrics; sc.others[old] > 0 || (m.Valid && m.Running+m.Waiting > sc.loads[old]) {
+		return
+	}
+	best, bestShare := old, p.homeShare(sc, cands, old, 0)
+	if p.cfg.RehomeSlack > 0 {
+		// Any endpoint whose home share stays within RehomeSlack of the mean, fastest
+		// start first.
+		var mean float64
+		for i := range cands {
+			mean += p.homeShare(sc, cands, i, 0)
+		}
+		mean /= float64(len(cands))
+		limit := max(bestShare, p.cfg.RehomeSlack*mean)
+		est := func(i int) float64 {
+			d := sc.decode[i]
+			if d == 0 {
+				d = sc.meanDecode
+			}
+			return float64(sc.eps[i].prefill+len(sc.keys)*p.cfg.BlockSize+p.cfg.RehomeLoadTokens*sc.loads[i]) * d
+		}
+		bestEst := est(old)
+		if !sc.ok[old] {
+			bestEst = math.Inf(1)
+		}
+		for i := range cands {
+			if i == old || !sc.ok[i] {
+				continue
+			}
+			if p.homeShare(sc, cands, i, e.blocks) > limit {
+				continue
+			}
+			if x := est(i); x < bestEst {
+				best, bestEst = i, x
+			}
+		}
+	} else {
+		for i := range cands {
+			if i == old || !sc.ok[i] {
+				continue
+			}
+			share := p.homeShare(sc, cands, i, e.blocks)
+			if share < bestShare || (share == bestShare && p.wait(sc, i) < p.wait(sc, best)) {
+				best, bestShare = i, share
+			}
+		}
+	}
+	if best == old {
+		return
+	}
+	j := sc.pos[old]
+	p.unplace(e, &e.sites[j])
+	e.sites = slices.Delete(e.sites, j, j+1)
+	for i := range cands {
+		if sc.pos[i] > j {
+			sc.pos[i]--
+		}
+	}
+	sc.pos[old] = -1
+	sc.pos[best] = p.place(e, cands[best].Address, true)
+}
+
+// homeShare is candidate i's home blocks, plus extra, per block of its KV capacity.
+func (p *Policy) homeShare(sc *scratch, cands []scoring.Endpoint, i, extra int) float64 {
+	return float64(sc.eps[i].homeBlocks+extra) / float64(p.capacity(&cands[i]))
+}
+
+func (p *Policy) fillOf(ep *endpointState, c *scoring.Endpoint) float64 {
+	return float64(ep.placedBlocks) / float64(p.capacity(c))
+}
+
+// newHome places a prefix no candidate holds on the candidate with the least home
+// blocks per block of capacity, among those below SpillLoad if any.
+func (p *Policy) newHome(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc *scratch) int {
+	if p.cfg.Balance > 0 {
+		if i := p.rendezvous(e, key, cands, sc); i >= 0 {
+			sc.pos[i] = p.place(e, cands[i].Address, true)
+			return i
+		}
+	}
+	best, bestShare, bestOK := -1, 0.0, false
+	for i := range cands {
+		ok := sc.ok[i]
+		share := p.homeShare(sc, cands, i, e.blocks)
+		better := best < 0 || (ok && !bestOK) ||
+			(ok == bestOK && (share < bestShare || (share == bestShare && p.wait(sc, i) < p.wait(sc, best))))
+		if better {
+			best, bestShare, bestOK = i, share, ok
+		}
+	}
+	sc.pos[best] = p.place(e, cands[best].Address, true)
+	return best
+}
+
+// rendezvous returns the candidate of highest capacity-weighted rendezvous score for key
+// among those with KV room whose home blocks stay within Balance of their capacity
+// share (bounded-load rendezvous hashing: router replicas with the same view choose the
+// same home without talking), or -1 when none qualifies. p.mu must be held.
+func (p *Policy) rendezvous(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc *scratch) int {
+	var used, capacity float64
+	for i := range cands {
+		used += float64(sc.eps[i].homeBlocks)
+		capacity += float64(p.capacity(&cands[i]))
+	}
+	used += float64(e.blocks)
+	best, bestScore := -1, 0.0
+	for i := range cands {
+		c := float64(p.capacity(&cands[i]))
+		bound := max(float64(e.blocks), p.cfg.Balance*used*c/capacity)
+		if !sc.ok[i] || float64(sc.eps[i].homeBlocks+e.blocks) > bound {
+			continue
+		}
+		if score := p.score(key, sc.eps[i], &cands[i]); best < 0 || score > bestScore {
+			best, bestScore = i, score
+		}
+	}
+	return best
+}
+
+// score is candidate c's capacity-weighted rendezvous score for key: capacity / -ln(u),
+// u uniform in (0, 1) from the key and the endpoint. p.mu must be held.
+func (p *Policy) score(key uint64, ep *endpointState, c *scoring.Endpoint) float64 {
+	u := (float64(mix64(key^ep.hash)>>11) + 0.5) / (1 << 53)
+	return float64(p.capacity(c)) / -math.Log(u)
+}
+
+// mix64 is a 64-bit finaliser (splitmix64's).
+func mix64(x uint64) uint64 {
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	return x ^ x>>31
+}
+
+// divert returns the candidate a request should go to instead of best when best's
+// estimated time to first token, its prefill backlog plus the request's uncached tokens
+// scaled by its measured speed, exceeds DeadlineTokens and another candidate with KV room
+// would start it at least twice as soon; -1 otherwise. A diverted request places nothing.
+// p.mu must be held.
+func (p *Policy) divert(e *prefixEntry, cands []scoring.Endpoint, sc *scratch, best, tokens, bs int) int {
+	if p.cfg.DeadlineTokens <= 0 {
+		return -1
+	}
+	est := func(i int) float64 {
+		d := sc.decode[i]
+		if d == 0 {
+			d = sc.meanDecode
+		}
+		backlog := sc.eps[i].prefill + max(0, tokens-sc.lead[i]*bs)
+		return float64(backlog) * d / sc.meanDecode
+	}
+	eb := est(best)
+	full := p.cfg.DivertOnFull && !sc.room[best]
+	// A busy endpoint that lost most of the prefix would recompute it behind others.
+	miss := p.cfg.DivertMisses && sc.loads[best] > 0 &&
+		float64(sc.lead[best]) < p.cfg.HolderShare*float64(e.blocks)
+	if eb <= float64(p.cfg.DeadlineTokens) && !full && !miss {
+		return -1
+	}
+	alt, ea := -1, 0.0
+	for i := range cands {
+		if i == best || !sc.ok[i] {
+			continue
+		}
+		if miss && !full && (sc.loads[i] > 0 || !(sc.decode[i] > 0 && sc.decode[i] < p.cfg.MissSpeedup*sc.decode[best])) {
+			continue
+		}
+		if x := est(i); alt < 0 || x < ea {
+			alt, ea = i, x
+		}
+	}
+	if alt < 0 || (!full && !miss && 2*ea > eb) {
+		return -1
+	}
+	return alt
+}
+
+// wait ranks candidate i by the time its queue takes to drain past a new request: its
+// load plus one, times its measured decode time (the mean of the measured ones when it
+// has none yet). p.mu must be held.
+func (p *Policy) wait(sc *scratch, i int) float64 {
+	d := sc.decode[i]
+	if d == 0 {
+		d = sc.meanDecode
+	}
+	return float64(sc.loads[i]+1) * d
+}
+
+// room reports whether candidate i can start the request without waiting for KV blocks:
+// its footprint, plus others (blocks other routers' requests hold), plus the request's
+// blocks not already active there, stays within Headroom of its capacity. p.mu must be
+// held.
+func (p *Policy) room(ep *endpointState, key uint64, c *scoring.Endpoint, blocks int, others float64) bool {
+	capacity := float64(p.capacity(c))
+	used := float64(ep.footprint) + others
+	if p.cfg.ScrapedLoad && c.Metrics.Valid {
+		used = max(used, c.Metrics.KVCacheUsage*capacity)
+	}
+	need := blocks + p.cfg.OutputBlocks
+	if a := ep.active[key]; a != nil {
+		need -= min(a.blocks, blocks)
+	}
+	return used+float64(need) <= p.cfg.Headroom*capacity
+}

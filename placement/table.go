@@ -1,0 +1,223 @@
+package placement
+
+import (
+	"slices"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+)
+
+// maxKeptKeys bounds the keys kept per prefix to estimate its size (64k tokens at 16 per
+// block): the table holds about 2 x LiveWindow prefixes, so at most ~64 MB of keys.
+const maxKeptKeys = 4096
+
+// maxPending bounds the picks remembered until Routed or Finished.
+const maxPending = 1 << 16
+
+// endpointState is what the policy keeps per endpoint: the blocks the table places
+// there, the KV footprint and prefill backlog of its in-flight requests, its speed.
+type endpointState struct {
+	hash         uint64 // of the address, for rendezvous hashing
+	placedBlocks int    // blocks of the live placements (sites) on it
+	homeBlocks   int    // of those, the blocks of the sites that are homes
+	// footprint is the KV blocks the endpoint's in-flight requests (routed by this
+	// router) occupy: each active prefix's blocks once, plus each request's own.
+	footprint int
+	active    map[uint64]*activePrefix
+	// prefill is the uncached prompt tokens of in-flight requests without a first token.
+	prefill int
+	// decode is a moving average of the time from first token to finish, seconds; 0
+	// until measured. It ranks endpoints by speed.
+	decode float64
+	// missesInPrefill counts in-flight requests with at least HoldPrefillTokens uncached
+	// tokens and no first token yet: while > 0, hits wait at the router (HoldMaxMS).
+	missesInPrefill int
+	// inflight counts the requests this router routed there and has not seen finish;
+	// hist is a ring of its last histLen values with footprint and time, histN how many
+	// were ever recorded: SharedLoad reads this router's share of a scrape from them.
+	inflight int
+	hist     [histLen]ownSnapshot
+	histN    int
+}
+
+// histLen bounds each endpoint's history of its own in-flight count: 64 changes (32
+// requests) cover a scrape interval unless an endpoint takes over ~600 requests/s at 50 ms.
+const histLen = 64
+
+// ownSnapshot is an endpoint's own in-flight count and footprint from time at on.
+type ownSnapshot struct {
+	at        time.Time
+	inflight  int
+	footprint int
+}
+
+// record appends the endpoint's current own count and footprint at t to its history.
+func (ep *endpointState) record(t time.Time) {
+	ep.hist[ep.histN%histLen] = ownSnapshot{at: t, inflight: ep.inflight, footprint: ep.footprint}
+	ep.histN++
+}
+
+// ownAt returns the endpoint's own in-flight count and footprint at t, and false when
+// the history no longer reaches back that far.
+func (ep *endpointState) ownAt(t time.Time) (ownSnapshot, bool) {
+	for k := 0; k < min(ep.histN, histLen); k++ {
+		s := ep.hist[(ep.histN-1-k)%histLen]
+		if !s.at.After(t) {
+			return s, true
+		}
+	}
+	// Nothing recorded at or before t: nothing had been routed then, unless the ring
+	// has overwritten it.
+	return ownSnapshot{}, ep.histN <= histLen
+}
+
+type activePrefix struct {
+	requests int
+	blocks   int // the prefix's blocks as counted into footprint
+}
+
+// prefixEntry is one row of the placement table: a prefix, its estimated size and the
+// endpoints it is placed on.
+type prefixEntry struct {
+	blocks int      // estimated shared blocks
+	keys   []uint64 // the last request's keys, to estimate blocks
+	seen   uint64   // the pick (tick) that last saw the prefix
+	sites  []site   // where the prefix is placed
+}
+
+// site is one placement of a prefix on an endpoint: its home, or a replica or spill.
+type site struct {
+	ep       *endpointState
+	addr     string
+	home     bool
+	lastUsed uint64 // the pick (tick) that last chose it
+	placedAt uint64 // the pick that made it
+}
+
+type pendingPick struct {
+	key     uint64
+	addr    string
+	blocks  int // the request's full blocks
+	pblocks int // its prefix's estimated blocks at the pick
+	prefill int // its uncached prompt tokens on addr, per the index at the pick
+}
+
+// tracked is an in-flight request's share of an endpoint's footprint.
+type tracked struct {
+	ep      *endpointState
+	key     uint64
+	unique  int
+	prefill int       // uncached tokens, released at the first token
+	first   time.Time // zero until FirstToken
+	miss    bool      // counted in ep.missesInPrefill
+}
+
+// prefix returns key's entry, creating it, and refreshes its size estimate from keys;
+// p.mu must be held.
+func (p *Policy) prefix(key uint64, keys []uint64) *prefixEntry {
+	e := p.prefixes[key]
+	if e == nil {
+		e = &prefixEntry{blocks: len(keys), keys: append([]uint64(nil), keys[:min(len(keys), maxKeptKeys)]...)}
+		p.prefixes[key] = e
+	} else {
+		common := 0
+		for common < len(keys) && common < len(e.keys) && keys[common] == e.keys[common] {
+			common++
+		}
+		if common != e.blocks {
+			for _, pl := range e.sites {
+				pl.ep.placedBlocks += common - e.blocks
+				if pl.home {
+					pl.ep.homeBlocks += common - e.blocks
+				}
+			}
+			e.blocks = common
+		}
+		e.keys = append(e.keys[:0], keys[:min(len(keys), maxKeptKeys)]...)
+	}
+	e.seen = p.tick
+	p.expire(e)
+	return e
+}
+
+// expire drops e's placements unused for LiveWindow picks; p.mu must be held.
+func (p *Policy) expire(e *prefixEntry) {
+	e.sites = slices.DeleteFunc(e.sites, func(pl site) bool {
+		if p.tick-pl.lastUsed <= uint64(p.cfg.LiveWindow) {
+			return false
+		}
+		p.unplace(e, &pl)
+		return true
+	})
+}
+
+// drop removes e's placement on addr, if any; p.mu must be held.
+func (p *Policy) drop(e *prefixEntry, addr string) {
+	e.sites = slices.DeleteFunc(e.sites, func(pl site) bool {
+		if pl.addr != addr {
+			return false
+		}
+		p.unplace(e, &pl)
+		return true
+	})
+}
+
+func (p *Policy) unplace(e *prefixEntry, pl *site) {
+	pl.ep.placedBlocks -= e.blocks
+	if pl.home {
+		pl.ep.homeBlocks -= e.blocks
+	}
+}
+
+// sweep expires placements everywhere and drops prefixes with none left; if the table
+// is still too large, it drops prefixes at random. p.mu must be held.
+func (p *Policy) sweep() {
+	for k, e := range p.prefixes {
+		p.expire(e)
+		if len(e.sites) == 0 && p.tick-e.seen > uint64(p.cfg.LiveWindow) {
+			delete(p.prefixes, k)
+		}
+	}
+	for k, e := range p.prefixes {
+		if len(p.prefixes) <= p.cfg.MaxPrefixes {
+			break
+		}
+		for i := range e.sites {
+			p.unplace(e, &e.sites[i])
+		}
+		delete(p.prefixes, k)
+	}
+}
+
+func (p *Policy) endpoint(addr string) *endpointState {
+	ep := p.eps[addr]
+	if ep == nil {
+		ep = &endpointState{hash: xxhash.Sum64String(addr)}
+		p.eps[addr] = ep
+	}
+	return ep
+}
+
+// place adds (or finds) e's placement on addr and returns its position; p.mu must be held.
+func (p *Policy) place(e *prefixEntry, addr string, home bool) int {
+	for i := range e.sites {
+		if e.sites[i].addr == addr {
+			if home && !e.sites[i].home {
+				e.sites[i].home = true
+				e.sites[i].ep.homeBlocks += e.blocks
+			}
+			return i
+		}
+	}
+	ep := p.endpoint(addr)
+	ep.placedBlocks += e.blocks
+	if home {
+		ep.homeBlocks += e.blocks
+	}
+	e.sites = append(e.sites, site{ep: ep, addr: addr, home: home, lastUsed: p.tick, placedAt: p.tick})
+	return len(e.sites) - 1
+}
+
+func (p *Policy) touch(e *prefixEntry, addr string, home bool) {
+	e.sites[p.place(e, addr, home)].lastUsed = p.tick
+}

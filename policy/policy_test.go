@@ -1,0 +1,106 @@
+package policy_test
+
+import (
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/kvrouter/kvrouter/index"
+	"github.com/kvrouter/kvrouter/policy"
+	"github.com/kvrouter/kvrouter/scoring"
+)
+
+// TestBuiltinIsValid: the shipped list passes NewRegistry's rules, in the documented order.
+func TestBuiltinIsValid(t *testing.T) {
+	b := policy.Builtin()
+	if _, err := policy.NewRegistry(b.Specs()...); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"random", "round-robin", "least-load", "kv", "approximate", "placement"}
+	if got := b.Names(); !slices.Equal(got, want) {
+		t.Errorf("Names() = %v, want %v", got, want)
+	}
+	if got := b.FallbackNames(); !slices.Equal(got, []string{"random", "round-robin", "least-load"}) {
+		t.Errorf("FallbackNames() = %v", got)
+	}
+}
+
+// TestBuiltinBuildsEveryPolicy: each name builds a policy of that name, from the default
+// configuration and the dependencies it declares.
+func TestBuiltinBuildsEveryPolicy(t *testing.T) {
+	ix, err := index.New(index.DefaultConfig(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := policy.Builtin()
+	for _, s := range b.Specs() {
+		t.Run(s.Name, func(t *testing.T) {
+			p, err := b.New(s.Name, nil, policy.Deps{Index: ix})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if p.Name() != s.Name {
+				t.Errorf("built %q, want %q", p.Name(), s.Name)
+			}
+			d, err := p.Pick(&scoring.Request{ID: "r", Model: "m", BaseModel: "m"}, []scoring.Endpoint{{Address: "10.0.0.1:8000"}})
+			if err != nil || d.Endpoint != "10.0.0.1:8000" {
+				t.Errorf("Pick = %+v, %v", d, err)
+			}
+			if s.Index {
+				if _, err := b.New(s.Name, nil, policy.Deps{}); err == nil || !strings.Contains(err.Error(), "needs the block index") {
+					t.Errorf("built without the index it needs: %v", err)
+				}
+			}
+		})
+	}
+}
+
+// TestBuiltinReadsItsSection: a policy is built from its own section of Config, and an
+// invalid section is refused by the constructor.
+func TestBuiltinReadsItsSection(t *testing.T) {
+	ix, _ := index.New(index.DefaultConfig(), nil)
+	c := policy.DefaultConfig()
+	c.Placement.Fill = 2
+	if _, err := policy.Builtin().New("placement", &c, policy.Deps{Index: ix}); err == nil {
+		t.Error("placement built with fill 2")
+	}
+	c = policy.DefaultConfig()
+	c.KV.OverlapCredit = 2
+	if _, err := policy.Builtin().New("approximate", &c, policy.Deps{}); err == nil {
+		t.Error("approximate built with overlap_credit 2")
+	}
+	if _, err := policy.Builtin().New("least-load", &c, policy.Deps{}); err != nil {
+		t.Errorf("least-load reads no section, yet: %v", err)
+	}
+}
+
+func TestUnknownAndInvalid(t *testing.T) {
+	_, err := policy.Builtin().New("nope", nil, policy.Deps{})
+	var ue *policy.UnknownError
+	if !errors.As(err, &ue) || ue.Name != "nope" || len(ue.Known) != 6 {
+		t.Errorf("New(nope) = %v", err)
+	}
+	build := func(*policy.Config, policy.Deps) (scoring.Policy, error) { return scoring.NewLeastLoad(), nil }
+	for _, tc := range []struct {
+		name  string
+		specs []policy.Spec
+		want  string
+	}{
+		{"no name", []policy.Spec{{New: build}}, "has no name"},
+		{"twice", []policy.Spec{{Name: "a", New: build}, {Name: "a", New: build}}, `"a" registered twice`},
+		{"no constructor", []policy.Spec{{Name: "a"}}, "no constructor"},
+		{"unknown section", []policy.Spec{{Name: "a", Section: "b", New: build}}, `unknown section "b"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := policy.NewRegistry(tc.specs...); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("NewRegistry = %v, want %q", err, tc.want)
+			}
+		})
+	}
+	// A custom registry extends the built-in list without touching it.
+	r, err := policy.NewRegistry(append(policy.Builtin().Specs(), policy.Spec{Name: "mine", New: build})...)
+	if err != nil || len(r.Names()) != 7 || len(policy.Builtin().Names()) != 6 {
+		t.Errorf("extended registry: %v, %v", r.Names(), err)
+	}
+}
