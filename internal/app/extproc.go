@@ -30,7 +30,7 @@ type forgetter interface {
 // health view, the clock and the model's block size. src feeds the random policy and
 // the kv policies' tie-breaks (nil: seeded from the clock).
 func (a *App) newPolicy(name string, src rand.Source) (scoring.Policy, error) {
-	pc := a.cfg.Policy.Policies()
+	pc := a.cfg.Policy.Config
 	pc.KV.ApproxBlocks = a.cfg.KV.ApproxBlocks
 	pc.KV.MaxTracked = a.cfg.KV.MaxTracked
 	p, err := a.policies.New(name, &pc, policy.Deps{
@@ -82,6 +82,8 @@ func (a *App) registerExtProc(o Options) error {
 		MaxBodyBytes: a.cfg.Limits.MaxBodyBytes,
 		MaxHold:      a.cfg.Limits.MaxHold,
 		MaxFallbacks: a.cfg.Limits.MaxFallbacks,
+		ShedWaiting:  a.cfg.Limits.ShedQueueDepth,
+		RetryAfter:   a.cfg.Limits.RetryAfter,
 		Logger:       a.log.Named("extproc"),
 		Registerer:   a.reg,
 		Now:          o.Now,
