@@ -312,6 +312,14 @@ type LimitsConfig struct {
 	// it opened; a drain ends such streams at once. Default 10s: Envoy opens a stream
 	// with the request headers, so a stream silent this long is not a request.
 	StreamIdleTimeout time.Duration `yaml:"stream_idle_timeout"`
+	// MaxFallbacks is how many fallback endpoints the router lists after the chosen one
+	// in x-gateway-destination-endpoint (comma-separated, best first), for the proxy to
+	// retry on when the chosen endpoint cannot be connected to. Default 0: an
+	// ORIGINAL_DST cluster (the chart's and Istio's Envoy configs) takes a single
+	// ip:port; set it (2 is enough for one dead pod at a time plus a second failure)
+	// behind a proxy with Envoy's override_host load-balancing policy (envoy/envoy.yaml)
+	// or the dev gateway, which retry on the next listed endpoint.
+	MaxFallbacks int `yaml:"max_fallbacks"`
 	// ShedQueueDepth > 0 sheds load: a request is answered 429 (with Retry-After) when
 	// every endpoint eligible for it has more than this many requests waiting in its
 	// queue (vllm:num_requests_waiting, from fresh scrapes). Default 0: never shed.
@@ -364,6 +372,9 @@ func (c *LimitsConfig) Validate() error {
 	}
 	if c.MaxHold < 0 || c.MaxHold > 500*time.Millisecond {
 		errs.Addf("max_hold", "%v is out of range [0, 500ms] (Envoy's ext_proc message_timeout runs while a request is held)", c.MaxHold)
+	}
+	if c.MaxFallbacks < 0 || c.MaxFallbacks > scoring.MaxFallbacks {
+		errs.Addf("max_fallbacks", "%d is out of range [0, %d] (the policies name at most %d)", c.MaxFallbacks, scoring.MaxFallbacks, scoring.MaxFallbacks)
 	}
 	if c.ShedQueueDepth < 0 || c.ShedQueueDepth > 1_000_000 {
 		errs.Addf("shed_queue_depth", "%d is out of range [0, 1000000] (0 never sheds)", c.ShedQueueDepth)

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"go.uber.org/zap"
@@ -135,25 +136,79 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	// 3. ORIGINAL_DST by header: the first address, only if allowed.
-	dest, _ := res.Headers.Get(epp.HeaderDestination)
-	dest, _, _ = strings.Cut(dest, ",")
-	dest = strings.TrimSpace(dest)
-	if !g.allow[dest] {
-		errorJSON(w, http.StatusServiceUnavailable, fmt.Sprintf("destination %q is not an allowed upstream", dest))
+	value, _ := res.Headers.Get(epp.HeaderDestination)
+	dests := destinations(value)
+	if len(dests) == 0 || !g.allow[dests[0]] {
+		errorJSON(w, http.StatusServiceUnavailable, fmt.Sprintf("destination %q is not an allowed upstream", value))
 		return
 	}
-	up, err := g.upstreamRequest(r, res, dest)
-	if err != nil {
-		errorJSON(w, http.StatusBadRequest, err.Error())
-		return
+	// As Envoy's override_host policy with a retry policy on connect-failure and reset
+	// (envoy/envoy.yaml): the first endpoint listed, then each fallback in order while
+	// the attempt fails before any response header arrives. Fallbacks that are not
+	// allowed upstreams are skipped.
+	var resp *http.Response
+	var served string
+	var took time.Duration
+	var lastErr error
+	for i, dest := range dests {
+		if !g.allow[dest] {
+			continue
+		}
+		up, err := g.upstreamRequest(r, res, dest)
+		if err != nil {
+			errorJSON(w, http.StatusBadRequest, err.Error())
+			return
+		}
+		t0 := time.Now()
+		resp, err = g.transport.RoundTrip(up)
+		if err == nil {
+			served, took = dest, time.Since(t0)
+			break
+		}
+		lastErr = err
+		if r.Context().Err() != nil {
+			break
+		}
+		if i+1 < len(dests) {
+			g.log.Debug("upstream attempt failed, retrying on the next endpoint", zap.String("endpoint", dest), zap.Error(err))
+		}
 	}
-	resp, err := g.transport.RoundTrip(up)
-	if err != nil {
-		errorJSON(w, http.StatusServiceUnavailable, "upstream connect error: "+err.Error())
+	if resp == nil {
+		g.localReply(w, x, "upstream connect error or reset before headers: "+lastErr.Error())
 		return
 	}
 	defer resp.Body.Close()
-	g.respond(w, x, resp, dest)
+	g.respond(w, x, resp, served, took)
+}
+
+// destinations splits the destination header: the chosen endpoint, then fallbacks.
+func destinations(v string) []string {
+	var out []string
+	for _, d := range strings.Split(v, ",") {
+		if d = strings.TrimSpace(d); d != "" {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
+// localReply answers 503 as Envoy does when no upstream attempt got a response: the
+// reply goes through the filter's response path (kvrouter sees a 503 without
+// x-envoy-upstream-service-time, a passive health signal) and then to the client.
+func (g *Gateway) localReply(w http.ResponseWriter, x *envoytest.Exchange, msg string) {
+	h := envoytest.Headers{{Key: ":status", Value: "503"}, {Key: "content-type", Value: "application/json"}}
+	out, err := x.ResponseHeaders(h, true, nil)
+	if err != nil {
+		g.fail(w, err)
+		return
+	}
+	x.Close()
+	for _, kv := range out {
+		if !strings.HasPrefix(kv.Key, ":") && kv.Key != "content-type" && kv.Key != "content-length" {
+			w.Header().Add(kv.Key, kv.Value)
+		}
+	}
+	errorJSON(w, http.StatusServiceUnavailable, msg)
 }
 
 func (g *Gateway) fail(w http.ResponseWriter, err error) {
@@ -188,8 +243,11 @@ func (g *Gateway) upstreamRequest(r *http.Request, res *envoytest.RequestResult,
 }
 
 // respond sends the upstream response through the filter and streams it to the client.
-func (g *Gateway) respond(w http.ResponseWriter, x *envoytest.Exchange, resp *http.Response, dest string) {
-	h := envoytest.Headers{{Key: ":status", Value: strconv.Itoa(resp.StatusCode)}}
+func (g *Gateway) respond(w http.ResponseWriter, x *envoytest.Exchange, resp *http.Response, dest string, took time.Duration) {
+	// x-envoy-upstream-service-time, as Envoy's router adds to a response from an
+	// upstream (kvrouter tells upstream responses from local replies by it).
+	h := envoytest.Headers{{Key: ":status", Value: strconv.Itoa(resp.StatusCode)},
+		{Key: epp.HeaderUpstreamServiceTime, Value: strconv.FormatInt(took.Milliseconds(), 10)}}
 	for k, vs := range resp.Header {
 		k = strings.ToLower(k)
 		if hopByHop[k] {
@@ -229,7 +287,16 @@ func (g *Gateway) respond(w http.ResponseWriter, x *envoytest.Exchange, resp *ht
 	}
 	flusher, _ := w.(http.Flusher)
 	pumpErr := make(chan error, 1)
-	go func() { pumpErr <- pump(x, resp) }()
+	go func() {
+		err := pump(x, resp)
+		if err != nil {
+			// The upstream failed mid-body (a pod killed): end the ext_proc stream, so
+			// that the read below returns instead of waiting for an end that never comes
+			// (the client then sees a truncated body, as from Envoy).
+			x.Cancel()
+		}
+		pumpErr <- err
+	}()
 	for {
 		chunk, eos, err := x.ReadResponseBody()
 		if err != nil {

@@ -75,6 +75,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.IntVar(&o.Requests, "requests", o.Requests, "requests per policy")
 	fs.IntVar(&o.Concurrency, "concurrency", o.Concurrency, "closed-loop clients")
 	fs.Uint64Var(&o.Seed, "seed", o.Seed, "workload seed")
+	fs.DurationVar(&o.KillWorkerAfter, "kill-worker-after", 0, "kill server 0 (SIGKILL) this long into each policy's load and count the failed requests; 0: no kill")
+	fs.IntVar(&o.MaxFallbacks, "max-fallbacks", 0, "kvrouter's limits.max_fallbacks (fallback endpoints the gateway retries a failed connect on)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}

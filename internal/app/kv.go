@@ -73,6 +73,9 @@ func newKVPath(cfg *config.Config, f *fleet.Fleet, log *zap.Logger, reg promethe
 	if err != nil {
 		return nil, fmt.Errorf("app: %w", err)
 	}
+	// A KV-event connection that ends is the first sign of a pod killed (milliseconds,
+	// where scrapes take up to FailuresBeforeIneligible intervals): a passive signal.
+	k.sub.OnConnectionLost(func(addr string) { f.ReportFailure(addr, fleet.SignalEvents) })
 	k.health = newEventHealth(k.sub, f, cfg.KV.HealthRefresh, cfg.KV.EventsStaleAfter, now)
 	k.eventsSkipped = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "kvrouter_kv_events_unusable_endpoints_total",

@@ -50,6 +50,9 @@ func routerConfigScrape(o *Options, servers []serverAddrs, policy string, l list
 	} else {
 		b.WriteString("limits:\n  metrics_failures_before_ineligible: 10\n")
 	}
+	if o.MaxFallbacks > 0 {
+		fmt.Fprintf(&b, "  max_fallbacks: %d\n", o.MaxFallbacks)
+	}
 	b.WriteString("kv:\n  events:\n    backoff_min: 50ms\n    backoff_max: 1s\n")
 	return []byte(b.String())
 }

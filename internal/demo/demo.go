@@ -48,6 +48,14 @@ type Options struct {
 	Prefixes, PrefixTokens, TailTokens, OutputTokens int
 	Requests, Concurrency                            int
 	Seed                                             uint64
+	// KillWorkerAfter, when set, kills worker 0 (SIGKILL: no FIN on its event stream's
+	// behalf beyond what the kernel sends) this long into each policy's load, to count
+	// the requests a dying pod costs the clients. Process stacks only. The engines'
+	// metrics are then not read (the dead one has none).
+	KillWorkerAfter time.Duration
+	// MaxFallbacks is kvrouter's limits.max_fallbacks: fallback endpoints the gateway may
+	// retry a failed connect on.
+	MaxFallbacks int
 	// Log receives progress lines; nil discards them.
 	Log io.Writer
 	// Prompt is the model's tokenizer and chat template; nil: Compare loads it from
@@ -179,8 +187,23 @@ func runOne(ctx context.Context, o *Options, start Starter, policy string, w *kv
 		}
 	}()
 	o.logf("%s: sending %d requests (N=%d, concurrency %d) through %s", policy, wl.Requests, wl.Prefixes, o.Concurrency, st.GatewayURL())
+	metricsURLs := st.EngineMetricsURLs()
+	if o.KillWorkerAfter > 0 {
+		k, ok := st.(interface{ KillWorker(i int) error })
+		if !ok {
+			return res, errors.New("demo: this stack cannot kill a worker (use processes)")
+		}
+		metricsURLs = nil
+		timer := time.AfterFunc(o.KillWorkerAfter, func() {
+			o.logf("%s: killing worker 0 (SIGKILL)", policy)
+			if err := k.KillWorker(0); err != nil {
+				o.logf("%s: kill: %v", policy, err)
+			}
+		})
+		defer timer.Stop()
+	}
 	target, err := kvbench.NewHTTPTarget(kvbench.HTTPConfig{URL: st.GatewayURL(), Model: o.Model,
-		MetricsURLs: st.EngineMetricsURLs(), IgnoreEOS: true, Timeout: 2 * time.Minute})
+		MetricsURLs: metricsURLs, IgnoreEOS: true, Timeout: 2 * time.Minute})
 	if err != nil {
 		return res, err
 	}

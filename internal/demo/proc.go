@@ -85,6 +85,17 @@ func freePorts(n int) ([]int, error) {
 
 // spawn starts bin with args, its output in logPath and env added to this process's
 // environment.
+// KillWorker kills simulated server i with SIGKILL, as a node or OOM kill would.
+func (s *procStack) KillWorker(i int) error {
+	name := fmt.Sprintf("vllm-sim %d", i)
+	for _, p := range s.procs {
+		if p.name == name {
+			return p.cmd.Process.Kill()
+		}
+	}
+	return fmt.Errorf("demo: no %s", name)
+}
+
 func (s *procStack) spawn(name, logPath string, env []string, bin string, args ...string) error {
 	f, err := os.Create(logPath)
 	if err != nil {
@@ -245,7 +256,11 @@ func (s *procStack) start(ctx context.Context, o *Options, po ProcessOptions, po
 		if err != nil {
 			return err
 		}
-		y, err := envoyConfig(string(src), gw, ext, admin)
+		var ups []string
+		for _, sv := range servers {
+			ups = append(ups, sv.HTTP)
+		}
+		y, err := envoyConfig(string(src), gw, ext, admin, ups...)
 		if err != nil {
 			return err
 		}
@@ -265,11 +280,22 @@ func (s *procStack) start(ctx context.Context, o *Options, po ProcessOptions, po
 }
 
 // envoyConfig points the repository's Envoy bootstrap at the demo's ports: the listener
-// on gw (loopback), the admin port, and the kvrouter cluster at ext (TLS, kvrouter's
-// self-signed default), and keeps the served-endpoint response header for kvbench's
-// servers-per-prefix column. Everything else (the header-stripping filter, ext_proc in
-// FULL_DUPLEX_STREAMED, the ORIGINAL_DST cluster) is used as shipped.
-func envoyConfig(src, gw, ext string, admin int) (string, error) {
+// on gw (loopback), the admin port, the kvrouter cluster at ext (TLS, kvrouter's
+// self-signed default), and, in a bootstrap whose vLLM cluster lists the pool's Service
+// (override_host, envoy.yaml), that cluster at the servers ups; it keeps the
+// served-endpoint response header for kvbench's servers-per-prefix column. Everything
+// else (the header-stripping filter, ext_proc in FULL_DUPLEX_STREAMED, the retry policy)
+// is used as shipped.
+func envoyConfig(src, gw, ext string, admin int, ups ...string) (string, error) {
+	const pool = "        - endpoint:\n            address:\n              socket_address: {address: vllm-pool, port_value: 8000}\n"
+	if strings.Contains(src, pool) && len(ups) > 0 {
+		var b strings.Builder
+		for _, u := range ups {
+			h, p, _ := net.SplitHostPort(u)
+			fmt.Fprintf(&b, "        - endpoint:\n            address:\n              socket_address: {address: %s, port_value: %s}\n", h, p)
+		}
+		src = strings.Replace(src, pool, b.String(), 1)
+	}
 	gwHost, gwPort, _ := net.SplitHostPort(gw)
 	extHost, extPort, _ := net.SplitHostPort(ext)
 	for _, r := range []struct{ old, new string }{
@@ -292,5 +318,5 @@ func envoyConfigFile(path string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return envoyConfig(string(src), "127.0.0.1:1", "127.0.0.1:2", 3)
+	return envoyConfig(string(src), "127.0.0.1:1", "127.0.0.1:2", 3, "127.0.0.1:4", "127.0.0.1:5")
 }
