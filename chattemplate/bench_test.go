@@ -63,7 +63,7 @@ func BenchmarkRenderQwen3TypicalNoMessageCache(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	tmpl, err := chattemplate.Compile(string(src), chattemplate.Options{MessageCacheSize: -1})
+	tmpl, err := chattemplate.Compile(string(src), chattemplate.Options{MessageCacheBytes: -1})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -146,7 +146,7 @@ func FuzzConversations(f *testing.F) {
 	for _, model := range []string{"qwen3", "llama3"} {
 		pairs = append(pairs, pair{
 			cached:   loadTemplate(f, model, nil),
-			uncached: loadTemplateWith(f, model, chattemplate.Options{MessageCacheSize: -1}),
+			uncached: loadTemplateWith(f, model, chattemplate.Options{MessageCacheBytes: -1}),
 		})
 	}
 	for _, seed := range [][]byte{
