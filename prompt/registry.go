@@ -37,8 +37,8 @@ type Config struct {
 	PrefixCacheBytes int64 `yaml:"prefix_cache_bytes"`
 	// MessageCacheBytes bounds each model's cache of request messages converted for
 	// its chat template (see chattemplate.Options.MessageCacheBytes): 0 is the default,
-	// chattemplate.DefaultMessageCacheBytes (64 MiB, the same history as the prefix
-	// cache's default); negative turns it off.
+	// chattemplate.DefaultMessageCacheBytes (64 MiB, about 6M tokens of history);
+	// negative turns it off.
 	MessageCacheBytes int64 `yaml:"message_cache_bytes"`
 }
 
