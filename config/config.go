@@ -19,6 +19,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/config/field"
 	"github.com/kvrouter/kvrouter/discovery"
+	"github.com/kvrouter/kvrouter/extproc"
 	"github.com/kvrouter/kvrouter/fleet"
 	"github.com/kvrouter/kvrouter/index"
 	"github.com/kvrouter/kvrouter/kvevents"
@@ -264,22 +265,33 @@ type LimitsConfig struct {
 	MaxBodyBytes int `yaml:"max_body_bytes"`
 	// DrainTimeout bounds how long in-flight streams may run on after SIGTERM.
 	DrainTimeout time.Duration `yaml:"drain_timeout"`
-	// MaxHold bounds how long one request may wait at the router when the policy asks to
-	// hold it (placement's hold_max_ms; 0 never holds). Envoy's ext_proc message_timeout
-	// keeps running meanwhile, so it must stay well under it (at most 500ms; envoy.yaml
-	// sets 1s). Default 200ms.
+	// MaxHold bounds how long the router may take to answer a request the policy asks to
+	// hold (placement's hold_max), counted from the start of the decision: parsing,
+	// tokenization and earlier holds count (0 never holds). Envoy's ext_proc
+	// message_timeout (200ms unless set) runs meanwhile in every body mode but
+	// FULL_DUPLEX_STREAMED, so it must stay well under it (at most 500ms). Default 120ms
+	// (extproc.DefaultMaxHold): 80ms under Envoy's default message_timeout.
 	MaxHold time.Duration `yaml:"max_hold"`
+	// ShedQueueDepth > 0 sheds load: a request is answered 429 (with Retry-After) when
+	// every endpoint eligible for it has more than this many requests waiting in its
+	// queue (vllm:num_requests_waiting, from fresh scrapes). Default 0: never shed.
+	ShedQueueDepth int `yaml:"shed_queue_depth"`
+	// RetryAfter is the Retry-After of 429 and 503 answers, in whole seconds (rounded up).
+	// Default 1s (extproc.DefaultRetryAfter): one scrape interval, after which the
+	// router's view of the queues is new.
+	RetryAfter time.Duration `yaml:"retry_after"`
 	// Scrape tunes the scraping of each endpoint's /metrics.
 	Scrape fleet.ScrapeConfig `yaml:",inline"`
 }
 
-// DefaultLimitsConfig returns 16 MiB bodies, a 30s drain, 200ms holds and the scrape
+// DefaultLimitsConfig returns 16 MiB bodies, a 30s drain, 120ms holds and the scrape
 // defaults.
 func DefaultLimitsConfig() LimitsConfig {
 	return LimitsConfig{
 		MaxBodyBytes: 16 << 20,
 		DrainTimeout: 30 * time.Second,
-		MaxHold:      200 * time.Millisecond,
+		MaxHold:      extproc.DefaultMaxHold,
+		RetryAfter:   extproc.DefaultRetryAfter,
 		Scrape:       fleet.DefaultScrapeConfig(),
 	}
 }
@@ -295,6 +307,12 @@ func (c *LimitsConfig) Validate() error {
 	}
 	if c.MaxHold < 0 || c.MaxHold > 500*time.Millisecond {
 		errs.Addf("max_hold", "%v is out of range [0, 500ms] (Envoy's ext_proc message_timeout runs while a request is held)", c.MaxHold)
+	}
+	if c.ShedQueueDepth < 0 || c.ShedQueueDepth > 1_000_000 {
+		errs.Addf("shed_queue_depth", "%d is out of range [0, 1000000] (0 never sheds)", c.ShedQueueDepth)
+	}
+	if c.RetryAfter < time.Second || c.RetryAfter > time.Hour {
+		errs.Addf("retry_after", "%v is out of range [1s, 1h] (Retry-After counts whole seconds)", c.RetryAfter)
 	}
 	errs.Nest("", c.Scrape.Validate())
 	return errs.Err()

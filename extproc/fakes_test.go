@@ -16,6 +16,7 @@ type fakeFleet struct {
 	order    []string            // healthy endpoints in stable order
 	serves   map[string][]string // model -> endpoints
 	inflight map[string]int
+	metrics  map[string]scoring.Metrics // scraped figures per endpoint (zero: none)
 	begins   int
 	ends     int
 }
@@ -44,7 +45,7 @@ func (f *fakeFleet) Candidates(model string) ([]scoring.Endpoint, string, string
 	var eps []scoring.Endpoint
 	for _, a := range f.order { // stable order, healthy only
 		if slices.Contains(addrs, a) {
-			eps = append(eps, scoring.Endpoint{Address: a, InFlight: f.inflight[a]})
+			eps = append(eps, scoring.Endpoint{Address: a, InFlight: f.inflight[a], Metrics: f.metrics[a]})
 		}
 	}
 	if model == "lora-x" {

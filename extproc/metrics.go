@@ -22,6 +22,8 @@ type metrics struct {
 	cachedTokens    *prometheus.CounterVec
 	holds           prometheus.Counter
 	holdSeconds     prometheus.Counter
+	shed            prometheus.Counter
+	holdsCut        *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -85,6 +87,14 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		holdSeconds: register(reg, prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "kvrouter_routing_hold_seconds_total",
 			Help: "Time requests spent held at the router at their policy's request.",
+		})),
+		holdsCut: register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvrouter_routing_holds_cut_total",
+			Help: "Holds a policy asked for and the router did not honour, by the bound they would pass: max_hold, deadline (the stream's).",
+		}, []string{"bound"})),
+		shed: register(reg, prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvrouter_requests_shed_total",
+			Help: "Requests answered 429 because every eligible endpoint's queue was over the shedding bound.",
 		})),
 	}
 	return m

@@ -26,6 +26,18 @@ const (
 	DefaultMaxBodyBytes = 16 << 20
 )
 
+// DefaultMaxHold is the default Options.MaxHold (limits.max_hold): the longest hold the
+// default policy asks for (placement's hold_max), leaving 80 ms of Envoy's default
+// ext_proc message_timeout (200 ms) for what the router's clock does not see: the
+// message's way in (a buffered body of megabytes), the reply's way out and a stall of
+// the router's process.
+const DefaultMaxHold = 120 * time.Millisecond
+
+// deadlineReserve is kept before a deadline the client sends with the stream (gRPC
+// grpc-timeout): holds end by then, leaving time for the last pick, the reply's way back
+// and a scheduling delay on a busy node.
+const deadlineReserve = 25 * time.Millisecond
+
 // Fleet is what the server needs from the endpoint registry.
 type Fleet interface {
 	// Candidates returns the healthy endpoints serving model, in stable order; base and lora
@@ -72,15 +84,29 @@ type Options struct {
 	Registerer prometheus.Registerer
 	// Now is the clock for latency metrics. Nil = time.Now.
 	Now func() time.Time
-	// MaxHold bounds how long one request may be held when its policy asks
-	// (scoring.Decision.Hold): the holds are summed, and one that would pass MaxHold is
-	// not honoured (the request goes to the Decision's Endpoint). Keep it well under the
-	// ext_proc filter's message_timeout, which also runs while a request is held. 0 never
-	// holds.
+	// MaxHold bounds how long the router may take to answer a request whose policy asks
+	// to hold it (scoring.Decision.Hold), counted from the start of the decision, so that
+	// parsing, tokenization and earlier holds count: a hold that would end past MaxHold is
+	// not honoured and the request goes to the Decision's Endpoint, the best pick then.
+	// When the stream carries a deadline (grpc-timeout), holds also end deadlineReserve
+	// before it. Envoy's message_timeout (200 ms unless configured) runs while a request
+	// is held in every body mode but FULL_DUPLEX_STREAMED: keep MaxHold well under it
+	// (DefaultMaxHold leaves 80 ms of the default). 0 never holds.
 	MaxHold time.Duration
 	// After is the timer holds wait on. Nil = time.After.
 	After func(time.Duration) <-chan time.Time
+	// ShedWaiting > 0 sheds load: a request is answered 429 when every endpoint eligible
+	// for it has valid metrics and more than ShedWaiting requests waiting in its queue
+	// (vllm:num_requests_waiting), instead of adding to a queue. 0 never sheds.
+	ShedWaiting int
+	// RetryAfter is the Retry-After of 429 and 503 answers, rounded up to whole seconds.
+	// 0 means DefaultRetryAfter.
+	RetryAfter time.Duration
 }
+
+// DefaultRetryAfter is the default Options.RetryAfter: one scrape interval's worth, after
+// which the router's view of the endpoints' queues and health is new.
+const DefaultRetryAfter = time.Second
 
 // Server implements Envoy's ExternalProcessor service. Create it with New.
 type Server struct {
@@ -99,6 +125,8 @@ type Server struct {
 	now      func() time.Time
 	maxHold  time.Duration
 	after    func(time.Duration) <-chan time.Time
+	shed     int    // Options.ShedWaiting
+	retry    string // Retry-After value of 429 and 503 answers, in seconds
 	m        *metrics
 	// candidateBufs pools *[]scoring.Endpoint for fleets implementing candidateAppender.
 	candidateBufs sync.Pool
@@ -132,6 +160,8 @@ func New(o Options) *Server {
 		now:      o.Now,
 		maxHold:  o.MaxHold,
 		after:    o.After,
+		shed:     o.ShedWaiting,
+		retry:    retryAfterSeconds(o.RetryAfter),
 		m:        newMetrics(o.Registerer),
 	}
 	if a, ok := o.Fleet.(candidateAppender); ok {
@@ -162,6 +192,14 @@ func New(o Options) *Server {
 		s.after = time.After
 	}
 	return s
+}
+
+// retryAfterSeconds is d as a Retry-After value: whole seconds, rounded up, at least 1.
+func retryAfterSeconds(d time.Duration) string {
+	if d <= 0 {
+		d = DefaultRetryAfter
+	}
+	return strconv.FormatInt(int64((d+time.Second-1)/time.Second), 10)
 }
 
 // Register adds the ExternalProcessor service to g.

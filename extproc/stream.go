@@ -133,7 +133,7 @@ func (st *stream) onRequestHeaders(msg *extprocv3.ProcessingRequest, h *extprocv
 		// empty (only trailers, or nothing at all with trailer mode SKIP), so this reply
 		// already names a load-based endpoint; the body reply overrides it, and it is
 		// committed only if no body comes.
-		c, reason, err := st.choose(decideInput{fallback: fallbackNoBody})
+		c, reason, err := st.choose(decideInput{fallback: fallbackNoBody}, st.s.now())
 		if err != nil {
 			return true, err
 		}

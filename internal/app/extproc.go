@@ -81,6 +81,8 @@ func (a *App) registerExtProc(o Options) error {
 		Tokenizer:    tok,
 		MaxBodyBytes: a.cfg.Limits.MaxBodyBytes,
 		MaxHold:      a.cfg.Limits.MaxHold,
+		ShedWaiting:  a.cfg.Limits.ShedQueueDepth,
+		RetryAfter:   a.cfg.Limits.RetryAfter,
 		Logger:       a.log.Named("extproc"),
 		Registerer:   a.reg,
 		Now:          o.Now,
