@@ -306,6 +306,7 @@ func TestMessageCacheBudget(t *testing.T) {
 	reg := prometheus.NewPedanticRegistry()
 	cached := loadTemplateWith(t, "qwen3", chattemplate.Options{MessageCacheBytes: budget, Metrics: chattemplate.NewMetrics(reg), Model: "m"})
 	plain := loadTemplateWith(t, "qwen3", chattemplate.Options{MessageCacheBytes: -1})
+	// metric returns the value of name, of its result="result" series for a counter.
 	metric := func(name, result string) float64 {
 		t.Helper()
 		mfs, err := reg.Gather()
@@ -317,16 +318,14 @@ func TestMessageCacheBudget(t *testing.T) {
 				continue
 			}
 			for _, m := range mf.GetMetric() {
+				if g := m.GetGauge(); g != nil {
+					return g.GetValue()
+				}
 				for _, l := range m.GetLabel() {
-					if l.GetName() == "result" && l.GetValue() != result {
-						goto next
+					if l.GetName() == "result" && l.GetValue() == result {
+						return m.GetCounter().GetValue()
 					}
 				}
-				if m.GetGauge() != nil {
-					return m.GetGauge().GetValue()
-				}
-				return m.GetCounter().GetValue()
-			next:
 			}
 		}
 		return 0
