@@ -26,6 +26,7 @@ import (
 	"github.com/kvrouter/kvrouter/placement"
 	"github.com/kvrouter/kvrouter/policy"
 	"github.com/kvrouter/kvrouter/scoring"
+	"github.com/kvrouter/kvrouter/tlscert"
 )
 
 // Config is kvrouter's whole configuration file. Each section is owned by the package
@@ -108,26 +109,40 @@ func (c *Config) Validate() error {
 // ListenConfig holds the addresses kvrouter listens on ("host:port"; port 0 picks a free
 // port, for tests).
 type ListenConfig struct {
-	// ExtProc serves Envoy's ext_proc stream and the gRPC health service Envoy checks.
+	// ExtProc serves Envoy's ext_proc stream and the gRPC health service Envoy checks,
+	// over TLS unless TLS.Mode is disabled.
 	ExtProc string `yaml:"extproc"`
-	// Health serves the gRPC health service for Kubernetes probes.
+	// TLS is the ext_proc port's TLS: on by default with a self-signed certificate.
+	TLS tlscert.Config `yaml:"tls"`
+	// Health serves the gRPC health service for Kubernetes probes (plaintext: the
+	// kubelet's gRPC probe does not speak TLS; it tells only SERVING or not).
 	Health string `yaml:"health"`
 	// Metrics serves HTTP /metrics, /healthz and /readyz.
 	Metrics string `yaml:"metrics"`
+	// Debug serves /debug/endpoints, /debug/kv, POST /debug/route and /debug/pprof/.
+	// Loopback by default: reachable through `kubectl port-forward`, not from the pod
+	// network. Empty: not served.
+	Debug string `yaml:"debug"`
 }
 
-// DefaultListenConfig returns ":9002", ":9003" and ":9090".
+// DefaultListenConfig returns ":9002" (TLS, self-signed), ":9003", ":9090" and
+// "127.0.0.1:9091" for the debug views.
 func DefaultListenConfig() ListenConfig {
-	return ListenConfig{ExtProc: ":9002", Health: ":9003", Metrics: ":9090"}
+	return ListenConfig{ExtProc: ":9002", TLS: tlscert.DefaultConfig(), Health: ":9003", Metrics: ":9090", Debug: "127.0.0.1:9091"}
 }
 
-// Validate checks each address and that no two share a fixed port.
+// Validate checks each address, that no two share a fixed port, and the TLS section.
 func (c *ListenConfig) Validate() error {
 	var errs field.Errors
-	seen := map[string]string{}
-	for _, a := range []struct{ name, addr string }{
-		{"extproc", c.ExtProc}, {"health", c.Health}, {"metrics", c.Metrics},
-	} {
+	errs.Nest("tls", c.TLS.Validate())
+	type bound struct{ name, host, port string }
+	var seen []bound
+	addrs := []struct{ name, addr string }{{"extproc", c.ExtProc}, {"health", c.Health}, {"metrics", c.Metrics}}
+	if c.Debug != "" {
+		addrs = append(addrs, struct{ name, addr string }{"debug", c.Debug})
+	}
+	wildcard := func(h string) bool { return h == "" || h == "0.0.0.0" || h == "::" }
+	for _, a := range addrs {
 		host, port, err := net.SplitHostPort(a.addr)
 		if err != nil {
 			errs.Addf(a.name, "%q is not host:port", a.addr)
@@ -139,11 +154,15 @@ func (c *ListenConfig) Validate() error {
 		} else if n == 0 {
 			continue
 		}
-		key := host + ":" + port
-		if other, dup := seen[key]; dup {
-			errs.Addf(a.name, "%q is already used by %s", a.addr, other)
+		// Two listeners clash on one port when they name the same host or one binds
+		// every address.
+		for _, b := range seen {
+			if b.port == port && (b.host == host || wildcard(b.host) || wildcard(host)) {
+				errs.Addf(a.name, "%q is already used by %s", a.addr, b.name)
+				break
+			}
 		}
-		seen[key] = a.name
+		seen = append(seen, bound{a.name, host, port})
 	}
 	return errs.Err()
 }
@@ -428,7 +447,8 @@ func underBad(path string, bad map[string]bool) bool {
 	return false
 }
 
-// resolveFiles makes the model file paths absolute against base and checks they exist.
+// resolveFiles makes the model and TLS file paths absolute against base and checks they
+// exist (and that the TLS files load).
 func resolveFiles(cfg *Config, base string) field.Errors {
 	var errs field.Errors
 	for _, name := range slices.Sorted(maps.Keys(cfg.Models)) {
@@ -450,6 +470,28 @@ func resolveFiles(cfg *Config, base string) field.Errors {
 			}
 		}
 		cfg.Models[name] = m
+	}
+	// The ext_proc port's certificate files: resolved, then loaded as start-up does (a
+	// key of another certificate, a CA bundle without a certificate).
+	t := &cfg.Listen.TLS
+	missing := false
+	for _, f := range []struct {
+		path string
+		val  *string
+	}{{"cert_file", &t.CertFile}, {"key_file", &t.KeyFile}, {"client_ca_file", &t.ClientCAFile}} {
+		if *f.val == "" {
+			continue
+		}
+		if !filepath.IsAbs(*f.val) {
+			*f.val = filepath.Join(base, *f.val)
+		}
+		if msg := checkPath(*f.val, false); msg != "" {
+			errs.Addf(field.Join("listen.tls", f.path), "%s", msg)
+			missing = true
+		}
+	}
+	if !missing && t.Validate() == nil {
+		errs.Nest("listen.tls", t.Check())
 	}
 	return errs
 }
