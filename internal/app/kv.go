@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
+	"github.com/kvrouter/kvrouter/chattemplate"
 	"github.com/kvrouter/kvrouter/config"
 	"github.com/kvrouter/kvrouter/extproc"
 	"github.com/kvrouter/kvrouter/fleet"
@@ -378,7 +379,7 @@ func newTokenizer(cfg *config.Config, log *zap.Logger, reg prometheus.Registerer
 		}
 		pc.Models = append(pc.Models, prompt.ModelConfig{Name: name, Dir: dir, DefaultChatTemplateKwargs: m.DefaultChatTemplateKwargs})
 	}
-	r, err := prompt.NewRegistry(pc, prompt.RegistryOptions{Metrics: metrics, TokenizerMetrics: tokenizer.NewMetrics(reg), Now: now})
+	r, err := prompt.NewRegistry(pc, prompt.RegistryOptions{Metrics: metrics, TokenizerMetrics: tokenizer.NewMetrics(reg), TemplateMetrics: chattemplate.NewMetrics(reg), Now: now})
 	if err != nil {
 		return nil, fmt.Errorf("app: %w", err)
 	}
