@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	"github.com/kvrouter/kvrouter/epp"
-	"github.com/kvrouter/kvrouter/extproc/envoytest"
+	"github.com/kvrouter/kvrouter/testbench/fakeenvoy"
 )
 
 // TestUpstreamFailureSignal: the response headers tell the fleet when the chosen
@@ -13,16 +13,16 @@ import (
 // response served by another endpoint (the proxy retried on a fallback). A 503 from the
 // upstream itself, and an ordinary response, say nothing.
 func TestUpstreamFailureSignal(t *testing.T) {
-	upstream := envoytest.Headers{{Key: epp.HeaderUpstreamServiceTime, Value: "12"}}
+	upstream := fakeenvoy.Headers{{Key: epp.HeaderUpstreamServiceTime, Value: "12"}}
 	tests := []struct {
 		name    string
 		status  int
-		headers envoytest.Headers
+		headers fakeenvoy.Headers
 		served  string
 		want    []string
 		kind    string
 	}{
-		{"local reply 503", 503, envoytest.Headers{{Key: "content-type", Value: "text/plain"}}, "", []string{epA}, "local_reply"},
+		{"local reply 503", 503, fakeenvoy.Headers{{Key: "content-type", Value: "text/plain"}}, "", []string{epA}, "local_reply"},
 		{"503 from the upstream", 503, upstream, "", nil, ""},
 		{"200 from the upstream", 200, upstream, "", nil, ""},
 		{"served by a fallback", 200, upstream, epB, []string{epA}, "fallback_served"},
@@ -31,11 +31,11 @@ func TestUpstreamFailureSignal(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t)
-			x := h.start(envoytest.FullDuplex())
-			if _, err := x.Request(envoytest.Request{Headers: postHeaders(), Body: [][]byte{chatBody("m")}}); err != nil {
+			x := h.start(fakeenvoy.FullDuplex())
+			if _, err := x.Request(fakeenvoy.Request{Headers: postHeaders(), Body: [][]byte{chatBody("m")}}); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := x.Response(tc.status, tc.headers, [][]byte{[]byte("x")}, nil, envoytest.ServedMetadata(tc.served)); err != nil {
+			if _, err := x.Response(tc.status, tc.headers, [][]byte{[]byte("x")}, nil, fakeenvoy.ServedMetadata(tc.served)); err != nil {
 				t.Fatal(err)
 			}
 			if err := x.Close(); err != nil {
