@@ -248,7 +248,7 @@ func (p *Policy) followed(child uint64, base int, sc *scratch) bool {
 	for common < len(sc.keys) && common < len(c.keys) && sc.keys[common] == c.keys[common] {
 		common++
 	}
-	held := max(1, int(math.Ceil(p.cfg.HolderShare*float64(common))))
+	held := base + max(1, int(math.Ceil(p.cfg.HolderShare*float64(common-base))))
 	for _, l := range sc.lead {
 		if l >= held {
 			return true

@@ -61,7 +61,7 @@ func (p *Policy) choose(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 		sc.eps[i] = p.endpoint(cands[i].Address)
 	}
 	p.shared(cands, sc)
-	heldBlocks := int(math.Ceil(p.cfg.HolderShare * float64(e.blocks)))
+	heldBlocks := e.held(p.cfg.HolderShare)
 	hasHome := false
 	for _, pl := range e.sites {
 		hasHome = hasHome || pl.home
@@ -435,7 +435,7 @@ func (p *Policy) divert(e *prefixEntry, cands []scoring.Endpoint, sc *scratch, b
 	full := p.cfg.DivertOnFull && !sc.room[best]
 	// A busy endpoint that lost most of the prefix would recompute it behind others.
 	miss := p.cfg.DivertMisses && sc.loads[best] > 0 &&
-		float64(sc.lead[best]) < p.cfg.HolderShare*float64(e.blocks)
+		sc.lead[best] < e.held(p.cfg.HolderShare)
 	if eb <= float64(p.cfg.DeadlineTokens) && !full && !miss {
 		return -1
 	}

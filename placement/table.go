@@ -1,6 +1,7 @@
 package placement
 
 import (
+	"math"
 	"slices"
 	"time"
 
@@ -185,6 +186,12 @@ func (p *Policy) unplace(e *prefixEntry, pl *site) {
 // weight is the blocks e's placements count on their endpoints: its own beyond the
 // prefix it extends.
 func (e *prefixEntry) weight() int { return max(0, e.blocks-e.base) }
+
+// held is the leading blocks an endpoint must hold to hold e: its parent's, plus share
+// of its own (at least one).
+func (e *prefixEntry) held(share float64) int {
+	return e.base + max(1, int(math.Ceil(share*float64(e.weight()))))
+}
 
 // sweep expires placements everywhere and drops prefixes with none left; if the table
 // is still too large, it drops prefixes at random. p.mu must be held.
