@@ -125,8 +125,9 @@ type Config struct {
 	// --max-num-batched-tokens; not in its /metrics, vllm-project/vllm#18900): a
 	// request may leave the endpoint holding its prefix (replica, spill, divert) only
 	// when the prefill that adds fits in one step plus the backlog it skips there.
-	// Default 2048 (vLLM's default for its OpenAI server, except 8192 on A100/H100-class
-	// GPUs: set it to the fleet's value).
+	// Default 2048, vLLM's (V1) default for its OpenAI server; it takes 8192 on GPUs of
+	// 70 GiB or more other than A100 (e.g. H100): set it to the fleet's value. A fact
+	// about the engines, not a trade-off: a per-model fact when models differ.
 	MaxNumBatchedTokens int `yaml:"max_num_batched_tokens"`
 	// LiveWindow is how many of the policy's own picks a placement stays live without
 	// being used. Default 1024.
