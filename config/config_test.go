@@ -201,3 +201,33 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+func TestLoadValidTLS(t *testing.T) {
+	cfg, err := config.Load("testdata/valid-tls.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir, _ := filepath.Abs("testdata/tls")
+	tests := []struct {
+		name      string
+		got, want any
+	}{
+		{"tls enabled", cfg.Listen.TLS.Enabled(), true},
+		{"not self-signed", cfg.Listen.TLS.SelfSigned(), false},
+		{"cert file resolved", cfg.Listen.TLS.CertFile, filepath.Join(dir, "server.crt")},
+		{"key file resolved", cfg.Listen.TLS.KeyFile, filepath.Join(dir, "server.key")},
+		{"client CA resolved", cfg.Listen.TLS.ClientCAFile, filepath.Join(dir, "ca.crt")},
+		{"debug off", cfg.Listen.Debug, ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.got != tc.want {
+				t.Errorf("got %v, want %v", tc.got, tc.want)
+			}
+		})
+	}
+	d := config.DefaultListenConfig()
+	if !d.TLS.SelfSigned() || d.Debug != "127.0.0.1:9091" {
+		t.Errorf("defaults: TLS %+v, debug %q; want self-signed TLS and a loopback debug port", d.TLS, d.Debug)
+	}
+}

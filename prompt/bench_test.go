@@ -115,6 +115,46 @@ func FuzzRequestFromBody(f *testing.F) {
 	})
 }
 
+// BenchmarkPromptTokensHuge computes the prompt ids of one ~15 MB chat body (~3.7M
+// words of prose, one user turn), parse included, as the router does: "whole" tokenizes
+// all of it (maxTokens 0, the router before the limit), "max=131072" stops where a
+// 131,072-token KV cache or context ends. cpu-ns/op is the process's CPU time.
+func BenchmarkPromptTokensHuge(b *testing.B) {
+	bl, err := prompt.LoadDir(testmodels.Dir(b, "qwen3"), prompt.LoadOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	raw, _ := json.Marshal(map[string]any{"model": "qwen3", "messages": []map[string]string{
+		{"role": "user", "content": testtext.Prose(1, 3_700_000)}}})
+	for _, max := range []int{0, 131072} {
+		name := "whole"
+		if max > 0 {
+			name = "max=" + strconv.Itoa(max)
+		}
+		b.Run(name, func(b *testing.B) {
+			b.SetBytes(int64(len(raw)))
+			b.ReportAllocs()
+			var n int
+			cpu := cputime.Process()
+			for b.Loop() {
+				req, err := openai.Parse("/v1/chat/completions", raw)
+				if err != nil {
+					b.Fatal(err)
+				}
+				ids, err := bl.AppendPromptTokens(nil, req, max)
+				if err != nil {
+					b.Fatal(err)
+				}
+				n = len(ids)
+			}
+			if end := cputime.Process(); end > cpu && b.N > 0 {
+				b.ReportMetric(float64(end-cpu)/float64(b.N), "cpu-ns/op")
+			}
+			b.ReportMetric(float64(n), "tokens")
+		})
+	}
+}
+
 // history returns the messages JSON array (without its closing bracket) of a Qwen3
 // conversation of about tokens tokens: a system prompt, then user and assistant turns
 // (Prose of n gives about 0.8n Qwen3 tokens).

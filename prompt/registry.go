@@ -243,12 +243,12 @@ func (r *Registry) PromptTokens(req *openai.Request, baseModel string) ([]uint32
 }
 
 // AppendPromptTokens is PromptTokens appending to dst, a buffer the caller may reuse
-// across requests (see Builder.AppendPromptTokens).
-func (r *Registry) AppendPromptTokens(dst []uint32, req *openai.Request, baseModel string) ([]uint32, error) {
+// across requests, at most maxTokens ids (0: all; see Builder.AppendPromptTokens).
+func (r *Registry) AppendPromptTokens(dst []uint32, req *openai.Request, baseModel string, maxTokens int) ([]uint32, error) {
 	b, err := r.Load(baseModel)
 	if err != nil {
 		r.opts.Metrics.observe(err)
 		return nil, err
 	}
-	return b.AppendPromptTokens(dst, req)
+	return b.AppendPromptTokens(dst, req, maxTokens)
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/internal/cputime"
+	"github.com/kvrouter/kvrouter/internal/testtext"
 	"github.com/kvrouter/kvrouter/tokenizer"
 	"github.com/kvrouter/kvrouter/tokenizer/testmodels"
 )
@@ -122,6 +123,29 @@ func BenchmarkLoad(b *testing.B) {
 	runtime.ReadMemStats(&after)
 	b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/(1<<20), "MiB-heap")
 	runtime.KeepAlive(tk)
+}
+
+// BenchmarkEncodeHuge tokenizes a ~15 MB chat prompt (~3.7M tokens), as one oversized
+// request brings: "whole" is every token (AppendEncode), "max=131072" stops at a context
+// length as the router does (AppendEncodeMax).
+func BenchmarkEncodeHuge(b *testing.B) {
+	tk := loadBench(b, "qwen3", tokenizer.WithPrefixCache(0))
+	text := render("qwen3", "You are a helpful assistant.", testtext.Prose(1, 3_700_000))
+	for _, max := range []int{0, 131072} {
+		name := "whole"
+		if max > 0 {
+			name = fmt.Sprintf("max=%d", max)
+		}
+		b.Run(name, func(b *testing.B) {
+			b.SetBytes(int64(len(text)))
+			var n int
+			for b.Loop() {
+				ids, _ := tk.AppendEncodeMax(nil, text, false, max)
+				n = len(ids)
+			}
+			b.ReportMetric(float64(n), "tokens")
+		})
+	}
 }
 
 // BenchmarkEncodeConversation tokenizes turn k of a Qwen3-format conversation whose

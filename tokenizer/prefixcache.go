@@ -83,7 +83,10 @@ type cutPoint struct {
 // encodeCached appends the ids of pieces (the raw split of text) to out, taking the
 // longest cached prefix from the cache and storing the cuts after it. base is len(out)
 // before the prefix special tokens, which the first span includes.
-func (t *Tokenizer) encodeCached(text string, pieces []piece, out []uint32, base int, add bool) []uint32 {
+//
+// It stops once out holds limit ids: only the cuts whose prefix was wholly encoded are
+// stored.
+func (t *Tokenizer) encodeCached(text string, pieces []piece, out []uint32, base int, add bool, limit int) []uint32 {
 	c := t.cache
 	var cutBuf [64]cutPoint
 	cuts := cutBuf[:0]
@@ -103,7 +106,7 @@ func (t *Tokenizer) encodeCached(text string, pieces []piece, out []uint32, base
 		}
 	}
 	if len(cuts) == 0 {
-		return t.encodePieces(pieces, out)
+		return t.encodePieces(pieces, out, limit)
 	}
 	var chainBuf [64][]uint32
 	hit, chain := c.lookup(cuts, chainBuf[:0])
@@ -119,6 +122,10 @@ func (t *Tokenizer) encodeCached(text string, pieces []piece, out []uint32, base
 	}
 	next := hit + 1
 	for i := start; i < len(pieces); i++ {
+		if len(out) >= limit {
+			cuts = cuts[:next] // the later cuts' prefixes were not (wholly) encoded
+			break
+		}
 		if next < len(cuts) && cuts[next].piece == i {
 			cuts[next].n = len(out)
 			next++
@@ -126,7 +133,7 @@ func (t *Tokenizer) encodeCached(text string, pieces []piece, out []uint32, base
 		if p := pieces[i]; p.tok >= 0 {
 			out = append(out, t.rawMatcher.tokens[p.tok].ID)
 		} else {
-			out = t.encodeText(p.text, out)
+			out = t.encodeText(p.text, out, limit)
 		}
 	}
 	c.counters.lookup(hit >= 0, cached, len(out)-base-cached)

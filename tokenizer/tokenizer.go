@@ -2,6 +2,7 @@ package tokenizer
 
 import (
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"unicode/utf8"
@@ -100,10 +101,27 @@ func (t *Tokenizer) Encode(text string, addSpecialTokens bool) []uint32 {
 // With the prefix cache on, the ids of the longest cached prefix of text that ends
 // before an added token are copied, and only the rest is tokenized.
 func (t *Tokenizer) AppendEncode(dst []uint32, text string, addSpecialTokens bool) []uint32 {
+	out, _ := t.AppendEncodeMax(dst, text, addSpecialTokens, 0)
+	return out
+}
+
+// AppendEncodeMax is AppendEncode stopping once maxTokens ids were appended (0: no
+// limit): the ids appended are the first maxTokens of AppendEncode's, and complete is
+// false when some were left out. Its cost is that of the text up to the limit (plus a
+// linear scan of the rest for added tokens and normalisation), not of the whole text.
+func (t *Tokenizer) AppendEncodeMax(dst []uint32, text string, addSpecialTokens bool, maxTokens int) (out []uint32, complete bool) {
 	if !utf8.ValidString(text) {
 		text = strings.ToValidUTF8(text, "\uFFFD")
 	}
-	out := slices.Grow(dst, len(text)/4+len(t.prefix)+len(t.suffix)+4)
+	// The encoders stop once out holds limit ids; limit is one past maxTokens, so that
+	// more than maxTokens ids (then cut) tells that some were left out.
+	limit := math.MaxInt
+	want := len(text)/4 + len(t.prefix) + len(t.suffix) + 4
+	if maxTokens > 0 {
+		limit = len(dst) + maxTokens + 1
+		want = min(want, maxTokens+1)
+	}
+	out = slices.Grow(dst, want)
 	base := len(out)
 	if addSpecialTokens {
 		out = append(out, t.prefix...)
@@ -111,51 +129,62 @@ func (t *Tokenizer) AppendEncode(dst []uint32, text string, addSpecialTokens boo
 	var buf [32]piece
 	pieces := t.rawMatcher.split(text, buf[:0])
 	if t.cache == nil {
-		out = t.encodePieces(pieces, out)
+		out = t.encodePieces(pieces, out, limit)
 	} else {
-		out = t.encodeCached(text, pieces, out, base, addSpecialTokens)
+		out = t.encodeCached(text, pieces, out, base, addSpecialTokens, limit)
 	}
 	if addSpecialTokens {
 		out = append(out, t.suffix...)
 	}
-	return out
+	if maxTokens > 0 && len(out)-len(dst) > maxTokens {
+		return out[:len(dst)+maxTokens], false
+	}
+	return out, true
 }
 
-// encodePieces appends the ids of the pieces of a raw added-token split.
-func (t *Tokenizer) encodePieces(pieces []piece, out []uint32) []uint32 {
+// encodePieces appends the ids of the pieces of a raw added-token split, until out
+// holds limit ids.
+func (t *Tokenizer) encodePieces(pieces []piece, out []uint32, limit int) []uint32 {
 	for _, p := range pieces {
+		if len(out) >= limit {
+			break
+		}
 		if p.tok >= 0 {
 			out = append(out, t.rawMatcher.tokens[p.tok].ID)
 			continue
 		}
-		out = t.encodeText(p.text, out)
+		out = t.encodeText(p.text, out, limit)
 	}
 	return out
 }
 
 // encodeText normalises seg, splits it on normalized added tokens, pre-tokenises and
-// applies BPE.
-func (t *Tokenizer) encodeText(seg string, out []uint32) []uint32 {
+// applies BPE, until out holds limit ids.
+func (t *Tokenizer) encodeText(seg string, out []uint32, limit int) []uint32 {
 	if t.nfc {
 		seg = nfc(seg)
 	}
 	if t.normMatcher.empty() {
-		return t.encodeWords(seg, out)
+		return t.encodeWords(seg, out, limit)
 	}
 	var buf [8]piece
 	for _, p := range t.normMatcher.split(seg, buf[:0]) {
+		if len(out) >= limit {
+			break
+		}
 		if p.tok >= 0 {
 			out = append(out, t.normMatcher.tokens[p.tok].ID)
 			continue
 		}
-		out = t.encodeWords(p.text, out)
+		out = t.encodeWords(p.text, out, limit)
 	}
 	return out
 }
 
-// encodeWords pre-tokenises s and appends the BPE ids of every piece.
-func (t *Tokenizer) encodeWords(s string, out []uint32) []uint32 {
-	for i := 0; i < len(s); {
+// encodeWords pre-tokenises s and appends the BPE ids of every piece, until out holds
+// limit ids.
+func (t *Tokenizer) encodeWords(s string, out []uint32, limit int) []uint32 {
+	for i := 0; i < len(s) && len(out) < limit; {
 		var e int
 		switch t.split {
 		case splitQwen2:

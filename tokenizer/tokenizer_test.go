@@ -443,3 +443,41 @@ func TestCutSafety(t *testing.T) {
 		}
 	}
 }
+
+// TestAppendEncodeMax checks that stopping at maxTokens yields exactly the first
+// maxTokens ids of the whole encoding, with or without the segment cache.
+func TestAppendEncodeMax(t *testing.T) {
+	for _, name := range []string{"qwen3", "llama3"} {
+		shared := model(t, name)
+		// Three turns, so that the prefix cache has cuts at each <|im_start|>-like token.
+		text := render(name, strings.Repeat("Be brief. ", 50), strings.Repeat("Tell me about caches, «ünïcode» and 42 tokens!\n", 200))
+		text += render(name, "Again.", strings.Repeat("And once more, with feeling.\n", 100))
+		whole := shared.Encode(text, true)
+		for _, max := range []int{0, 1, 2, 17, 100, 1000, len(whole) / 2, len(whole) - 1, len(whole), len(whole) + 1} {
+			t.Run(fmt.Sprintf("%s/max=%d", name, max), func(t *testing.T) {
+				// A fresh prefix cache: the cut run goes first and must store nothing
+				// that makes a later run differ.
+				tk, err := shared.Derive()
+				if err != nil {
+					t.Fatal(err)
+				}
+				for run := range 3 {
+					got, complete := tk.AppendEncodeMax([]uint32{7}, text, true, max)
+					want := whole
+					if max > 0 && max < len(whole) {
+						want = whole[:max]
+					}
+					if !slices.Equal(got[1:], want) || got[0] != 7 {
+						t.Fatalf("run %d: got %d ids, want the first %d of the encoding", run, len(got)-1, len(want))
+					}
+					if wantComplete := max == 0 || max >= len(whole); complete != wantComplete {
+						t.Fatalf("run %d: complete %v, want %v", run, complete, wantComplete)
+					}
+					if all := tk.Encode(text, true); !slices.Equal(all, whole) {
+						t.Fatalf("run %d: a whole encoding after a cut one differs", run)
+					}
+				}
+			})
+		}
+	}
+}

@@ -74,16 +74,24 @@ func (a *App) registerExtProc(o Options) error {
 		}
 	}
 	a.tok = tok
+	// Until an endpoint's num_gpu_blocks is scraped, the prompt tokens that can matter
+	// are those of the KV capacity the policies assume for it.
 	a.extproc = extproc.New(extproc.Options{
-		Policy:       pol,
-		Fallback:     fallback,
-		Fleet:        a.fleet,
-		Tokenizer:    tok,
-		MaxBodyBytes: a.cfg.Limits.MaxBodyBytes,
-		MaxHold:      a.cfg.Limits.MaxHold,
-		Logger:       a.log.Named("extproc"),
-		Registerer:   a.reg,
-		Now:          o.Now,
+		Policy:            pol,
+		Fallback:          fallback,
+		Fleet:             a.fleet,
+		Tokenizer:         tok,
+		MaxBodyBytes:      a.cfg.Limits.MaxBodyBytes,
+		MaxPromptTokens:   a.cfg.KV.ApproxBlocks * a.blockSize(),
+		BodyBudgetBytes:   a.cfg.Limits.BodyBudgetBytes,
+		MaxStreams:        a.cfg.Limits.MaxStreams,
+		StreamIdleTimeout: a.cfg.Limits.StreamIdleTimeout,
+		MaxHold:           a.cfg.Limits.MaxHold,
+		ShedWaiting:       a.cfg.Limits.ShedQueueDepth,
+		RetryAfter:        a.cfg.Limits.RetryAfter,
+		Logger:            a.log.Named("extproc"),
+		Registerer:        a.reg,
+		Now:               o.Now,
 	})
 	a.extproc.Register(a.extGRPC)
 	return nil

@@ -151,7 +151,7 @@ func TestKVPath(t *testing.T) {
 	cfg.KV.EventsStaleAfter = 300 * time.Millisecond
 	cfg.KV.Events.BackoffMin = 20 * time.Millisecond
 	a := startApp(t, cfg, app.Options{Registry: prometheus.NewRegistry()})
-	base := "http://" + a.addrs.Metrics
+	base := "http://" + a.addrs.Debug
 
 	testwait.For(t, "both servers' events connected and capacity scraped", func() bool {
 		kv := getJSON[[]app.KVEndpoint](t, base+"/debug/kv")
