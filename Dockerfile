@@ -17,7 +17,7 @@ ARG TARGETOS
 ARG TARGETARCH
 ENV CGO_ENABLED=0
 RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache/go-build \
-    GOOS=$TARGETOS GOARCH=$TARGETARCH go build -trimpath -ldflags="-s -w" -o /out/ ./cmd/kvrouter ./cmd/vllm-sim
+    GOOS=$TARGETOS GOARCH=$TARGETARCH go build -trimpath -ldflags="-s -w" -o /out/ ./cmd/kvrouter ./testbench/cmd/vllm-sim
 
 FROM gcr.io/distroless/static-debian12:nonroot AS vllm-sim
 COPY --from=build /out/vllm-sim /vllm-sim

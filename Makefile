@@ -12,18 +12,18 @@ help: ## List the targets.
 .PHONY: build
 build: ## Build every command into ./bin.
 	@mkdir -p $(BIN)
-	$(GO) build -o $(BIN)/ ./cmd/...
+	$(GO) build -o $(BIN)/ ./cmd/... ./testbench/cmd/...
 
 .PHONY: demo
 demo: models ## Run kvrouter on a local simulated fleet behind a gateway; compare round-robin, kv and placement.
 	@mkdir -p $(BIN)
-	$(GO) build -o $(BIN)/ ./cmd/kvrouter ./cmd/vllm-sim ./cmd/devgateway ./cmd/kvdemo
+	$(GO) build -o $(BIN)/ ./cmd/kvrouter ./testbench/cmd/vllm-sim ./testbench/cmd/devgateway ./testbench/cmd/kvdemo
 	$(BIN)/kvdemo --bin $(BIN)
 
 .PHONY: faults
 faults: models ## Run the fault suite on a local stack (about 2 minutes); write docs/data/faults.json and render docs/faults.md.
 	@mkdir -p $(BIN)
-	$(GO) build -o $(BIN)/ ./cmd/kvrouter ./cmd/vllm-sim ./cmd/devgateway ./cmd/kvdemo
+	$(GO) build -o $(BIN)/ ./cmd/kvrouter ./testbench/cmd/vllm-sim ./testbench/cmd/devgateway ./testbench/cmd/kvdemo
 	$(BIN)/kvdemo faults --bin $(BIN) --json docs/data/faults.json
 	python3 scripts/docs.py
 
@@ -55,7 +55,7 @@ docs: ## Render every table in docs/ from the JSON committed beside it (scripts/
 .PHONY: docs-data
 docs-data: ## Rerun the kvbench sim runs whose JSON docs/results-policy.md renders (minutes).
 	@mkdir -p $(BIN)
-	$(GO) build -o $(BIN)/ ./cmd/kvbench
+	$(GO) build -o $(BIN)/ ./testbench/cmd/kvbench
 	KVBENCH=$(BIN)/kvbench sh scripts/policy-variants.sh docs/policy
 	python3 scripts/docs.py
 

@@ -4,7 +4,10 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"runtime"
 	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvrouter/kvrouter/chattemplate"
 	"github.com/kvrouter/kvrouter/internal/testtext"
@@ -63,7 +66,7 @@ func BenchmarkRenderQwen3TypicalNoMessageCache(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	tmpl, err := chattemplate.Compile(string(src), chattemplate.Options{MessageCacheSize: -1})
+	tmpl, err := chattemplate.Compile(string(src), chattemplate.Options{MessageCacheBytes: -1})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -74,4 +77,51 @@ func BenchmarkRenderQwen3TypicalNoMessageCache(b *testing.B) {
 			b.Fatal(err)
 		}
 	})
+}
+
+// BenchmarkMessageCacheMemory reports what the message cache holds for a 128k-token
+// conversation (~500 messages, as prompt's BenchmarkConversationTurn builds them): the
+// bytes it accounts for (its metric) and the live heap it adds (after GC), each per
+// byte of the messages' raw JSON.
+func BenchmarkMessageCacheMemory(b *testing.B) {
+	msgs := []map[string]string{{"role": "system", "content": testtext.Prose(1, 500)}}
+	for i := range 530 {
+		role, size := "user", 250
+		if i%2 == 1 {
+			role, size = "assistant", 350
+		}
+		msgs = append(msgs, map[string]string{"role": role, "content": testtext.Prose(uint64(1000+i), size)})
+	}
+	raw, err := json.Marshal(msgs)
+	if err != nil {
+		b.Fatal(err)
+	}
+	in := chattemplate.Input{Messages: raw, AddGenerationPrompt: true}
+	var heap, accounted float64
+	for b.Loop() {
+		reg := prometheus.NewPedanticRegistry()
+		tmpl := loadTemplateWith(b, "qwen3", chattemplate.Options{Metrics: chattemplate.NewMetrics(reg), Model: "m"})
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		if _, err := tmpl.Render(in); err != nil {
+			b.Fatal(err)
+		}
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		heap = float64(after.HeapAlloc) - float64(before.HeapAlloc)
+		mfs, err := reg.Gather()
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() == "kvrouter_chattemplate_message_cache_bytes" {
+				accounted = mf.GetMetric()[0].GetGauge().GetValue()
+			}
+		}
+		runtime.KeepAlive(tmpl)
+	}
+	b.ReportMetric(float64(len(raw)), "raw-bytes")
+	b.ReportMetric(accounted/float64(len(raw)), "accounted-B/raw-B")
+	b.ReportMetric(heap/float64(len(raw)), "heap-B/raw-B")
 }

@@ -139,14 +139,14 @@ func TestFuzzCasesCurrent(t *testing.T) {
 // conversations this generator makes from fixed seeds (testdata/fuzz_cases.jsonl,
 // compared in TestGolden); for any other input the fuzzer requires what needs no
 // reference: no panic, an error only of a documented kind, and the same result with
-// and without the long-message cache. Its seed corpus runs as a plain test.
+// and without the message cache. Its seed corpus runs as a plain test.
 func FuzzConversations(f *testing.F) {
 	type pair struct{ cached, uncached *chattemplate.Template }
 	var pairs []pair
 	for _, model := range []string{"qwen3", "llama3"} {
 		pairs = append(pairs, pair{
 			cached:   loadTemplate(f, model, nil),
-			uncached: loadTemplateWith(f, model, chattemplate.Options{MessageCacheSize: -1}),
+			uncached: loadTemplateWith(f, model, chattemplate.Options{MessageCacheBytes: -1}),
 		})
 	}
 	for _, seed := range [][]byte{

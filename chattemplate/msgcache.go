@@ -3,60 +3,86 @@ package chattemplate
 import (
 	"bytes"
 	"hash/maphash"
+	"sync"
 
-	lru "github.com/hashicorp/golang-lru/v2"
+	"github.com/hashicorp/golang-lru/v2/simplelru"
 
 	"github.com/kvrouter/kvrouter/chattemplate/internal/jinja"
 )
 
-// Long messages, a shared system prompt above all, recur across requests: their
-// preprocessed form is memoised, keyed by the message's raw JSON, so that decoding and
-// converting them is paid once. Entries are never changed after they are stored
-// (template values are immutable).
+// Messages recur across requests: a conversation's whole history is re-sent with each
+// turn, and a shared system prompt with every request. Their preprocessed form is
+// memoised, keyed by the message's raw JSON (a seeded hash, confirmed by comparing the
+// bytes), so that decoding and converting them is paid once. Entries are never changed
+// after they are stored (template values are immutable). Entries are evicted least
+// recently used first under a byte budget.
 const (
-	defaultMessageCacheSize = 128
-	minCachedMessage        = 1 << 10 // shorter messages are cheaper to decode than to look up
-	maxCachedMessage        = 1 << 18
+	// DefaultMessageCacheBytes is the message cache's default budget: 64 MiB, the
+	// tokenizer prefix cache's default memory, holds about 6M tokens of conversation
+	// history (about 11 bytes per token), some 45 conversations of 128k tokens.
+	DefaultMessageCacheBytes = 64 << 20
+	// messageOverhead is what an entry costs beside its strings and values: the LRU's
+	// list element and map slot, the entry and the message dict's header (measured by
+	// BenchmarkMessageCacheMemory: accounted bytes match the live heap it adds).
+	messageOverhead = 304
+	// valueBytes is the size of a template value (jinja.Value) in a list or dict.
+	valueBytes = 48
 )
 
 type messageCache struct {
-	seed  maphash.Seed
-	cache *lru.Cache[uint64, cachedMessage]
+	seed     maphash.Seed
+	maxBytes int64
+	counters *cacheMetrics
+
+	mu    sync.Mutex
+	lru   *simplelru.LRU[uint64, *cachedMessage]
+	bytes int64
 }
 
 type cachedMessage struct {
-	raw    []byte
+	raw    string
 	openai bool
 	msg    jinja.Value
+	size   int64
 }
 
-func newMessageCache(size int) *messageCache {
-	if size < 0 {
+func newMessageCache(maxBytes int64, counters *cacheMetrics) *messageCache {
+	if maxBytes < 0 {
 		return nil
 	}
-	if size == 0 {
-		size = defaultMessageCacheSize
+	if maxBytes == 0 {
+		maxBytes = DefaultMessageCacheBytes
 	}
-	c, err := lru.New[uint64, cachedMessage](size)
+	c := &messageCache{seed: maphash.MakeSeed(), maxBytes: maxBytes, counters: counters}
+	// The byte budget is what bounds the cache; the count bound only has to be larger
+	// than the number of entries the budget can hold.
+	l, err := simplelru.NewLRU[uint64, *cachedMessage](int(min(maxBytes/messageOverhead+1, 1<<30)), func(_ uint64, e *cachedMessage) {
+		c.bytes -= e.size
+	})
 	if err != nil {
 		return nil
 	}
-	return &messageCache{seed: maphash.MakeSeed(), cache: c}
+	c.lru = l
+	return c
 }
 
 // message returns the conversation message for one raw messages element, from the
 // cache when it has been converted before.
 func (c *messageCache) message(raw []byte, openai bool) (jinja.Value, error) {
-	cacheable := c != nil && len(raw) >= minCachedMessage && len(raw) <= maxCachedMessage
 	var key uint64
-	if cacheable {
+	if c != nil {
 		key = maphash.Bytes(c.seed, raw)
 		if openai {
 			key ^= 1
 		}
-		if e, ok := c.cache.Get(key); ok && e.openai == openai && bytes.Equal(e.raw, raw) {
+		c.mu.Lock()
+		e, ok := c.lru.Get(key)
+		c.mu.Unlock()
+		if ok && e.openai == openai && e.raw == string(raw) {
+			c.counters.lookup(true)
 			return e.msg, nil
 		}
+		c.counters.lookup(false)
 	}
 	v, err := decodeJSON(raw)
 	if err != nil {
@@ -70,10 +96,59 @@ func (c *messageCache) message(raw []byte, openai bool) (jinja.Value, error) {
 	if err != nil {
 		return jinja.Value{}, err
 	}
-	if cacheable {
-		c.cache.Add(key, cachedMessage{raw: bytes.Clone(raw), openai: openai, msg: msg})
+	if c != nil {
+		c.add(key, &cachedMessage{raw: string(raw), openai: openai, msg: msg, size: messageOverhead + int64(len(raw)) + valueSize(msg)})
 	}
 	return msg, nil
+}
+
+// add stores e unless it alone would take more than an eighth of the budget (one
+// message must not flush a cache that serves many conversations), then evicts down
+// to the budget.
+func (c *messageCache) add(key uint64, e *cachedMessage) {
+	if e.size > c.maxBytes/8 {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if old, ok := c.lru.Peek(key); ok {
+		c.bytes -= old.size // Add replaces it without calling the eviction callback
+	}
+	c.lru.Add(key, e)
+	c.bytes += e.size
+	for c.bytes > c.maxBytes {
+		if _, _, ok := c.lru.RemoveOldest(); !ok {
+			break
+		}
+	}
+	c.counters.setBytes(c.bytes)
+}
+
+// valueSize is the memory a converted message holds beside the entry: its strings
+// (which may share memory with each other, so this errs high) and its lists' and
+// dicts' values.
+func valueSize(v jinja.Value) int64 {
+	switch v.Kind() {
+	case jinja.KindString:
+		return int64(len(v.Str()))
+	case jinja.KindList:
+		items := v.List().Items
+		n := int64(cap(items)) * valueBytes
+		for _, it := range items {
+			n += valueSize(it)
+		}
+		return n
+	case jinja.KindDict:
+		pairs := v.Dict().Pairs()
+		n := int64(cap(pairs)) * 2 * valueBytes
+		for _, p := range pairs {
+			n += valueSize(p.Key) + valueSize(p.Value)
+		}
+		return n
+	case jinja.KindInt, jinja.KindFloat, jinja.KindBool, jinja.KindNone:
+		return 0
+	}
+	return valueBytes
 }
 
 // splitArray returns the raw elements of a JSON array, or ok=false when raw is not a

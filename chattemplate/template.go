@@ -79,9 +79,14 @@ type Options struct {
 	// DefaultKwargs is the server's --default-chat-template-kwargs (a JSON object), merged
 	// under each request's chat_template_kwargs as vLLM merges them.
 	DefaultKwargs json.RawMessage
-	// MessageCacheSize bounds the memo of long messages (1 KiB and more) converted
-	// for the template, such as a shared system prompt: 0 means 128, negative disables.
-	MessageCacheSize int
+	// MessageCacheBytes bounds the memo of request messages converted for the
+	// template (a conversation's history, a shared system prompt): 0 means
+	// DefaultMessageCacheBytes, negative disables it.
+	MessageCacheBytes int64
+	// Metrics, when not nil, reports the message cache under the label Model.
+	Metrics *Metrics
+	// Model labels this template's metrics.
+	Model string
 	// Now is strftime_now's clock; nil means time.Now. vLLM renders with the pod's
 	// local clock, so dates can only match when clocks and time zones agree.
 	Now func() time.Time
@@ -150,7 +155,7 @@ func Compile(src string, opts Options) (*Template, error) {
 	}
 	t := &Template{
 		special:  make(map[string]jinja.Value, len(opts.SpecialTokens)),
-		defaults: defaults, now: now, messages: newMessageCache(opts.MessageCacheSize),
+		defaults: defaults, now: now, messages: newMessageCache(opts.MessageCacheBytes, newCacheMetrics(opts.Metrics, opts.Model)),
 	}
 	for k, v := range opts.SpecialTokens {
 		switch v := v.(type) {

@@ -11,6 +11,8 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/kvrouter/kvrouter/chattemplate"
 )
 
@@ -177,7 +179,7 @@ func TestMessageCacheIdentity(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	plain, err := chattemplate.Compile(string(src), chattemplate.Options{MessageCacheSize: -1})
+	plain, err := chattemplate.Compile(string(src), chattemplate.Options{MessageCacheBytes: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -293,5 +295,73 @@ func TestSyntaxErrorRefused(t *testing.T) {
 	var u *chattemplate.UnsupportedError
 	if !errors.As(err, &u) || u.Reason != chattemplate.ReasonTemplateRefused {
 		t.Fatalf("Render: %v, want UnsupportedError %s", err, chattemplate.ReasonTemplateRefused)
+	}
+}
+
+// TestMessageCacheBudget: the message cache keeps short and long messages alike, never
+// accounts for more than its byte budget however many messages pass through it, and
+// reports its bytes and lookups; renders stay those of the uncached template.
+func TestMessageCacheBudget(t *testing.T) {
+	const budget = 64 << 10
+	reg := prometheus.NewPedanticRegistry()
+	cached := loadTemplateWith(t, "qwen3", chattemplate.Options{MessageCacheBytes: budget, Metrics: chattemplate.NewMetrics(reg), Model: "m"})
+	plain := loadTemplateWith(t, "qwen3", chattemplate.Options{MessageCacheBytes: -1})
+	// metric returns the value of name, of its result="result" series for a counter.
+	metric := func(name, result string) float64 {
+		t.Helper()
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() != name {
+				continue
+			}
+			for _, m := range mf.GetMetric() {
+				if g := m.GetGauge(); g != nil {
+					return g.GetValue()
+				}
+				for _, l := range m.GetLabel() {
+					if l.GetName() == "result" && l.GetValue() == result {
+						return m.GetCounter().GetValue()
+					}
+				}
+			}
+		}
+		return 0
+	}
+	var msgs []map[string]string
+	for turn := range 40 {
+		// Short questions, answers of about 2 KiB: 40 turns are about 100 KiB, more
+		// than the budget.
+		msgs = append(msgs,
+			map[string]string{"role": "user", "content": fmt.Sprintf("question %d", turn)},
+			map[string]string{"role": "assistant", "content": fmt.Sprintf("answer %d ", turn) + strings.Repeat("word ", 400)})
+		raw, _ := json.Marshal(msgs)
+		in := chattemplate.Input{Messages: raw, AddGenerationPrompt: true}
+		want, err := plain.Render(in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := cached.Render(in)
+		if err != nil || got != want {
+			t.Fatalf("turn %d: cached render differs (%v)", turn, err)
+		}
+		if b := metric("kvrouter_chattemplate_message_cache_bytes", ""); b <= 0 || b > budget {
+			t.Fatalf("turn %d: cache accounts for %v bytes, want (0, %d]", turn, b, budget)
+		}
+	}
+	hits, misses := metric("kvrouter_chattemplate_message_cache_lookups_total", "hit"), metric("kvrouter_chattemplate_message_cache_lookups_total", "miss")
+	if hits == 0 || misses < 80 {
+		t.Fatalf("hits %v, misses %v: want hits for re-sent history and a miss per new message", hits, misses)
+	}
+	// The short first question is still cached one turn after it was sent.
+	before := metric("kvrouter_chattemplate_message_cache_lookups_total", "hit")
+	raw, _ := json.Marshal(msgs[len(msgs)-2:])
+	if _, err := cached.Render(chattemplate.Input{Messages: raw}); err != nil {
+		t.Fatal(err)
+	}
+	if got := metric("kvrouter_chattemplate_message_cache_lookups_total", "hit") - before; got != 2 {
+		t.Fatalf("re-sent short and long messages: %v hits, want 2", got)
 	}
 }

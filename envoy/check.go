@@ -14,6 +14,7 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	luav3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/lua/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	overridehostv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/load_balancing_policies/override_host/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	httpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
 	"go.yaml.in/yaml/v3"
@@ -23,6 +24,7 @@ import (
 
 	// Typed configs the files use, registered for protojson's Any resolution.
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/load_balancing_policies/least_request/v3"
 
 	"github.com/kvrouter/kvrouter/epp"
 )
@@ -143,8 +145,39 @@ func Check(b *bootstrapv3.Bootstrap) error {
 	return errors.Join(errs...)
 }
 
+// overrideHost returns the cluster's override_host load-balancing policy, or nil.
+func overrideHost(c *clusterv3.Cluster) *overridehostv3.OverrideHost {
+	for _, p := range c.GetLoadBalancingPolicy().GetPolicies() {
+		oh := &overridehostv3.OverrideHost{}
+		if tc := p.GetTypedExtensionConfig().GetTypedConfig(); tc != nil && tc.MessageIs(oh) && tc.UnmarshalTo(oh) == nil {
+			return oh
+		}
+	}
+	return nil
+}
+
 func checkCluster(c *clusterv3.Cluster) []error {
 	var errs []error
+	if oh := overrideHost(c); oh != nil {
+		src := false
+		for _, s := range oh.GetOverrideHostSources() {
+			md := s.GetMetadata()
+			if strings.EqualFold(s.GetHeader(), epp.HeaderDestination) ||
+				(md.GetKey() == "envoy.lb" && len(md.GetPath()) == 1 && md.GetPath()[0].GetKey() == epp.HeaderDestination) {
+				src = true
+			}
+		}
+		if !src {
+			errs = append(errs, fmt.Errorf("cluster %s: override_host must take its hosts from the %s header or envoy.lb metadata", c.GetName(), epp.HeaderDestination))
+		}
+		retries := false
+		for _, t := range c.GetCircuitBreakers().GetThresholds() {
+			retries = retries || t.GetMaxRetries().GetValue() >= minCircuitBreakerLimit
+		}
+		if !retries {
+			errs = append(errs, fmt.Errorf("cluster %s: override_host cluster needs circuit breaker max_retries >= %d (the default, 3 at once, leaves most requests to a dead pod unretried)", c.GetName(), minCircuitBreakerLimit))
+		}
+	}
 	if c.GetType() == clusterv3.Cluster_ORIGINAL_DST {
 		if c.GetLbPolicy() != clusterv3.Cluster_CLUSTER_PROVIDED {
 			errs = append(errs, fmt.Errorf("cluster %s: ORIGINAL_DST needs lb_policy CLUSTER_PROVIDED, not %v", c.GetName(), c.GetLbPolicy()))
@@ -383,8 +416,9 @@ func speaksHTTP2(c *clusterv3.Cluster) bool {
 }
 
 // checkRoutes requires every route to an ORIGINAL_DST cluster to match only requests
-// carrying the destination header: without it Envoy would connect to the request's
-// original destination, itself.
+// carrying the destination header (without it Envoy would connect to the request's
+// original destination, itself), and every route to an override_host cluster to retry
+// connect failures (on the fallbacks kvrouter lists).
 func checkRoutes(where string, rc *routev3.RouteConfiguration, clusters map[string]*clusterv3.Cluster) []error {
 	var errs []error
 	if rc == nil {
@@ -393,6 +427,12 @@ func checkRoutes(where string, rc *routev3.RouteConfiguration, clusters map[stri
 	for _, vh := range rc.GetVirtualHosts() {
 		for _, r := range vh.GetRoutes() {
 			c := clusters[r.GetRoute().GetCluster()]
+			if c != nil && overrideHost(c) != nil {
+				rp := r.GetRoute().GetRetryPolicy()
+				if !strings.Contains(rp.GetRetryOn(), "connect-failure") || rp.GetNumRetries().GetValue() < 1 {
+					errs = append(errs, fmt.Errorf("%s: route %q to override_host cluster %s needs a retry_policy with retry_on connect-failure and num_retries >= 1 (the fallbacks kvrouter lists are tried on retries)", where, r.GetName(), c.GetName()))
+				}
+			}
 			if c == nil || c.GetType() != clusterv3.Cluster_ORIGINAL_DST {
 				continue
 			}

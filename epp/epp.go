@@ -20,6 +20,12 @@ const (
 	NamespaceSubsetHint = "envoy.lb.subset_hint"
 	// KeySubset is the subset hint's key: a list of "ip:port" or one comma-separated string.
 	KeySubset = "x-gateway-destination-endpoint-subset"
+	// HeaderUpstreamServiceTime is the header Envoy's router adds to a response that came
+	// from an upstream (the upstream's time to headers). A response without it was made
+	// by the proxy itself (a local reply): with status 503, the chosen endpoint could not
+	// be connected to or reset before answering, a passive health signal. Proxies
+	// configured with the router's suppress_envoy_headers never send it: keep that off.
+	HeaderUpstreamServiceTime = "x-envoy-upstream-service-time"
 	// MaxChunkBytes bounds each streamed_response body chunk, as the protocol asks.
 	MaxChunkBytes = 62000
 )

@@ -100,8 +100,8 @@ func TestDockerfileStages(t *testing.T) {
 			if s.user == "" || s.user == "root" || strings.HasPrefix(s.user, "0") {
 				t.Errorf("runs as %q, want a non-root user", s.user)
 			}
-			if !strings.Contains(strings.Join(b.pkgs, " "), "./cmd/"+name) {
-				t.Errorf("the build stage does not build ./cmd/%s: %v", name, b.pkgs)
+			if !strings.Contains(strings.Join(b.pkgs, " "), "/cmd/"+name) {
+				t.Errorf("the build stage does not build cmd/%s: %v", name, b.pkgs)
 			}
 		})
 	}

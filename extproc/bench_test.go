@@ -13,9 +13,9 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/kvrouter/kvrouter/extproc"
-	"github.com/kvrouter/kvrouter/extproc/envoytest"
 	"github.com/kvrouter/kvrouter/internal/cputime"
 	"github.com/kvrouter/kvrouter/scoring"
+	"github.com/kvrouter/kvrouter/testbench/fakeenvoy"
 )
 
 var (
@@ -87,11 +87,11 @@ func chat2400() []byte {
 		`{"role":"user","content":"` + words + `"}],"stream":true,"stream_options":{"include_usage":true},"max_tokens":128}`)
 }
 
-func benchServer(b *testing.B, n int, tcp bool) *envoytest.Conn {
+func benchServer(b *testing.B, n int, tcp bool) *fakeenvoy.Conn {
 	srv := extproc.New(extproc.Options{Policy: scoring.NewLeastLoad(), Fleet: newBenchFleet(n)})
-	dial := envoytest.Bufconn
+	dial := fakeenvoy.Bufconn
 	if tcp {
-		dial = envoytest.TCP
+		dial = fakeenvoy.TCP
 	}
 	conn, err := dial(srv.Register, benchServerOptions(b)...)
 	if err != nil {
@@ -106,7 +106,7 @@ func benchServer(b *testing.B, n int, tcp bool) *envoytest.Conn {
 // decision and body back, an empty 200 response, close.
 func BenchmarkRoundTrip(b *testing.B) {
 	body := chat2400()
-	req := envoytest.Request{Headers: postHeaders(), Body: [][]byte{body}}
+	req := fakeenvoy.Request{Headers: postHeaders(), Body: [][]byte{body}}
 	for _, transport := range []string{"bufconn", "tcp"} {
 		for _, n := range []int{6, 64, 512} {
 			b.Run(fmt.Sprintf("%s/endpoints=%d", transport, n), func(b *testing.B) {
@@ -116,7 +116,7 @@ func BenchmarkRoundTrip(b *testing.B) {
 				b.ReportAllocs()
 				cpu := cputime.Process()
 				for b.Loop() {
-					x, err := envoytest.Start(ctx, conn.Client, envoytest.FullDuplex())
+					x, err := fakeenvoy.Start(ctx, conn.Client, fakeenvoy.FullDuplex())
 					if err != nil {
 						b.Fatal(err)
 					}
@@ -137,7 +137,7 @@ func BenchmarkRoundTrip(b *testing.B) {
 	}
 }
 
-// BenchmarkLoad runs envoytest.Load open-loop over loopback TCP for 3 s at 250 and 1,000
+// BenchmarkLoad runs fakeenvoy.Load open-loop over loopback TCP for 3 s at 250 and 1,000
 // exchanges/s and reports p50/p99 of the request phase as Envoy would see it. Run it with
 // -benchtime=1x and -args -load (it takes ~20 s, so `make bench` skips it); on a
 // CPU-starved machine the 1,000/s run saturates and queues.
@@ -145,15 +145,15 @@ func BenchmarkLoad(b *testing.B) {
 	if !*loadBench {
 		b.Skip("load run: pass -args -load")
 	}
-	req := envoytest.Request{Headers: postHeaders(), Body: [][]byte{chat2400()}}
+	req := fakeenvoy.Request{Headers: postHeaders(), Body: [][]byte{chat2400()}}
 	for _, rate := range []int{250, 1000} {
 		for _, n := range []int{6, 64, 512} {
 			b.Run(fmt.Sprintf("rate=%d/endpoints=%d", rate, n), func(b *testing.B) {
 				conn := benchServer(b, n, true)
-				var res envoytest.LoadResult
+				var res fakeenvoy.LoadResult
 				for b.Loop() {
-					res = envoytest.Load(context.Background(), conn.Client, envoytest.LoadConfig{
-						Rate: float64(rate), Requests: 3 * rate, Config: envoytest.FullDuplex(), Request: req})
+					res = fakeenvoy.Load(context.Background(), conn.Client, fakeenvoy.LoadConfig{
+						Rate: float64(rate), Requests: 3 * rate, Config: fakeenvoy.FullDuplex(), Request: req})
 					if res.Errors > 0 {
 						b.Fatal(res.FirstError)
 					}

@@ -19,6 +19,19 @@ type fakeFleet struct {
 	metrics  map[string]scoring.Metrics // scraped figures per endpoint (zero: none)
 	begins   int
 	ends     int
+	failed   []string // UpstreamFailed calls
+}
+
+func (f *fakeFleet) UpstreamFailed(addr string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.failed = append(f.failed, addr)
+}
+
+func (f *fakeFleet) failures() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.failed)
 }
 
 func newFleet(order ...string) *fakeFleet {

@@ -12,8 +12,8 @@ import (
 
 	"github.com/kvrouter/kvrouter/config"
 	"github.com/kvrouter/kvrouter/extproc"
-	"github.com/kvrouter/kvrouter/extproc/envoytest"
 	"github.com/kvrouter/kvrouter/scoring"
+	"github.com/kvrouter/kvrouter/testbench/fakeenvoy"
 )
 
 // holdingPolicy asks the router to hold each request `holds` times (-1: always) for
@@ -85,8 +85,8 @@ func TestHold(t *testing.T) {
 			h := newHarness(t, func(o *extproc.Options) {
 				o.Policy, o.MaxHold, o.After = pol, tc.maxHold, timer.after
 			})
-			x := h.start(envoytest.FullDuplex())
-			res, err := x.Request(envoytest.Request{Headers: postHeaders(), Body: [][]byte{chatBody("m")}})
+			x := h.start(fakeenvoy.FullDuplex())
+			res, err := x.Request(fakeenvoy.Request{Headers: postHeaders(), Body: [][]byte{chatBody("m")}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -135,10 +135,10 @@ func TestHoldCancelled(t *testing.T) {
 	h := newHarness(t, func(o *extproc.Options) {
 		o.Policy, o.MaxHold, o.After = pol, time.Second, timer.after
 	})
-	x := h.start(envoytest.FullDuplex())
+	x := h.start(fakeenvoy.FullDuplex())
 	done := make(chan error, 1)
 	go func() {
-		_, err := x.Request(envoytest.Request{Headers: postHeaders(), Body: [][]byte{chatBody("m")}})
+		_, err := x.Request(fakeenvoy.Request{Headers: postHeaders(), Body: [][]byte{chatBody("m")}})
 		done <- err
 	}()
 	<-timer.started
@@ -192,7 +192,7 @@ func TestHoldWithinEnvoyMessageTimeout(t *testing.T) {
 		go func() {
 			x := h.start(cfg)
 			defer x.Cancel()
-			res, err := x.Request(envoytest.Request{Headers: postHeaders(), Body: [][]byte{chatBody("m")}})
+			res, err := x.Request(fakeenvoy.Request{Headers: postHeaders(), Body: [][]byte{chatBody("m")}})
 			if err == nil && res.Immediate != nil {
 				err = fmt.Errorf("immediate response %v", res.Immediate)
 			}
@@ -202,7 +202,7 @@ func TestHoldWithinEnvoyMessageTimeout(t *testing.T) {
 	timeouts := 0
 	for range requests {
 		err := <-errs
-		var te *envoytest.TimeoutError
+		var te *fakeenvoy.TimeoutError
 		switch {
 		case errors.As(err, &te):
 			timeouts++
@@ -230,12 +230,12 @@ func TestHoldEndsBeforeStreamDeadline(t *testing.T) {
 	h := newHarness(t, func(o *extproc.Options) { o.Policy, o.MaxHold = pol, 500*time.Millisecond })
 	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Millisecond)
 	defer cancel()
-	x, err := envoytest.Start(ctx, h.conn.Client, envoytest.FullDuplex())
+	x, err := fakeenvoy.Start(ctx, h.conn.Client, fakeenvoy.FullDuplex())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer x.Cancel()
-	res, err := x.Request(envoytest.Request{Headers: postHeaders(), Body: [][]byte{chatBody("m")}})
+	res, err := x.Request(fakeenvoy.Request{Headers: postHeaders(), Body: [][]byte{chatBody("m")}})
 	if err != nil {
 		t.Fatalf("held past the stream's deadline: %v", err)
 	}

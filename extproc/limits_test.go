@@ -15,12 +15,12 @@ import (
 
 	"github.com/kvrouter/kvrouter/epp"
 	"github.com/kvrouter/kvrouter/extproc"
-	"github.com/kvrouter/kvrouter/extproc/envoytest"
 	"github.com/kvrouter/kvrouter/scoring"
+	"github.com/kvrouter/kvrouter/testbench/fakeenvoy"
 )
 
 // rawStream opens an ext_proc stream driven message by message (FULL_DUPLEX_STREAMED),
-// for states envoytest.Exchange does not stop in: a body half sent, nothing sent.
+// for states fakeenvoy.Exchange does not stop in: a body half sent, nothing sent.
 func rawStream(t *testing.T, h *harness) extprocv3.ExternalProcessor_ProcessClient {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -82,8 +82,8 @@ func TestBodyBudget(t *testing.T) {
 		return h.counter("kvrouter_extproc_body_bytes_held") == float64(len(body)-10)
 	})
 
-	x := h.start(envoytest.FullDuplex())
-	res, err := x.Request(envoytest.Request{Headers: postHeaders(), Body: split(body, 3)})
+	x := h.start(fakeenvoy.FullDuplex())
+	res, err := x.Request(fakeenvoy.Request{Headers: postHeaders(), Body: split(body, 3)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,8 +106,8 @@ func TestBodyBudget(t *testing.T) {
 		t.Fatalf("holder routed to %q, want %q", got, epB)
 	}
 	waitFor(t, "the budget to be released", func() bool { return h.counter("kvrouter_extproc_body_bytes_held") == 0 })
-	x = h.start(envoytest.FullDuplex())
-	if res, err = x.Request(envoytest.Request{Headers: postHeaders(), Body: split(body, 2)}); err != nil {
+	x = h.start(fakeenvoy.FullDuplex())
+	if res, err = x.Request(fakeenvoy.Request{Headers: postHeaders(), Body: split(body, 2)}); err != nil {
 		t.Fatal(err)
 	}
 	checkDecision(t, res, epB)
@@ -132,8 +132,8 @@ func TestMaxStreams(t *testing.T) {
 	sendHeaders(t, open)
 	waitFor(t, "the first stream", func() bool { return h.srv.Active() == 1 })
 
-	x := h.start(envoytest.FullDuplex())
-	_, err := x.Request(envoytest.Request{Headers: postHeaders(), Body: [][]byte{chatBody("m")}})
+	x := h.start(fakeenvoy.FullDuplex())
+	_, err := x.Request(fakeenvoy.Request{Headers: postHeaders(), Body: [][]byte{chatBody("m")}})
 	if c := status.Code(unwrapAll(err)); c != codes.ResourceExhausted {
 		t.Fatalf("second stream: %v (code %v), want ResourceExhausted", err, c)
 	}
@@ -143,8 +143,8 @@ func TestMaxStreams(t *testing.T) {
 	}
 	_ = open.CloseSend()
 	h.waitIdle()
-	x = h.start(envoytest.FullDuplex())
-	if _, err := x.Request(envoytest.Request{Headers: postHeaders(), Body: [][]byte{chatBody("m")}}); err != nil {
+	x = h.start(fakeenvoy.FullDuplex())
+	if _, err := x.Request(fakeenvoy.Request{Headers: postHeaders(), Body: [][]byte{chatBody("m")}}); err != nil {
 		t.Fatalf("stream after a slot was freed: %v", err)
 	}
 	_ = x.Close()
@@ -188,8 +188,8 @@ func TestIdleStream(t *testing.T) {
 	})
 	t.Run("a stream that sends is not idle", func(t *testing.T) {
 		h := newHarness(t, func(o *extproc.Options) { o.StreamIdleTimeout = time.Hour })
-		x := h.start(envoytest.FullDuplex())
-		res, err := x.Request(envoytest.Request{Headers: postHeaders(), Body: [][]byte{chatBody("only-b")}})
+		x := h.start(fakeenvoy.FullDuplex())
+		res, err := x.Request(fakeenvoy.Request{Headers: postHeaders(), Body: [][]byte{chatBody("only-b")}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -219,8 +219,8 @@ func TestPromptTokenLimit(t *testing.T) {
 			tok := &appendingTokenizer{}
 			h := newHarness(t, func(o *extproc.Options) { o.Tokenizer = tok; o.MaxPromptTokens = 1000 })
 			h.fleet.metrics = tc.metrics
-			x := h.start(envoytest.FullDuplex())
-			if _, err := x.Request(envoytest.Request{Headers: postHeaders(), Body: [][]byte{chatBody("m")}}); err != nil {
+			x := h.start(fakeenvoy.FullDuplex())
+			if _, err := x.Request(fakeenvoy.Request{Headers: postHeaders(), Body: [][]byte{chatBody("m")}}); err != nil {
 				t.Fatal(err)
 			}
 			_ = x.Close()
@@ -248,8 +248,8 @@ func TestBodyBudgetDeclaredLength(t *testing.T) {
 		return h.counter("kvrouter_extproc_body_bytes_held") == float64(len(body))
 	})
 	// A second body's first chunk already does not fit.
-	x := h.start(envoytest.FullDuplex())
-	res, err := x.Request(envoytest.Request{Headers: postHeaders(envoytest.Header{Key: "content-length", Value: strconv.Itoa(len(body))}),
+	x := h.start(fakeenvoy.FullDuplex())
+	res, err := x.Request(fakeenvoy.Request{Headers: postHeaders(fakeenvoy.Header{Key: "content-length", Value: strconv.Itoa(len(body))}),
 		Body: split(body, 4)})
 	if err != nil {
 		t.Fatal(err)

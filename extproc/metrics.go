@@ -23,6 +23,7 @@ type metrics struct {
 	cachedTokens    *prometheus.CounterVec
 	holds           prometheus.Counter
 	holdSeconds     prometheus.Counter
+	upstreamFailed  *prometheus.CounterVec
 	shed            prometheus.Counter
 	holdsCut        *prometheus.CounterVec
 }
@@ -57,6 +58,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "kvrouter_no_endpoint_total",
 			Help: "Requests answered 503 because no endpoint was eligible, by reason.",
 		}, []string{"reason"})),
+		upstreamFailed: register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvrouter_upstream_failures_total",
+			Help: "Routed requests whose chosen endpoint did not answer, as the proxy's response headers tell: local_reply (a 503 the proxy made itself, no upstream service time) or fallback_served (the proxy retried on a fallback).",
+		}, []string{"kind"})),
 		streams: register(reg, prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "kvrouter_extproc_streams_in_flight",
 			Help: "Open ext_proc streams (HTTP requests being processed).",

@@ -13,11 +13,11 @@ import (
 
 	"github.com/kvrouter/kvrouter/config"
 	"github.com/kvrouter/kvrouter/extproc"
-	"github.com/kvrouter/kvrouter/extproc/envoytest"
 	"github.com/kvrouter/kvrouter/index"
 	"github.com/kvrouter/kvrouter/openai"
 	"github.com/kvrouter/kvrouter/placement"
 	"github.com/kvrouter/kvrouter/scoring"
+	"github.com/kvrouter/kvrouter/testbench/fakeenvoy"
 )
 
 // prefixTokenizer reads a completions prompt "p<P> t<T>" as 64 blocks of 16 tokens of
@@ -67,8 +67,8 @@ func (x *heldIndex) LeadingBlocks(keys []uint64, eps []string, dst []int) []int 
 	return dst
 }
 
-func completion(p, tail int) envoytest.Request {
-	return envoytest.Request{Headers: envoytest.Headers{{Key: ":method", Value: "POST"},
+func completion(p, tail int) fakeenvoy.Request {
+	return fakeenvoy.Request{Headers: fakeenvoy.Headers{{Key: ":method", Value: "POST"},
 		{Key: ":path", Value: "/v1/completions"}, {Key: "content-type", Value: "application/json"}},
 		Body: [][]byte{fmt.Appendf(nil, `{"model":"m","prompt":"p%d t%d","max_tokens":8}`, p, tail)}}
 }
@@ -133,7 +133,7 @@ func TestPlacementHoldsWithinEnvoyMessageTimeout(t *testing.T) {
 	timeouts := 0
 	for range hits {
 		err := <-errs
-		var te *envoytest.TimeoutError
+		var te *fakeenvoy.TimeoutError
 		switch {
 		case errors.As(err, &te):
 			timeouts++

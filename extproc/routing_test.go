@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	"github.com/kvrouter/kvrouter/extproc"
-	"github.com/kvrouter/kvrouter/extproc/envoytest"
+	"github.com/kvrouter/kvrouter/testbench/fakeenvoy"
 )
 
 // A request keeps the policy that routed it to its end: after SetRouting, its FirstToken
@@ -14,8 +14,8 @@ import (
 func TestSetRoutingKeepsInFlightRequestsOnTheirPolicy(t *testing.T) {
 	h := newHarness(t)
 	old := h.policy
-	x := h.start(envoytest.FullDuplex())
-	res, err := x.Request(envoytest.Request{Headers: postHeaders(), Body: [][]byte{chatBody("m")}})
+	x := h.start(fakeenvoy.FullDuplex())
+	res, err := x.Request(fakeenvoy.Request{Headers: postHeaders(), Body: [][]byte{chatBody("m")}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -27,7 +27,7 @@ func TestSetRoutingKeepsInFlightRequestsOnTheirPolicy(t *testing.T) {
 	h.srv.SetRouting(extproc.Routing{Policy: next})
 
 	// The first request's response arrives after the swap.
-	if _, err := x.ResponseHeaders(envoytest.Headers{{Key: ":status", Value: "200"}}, false, nil); err != nil {
+	if _, err := x.ResponseHeaders(fakeenvoy.Headers{{Key: ":status", Value: "200"}}, false, nil); err != nil {
 		t.Fatal(err)
 	}
 	if err := x.ResponseBody([]byte("data: {}\n\n"), true); err != nil {
@@ -41,8 +41,8 @@ func TestSetRoutingKeepsInFlightRequestsOnTheirPolicy(t *testing.T) {
 	}
 	h.waitIdle()
 
-	y := h.start(envoytest.FullDuplex())
-	if _, err := y.Request(envoytest.Request{Headers: postHeaders(), Body: [][]byte{chatBody("m")}}); err != nil {
+	y := h.start(fakeenvoy.FullDuplex())
+	if _, err := y.Request(fakeenvoy.Request{Headers: postHeaders(), Body: [][]byte{chatBody("m")}}); err != nil {
 		t.Fatal(err)
 	}
 	y.Cancel()
@@ -81,8 +81,8 @@ func TestSetRoutingConcurrentWithPicks(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for range requests / 4 {
-				x := h.start(envoytest.FullDuplex())
-				if _, err := x.Request(envoytest.Request{Headers: postHeaders(), Body: [][]byte{chatBody("m")}}); err != nil {
+				x := h.start(fakeenvoy.FullDuplex())
+				if _, err := x.Request(fakeenvoy.Request{Headers: postHeaders(), Body: [][]byte{chatBody("m")}}); err != nil {
 					t.Error(err)
 				}
 				x.Cancel()

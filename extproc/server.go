@@ -58,6 +58,13 @@ type Fleet interface {
 	End(addr string)
 }
 
+// upstreamReporter is implemented by fleets that take passive health signals
+// (fleet.Fleet): the server tells it when the proxy's response shows that the chosen
+// endpoint did not answer.
+type upstreamReporter interface {
+	UpstreamFailed(addr string)
+}
+
 // Tokenizer turns a parsed request into vLLM's prompt token ids.
 type Tokenizer interface {
 	PromptTokens(req *openai.Request, baseModel string) ([]uint32, error)
@@ -137,6 +144,7 @@ type Server struct {
 	routing   atomic.Pointer[routing]
 	fleet     Fleet
 	appender  candidateAppender // fleet, when it can fill a reused buffer
+	reporter  upstreamReporter  // fleet, when it takes passive health signals
 	tok       Tokenizer
 	tokApp    tokenAppender // tok, when it can fill a reused buffer
 	maxBody   int
@@ -192,6 +200,9 @@ func New(o Options) *Server {
 	}
 	if a, ok := o.Fleet.(candidateAppender); ok {
 		s.appender = a
+	}
+	if r, ok := o.Fleet.(upstreamReporter); ok {
+		s.reporter = r
 	}
 	if a, ok := o.Tokenizer.(tokenAppender); ok {
 		s.tokApp = a

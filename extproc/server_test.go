@@ -21,9 +21,9 @@ import (
 
 	"github.com/kvrouter/kvrouter/epp"
 	"github.com/kvrouter/kvrouter/extproc"
-	"github.com/kvrouter/kvrouter/extproc/envoytest"
 	"github.com/kvrouter/kvrouter/fleet"
 	"github.com/kvrouter/kvrouter/scoring"
+	"github.com/kvrouter/kvrouter/testbench/fakeenvoy"
 )
 
 const (
@@ -38,7 +38,7 @@ type harness struct {
 	policy *recordingPolicy
 	srv    *extproc.Server
 	reg    *prometheus.Registry
-	conn   *envoytest.Conn
+	conn   *fakeenvoy.Conn
 }
 
 type harnessOpt func(*extproc.Options)
@@ -54,7 +54,7 @@ func newHarness(t *testing.T, opts ...harnessOpt) *harness {
 		f(&o)
 	}
 	h.srv = extproc.New(o)
-	conn, err := envoytest.Bufconn(h.srv.Register)
+	conn, err := fakeenvoy.Bufconn(h.srv.Register)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,9 +63,9 @@ func newHarness(t *testing.T, opts ...harnessOpt) *harness {
 	return h
 }
 
-func (h *harness) start(cfg envoytest.Config) *envoytest.Exchange {
+func (h *harness) start(cfg fakeenvoy.Config) *fakeenvoy.Exchange {
 	h.t.Helper()
-	x, err := envoytest.Start(context.Background(), h.conn.Client, cfg)
+	x, err := fakeenvoy.Start(context.Background(), h.conn.Client, cfg)
 	if err != nil {
 		h.t.Fatal(err)
 	}
@@ -131,19 +131,19 @@ func split(b []byte, n int) [][]byte {
 	return out
 }
 
-func postHeaders(extra ...envoytest.Header) envoytest.Headers {
-	h := envoytest.Headers{{Key: ":method", Value: "POST"}, {Key: ":path", Value: "/v1/chat/completions"}, {Key: ":authority", Value: "gw"},
+func postHeaders(extra ...fakeenvoy.Header) fakeenvoy.Headers {
+	h := fakeenvoy.Headers{{Key: ":method", Value: "POST"}, {Key: ":path", Value: "/v1/chat/completions"}, {Key: ":authority", Value: "gw"},
 		{Key: "content-type", Value: "application/json"}}
 	return append(h, extra...)
 }
 
-func mode(m filterv3.ProcessingMode_BodySendMode, trailers bool) envoytest.Config {
-	return envoytest.Config{RequestBodyMode: m, ResponseBodyMode: m, SendProtocolConfig: true,
+func mode(m filterv3.ProcessingMode_BodySendMode, trailers bool) fakeenvoy.Config {
+	return fakeenvoy.Config{RequestBodyMode: m, ResponseBodyMode: m, SendProtocolConfig: true,
 		SendRequestTrailers: trailers, SendResponseTrailers: trailers}
 }
 
 // checkDecision asserts one destination header, equal to the envoy.lb metadata, naming want.
-func checkDecision(t *testing.T, res *envoytest.RequestResult, want string) {
+func checkDecision(t *testing.T, res *fakeenvoy.RequestResult, want string) {
 	t.Helper()
 	if res.Immediate != nil {
 		t.Fatalf("immediate response %v", res.Immediate)
@@ -152,7 +152,7 @@ func checkDecision(t *testing.T, res *envoytest.RequestResult, want string) {
 	if len(vals) != 1 || vals[0] != want {
 		t.Fatalf("destination header %q, want [%s]", vals, want)
 	}
-	if md := envoytest.MetadataString(res.DynamicMetadata, epp.NamespaceLB, epp.HeaderDestination); md != want {
+	if md := fakeenvoy.MetadataString(res.DynamicMetadata, epp.NamespaceLB, epp.HeaderDestination); md != want {
 		t.Fatalf("envoy.lb metadata %q, want %q", md, want)
 	}
 	if !res.ClearRouteCache {
@@ -169,7 +169,7 @@ func TestRequestModes(t *testing.T) {
 	body := chatBody("only-b")
 	type modeCase struct {
 		name    string
-		cfg     envoytest.Config
+		cfg     fakeenvoy.Config
 		parsed  bool // the body reaches the router before its decision
 		replies func(chunks int, trailers bool) []string
 	}
@@ -222,9 +222,9 @@ func TestRequestModes(t *testing.T) {
 					h.fleet.inflight[epA] = 0
 					h.fleet.inflight[epB] = 5 // least-load alone would pick A
 					x := h.start(m.cfg)
-					req := envoytest.Request{Headers: postHeaders(), Body: split(body, chunks)}
+					req := fakeenvoy.Request{Headers: postHeaders(), Body: split(body, chunks)}
 					if trailers {
-						req.Trailers = envoytest.Headers{{Key: "x-trailer", Value: "t"}}
+						req.Trailers = fakeenvoy.Headers{{Key: "x-trailer", Value: "t"}}
 					}
 					res, err := x.Request(req)
 					if err != nil {
@@ -246,7 +246,7 @@ func TestRequestModes(t *testing.T) {
 					if got, want := x.Replies(), m.replies(len(req.Body), trailers); !slices.Equal(got, want) {
 						t.Fatalf("replies %v, want %v", got, want)
 					}
-					resp, err := x.Response(200, envoytest.Headers{{Key: "content-type", Value: "text/event-stream"}},
+					resp, err := x.Response(200, fakeenvoy.Headers{{Key: "content-type", Value: "text/event-stream"}},
 						[][]byte{[]byte("data: {}\n\n"), []byte("data: [DONE]\n\n")}, nil, nil)
 					if err != nil {
 						t.Fatal(err)
@@ -296,10 +296,10 @@ func TestLargeBodies(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t, func(o *extproc.Options) { o.MaxBodyBytes = tc.maxBody })
-			x := h.start(envoytest.FullDuplex())
-			req := envoytest.Request{Headers: postHeaders(), Body: split(big, tc.chunks)}
+			x := h.start(fakeenvoy.FullDuplex())
+			req := fakeenvoy.Request{Headers: postHeaders(), Body: split(big, tc.chunks)}
 			if tc.trailers {
-				req.Trailers = envoytest.Headers{}
+				req.Trailers = fakeenvoy.Headers{}
 			}
 			res, err := x.Request(req)
 			if err != nil {
@@ -326,7 +326,7 @@ func TestRequestWithoutBody(t *testing.T) {
 			h := newHarness(t)
 			h.fleet.inflight[epA] = 2
 			x := h.start(mode(m, false))
-			res, err := x.Request(envoytest.Request{Headers: envoytest.Headers{{Key: ":method", Value: "GET"}, {Key: ":path", Value: "/v1/models"}}})
+			res, err := x.Request(fakeenvoy.Request{Headers: fakeenvoy.Headers{{Key: ":method", Value: "GET"}, {Key: ":path", Value: "/v1/models"}}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -358,9 +358,9 @@ func TestRequestWithoutBody(t *testing.T) {
 
 func TestUnsupportedPathStreamsThrough(t *testing.T) {
 	h := newHarness(t)
-	x := h.start(envoytest.FullDuplex())
+	x := h.start(fakeenvoy.FullDuplex())
 	body := []byte(`{"model":"only-b","input":"embed me"}`)
-	res, err := x.Request(envoytest.Request{Headers: envoytest.Headers{{Key: ":method", Value: "POST"}, {Key: ":path", Value: "/v1/embeddings"}},
+	res, err := x.Request(fakeenvoy.Request{Headers: fakeenvoy.Headers{{Key: ":method", Value: "POST"}, {Key: ":path", Value: "/v1/embeddings"}},
 		Body: split(body, 3)})
 	if err != nil {
 		t.Fatal(err)
@@ -380,7 +380,7 @@ func TestUnsupportedPathStreamsThrough(t *testing.T) {
 }
 
 func TestSpoofedDestinationHeaders(t *testing.T) {
-	spoof := []envoytest.Header{
+	spoof := []fakeenvoy.Header{
 		{Key: "x-gateway-destination-endpoint", Value: "6.6.6.6:80"},
 		{Key: "x-gateway-destination-endpoint", Value: "7.7.7.7:80"},
 		{Key: "x-gateway-destination-endpoint-subset", Value: "6.6.6.6:80"},
@@ -393,7 +393,7 @@ func TestSpoofedDestinationHeaders(t *testing.T) {
 			t.Run(fmt.Sprintf("%s/body=%v", m, withBody), func(t *testing.T) {
 				h := newHarness(t)
 				x := h.start(mode(m, false))
-				req := envoytest.Request{Headers: postHeaders(spoof...)}
+				req := fakeenvoy.Request{Headers: postHeaders(spoof...)}
 				if withBody {
 					req.Body = [][]byte{chatBody("m")}
 				}
@@ -426,9 +426,9 @@ func TestSubsetHint(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t)
 			h.fleet.inflight[epC] = 1
-			x := h.start(envoytest.FullDuplex())
-			res, err := x.Request(envoytest.Request{Headers: postHeaders(), Body: [][]byte{chatBody(tc.model)},
-				Metadata: envoytest.SubsetHint(tc.hint...)})
+			x := h.start(fakeenvoy.FullDuplex())
+			res, err := x.Request(fakeenvoy.Request{Headers: postHeaders(), Body: [][]byte{chatBody(tc.model)},
+				Metadata: fakeenvoy.SubsetHint(tc.hint...)})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -450,7 +450,7 @@ func TestSubsetHint(t *testing.T) {
 	}
 }
 
-func check503(t *testing.T, res *envoytest.RequestResult) {
+func check503(t *testing.T, res *fakeenvoy.RequestResult) {
 	t.Helper()
 	if res.Immediate == nil {
 		t.Fatalf("want an immediate response, got headers %v", res.Headers)
@@ -483,7 +483,7 @@ func TestNoHealthyEndpoint(t *testing.T) {
 			h := newHarness(t)
 			h.fleet.order = nil
 			x := h.start(mode(m, false))
-			res, err := x.Request(envoytest.Request{Headers: postHeaders(), Body: split(chatBody("m"), 3)})
+			res, err := x.Request(fakeenvoy.Request{Headers: postHeaders(), Body: split(chatBody("m"), 3)})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -547,8 +547,8 @@ func TestBadInputIsRoutedByLoad(t *testing.T) {
 				opts = append(opts, tc.opts)
 			}
 			h := newHarness(t, opts...)
-			x := h.start(envoytest.FullDuplex())
-			res, err := x.Request(envoytest.Request{Headers: postHeaders(), Body: split([]byte(tc.body), 2)})
+			x := h.start(fakeenvoy.FullDuplex())
+			res, err := x.Request(fakeenvoy.Request{Headers: postHeaders(), Body: split([]byte(tc.body), 2)})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -572,8 +572,8 @@ func TestFallbacksAppended(t *testing.T) {
 		o.Policy = fixedPolicy{endpoint: epA}
 		o.MaxFallbacks = 1
 	})
-	x := h.start(envoytest.FullDuplex())
-	res, err := x.Request(envoytest.Request{Headers: postHeaders(), Body: [][]byte{chatBody("m")}})
+	x := h.start(fakeenvoy.FullDuplex())
+	res, err := x.Request(fakeenvoy.Request{Headers: postHeaders(), Body: [][]byte{chatBody("m")}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -587,9 +587,9 @@ func TestFallbacksAppended(t *testing.T) {
 
 func TestPolicySeesParsedRequest(t *testing.T) {
 	h := newHarness(t, func(o *extproc.Options) { o.Tokenizer = fakeTokenizer{} })
-	x := h.start(envoytest.FullDuplex())
+	x := h.start(fakeenvoy.FullDuplex())
 	body := []byte(`{"model":"lora-x","messages":[{"role":"user","content":"hi"}],"cache_salt":"s"}`)
-	if _, err := x.Request(envoytest.Request{Headers: postHeaders(), Body: [][]byte{body}}); err != nil {
+	if _, err := x.Request(fakeenvoy.Request{Headers: postHeaders(), Body: [][]byte{body}}); err != nil {
 		t.Fatal(err)
 	}
 	x.Close()
@@ -612,16 +612,16 @@ func TestResponsePath(t *testing.T) {
 	big := strings.Repeat("data: {\"choices\":[{\"delta\":{\"content\":\"aaaaaaaa\"}}]}\n\n", 3000) + sse // > 62,000 bytes
 	tests := []struct {
 		name     string
-		cfg      envoytest.Config
+		cfg      fakeenvoy.Config
 		body     string
 		chunks   int
 		trailers bool
 		served   string // metadata-provided served endpoint
 	}{
-		{"FDS split usage", envoytest.FullDuplex(), sse, 29, false, ""},
-		{"FDS with trailers", envoytest.FullDuplex(), sse, 3, true, ""},
-		{"FDS large chunk re-split", envoytest.FullDuplex(), big, 1, false, ""},
-		{"FDS served from metadata", envoytest.FullDuplex(), sse, 2, false, epB},
+		{"FDS split usage", fakeenvoy.FullDuplex(), sse, 29, false, ""},
+		{"FDS with trailers", fakeenvoy.FullDuplex(), sse, 3, true, ""},
+		{"FDS large chunk re-split", fakeenvoy.FullDuplex(), big, 1, false, ""},
+		{"FDS served from metadata", fakeenvoy.FullDuplex(), sse, 2, false, epB},
 		{"STREAMED", mode(filterv3.ProcessingMode_STREAMED, false), sse, 4, false, ""},
 		{"BUFFERED", mode(filterv3.ProcessingMode_BUFFERED, false), sse, 4, false, ""},
 		{"BUFFERED with trailers", mode(filterv3.ProcessingMode_BUFFERED, true), sse, 4, true, ""},
@@ -630,15 +630,15 @@ func TestResponsePath(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t)
 			x := h.start(tc.cfg)
-			if _, err := x.Request(envoytest.Request{Headers: postHeaders(), Body: [][]byte{chatBody("m")}}); err != nil {
+			if _, err := x.Request(fakeenvoy.Request{Headers: postHeaders(), Body: [][]byte{chatBody("m")}}); err != nil {
 				t.Fatal(err)
 			}
-			var trailers envoytest.Headers
+			var trailers fakeenvoy.Headers
 			if tc.trailers {
-				trailers = envoytest.Headers{{Key: "grpc-status", Value: "0"}}
+				trailers = fakeenvoy.Headers{{Key: "grpc-status", Value: "0"}}
 			}
-			mdc := envoytest.ServedMetadata(tc.served)
-			resp, err := x.Response(200, envoytest.Headers{{Key: "content-type", Value: "text/event-stream"}, {Key: epp.HeaderServed, Value: "spoof"}},
+			mdc := fakeenvoy.ServedMetadata(tc.served)
+			resp, err := x.Response(200, fakeenvoy.Headers{{Key: "content-type", Value: "text/event-stream"}, {Key: epp.HeaderServed, Value: "spoof"}},
 				split([]byte(tc.body), tc.chunks), trailers, mdc)
 			if err != nil {
 				t.Fatal(err)
@@ -686,11 +686,11 @@ func TestResponsePath(t *testing.T) {
 func TestReleaseOnEarlyEnd(t *testing.T) {
 	tests := []struct {
 		name string
-		end  func(t *testing.T, x *envoytest.Exchange)
+		end  func(t *testing.T, x *fakeenvoy.Exchange)
 	}{
-		{"client cancels after routing", func(t *testing.T, x *envoytest.Exchange) { x.Cancel() }},
-		{"client cancels mid-response", func(t *testing.T, x *envoytest.Exchange) {
-			if _, err := x.ResponseHeaders(envoytest.Headers{{Key: ":status", Value: "200"}}, false, nil); err != nil {
+		{"client cancels after routing", func(t *testing.T, x *fakeenvoy.Exchange) { x.Cancel() }},
+		{"client cancels mid-response", func(t *testing.T, x *fakeenvoy.Exchange) {
+			if _, err := x.ResponseHeaders(fakeenvoy.Headers{{Key: ":status", Value: "200"}}, false, nil); err != nil {
 				t.Fatal(err)
 			}
 			if err := x.ResponseBody([]byte("data: {}\n\n"), false); err != nil {
@@ -701,17 +701,17 @@ func TestReleaseOnEarlyEnd(t *testing.T) {
 			}
 			x.Cancel()
 		}},
-		{"envoy closes without a response", func(t *testing.T, x *envoytest.Exchange) {
+		{"envoy closes without a response", func(t *testing.T, x *fakeenvoy.Exchange) {
 			if err := x.Close(); err != nil {
 				t.Fatal(err)
 			}
 		}},
-		{"protocol violation after routing", func(t *testing.T, x *envoytest.Exchange) {
+		{"protocol violation after routing", func(t *testing.T, x *fakeenvoy.Exchange) {
 			// A second response_headers is out of order: the server fails the stream.
-			if _, err := x.ResponseHeaders(envoytest.Headers{{Key: ":status", Value: "200"}}, false, nil); err != nil {
+			if _, err := x.ResponseHeaders(fakeenvoy.Headers{{Key: ":status", Value: "200"}}, false, nil); err != nil {
 				t.Fatal(err)
 			}
-			_, err := x.ResponseHeaders(envoytest.Headers{{Key: ":status", Value: "200"}}, false, nil)
+			_, err := x.ResponseHeaders(fakeenvoy.Headers{{Key: ":status", Value: "200"}}, false, nil)
 			if status.Code(errors.Unwrap(err)) != codes.FailedPrecondition {
 				t.Fatalf("err = %v, want FailedPrecondition", err)
 			}
@@ -720,8 +720,8 @@ func TestReleaseOnEarlyEnd(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t)
-			x := h.start(envoytest.FullDuplex())
-			if _, err := x.Request(envoytest.Request{Headers: postHeaders(), Body: [][]byte{chatBody("m")}}); err != nil {
+			x := h.start(fakeenvoy.FullDuplex())
+			if _, err := x.Request(fakeenvoy.Request{Headers: postHeaders(), Body: [][]byte{chatBody("m")}}); err != nil {
 				t.Fatal(err)
 			}
 			tc.end(t, x)
@@ -783,16 +783,16 @@ func TestProtocolViolations(t *testing.T) {
 
 func TestDrain(t *testing.T) {
 	h := newHarness(t)
-	open := h.start(envoytest.FullDuplex())
-	if _, err := open.Request(envoytest.Request{Headers: postHeaders(), Body: [][]byte{chatBody("m")}}); err != nil {
+	open := h.start(fakeenvoy.FullDuplex())
+	if _, err := open.Request(fakeenvoy.Request{Headers: postHeaders(), Body: [][]byte{chatBody("m")}}); err != nil {
 		t.Fatal(err)
 	}
 	h.srv.Drain()
 	if h.srv.Active() != 1 {
 		t.Fatalf("active %d", h.srv.Active())
 	}
-	refused := h.start(envoytest.FullDuplex())
-	_, err := refused.Request(envoytest.Request{Headers: postHeaders(), Body: [][]byte{chatBody("m")}})
+	refused := h.start(fakeenvoy.FullDuplex())
+	_, err := refused.Request(fakeenvoy.Request{Headers: postHeaders(), Body: [][]byte{chatBody("m")}})
 	if status.Code(errors.Unwrap(err)) != codes.Unavailable {
 		t.Fatalf("new stream while draining: %v", err)
 	}
@@ -813,10 +813,10 @@ func TestDrain(t *testing.T) {
 func TestMetricsGolden(t *testing.T) {
 	h := newHarness(t, func(o *extproc.Options) { o.Policy = scoring.NewRoundRobin() })
 	run := func(body string, md bool) {
-		x := h.start(envoytest.FullDuplex())
-		req := envoytest.Request{Headers: postHeaders(), Body: [][]byte{[]byte(body)}}
+		x := h.start(fakeenvoy.FullDuplex())
+		req := fakeenvoy.Request{Headers: postHeaders(), Body: [][]byte{[]byte(body)}}
 		if md {
-			req.Metadata = envoytest.SubsetHint()
+			req.Metadata = fakeenvoy.SubsetHint()
 		}
 		res, err := x.Request(req)
 		if err != nil {
@@ -893,7 +893,7 @@ func TestBufferedEmptyBody(t *testing.T) {
 			h := newHarness(t)
 			h.fleet.inflight[epA] = 3
 			x := h.start(mode(filterv3.ProcessingMode_BUFFERED, tc.sendTrailer))
-			res, err := x.Request(envoytest.Request{Headers: postHeaders(), Trailers: envoytest.Headers{{Key: "x-t", Value: "1"}}})
+			res, err := x.Request(fakeenvoy.Request{Headers: postHeaders(), Trailers: fakeenvoy.Headers{{Key: "x-t", Value: "1"}}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -922,7 +922,7 @@ func TestBufferedBodyOverridesHeadersReply(t *testing.T) {
 	h := newHarness(t)
 	h.fleet.inflight[epB] = 3 // the headers reply names A (load); the body needs B
 	x := h.start(mode(filterv3.ProcessingMode_BUFFERED, false))
-	res, err := x.Request(envoytest.Request{Headers: postHeaders(), Body: [][]byte{chatBody("only-b")}})
+	res, err := x.Request(fakeenvoy.Request{Headers: postHeaders(), Body: [][]byte{chatBody("only-b")}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -943,9 +943,9 @@ func TestBufferedBodyOverridesHeadersReply(t *testing.T) {
 // reply must name its own endpoint (the server reuses replies per endpoint).
 func TestRepliesPerEndpoint(t *testing.T) {
 	h := newHarness(t)
-	spoof := envoytest.Header{Key: "x-gateway-destination-other", Value: "x"}
+	spoof := fakeenvoy.Header{Key: "x-gateway-destination-other", Value: "x"}
 	for round := range 3 {
-		for _, cfg := range []envoytest.Config{envoytest.FullDuplex(), mode(filterv3.ProcessingMode_BUFFERED, false)} {
+		for _, cfg := range []fakeenvoy.Config{fakeenvoy.FullDuplex(), mode(filterv3.ProcessingMode_BUFFERED, false)} {
 			for _, tc := range []struct{ model, want, served string }{{"only-b", epB, ""}, {"lora-x", epC, epA}, {"only-b", epB, epC}} {
 				t.Run(fmt.Sprintf("%d/%s/%s/%s", round, cfg.RequestBodyMode, tc.model, tc.served), func(t *testing.T) {
 					hdrs := postHeaders()
@@ -953,12 +953,12 @@ func TestRepliesPerEndpoint(t *testing.T) {
 						hdrs = postHeaders(spoof)
 					}
 					x := h.start(cfg)
-					res, err := x.Request(envoytest.Request{Headers: hdrs, Body: [][]byte{chatBody(tc.model)}})
+					res, err := x.Request(fakeenvoy.Request{Headers: hdrs, Body: [][]byte{chatBody(tc.model)}})
 					if err != nil {
 						t.Fatal(err)
 					}
 					checkDecision(t, res, tc.want)
-					resp, err := x.Response(200, nil, nil, nil, envoytest.ServedMetadata(tc.served))
+					resp, err := x.Response(200, nil, nil, nil, fakeenvoy.ServedMetadata(tc.served))
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -990,7 +990,7 @@ func TestRegistryFleetConcurrent(t *testing.T) {
 		t.Fatal(err)
 	}
 	srv := extproc.New(extproc.Options{Policy: scoring.NewLeastLoad(), Fleet: f})
-	conn, err := envoytest.Bufconn(srv.Register)
+	conn, err := fakeenvoy.Bufconn(srv.Register)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1011,16 +1011,16 @@ func TestRegistryFleetConcurrent(t *testing.T) {
 	for i := range 200 {
 		tc := tests[i%len(tests)]
 		wg.Go(func() {
-			x, err := envoytest.Start(context.Background(), conn.Client, envoytest.FullDuplex())
+			x, err := fakeenvoy.Start(context.Background(), conn.Client, fakeenvoy.FullDuplex())
 			if err != nil {
 				errs <- err
 				return
 			}
 			var md *corev3.Metadata
 			if tc.hint != nil {
-				md = envoytest.SubsetHint(tc.hint...)
+				md = fakeenvoy.SubsetHint(tc.hint...)
 			}
-			res, err := x.Request(envoytest.Request{Headers: postHeaders(), Body: [][]byte{chatBody(tc.model)}, Metadata: md})
+			res, err := x.Request(fakeenvoy.Request{Headers: postHeaders(), Body: [][]byte{chatBody(tc.model)}, Metadata: md})
 			if err == nil {
 				if dest, _ := res.Headers.Get(epp.HeaderDestination); !slices.Contains(tc.want, dest) {
 					err = fmt.Errorf("model %s hint %v: routed to %q, want one of %v", tc.model, tc.hint, dest, tc.want)
@@ -1056,13 +1056,13 @@ func TestPooledTokenIDs(t *testing.T) {
 	pol := &idCheckPolicy{seen: map[string]string{}}
 	h := newHarness(t, func(o *extproc.Options) { o.Tokenizer, o.Policy = tok, pol })
 	run := func(i int) error {
-		x, err := envoytest.Start(context.Background(), h.conn.Client, envoytest.FullDuplex())
+		x, err := fakeenvoy.Start(context.Background(), h.conn.Client, fakeenvoy.FullDuplex())
 		if err != nil {
 			return err
 		}
 		defer x.Close()
 		body := fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":"req-%d %s"}]}`, i, strings.Repeat("x", i*37%500))
-		_, err = x.Request(envoytest.Request{Headers: postHeaders(), Body: [][]byte{[]byte(body)}})
+		_, err = x.Request(fakeenvoy.Request{Headers: postHeaders(), Body: [][]byte{[]byte(body)}})
 		return err
 	}
 	for i := range 20 { // one after the other: buffers come back

@@ -8,8 +8,8 @@ import (
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 
 	"github.com/kvrouter/kvrouter/extproc"
-	"github.com/kvrouter/kvrouter/extproc/envoytest"
 	"github.com/kvrouter/kvrouter/scoring"
+	"github.com/kvrouter/kvrouter/testbench/fakeenvoy"
 )
 
 // Overload: with ShedWaiting set, a request is answered 429 with Retry-After when every
@@ -44,12 +44,12 @@ func TestShedWhenEverythingIsSaturated(t *testing.T) {
 				h.fleet.metrics = tc.metrics
 				x := h.start(mode(m, false))
 				defer x.Cancel()
-				req := envoytest.Request{Headers: postHeaders(), Body: [][]byte{chatBody("m")}}
+				req := fakeenvoy.Request{Headers: postHeaders(), Body: [][]byte{chatBody("m")}}
 				if tc.get {
-					req = envoytest.Request{Headers: envoytest.Headers{{Key: ":method", Value: "GET"}, {Key: ":path", Value: "/v1/models"}}}
+					req = fakeenvoy.Request{Headers: fakeenvoy.Headers{{Key: ":method", Value: "GET"}, {Key: ":path", Value: "/v1/models"}}}
 				}
 				if tc.subset != nil {
-					req.Metadata = envoytest.SubsetHint(tc.subset...)
+					req.Metadata = fakeenvoy.SubsetHint(tc.subset...)
 				}
 				res, err := x.Request(req)
 				if err != nil {

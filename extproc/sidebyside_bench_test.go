@@ -15,13 +15,13 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/kvrouter/kvrouter/extproc"
-	"github.com/kvrouter/kvrouter/extproc/envoytest"
 	"github.com/kvrouter/kvrouter/fleet"
 	"github.com/kvrouter/kvrouter/index"
 	"github.com/kvrouter/kvrouter/internal/cputime"
 	"github.com/kvrouter/kvrouter/openai"
 	"github.com/kvrouter/kvrouter/prompt"
 	"github.com/kvrouter/kvrouter/scoring"
+	"github.com/kvrouter/kvrouter/testbench/fakeenvoy"
 	"github.com/kvrouter/kvrouter/tokenizer/testmodels"
 )
 
@@ -156,13 +156,13 @@ func newRegistryFleet(b *testing.B, model string, n int) *fleet.Fleet {
 	return f
 }
 
-func sbsHeaders() envoytest.Headers {
-	return envoytest.Headers{{Key: ":method", Value: "POST"}, {Key: ":path", Value: "/v1/chat/completions"},
+func sbsHeaders() fakeenvoy.Headers {
+	return fakeenvoy.Headers{{Key: ":method", Value: "POST"}, {Key: ":path", Value: "/v1/chat/completions"},
 		{Key: ":authority", Value: "gw"}, {Key: "content-type", Value: "application/json"}}
 }
 
 // BenchmarkSideBySide is issue 6's "decision latency, side by side": kvrouter's ext_proc
-// server and envoytest.Trivial (same message sequence and replies, no parsing, no
+// server and fakeenvoy.Trivial (same message sequence and replies, no parsing, no
 // scoring), each on its own loopback TCP gRPC server, driven in the same open-loop run by
 // the same fake Envoy at -rate exchanges/s each (2,400-token chat bodies, FDS). Variants:
 // least-load over the real fleet registry, and the full KV path (exact Qwen3
@@ -195,27 +195,27 @@ func BenchmarkSideBySide(b *testing.B) {
 				} else {
 					o.Fleet = newSBSFleet(b, n)
 				}
-				router, err := envoytest.TCP(extproc.New(o).Register, sopts...)
+				router, err := fakeenvoy.TCP(extproc.New(o).Register, sopts...)
 				if err != nil {
 					b.Fatal(err)
 				}
 				defer router.Close()
-				trivial, err := envoytest.TCP(envoytest.NewTrivial("10.1.0.1:8000").Register, sopts...)
+				trivial, err := fakeenvoy.TCP(fakeenvoy.NewTrivial("10.1.0.1:8000").Register, sopts...)
 				if err != nil {
 					b.Fatal(err)
 				}
 				defer trivial.Close()
-				cfg := envoytest.LoadConfig{Rate: *sbsRate, Requests: int(*sbsRate * *sbsSeconds), Config: envoytest.FullDuplex(),
-					Next: func(i int) envoytest.Request {
-						return envoytest.Request{Headers: sbsHeaders(), Body: [][]byte{w.body(i)}}
+				cfg := fakeenvoy.LoadConfig{Rate: *sbsRate, Requests: int(*sbsRate * *sbsSeconds), Config: fakeenvoy.FullDuplex(),
+					Next: func(i int) fakeenvoy.Request {
+						return fakeenvoy.Request{Headers: sbsHeaders(), Body: [][]byte{w.body(i)}}
 					}}
 				// Warm both (connections, stacks, caches) before measuring.
 				warm := cfg
 				warm.Requests = min(200, cfg.Requests)
-				envoytest.Compare(context.Background(), []extprocv3.ExternalProcessorClient{router.Client, trivial.Client}, warm)
-				var rs []envoytest.LoadResult
+				fakeenvoy.Compare(context.Background(), []extprocv3.ExternalProcessorClient{router.Client, trivial.Client}, warm)
+				var rs []fakeenvoy.LoadResult
 				for b.Loop() {
-					rs = envoytest.Compare(context.Background(), []extprocv3.ExternalProcessorClient{router.Client, trivial.Client}, cfg)
+					rs = fakeenvoy.Compare(context.Background(), []extprocv3.ExternalProcessorClient{router.Client, trivial.Client}, cfg)
 				}
 				for _, r := range rs {
 					if r.Errors > 0 {

@@ -294,11 +294,13 @@ func (st *stream) onResponseHeaders(msg *extprocv3.ProcessingRequest, h *extproc
 		return protocolErrorf("second response_headers")
 	}
 	st.respHeaders = true
-	code := 0
+	code, upstreamTime := 0, false
 	for _, hv := range h.GetHeaders().GetHeaders() {
-		if hv.GetKey() == ":status" {
+		switch hv.GetKey() {
+		case ":status":
 			code, _ = strconv.Atoi(headerValue(hv))
-			break
+		case epp.HeaderUpstreamServiceTime:
+			upstreamTime = true
 		}
 	}
 	st.s.m.responses.WithLabelValues(st.endpoint, statusClass(code)).Inc()
@@ -306,12 +308,30 @@ func (st *stream) onResponseHeaders(msg *extprocv3.ProcessingRequest, h *extproc
 	if v := metadataString(msg.GetMetadataContext(), epp.NamespaceLB, epp.HeaderServed); v != "" {
 		served = v
 	}
+	if st.routed {
+		// Passive health: the proxy could not get an answer from the chosen endpoint.
+		switch {
+		case code == 503 && !upstreamTime:
+			st.upstreamFailed("local_reply")
+		case served != st.endpoint:
+			st.upstreamFailed("fallback_served")
+		}
+	}
 	// Bookkeeping first, so that it is done by the time Envoy has the reply.
 	if h.GetEndOfStream() {
 		st.markFirstToken()
 		st.endResponse()
 	}
 	return st.send(st.s.servedReplies.get(served, func() *extprocv3.ProcessingResponse { return servedReply(served) }))
+}
+
+// upstreamFailed counts a response showing that the chosen endpoint did not answer and
+// tells the fleet, which may take the endpoint out before its scrapes fail.
+func (st *stream) upstreamFailed(kind string) {
+	st.s.m.upstreamFailed.WithLabelValues(kind).Inc()
+	if st.s.reporter != nil {
+		st.s.reporter.UpstreamFailed(st.endpoint)
+	}
 }
 
 // servedReply is the response-headers reply adding epp.HeaderServed.

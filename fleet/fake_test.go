@@ -8,6 +8,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"text/template"
 	"time"
@@ -53,6 +54,8 @@ type fakeVLLM struct {
 	hits   int
 	accept []string     // Accept-Encoding of each scrape
 	z      *gzip.Writer // reused, so that the fake's own compression costs little in benchmarks
+	// hold, when set, runs before each scrape is answered (to hold it in flight).
+	hold atomic.Pointer[func()]
 }
 
 func newFakeVLLM(t *testing.T, l load) *fakeVLLM {
@@ -68,6 +71,9 @@ func newFakeVLLM(t *testing.T, l load) *fakeVLLM {
 }
 
 func (f *fakeVLLM) serve(w http.ResponseWriter, r *http.Request) {
+	if h := f.hold.Load(); h != nil {
+		(*h)()
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.hits++

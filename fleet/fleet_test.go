@@ -425,10 +425,11 @@ kvrouter_endpoint_running_requests{endpoint="127.0.0.1:8000"} 4
 # HELP kvrouter_endpoint_waiting_requests The endpoint's vllm:num_requests_waiting at the last good scrape.
 # TYPE kvrouter_endpoint_waiting_requests gauge
 kvrouter_endpoint_waiting_requests{endpoint="127.0.0.1:8000"} 2
-# HELP kvrouter_fleet_endpoints Endpoints by state (pending, healthy, unhealthy, unscraped).
+# HELP kvrouter_fleet_endpoints Endpoints by state (pending, healthy, unhealthy, unscraped, suspect).
 # TYPE kvrouter_fleet_endpoints gauge
 kvrouter_fleet_endpoints{state="healthy"} 1
 kvrouter_fleet_endpoints{state="pending"} 1
+kvrouter_fleet_endpoints{state="suspect"} 0
 kvrouter_fleet_endpoints{state="unhealthy"} 0
 kvrouter_fleet_endpoints{state="unscraped"} 1
 # HELP kvrouter_fleet_changes_total Endpoints added, updated and removed.

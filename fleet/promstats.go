@@ -11,6 +11,7 @@ type metrics struct {
 	scrapeErrors *prometheus.CounterVec
 	duration     prometheus.Histogram
 	changes      *prometheus.CounterVec
+	passive      *prometheus.CounterVec
 
 	endpoints  *prometheus.Desc
 	inFlight   *prometheus.Desc
@@ -37,8 +38,12 @@ func newMetrics(f *Fleet, reg prometheus.Registerer) *metrics {
 			Name: "kvrouter_fleet_changes_total",
 			Help: "Endpoints added, updated and removed.",
 		}, []string{"kind"}),
+		passive: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvrouter_fleet_passive_signals_total",
+			Help: "Passive failure signals (kv_events, upstream, scrape) by result: ejected (the endpoint became suspect), kept_last (the last eligible endpoint of a model), ignored.",
+		}, []string{"signal", "result"}),
 		endpoints: prometheus.NewDesc("kvrouter_fleet_endpoints",
-			"Endpoints by state (pending, healthy, unhealthy, unscraped).", []string{"state"}, nil),
+			"Endpoints by state (pending, healthy, unhealthy, unscraped, suspect).", []string{"state"}, nil),
 		inFlight: prometheus.NewDesc("kvrouter_endpoint_in_flight_requests",
 			"Requests the router sent to the endpoint that have not finished.", []string{"endpoint"}, nil),
 		running: prometheus.NewDesc("kvrouter_endpoint_running_requests",
@@ -53,7 +58,7 @@ func newMetrics(f *Fleet, reg prometheus.Registerer) *metrics {
 			"Age of the endpoint's last good scrape.", []string{"endpoint"}, nil),
 	}
 	if reg != nil {
-		reg.MustRegister(m.scrapeErrors, m.duration, m.changes, m)
+		reg.MustRegister(m.scrapeErrors, m.duration, m.changes, m.passive, m)
 	}
 	return m
 }

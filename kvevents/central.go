@@ -253,8 +253,8 @@ func (s *Subscriber) dispatch(ctx context.Context, p *pubConn, rank int, frames 
 	}
 	if st.peer != p {
 		// Another connection speaks for this stream: the publisher reconnected or
-		// restarted; handle tells the two apart by the sequence.
-		st.resumed = st.hasLast
+		// restarted, which cannot always be told apart: rebuild (reconnected).
+		st.reconnected()
 		st.peer = p
 		fed[st] = true
 		st.setPeer(p.remote)
@@ -280,6 +280,9 @@ func (st *stream) peerGone(p *pubConn) {
 	if st.peer == p {
 		st.peer = nil
 		st.setConnected(false)
+		if !st.removed {
+			st.connectionLost()
+		}
 	}
 }
 

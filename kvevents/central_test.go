@@ -209,8 +209,8 @@ func TestCentralRealPeers(t *testing.T) {
 	if n := sink.clears(a, 0); n < 1 {
 		t.Errorf("restart did not clear a (%d clears)", n)
 	}
-	if st := statusOf(t, sub, a, 0); st.Clears[kvevents.ClearRestart] < 1 {
-		t.Errorf("restart not counted: %+v", st.Clears)
+	if st := statusOf(t, sub, a, 0); st.Clears[kvevents.ClearReconnect] < 1 {
+		t.Errorf("restart's new connection not counted: %+v", st.Clears)
 	}
 	if got := sink.snapshot(b, 0); !maps.Equal(got, bBefore) || sink.clears(b, 0) != bClears {
 		t.Error("a's restart changed b")
@@ -466,7 +466,9 @@ func contains(s, sub string) bool { return strings.Contains(s, sub) }
 
 func discardLogger() *log.Logger { return log.New(io.Discard, "", 0) }
 
-// TestPerPodEndpointTopic: an endpoint's own topic is its SUB filter (per-pod mode).
+// TestPerPodEndpointTopic: an endpoint's own topic (over the global one) filters its
+// messages (per-pod mode); messages on other topics are dropped, counted, and the last
+// such topic is shown, so that a publisher on the wrong topic is visible.
 func TestPerPodEndpointTopic(t *testing.T) {
 	port := freePorts(t, 1)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -488,7 +490,9 @@ func TestPerPodEndpointTopic(t *testing.T) {
 	want := maps.Clone(base)
 	want[502]++
 	awaitState(t, sink.refSink, "a", 0, want)
-	if st := statusOf(t, sub, "a", 0); st.Gaps != 0 || st.Drops != 0 {
-		t.Errorf("other topics reached the stream: %+v", st)
+	if st := statusOf(t, sub, "a", 0); st.Gaps != 0 || st.Drops != 2 || st.ForeignTopic != "global" ||
+		!strings.Contains(st.LastError, `topic "global"`) {
+		t.Errorf("other topics: gaps %d drops %d foreign topic %q last error %q; want 0, 2, global, the topic",
+			st.Gaps, st.Drops, st.ForeignTopic, st.LastError)
 	}
 }

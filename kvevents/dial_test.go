@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"maps"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -23,6 +24,12 @@ import (
 // The channel is closed when Run has returned.
 func startSub(t *testing.T, cfg kvevents.Config, sink kvevents.Sink) (*kvevents.Subscriber, *prometheus.Registry, context.CancelFunc, <-chan struct{}) {
 	t.Helper()
+	return startSubWith(t, cfg, sink, nil)
+}
+
+// startSubWith is startSub calling prepare on the subscriber before Run.
+func startSubWith(t *testing.T, cfg kvevents.Config, sink kvevents.Sink, prepare func(*kvevents.Subscriber)) (*kvevents.Subscriber, *prometheus.Registry, context.CancelFunc, <-chan struct{}) {
+	t.Helper()
 	if cfg.Watchdog == 0 {
 		cfg.Watchdog = 2 * time.Second
 	}
@@ -32,6 +39,9 @@ func startSub(t *testing.T, cfg kvevents.Config, sink kvevents.Sink) (*kvevents.
 	sub, err := kvevents.NewSubscriber(cfg, sink, nil, reg, nil)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if prepare != nil {
+		prepare(sub)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -100,7 +110,7 @@ func TestSubscriberHostileFrame(t *testing.T) {
 	}
 	mustSend(t, c2, liveBatch(1, 2))
 	awaitSeq(t, sub, "pod", 0, 1)
-	awaitState(t, sink, "pod", 0, held(1, 2))
+	awaitState(t, sink, "pod", 0, held(2)) // the reconnect dropped what the old connection said
 
 	// 100 KB, over the 64 KiB bound: read past, the connection stays.
 	big := liveBatch(2, 3)
@@ -160,14 +170,23 @@ func TestSubscriberHandshakeDeadline(t *testing.T) {
 }
 
 // TestSubscriberPublisherKilled: when the publisher's process dies its connections are
-// closed, and Connected turns false at once (the watchdog is an hour here); a new
-// publisher on the same port is a restart.
+// closed, Connected turns false at once (the watchdog is an hour here) and
+// OnConnectionLost's function hears of it; the new
+// connection to a new publisher on the same port drops the old one's blocks.
 func TestSubscriberPublisherKilled(t *testing.T) {
 	pub := newFakePub(t, "127.0.0.1:0")
 	addr := strings.TrimPrefix(pub.addr(), "tcp://")
 	sink := newRefSink()
-	sub, _, _, _ := startSub(t, kvevents.Config{Watchdog: time.Hour,
-		Endpoints: []kvevents.EndpointConfig{{Name: "pod", Address: pub.addr()}}}, sink)
+	var lost atomic.Int32
+	sub, _, _, _ := startSubWith(t, kvevents.Config{Watchdog: time.Hour,
+		Endpoints: []kvevents.EndpointConfig{{Name: "pod", Address: pub.addr()}}}, sink,
+		func(s *kvevents.Subscriber) {
+			s.OnConnectionLost(func(ep string) {
+				if ep == "pod" {
+					lost.Add(1)
+				}
+			})
+		})
 	c := pub.next(t)
 	mustSend(t, c, liveBatch(0, 1))
 	mustSend(t, c, liveBatch(1, 2))
@@ -177,6 +196,7 @@ func TestSubscriberPublisherKilled(t *testing.T) {
 	}
 	pub.close()
 	testwait.For(t, "Connected false", func() bool { return !statusOf(t, sub, "pod", 0).Connected })
+	testwait.For(t, "OnConnectionLost", func() bool { return lost.Load() == 1 })
 	if e := statusOf(t, sub, "pod", 0).LastError; !strings.Contains(e, "EOF") && !strings.Contains(e, "reset") {
 		t.Errorf("last error %q, want the connection's end", e)
 	}
@@ -185,8 +205,8 @@ func TestSubscriberPublisherKilled(t *testing.T) {
 	c2 := pub2.next(t)
 	mustSend(t, c2, liveBatch(0, 9))
 	awaitState(t, sink, "pod", 0, held(9))
-	if st := statusOf(t, sub, "pod", 0); !st.Connected || st.Clears[kvevents.ClearRestart] != 1 {
-		t.Errorf("after the new publisher: connected %v clears %v; want true, one restart", st.Connected, st.Clears)
+	if st := statusOf(t, sub, "pod", 0); !st.Connected || st.Clears[kvevents.ClearReconnect] != 1 {
+		t.Errorf("after the new publisher: connected %v clears %v; want true, one reconnect", st.Connected, st.Clears)
 	}
 }
 
@@ -214,7 +234,7 @@ func TestSubscriberWatchdogPing(t *testing.T) {
 	}
 	c2 := pub.next(t)
 	mustSend(t, c2, liveBatch(1, 2))
-	awaitState(t, sink, "pod", 0, held(1, 2))
+	awaitState(t, sink, "pod", 0, held(2))
 }
 
 // TestSubscriberNoPingToZMTP30: a ZMTP 3.0 peer (go-zeromq/zmq4's PUB, as in vllm-sim)

@@ -11,8 +11,8 @@ const (
 	ClearGap          = "gap"           // sequence gap and no replay socket
 	ClearReplayFailed = "replay_failed" // replay socket unreachable, silent or garbled
 	ClearEvicted      = "evicted"       // the missed batches left the replay buffer
-	ClearRestart      = "restart"       // the sequence went backwards: new publisher
-	ClearReconnect    = "reconnect"     // a gap across a reconnect: replayed from 0
+	ClearRestart      = "restart"       // the sequence went backwards on one connection
+	ClearReconnect    = "reconnect"     // a new connection: rebuilt from the replay socket if any
 	ClearAllBlocks    = "all_blocks_cleared"
 	ClearRemoved      = "removed" // the endpoint was removed from the subscriber
 )

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -227,24 +228,26 @@ func awaitState(t *testing.T, sink *refSink, endpoint string, rank int, want map
 	}
 }
 
-// freePorts returns n consecutive free TCP ports on 127.0.0.1.
+// freePorts returns the first of n consecutive free TCP ports on 127.0.0.1. Ports are
+// probed below the kernel's ephemeral range (net.ipv4.ip_local_port_range): the helper
+// used to take an ephemeral port and its neighbours, which any outgoing connection or
+// ":0" listener of a test package running in parallel could be given between the probe
+// and the peer's bind. Below the range only another explicit bind can take them, and the
+// random start makes two test processes probing at once unlikely to meet.
 func freePorts(t *testing.T, n int) int {
 	t.Helper()
-	for range 50 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		base := l.Addr().(*net.TCPAddr).Port
-		l.Close()
+	const lowest = 10000
+	top := ephemeralLow() - n
+	for range 200 {
+		base := lowest + rand.IntN(top-lowest)
 		ok := true
-		for i := 1; i < n && ok; i++ {
-			l2, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(base+i))
+		for i := 0; i < n && ok; i++ {
+			l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(base+i))
 			if err != nil {
 				ok = false
 				break
 			}
-			l2.Close()
+			l.Close()
 		}
 		if ok {
 			return base
@@ -252,6 +255,20 @@ func freePorts(t *testing.T, n int) int {
 	}
 	t.Fatal("no free ports")
 	return 0
+}
+
+// ephemeralLow is the first port of the kernel's ephemeral range; Linux's default
+// (32768) where it cannot be read.
+func ephemeralLow() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if lo, err := strconv.Atoi(f[0]); err == nil && lo > 12000 {
+				return lo
+			}
+		}
+	}
+	return 32768
 }
 
 func tcp(port int) string { return "tcp://127.0.0.1:" + strconv.Itoa(port) }
@@ -272,6 +289,13 @@ func startSubscriber(t *testing.T, cfg kvevents.Config, sink kvevents.Sink, reg 
 	if err != nil {
 		t.Fatal(err)
 	}
+	runUntilCleanup(t, sub)
+	return sub
+}
+
+// runUntilCleanup runs sub until the test ends; Run must then return nil, and soon.
+func runUntilCleanup(t *testing.T, sub *kvevents.Subscriber) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- sub.Run(ctx) }()
@@ -286,7 +310,6 @@ func startSubscriber(t *testing.T, cfg kvevents.Config, sink kvevents.Sink, reg 
 			t.Error("Run did not return after cancel")
 		}
 	})
-	return sub
 }
 
 // awaitSeq waits until the subscriber has applied the batch with sequence seq on that
@@ -329,7 +352,8 @@ func sumReasons(m map[kvevents.Reason]uint64) (n uint64) {
 
 // TestRealPeerReplayAndRestart: array encoding, int hashes, a replay socket; dropped
 // batches are recovered by replay, AllBlocksCleared clears, and a second publisher process
-// on the same port (sequence back to 0) replaces the first's blocks.
+// on the same port (sequence back to 0) replaces the first's blocks (cleared when the
+// subscriber reconnects).
 func TestRealPeerReplayAndRestart(t *testing.T) {
 	requirePeer(t)
 	port := freePorts(t, 2)
@@ -363,8 +387,8 @@ func TestRealPeerReplayAndRestart(t *testing.T) {
 	awaitSeq(t, sub, "pod-a", 0, 49)
 	awaitState(t, sink, "pod-a", 0, toHandles(t, r2.Holds))
 	st = statusOf(t, sub, "pod-a", 0)
-	if st.Clears[kvevents.ClearRestart] != 1 || st.LastSeq != 49 || !st.Connected {
-		t.Errorf("after restart: clears %v last seq %d connected %v; want one restart, 49, true",
+	if st.Clears[kvevents.ClearReconnect] != 1 || st.LastSeq != 49 || !st.Connected {
+		t.Errorf("after restart: clears %v last seq %d connected %v; want one reconnect, 49, true",
 			st.Clears, st.LastSeq, st.Connected)
 	}
 	p2.stop()
@@ -455,4 +479,41 @@ func TestRealPeerSlowJoinerLongReplay(t *testing.T) {
 		}
 	}
 	p.stop()
+}
+
+// TestRealPeerRestartContinuingSequence: a publisher process is replaced by one whose
+// sequence happens to continue the old one's (first batch 40 after 0..39). The
+// subscriber must not take it for a continuation: after the reconnect it holds exactly
+// what the new process published, with or without a replay socket.
+func TestRealPeerRestartContinuingSequence(t *testing.T) {
+	requirePeer(t)
+	for _, replay := range []bool{false, true} {
+		t.Run(fmt.Sprintf("replay=%v", replay), func(t *testing.T) {
+			port := freePorts(t, 2)
+			sink := newRefSink()
+			ep := kvevents.EndpointConfig{Name: "pod-d", Address: tcp(port)}
+			common := []string{"--pub", tcp(port), "--encoding", "array", "--hash", "int", "--wait-sub-after", "0"}
+			if replay {
+				ep.ReplayAddress = tcp(port + 1)
+				common = append(common, "--replay", tcp(port+1))
+			}
+			sub := runSubscriber(t, kvevents.Config{Endpoints: []kvevents.EndpointConfig{ep}}, sink)
+			p1 := startPeer(t, append(common, "--seed", "1", "--batches", "40")...)
+			p1.line() // waiting
+			r1 := p1.result()
+			awaitSeq(t, sub, "pod-d", 0, 39)
+			awaitState(t, sink, "pod-d", 0, toHandles(t, r1.Holds))
+			p1.stop()
+
+			p2 := startPeer(t, append(common, "--seed", "2", "--batches", "30", "--first-seq", "40")...)
+			p2.line() // waiting
+			r2 := p2.result()
+			awaitSeq(t, sub, "pod-d", 0, 69)
+			awaitState(t, sink, "pod-d", 0, toHandles(t, r2.Holds))
+			if st := statusOf(t, sub, "pod-d", 0); st.Clears[kvevents.ClearReconnect] != 1 || !st.Connected {
+				t.Errorf("clears %v connected %v; want one reconnect clear, connected", st.Clears, st.Connected)
+			}
+			p2.stop()
+		})
+	}
 }

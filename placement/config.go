@@ -121,6 +121,14 @@ type Config struct {
 	// HoldPrefillTokens is the uncached prompt tokens that make an in-flight request a
 	// miss worth waiting for (see HoldMax). Default 600.
 	HoldPrefillTokens int `yaml:"hold_prefill_tokens"`
+	// MaxNumBatchedTokens is the engines' per-step token budget (vLLM's
+	// --max-num-batched-tokens; not in its /metrics, vllm-project/vllm#18900): a
+	// request may leave the endpoint holding its prefix (replica, spill, divert) only
+	// when the prefill that adds fits in one step plus the backlog it skips there.
+	// Default 2048, vLLM's (V1) default for its OpenAI server; it takes 8192 on GPUs of
+	// 70 GiB or more other than A100 (e.g. H100): set it to the fleet's value. A fact
+	// about the engines, not a trade-off: a per-model fact when models differ.
+	MaxNumBatchedTokens int `yaml:"max_num_batched_tokens"`
 	// LiveWindow is how many of the policy's own picks a placement stays live without
 	// being used. Default 1024.
 	LiveWindow int `yaml:"live_window"`
@@ -157,35 +165,36 @@ type Config struct {
 // DefaultConfig returns the defaults measured in docs/results-policy.md.
 func DefaultConfig() Config {
 	return Config{
-		PrefixDepth:       4,
-		Saturated:         6,
-		SpillLoad:         10,
-		ReplicaLoad:       1,
-		Fill:              0.5,
-		Headroom:          1,
-		OutputBlocks:      4,
-		SpillOnFull:       false,
-		DeadlineTokens:    2304,
-		DivertOnFull:      true,
-		DivertMisses:      true,
-		HolderShare:       0.5,
-		LiveWindow:        1024,
-		ConfirmPicks:      32,
-		AdoptAll:          true,
-		StickyHolders:     true,
-		MissSpeedup:       0.85,
-		BlockSize:         16,
-		DefaultBlocks:     4096,
-		MaxPrefixes:       65536,
-		ScrapedLoad:       false,
-		RehomeLost:        true,
-		RehomeSlack:       1.4,
-		RehomeLoadTokens:  600,
-		PreferHeld:        true,
-		HoldMax:           120 * time.Millisecond,
-		HoldStep:          5 * time.Millisecond,
-		HoldPrefillTokens: 600,
-		UnplaceDiverted:   true,
+		PrefixDepth:         4,
+		Saturated:           6,
+		SpillLoad:           10,
+		ReplicaLoad:         1,
+		Fill:                0.5,
+		Headroom:            1,
+		OutputBlocks:        4,
+		SpillOnFull:         false,
+		DeadlineTokens:      2304,
+		DivertOnFull:        true,
+		DivertMisses:        true,
+		HolderShare:         0.5,
+		LiveWindow:          1024,
+		ConfirmPicks:        32,
+		AdoptAll:            true,
+		StickyHolders:       true,
+		MissSpeedup:         0.85,
+		BlockSize:           16,
+		DefaultBlocks:       4096,
+		MaxPrefixes:         65536,
+		ScrapedLoad:         false,
+		RehomeLost:          true,
+		RehomeSlack:         1.4,
+		RehomeLoadTokens:    600,
+		PreferHeld:          true,
+		HoldMax:             120 * time.Millisecond,
+		HoldStep:            5 * time.Millisecond,
+		HoldPrefillTokens:   600,
+		UnplaceDiverted:     true,
+		MaxNumBatchedTokens: 2048,
 	}
 }
 
@@ -206,6 +215,7 @@ func (c Config) Validate() error {
 	pos("default_blocks", c.DefaultBlocks)
 	pos("max_prefixes", c.MaxPrefixes)
 	pos("hold_prefill_tokens", c.HoldPrefillTokens)
+	pos("max_num_batched_tokens", c.MaxNumBatchedTokens)
 	if c.BlockSize <= 0 {
 		errs.Addf("", "block size must be > 0, got %d", c.BlockSize)
 	}

@@ -21,7 +21,7 @@ func (p *Policy) waitBehindMiss(req *scoring.Request, e *prefixEntry, key uint64
 	if a := sc.eps[best].active[key]; a != nil {
 		have = max(have, a.blocks)
 	}
-	if float64(have) < p.cfg.HolderShare*float64(e.blocks) || len(req.TokenIDs)-have*bs >= p.cfg.HoldPrefillTokens {
+	if have < e.held(p.cfg.HolderShare) || len(req.TokenIDs)-have*bs >= p.cfg.HoldPrefillTokens {
 		return 0
 	}
 	return step

@@ -731,3 +731,76 @@ func cpuTime() time.Duration {
 	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
+
+// TestConversationFollowsItsHistory: conversations sharing a system prompt longer than
+// prefix_depth blocks are one prefix to the first turn, but a later turn goes where the
+// index shows its own history, not where the system prompt's placement would send it.
+func TestConversationFollowsItsHistory(t *testing.T) {
+	ix := newFakeIndex()
+	p := newPlacement(t, placement.DefaultConfig(), ix)
+	cs := fleet(6, nil)
+	system := plTokens(1_000_000, 64*16)
+	turn1 := func(c int) []uint32 {
+		return append(append([]uint32(nil), system...), plTokens(500_000_000+10_000*c, 8*16)...)
+	}
+	turn2 := func(c int) []uint32 { return append(turn1(c), plTokens(700_000_000+10_000*c, 8*16)...) }
+	// Two conversations' first turns show the prefix branching at the system prompt;
+	// from then on each first turn names its conversation.
+	place(t, p, turn1(100), cs)
+	place(t, p, turn1(101), cs)
+	for c := range cs {
+		// Each first turn ends up on its own endpoint (a fallback, another router):
+		// the router reports where it went, and the index shows it there.
+		req := plRequest(turn1(c))
+		if _, err := p.Pick(req, cs); err != nil {
+			t.Fatal(err)
+		}
+		p.Routed(req, cs[c].Address)
+		p.Finished(req.ID)
+		ix.hold(cs[c].Address, plKeysOf(turn1(c)))
+	}
+	for c := range cs {
+		if got := place(t, p, turn2(c), cs); got != cs[c].Address {
+			t.Errorf("conversation %d's second turn went to %s, its history is on %s", c, got, cs[c].Address)
+		}
+	}
+}
+
+// TestLongPrefixStaysAtBusyHolder: a prefix one engine step recomputes spills off a
+// holder whose queue reached spill_load (its requests decoding, no prefill backlog), but
+// a 32k-token context stays at its holder: moving it would add far more prefill than
+// the (empty) backlog it skips.
+func TestLongPrefixStaysAtBusyHolder(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		blocks int
+		moves  bool
+	}{{"one-step prefix spills", 64, true}, {"32k context stays", 2048, false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			ix := newFakeIndex()
+			p := newPlacement(t, placement.DefaultConfig(), ix)
+			cs := fleet(2, []int{20000, 20000})
+			prompt := func(tail int) []uint32 {
+				return append(plTokens(1_000_000, tc.blocks*16), plTokens(500_000_000+10_000*tail, 8*16)...)
+			}
+			first := plRequest(prompt(0))
+			d, err := p.Pick(first, cs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			holder := d.Endpoint
+			p.Routed(first, holder)
+			p.FirstToken(first.ID) // decoding: no prefill backlog
+			ix.hold(holder, plKeysOf(prompt(0)))
+			for i := range cs {
+				if cs[i].Address == holder {
+					cs[i].InFlight = placement.DefaultConfig().SpillLoad
+				}
+			}
+			got := place(t, p, prompt(1), cs)
+			if moved := got != holder; moved != tc.moves {
+				t.Errorf("second request went to %s (holder %s), want moved=%v", got, holder, tc.moves)
+			}
+		})
+	}
+}

@@ -3,6 +3,7 @@ package placement
 import (
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"sync"
 	"time"
@@ -160,7 +161,10 @@ func (p *Policy) Pick(req *scoring.Request, cands []scoring.Endpoint) (scoring.D
 	// Only the prefix's blocks (plus one, to see it grow) matter: look those up.
 	look := len(sc.keys)
 	p.mu.Lock()
-	if e := p.prefixes[key]; e != nil {
+	child, base := p.childName(key, sc.keys)
+	if e := p.prefixes[child]; base > 0 && e != nil {
+		look = min(look, max(e.blocks+1, p.cfg.PrefixDepth))
+	} else if e := p.prefixes[key]; e != nil {
 		look = min(look, max(e.blocks+1, p.cfg.PrefixDepth))
 	}
 	p.mu.Unlock()
@@ -170,6 +174,9 @@ func (p *Policy) Pick(req *scoring.Request, cands []scoring.Endpoint) (scoring.D
 	p.tick++
 	if p.tick%uint64(p.cfg.LiveWindow) == 0 || len(p.prefixes) > p.cfg.MaxPrefixes {
 		p.sweep()
+	}
+	if base > 0 && p.followed(child, base, sc) {
+		key = child
 	}
 	e := p.prefix(key, sc.keys)
 	best, kind := p.choose(e, key, cands, sc)
@@ -205,6 +212,52 @@ func (p *Policy) Pick(req *scoring.Request, cands []scoring.Endpoint) (scoring.D
 	d := p.decision(cands, sc, best, sc.pos)
 	d.Hold = delay
 	return d, nil
+}
+
+// childName returns the name of the conversation a request continues past a branched
+// prefix (one whose requests diverge: a shared system prompt or context), the key of
+// its PrefixDepth-th block past the branch, and the branch depth; base 0 when the
+// prefix named by key has not branched or the request does not reach that far. p.mu
+// must be held.
+func (p *Policy) childName(key uint64, keys []uint64) (child uint64, base int) {
+	e := p.prefixes[key]
+	if e == nil || e.branch == 0 || len(keys) < e.branch+p.cfg.PrefixDepth {
+		return 0, 0
+	}
+	return keys[e.branch+p.cfg.PrefixDepth-1], e.branch
+}
+
+// followed reports whether the request is placed by its conversation (child) rather
+// than by the branched prefix it extends: when the table has seen the conversation
+// before and it is placed somewhere, or the index shows an endpoint holding HolderShare
+// of it. A conversation seen for the first time gets an entry (no placement) and is
+// placed by its parent, so that its next turn finds it where this one went. p.mu must
+// be held.
+func (p *Policy) followed(child uint64, base int, sc *scratch) bool {
+	c := p.prefixes[child]
+	if c == nil {
+		p.prefixes[child] = &prefixEntry{base: base, blocks: len(sc.keys), seen: p.tick,
+			keys: append([]uint64(nil), sc.keys[:min(len(sc.keys), maxKeptKeys)]...)}
+		return false
+	}
+	if len(c.sites) > 0 {
+		return true
+	}
+	// Its size once this request is counted in: the blocks it shares with the last.
+	common := 0
+	for common < len(sc.keys) && common < len(c.keys) && sc.keys[common] == c.keys[common] {
+		common++
+	}
+	held := base + max(1, int(math.Ceil(p.cfg.HolderShare*float64(common-base))))
+	for _, l := range sc.lead {
+		if l >= held {
+			return true
+		}
+	}
+	c.seen = p.tick
+	c.keys = append(c.keys[:0], sc.keys[:min(len(sc.keys), maxKeptKeys)]...)
+	c.blocks = common
+	return false
 }
 
 func argminLoad(loads []int, skip []bool) int {

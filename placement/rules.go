@@ -61,7 +61,7 @@ func (p *Policy) choose(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 		sc.eps[i] = p.endpoint(cands[i].Address)
 	}
 	p.shared(cands, sc)
-	heldBlocks := int(math.Ceil(p.cfg.HolderShare * float64(e.blocks)))
+	heldBlocks := e.held(p.cfg.HolderShare)
 	hasHome := false
 	for _, pl := range e.sites {
 		hasHome = hasHome || pl.home
@@ -188,11 +188,11 @@ func (p *Policy) choose(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 	// loaded than every holder.
 	r := -1
 	for i := range cands {
-		if sc.pos[i] >= 0 || !sc.ok[i] || sc.loads[i] >= sc.loads[h] {
+		if sc.pos[i] >= 0 || !sc.ok[i] || sc.loads[i] >= sc.loads[h] || !p.moveOK(sc, i, h) {
 			continue
 		}
 		c := p.capacity(&cands[i])
-		if float64(sc.eps[i].placedBlocks+e.blocks) > p.cfg.Fill*float64(c) {
+		if float64(sc.eps[i].placedBlocks+e.weight()) > p.cfg.Fill*float64(c) {
 			continue
 		}
 		if r < 0 || p.wait(sc, i) < p.wait(sc, r) ||
@@ -214,11 +214,11 @@ func (p *Policy) choose(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 	// A real queue: spill where the prefix overflows live placements least.
 	s, sOver := -1, 0.0
 	for i := range cands {
-		if sc.pos[i] >= 0 || !sc.ok[i] {
+		if sc.pos[i] >= 0 || !sc.ok[i] || !p.moveOK(sc, i, h) {
 			continue
 		}
 		c := float64(p.capacity(&cands[i]))
-		over := max(0, float64(sc.eps[i].placedBlocks+e.blocks)-p.cfg.Fill*c) / c
+		over := max(0, float64(sc.eps[i].placedBlocks+e.weight())-p.cfg.Fill*c) / c
 		if s < 0 || over < sOver || (over == sOver && sc.loads[i] < sc.loads[s]) {
 			s, sOver = i, over
 		}
@@ -308,7 +308,7 @@ func (p *Policy) rehome(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 			if i == old || !sc.ok[i] {
 				continue
 			}
-			if p.homeShare(sc, cands, i, e.blocks) > limit {
+			if p.homeShare(sc, cands, i, e.weight()) > limit {
 				continue
 			}
 			if x := est(i); x < bestEst {
@@ -320,7 +320,7 @@ func (p *Policy) rehome(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 			if i == old || !sc.ok[i] {
 				continue
 			}
-			share := p.homeShare(sc, cands, i, e.blocks)
+			share := p.homeShare(sc, cands, i, e.weight())
 			if share < bestShare || (share == bestShare && p.wait(sc, i) < p.wait(sc, best)) {
 				best, bestShare = i, share
 			}
@@ -362,7 +362,7 @@ func (p *Policy) newHome(e *prefixEntry, key uint64, cands []scoring.Endpoint, s
 	best, bestShare, bestOK := -1, 0.0, false
 	for i := range cands {
 		ok := sc.ok[i]
-		share := p.homeShare(sc, cands, i, e.blocks)
+		share := p.homeShare(sc, cands, i, e.weight())
 		better := best < 0 || (ok && !bestOK) ||
 			(ok == bestOK && (share < bestShare || (share == bestShare && p.wait(sc, i) < p.wait(sc, best))))
 		if better {
@@ -383,12 +383,12 @@ func (p *Policy) rendezvous(e *prefixEntry, key uint64, cands []scoring.Endpoint
 		used += float64(sc.eps[i].homeBlocks)
 		capacity += float64(p.capacity(&cands[i]))
 	}
-	used += float64(e.blocks)
+	used += float64(e.weight())
 	best, bestScore := -1, 0.0
 	for i := range cands {
 		c := float64(p.capacity(&cands[i]))
-		bound := max(float64(e.blocks), p.cfg.Balance*used*c/capacity)
-		if !sc.ok[i] || float64(sc.eps[i].homeBlocks+e.blocks) > bound {
+		bound := max(float64(e.weight()), p.cfg.Balance*used*c/capacity)
+		if !sc.ok[i] || float64(sc.eps[i].homeBlocks+e.weight()) > bound {
 			continue
 		}
 		if score := p.score(key, sc.eps[i], &cands[i]); best < 0 || score > bestScore {
@@ -435,7 +435,7 @@ func (p *Policy) divert(e *prefixEntry, cands []scoring.Endpoint, sc *scratch, b
 	full := p.cfg.DivertOnFull && !sc.room[best]
 	// A busy endpoint that lost most of the prefix would recompute it behind others.
 	miss := p.cfg.DivertMisses && sc.loads[best] > 0 &&
-		float64(sc.lead[best]) < p.cfg.HolderShare*float64(e.blocks)
+		sc.lead[best] < e.held(p.cfg.HolderShare)
 	if eb <= float64(p.cfg.DeadlineTokens) && !full && !miss {
 		return -1
 	}
@@ -447,6 +447,9 @@ func (p *Policy) divert(e *prefixEntry, cands []scoring.Endpoint, sc *scratch, b
 		if miss && !full && (sc.loads[i] > 0 || !(sc.decode[i] > 0 && sc.decode[i] < p.cfg.MissSpeedup*sc.decode[best])) {
 			continue
 		}
+		if !full && !p.moveOK(sc, i, best) {
+			continue
+		}
 		if x := est(i); alt < 0 || x < ea {
 			alt, ea = i, x
 		}
@@ -455,6 +458,17 @@ func (p *Policy) divert(e *prefixEntry, cands []scoring.Endpoint, sc *scratch, b
 		return -1
 	}
 	return alt
+}
+
+// moveOK reports whether the request may go to candidate i instead of from: the
+// prefill the move adds (its uncached tokens at i beyond those at from) fits in one
+// step's token budget (MaxNumBatchedTokens) plus the prefill backlog it skips at from.
+// A prefix that one step recomputes moves freely; a long context moves only past a
+// backlog at least as long as its recompute. p.mu must be held.
+func (p *Policy) moveOK(sc *scratch, i, from int) bool {
+	n := len(sc.keys) * sc.blockSize
+	add := max(0, n-sc.lead[i]*sc.blockSize) - max(0, n-sc.lead[from]*sc.blockSize)
+	return add <= p.cfg.MaxNumBatchedTokens+sc.eps[from].prefill
 }
 
 // wait ranks candidate i by the time its queue takes to drain past a new request: its

@@ -1,6 +1,7 @@
 package placement
 
 import (
+	"math"
 	"slices"
 	"time"
 
@@ -79,10 +80,19 @@ type activePrefix struct {
 // prefixEntry is one row of the placement table: a prefix, its estimated size and the
 // endpoints it is placed on.
 type prefixEntry struct {
-	blocks int      // estimated shared blocks
-	keys   []uint64 // the last request's keys, to estimate blocks
-	seen   uint64   // the pick (tick) that last saw the prefix
-	sites  []site   // where the prefix is placed
+	blocks int // estimated shared blocks
+	// branch is the blocks shared by the last two requests under this name that
+	// diverged (neither extends the other), 0 until two have: the depth at which the
+	// prefix branches into conversations (a system prompt, a shared context), so a
+	// request extending past it is named by its own block PrefixDepth past it.
+	branch int
+	// base is the blocks of the branched prefix this one extends (0 for a prefix named
+	// by its PrefixDepth-th block): its placements count only blocks - base, the rest
+	// being the parent's.
+	base  int
+	keys  []uint64 // the last request's keys, to estimate blocks
+	seen  uint64   // the pick (tick) that last saw the prefix
+	sites []site   // where the prefix is placed
 }
 
 // site is one placement of a prefix on an endpoint: its home, or a replica or spill.
@@ -124,11 +134,15 @@ func (p *Policy) prefix(key uint64, keys []uint64) *prefixEntry {
 		for common < len(keys) && common < len(e.keys) && keys[common] == e.keys[common] {
 			common++
 		}
+		if common < len(keys) && common < len(e.keys) {
+			e.branch = common
+		}
 		if common != e.blocks {
+			d := max(0, common-e.base) - e.weight()
 			for _, pl := range e.sites {
-				pl.ep.placedBlocks += common - e.blocks
+				pl.ep.placedBlocks += d
 				if pl.home {
-					pl.ep.homeBlocks += common - e.blocks
+					pl.ep.homeBlocks += d
 				}
 			}
 			e.blocks = common
@@ -163,10 +177,20 @@ func (p *Policy) drop(e *prefixEntry, addr string) {
 }
 
 func (p *Policy) unplace(e *prefixEntry, pl *site) {
-	pl.ep.placedBlocks -= e.blocks
+	pl.ep.placedBlocks -= e.weight()
 	if pl.home {
-		pl.ep.homeBlocks -= e.blocks
+		pl.ep.homeBlocks -= e.weight()
 	}
+}
+
+// weight is the blocks e's placements count on their endpoints: its own beyond the
+// prefix it extends.
+func (e *prefixEntry) weight() int { return max(0, e.blocks-e.base) }
+
+// held is the leading blocks an endpoint must hold to hold e: its parent's, plus share
+// of its own (at least one).
+func (e *prefixEntry) held(share float64) int {
+	return e.base + max(1, int(math.Ceil(share*float64(e.weight()))))
 }
 
 // sweep expires placements everywhere and drops prefixes with none left; if the table
@@ -204,15 +228,15 @@ func (p *Policy) place(e *prefixEntry, addr string, home bool) int {
 		if e.sites[i].addr == addr {
 			if home && !e.sites[i].home {
 				e.sites[i].home = true
-				e.sites[i].ep.homeBlocks += e.blocks
+				e.sites[i].ep.homeBlocks += e.weight()
 			}
 			return i
 		}
 	}
 	ep := p.endpoint(addr)
-	ep.placedBlocks += e.blocks
+	ep.placedBlocks += e.weight()
 	if home {
-		ep.homeBlocks += e.blocks
+		ep.homeBlocks += e.weight()
 	}
 	e.sites = append(e.sites, site{ep: ep, addr: addr, home: home, lastUsed: p.tick, placedAt: p.tick})
 	return len(e.sites) - 1

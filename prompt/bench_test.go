@@ -73,7 +73,7 @@ func benchPromptTokens(b *testing.B, o prompt.LoadOptions) {
 // prefix cache and the template's message cache disabled, so every request decodes,
 // renders and tokenizes its whole prompt.
 func BenchmarkPromptTokensCold(b *testing.B) {
-	benchPromptTokens(b, prompt.LoadOptions{Tokenizer: []tokenizer.Option{tokenizer.WithPrefixCache(0)}, MessageCacheSize: -1})
+	benchPromptTokens(b, prompt.LoadOptions{Tokenizer: []tokenizer.Option{tokenizer.WithPrefixCache(0)}, MessageCacheBytes: -1})
 }
 
 // BenchmarkPromptTokensSystemCached: the same requests with the default caches: the
@@ -212,11 +212,8 @@ func BenchmarkConversationTurn(b *testing.B) {
 			name string
 			o    prompt.LoadOptions
 		}{
-			{"cold", prompt.LoadOptions{Tokenizer: []tokenizer.Option{tokenizer.WithPrefixCache(0)}, MessageCacheSize: -1}},
+			{"cold", prompt.LoadOptions{Tokenizer: []tokenizer.Option{tokenizer.WithPrefixCache(0)}, MessageCacheBytes: -1}},
 			{"warm", prompt.LoadOptions{}},
-			// The template's message cache (128 messages by default) cannot hold a long
-			// conversation's messages; 4096 shows what re-decoding them costs.
-			{"warm-msgcache4096", prompt.LoadOptions{MessageCacheSize: 4096}},
 		} {
 			b.Run(size.name+"/"+mode.name, func(b *testing.B) {
 				bl, err := prompt.LoadDir(dir, mode.o)
@@ -271,7 +268,7 @@ func BenchmarkConversationCacheMemory(b *testing.B) {
 			for b.Loop() {
 				reg := prometheus.NewPedanticRegistry()
 				// The template's message cache off: the heap growth is the prefix cache's.
-				bl, err := prompt.LoadDir(dir, prompt.LoadOptions{MessageCacheSize: -1,
+				bl, err := prompt.LoadDir(dir, prompt.LoadOptions{MessageCacheBytes: -1,
 					Tokenizer: []tokenizer.Option{tokenizer.WithMetrics(tokenizer.NewMetrics(reg), "m")}})
 				if err != nil {
 					b.Fatal(err)

@@ -247,7 +247,7 @@ func TestRegistry(t *testing.T) {
 	r, err := prompt.NewRegistry(prompt.Config{Models: []prompt.ModelConfig{
 		{Name: "Qwen/Qwen3-0.6B", Dir: dir},
 		{Name: "missing", Dir: filepath.Join(t.TempDir(), "nothing")},
-	}}, prompt.RegistryOptions{Metrics: m, TokenizerMetrics: tokenizer.NewMetrics(reg)})
+	}}, prompt.RegistryOptions{Metrics: m, TokenizerMetrics: tokenizer.NewMetrics(reg), TemplateMetrics: chattemplate.NewMetrics(reg)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -304,6 +304,9 @@ kvrouter_prompt_unsupported_total{reason="prompt_batch"} 1
 	if n, err := testutil.GatherAndCount(reg, "kvrouter_tokenizer_prefix_cache_lookups_total"); err != nil || n == 0 {
 		t.Fatalf("tokenizer cache metrics not wired: %d series, %v", n, err)
 	}
+	if n, err := testutil.GatherAndCount(reg, "kvrouter_chattemplate_message_cache_bytes"); err != nil || n == 0 {
+		t.Fatalf("template message cache metrics not wired: %d series, %v", n, err)
+	}
 }
 
 func TestConfigValidate(t *testing.T) {
@@ -321,6 +324,9 @@ func TestConfigValidate(t *testing.T) {
 		{"prefix cache off", prompt.Config{PrefixCacheBytes: -1}, true},
 		{"prefix cache 1 GiB", prompt.Config{PrefixCacheBytes: 1 << 30}, true},
 		{"prefix cache above 64 GiB", prompt.Config{PrefixCacheBytes: 65 << 30}, false},
+		{"message cache off", prompt.Config{MessageCacheBytes: -1}, true},
+		{"message cache 1 GiB", prompt.Config{MessageCacheBytes: 1 << 30}, true},
+		{"message cache above 64 GiB", prompt.Config{MessageCacheBytes: 65 << 30}, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

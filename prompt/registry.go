@@ -35,9 +35,14 @@ type Config struct {
 	// tokenizer.WithPrefixCache): 0 is the default, tokenizer.DefaultPrefixCacheBytes
 	// (64 MiB, about 14M tokens of conversation history); negative turns it off.
 	PrefixCacheBytes int64 `yaml:"prefix_cache_bytes"`
+	// MessageCacheBytes bounds each model's cache of request messages converted for
+	// its chat template (see chattemplate.Options.MessageCacheBytes): 0 is the default,
+	// chattemplate.DefaultMessageCacheBytes (64 MiB, about 6M tokens of history);
+	// negative turns it off.
+	MessageCacheBytes int64 `yaml:"message_cache_bytes"`
 }
 
-// maxPrefixCacheBytes is the largest budget Validate accepts: beyond it a typo
+// maxPrefixCacheBytes is the largest budget Validate accepts for either cache: beyond it a typo
 // (bytes meant as KiB) would be mistaken for a budget.
 const maxPrefixCacheBytes = 64 << 30
 
@@ -60,6 +65,9 @@ func (c Config) prefixCacheOption() tokenizer.Option {
 func (c Config) Validate() error {
 	if c.PrefixCacheBytes > maxPrefixCacheBytes {
 		return fmt.Errorf("prompt: prefix_cache_bytes %d is above %d (64 GiB)", c.PrefixCacheBytes, int64(maxPrefixCacheBytes))
+	}
+	if c.MessageCacheBytes > maxPrefixCacheBytes {
+		return fmt.Errorf("prompt: message_cache_bytes %d is above %d (64 GiB)", c.MessageCacheBytes, int64(maxPrefixCacheBytes))
 	}
 	seen := map[string]bool{}
 	for i, m := range c.Models {
@@ -102,10 +110,15 @@ type LoadOptions struct {
 	Now func() time.Time
 	// Tokenizer options (prefix cache budget, metrics).
 	Tokenizer []tokenizer.Option
-	// MessageCacheSize is chattemplate.Options.MessageCacheSize (0: default, <0: off).
-	MessageCacheSize int
+	// MessageCacheBytes is chattemplate.Options.MessageCacheBytes (0: default, <0: off).
+	MessageCacheBytes int64
 	// Metrics may be nil.
 	Metrics *Metrics
+	// TemplateMetrics, when not nil, reports the template's message cache under the
+	// label Model.
+	TemplateMetrics *chattemplate.Metrics
+	// Model labels TemplateMetrics.
+	Model string
 }
 
 // LoadDir loads a model's tokenizer and chat template from dir and returns its
@@ -135,9 +148,11 @@ func LoadDir(dir string, o LoadOptions) (*Builder, error) {
 		return nil, fmt.Errorf("prompt: %w", err)
 	}
 	tmpl, err := chattemplate.CompileConfig(cfg, chattemplate.Options{
-		DefaultKwargs:    o.DefaultChatTemplateKwargs,
-		Now:              o.Now,
-		MessageCacheSize: o.MessageCacheSize,
+		DefaultKwargs:     o.DefaultChatTemplateKwargs,
+		Now:               o.Now,
+		MessageCacheBytes: o.MessageCacheBytes,
+		Metrics:           o.TemplateMetrics,
+		Model:             o.Model,
 	})
 	if err != nil && !errors.Is(err, chattemplate.ErrNoTemplate) {
 		return nil, err
@@ -150,6 +165,7 @@ func LoadDir(dir string, o LoadOptions) (*Builder, error) {
 type Registry struct {
 	models map[string]*slot
 	cache  tokenizer.Option
+	msgs   int64 // Config.MessageCacheBytes
 	opts   RegistryOptions
 }
 
@@ -159,6 +175,9 @@ type RegistryOptions struct {
 	Metrics *Metrics
 	// TokenizerMetrics reports each model's tokenizer prefix cache, labelled by model.
 	TokenizerMetrics *tokenizer.Metrics
+	// TemplateMetrics reports each model's chat-template message cache, labelled by
+	// model.
+	TemplateMetrics *chattemplate.Metrics
 	// Now is the templates' strftime_now clock (nil: time.Now).
 	Now func() time.Time
 }
@@ -176,7 +195,7 @@ func NewRegistry(cfg Config, o RegistryOptions) (*Registry, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	r := &Registry{models: make(map[string]*slot, len(cfg.Models)), cache: cfg.prefixCacheOption(), opts: o}
+	r := &Registry{models: make(map[string]*slot, len(cfg.Models)), cache: cfg.prefixCacheOption(), msgs: cfg.MessageCacheBytes, opts: o}
 	for _, m := range cfg.Models {
 		r.models[m.Name] = &slot{cfg: m}
 	}
@@ -204,7 +223,10 @@ func (r *Registry) Load(model string) (*Builder, error) {
 			DefaultChatTemplateKwargs: defaults,
 			Now:                       r.opts.Now,
 			Tokenizer:                 tokOpts,
+			MessageCacheBytes:         r.msgs,
 			Metrics:                   r.opts.Metrics,
+			TemplateMetrics:           r.opts.TemplateMetrics,
+			Model:                     model,
 		})
 		var unsupported *UnsupportedError
 		switch {

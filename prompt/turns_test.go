@@ -31,7 +31,7 @@ func plainBuilder(t testing.TB, model string) *prompt.Builder {
 	if b, ok := plainFor[model]; ok {
 		return b
 	}
-	b, err := prompt.LoadDir(testmodels.Dir(t, model), prompt.LoadOptions{Tokenizer: []tokenizer.Option{tokenizer.WithPrefixCache(0)}, MessageCacheSize: -1})
+	b, err := prompt.LoadDir(testmodels.Dir(t, model), prompt.LoadOptions{Tokenizer: []tokenizer.Option{tokenizer.WithPrefixCache(0)}, MessageCacheBytes: -1})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,7 +16,7 @@ for some renderers, a policy name). Everything between the markers is replaced b
 renderer's output. --check also fails on a Markdown table outside any rendered block:
 every figure in a table comes from committed data, none is typed in by hand.
 
-The reference experiment's published figures come from sim/reference.json, the one copy
+The reference experiment's published figures come from testbench/sim/reference.json, the one copy
 the simulator's calibration reads too.
 """
 import json
@@ -34,7 +34,7 @@ REF_COL = {"random": "baseline", "round-robin": "round-robin", "kv": "kv"}
 
 def reference():
     """The reference's figures keyed as the results tables read them (hit rates in %)."""
-    with open(os.path.join(ROOT, "sim", "reference.json")) as f:
+    with open(os.path.join(ROOT, "testbench", "sim", "reference.json")) as f:
         p = json.load(f)
     pct = lambda d: {k: [round(100 * x, 1) for x in v] for k, v in d.items()}
     kb = p["kv_hit_rate_vs_bound"]

@@ -5,7 +5,7 @@
 # machine's load. Writes to $1 (default docs/policy); `make docs` renders the tables.
 set -e
 out=${1:-docs/policy}
-kvb=${KVBENCH:-go run ./cmd/kvbench}
+kvb=${KVBENCH:-go run ./testbench/cmd/kvbench}
 mkdir -p "$out"
 common="--sim --sweep --warmup 100 --requests 600 --progress never"
 $kvb $common --json "$out/sweep.json" --plot "$out/cached-ratio-c8.svg" > /dev/null

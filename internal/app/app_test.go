@@ -22,9 +22,9 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/kvrouter/kvrouter/config"
-	"github.com/kvrouter/kvrouter/extproc/envoytest"
 	"github.com/kvrouter/kvrouter/fleet"
 	"github.com/kvrouter/kvrouter/internal/app"
+	"github.com/kvrouter/kvrouter/testbench/fakeenvoy"
 	"github.com/kvrouter/kvrouter/tlscert"
 )
 
@@ -240,14 +240,14 @@ func TestServeAndDrain(t *testing.T) {
 
 	endpoint := cfg.Endpoints[0].Address
 	client := extprocv3.NewExternalProcessorClient(ext)
-	x, err := envoytest.Start(context.Background(), client, envoytest.FullDuplex())
+	x, err := fakeenvoy.Start(context.Background(), client, fakeenvoy.FullDuplex())
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Run("ext_proc stream routes to the endpoint", func(t *testing.T) {
 		body := `{"model":"` + model + `","messages":[{"role":"user","content":"hi"}],"stream":true,"stream_options":{"include_usage":true}}`
-		res, err := x.Request(envoytest.Request{
-			Headers: envoytest.Headers{{Key: ":method", Value: "POST"}, {Key: ":path", Value: "/v1/chat/completions"},
+		res, err := x.Request(fakeenvoy.Request{
+			Headers: fakeenvoy.Headers{{Key: ":method", Value: "POST"}, {Key: ":path", Value: "/v1/chat/completions"},
 				{Key: ":authority", Value: "gw"}, {Key: "content-type", Value: "application/json"},
 				{Key: "x-gateway-destination-endpoint", Value: "6.6.6.6:666"}},
 			Body: [][]byte{[]byte(body[:20]), []byte(body[20:])},
@@ -261,7 +261,7 @@ func TestServeAndDrain(t *testing.T) {
 		if string(res.Body) != body {
 			t.Errorf("body changed: %q", res.Body)
 		}
-		h, err := x.ResponseHeaders(envoytest.Headers{{Key: ":status", Value: "200"}}, false, nil)
+		h, err := x.ResponseHeaders(fakeenvoy.Headers{{Key: ":status", Value: "200"}}, false, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -281,9 +281,9 @@ func TestServeAndDrain(t *testing.T) {
 		if code, body := httpGet(t, metricsURL+"/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "draining") {
 			t.Errorf("/readyz = %d %q, want 503 draining", code, body)
 		}
-		y, err := envoytest.Start(context.Background(), client, envoytest.FullDuplex())
+		y, err := fakeenvoy.Start(context.Background(), client, fakeenvoy.FullDuplex())
 		if err == nil {
-			_, err = y.Request(envoytest.Request{Headers: envoytest.Headers{{Key: ":method", Value: "GET"}, {Key: ":path", Value: "/v1/models"}}})
+			_, err = y.Request(fakeenvoy.Request{Headers: fakeenvoy.Headers{{Key: ":method", Value: "GET"}, {Key: ":path", Value: "/v1/models"}}})
 		}
 		if status.Code(unwrapStatus(err)) != codes.Unavailable {
 			t.Errorf("new stream during drain: %v, want Unavailable", err)
@@ -334,7 +334,7 @@ func TestServeAndDrain(t *testing.T) {
 	}
 }
 
-// unwrapStatus finds the gRPC status inside envoytest's wrapped errors.
+// unwrapStatus finds the gRPC status inside fakeenvoy's wrapped errors.
 func unwrapStatus(err error) error {
 	for e := err; e != nil; {
 		if _, ok := status.FromError(e); ok {
@@ -366,11 +366,11 @@ func TestDrainTimeoutCutsStreams(t *testing.T) {
 	a := startApp(t, cfg, app.Options{Registry: prometheus.NewRegistry()})
 	ext := dial(t, a.addrs.ExtProc)
 	waitHealth(t, ext, app.ExtProcService, healthpb.HealthCheckResponse_SERVING)
-	x, err := envoytest.Start(context.Background(), extprocv3.NewExternalProcessorClient(ext), envoytest.FullDuplex())
+	x, err := fakeenvoy.Start(context.Background(), extprocv3.NewExternalProcessorClient(ext), fakeenvoy.FullDuplex())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := x.Request(envoytest.Request{Headers: envoytest.Headers{{Key: ":method", Value: "GET"}, {Key: ":path", Value: "/v1/models"}}}); err != nil {
+	if _, err := x.Request(fakeenvoy.Request{Headers: fakeenvoy.Headers{{Key: ":method", Value: "GET"}, {Key: ":path", Value: "/v1/models"}}}); err != nil {
 		t.Fatal(err)
 	}
 	// The stream never ends: the drain timeout must cut it.
@@ -436,14 +436,14 @@ func TestBufferedLargeBody(t *testing.T) {
 	ext := dial(t, a.addrs.ExtProc)
 	waitHealth(t, ext, app.ExtProcService, healthpb.HealthCheckResponse_SERVING)
 
-	cfg := envoytest.Config{RequestBodyMode: filterv3.ProcessingMode_BUFFERED, SendProtocolConfig: true}
-	x, err := envoytest.Start(context.Background(), extprocv3.NewExternalProcessorClient(ext), cfg)
+	cfg := fakeenvoy.Config{RequestBodyMode: filterv3.ProcessingMode_BUFFERED, SendProtocolConfig: true}
+	x, err := fakeenvoy.Start(context.Background(), extprocv3.NewExternalProcessorClient(ext), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	body := `{"model":"` + model + `","prompt":"` + strings.Repeat("a", 6<<20) + `"}`
-	res, err := x.Request(envoytest.Request{
-		Headers: envoytest.Headers{{Key: ":method", Value: "POST"}, {Key: ":path", Value: "/v1/completions"}, {Key: "content-type", Value: "application/json"}},
+	res, err := x.Request(fakeenvoy.Request{
+		Headers: fakeenvoy.Headers{{Key: ":method", Value: "POST"}, {Key: ":path", Value: "/v1/completions"}, {Key: "content-type", Value: "application/json"}},
 		Body:    [][]byte{[]byte(body)},
 	})
 	if err != nil {

@@ -17,7 +17,7 @@ import (
 	"github.com/kvrouter/kvrouter/internal/app"
 	"github.com/kvrouter/kvrouter/internal/testwait"
 	"github.com/kvrouter/kvrouter/kvevents"
-	"github.com/kvrouter/kvrouter/sim/server"
+	"github.com/kvrouter/kvrouter/testbench/sim/server"
 )
 
 // TestKVPathCentral runs the runner in central mode: a simulated vLLM server connects

@@ -36,6 +36,12 @@ type KVRank struct {
 	Capacity       int       `json:"capacity"`
 	Orphans        uint64    `json:"orphans"`
 	Evicted        uint64    `json:"evicted"`
+	// LastError is what last went wrong with the stream (dial, connection, gap, replay,
+	// clear, decode, topic), LastErrorAt when; ForeignTopic the topic of the last
+	// message dropped for not starting with the configured topic.
+	LastError    string    `json:"last_error,omitempty"`
+	LastErrorAt  time.Time `json:"last_error_at,omitzero"`
+	ForeignTopic string    `json:"foreign_topic,omitempty"`
 }
 
 // KVEndpoint is one endpoint in GET /debug/kv; the totals sum (or, for the lag, take the
@@ -136,6 +142,7 @@ func fillStream(r *KVRank, st *kvevents.StreamStatus) {
 	}
 	r.EventLagMS = float64(st.LastLag) / float64(time.Millisecond)
 	r.LastBatchAt = st.LastBatchAt
+	r.LastError, r.LastErrorAt, r.ForeignTopic = st.LastError, st.LastErrorAt, st.ForeignTopic
 }
 
 func (a *App) serveDebugKV(w http.ResponseWriter, _ *http.Request) {

@@ -113,6 +113,7 @@ func (a *App) registerExtProc(o Options) error {
 		MaxStreams:        a.cfg.Limits.MaxStreams,
 		StreamIdleTimeout: a.cfg.Limits.StreamIdleTimeout,
 		MaxHold:           a.cfg.Limits.MaxHold,
+		MaxFallbacks:      a.cfg.Limits.MaxFallbacks,
 		ShedWaiting:       a.cfg.Limits.ShedQueueDepth,
 		RetryAfter:        a.cfg.Limits.RetryAfter,
 		Logger:            a.log.Named("extproc"),

@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
+	"github.com/kvrouter/kvrouter/chattemplate"
 	"github.com/kvrouter/kvrouter/config"
 	"github.com/kvrouter/kvrouter/extproc"
 	"github.com/kvrouter/kvrouter/fleet"
@@ -73,6 +74,9 @@ func newKVPath(cfg *config.Config, f *fleet.Fleet, log *zap.Logger, reg promethe
 	if err != nil {
 		return nil, fmt.Errorf("app: %w", err)
 	}
+	// A KV-event connection that ends is the first sign of a pod killed (milliseconds,
+	// where scrapes take up to FailuresBeforeIneligible intervals): a passive signal.
+	k.sub.OnConnectionLost(func(addr string) { f.ReportFailure(addr, fleet.SignalEvents) })
 	k.health = newEventHealth(k.sub, f, cfg.KV.HealthRefresh, cfg.KV.EventsStaleAfter, now)
 	k.eventsSkipped = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "kvrouter_kv_events_unusable_endpoints_total",
@@ -375,7 +379,7 @@ func newTokenizer(cfg *config.Config, log *zap.Logger, reg prometheus.Registerer
 		}
 		pc.Models = append(pc.Models, prompt.ModelConfig{Name: name, Dir: dir, DefaultChatTemplateKwargs: m.DefaultChatTemplateKwargs})
 	}
-	r, err := prompt.NewRegistry(pc, prompt.RegistryOptions{Metrics: metrics, TokenizerMetrics: tokenizer.NewMetrics(reg), Now: now})
+	r, err := prompt.NewRegistry(pc, prompt.RegistryOptions{Metrics: metrics, TokenizerMetrics: tokenizer.NewMetrics(reg), TemplateMetrics: chattemplate.NewMetrics(reg), Now: now})
 	if err != nil {
 		return nil, fmt.Errorf("app: %w", err)
 	}

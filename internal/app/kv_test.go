@@ -19,7 +19,7 @@ import (
 	"github.com/kvrouter/kvrouter/internal/testwait"
 	"github.com/kvrouter/kvrouter/openai"
 	"github.com/kvrouter/kvrouter/prompt"
-	"github.com/kvrouter/kvrouter/sim/server"
+	"github.com/kvrouter/kvrouter/testbench/sim/server"
 	"github.com/kvrouter/kvrouter/tokenizer/testmodels"
 )
 

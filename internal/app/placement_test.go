@@ -11,10 +11,10 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/kvrouter/kvrouter/config"
-	"github.com/kvrouter/kvrouter/extproc/envoytest"
 	"github.com/kvrouter/kvrouter/fleet"
 	"github.com/kvrouter/kvrouter/internal/app"
 	"github.com/kvrouter/kvrouter/internal/testwait"
+	"github.com/kvrouter/kvrouter/testbench/fakeenvoy"
 	"github.com/kvrouter/kvrouter/tokenizer/testmodels"
 )
 
@@ -56,22 +56,22 @@ func TestPlacementKeepsPrefixesHome(t *testing.T) {
 
 	route := func(system string, i int) string {
 		t.Helper()
-		x, err := envoytest.Start(context.Background(), client, envoytest.FullDuplex())
+		x, err := fakeenvoy.Start(context.Background(), client, fakeenvoy.FullDuplex())
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer x.Close()
 		body := fmt.Sprintf(`{"model":%q,"messages":[{"role":"system","content":%q},{"role":"user","content":"question %d"}]}`,
 			model, strings.Repeat(system+" ", 200), i)
-		res, err := x.Request(envoytest.Request{
-			Headers: envoytest.Headers{{Key: ":method", Value: "POST"}, {Key: ":path", Value: "/v1/chat/completions"},
+		res, err := x.Request(fakeenvoy.Request{
+			Headers: fakeenvoy.Headers{{Key: ":method", Value: "POST"}, {Key: ":path", Value: "/v1/chat/completions"},
 				{Key: ":authority", Value: "gw"}, {Key: "content-type", Value: "application/json"}},
 			Body: [][]byte{[]byte(body)},
 		})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := x.ResponseHeaders(envoytest.Headers{{Key: ":status", Value: "200"}}, true, nil); err != nil {
+		if _, err := x.ResponseHeaders(fakeenvoy.Headers{{Key: ":status", Value: "200"}}, true, nil); err != nil {
 			t.Fatal(err)
 		}
 		got := res.Headers.Values("x-gateway-destination-endpoint")

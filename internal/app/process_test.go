@@ -19,9 +19,9 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/kvrouter/kvrouter/extproc/envoytest"
 	"github.com/kvrouter/kvrouter/internal/app"
 	"github.com/kvrouter/kvrouter/internal/testtext"
+	"github.com/kvrouter/kvrouter/testbench/fakeenvoy"
 	"github.com/kvrouter/kvrouter/tokenizer/testmodels"
 )
 
@@ -195,7 +195,7 @@ func TestPeakRSSUnderHugeBodies(t *testing.T) {
 	defer cc.Close()
 	client := extprocv3.NewExternalProcessorClient(cc)
 	send := func(body []byte) error {
-		x, err := envoytest.Start(context.Background(), client, envoytest.FullDuplex())
+		x, err := fakeenvoy.Start(context.Background(), client, fakeenvoy.FullDuplex())
 		if err != nil {
 			return err
 		}
@@ -207,7 +207,7 @@ func TestPeakRSSUnderHugeBodies(t *testing.T) {
 			chunks = append(chunks, body[:n])
 			body = body[n:]
 		}
-		_, err = x.Request(envoytest.Request{Headers: envoytest.Headers{{Key: ":method", Value: "POST"},
+		_, err = x.Request(fakeenvoy.Request{Headers: fakeenvoy.Headers{{Key: ":method", Value: "POST"},
 			{Key: ":path", Value: "/v1/chat/completions"}, {Key: "content-type", Value: "application/json"},
 			{Key: "content-length", Value: size}}, Body: chunks})
 		return err

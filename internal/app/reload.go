@@ -126,8 +126,8 @@ func (a *App) watchConfig(ctx context.Context) {
 
 // Reload reads the configuration file again (Options.ConfigPath) and puts in force what
 // can change while serving: the static endpoints, the policy and its sections
-// (policy.kv, policy.placement), the fallback, limits.max_hold, limits.shed_queue_depth
-// and limits.drain_timeout.
+// (policy.kv, policy.placement), the fallback, limits.max_hold, limits.max_fallbacks,
+// limits.shed_queue_depth and limits.drain_timeout.
 // TLS certificate files are reloaded by the TLS source itself when they change. A file
 // that fails `kvrouter check-config` is logged with check-config's messages and changes
 // nothing. Settings that need a restart are logged and listed in the report. Requests
@@ -172,6 +172,7 @@ func (a *App) reloadLocked() (ReloadReport, error) {
 	applied.Limits.MaxHold = next.Limits.MaxHold
 	applied.Limits.DrainTimeout = next.Limits.DrainTimeout
 	applied.Limits.ShedQueueDepth = next.Limits.ShedQueueDepth
+	applied.Limits.MaxFallbacks = next.Limits.MaxFallbacks
 	if !reflect.DeepEqual(run.Endpoints, next.Endpoints) {
 		rep.Applied = append(rep.Applied, "endpoints")
 	}
@@ -192,7 +193,7 @@ func (a *App) reloadLocked() (ReloadReport, error) {
 	}
 	a.applyEndpoints(run.Endpoints, next.Endpoints)
 	a.extproc.SetRouting(extproc.Routing{Policy: pols.policy, Fallback: pols.fallback, MaxHold: applied.Limits.MaxHold,
-		ShedWaiting: applied.Limits.ShedQueueDepth})
+		MaxFallbacks: applied.Limits.MaxFallbacks, ShedWaiting: applied.Limits.ShedQueueDepth})
 	a.pols.Store(pols)
 	a.live.Store(&applied)
 	rep.Result = ReloadApplied
@@ -236,7 +237,8 @@ func restartNeeded(run, next *config.Config) []string {
 	out = append(out, diffFields("kv", run.KV, next.KV)...)
 	out = append(out, diffFields("discovery", run.Discovery, next.Discovery)...)
 	l := next.Limits
-	l.MaxHold, l.DrainTimeout, l.ShedQueueDepth = run.Limits.MaxHold, run.Limits.DrainTimeout, run.Limits.ShedQueueDepth
+	l.MaxHold, l.DrainTimeout, l.ShedQueueDepth, l.MaxFallbacks = run.Limits.MaxHold, run.Limits.DrainTimeout, run.Limits.ShedQueueDepth,
+		run.Limits.MaxFallbacks
 	out = append(out, diffFields("limits", run.Limits, l)...)
 	return out
 }

@@ -157,6 +157,8 @@ def main():
     ap.add_argument("--hash", choices=["int", "signed", "bin32", "bin16"], default="int")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--batches", type=int, default=50)
+    ap.add_argument("--first-seq", type=int, default=0,
+                    help="sequence number of the first batch (a restart that continues the old sequence)")
     ap.add_argument("--dp", type=int, default=0)
     ap.add_argument("--drop", default="")
     ap.add_argument("--garble", default="")
@@ -209,8 +211,8 @@ def main():
     work = Workload(a.seed, a.hash)
     holds, view = Refs(), Refs()
     lost = False
-    for seq in range(a.batches):
-        if seq == a.wait_sub_after:
+    for seq in range(a.first_seq, a.first_seq + a.batches):
+        if seq - a.first_seq == a.wait_sub_after:
             wait_sub()
         serve_replay()
         events = work.batch(seq, a.clear_at)

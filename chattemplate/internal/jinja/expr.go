@@ -38,6 +38,16 @@ func (e *nameExpr) eval(st *state) (Value, error) { return st.slots(e.ref.local)
 type attrExpr struct {
 	obj  expr
 	name string
+	// method: name is a method of dicts, strings or lists, decided once at parse time
+	// (a chat template reads message.role and message.content per message).
+	method attrMethods
+}
+
+// attrMethods says of which kinds an attribute name is a method.
+type attrMethods struct{ dict, str, list bool }
+
+func methodsOf(name string) attrMethods {
+	return attrMethods{dict: dictMethods[name], str: strMethods[name], list: listMethods[name]}
 }
 
 func (e *attrExpr) eval(st *state) (Value, error) {
@@ -45,7 +55,7 @@ func (e *attrExpr) eval(st *state) (Value, error) {
 	if err != nil {
 		return Value{}, err
 	}
-	return getAttr(obj, e.name)
+	return getAttrOf(obj, e.name, e.method)
 }
 
 type itemExpr struct {
@@ -740,22 +750,27 @@ func floatArith(op string, a, b float64) (Value, error) {
 // getAttr is Jinja2's sandboxed getattr (obj.name): the attribute, else the item,
 // else undefined.
 func getAttr(obj Value, name string) (Value, error) {
+	return getAttrOf(obj, name, methodsOf(name))
+}
+
+// getAttrOf is getAttr with the name's method kinds already looked up.
+func getAttrOf(obj Value, name string, m attrMethods) (Value, error) {
 	switch obj.kind {
 	case KindUndefined:
 		return Value{}, undefinedError(obj)
 	case KindDict:
-		if dictMethods[name] {
+		if m.dict {
 			return Value{kind: KindMethod, s: name, ref: obj}, nil
 		}
 		if v, ok := obj.dict().Get(name); ok {
 			return v, nil
 		}
 	case KindString:
-		if strMethods[name] {
+		if m.str {
 			return Value{kind: KindMethod, s: name, ref: obj}, nil
 		}
 	case KindList:
-		if listMethods[name] {
+		if m.list {
 			return Value{kind: KindMethod, s: name, ref: obj}, nil
 		}
 	case KindNamespace:

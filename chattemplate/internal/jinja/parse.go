@@ -894,7 +894,7 @@ func (p *parser) subscript(x expr) (expr, error) {
 		t := p.advance()
 		switch t.kind {
 		case tokName:
-			return &attrExpr{obj: x, name: t.s}, nil
+			return &attrExpr{obj: x, name: t.s, method: methodsOf(t.s)}, nil
 		case tokInt:
 			return &itemExpr{obj: x, key: &constExpr{parseIntLiteral(t.s)}}, nil
 		}

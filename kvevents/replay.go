@@ -1,0 +1,171 @@
+package kvevents
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+)
+
+// endSeq is the sequence number vLLM's replay socket sends to end a reply.
+var endSeq = [8]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
+
+type replayResult int
+
+const (
+	replayOK replayResult = iota
+	replayEvicted
+	replayFailed
+)
+
+// countGap counts batches [from, upto) as lost.
+func (st *stream) countGap(from, upto uint64) {
+	st.s.m.gaps.Inc()
+	st.mu.Lock()
+	st.st.Gaps++
+	st.mu.Unlock()
+	st.report(failGap, "KV events gap", fmt.Errorf("gap: batches %d..%d lost", from, upto-1))
+}
+
+// recover fetches and applies batches [from, upto) through the replay socket. When that
+// is impossible or incomplete, the endpoint's entries are cleared (a partially applied
+// replay leaves a hole too).
+func (st *stream) recover(ctx context.Context, from, upto uint64) {
+	if st.replay == "" {
+		st.clear(ClearGap)
+		return
+	}
+	res := st.replayRange(ctx, from, upto)
+	if ctx.Err() != nil {
+		return // stopping (Run ended or the endpoint was removed): not a replay failure
+	}
+	st.mu.Lock()
+	st.st.Replays++
+	if res != replayOK {
+		st.st.ReplayFailures++
+	}
+	st.mu.Unlock()
+	switch res {
+	case replayOK:
+		st.s.m.replays.WithLabelValues("ok").Inc()
+	case replayEvicted:
+		st.s.m.replays.WithLabelValues("evicted").Inc()
+		st.report(failReplay, "KV events replay failed", fmt.Errorf("replay of %d..%d: evicted from the publisher's buffer", from, upto-1))
+		st.clear(ClearEvicted)
+	default:
+		st.s.m.replays.WithLabelValues("failed").Inc()
+		st.report(failReplay, "KV events replay failed", fmt.Errorf("replay of %d..%d from %s: unreachable, silent or garbled", from, upto-1, st.replay))
+		st.clear(ClearReplayFailed)
+	}
+}
+
+// replayRange runs the replay protocol against vLLM's ROUTER: send ["", seq]; replies
+// are ["", topic, seq, payload] (vLLM >= 0.26) or ["", seq, payload], ending with seq
+// 0xFF x 8. The ROUTER's send high-water mark truncates long replays with holes, so only
+// the contiguous prefix is applied and the next round asks again from the first hole. A
+// round ends on END or after ReplayIdle without a reply. A first reply past the requested
+// seq means the batches were evicted from the replay buffer.
+func (st *stream) replayRange(ctx context.Context, from, upto uint64) replayResult {
+	cfg := &st.s.cfg
+	rctx, cancel := context.WithTimeout(ctx, cfg.ReplayTimeout)
+	defer cancel() // closes the connection
+	deadline, _ := rctx.Deadline()
+	lc, z, err := st.s.dial(rctx, st.replay, func(z *zmtpReader) error { return z.greet("DEALER", "ROUTER") })
+	if err != nil {
+		return replayFailed
+	}
+	_ = lc.SetWriteDeadline(deadline)
+
+	want := from
+	var req []byte
+	for round := 0; round < cfg.ReplayMaxRounds && want < upto; round++ {
+		req = appendMessage(req[:0], nil, binary.BigEndian.AppendUint64(nil, want))
+		if _, err := lc.Write(req); err != nil {
+			return replayFailed
+		}
+		st.mu.Lock()
+		st.st.ReplayRounds++
+		st.mu.Unlock()
+		first, holed, progressed := true, false, false
+	round:
+		for {
+			// The idle timeout applies between messages only; a message that has
+			// started arriving has until the recovery's deadline.
+			idle := time.Now().Add(cfg.ReplayIdle)
+			if idle.After(deadline) {
+				idle = deadline
+			}
+			_ = lc.SetReadDeadline(idle)
+			if err := z.waitMessage(); err != nil {
+				if errors.Is(err, os.ErrDeadlineExceeded) && time.Now().Before(deadline) {
+					break round
+				}
+				return replayFailed
+			}
+			_ = lc.SetReadDeadline(deadline)
+			frames, err := z.readMessage()
+			if err != nil {
+				if errors.Is(err, errTooLarge) {
+					st.drop(badTooLarge) // a batch that cannot be read: cannot recover
+				}
+				return replayFailed
+			}
+			f := frames
+			if len(f) > 0 && len(f[0]) == 0 {
+				f = f[1:] // the DEALER's empty delimiter
+			}
+			var seqB, payload []byte
+			switch len(f) {
+			case 2:
+				seqB, payload = f[0], f[1]
+			case 3:
+				seqB, payload = f[1], f[2]
+			default:
+				st.drop(badFrames)
+				continue
+			}
+			if len(seqB) != 8 {
+				st.drop(badSeq)
+				continue
+			}
+			if [8]byte(seqB) == endSeq {
+				break round
+			}
+			if holed || want >= upto {
+				continue // drain the round
+			}
+			seq := binary.BigEndian.Uint64(seqB)
+			if first && seq > want {
+				return replayEvicted
+			}
+			first = false
+			switch {
+			case seq < want:
+				continue
+			case seq > want:
+				holed = true
+				continue
+			}
+			if err := Decode(payload, &st.batch); err != nil {
+				st.decodeError(err)
+				return replayFailed
+			}
+			st.apply(&st.batch)
+			st.advance(seq)
+			want++
+			progressed = true
+			if want >= upto {
+				return replayOK
+			}
+		}
+		if !progressed {
+			return replayFailed
+		}
+	}
+	if want >= upto {
+		return replayOK
+	}
+	return replayFailed
+}
