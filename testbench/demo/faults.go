@@ -235,6 +235,24 @@ func faults(fo FaultOptions) []fault {
 			sleep(ctx, fo.Down)
 			return "", s.respawn(pod)
 		}},
+		{name: "metrics endpoint stalled", inject: func(ctx context.Context, s *procStack) (string, error) {
+			// Server 0's /metrics answers nothing for 3 s (several scrape intervals).
+			base := strings.TrimSuffix(s.EngineMetricsURLs()[0], "/metrics")
+			req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/debug/stall-metrics?for=3s", nil)
+			if err != nil {
+				return "", err
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				return "", err
+			}
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusNoContent {
+				return "", fmt.Errorf("stall-metrics: %s", resp.Status)
+			}
+			sleep(ctx, 3*time.Second)
+			return "server 0's /metrics stalled 3 s", nil
+		}},
 		{name: "kvrouter restarted", routerDown: true, inject: func(ctx context.Context, s *procStack) (string, error) {
 			if err := s.stop("kvrouter", syscall.SIGTERM); err != nil {
 				return "", err

@@ -59,6 +59,8 @@ type Server struct {
 	// text is each generated id's text when the engines draw from a vocabulary.
 	text    map[uint32]string
 	started time.Time
+	// stallUntil (Unix ns) holds /metrics answers until then (a fault injection).
+	stallUntil atomic.Int64
 }
 
 type rank struct {
@@ -206,8 +208,21 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /v1/models", s.handleModels)
 	mux.HandleFunc("POST /tokenize", s.handleTokenize)
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
-	mux.Handle("GET /metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
+	metrics := promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{})
+	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, r *http.Request) {
+		// A stalled endpoint (POST /debug/stall-metrics) answers nothing until the stall
+		// ends or the client gives up.
+		if d := time.Until(time.Unix(0, s.stallUntil.Load())); d > 0 {
+			select {
+			case <-r.Context().Done():
+				return
+			case <-time.After(d):
+			}
+		}
+		metrics.ServeHTTP(w, r)
+	})
 	mux.HandleFunc("GET /debug/cache", s.handleDebugCache)
+	mux.HandleFunc("POST /debug/stall-metrics", s.handleStallMetrics)
 	return mux
 }
 
@@ -709,4 +724,19 @@ func (s *Server) handleDebugCache(w http.ResponseWriter, _ *http.Request) {
 	}
 	w.Header().Set("Content-Type", "application/json")
 	_, _ = fmt.Fprintf(w, "{\"cached_blocks\": %d}\n", n)
+}
+
+// maxStall bounds a metrics stall, so that a forgotten injection ends by itself.
+const maxStall = time.Minute
+
+// handleStallMetrics makes /metrics answer nothing for ?for=DURATION (at most a minute),
+// as a stuck vLLM metrics endpoint does: a fault the fault suite injects.
+func (s *Server) handleStallMetrics(w http.ResponseWriter, r *http.Request) {
+	d, err := time.ParseDuration(r.URL.Query().Get("for"))
+	if err != nil || d < 0 || d > maxStall {
+		http.Error(w, "for must be a duration in [0, 1m]", http.StatusBadRequest)
+		return
+	}
+	s.stallUntil.Store(time.Now().Add(d).UnixNano())
+	w.WriteHeader(http.StatusNoContent)
 }

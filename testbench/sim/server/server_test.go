@@ -547,3 +547,26 @@ func TestDebugCache(t *testing.T) {
 		t.Fatalf("after one 40-token prompt: %q", got)
 	}
 }
+
+// POST /debug/stall-metrics holds /metrics answers for the given time: a client with a
+// shorter timeout gets none, and after the stall /metrics answers again.
+func TestStallMetrics(t *testing.T) {
+	_, hs := start(t, nil)
+	if code, _ := post(t, hs, "/debug/stall-metrics?for=1m1s", ""); code != http.StatusBadRequest {
+		t.Fatalf("a stall over a minute: %d, want 400", code)
+	}
+	if code, _ := post(t, hs, "/debug/stall-metrics?for=30s", ""); code != http.StatusNoContent {
+		t.Fatalf("stall: %d", code)
+	}
+	client := &http.Client{Timeout: 100 * time.Millisecond}
+	if resp, err := client.Get(hs.URL + "/metrics"); err == nil {
+		resp.Body.Close()
+		t.Fatal("/metrics answered during the stall")
+	}
+	if code, _ := post(t, hs, "/debug/stall-metrics?for=0s", ""); code != http.StatusNoContent {
+		t.Fatalf("end the stall: %d", code)
+	}
+	if !strings.Contains(get(t, hs, "/metrics"), "vllm:num_requests_running") {
+		t.Fatal("/metrics does not answer after the stall")
+	}
+}
