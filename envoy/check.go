@@ -238,8 +238,7 @@ func checkHCM(listener string, hcm *hcmv3.HttpConnectionManager, clusters map[st
 func stripsDestination(tc *anypb.Any) bool {
 	lua := &luav3.Lua{}
 	if tc.MessageIs(lua) && tc.UnmarshalTo(lua) == nil {
-		//lint:ignore SA1019 configs may still use the deprecated inline_code, which Envoy still runs
-		code := lua.GetDefaultSourceCode().GetInlineString() + lua.GetInlineCode()
+		code := luaCode(lua)
 		return strings.Contains(code, "envoy_on_request") && strings.Contains(code, epp.HeaderPrefix) && strings.Contains(code, ":remove(")
 	}
 	if strings.HasSuffix(tc.GetTypeUrl(), ".header_mutation.v3.HeaderMutation") {
@@ -269,13 +268,19 @@ func stripsDestination(tc *anypb.Any) bool {
 	return false
 }
 
+// luaCode is a Lua filter's inline code, wherever the config put it.
+func luaCode(lua *luav3.Lua) string {
+	//lint:ignore SA1019 configs may still use the deprecated inline_code, which Envoy still runs
+	return lua.GetDefaultSourceCode().GetInlineString() + lua.GetInlineCode()
+}
+
 // stripsServed reports whether a filter removes kvrouter's served-endpoint header from
 // responses: a Lua filter whose envoy_on_response removes it, or a header_mutation filter
 // with a response mutation removing it.
 func stripsServed(tc *anypb.Any) bool {
 	lua := &luav3.Lua{}
 	if tc.MessageIs(lua) && tc.UnmarshalTo(lua) == nil {
-		code := lua.GetDefaultSourceCode().GetInlineString() + lua.GetInlineCode()
+		code := luaCode(lua)
 		_, resp, ok := strings.Cut(code, "function envoy_on_response")
 		return ok && strings.Contains(resp, `:remove("`+epp.HeaderServed+`")`)
 	}

@@ -111,12 +111,6 @@ func (f *fakeVLLM) serve(w http.ResponseWriter, r *http.Request) {
 	_, _ = w.Write(b.Bytes())
 }
 
-func (f *fakeVLLM) set(l load) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.load = l
-}
-
 func (f *fakeVLLM) fail(status int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()

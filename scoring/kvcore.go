@@ -85,7 +85,6 @@ type kvScratch struct {
 	sizes     []int
 	overlaps  []int
 	costs     []float64
-	order     []int
 	names     []string
 	pos       []int
 	lead      []int

@@ -25,10 +25,6 @@ func unsupported(component, format string, args ...any) error {
 	return &UnsupportedError{Component: component, Detail: fmt.Sprintf(format, args...)}
 }
 
-type typed struct {
-	Type string `json:"type"`
-}
-
 type fileJSON struct {
 	AddedTokens   []addedToken    `json:"added_tokens"`
 	Normalizer    json.RawMessage `json:"normalizer"`

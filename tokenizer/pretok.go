@@ -194,26 +194,3 @@ func matchGPT2(s string, i int) int {
 	}
 	return matchSpace(s, i, false)
 }
-
-// split calls emit for each piece of s under the pre-tokenizer regex (Isolated).
-func (k splitKind) split(s string, emit func(string)) {
-	if k == splitNone {
-		if s != "" {
-			emit(s)
-		}
-		return
-	}
-	for i := 0; i < len(s); {
-		var e int
-		switch k {
-		case splitQwen2:
-			e = matchQwen(s, i, 1)
-		case splitLlama3:
-			e = matchQwen(s, i, 3)
-		default:
-			e = matchGPT2(s, i)
-		}
-		emit(s[i:e])
-		i = e
-	}
-}

@@ -13,6 +13,9 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 )
 
 // ServedHeader is the response header in which the gateway names the endpoint that served
@@ -301,130 +304,48 @@ type EngineMetrics struct {
 	BlockSize    int
 }
 
-// ParseEngineMetrics reads the Prometheus text exposition of a vLLM server.
+// ParseEngineMetrics reads the Prometheus text exposition of a vLLM server with the same
+// parser the router's fleet scraper uses (prometheus/common's expfmt).
 func ParseEngineMetrics(r io.Reader) (EngineMetrics, error) {
 	var m EngineMetrics
-	var hits, queries, oldHits, oldQueries float64
-	var seenNew, seenOld bool
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64<<10), 4<<20)
-	for sc.Scan() {
-		line := strings.TrimSpace(sc.Text())
-		if line == "" || line[0] == '#' {
-			continue
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(r)
+	if err != nil {
+		return m, fmt.Errorf("kvbench: bad metrics: %w", err)
+	}
+	sum := func(name string) (float64, bool) {
+		f, ok := fams[name]
+		if !ok {
+			return 0, false
 		}
-		name, labels, value, err := parseSample(line)
-		if err != nil {
-			return m, err
+		var v float64
+		for _, s := range f.GetMetric() {
+			v += s.GetCounter().GetValue() + s.GetGauge().GetValue() + s.GetUntyped().GetValue()
 		}
-		switch name {
-		case "vllm:prefix_cache_hits_total":
-			hits += value
-			seenNew = true
-		case "vllm:prefix_cache_queries_total":
-			queries += value
-			seenNew = true
-		case "vllm:gpu_prefix_cache_hits_total":
-			oldHits += value
-			seenOld = true
-		case "vllm:gpu_prefix_cache_queries_total":
-			oldQueries += value
-			seenOld = true
-		case "vllm:cache_config_info":
-			if n, err := strconv.Atoi(labels["num_gpu_blocks"]); err == nil {
-				m.NumGPUBlocks += n
+		return v, true
+	}
+	hits, okHits := sum("vllm:prefix_cache_hits_total")
+	queries, okQueries := sum("vllm:prefix_cache_queries_total")
+	m.PrefixHits, m.PrefixQueries = hits, queries
+	if !okHits && !okQueries { // older vLLM
+		m.PrefixHits, _ = sum("vllm:gpu_prefix_cache_hits_total")
+		m.PrefixQueries, _ = sum("vllm:gpu_prefix_cache_queries_total")
+	}
+	for _, s := range fams["vllm:cache_config_info"].GetMetric() {
+		for _, l := range s.GetLabel() {
+			n, err := strconv.Atoi(l.GetValue())
+			if err != nil {
+				continue
 			}
-			if n, err := strconv.Atoi(labels["block_size"]); err == nil {
+			switch l.GetName() {
+			case "num_gpu_blocks":
+				m.NumGPUBlocks += n
+			case "block_size":
 				m.BlockSize = n
 			}
 		}
 	}
-	if err := sc.Err(); err != nil {
-		return m, fmt.Errorf("kvbench: reading metrics: %w", err)
-	}
-	m.PrefixHits, m.PrefixQueries = hits, queries
-	if !seenNew && seenOld {
-		m.PrefixHits, m.PrefixQueries = oldHits, oldQueries
-	}
 	return m, nil
-}
-
-// parseSample splits `name{a="b",c="d"} value [timestamp]`.
-func parseSample(line string) (string, map[string]string, float64, error) {
-	bad := func(why string) (string, map[string]string, float64, error) {
-		return "", nil, 0, fmt.Errorf("kvbench: bad metrics line %q: %s", truncate([]byte(line), 80), why)
-	}
-	var labels map[string]string
-	name, rest := line, ""
-	if i := strings.IndexByte(line, '{'); i >= 0 {
-		name = line[:i]
-		j := strings.LastIndexByte(line, '}')
-		if j < i {
-			return bad("unclosed labels")
-		}
-		var err error
-		if labels, err = parseLabels(line[i+1 : j]); err != nil {
-			return bad(err.Error())
-		}
-		rest = line[j+1:]
-	} else if i := strings.IndexAny(line, " \t"); i >= 0 {
-		name, rest = line[:i], line[i:]
-	} else {
-		return bad("no value")
-	}
-	fields := strings.Fields(rest)
-	if len(fields) == 0 || len(fields) > 2 {
-		return bad("no value")
-	}
-	v, err := strconv.ParseFloat(fields[0], 64)
-	if err != nil {
-		return bad("value is not a number")
-	}
-	return name, labels, v, nil
-}
-
-func parseLabels(s string) (map[string]string, error) {
-	labels := map[string]string{}
-	for len(s) > 0 {
-		s = strings.TrimLeft(s, " ,")
-		if s == "" {
-			break
-		}
-		eq := strings.IndexByte(s, '=')
-		if eq < 0 || eq+1 >= len(s) || s[eq+1] != '"' {
-			return nil, errors.New("label without a quoted value")
-		}
-		key := strings.TrimSpace(s[:eq])
-		var val strings.Builder
-		i := eq + 2
-		closed := false
-		for i < len(s) {
-			c := s[i]
-			if c == '\\' && i+1 < len(s) {
-				switch s[i+1] {
-				case 'n':
-					val.WriteByte('\n')
-				default:
-					val.WriteByte(s[i+1])
-				}
-				i += 2
-				continue
-			}
-			if c == '"' {
-				closed = true
-				i++
-				break
-			}
-			val.WriteByte(c)
-			i++
-		}
-		if !closed {
-			return nil, errors.New("unterminated label value")
-		}
-		labels[key] = val.String()
-		s = s[i:]
-	}
-	return labels, nil
 }
 
 func (t *HTTPTarget) scrapeAll(ctx context.Context) ([]EngineMetrics, error) {

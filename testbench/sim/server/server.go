@@ -67,7 +67,6 @@ type rank struct {
 	idx  int
 	mu   sync.Mutex
 	eng  *sim.Engine
-	snap sim.Stats
 	wake chan struct{}
 	pub  *publisher
 }
