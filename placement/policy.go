@@ -70,6 +70,7 @@ type Policy struct {
 	prefixes map[uint64]*prefixEntry
 	pending  map[string]pendingPick
 	reqs     map[string]tracked
+	peers    PeerView // other router replicas' load (SetPeers); nil: none
 }
 
 type metrics struct {

@@ -25,6 +25,10 @@ type scratch struct {
 	// the KV blocks they hold.
 	others  []int
 	otherKV []float64
+	// otherPrefill and otherMisses are peers' prefill backlog and misses in prefill on
+	// each candidate (SetPeers).
+	otherPrefill []int
+	otherMisses  []int
 }
 
 func (p *Policy) load(e *scoring.Endpoint) int {
@@ -94,7 +98,10 @@ func (p *Policy) choose(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 	// cache that survived a restart). Copies left by diverted requests are not adopted.
 	adopt := -1
 	for i := range cands {
-		if sc.pos[i] >= 0 || sc.lead[i] < max(heldBlocks, 1) {
+		if sc.pos[i] >= 0 {
+			continue
+		}
+		if sc.lead[i] < max(heldBlocks, 1) && (p.peers == nil || !p.peers.PeerActive(cands[i].Address, key)) {
 			continue
 		}
 		if p.cfg.AdoptAll {
@@ -237,8 +244,17 @@ func (p *Policy) shared(cands []scoring.Endpoint, sc *scratch) {
 	n := len(cands)
 	sc.others = slices.Grow(sc.others[:0], n)[:n]
 	sc.otherKV = slices.Grow(sc.otherKV[:0], n)[:n]
+	sc.otherPrefill = slices.Grow(sc.otherPrefill[:0], n)[:n]
+	sc.otherMisses = slices.Grow(sc.otherMisses[:0], n)[:n]
 	for i := range cands {
-		sc.others[i], sc.otherKV[i] = 0, 0
+		sc.others[i], sc.otherKV[i], sc.otherPrefill[i], sc.otherMisses[i] = 0, 0, 0, 0
+		if p.peers != nil {
+			l := p.peers.PeerLoad(cands[i].Address, sc.eps[i])
+			sc.others[i], sc.otherKV[i] = l.Requests, float64(l.KVBlocks)
+			sc.otherPrefill[i], sc.otherMisses[i] = l.Prefill, l.Misses
+			sc.loads[i] += l.Requests
+			continue
+		}
 		m := &cands[i].Metrics
 		if !p.cfg.SharedLoad || p.cfg.ScrapedLoad || !m.Valid || m.At.IsZero() {
 			continue
@@ -296,7 +312,7 @@ func (p *Policy) rehome(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 			if d == 0 {
 				d = sc.meanDecode
 			}
-			return float64(sc.eps[i].prefill+len(sc.keys)*p.cfg.BlockSize+p.cfg.RehomeLoadTokens*sc.loads[i]) * d
+			return float64(sc.eps[i].prefill+sc.otherPrefill[i]+len(sc.keys)*p.cfg.BlockSize+p.cfg.RehomeLoadTokens*sc.loads[i]) * d
 		}
 		bestEst := est(old)
 		if !sc.ok[old] {
@@ -426,7 +442,7 @@ func (p *Policy) divert(e *prefixEntry, cands []scoring.Endpoint, sc *scratch, b
 		if d == 0 {
 			d = sc.meanDecode
 		}
-		backlog := sc.eps[i].prefill + max(0, tokens-sc.lead[i]*bs)
+		backlog := sc.eps[i].prefill + sc.otherPrefill[i] + max(0, tokens-sc.lead[i]*bs)
 		return float64(backlog) * d / sc.meanDecode
 	}
 	eb := est(best)
