@@ -282,7 +282,8 @@ func (p *Policy) rehome(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 		if sc.pos[i] < 0 {
 			continue
 		}
-		if sc.lead[i] >= max(heldBlocks, 1) || sc.eps[i].active[key] != nil {
+		if sc.lead[i] >= max(heldBlocks, 1) || sc.eps[i].active[key] != nil ||
+			(p.peers != nil && p.peers.PeerActive(cands[i].Address, key)) {
 			return // someone holds it, or is computing it
 		}
 		if e.sites[sc.pos[i]].home {
@@ -495,6 +496,9 @@ func (p *Policy) room(ep *endpointState, key uint64, c *scoring.Endpoint, blocks
 	need := blocks + p.cfg.OutputBlocks
 	if a := ep.active[key]; a != nil {
 		need -= min(a.blocks, blocks)
+	} else if p.peers != nil && p.peers.PeerActive(c.Address, key) {
+		// A peer's request holds the prefix there (counted in others): only the tail.
+		need -= min(p.prefixes[key].blocks, blocks)
 	}
 	return used+float64(need) <= p.cfg.Headroom*capacity
 }
