@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"log"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -26,8 +28,13 @@ type Node struct {
 	m    *Metrics
 	opts NodeOptions
 
-	ml      atomic.Pointer[memberlist.Memberlist]
-	members atomic.Int64
+	ml atomic.Pointer[memberlist.Memberlist]
+
+	// members are copies of the other members as the event delegate last saw them:
+	// memberlist updates its own Node structs in place (a reclaimed name's new
+	// address), so they are not read outside its callbacks.
+	mu      sync.Mutex
+	members map[string]memberlist.Node
 }
 
 // NodeOptions are a Node's test seams.
@@ -64,17 +71,40 @@ func (n *Node) Addr() string {
 
 // Members returns the names of the live members other than this node.
 func (n *Node) Members() []string {
-	ml := n.ml.Load()
-	if ml == nil {
-		return nil
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	out := make([]string, 0, len(n.members))
+	for name := range n.members {
+		out = append(out, name)
 	}
-	var out []string
-	for _, m := range ml.Members() {
-		if m.Name != n.rep.Self() {
-			out = append(out, m.Name)
-		}
-	}
+	slices.Sort(out)
 	return out
+}
+
+// peers returns copies of the other members.
+func (n *Node) peers(dst []memberlist.Node) []memberlist.Node {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for _, m := range n.members {
+		dst = append(dst, m)
+	}
+	return dst
+}
+
+func (n *Node) setMember(m *memberlist.Node, alive bool) {
+	if m.Name == n.rep.Self() {
+		return
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.members == nil {
+		n.members = make(map[string]memberlist.Node)
+	}
+	if alive {
+		n.members[m.Name] = *m
+	} else {
+		delete(n.members, m.Name)
+	}
 }
 
 // Run joins the peers and shares state until ctx ends, then leaves.
@@ -93,6 +123,9 @@ func (n *Node) Run(ctx context.Context) error {
 		mc.AdvertiseAddr = h
 		mc.AdvertisePort, _ = strconv.Atoi(p)
 	}
+	// A replica restarted under its old name (a StatefulSet pod) on a new address takes
+	// the name back once its previous incarnation has been dead for the expiry.
+	mc.DeadNodeReclaimTime = n.cfg.Expiry
 	mc.Delegate = delegate{n}
 	mc.Events = events{n}
 	mc.Logger = log.New(zapWriter{n.log}, "", 0)
@@ -133,8 +166,8 @@ func (n *Node) join(ml *memberlist.Memberlist) {
 	if len(n.cfg.Peers) == 0 {
 		return
 	}
-	known := make(map[string]bool)
-	for _, m := range ml.Members() {
+	known := map[string]bool{ml.LocalNode().Address(): true}
+	for _, m := range n.peers(nil) {
 		known[m.Address()] = true
 	}
 	want := 0
@@ -163,22 +196,20 @@ func (n *Node) join(ml *memberlist.Memberlist) {
 
 // send gives every other member this replica's state when Publish says it is due.
 func (n *Node) send(ml *memberlist.Memberlist) {
-	members := ml.Members()
+	members := n.peers(nil)
 	live := 0
 	for _, p := range n.rep.Peers() {
 		if p.Live {
 			live++
 		}
 	}
-	n.m.setPeers(len(members)-1, live)
+	n.m.setPeers(len(members), live)
 	b := n.rep.Publish()
 	if b == nil {
 		return
 	}
-	for _, m := range members {
-		if m.Name == n.rep.Self() {
-			continue
-		}
+	for i := range members {
+		m := &members[i]
 		var err error
 		if len(b) <= packetLimit {
 			err = ml.SendBestEffort(m, b)
@@ -220,15 +251,17 @@ func (d delegate) MergeRemoteState(b []byte, _ bool) {
 type events struct{ n *Node }
 
 func (e events) NotifyJoin(m *memberlist.Node) {
+	e.n.setMember(m, true)
 	e.n.log.Info("peersync: peer joined", zap.String("peer", m.Name), zap.String("addr", m.Address()))
 }
 
 func (e events) NotifyLeave(m *memberlist.Node) {
+	e.n.setMember(m, false)
 	e.n.log.Info("peersync: peer left", zap.String("peer", m.Name))
 	e.n.rep.Forget(m.Name)
 }
 
-func (events) NotifyUpdate(*memberlist.Node) {}
+func (e events) NotifyUpdate(m *memberlist.Node) { e.n.setMember(m, true) }
 
 // zapWriter turns memberlist's log lines ("[LEVEL] memberlist: ...") into zap entries.
 type zapWriter struct{ log *zap.Logger }
