@@ -434,7 +434,7 @@ func mix64(x uint64) uint64 {
 // scaled by its measured speed, exceeds DeadlineTokens and another candidate with KV room
 // would start it at least twice as soon; -1 otherwise. A diverted request places nothing.
 // p.mu must be held.
-func (p *Policy) divert(e *prefixEntry, cands []scoring.Endpoint, sc *scratch, best, tokens, bs int) int {
+func (p *Policy) divert(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc *scratch, best, tokens, bs int) int {
 	if p.cfg.DeadlineTokens <= 0 {
 		return -1
 	}
@@ -450,7 +450,8 @@ func (p *Policy) divert(e *prefixEntry, cands []scoring.Endpoint, sc *scratch, b
 	full := p.cfg.DivertOnFull && !sc.room[best]
 	// A busy endpoint that lost most of the prefix would recompute it behind others.
 	miss := p.cfg.DivertMisses && sc.loads[best] > 0 &&
-		float64(sc.lead[best]) < p.cfg.HolderShare*float64(e.blocks)
+		float64(sc.lead[best]) < p.cfg.HolderShare*float64(e.blocks) &&
+		!(p.peers != nil && p.peers.PeerActive(cands[best].Address, key)) // a peer is computing it there
 	if eb <= float64(p.cfg.DeadlineTokens) && !full && !miss {
 		return -1
 	}
