@@ -28,6 +28,7 @@ import (
 	kdisc "github.com/kvrouter/kvrouter/discovery/kubernetes"
 	"github.com/kvrouter/kvrouter/extproc"
 	"github.com/kvrouter/kvrouter/fleet"
+	"github.com/kvrouter/kvrouter/peersync"
 	"github.com/kvrouter/kvrouter/policy"
 	"github.com/kvrouter/kvrouter/scoring"
 )
@@ -92,6 +93,10 @@ type App struct {
 	// now is the injected clock (time.Now when none is given).
 	now       func() time.Time
 	discovery runner // nil without discovery
+	// replica and peers share in-flight state with other kvrouter replicas (nil
+	// without replicas.peers).
+	replica *peersync.Replica
+	peers   *peersync.Node
 
 	extGRPC    *grpc.Server // ext_proc + health for Envoy
 	probeGRPC  *grpc.Server // health for Kubernetes
@@ -157,6 +162,9 @@ func New(cfg *config.Config, o Options) (*App, error) {
 	if err := a.registerExtProc(o); err != nil {
 		return nil, err
 	}
+	if err := a.newReplicas(); err != nil {
+		return nil, err
+	}
 	a.probeGRPC = grpc.NewServer()
 	healthpb.RegisterHealthServer(a.probeGRPC, a.probeHlth)
 
@@ -168,6 +176,7 @@ func New(cfg *config.Config, o Options) (*App, error) {
 	mux.HandleFunc("GET /readyz", a.serveReadyz)
 	mux.HandleFunc("GET /debug/endpoints", a.serveEndpoints)
 	mux.HandleFunc("GET /debug/kv", a.serveDebugKV)
+	mux.HandleFunc("GET /debug/replicas", a.serveDebugReplicas)
 	mux.HandleFunc("POST /debug/route", a.serveDebugRoute)
 	// Go's profiles, on the admin port beside /debug/kv (not on the ext_proc port).
 	mux.HandleFunc("GET /debug/pprof/", pprof.Index)
@@ -226,6 +235,9 @@ func (a *App) Run(ctx context.Context) error {
 	g.Go(func() error { return a.kv.run(gctx) })
 	if a.discovery != nil {
 		g.Go(func() error { return a.discovery.Run(gctx) })
+	}
+	if a.peers != nil {
+		g.Go(func() error { return a.peers.Run(gctx) })
 	}
 	g.Go(func() error { return serveGRPC(a.extGRPC, a.lnExt, "extproc") })
 	g.Go(func() error { return serveGRPC(a.probeGRPC, a.lnProbe, "health") })
