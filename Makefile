@@ -67,9 +67,9 @@ HELM         ?= $(shell command -v helm 2>/dev/null || echo $(CURDIR)/bin/helm)
 HELM_VERSION ?= v3.22.0
 # staticcheck's default checks: correctness (SA), simplifications (S), style (ST1000-series
 # off by default) and unused code (U1000). A finding read on purpose carries a
-# //lint:ignore with its reason on the line above.
+# //lint:ignore with its reason on the line above. v0.8.2 is the module version of release 2026.2.2.
 STATICCHECK         ?= $(shell command -v staticcheck 2>/dev/null || echo $(CURDIR)/bin/staticcheck)
-STATICCHECK_VERSION ?= 2026.2.2
+STATICCHECK_VERSION ?= v0.8.2
 
 .PHONY: tools
 tools: ## Build helm (chart goldens) and staticcheck (lint) into ./bin from the Go module proxy.

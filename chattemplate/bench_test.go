@@ -24,26 +24,13 @@ func benchChatMessages(tail uint64) json.RawMessage {
 }
 
 func BenchmarkRenderQwen3Typical(b *testing.B) {
-	tmpl := loadTemplateEngine(b, "qwen3", nil, chattemplate.EngineNative)
+	tmpl := loadTemplate(b, "qwen3", nil)
 	in := chattemplate.Input{Messages: benchChatMessages(0), AddGenerationPrompt: true}
 	out, err := tmpl.Render(in)
 	if err != nil {
 		b.Fatal(err)
 	}
 	b.SetBytes(int64(len(out)))
-	b.ReportAllocs()
-	reportCPU(b, func() {
-		if _, err := tmpl.Render(in); err != nil {
-			b.Fatal(err)
-		}
-	})
-}
-
-// BenchmarkRenderQwen3TypicalGonja: the same render on the gonja engine, for
-// comparison with the native engine.
-func BenchmarkRenderQwen3TypicalGonja(b *testing.B) {
-	tmpl := loadTemplateEngine(b, "qwen3", nil, chattemplate.EngineGonja)
-	in := chattemplate.Input{Messages: benchChatMessages(0), AddGenerationPrompt: true}
 	b.ReportAllocs()
 	reportCPU(b, func() {
 		if _, err := tmpl.Render(in); err != nil {

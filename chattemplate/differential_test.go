@@ -1,9 +1,15 @@
 package chattemplate_test
 
 import (
+	"bytes"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/kvrouter/kvrouter/chattemplate"
@@ -15,6 +21,7 @@ import (
 var fuzzPieces = []string{
 	"</think>", "<think>", "\n", "\n\n", " ", "<tool_response>", "</tool_response>", "hello",
 	"é", "日本語", "😀", "\t", "\"", "\\", "{", "}", "<|im_end|>", "a", "  x  ", "\u2028",
+	strings.Repeat("a long message the message cache keeps. ", 30), // 1,200 bytes
 }
 
 type byteSource struct {
@@ -39,10 +46,10 @@ func (s *byteSource) text() string {
 	return out
 }
 
-// fuzzConversation builds a request from fuzz bytes: 1-8 messages with random
-// roles, contents (string, null or text parts), reasoning, tool calls; optional tools
-// and enable_thinking.
-func fuzzConversation(data []byte) chattemplate.Input {
+// fuzzBody builds a chat completions body from fuzz bytes: 1-8 messages with random
+// roles, contents (string, null or text parts), reasoning, tool calls; optional tools,
+// enable_thinking and add_generation_prompt.
+func fuzzBody(data []byte) json.RawMessage {
 	s := &byteSource{data: data}
 	var msgs []map[string]any
 	n := 1 + s.next()%8
@@ -77,31 +84,69 @@ func fuzzConversation(data []byte) chattemplate.Input {
 		}
 		msgs = append(msgs, m)
 	}
-	raw, _ := json.Marshal(msgs)
-	in := chattemplate.Input{Messages: raw, AddGenerationPrompt: s.next()%2 == 0}
+	body := map[string]any{"messages": msgs, "add_generation_prompt": s.next()%2 == 0}
 	if s.next()%3 == 0 {
-		in.Tools = json.RawMessage(`[{"type":"function","function":{"name":"get_weather","description":"Weather é","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}}]`)
+		body["tools"] = json.RawMessage(`[{"type":"function","function":{"name":"get_weather","description":"Weather é","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}}]`)
 	}
 	switch s.next() % 3 {
 	case 0:
-		in.ChatTemplateKwargs = json.RawMessage(`{"enable_thinking": false}`)
+		body["chat_template_kwargs"] = map[string]any{"enable_thinking": false}
 	case 1:
-		in.ChatTemplateKwargs = json.RawMessage(`{"enable_thinking": true}`)
+		body["chat_template_kwargs"] = map[string]any{"enable_thinking": true}
 	}
-	return in
+	raw, _ := json.Marshal(body)
+	return raw
 }
 
-// FuzzNativeVsGonja renders random conversations with the Qwen3 and Llama 3
-// templates on both engines and requires the same result: gonja is known to match
-// Jinja2 on these templates (every golden render passes on it), so any difference is
-// a native-engine bug. Its seed corpus runs as a plain test.
-func FuzzNativeVsGonja(f *testing.F) {
-	type pair struct{ native, gonja *chattemplate.Template }
+// fuzzCaseSeeds is how many generated conversations testdata/fuzz_cases.jsonl holds;
+// seed i is sha256("fuzz-<i>") followed by sha256("fuzz-<i>-2").
+const fuzzCaseSeeds = 120
+
+func fuzzSeed(i int) []byte {
+	a := sha256.Sum256([]byte(fmt.Sprintf("fuzz-%d", i)))
+	b := sha256.Sum256([]byte(fmt.Sprintf("fuzz-%d-2", i)))
+	return append(a[:], b[:]...)
+}
+
+var updateFuzzCases = flag.Bool("update-fuzz-cases", false, "rewrite testdata/fuzz_cases.jsonl (then run gen_golden.py)")
+
+// TestFuzzCasesCurrent: testdata/fuzz_cases.jsonl, the generated conversations
+// gen_golden.py renders with Jinja2 (and TestGolden compares), is what fuzzBody
+// makes of the seeds, so a change to the generator gets its goldens regenerated.
+func TestFuzzCasesCurrent(t *testing.T) {
+	var b bytes.Buffer
+	for i := range fuzzCaseSeeds {
+		line, _ := json.Marshal(map[string]any{"name": fmt.Sprintf("fuzz_%03d", i), "body": fuzzBody(fuzzSeed(i))})
+		b.Write(append(line, '\n'))
+	}
+	path := filepath.Join("testdata", "fuzz_cases.jsonl")
+	if *updateFuzzCases {
+		if err := os.WriteFile(path, b.Bytes(), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, b.Bytes()) {
+		t.Fatalf("%s is stale: go test -run TestFuzzCasesCurrent -update-fuzz-cases ./chattemplate, then gen_golden.py", path)
+	}
+}
+
+// FuzzConversations renders random conversations with the Qwen3 and Llama 3 templates.
+// Jinja2 is the reference for the
+// conversations this generator makes from fixed seeds (testdata/fuzz_cases.jsonl,
+// compared in TestGolden); for any other input the fuzzer requires what needs no
+// reference: no panic, an error only of a documented kind, and the same result with
+// and without the long-message cache. Its seed corpus runs as a plain test.
+func FuzzConversations(f *testing.F) {
+	type pair struct{ cached, uncached *chattemplate.Template }
 	var pairs []pair
 	for _, model := range []string{"qwen3", "llama3"} {
 		pairs = append(pairs, pair{
-			native: loadTemplateEngine(f, model, nil, chattemplate.EngineNative),
-			gonja:  loadTemplateEngine(f, model, nil, chattemplate.EngineGonja),
+			cached:   loadTemplate(f, model, nil),
+			uncached: loadTemplateWith(f, model, chattemplate.Options{MessageCacheSize: -1}),
 		})
 	}
 	for _, seed := range [][]byte{
@@ -113,29 +158,23 @@ func FuzzNativeVsGonja(f *testing.F) {
 	} {
 		f.Add(seed)
 	}
+	for i := range fuzzCaseSeeds {
+		f.Add(fuzzSeed(i))
+	}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		in := fuzzConversation(data)
+		in := inputFromBody(t, fuzzBody(data))
 		for _, p := range pairs {
-			want, wantErr := p.gonja.Render(in)
-			got, err := p.native.Render(in)
-			var raised *chattemplate.TemplateError
-			if wantErr != nil && !errors.As(wantErr, &raised) && !errors.Is(wantErr, chattemplate.ErrBadRequest) {
-				// gonja itself failed (it does on some empty-string method calls, e.g.
-				// content "</think>" with Qwen3, where Jinja2 renders): no reference.
-				continue
-			}
-			if (err == nil) != (wantErr == nil) {
-				t.Fatalf("native: %q, %v; gonja: %q, %v\nmessages: %s", got, err, want, wantErr, in.Messages)
-			}
-			if err != nil {
-				var a, b *chattemplate.TemplateError
-				if errors.As(err, &a) != errors.As(wantErr, &b) || (a != nil && a.Message != b.Message) {
-					t.Fatalf("native error %v, gonja error %v", err, wantErr)
+			got, err := p.uncached.Render(in)
+			for range 2 { // the first render fills the cache, the second reads it
+				cached, errCached := p.cached.Render(in)
+				if cached != got || (err == nil) != (errCached == nil) {
+					t.Fatalf("message cache changes the render: %q, %v vs %q, %v", cached, errCached, got, err)
 				}
-				continue
 			}
-			if got != want {
-				t.Fatalf("native and gonja differ\nnative: %q\n gonja: %q\nmessages: %s", got, want, in.Messages)
+			var raised *chattemplate.TemplateError
+			var unsupported *chattemplate.UnsupportedError
+			if err != nil && !errors.As(err, &raised) && !errors.Is(err, chattemplate.ErrBadRequest) && !errors.As(err, &unsupported) {
+				t.Fatalf("untyped error: %v\nmessages: %s", err, in.Messages)
 			}
 		}
 	})

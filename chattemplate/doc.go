@@ -7,11 +7,12 @@
 // sandbox with trim_blocks, lstrip_blocks and loop controls; transformers' tojson,
 // raise_exception and strftime_now).
 //
-// Two engines render templates: the native one (internal/jinja, the subset of Jinja2
-// chat templates use, exact to Python's Jinja2) for every template it compiles, and
-// gonja as the fallback for templates using a construct the native engine refuses (or
-// a render it refuses at run time). Template.Engine reports which one is used; a
-// refusal is never rendered differently.
+// One engine renders templates: internal/jinja, the subset of Jinja2 chat templates
+// use, exact to Python's Jinja2. A template using a construct outside that subset is
+// refused, never rendered differently: Template.Refusal names the construct and every
+// request it would render returns *UnsupportedError (ReasonTemplateRefused), as does a
+// single render reaching an operation the engine does not implement
+// (ReasonTemplateConstruct), so callers route those requests by load.
 //
 // Values come from the raw request JSON, so objects keep their request key order and
 // numbers keep Python's int/float distinction; tojson prints them as Python's

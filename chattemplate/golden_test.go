@@ -6,12 +6,14 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/kvrouter/kvrouter/chattemplate"
 	"github.com/kvrouter/kvrouter/internal/testtext"
+	"github.com/kvrouter/kvrouter/tokenizer/testmodels"
 )
 
 // goldenNow is the clock gen_golden.py gives strftime_now.
@@ -71,13 +73,47 @@ func nullToEmpty(r json.RawMessage) json.RawMessage {
 	return r
 }
 
-func loadTemplate(t testing.TB, model string, defaults json.RawMessage) *chattemplate.Template {
+// modelTemplates are the models whose own chat template (tokenizer_config.json, fetched
+// by `make models`) gen_golden.py renders on the golden conversations, the cases for
+// qwen3 and llama3.
+var modelTemplates = []string{"deepseek_v3", "gemma3", "gemini", "llama3_1"}
+
+// loadModelTemplate compiles a fetched model's chat template as kvrouter does
+// (ParseTokenizerConfig + CompileConfig).
+func loadModelTemplate(t testing.TB, model string, defaults json.RawMessage) *chattemplate.Template {
 	t.Helper()
-	return loadTemplateEngine(t, model, defaults, "")
+	dir := testmodels.DirWith(t, model, "tokenizer_config.json")
+	raw, err := os.ReadFile(filepath.Join(dir, "tokenizer_config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := chattemplate.ParseTokenizerConfig(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl, err := chattemplate.CompileConfig(cfg, chattemplate.Options{
+		DefaultKwargs: defaults,
+		Now:           func() time.Time { return goldenNow },
+	})
+	if err != nil {
+		t.Fatalf("compile %s: %v", model, err)
+	}
+	if r := tmpl.Refusal(); r != nil {
+		t.Fatalf("%s: %v", model, r)
+	}
+	return tmpl
 }
 
-// loadTemplateEngine compiles a test template for one engine ("" = automatic).
-func loadTemplateEngine(t testing.TB, model string, defaults json.RawMessage, engine string) *chattemplate.Template {
+// loadTemplate compiles a test template (testdata/templates) with its special tokens
+// and the golden clock.
+func loadTemplate(t testing.TB, model string, defaults json.RawMessage) *chattemplate.Template {
+	t.Helper()
+	return loadTemplateWith(t, model, chattemplate.Options{DefaultKwargs: defaults})
+}
+
+// loadTemplateWith is loadTemplate with other options (the special tokens and clock
+// are set here).
+func loadTemplateWith(t testing.TB, model string, opts chattemplate.Options) *chattemplate.Template {
 	t.Helper()
 	src, err := os.ReadFile(filepath.Join("testdata", "templates", model+".jinja"))
 	if err != nil {
@@ -102,14 +138,14 @@ func loadTemplateEngine(t testing.TB, model string, defaults json.RawMessage, en
 			special[k] = list
 		}
 	}
-	tmpl, err := chattemplate.Compile(string(src), chattemplate.Options{
-		SpecialTokens: special,
-		DefaultKwargs: defaults,
-		Now:           func() time.Time { return goldenNow },
-		Engine:        engine,
-	})
+	opts.SpecialTokens = special
+	opts.Now = func() time.Time { return goldenNow }
+	tmpl, err := chattemplate.Compile(string(src), opts)
 	if err != nil {
 		t.Fatalf("compile %s: %v", model, err)
+	}
+	if r := tmpl.Refusal(); r != nil {
+		t.Fatalf("%s: %v", model, r)
 	}
 	return tmpl
 }
@@ -117,9 +153,13 @@ func loadTemplateEngine(t testing.TB, model string, defaults json.RawMessage, en
 func readCases(t testing.TB) []goldenCase {
 	t.Helper()
 	cases := testtext.ReadJSONL[goldenCase](t, filepath.Join("testdata", "cases.jsonl"))
+	cases = append(cases, testtext.ReadJSONL[goldenCase](t, filepath.Join("testdata", "fuzz_cases.jsonl"))...)
 	for i := range cases {
 		if len(cases[i].Models) == 0 {
 			cases[i].Models = []string{"qwen3", "llama3"}
+		}
+		if slices.Contains(cases[i].Models, "qwen3") || slices.Contains(cases[i].Models, "llama3") {
+			cases[i].Models = append(slices.Clip(cases[i].Models), modelTemplates...)
 		}
 	}
 	return cases
@@ -134,31 +174,16 @@ func readGolden(t testing.TB, model string) map[string]goldenResult {
 	return out
 }
 
-// nativeRefused lists the test templates the native engine refuses (rendered by
-// gonja instead), with the reason; it is empty: every golden template compiles
-// natively, and TestGolden requires it for the others.
-var nativeRefused = map[string]string{}
-
-// gonjaGoldenGaps are golden cases gonja renders wrongly (model/case: why); the test
-// asserts they still fail on gonja so that a fix gets noticed.
-var gonjaGoldenGaps = map[string]string{
-	"qwen3/think_close_only_with_tools": "gonja fails calling lstrip on the empty string left by '</think>'.split(...)",
-}
-
 // TestGolden asserts byte-identical renders against Python's Jinja2 set up as
-// transformers sets it up (testdata/gen_golden.py), for every case and model, on
-// both engines: the native one (required to compile every template not listed in
-// nativeRefused) and gonja, the fallback.
+// transformers sets it up (testdata/gen_golden.py), for every case and template: the
+// test templates, the models' own templates (modelTemplates) and the conversations
+// FuzzConversations' generator made (testdata/fuzz_cases.jsonl).
 func TestGolden(t *testing.T) {
-	for _, engine := range []string{chattemplate.EngineNative, chattemplate.EngineGonja} {
-		t.Run(engine, func(t *testing.T) { testGolden(t, engine) })
-	}
-}
-
-func testGolden(t *testing.T, engine string) {
 	cases := readCases(t)
 	goldens := map[string]map[string]goldenResult{}
-	counts := map[string]int{}
+	compiled := map[string]*chattemplate.Template{} // by model and server defaults
+	counts := map[string]int{}                      // byte-identical renders per template
+	errs := map[string]int{}                        // the same error outcome as Jinja2 per template
 	for _, c := range cases {
 		for _, model := range c.Models {
 			if goldens[model] == nil {
@@ -169,20 +194,17 @@ func testGolden(t *testing.T, engine string) {
 				t.Fatalf("%s/%s: no golden; run gen_golden.py", model, c.Name)
 			}
 			t.Run(model+"/"+c.Name, func(t *testing.T) {
-				if reason, ok := nativeRefused[model]; ok && engine == chattemplate.EngineNative {
-					t.Skipf("native engine refuses %s: %s", model, reason)
-				}
-				tmpl := loadTemplateEngine(t, model, c.ServerDefaults, engine)
-				if got := tmpl.Engine(); got != engine {
-					t.Fatalf("engine %s, want %s", got, engine)
+				key := model + "\x00" + string(c.ServerDefaults)
+				tmpl := compiled[key]
+				if tmpl == nil {
+					if slices.Contains(modelTemplates, model) {
+						tmpl = loadModelTemplate(t, model, c.ServerDefaults)
+					} else {
+						tmpl = loadTemplate(t, model, c.ServerDefaults)
+					}
+					compiled[key] = tmpl
 				}
 				got, err := tmpl.Render(inputFromBody(t, c.Body))
-				if gap, ok := gonjaGoldenGaps[model+"/"+c.Name]; ok && engine == chattemplate.EngineGonja {
-					if err == nil && want.Rendered != nil && got == *want.Rendered {
-						t.Fatalf("known gonja gap (%s) now matches Jinja2: remove it from gonjaGoldenGaps", gap)
-					}
-					return
-				}
 				var unsupported *chattemplate.UnsupportedError
 				var raised *chattemplate.TemplateError
 				switch {
@@ -198,22 +220,29 @@ func testGolden(t *testing.T, engine string) {
 					if !errors.As(err, &unsupported) {
 						t.Fatalf("want UnsupportedError (%s), got %q, %v", want.Unsupported, got, err)
 					}
+					errs[model]++
 				case want.TemplateError != "":
 					if err == nil {
 						t.Fatalf("want template error %q, got %q", want.TemplateError, got)
 					}
 					// Cases named *raise exercise raise_exception: the typed error must
-					// carry Jinja2's message.
-					if strings.HasSuffix(c.Name, "raise") && (!errors.As(err, &raised) || raised.Message != want.TemplateError) {
+					// carry Jinja2's message; so must any raise_exception.
+					isRaise := errors.As(err, &raised)
+					if strings.HasSuffix(c.Name, "raise") && !isRaise {
 						t.Fatalf("want raise_exception(%q), got %v", want.TemplateError, err)
 					}
+					if isRaise && raised.Message != want.TemplateError {
+						t.Fatalf("raise_exception(%q), want %q", raised.Message, want.TemplateError)
+					}
+					errs[model]++
 				case want.BadRequest != "":
 					if !errors.Is(err, chattemplate.ErrBadRequest) {
 						t.Fatalf("want ErrBadRequest, got %q, %v", got, err)
 					}
+					errs[model]++
 				}
 			})
 		}
 	}
-	t.Logf("byte-identical renders: %v", counts)
+	t.Logf("byte-identical renders: %v; same error as Jinja2: %v", counts, errs)
 }

@@ -20,6 +20,12 @@ const (
 	ReasonRequestChatTemplate  = "request_chat_template"
 	ReasonContinueFinalMessage = "continue_final_message"
 	ReasonKwargsOverride       = "chat_template_kwargs_override"
+	// ReasonTemplateRefused: the model's chat template uses a construct the engine
+	// does not implement (see Template.Refusal); every chat request is routed by load.
+	ReasonTemplateRefused = "chat_template_refused"
+	// ReasonTemplateConstruct: this render reached an operation the engine does not
+	// implement for its operands (a %-format flag, a str.format spec).
+	ReasonTemplateConstruct = "chat_template_construct"
 )
 
 const (

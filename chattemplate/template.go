@@ -8,8 +8,6 @@ import (
 	"regexp"
 	"time"
 
-	"github.com/nikolalohinski/gonja/v2/exec"
-
 	"github.com/kvrouter/kvrouter/chattemplate/internal/jinja"
 )
 
@@ -19,17 +17,49 @@ import (
 var ErrBadRequest = errors.New("chattemplate: bad request")
 
 // UnsupportedError reports a request the renderer cannot reproduce byte for byte (for
-// example an image part, or a template supplied with the request). The router should
-// route such requests by load.
+// example an image part, a template supplied with the request, or a chat template the
+// engine refuses). The router should route such requests by load.
 type UnsupportedError struct {
 	// Reason is a short stable label (one of the Reason constants) for metrics.
 	Reason string
+	// Err is the underlying cause, when there is one (the construct the engine
+	// refused).
+	Err error
 }
 
 // Error implements error.
 func (e *UnsupportedError) Error() string {
+	if e.Err != nil {
+		return "chattemplate: unsupported request: " + e.Reason + ": " + e.Err.Error()
+	}
 	return "chattemplate: unsupported request: " + e.Reason
 }
+
+// Unwrap returns the underlying cause.
+func (e *UnsupportedError) Unwrap() error { return e.Err }
+
+// RefusedError reports a chat template the engine refuses at compile time: it uses a
+// construct (a tag, filter, test or method) outside the Jinja2 subset implemented here
+// (internal/jinja/README.md), or it does not parse. Such a template is never rendered
+// differently from Jinja2: every request it would render returns *UnsupportedError
+// (ReasonTemplateRefused) and is routed by load.
+type RefusedError struct {
+	// Template is which of the model's templates: "default" or "tool_use".
+	Template string
+	// Construct names what the engine refused, e.g. "filter 'wordwrap'"; empty for a
+	// syntax error.
+	Construct string
+	// Err is the engine's error (with the line for a syntax error).
+	Err error
+}
+
+// Error implements error.
+func (e *RefusedError) Error() string {
+	return "chattemplate: " + e.Template + " chat template refused: " + e.Err.Error()
+}
+
+// Unwrap returns the engine's error.
+func (e *RefusedError) Unwrap() error { return e.Err }
 
 // TemplateError is raised by the template itself through raise_exception, as vLLM
 // would report it (HTTP 400).
@@ -55,10 +85,6 @@ type Options struct {
 	// Now is strftime_now's clock; nil means time.Now. vLLM renders with the pod's
 	// local clock, so dates can only match when clocks and time zones agree.
 	Now func() time.Time
-	// Engine selects the template engine: "" uses the native engine when it compiles
-	// the template and gonja otherwise; EngineGonja forces gonja; EngineNative
-	// requires the native engine (Compile fails with ErrEngineRefused otherwise).
-	Engine string
 }
 
 // Input is the part of a chat request the template sees, as raw JSON so that objects
@@ -84,31 +110,20 @@ type Input struct {
 	RequestTemplate bool
 }
 
-// The engines a Template can render with.
-const (
-	// EngineNative is this repository's Jinja engine (internal/jinja): templates
-	// are compiled once to an AST evaluated over a small value model.
-	EngineNative = "native"
-	// EngineGonja is gonja/v2, used for templates the native engine refuses.
-	EngineGonja = "gonja"
-)
-
 // Template is a compiled chat template. It is immutable after Compile; Render is safe
 // for concurrent use.
 type Template struct {
-	main       compiled
-	toolUse    *compiled // used when the request has tools, if the model defines one
-	special    map[string]jinja.Value
-	specialAny map[string]any // the same for gonja
-	defaults   *jinja.Dict
-	now        func() time.Time
-	messages   *messageCache // nil: disabled
+	main     compiled
+	toolUse  *compiled // used when the request has tools, if the model defines one
+	special  map[string]jinja.Value
+	defaults *jinja.Dict
+	now      func() time.Time
+	messages *messageCache // nil: disabled
 }
 
 type compiled struct {
-	native        *jinja.Template // nil when refused or not wanted
-	refusal       error           // why native is nil
-	gonja         *exec.Template  // nil when gonja cannot compile the template
+	tmpl          *jinja.Template // nil when refused
+	refusal       *RefusedError   // why tmpl is nil
 	openaiContent bool
 }
 
@@ -118,14 +133,12 @@ type compiled struct {
 // pattern is the same test on the source text.
 var contentLoop = regexp.MustCompile(`for\s+\w+\s+in\s+\w+(?:\.content\b|\[\s*['"]content['"]\s*\])`)
 
-// ErrEngineRefused is wrapped by Compile's error when Options.Engine is EngineNative
-// and the native engine refuses the template.
-var ErrEngineRefused = errors.New("chattemplate: native engine refuses the template")
-
 // Compile parses a Jinja chat template with the environment transformers uses:
 // trim_blocks, lstrip_blocks, loop controls, transformers' tojson, raise_exception and
-// strftime_now. The native engine is used when it compiles the template; gonja is
-// the fallback for templates using a construct it refuses (see Engine).
+// strftime_now. A template using a construct the engine does not implement, or one it
+// cannot parse, compiles to a Template that reports it in Refusal and answers every
+// Render with *UnsupportedError (ReasonTemplateRefused), so its requests are routed by
+// load rather than the router failing to start on a template it cannot check.
 func Compile(src string, opts Options) (*Template, error) {
 	now := opts.Now
 	if now == nil {
@@ -136,19 +149,19 @@ func Compile(src string, opts Options) (*Template, error) {
 		return nil, fmt.Errorf("chattemplate: %w", err)
 	}
 	t := &Template{
-		special: make(map[string]jinja.Value, len(opts.SpecialTokens)), specialAny: make(map[string]any, len(opts.SpecialTokens)),
+		special:  make(map[string]jinja.Value, len(opts.SpecialTokens)),
 		defaults: defaults, now: now, messages: newMessageCache(opts.MessageCacheSize),
 	}
 	for k, v := range opts.SpecialTokens {
 		switch v := v.(type) {
 		case string:
-			t.special[k], t.specialAny[k] = jinja.String(v), v
+			t.special[k] = jinja.String(v)
 		case []string:
-			items, anys := make([]jinja.Value, len(v)), make([]any, len(v))
+			items := make([]jinja.Value, len(v))
 			for i, s := range v {
-				items[i], anys[i] = jinja.String(s), s
+				items[i] = jinja.String(s)
 			}
-			t.special[k], t.specialAny[k] = jinja.ListOf(items), anys
+			t.special[k] = jinja.ListOf(items)
 		case []any:
 			items := make([]jinja.Value, len(v))
 			for i, s := range v {
@@ -158,43 +171,29 @@ func Compile(src string, opts Options) (*Template, error) {
 				}
 				items[i] = jinja.String(str)
 			}
-			t.special[k], t.specialAny[k] = jinja.ListOf(items), v
+			t.special[k] = jinja.ListOf(items)
 		default:
 			return nil, fmt.Errorf("chattemplate: special token %s: %T is neither a string nor a list of strings", k, v)
 		}
 	}
-	if t.main, err = t.compileSource(src, opts.Engine); err != nil {
+	if t.main, err = t.compileSource(src, "default"); err != nil {
 		return nil, err
 	}
 	return t, nil
 }
 
-func (t *Template) compileSource(src, engine string) (compiled, error) {
+func (t *Template) compileSource(src, name string) (compiled, error) {
 	c := compiled{openaiContent: contentLoop.MatchString(src)}
-	if engine != EngineGonja {
-		c.native, c.refusal = jinja.Compile(src, jinja.Options{TrimBlocks: true, LStripBlocks: true, Globals: t.globals()})
-		if c.refusal != nil && engine == EngineNative {
-			return compiled{}, fmt.Errorf("%w: %w", ErrEngineRefused, c.refusal)
+	tmpl, err := jinja.Compile(src, jinja.Options{TrimBlocks: true, LStripBlocks: true, Globals: t.globals()})
+	if err != nil {
+		c.refusal = &RefusedError{Template: name, Err: err}
+		var refused *jinja.UnsupportedError
+		if errors.As(err, &refused) {
+			c.refusal.Construct = refused.Construct
 		}
-	} else {
-		c.refusal = errors.New("gonja requested")
-	}
-	if engine == EngineNative {
 		return c, nil
 	}
-	env, err := newEnvironment(t.now)
-	if err != nil {
-		return compiled{}, fmt.Errorf("chattemplate: environment: %w", err)
-	}
-	const id = "chat_template"
-	g, err := exec.NewTemplate(id, engineConfig(), rootLoader{id: id, src: rewriteConditionals(src)}, env)
-	if err != nil {
-		if c.native == nil {
-			return compiled{}, fmt.Errorf("chattemplate: compile: %w", err)
-		}
-		g = nil // the native engine compiles it; runtime refusals then fail the render
-	}
-	c.gonja = g
+	c.tmpl = tmpl
 	return c, nil
 }
 
@@ -220,25 +219,17 @@ func (t *Template) globals() map[string]jinja.Value {
 	}
 }
 
-// Engine reports which engine renders the template: EngineNative, or EngineGonja
-// when the native engine refuses a construct the template uses (see
-// EngineFallbackReason).
-func (t *Template) Engine() string {
-	if t.main.native != nil && (t.toolUse == nil || t.toolUse.native != nil) {
-		return EngineNative
-	}
-	return EngineGonja
-}
-
-// EngineFallbackReason says why the native engine does not render the template
-// ("" when it does).
-func (t *Template) EngineFallbackReason() string {
+// Refusal reports why the engine refuses the model's chat template (its default
+// template first, then its tool_use one), or nil when it renders them all. A refused
+// template answers Render with *UnsupportedError (ReasonTemplateRefused); callers log
+// the refusal once when they load the model.
+func (t *Template) Refusal() *RefusedError {
 	for _, c := range []*compiled{&t.main, t.toolUse} {
-		if c != nil && c.native == nil && c.refusal != nil {
-			return c.refusal.Error()
+		if c != nil && c.refusal != nil {
+			return c.refusal
 		}
 	}
-	return ""
+	return nil
 }
 
 // CompileConfig compiles the chat template(s) of a tokenizer config. The config's
@@ -256,9 +247,9 @@ func CompileConfig(c *TokenizerConfig, opts Options) (*Template, error) {
 		return nil, err
 	}
 	if c.ToolUseTemplate != "" {
-		tu, err := t.compileSource(c.ToolUseTemplate, opts.Engine)
+		tu, err := t.compileSource(c.ToolUseTemplate, "tool_use")
 		if err != nil {
-			return nil, fmt.Errorf("chattemplate: tool_use template: %w", err)
+			return nil, err
 		}
 		t.toolUse = &tu
 	}
@@ -283,77 +274,24 @@ func (t *Template) Render(in Input) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if c.native != nil {
-		out, err := c.native.Render(vars, len(in.Messages)+len(in.Tools)+1024)
-		if err == nil {
-			return out, nil
-		}
+	if c.tmpl == nil {
+		return "", &UnsupportedError{Reason: ReasonTemplateRefused, Err: c.refusal}
+	}
+	out, err := c.tmpl.Render(vars, len(in.Messages)+len(in.Tools)+1024)
+	if err != nil {
 		var raised *TemplateError
 		if errors.As(err, &raised) {
 			return "", raised
 		}
+		// An operation the engine does not implement for these operands (a
+		// %-format flag, a str.format spec): this one request is routed by load.
 		var refused *jinja.UnsupportedError
-		if !errors.As(err, &refused) || c.gonja == nil {
-			return "", fmt.Errorf("chattemplate: render: %w", err)
-		}
-		// A construct the native engine refuses at run time (an operand type, a
-		// format verb): render this request with gonja.
-	}
-	return t.renderGonja(c.gonja, vars)
-}
-
-func (t *Template) renderGonja(g *exec.Template, v *renderVars) (string, error) {
-	vars := make(map[string]any, len(t.specialAny)+v.kwargs.Len()+5)
-	for k, s := range t.specialAny {
-		vars[k] = s
-	}
-	for _, p := range v.kwargs.Pairs() {
-		if k := p.Key.Str(); !consumedKwargs[k] {
-			vars[k] = toGonja(p.Value)
-		}
-	}
-	vars["messages"] = toGonja(v.messages)
-	vars["tools"] = toGonja(v.tools)
-	vars["documents"] = toGonja(v.documents)
-	vars["add_generation_prompt"] = v.addGenerationPrompt.BoolValue()
-	// raise_exception is bound per render so that the typed error survives the
-	// engine, which reports function errors as text.
-	var raised *TemplateError
-	vars["raise_exception"] = func(va *exec.VarArgs) (any, error) {
-		if raised == nil {
-			raised = &TemplateError{Message: va.First().String()}
-		}
-		return nil, raised
-	}
-	out, err := execute(g, vars)
-	if err != nil {
-		if raised != nil {
-			return "", raised
+		if errors.As(err, &refused) {
+			return "", &UnsupportedError{Reason: ReasonTemplateConstruct, Err: err}
 		}
 		return "", fmt.Errorf("chattemplate: render: %w", err)
 	}
 	return out, nil
-}
-
-// ErrEnginePanic is wrapped by the error Render returns when the gonja engine
-// panicked (gonja does on some expressions, e.g. a Python-style '%s' % x formats as an
-// integer modulo by zero). The panic is contained to the one request.
-var ErrEnginePanic = errors.New("chattemplate: template engine panicked")
-
-// execute runs gonja. gonja panics on some expressions whose operands come from the
-// request, so a panic is turned into an error here rather than crashing the router:
-// this is a guard around a third-party interpreter, not control flow.
-func execute(t *exec.Template, vars map[string]any) (s string, err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			err = fmt.Errorf("%w: %v", ErrEnginePanic, r)
-		}
-	}()
-	var out bytes.Buffer
-	if err := t.Execute(&out, exec.NewContext(vars)); err != nil {
-		return "", err
-	}
-	return out.String(), nil
 }
 
 // renderVars is the template namespace transformers' render_jinja_template builds:

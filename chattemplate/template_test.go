@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -91,7 +92,10 @@ func TestOpenAIContentFormatDetected(t *testing.T) {
 func TestIncludesRefused(t *testing.T) {
 	tmpl, err := chattemplate.Compile(`{% include "/etc/passwd" %}`, chattemplate.Options{})
 	if err != nil {
-		return
+		t.Fatal(err)
+	}
+	if r := tmpl.Refusal(); r == nil || !strings.Contains(r.Construct, "include") {
+		t.Fatalf("Refusal() = %v, want one naming include", r)
 	}
 	out, err := tmpl.Render(chattemplate.Input{Messages: json.RawMessage(`[]`)})
 	if err == nil || strings.Contains(out, "root") {
@@ -210,4 +214,84 @@ func TestMessageCacheIdentity(t *testing.T) {
 		})
 	}
 	wg.Wait()
+}
+
+// TestRefusedTemplate: a template using a construct the engine does not implement
+// compiles, names the construct in Refusal, and answers every render it would make with
+// UnsupportedError (ReasonTemplateRefused); a refused tool_use template only affects
+// requests with tools. An operation refused at render time (a %-format flag) is
+// ReasonTemplateConstruct for that request alone.
+func TestRefusedTemplate(t *testing.T) {
+	const ok = `{% for m in messages %}{{ m.content }}{% endfor %}`
+	const wordwrap = `{% for m in messages %}{{ m.content | wordwrap(20) }}{% endfor %}`
+	const format = `{% for m in messages %}{{ '%5s' % m.content if m.content == 'pad' else m.content }}{% endfor %}`
+	named := func(def, toolUse string) string {
+		raw, _ := json.Marshal(map[string]any{"chat_template": []map[string]string{
+			{"name": "default", "template": def}, {"name": "tool_use", "template": toolUse},
+		}})
+		return string(raw)
+	}
+	hi := json.RawMessage(`[{"role":"user","content":"hi"}]`)
+	tools := json.RawMessage(`[{"type":"function","function":{"name":"f"}}]`)
+	tests := []struct {
+		name, config string
+		in           chattemplate.Input
+		wantRefusal  string // substring of Refusal(), "" for none
+		want         string // render, when wantReason is ""
+		wantReason   string
+	}{
+		{"default refused", `{"chat_template": ` + strconv.Quote(wordwrap) + `}`, chattemplate.Input{Messages: hi}, "filter 'wordwrap'", "", chattemplate.ReasonTemplateRefused},
+		{"tool_use refused, no tools", named(ok, wordwrap), chattemplate.Input{Messages: hi}, "tool_use chat template refused: jinja: unsupported: filter 'wordwrap'", "hi", ""},
+		{"tool_use refused, tools", named(ok, wordwrap), chattemplate.Input{Messages: hi, Tools: tools}, "tool_use", "", chattemplate.ReasonTemplateRefused},
+		{"format flag, other request", `{"chat_template": ` + strconv.Quote(format) + `}`, chattemplate.Input{Messages: hi}, "", "hi", ""},
+		{"format flag refused at render", `{"chat_template": ` + strconv.Quote(format) + `}`, chattemplate.Input{Messages: json.RawMessage(`[{"role":"user","content":"pad"}]`)}, "", "", chattemplate.ReasonTemplateConstruct},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg, err := chattemplate.ParseTokenizerConfig([]byte(tt.config))
+			if err != nil {
+				t.Fatal(err)
+			}
+			tmpl, err := chattemplate.CompileConfig(cfg, chattemplate.Options{})
+			if err != nil {
+				t.Fatalf("CompileConfig: %v", err)
+			}
+			r := tmpl.Refusal()
+			switch {
+			case tt.wantRefusal == "" && r != nil:
+				t.Fatalf("Refusal() = %v, want nil", r)
+			case tt.wantRefusal != "" && (r == nil || !strings.Contains(r.Error(), tt.wantRefusal)):
+				t.Fatalf("Refusal() = %v, want one naming %q", r, tt.wantRefusal)
+			}
+			got, err := tmpl.Render(tt.in)
+			if tt.wantReason == "" {
+				if err != nil || got != tt.want {
+					t.Fatalf("Render = %q, %v; want %q", got, err, tt.want)
+				}
+				return
+			}
+			var u *chattemplate.UnsupportedError
+			if !errors.As(err, &u) || u.Reason != tt.wantReason {
+				t.Fatalf("Render = %q, %v; want UnsupportedError %s", got, err, tt.wantReason)
+			}
+		})
+	}
+}
+
+// TestSyntaxErrorRefused: a template that does not parse is refused with its line (no
+// construct), and its requests are routed by load.
+func TestSyntaxErrorRefused(t *testing.T) {
+	tmpl, err := chattemplate.Compile("x\n{% if x %}unclosed", chattemplate.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := tmpl.Refusal()
+	if r == nil || r.Construct != "" || !strings.Contains(r.Error(), "line 2") {
+		t.Fatalf("Refusal() = %v, want a syntax error at line 2", r)
+	}
+	_, err = tmpl.Render(chattemplate.Input{Messages: json.RawMessage(`[]`)})
+	var u *chattemplate.UnsupportedError
+	if !errors.As(err, &u) || u.Reason != chattemplate.ReasonTemplateRefused {
+		t.Fatalf("Render: %v, want UnsupportedError %s", err, chattemplate.ReasonTemplateRefused)
+	}
 }

@@ -19,13 +19,15 @@ import (
 
 	"github.com/kvrouter/kvrouter/config/field"
 	"github.com/kvrouter/kvrouter/discovery"
+	"github.com/kvrouter/kvrouter/extproc"
 	"github.com/kvrouter/kvrouter/fleet"
-	"github.com/kvrouter/kvrouter/peersync"
 	"github.com/kvrouter/kvrouter/index"
 	"github.com/kvrouter/kvrouter/kvevents"
+	"github.com/kvrouter/kvrouter/peersync"
 	"github.com/kvrouter/kvrouter/placement"
 	"github.com/kvrouter/kvrouter/policy"
 	"github.com/kvrouter/kvrouter/scoring"
+	"github.com/kvrouter/kvrouter/tlscert"
 )
 
 // Config is kvrouter's whole configuration file. Each section is owned by the package
@@ -113,26 +115,40 @@ func (c *Config) Validate() error {
 // ListenConfig holds the addresses kvrouter listens on ("host:port"; port 0 picks a free
 // port, for tests).
 type ListenConfig struct {
-	// ExtProc serves Envoy's ext_proc stream and the gRPC health service Envoy checks.
+	// ExtProc serves Envoy's ext_proc stream and the gRPC health service Envoy checks,
+	// over TLS unless TLS.Mode is disabled.
 	ExtProc string `yaml:"extproc"`
-	// Health serves the gRPC health service for Kubernetes probes.
+	// TLS is the ext_proc port's TLS: on by default with a self-signed certificate.
+	TLS tlscert.Config `yaml:"tls"`
+	// Health serves the gRPC health service for Kubernetes probes (plaintext: the
+	// kubelet's gRPC probe does not speak TLS; it tells only SERVING or not).
 	Health string `yaml:"health"`
 	// Metrics serves HTTP /metrics, /healthz and /readyz.
 	Metrics string `yaml:"metrics"`
+	// Debug serves /debug/endpoints, /debug/kv, POST /debug/route and /debug/pprof/.
+	// Loopback by default: reachable through `kubectl port-forward`, not from the pod
+	// network. Empty: not served.
+	Debug string `yaml:"debug"`
 }
 
-// DefaultListenConfig returns ":9002", ":9003" and ":9090".
+// DefaultListenConfig returns ":9002" (TLS, self-signed), ":9003", ":9090" and
+// "127.0.0.1:9091" for the debug views.
 func DefaultListenConfig() ListenConfig {
-	return ListenConfig{ExtProc: ":9002", Health: ":9003", Metrics: ":9090"}
+	return ListenConfig{ExtProc: ":9002", TLS: tlscert.DefaultConfig(), Health: ":9003", Metrics: ":9090", Debug: "127.0.0.1:9091"}
 }
 
-// Validate checks each address and that no two share a fixed port.
+// Validate checks each address, that no two share a fixed port, and the TLS section.
 func (c *ListenConfig) Validate() error {
 	var errs field.Errors
-	seen := map[string]string{}
-	for _, a := range []struct{ name, addr string }{
-		{"extproc", c.ExtProc}, {"health", c.Health}, {"metrics", c.Metrics},
-	} {
+	errs.Nest("tls", c.TLS.Validate())
+	type bound struct{ name, host, port string }
+	var seen []bound
+	addrs := []struct{ name, addr string }{{"extproc", c.ExtProc}, {"health", c.Health}, {"metrics", c.Metrics}}
+	if c.Debug != "" {
+		addrs = append(addrs, struct{ name, addr string }{"debug", c.Debug})
+	}
+	wildcard := func(h string) bool { return h == "" || h == "0.0.0.0" || h == "::" }
+	for _, a := range addrs {
 		host, port, err := net.SplitHostPort(a.addr)
 		if err != nil {
 			errs.Addf(a.name, "%q is not host:port", a.addr)
@@ -144,11 +160,15 @@ func (c *ListenConfig) Validate() error {
 		} else if n == 0 {
 			continue
 		}
-		key := host + ":" + port
-		if other, dup := seen[key]; dup {
-			errs.Addf(a.name, "%q is already used by %s", a.addr, other)
+		// Two listeners clash on one port when they name the same host or one binds
+		// every address.
+		for _, b := range seen {
+			if b.port == port && (b.host == host || wildcard(b.host) || wildcard(host)) {
+				errs.Addf(a.name, "%q is already used by %s", a.addr, b.name)
+				break
+			}
 		}
-		seen[key] = a.name
+		seen = append(seen, bound{a.name, host, port})
 	}
 	return errs.Err()
 }
@@ -202,106 +222,64 @@ func (m *ModelConfig) Validate() error {
 	return errs.Err()
 }
 
-// policyWeights lists the weights a policy accepts in policy.weights, with their
-// defaults, by the configuration section the registry says it reads: kv and approximate
-// take NVIDIA Dynamo's cost terms (see scoring.KVConfig), placement its knobs; the
-// load-only policies take none.
-func policyWeights(s policy.Spec) map[string]float64 {
-	switch s.Section {
-	case policy.SectionKV:
-		d := scoring.DefaultKVConfig()
-		return map[string]float64{
-			"prefill_load_scale":           d.PrefillLoadScale,
-			"overlap_credit":               d.OverlapCredit,
-			"decode_active_request_weight": d.DecodeActiveRequestWeight,
-			"temperature":                  d.Temperature,
-		}
-	case policy.SectionPlacement:
-		return placement.DefaultConfig().Knobs()
-	}
-	return nil
-}
-
-// PolicyConfig chooses the placement policy.
+// PolicyConfig chooses the routing policy and tunes it, one typed section per policy
+// that has knobs (policy.kv, policy.placement; see policy.Config).
 type PolicyConfig struct {
 	// Name is the policy used when the request's tokens are known (policy.Builtin's names).
 	Name string `yaml:"name"`
 	// Fallback is the policy used when they are not (no tokenizer for the model,
-	// unparsable body); it must not need tokens.
+	// unparsable body); it must be load-only.
 	Fallback string `yaml:"fallback"`
-	// Weights tunes the policy by name; each weight is finite and >= 0.
+	// Weights is the former untyped map of every policy's knobs, replaced by the typed
+	// sections: any entry is refused with the name it now has.
 	Weights map[string]float64 `yaml:"weights"`
-}
-
-// Policies returns every policy's configuration with Weights applied over the
-// defaults: the kv cost weights onto Policies().KV, placement's knobs onto
-// Policies().Placement (checked by its Validate).
-func (c *PolicyConfig) Policies() policy.Config {
-	pc := policy.DefaultConfig()
-	for name, w := range c.Weights {
-		switch name {
-		case "prefill_load_scale":
-			pc.KV.PrefillLoadScale = w
-		case "overlap_credit":
-			pc.KV.OverlapCredit = w
-		case "decode_active_request_weight":
-			pc.KV.DecodeActiveRequestWeight = w
-		case "temperature":
-			pc.KV.Temperature = w
-		}
-		pc.Placement.SetKnob(name, w)
-	}
-	return pc
+	// Config holds the typed sections, kv and placement.
+	policy.Config `yaml:",inline"`
 }
 
 // DefaultPolicyConfig returns placement (requests the router cannot tokenize are placed
-// by load) with least-load as the fallback.
+// by load) with least-load as the fallback, and every section's defaults.
 func DefaultPolicyConfig() PolicyConfig {
-	return PolicyConfig{Name: "placement", Fallback: "least-load"}
+	return PolicyConfig{Name: "placement", Fallback: "least-load", Config: policy.DefaultConfig()}
 }
 
-var weightName = regexp.MustCompile(`^[a-z][a-z0-9_-]*$`)
+// movedWeight maps a former policy.weights names to their place in the typed sections.
+func movedWeight(name string) string {
+	switch name {
+	case "prefill_load_scale", "overlap_credit", "decode_active_request_weight", "temperature":
+		return "policy.kv." + name
+	case "hold_fraction":
+		return "policy.placement.holder_share"
+	case "hold_max_ms", "hold_step_ms":
+		return "policy.placement." + strings.TrimSuffix(name, "_ms") + " (a duration, e.g. 120ms)"
+	case "block_size":
+		return "models.*.block_size (the model's block size)"
+	}
+	if slices.Contains(placement.KnobNames(), name) {
+		return "policy.placement." + name
+	}
+	return ""
+}
 
-// Validate checks the names and weights.
+// Validate checks the names against the policy registry and every section.
 func (c *PolicyConfig) Validate() error {
 	var errs field.Errors
 	reg := policy.Builtin()
-	known := reg.Names()
-	spec, found := reg.Lookup(c.Name)
-	if !found {
-		errs.Addf("name", "unknown policy %q (known: %s)", c.Name, strings.Join(known, ", "))
+	if _, ok := reg.Lookup(c.Name); !ok {
+		errs.Addf("name", "unknown policy %q (known: %s)", c.Name, strings.Join(reg.Names(), ", "))
 	}
 	if fb := reg.FallbackNames(); !slices.Contains(fb, c.Fallback) {
 		errs.Addf("fallback", "policy %q cannot be the fallback (allowed: %s)", c.Fallback, strings.Join(fb, ", "))
 	}
-	accepted := policyWeights(spec)
 	for _, k := range slices.Sorted(maps.Keys(c.Weights)) {
-		w := c.Weights[k]
-		p := field.Key("weights", k)
-		switch {
-		case !weightName.MatchString(k):
-			errs.Addf(p, "weight names are lower-case words ([a-z][a-z0-9_-]*)")
-		case !found:
-		case accepted == nil:
-			errs.Addf(p, "policy %q takes no weights", c.Name)
-		default:
-			if _, ok := accepted[k]; !ok {
-				errs.Addf(p, "policy %q has no weight %q (known: %s)", c.Name, k, strings.Join(slices.Sorted(maps.Keys(accepted)), ", "))
-			}
-		}
-		switch {
-		case w < 0:
-			errs.Addf(p, "weight %v is negative", w)
-		case k == "overlap_credit" && w > 1:
-			errs.Addf(p, "weight %v is above 1 (the share of a cached block credited)", w)
+		if to := movedWeight(k); to != "" {
+			errs.Addf(field.Key("weights", k), "policy.weights was replaced by typed sections: set %s", to)
+		} else {
+			errs.Addf(field.Key("weights", k), "policy.weights was replaced by typed sections (policy.kv, policy.placement), which have no %q", k)
 		}
 	}
-	if spec.Section == policy.SectionPlacement && len(errs) == 0 {
-		pc := c.Policies()
-		if err := pc.Placement.Validate(); err != nil {
-			errs.Addf("weights", "%v", err)
-		}
-	}
+	errs.Nest(policy.SectionKV, c.KV.Validate())
+	errs.Nest(policy.SectionPlacement, c.Placement.Validate())
 	return errs.Err()
 }
 
@@ -312,23 +290,60 @@ type LimitsConfig struct {
 	MaxBodyBytes int `yaml:"max_body_bytes"`
 	// DrainTimeout bounds how long in-flight streams may run on after SIGTERM.
 	DrainTimeout time.Duration `yaml:"drain_timeout"`
-	// MaxHold bounds how long one request may wait at the router when the policy asks to
-	// hold it (placement's hold_max_ms; 0 never holds). Envoy's ext_proc message_timeout
-	// keeps running meanwhile, so it must stay well under it (at most 500ms; envoy.yaml
-	// sets 1s). Default 200ms.
+	// MaxHold bounds how long the router may take to answer a request the policy asks to
+	// hold (placement's hold_max), counted from the start of the decision: parsing,
+	// tokenization and earlier holds count (0 never holds). Envoy's ext_proc
+	// message_timeout (200ms unless set) runs meanwhile in every body mode but
+	// FULL_DUPLEX_STREAMED, so it must stay well under it (at most 500ms). Default 120ms
+	// (extproc.DefaultMaxHold): 80ms under Envoy's default message_timeout.
 	MaxHold time.Duration `yaml:"max_hold"`
+	// BodyBudgetBytes bounds the request-body bytes all ext_proc streams together hold
+	// for parsing; a body that would pass it is routed by load, streamed through unparsed
+	// and counted (kvrouter_request_parse_errors_total{reason="body_budget"}). Parsing,
+	// rendering and tokenizing a body take a few times its size, so this bounds memory
+	// per request by config rather than by clients. Default 64 MiB: four bodies of the
+	// default max_body_bytes, or some 16,000 typical 4 KiB chat bodies, at once.
+	BodyBudgetBytes int64 `yaml:"body_budget_bytes"`
+	// MaxConnections bounds the ext_proc port's accepted connections; more wait in the
+	// kernel's backlog, so file descriptors stay for the admin port, KV events and
+	// scrapes. Default 4096: Envoy opens one HTTP/2 connection per worker thread, so
+	// this serves 256 gateways of 16 workers.
+	MaxConnections int `yaml:"max_connections"`
+	// MaxStreams bounds the open ext_proc streams (one per HTTP request, generation
+	// included); one more is refused with RESOURCE_EXHAUSTED. It is also each
+	// connection's HTTP/2 stream limit. Default 16384: 500 req/s of 30 s requests; an
+	// open stream costs some 20 KiB, so at most ~330 MiB.
+	MaxStreams int `yaml:"max_streams"`
+	// StreamIdleTimeout ends an ext_proc stream that sends no message this long after
+	// it opened; a drain ends such streams at once. Default 10s: Envoy opens a stream
+	// with the request headers, so a stream silent this long is not a request.
+	StreamIdleTimeout time.Duration `yaml:"stream_idle_timeout"`
+	// ShedQueueDepth > 0 sheds load: a request is answered 429 (with Retry-After) when
+	// every endpoint eligible for it has more than this many requests waiting in its
+	// queue (vllm:num_requests_waiting, from fresh scrapes). Default 0: never shed.
+	ShedQueueDepth int `yaml:"shed_queue_depth"`
+	// RetryAfter is the Retry-After of 429 and 503 answers, in whole seconds (rounded up).
+	// Default 1s (extproc.DefaultRetryAfter): one scrape interval, after which the
+	// router's view of the queues is new.
+	RetryAfter time.Duration `yaml:"retry_after"`
 	// Scrape tunes the scraping of each endpoint's /metrics.
 	Scrape fleet.ScrapeConfig `yaml:",inline"`
 }
 
-// DefaultLimitsConfig returns 16 MiB bodies, a 30s drain, 200ms holds and the scrape
+// DefaultLimitsConfig returns 16 MiB bodies, a 64 MiB body budget, 4096 connections,
+// 16384 streams, a 10s stream idle timeout, a 30s drain, 120ms holds and the scrape
 // defaults.
 func DefaultLimitsConfig() LimitsConfig {
 	return LimitsConfig{
-		MaxBodyBytes: 16 << 20,
-		DrainTimeout: 30 * time.Second,
-		MaxHold:      200 * time.Millisecond,
-		Scrape:       fleet.DefaultScrapeConfig(),
+		MaxBodyBytes:      16 << 20,
+		BodyBudgetBytes:   64 << 20,
+		MaxConnections:    4096,
+		MaxStreams:        16384,
+		StreamIdleTimeout: 10 * time.Second,
+		DrainTimeout:      30 * time.Second,
+		MaxHold:           extproc.DefaultMaxHold,
+		RetryAfter:        extproc.DefaultRetryAfter,
+		Scrape:            fleet.DefaultScrapeConfig(),
 	}
 }
 
@@ -338,11 +353,29 @@ func (c *LimitsConfig) Validate() error {
 	if c.MaxBodyBytes < 1<<10 || c.MaxBodyBytes > 1<<30 {
 		errs.Addf("max_body_bytes", "%d is out of range [1 KiB, 1 GiB]", c.MaxBodyBytes)
 	}
+	if c.BodyBudgetBytes < int64(c.MaxBodyBytes) || c.BodyBudgetBytes > 64<<30 {
+		errs.Addf("body_budget_bytes", "%d is out of range [max_body_bytes (%d), 64 GiB] (a body of max_body_bytes must fit)", c.BodyBudgetBytes, c.MaxBodyBytes)
+	}
+	if c.MaxConnections < 1 || c.MaxConnections > 1<<20 {
+		errs.Addf("max_connections", "%d is out of range [1, 1048576]", c.MaxConnections)
+	}
+	if c.MaxStreams < 1 || c.MaxStreams > 1<<20 {
+		errs.Addf("max_streams", "%d is out of range [1, 1048576]", c.MaxStreams)
+	}
+	if c.StreamIdleTimeout < 100*time.Millisecond || c.StreamIdleTimeout > time.Hour {
+		errs.Addf("stream_idle_timeout", "%v is out of range [100ms, 1h]", c.StreamIdleTimeout)
+	}
 	if c.DrainTimeout < 0 || c.DrainTimeout > time.Hour {
 		errs.Addf("drain_timeout", "%v is out of range [0, 1h]", c.DrainTimeout)
 	}
 	if c.MaxHold < 0 || c.MaxHold > 500*time.Millisecond {
 		errs.Addf("max_hold", "%v is out of range [0, 500ms] (Envoy's ext_proc message_timeout runs while a request is held)", c.MaxHold)
+	}
+	if c.ShedQueueDepth < 0 || c.ShedQueueDepth > 1_000_000 {
+		errs.Addf("shed_queue_depth", "%d is out of range [0, 1000000] (0 never sheds)", c.ShedQueueDepth)
+	}
+	if c.RetryAfter < time.Second || c.RetryAfter > time.Hour {
+		errs.Addf("retry_after", "%v is out of range [1s, 1h] (Retry-After counts whole seconds)", c.RetryAfter)
 	}
 	errs.Nest("", c.Scrape.Validate())
 	return errs.Err()
@@ -458,7 +491,8 @@ func underBad(path string, bad map[string]bool) bool {
 	return false
 }
 
-// resolveFiles makes the model file paths absolute against base and checks they exist.
+// resolveFiles makes the model and TLS file paths absolute against base and checks they
+// exist (and that the TLS files load).
 func resolveFiles(cfg *Config, base string) field.Errors {
 	var errs field.Errors
 	for _, name := range slices.Sorted(maps.Keys(cfg.Models)) {
@@ -480,6 +514,28 @@ func resolveFiles(cfg *Config, base string) field.Errors {
 			}
 		}
 		cfg.Models[name] = m
+	}
+	// The ext_proc port's certificate files: resolved, then loaded as start-up does (a
+	// key of another certificate, a CA bundle without a certificate).
+	t := &cfg.Listen.TLS
+	missing := false
+	for _, f := range []struct {
+		path string
+		val  *string
+	}{{"cert_file", &t.CertFile}, {"key_file", &t.KeyFile}, {"client_ca_file", &t.ClientCAFile}} {
+		if *f.val == "" {
+			continue
+		}
+		if !filepath.IsAbs(*f.val) {
+			*f.val = filepath.Join(base, *f.val)
+		}
+		if msg := checkPath(*f.val, false); msg != "" {
+			errs.Addf(field.Join("listen.tls", f.path), "%s", msg)
+			missing = true
+		}
+	}
+	if !missing && t.Validate() == nil {
+		errs.Nest("listen.tls", t.Check())
 	}
 	return errs
 }

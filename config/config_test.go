@@ -132,7 +132,7 @@ func TestDefaultsOverridden(t *testing.T) {
 endpoints: [{address: "127.0.0.1:1", models: [m]}]
 listen: {metrics: "127.0.0.1:0"}
 limits: {drain_timeout: 2s, metrics_scrape_interval: 250ms, metrics_scrape_timeout: 100ms, metrics_staleness_limit: 1s}
-policy: {name: kv, weights: {prefill_load_scale: 0.5}}
+policy: {name: kv, kv: {prefill_load_scale: 0.5}, placement: {prefix_depth: 3, sticky_holders: false, hold_max: 80ms}}
 `
 	cfg, err := config.Parse([]byte(doc), "inline")
 	if err != nil {
@@ -150,8 +150,12 @@ policy: {name: kv, weights: {prefill_load_scale: 0.5}}
 		{"max body default", cfg.Limits.MaxBodyBytes, 16 << 20},
 		{"policy name", cfg.Policy.Name, "kv"},
 		{"policy fallback default", cfg.Policy.Fallback, "least-load"},
-		{"weight", cfg.Policy.Policies().KV.PrefillLoadScale, 0.5},
-		{"overlap credit default", cfg.Policy.Policies().KV.OverlapCredit, 1.0},
+		{"kv weight", cfg.Policy.KV.PrefillLoadScale, 0.5},
+		{"overlap credit default", cfg.Policy.KV.OverlapCredit, 1.0},
+		{"placement int", cfg.Policy.Placement.PrefixDepth, 3},
+		{"placement bool", cfg.Policy.Placement.StickyHolders, false},
+		{"placement duration", cfg.Policy.Placement.HoldMax, 80 * time.Millisecond},
+		{"placement default", cfg.Policy.Placement.Fill, 0.5},
 		{"index headroom default", cfg.KV.Index.Headroom, 1.1},
 	}
 	for _, tc := range tests {
@@ -196,4 +200,34 @@ func FuzzParse(f *testing.F) {
 			t.Fatal("*config.Error without problems")
 		}
 	})
+}
+
+func TestLoadValidTLS(t *testing.T) {
+	cfg, err := config.Load("testdata/valid-tls.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir, _ := filepath.Abs("testdata/tls")
+	tests := []struct {
+		name      string
+		got, want any
+	}{
+		{"tls enabled", cfg.Listen.TLS.Enabled(), true},
+		{"not self-signed", cfg.Listen.TLS.SelfSigned(), false},
+		{"cert file resolved", cfg.Listen.TLS.CertFile, filepath.Join(dir, "server.crt")},
+		{"key file resolved", cfg.Listen.TLS.KeyFile, filepath.Join(dir, "server.key")},
+		{"client CA resolved", cfg.Listen.TLS.ClientCAFile, filepath.Join(dir, "ca.crt")},
+		{"debug off", cfg.Listen.Debug, ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.got != tc.want {
+				t.Errorf("got %v, want %v", tc.got, tc.want)
+			}
+		})
+	}
+	d := config.DefaultListenConfig()
+	if !d.TLS.SelfSigned() || d.Debug != "127.0.0.1:9091" {
+		t.Errorf("defaults: TLS %+v, debug %q; want self-signed TLS and a loopback debug port", d.TLS, d.Debug)
+	}
 }

@@ -14,6 +14,7 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	luav3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/lua/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	httpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
 	"go.yaml.in/yaml/v3"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -159,7 +160,7 @@ func checkCluster(c *clusterv3.Cluster) []error {
 // checkHCM checks one connection manager; n is the number of ext_proc filters in it.
 func checkHCM(listener string, hcm *hcmv3.HttpConnectionManager, clusters map[string]*clusterv3.Cluster) (n int, errs []error) {
 	where := "listener " + listener
-	stripAt := -1
+	stripAt, servedAt := -1, -1
 	for i, f := range hcm.GetHttpFilters() {
 		tc := f.GetTypedConfig()
 		if tc == nil {
@@ -167,6 +168,9 @@ func checkHCM(listener string, hcm *hcmv3.HttpConnectionManager, clusters map[st
 		}
 		if stripAt < 0 && stripsDestination(tc) {
 			stripAt = i
+		}
+		if servedAt < 0 && stripsServed(tc) {
+			servedAt = i
 		}
 		if tc.GetTypeUrl() != "type.googleapis.com/"+extProcFilterType {
 			continue
@@ -180,6 +184,12 @@ func checkHCM(listener string, hcm *hcmv3.HttpConnectionManager, clusters map[st
 		fw := fmt.Sprintf("%s: filter %s", where, f.GetName())
 		if stripAt < 0 {
 			errs = append(errs, fmt.Errorf("%s: no filter before ext_proc removes client-sent %s* headers (a Lua filter or header_mutation)", fw, epp.HeaderPrefix))
+		}
+		// Response filters run in reverse order: only a filter listed before ext_proc
+		// sees the header kvrouter adds (a route's response_headers_to_remove runs
+		// before ext_proc and does not).
+		if servedAt < 0 {
+			errs = append(errs, fmt.Errorf("%s: no filter before ext_proc removes %s from responses (a Lua envoy_on_response or header_mutation response_mutations): it tells the client a pod's ip:port", fw, epp.HeaderServed))
 		}
 		errs = append(errs, checkExtProc(fw, ep, clusters)...)
 	}
@@ -224,6 +234,63 @@ func stripsDestination(tc *anypb.Any) bool {
 		}
 	}
 	return false
+}
+
+// stripsServed reports whether a filter removes kvrouter's served-endpoint header from
+// responses: a Lua filter whose envoy_on_response removes it, or a header_mutation filter
+// with a response mutation removing it.
+func stripsServed(tc *anypb.Any) bool {
+	lua := &luav3.Lua{}
+	if tc.MessageIs(lua) && tc.UnmarshalTo(lua) == nil {
+		code := lua.GetDefaultSourceCode().GetInlineString() + lua.GetInlineCode()
+		_, resp, ok := strings.Cut(code, "function envoy_on_response")
+		return ok && strings.Contains(resp, `:remove("`+epp.HeaderServed+`")`)
+	}
+	if strings.HasSuffix(tc.GetTypeUrl(), ".header_mutation.v3.HeaderMutation") {
+		m, err := tc.UnmarshalNew()
+		if err != nil {
+			return false
+		}
+		js, _ := protojson.Marshal(m)
+		var v struct {
+			Mutations struct {
+				ResponseMutations []struct {
+					Remove string `json:"remove"`
+				} `json:"responseMutations"`
+			} `json:"mutations"`
+		}
+		if json.Unmarshal(js, &v) != nil {
+			return false
+		}
+		for _, rm := range v.Mutations.ResponseMutations {
+			if strings.EqualFold(rm.Remove, epp.HeaderServed) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// checkUpstreamTLS requires the ext_proc cluster to speak TLS, as kvrouter serves by
+// default: an UpstreamTlsContext transport socket with an SNI and HTTP/2 offered in ALPN
+// (gRPC servers refuse a TLS connection that negotiated no protocol).
+func checkUpstreamTLS(c *clusterv3.Cluster) []error {
+	ts := c.GetTransportSocket()
+	up := &tlsv3.UpstreamTlsContext{}
+	if ts.GetTypedConfig() == nil || !ts.GetTypedConfig().MessageIs(up) {
+		return []error{fmt.Errorf("cluster %s: kvrouter serves TLS: the ext_proc cluster needs a transport_socket with an UpstreamTlsContext (envoy.transport_sockets.tls)", c.GetName())}
+	}
+	if err := ts.GetTypedConfig().UnmarshalTo(up); err != nil {
+		return []error{fmt.Errorf("cluster %s: transport_socket: %w", c.GetName(), err)}
+	}
+	var errs []error
+	if up.GetSni() == "" {
+		errs = append(errs, fmt.Errorf("cluster %s: the UpstreamTlsContext needs an sni", c.GetName()))
+	}
+	if !slices.Contains(up.GetCommonTlsContext().GetAlpnProtocols(), "h2") {
+		errs = append(errs, fmt.Errorf("cluster %s: the UpstreamTlsContext must offer h2 in common_tls_context.alpn_protocols (gRPC over TLS)", c.GetName()))
+	}
+	return errs
 }
 
 func checkExtProc(fw string, ep *extprocv3.ExternalProcessor, clusters map[string]*clusterv3.Cluster) []error {
@@ -276,6 +343,7 @@ func checkExtProc(fw string, ep *extprocv3.ExternalProcessor, clusters map[strin
 	if !speaksHTTP2(c) {
 		errs = append(errs, fmt.Errorf("cluster %s: the ext_proc cluster must speak HTTP/2 (typed_extension_protocol_options envoy.extensions.upstreams.http.v3.HttpProtocolOptions explicit_http_config.http2_protocol_options)", name))
 	}
+	errs = append(errs, checkUpstreamTLS(c)...)
 	hc := false
 	for _, h := range c.GetHealthChecks() {
 		if h.GetGrpcHealthCheck() != nil && h.GetGrpcHealthCheck().GetServiceName() == epp.ServiceName {

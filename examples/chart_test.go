@@ -4,16 +4,22 @@ import (
 	"bytes"
 	"cmp"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
+	istionetv1 "istio.io/client-go/pkg/apis/networking/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	infv1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
 
 	"github.com/kvrouter/kvrouter/config"
@@ -113,6 +119,24 @@ func checkChart(t *testing.T, name string, objs []object) {
 		d.Spec.Template.Annotations["prometheus.io/port"] != "9090" {
 		t.Errorf("kvrouter Deployment: replicas %d, probe %+v, annotations %v", *d.Spec.Replicas, c.ReadinessProbe, d.Spec.Template.Annotations)
 	}
+	checkNetworkPolicy(t, objs, central)
+	if f := cfg.Listen.TLS.CertFile; f != "" {
+		// The certificate comes from a Secret mounted where the configuration names it.
+		mounted := false
+		for _, m := range c.VolumeMounts {
+			for _, v := range d.Spec.Template.Spec.Volumes {
+				if v.Name == m.Name && v.Secret != nil && filepath.Dir(f) == m.MountPath {
+					mounted = true
+				}
+			}
+		}
+		if !mounted {
+			t.Errorf("listen.tls.cert_file %s is not in a mounted Secret (%+v)", f, c.VolumeMounts)
+		}
+	}
+	if kinds["EnvoyFilter"] > 0 {
+		checkIstioTLS(t, find[*istionetv1.DestinationRule](t, objs, "kvrouter-extproc"), "kvrouter.llm.svc.cluster.local")
+	}
 	role := find[*rbacv1.Role](t, objs, "kvrouter-discovery")
 	for _, r := range role.Rules {
 		if !reflect.DeepEqual(r.Verbs, []string{"get", "list", "watch"}) {
@@ -187,5 +211,53 @@ func TestChartFilesMatchRepository(t *testing.T) {
 				t.Errorf("%s differs from %s: copy it over", f.chart, f.repo)
 			}
 		})
+	}
+}
+
+// checkNetworkPolicy: kvrouter's pods admit ext_proc only from named peers (the chart's
+// Envoy when it ships one), /metrics only from named peers, central mode's KV-event port
+// only from named peers, and nothing else.
+func checkNetworkPolicy(t *testing.T, objs []object, central bool) {
+	t.Helper()
+	np := find[*networkingv1.NetworkPolicy](t, objs, "kvrouter")
+	if !reflect.DeepEqual(np.Spec.PolicyTypes, []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}) {
+		t.Errorf("policy types %v, want Ingress", np.Spec.PolicyTypes)
+	}
+	d := find[*appsv1.Deployment](t, objs, "kvrouter")
+	if sel, _ := metav1.LabelSelectorAsSelector(&np.Spec.PodSelector); !sel.Matches(labels.Set(d.Spec.Template.Labels)) {
+		t.Errorf("the policy's pod selector %v does not select kvrouter's pods", np.Spec.PodSelector)
+	}
+	byPort := map[string][]networkingv1.NetworkPolicyPeer{}
+	for _, r := range np.Spec.Ingress {
+		if len(r.From) == 0 {
+			t.Errorf("ingress rule %+v admits every source", r)
+		}
+		for _, p := range r.Ports {
+			byPort[p.Port.String()] = r.From
+		}
+	}
+	want := []string{"extproc", "metrics"}
+	if central {
+		want = append(want, "5557")
+	}
+	got := slices.Sorted(maps.Keys(byPort))
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		t.Errorf("ports admitted %v, want %v", got, want)
+	}
+	for _, o := range objs {
+		if dep, ok := o.obj.(*appsv1.Deployment); ok && dep.Name == "kvrouter-envoy" {
+			admitted := false
+			for _, peer := range byPort["extproc"] {
+				if peer.PodSelector == nil || peer.NamespaceSelector != nil {
+					continue
+				}
+				sel, _ := metav1.LabelSelectorAsSelector(peer.PodSelector)
+				admitted = admitted || sel.Matches(labels.Set(dep.Spec.Template.Labels))
+			}
+			if !admitted {
+				t.Errorf("the chart's Envoy pods %v are not admitted to ext_proc by %+v", dep.Spec.Template.Labels, byPort["extproc"])
+			}
+		}
 	}
 }

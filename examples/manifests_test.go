@@ -59,6 +59,8 @@ func newTyped(gvk schema.GroupVersionKind) any {
 		return &istionetv1.Gateway{}
 	case istionetv1.SchemeGroupVersion.WithKind("VirtualService"):
 		return &istionetv1.VirtualService{}
+	case istionetv1.SchemeGroupVersion.WithKind("DestinationRule"):
+		return &istionetv1.DestinationRule{}
 	}
 	if o, err := scheme.Scheme.New(gvk); err == nil {
 		return o
@@ -133,6 +135,8 @@ func specMessage(obj any) (proto.Message, bool) {
 	case *istionetv1.Gateway:
 		return &o.Spec, true
 	case *istionetv1.VirtualService:
+		return &o.Spec, true
+	case *istionetv1.DestinationRule:
 		return &o.Spec, true
 	}
 	return nil, false
@@ -443,4 +447,23 @@ func TestIstioManifests(t *testing.T) {
 	if want := map[string]int{"HTTP_FILTER": 2, "CLUSTER": 1, "HTTP_ROUTE": 1}; !reflect.DeepEqual(applied, want) {
 		t.Errorf("patches %v, want %v", applied, want)
 	}
+	checkIstioTLS(t, find[*istionetv1.DestinationRule](t, objs, "kvrouter-extproc"), "kvrouter.llm.svc.cluster.local")
+}
+
+// checkIstioTLS requires the DestinationRule to make the gateway speak TLS to kvrouter's
+// ext_proc port (9002) with an SNI, as kvrouter serves by default.
+func checkIstioTLS(t *testing.T, dr *istionetv1.DestinationRule, host string) {
+	t.Helper()
+	if dr.Spec.Host != host {
+		t.Errorf("DestinationRule host %q, want %q", dr.Spec.Host, host)
+	}
+	for _, p := range dr.Spec.GetTrafficPolicy().GetPortLevelSettings() {
+		if p.GetPort().GetNumber() == 9002 {
+			if tls := p.GetTls(); tls.GetMode().String() != "SIMPLE" || tls.GetSni() == "" {
+				t.Errorf("port 9002 TLS %v, want mode SIMPLE with an sni", tls)
+			}
+			return
+		}
+	}
+	t.Errorf("DestinationRule %s sets no TLS for port 9002", dr.Name)
 }

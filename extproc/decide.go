@@ -3,7 +3,9 @@ package extproc
 import (
 	"errors"
 	"slices"
+	"strconv"
 	"strings"
+	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
@@ -30,6 +32,10 @@ const (
 	noEndpointSubset = "subset_excludes_all"
 	noEndpointPolicy = "fallback_failed"
 )
+
+// shedOverloaded is the no-endpoint reason of a 429: every eligible endpoint's queue is
+// over Options.ShedWaiting (counted in kvrouter_requests_shed_total).
+const shedOverloaded = "overloaded"
 
 type decideInput struct {
 	body     []byte
@@ -60,7 +66,7 @@ type choice struct {
 func (st *stream) decideAndReply(in decideInput, kind replyKind) (done bool, err error) {
 	s := st.s
 	start := s.now()
-	c, reason, err := st.choose(in)
+	c, reason, err := st.choose(in, start)
 	if err != nil {
 		return true, err
 	}
@@ -87,10 +93,15 @@ func (st *stream) decisionReply(dest string, kind replyKind) *extprocv3.Processi
 	return cache.get(dest, func() *extprocv3.ProcessingResponse { return decisionReply(dest, nil, kind) })
 }
 
+// reply503 answers the client directly: 429 when the request is shed, 503 otherwise.
 func (st *stream) reply503(reason string) error {
-	st.s.m.noEndpoint.WithLabelValues(reason).Inc()
+	if reason == shedOverloaded {
+		st.s.m.shed.Inc()
+	} else {
+		st.s.m.noEndpoint.WithLabelValues(reason).Inc()
+	}
 	st.phase = phaseDone
-	return st.send(immediate503(reason))
+	return st.send(immediateError(reason, st.s.retry))
 }
 
 // decisionReply is the request-headers or request-body reply naming dest.
@@ -127,9 +138,9 @@ var errHoldCancelled = errors.New("extproc: stream ended while the request was h
 
 // choose picks the endpoint for the request, or returns a no-endpoint reason. It has no
 // effect beyond counting parse and tokenizer errors and holds. It holds the request
-// (blocking the stream) while the policy asks, within MaxHold; err is errHoldCancelled
-// when the stream's context ends meanwhile.
-func (st *stream) choose(in decideInput) (c choice, noEndpointReason string, err error) {
+// (blocking the stream) while the policy asks and holdBound allows, start being when the
+// decision began; err is errHoldCancelled when the stream's context ends meanwhile.
+func (st *stream) choose(in decideInput, start time.Time) (c choice, noEndpointReason string, err error) {
 	s := st.s
 	fallback := in.fallback
 	var parsed *openai.Request
@@ -168,6 +179,9 @@ func (st *stream) choose(in decideInput) (c choice, noEndpointReason string, err
 	if reason := st.usable(&eps); reason != "" {
 		return c, reason, nil
 	}
+	if s.shed > 0 && in.fallback != fallbackNoBody && saturated(eps, s.shed) { // a GET queues nothing
+		return c, shedOverloaded, nil
+	}
 
 	req := scoring.Request{ID: s.nextID(), Model: model, BaseModel: base, LoRA: lora}
 	if parsed != nil {
@@ -176,7 +190,7 @@ func (st *stream) choose(in decideInput) (c choice, noEndpointReason string, err
 	if fallback == "" && s.tok != nil {
 		var toks []uint32
 		var err error
-		toks, ids, err = s.promptTokens(parsed, base)
+		toks, ids, err = s.promptTokens(parsed, base, s.maxPromptTokens(eps))
 		if err != nil {
 			s.m.tokenizeErrors.Inc()
 		} else {
@@ -189,7 +203,11 @@ func (st *stream) choose(in decideInput) (c choice, noEndpointReason string, err
 		policy = s.fallback
 	}
 	d, err := policy.Pick(&req, eps)
-	for err == nil && d.Hold > 0 && req.Held+d.Hold <= s.maxHold {
+	for err == nil && d.Hold > 0 {
+		if bound := st.holdBound(start, req.Held, d.Hold); bound != "" {
+			s.m.holdsCut.WithLabelValues(bound).Inc()
+			break
+		}
 		// The policy asks to wait: hold the stream (Envoy waits for this reply), then pick
 		// again among the candidates as they are then.
 		select {
@@ -232,6 +250,40 @@ func (st *stream) choose(in decideInput) (c choice, noEndpointReason string, err
 		dest = b.String()
 	}
 	return choice{dest: dest, endpoint: d.Endpoint, policy: policy.Name(), fallback: fallback, req: req, ids: ids}, "", nil
+}
+
+// Bounds that cut a hold short; they label kvrouter_routing_holds_cut_total.
+const (
+	holdBoundMax      = "max_hold" // Options.MaxHold
+	holdBoundDeadline = "deadline" // the stream's deadline
+)
+
+// holdBound returns "" when a hold of d may begin now, in a decision begun at start that
+// has held the request for held so far, or else the bound it would pass: it must end
+// within MaxHold of start (on the server's clock, or by the holds' sum where that is
+// larger, as under a test's timer) and deadlineReserve before the stream's deadline, if
+// it has one.
+func (st *stream) holdBound(start time.Time, held, d time.Duration) string {
+	s := st.s
+	if max(s.now().Sub(start), held)+d > s.maxHold {
+		return holdBoundMax
+	}
+	if dl, ok := st.srv.Context().Deadline(); ok && time.Until(dl) < d+deadlineReserve {
+		return holdBoundDeadline
+	}
+	return ""
+}
+
+// saturated reports whether every endpoint in eps has valid metrics and more than
+// waiting requests in its queue. An endpoint whose figures are unknown or stale is not
+// saturated: the router sheds only on what it sees.
+func saturated(eps []scoring.Endpoint, waiting int) bool {
+	for i := range eps {
+		if !eps[i].Metrics.Valid || eps[i].Metrics.Waiting <= waiting {
+			return false
+		}
+	}
+	return len(eps) > 0
 }
 
 // usable narrows eps to the proxy's subset hint, or returns why no endpoint is left.
@@ -284,9 +336,27 @@ func (s *Server) putCandidates(buf *[]scoring.Endpoint) {
 }
 
 // tokenAppender is implemented by tokenizers that can append the ids to a caller's
-// buffer (prompt.Registry does), so that a decision allocates no id slice.
+// buffer (prompt.Registry does), so that a decision allocates no id slice, and stop at
+// maxTokens ids (0: all).
 type tokenAppender interface {
-	AppendPromptTokens(dst []uint32, req *openai.Request, baseModel string) ([]uint32, error)
+	AppendPromptTokens(dst []uint32, req *openai.Request, baseModel string, maxTokens int) ([]uint32, error)
+}
+
+// maxPromptTokens is how many prompt tokens can matter for routing among eps: the most
+// any of them can hold in its KV cache (scraped num_gpu_blocks x block_size); a longer
+// prompt's tail is in no cache and cannot change which prefix matches. Before any
+// capacity is scraped it is Options.MaxPromptTokens.
+func (s *Server) maxPromptTokens(eps []scoring.Endpoint) int {
+	most := 0
+	for i := range eps {
+		if m := eps[i].Metrics; m.Valid && m.NumGPUBlocks > 0 && m.BlockSize > 0 {
+			most = max(most, m.NumGPUBlocks*m.BlockSize)
+		}
+	}
+	if most == 0 {
+		return s.maxTokens
+	}
+	return most
 }
 
 // maxPooledIDs bounds the token-id buffers kept for reuse (1 MiB each).
@@ -294,7 +364,7 @@ const maxPooledIDs = 1 << 18
 
 // promptTokens asks the Tokenizer for req's token ids, into a pooled buffer when it
 // supports it; buf (maybe nil) goes back with putIDs once no policy reads the ids.
-func (s *Server) promptTokens(req *openai.Request, base string) (ids []uint32, buf *[]uint32, err error) {
+func (s *Server) promptTokens(req *openai.Request, base string, maxTokens int) (ids []uint32, buf *[]uint32, err error) {
 	if s.tokApp == nil {
 		ids, err = s.tok.PromptTokens(req, base)
 		return ids, nil, err
@@ -303,7 +373,7 @@ func (s *Server) promptTokens(req *openai.Request, base string) (ids []uint32, b
 	if buf == nil {
 		buf = new([]uint32)
 	}
-	ids, err = s.tokApp.AppendPromptTokens((*buf)[:0], req, base)
+	ids, err = s.tokApp.AppendPromptTokens((*buf)[:0], req, base, maxTokens)
 	if cap(ids) > cap(*buf) {
 		*buf = ids[:0]
 	}
@@ -367,23 +437,29 @@ func decisionMetadata(dest string) *structpb.Struct {
 }
 
 var errorBodies = map[string][]byte{
-	noEndpointNone:   errorBody("no healthy endpoint can serve this request"),
-	noEndpointSubset: errorBody("no endpoint in the proxy's subset hint can serve this request"),
-	noEndpointPolicy: errorBody("the router could not choose an endpoint"),
+	noEndpointNone:   errorBody("no healthy endpoint can serve this request", "service_unavailable", 503),
+	noEndpointSubset: errorBody("no endpoint in the proxy's subset hint can serve this request", "service_unavailable", 503),
+	noEndpointPolicy: errorBody("the router could not choose an endpoint", "service_unavailable", 503),
+	shedOverloaded:   errorBody("every endpoint that can serve this request is saturated; retry later", "rate_limit_exceeded", 429),
 }
 
-func errorBody(msg string) []byte {
-	return []byte(`{"error":{"message":"kvrouter: ` + msg + `","type":"service_unavailable","param":null,"code":503}}`)
+func errorBody(msg, typ string, code int) []byte {
+	return []byte(`{"error":{"message":"kvrouter: ` + msg + `","type":"` + typ + `","param":null,"code":` + strconv.Itoa(code) + `}}`)
 }
 
-// immediate503 is the OpenAI-style error Envoy returns to the client when no endpoint is
-// eligible.
-func immediate503(reason string) *extprocv3.ProcessingResponse {
+// immediateError is the OpenAI-style error Envoy returns to the client when no endpoint
+// is eligible (503) or the request is shed (429), with Retry-After retry seconds.
+func immediateError(reason, retry string) *extprocv3.ProcessingResponse {
+	code := typev3.StatusCode_ServiceUnavailable
+	if reason == shedOverloaded {
+		code = typev3.StatusCode_TooManyRequests
+	}
 	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ImmediateResponse{
 		ImmediateResponse: &extprocv3.ImmediateResponse{
-			Status: &typev3.HttpStatus{Code: typev3.StatusCode_ServiceUnavailable},
+			Status: &typev3.HttpStatus{Code: code},
 			Headers: &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{
 				setHeader("content-type", "application/json"),
+				setHeader("retry-after", retry),
 			}},
 			Body:    errorBodies[reason],
 			Details: "kvrouter_" + reason,

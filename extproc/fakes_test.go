@@ -16,6 +16,7 @@ type fakeFleet struct {
 	order    []string            // healthy endpoints in stable order
 	serves   map[string][]string // model -> endpoints
 	inflight map[string]int
+	metrics  map[string]scoring.Metrics // scraped figures per endpoint (zero: none)
 	begins   int
 	ends     int
 }
@@ -44,7 +45,7 @@ func (f *fakeFleet) Candidates(model string) ([]scoring.Endpoint, string, string
 	var eps []scoring.Endpoint
 	for _, a := range f.order { // stable order, healthy only
 		if slices.Contains(addrs, a) {
-			eps = append(eps, scoring.Endpoint{Address: a, InFlight: f.inflight[a]})
+			eps = append(eps, scoring.Endpoint{Address: a, InFlight: f.inflight[a], Metrics: f.metrics[a]})
 		}
 	}
 	if model == "lora-x" {
@@ -145,20 +146,26 @@ func (t fakeTokenizer) PromptTokens(req *openai.Request, base string) ([]uint32,
 type appendingTokenizer struct {
 	mu            sync.Mutex
 	calls, reused int
+	maxTokens     []int // the limit of each call
 }
 
 func (t *appendingTokenizer) PromptTokens(req *openai.Request, base string) ([]uint32, error) {
-	return t.AppendPromptTokens(nil, req, base)
+	return t.AppendPromptTokens(nil, req, base, 0)
 }
 
-func (t *appendingTokenizer) AppendPromptTokens(dst []uint32, req *openai.Request, _ string) ([]uint32, error) {
+func (t *appendingTokenizer) AppendPromptTokens(dst []uint32, req *openai.Request, _ string, maxTokens int) ([]uint32, error) {
 	t.mu.Lock()
 	t.calls++
 	if cap(dst) > 0 {
 		t.reused++
 	}
+	t.maxTokens = append(t.maxTokens, maxTokens)
 	t.mu.Unlock()
+	n := len(dst)
 	for _, b := range req.Messages {
+		if maxTokens > 0 && len(dst)-n == maxTokens {
+			break
+		}
 		dst = append(dst, uint32(b))
 	}
 	return dst, nil

@@ -1,10 +1,16 @@
 package extproc_test
 
 import (
+	"context"
+	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
 
+	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+
+	"github.com/kvrouter/kvrouter/config"
 	"github.com/kvrouter/kvrouter/extproc"
 	"github.com/kvrouter/kvrouter/extproc/envoytest"
 	"github.com/kvrouter/kvrouter/scoring"
@@ -166,4 +172,78 @@ func equalDurations(a, b []time.Duration) bool {
 		}
 	}
 	return true
+}
+
+// Under Envoy's default message_timeout (200 ms, armed in every body mode but
+// FULL_DUPLEX_STREAMED), requests whose policy asks to hold them for as long as it may
+// (as placement does behind a slow miss when its hold_max is above limits.max_hold)
+// are answered in time with the default limits: none times out, and they were held.
+func TestHoldWithinEnvoyMessageTimeout(t *testing.T) {
+	const envoyDefault = 200 * time.Millisecond // message_timeout when the gateway sets none
+	pol := &holdingPolicy{holds: -1, step: 5 * time.Millisecond}
+	h := newHarness(t, func(o *extproc.Options) {
+		o.Policy, o.MaxHold = pol, config.DefaultLimitsConfig().MaxHold
+	})
+	cfg := mode(filterv3.ProcessingMode_BUFFERED, false) // envoy-buffered.yaml's mode
+	cfg.MessageTimeout = envoyDefault
+	const requests = 8
+	errs := make(chan error, requests)
+	for range requests {
+		go func() {
+			x := h.start(cfg)
+			defer x.Cancel()
+			res, err := x.Request(envoytest.Request{Headers: postHeaders(), Body: [][]byte{chatBody("m")}})
+			if err == nil && res.Immediate != nil {
+				err = fmt.Errorf("immediate response %v", res.Immediate)
+			}
+			errs <- err
+		}()
+	}
+	timeouts := 0
+	for range requests {
+		err := <-errs
+		var te *envoytest.TimeoutError
+		switch {
+		case errors.As(err, &te):
+			timeouts++
+		case err != nil:
+			t.Fatal(err)
+		}
+	}
+	if timeouts != 0 {
+		t.Fatalf("%d of %d held requests timed out under a %v message_timeout (limits.max_hold default %v)",
+			timeouts, requests, envoyDefault, config.DefaultLimitsConfig().MaxHold)
+	}
+	if h.counter("kvrouter_routing_holds_total") == 0 {
+		t.Fatal("no request was held: the test shows nothing")
+	}
+	if got := h.counter("kvrouter_routing_holds_cut_total", "bound", "max_hold"); got != requests {
+		t.Fatalf("holds cut by max_hold %v, want %d (one per request)", got, requests)
+	}
+}
+
+// A deadline the gateway sends with the stream (grpc-timeout) bounds the holds even when
+// MaxHold would allow more: the request is answered before the deadline, with the pick
+// of the moment.
+func TestHoldEndsBeforeStreamDeadline(t *testing.T) {
+	pol := &holdingPolicy{holds: -1, step: 5 * time.Millisecond}
+	h := newHarness(t, func(o *extproc.Options) { o.Policy, o.MaxHold = pol, 500*time.Millisecond })
+	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Millisecond)
+	defer cancel()
+	x, err := envoytest.Start(ctx, h.conn.Client, envoytest.FullDuplex())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer x.Cancel()
+	res, err := x.Request(envoytest.Request{Headers: postHeaders(), Body: [][]byte{chatBody("m")}})
+	if err != nil {
+		t.Fatalf("held past the stream's deadline: %v", err)
+	}
+	checkDecision(t, res, epA)
+	if h.counter("kvrouter_routing_holds_total") == 0 {
+		t.Fatal("no hold: the test shows nothing")
+	}
+	if got := h.counter("kvrouter_routing_holds_cut_total", "bound", "deadline"); got != 1 {
+		t.Fatalf("holds cut by the deadline %v, want 1", got)
+	}
 }

@@ -15,13 +15,16 @@ type metrics struct {
 	fallbacks       *prometheus.CounterVec
 	noEndpoint      *prometheus.CounterVec
 	streams         prometheus.Gauge
-	refused         prometheus.Counter
+	refused         *prometheus.CounterVec
+	bodyBytesHeld   prometheus.Gauge
 	streamErrors    *prometheus.CounterVec
 	responses       *prometheus.CounterVec
 	promptTokens    *prometheus.CounterVec
 	cachedTokens    *prometheus.CounterVec
 	holds           prometheus.Counter
 	holdSeconds     prometheus.Counter
+	shed            prometheus.Counter
+	holdsCut        *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -58,13 +61,17 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "kvrouter_extproc_streams_in_flight",
 			Help: "Open ext_proc streams (HTTP requests being processed).",
 		})),
-		refused: register(reg, prometheus.NewCounter(prometheus.CounterOpts{
+		refused: register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvrouter_extproc_streams_refused_total",
-			Help: "ext_proc streams refused because the server is draining.",
+			Help: "ext_proc streams refused, by reason: draining, max_streams (limits.max_streams open).",
+		}, []string{"reason"})),
+		bodyBytesHeld: register(reg, prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kvrouter_extproc_body_bytes_held",
+			Help: "Request-body bytes held for parsing by all streams, bounded by limits.body_budget_bytes.",
 		})),
 		streamErrors: register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvrouter_extproc_stream_errors_total",
-			Help: "ext_proc streams that ended in error: recv (client gone or stream broken), send, protocol (message out of order), cancelled (the stream ended while its request was held).",
+			Help: "ext_proc streams that ended in error: recv (client gone or stream broken), idle (no message within limits.stream_idle_timeout, or none when the drain began), send, protocol (message out of order), cancelled (the stream ended while its request was held).",
 		}, []string{"reason"})),
 		responses: register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvrouter_responses_total",
@@ -85,6 +92,14 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		holdSeconds: register(reg, prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "kvrouter_routing_hold_seconds_total",
 			Help: "Time requests spent held at the router at their policy's request.",
+		})),
+		holdsCut: register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvrouter_routing_holds_cut_total",
+			Help: "Holds a policy asked for and the router did not honour, by the bound they would pass: max_hold, deadline (the stream's).",
+		}, []string{"bound"})),
+		shed: register(reg, prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvrouter_requests_shed_total",
+			Help: "Requests answered 429 because every eligible endpoint's queue was over the shedding bound.",
 		})),
 	}
 	return m

@@ -26,6 +26,26 @@ const (
 	DefaultMaxBodyBytes = 16 << 20
 )
 
+// Reasons a body is not parsed, beside openai's; they label
+// kvrouter_request_parse_errors_total.
+const (
+	// ReasonBodyBudget: the bodies held for parsing by all streams would pass
+	// Options.BodyBudgetBytes; the request is routed by load and its body streamed through.
+	ReasonBodyBudget = "body_budget"
+)
+
+// DefaultMaxHold is the default Options.MaxHold (limits.max_hold): the longest hold the
+// default policy asks for (placement's hold_max), leaving 80 ms of Envoy's default
+// ext_proc message_timeout (200 ms) for what the router's clock does not see: the
+// message's way in (a buffered body of megabytes), the reply's way out and a stall of
+// the router's process.
+const DefaultMaxHold = 120 * time.Millisecond
+
+// deadlineReserve is kept before a deadline the client sends with the stream (gRPC
+// grpc-timeout): holds end by then, leaving time for the last pick, the reply's way back
+// and a scheduling delay on a busy node.
+const deadlineReserve = 25 * time.Millisecond
+
 // Fleet is what the server needs from the endpoint registry.
 type Fleet interface {
 	// Candidates returns the healthy endpoints serving model, in stable order; base and lora
@@ -57,9 +77,24 @@ type Options struct {
 	// buffers, reused once the decision is committed: policies must not keep
 	// scoring.Request.TokenIDs past Pick and Routed.
 	Tokenizer Tokenizer
+	// MaxPromptTokens bounds the prompt tokens a Tokenizer with AppendPromptTokens
+	// computes while no candidate's KV capacity (num_gpu_blocks x block_size, the bound
+	// used once scraped) is known. 0 means no bound.
+	MaxPromptTokens int
 	// MaxBodyBytes bounds the request body the router parses; larger bodies are routed by
 	// load and streamed through. 0 means DefaultMaxBodyBytes.
 	MaxBodyBytes int
+	// BodyBudgetBytes bounds the request-body bytes all streams together hold for parsing
+	// (from the first chunk until the decision is made); a body that would pass it is
+	// routed by load and streamed through unparsed. 0 means no bound.
+	BodyBudgetBytes int64
+	// MaxStreams bounds the open ext_proc streams; one more is refused with
+	// codes.ResourceExhausted (ErrTooManyStreams). 0 means no bound.
+	MaxStreams int
+	// StreamIdleTimeout ends a stream that sends no message this long after it opened
+	// (Envoy opens a stream with the request headers), and Drain ends such streams at
+	// once. 0 waits for ever.
+	StreamIdleTimeout time.Duration
 	// MaxFallbacks bounds the fallback endpoints appended to the destination after commas.
 	// 0 names only the chosen endpoint, which an ORIGINAL_DST cluster requires.
 	MaxFallbacks int
@@ -72,34 +107,54 @@ type Options struct {
 	Registerer prometheus.Registerer
 	// Now is the clock for latency metrics. Nil = time.Now.
 	Now func() time.Time
-	// MaxHold bounds how long one request may be held when its policy asks
-	// (scoring.Decision.Hold): the holds are summed, and one that would pass MaxHold is
-	// not honoured (the request goes to the Decision's Endpoint). Keep it well under the
-	// ext_proc filter's message_timeout, which also runs while a request is held. 0 never
-	// holds.
+	// MaxHold bounds how long the router may take to answer a request whose policy asks
+	// to hold it (scoring.Decision.Hold), counted from the start of the decision, so that
+	// parsing, tokenization and earlier holds count: a hold that would end past MaxHold is
+	// not honoured and the request goes to the Decision's Endpoint, the best pick then.
+	// When the stream carries a deadline (grpc-timeout), holds also end deadlineReserve
+	// before it. Envoy's message_timeout (200 ms unless configured) runs while a request
+	// is held in every body mode but FULL_DUPLEX_STREAMED: keep MaxHold well under it
+	// (DefaultMaxHold leaves 80 ms of the default). 0 never holds.
 	MaxHold time.Duration
 	// After is the timer holds wait on. Nil = time.After.
 	After func(time.Duration) <-chan time.Time
+	// ShedWaiting > 0 sheds load: a request is answered 429 when every endpoint eligible
+	// for it has valid metrics and more than ShedWaiting requests waiting in its queue
+	// (vllm:num_requests_waiting), instead of adding to a queue. 0 never sheds.
+	ShedWaiting int
+	// RetryAfter is the Retry-After of 429 and 503 answers, rounded up to whole seconds.
+	// 0 means DefaultRetryAfter.
+	RetryAfter time.Duration
 }
+
+// DefaultRetryAfter is the default Options.RetryAfter: one scrape interval's worth, after
+// which the router's view of the endpoints' queues and health is new.
+const DefaultRetryAfter = time.Second
 
 // Server implements Envoy's ExternalProcessor service. Create it with New.
 type Server struct {
-	policy   scoring.Policy
-	fallback scoring.Policy
-	observer scoring.Observer // Policy's, when it implements scoring.Observer
-	fleet    Fleet
-	appender candidateAppender // fleet, when it can fill a reused buffer
-	tok      Tokenizer
-	tokApp   tokenAppender // tok, when it can fill a reused buffer
-	maxBody  int
-	maxFalls int
-	reqMode  filterv3.ProcessingMode_BodySendMode
-	respMode filterv3.ProcessingMode_BodySendMode
-	log      *zap.Logger
-	now      func() time.Time
-	maxHold  time.Duration
-	after    func(time.Duration) <-chan time.Time
-	m        *metrics
+	policy    scoring.Policy
+	fallback  scoring.Policy
+	observer  scoring.Observer // Policy's, when it implements scoring.Observer
+	fleet     Fleet
+	appender  candidateAppender // fleet, when it can fill a reused buffer
+	tok       Tokenizer
+	tokApp    tokenAppender // tok, when it can fill a reused buffer
+	maxBody   int
+	maxTokens int
+	budget    int64
+	maxStrm   int
+	idle      time.Duration
+	maxFalls  int
+	reqMode   filterv3.ProcessingMode_BodySendMode
+	respMode  filterv3.ProcessingMode_BodySendMode
+	log       *zap.Logger
+	now       func() time.Time
+	maxHold   time.Duration
+	after     func(time.Duration) <-chan time.Time
+	shed      int    // Options.ShedWaiting
+	retry     string // Retry-After value of 429 and 503 answers, in seconds
+	m         *metrics
 	// candidateBufs pools *[]scoring.Endpoint for fleets implementing candidateAppender.
 	candidateBufs sync.Pool
 	// idBufs pools *[]uint32 token-id buffers for tokenizers implementing tokenAppender.
@@ -111,6 +166,9 @@ type Server struct {
 	seq      atomic.Uint64
 	active   atomic.Int64
 	draining atomic.Bool
+	drainCh  chan struct{} // closed by Drain
+	drainOne sync.Once
+	held     atomic.Int64 // body bytes held for parsing, bounded by budget
 }
 
 // New builds a Server; it starts nothing. It panics only if Policy or Fleet is nil, a
@@ -120,19 +178,26 @@ func New(o Options) *Server {
 		panic("extproc: New needs Options.Policy and Options.Fleet")
 	}
 	s := &Server{
-		policy:   o.Policy,
-		fallback: o.Fallback,
-		fleet:    o.Fleet,
-		tok:      o.Tokenizer,
-		maxBody:  o.MaxBodyBytes,
-		maxFalls: o.MaxFallbacks,
-		reqMode:  filterv3.ProcessingMode_FULL_DUPLEX_STREAMED,
-		respMode: filterv3.ProcessingMode_FULL_DUPLEX_STREAMED,
-		log:      o.Logger,
-		now:      o.Now,
-		maxHold:  o.MaxHold,
-		after:    o.After,
-		m:        newMetrics(o.Registerer),
+		policy:    o.Policy,
+		fallback:  o.Fallback,
+		fleet:     o.Fleet,
+		tok:       o.Tokenizer,
+		maxBody:   o.MaxBodyBytes,
+		maxTokens: o.MaxPromptTokens,
+		budget:    o.BodyBudgetBytes,
+		maxStrm:   o.MaxStreams,
+		idle:      o.StreamIdleTimeout,
+		drainCh:   make(chan struct{}),
+		maxFalls:  o.MaxFallbacks,
+		reqMode:   filterv3.ProcessingMode_FULL_DUPLEX_STREAMED,
+		respMode:  filterv3.ProcessingMode_FULL_DUPLEX_STREAMED,
+		log:       o.Logger,
+		now:       o.Now,
+		maxHold:   o.MaxHold,
+		after:     o.After,
+		shed:      o.ShedWaiting,
+		retry:     retryAfterSeconds(o.RetryAfter),
+		m:         newMetrics(o.Registerer),
 	}
 	if a, ok := o.Fleet.(candidateAppender); ok {
 		s.appender = a
@@ -164,6 +229,14 @@ func New(o Options) *Server {
 	return s
 }
 
+// retryAfterSeconds is d as a Retry-After value: whole seconds, rounded up, at least 1.
+func retryAfterSeconds(d time.Duration) string {
+	if d <= 0 {
+		d = DefaultRetryAfter
+	}
+	return strconv.FormatInt(int64((d+time.Second-1)/time.Second), 10)
+}
+
 // Register adds the ExternalProcessor service to g.
 func (s *Server) Register(g *grpc.Server) {
 	extprocv3.RegisterExternalProcessorServer(g, s)
@@ -176,26 +249,50 @@ var ErrDraining = status.Error(codes.Unavailable, "kvrouter: draining, not accep
 // the streams already open run to their end. Poll Active until it is 0, then stop the
 // gRPC server. (grpc.Server.GracefulStop alone also finishes open streams, but only once
 // the listener is closed; Drain lets health checks and refusals start first.)
-func (s *Server) Drain() { s.draining.Store(true) }
+func (s *Server) Drain() {
+	s.draining.Store(true)
+	s.drainOne.Do(func() { close(s.drainCh) })
+}
+
+// ErrTooManyStreams is the status a stream gets when Options.MaxStreams are open.
+var ErrTooManyStreams = status.Error(codes.ResourceExhausted, "kvrouter: too many open ext_proc streams")
+
+// errIdle ends a stream that sent nothing within Options.StreamIdleTimeout.
+var errIdle = status.Error(codes.DeadlineExceeded, "kvrouter: no ext_proc message within the stream idle timeout")
 
 // Active returns the number of open ext_proc streams.
 func (s *Server) Active() int { return int(s.active.Load()) }
 
 // Process serves one Envoy ext_proc stream (one HTTP request and its response).
 func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
-	s.active.Add(1)
+	n := s.active.Add(1)
 	defer s.active.Add(-1)
 	if s.draining.Load() {
-		s.m.refused.Inc()
+		s.m.refused.WithLabelValues("draining").Inc()
 		return ErrDraining
+	}
+	if s.maxStrm > 0 && n > int64(s.maxStrm) {
+		s.m.refused.WithLabelValues("max_streams").Inc()
+		return ErrTooManyStreams
 	}
 	s.m.streams.Inc()
 	defer s.m.streams.Dec()
 
 	st := stream{s: s, srv: srv, reqMode: s.reqMode, respMode: s.respMode}
 	defer st.release()
+	defer st.unhold()
 	for {
-		msg, err := srv.Recv()
+		var msg *extprocv3.ProcessingRequest
+		var err error
+		if st.first {
+			msg, err = srv.Recv()
+		} else {
+			msg, err = s.recvFirst(srv)
+		}
+		if err == errIdle || err == ErrDraining {
+			s.m.streamErrors.WithLabelValues("idle").Inc()
+			return err
+		}
 		if errors.Is(err, io.EOF) {
 			return nil
 		}
@@ -224,6 +321,55 @@ func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
 			return nil
 		}
 	}
+}
+
+// recvFirst is the stream's first Recv, bounded by the idle timeout and ended by Drain:
+// a stream that never sends must hold neither a slot nor the drain. The Recv runs on its
+// own goroutine, which ends when the stream does (returning from Process ends it).
+func (s *Server) recvFirst(srv extprocv3.ExternalProcessor_ProcessServer) (*extprocv3.ProcessingRequest, error) {
+	if s.idle <= 0 {
+		return srv.Recv()
+	}
+	type result struct {
+		msg *extprocv3.ProcessingRequest
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		msg, err := srv.Recv()
+		ch <- result{msg, err}
+	}()
+	t := time.NewTimer(s.idle)
+	defer t.Stop()
+	select {
+	case r := <-ch:
+		return r.msg, r.err
+	case <-t.C:
+		return nil, errIdle
+	case <-s.drainCh:
+		return nil, ErrDraining
+	}
+}
+
+// hold reserves n body bytes of the budget; false means the budget is spent.
+func (s *Server) hold(n int) bool {
+	if s.budget <= 0 {
+		return true
+	}
+	if s.held.Add(int64(n)) > s.budget {
+		s.held.Add(-int64(n))
+		return false
+	}
+	s.m.bodyBytesHeld.Add(float64(n))
+	return true
+}
+
+func (s *Server) unhold(n int) {
+	if s.budget <= 0 || n == 0 {
+		return
+	}
+	s.held.Add(-int64(n))
+	s.m.bodyBytesHeld.Sub(float64(n))
 }
 
 func (s *Server) nextID() string {

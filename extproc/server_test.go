@@ -458,12 +458,21 @@ func check503(t *testing.T, res *envoytest.RequestResult) {
 	if res.Immediate.GetStatus().GetCode() != 503 {
 		t.Fatalf("status %v", res.Immediate.GetStatus())
 	}
-	hs := res.Immediate.GetHeaders().GetSetHeaders()
-	if len(hs) != 1 || hs[0].GetHeader().GetKey() != "content-type" || string(hs[0].GetHeader().GetRawValue()) != "application/json" {
-		t.Fatalf("headers %v", hs)
-	}
+	checkErrorHeaders(t, res.Immediate, "1")
 	if !strings.HasPrefix(string(res.Immediate.GetBody()), `{"error":{"message":"kvrouter: `) {
 		t.Fatalf("body %s", res.Immediate.GetBody())
+	}
+}
+
+// checkErrorHeaders checks an immediate error's headers: JSON, and Retry-After retry.
+func checkErrorHeaders(t *testing.T, imm *extprocv3.ImmediateResponse, retry string) {
+	t.Helper()
+	got := map[string]string{}
+	for _, h := range imm.GetHeaders().GetSetHeaders() {
+		got[h.GetHeader().GetKey()] = string(h.GetHeader().GetRawValue())
+	}
+	if len(got) != 2 || got["content-type"] != "application/json" || got["retry-after"] != retry {
+		t.Fatalf("headers %v, want content-type application/json and retry-after %s", got, retry)
 	}
 }
 

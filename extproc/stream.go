@@ -57,6 +57,8 @@ type stream struct {
 	subset    []string
 	hasSubset bool
 	body      []byte
+	declared  int  // the content-length header, when it is at most maxBody (else 0)
+	held      int  // bytes of body reserved in the server's body budget
 	through   bool // FDS: decided already; body chunks pass straight through
 
 	// decision
@@ -109,6 +111,10 @@ func (st *stream) onRequestHeaders(msg *extprocv3.ProcessingRequest, h *extprocv
 		switch {
 		case key == ":path":
 			st.path = headerValue(hv)
+		case key == "content-length":
+			if n, err := strconv.Atoi(headerValue(hv)); err == nil && n > 0 && n <= st.s.maxBody {
+				st.declared = n
+			}
 		case strings.HasPrefix(key, epp.HeaderPrefix):
 			st.spoofed = append(st.spoofed, key)
 		}
@@ -133,7 +139,7 @@ func (st *stream) onRequestHeaders(msg *extprocv3.ProcessingRequest, h *extprocv
 		// empty (only trailers, or nothing at all with trailer mode SKIP), so this reply
 		// already names a load-based endpoint; the body reply overrides it, and it is
 		// committed only if no body comes.
-		c, reason, err := st.choose(decideInput{fallback: fallbackNoBody})
+		c, reason, err := st.choose(decideInput{fallback: fallbackNoBody}, st.s.now())
 		if err != nil {
 			return true, err
 		}
@@ -160,15 +166,31 @@ func (st *stream) onRequestBody(b *extprocv3.HttpBody) (bool, error) {
 		if st.through {
 			return false, st.sendBody(b.GetBody(), eos)
 		}
-		if st.body == nil && eos {
-			st.body = b.GetBody() // the whole body in one message: no copy needed
-		} else {
-			st.body = append(st.body, b.GetBody()...)
+		chunk := b.GetBody()
+		need := len(st.body) + len(chunk)
+		reason := ""
+		switch {
+		case need > st.s.maxBody:
+			reason = openai.ReasonTooLarge
+		case need > st.held && !st.hold(max(need, st.declared)-st.held):
+			// The declared length is reserved at the first chunk, so that a body that
+			// cannot be parsed is known before any of it is held.
+			reason = ReasonBodyBudget
 		}
-		if len(st.body) > st.s.maxBody {
-			// Too large to parse: route by load now and stream the rest through.
+		switch {
+		case st.body == nil && eos:
+			st.body = chunk // the whole body in one message: no copy needed
+		case st.body == nil && reason == "" && st.declared > len(chunk):
+			// One buffer of the declared size instead of a chain of grown copies.
+			st.body = append(make([]byte, 0, st.declared), chunk...)
+		default:
+			st.body = append(st.body, chunk...)
+		}
+		if reason != "" {
+			// Not parsed: route by load now and stream the rest through.
 			st.through = true
-			if done, err := st.decideAndReply(decideInput{parseErr: openai.ReasonTooLarge}, replyHeaders); done || err != nil {
+			st.unhold()
+			if done, err := st.decideAndReply(decideInput{parseErr: reason}, replyHeaders); done || err != nil {
 				return done, err
 			}
 			body := st.body
@@ -178,7 +200,9 @@ func (st *stream) onRequestBody(b *extprocv3.HttpBody) (bool, error) {
 		if !eos {
 			return false, nil
 		}
-		if done, err := st.decideAndReply(decideInput{body: st.body, hasBody: true}, replyHeaders); done || err != nil {
+		done, err := st.decideAndReply(decideInput{body: st.body, hasBody: true}, replyHeaders)
+		st.unhold() // parsed and tokenized: what is left is passing the bytes on
+		if done || err != nil {
 			return done, err
 		}
 		body := st.body
@@ -194,9 +218,15 @@ func (st *stream) onRequestBody(b *extprocv3.HttpBody) (bool, error) {
 			st.phase = phaseRequestTrailers
 		}
 		in := decideInput{body: b.GetBody(), hasBody: true}
-		if len(in.body) > st.s.maxBody {
+		switch {
+		case len(in.body) > st.s.maxBody:
 			in = decideInput{parseErr: openai.ReasonTooLarge}
+		case !st.hold(len(in.body)):
+			// gRPC has read the body already; not parsing it still spares the parse's and
+			// the tokenizer's memory, a multiple of the body's.
+			in = decideInput{parseErr: ReasonBodyBudget}
 		}
+		defer st.unhold()
 		return st.decideAndReply(in, replyBody)
 	default: // STREAMED (and NONE, leniently): decided at the headers; pass each chunk on.
 		if eos {
@@ -215,7 +245,9 @@ func (st *stream) onRequestTrailers() (bool, error) {
 	if st.reqMode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED && !st.through {
 		// Trailers end the body: decide, reply headers, the body without end_of_stream, then
 		// the trailers.
-		if done, err := st.decideAndReply(decideInput{body: st.body, hasBody: true}, replyHeaders); done || err != nil {
+		done, err := st.decideAndReply(decideInput{body: st.body, hasBody: true}, replyHeaders)
+		st.unhold()
+		if done || err != nil {
 			return done, err
 		}
 		body := st.body
@@ -347,6 +379,22 @@ func (st *stream) release() {
 	if st.s.observer != nil {
 		st.s.observer.Finished(st.reqID)
 	}
+}
+
+// hold reserves n more body bytes in the server's budget for this stream.
+func (st *stream) hold(n int) bool {
+	if !st.s.hold(n) {
+		return false
+	}
+	st.held += n
+	return true
+}
+
+// unhold returns the stream's body bytes to the budget: once its decision is made, or
+// when the stream ends.
+func (st *stream) unhold() {
+	st.s.unhold(st.held)
+	st.held = 0
 }
 
 func (st *stream) send(r *extprocv3.ProcessingResponse) error {

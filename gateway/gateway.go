@@ -29,6 +29,11 @@ type Config struct {
 	// MaxRequestBytes bounds request bodies (413 beyond, as Envoy's buffer limit); 0 means
 	// DefaultMaxRequestBytes.
 	MaxRequestBytes int64
+	// ExposeServed keeps kvrouter's x-gateway-destination-endpoint-served response header
+	// (a pod's ip:port) for the client, as benchmarks that count servers per prefix need.
+	// By default every x-gateway-destination-* header is removed on the way out, as the
+	// shipped Envoy configurations do.
+	ExposeServed bool
 }
 
 // Gateway is the HTTP handler. Create it with New.
@@ -36,6 +41,7 @@ type Gateway struct {
 	client    extprocv3.ExternalProcessorClient
 	allow     map[string]bool
 	maxBody   int64
+	expose    bool
 	transport http.RoundTripper
 	log       *zap.Logger
 }
@@ -43,7 +49,7 @@ type Gateway struct {
 // New returns a Gateway calling kvrouter through client and proxying with transport (nil
 // means http.DefaultTransport). log may be nil.
 func New(client extprocv3.ExternalProcessorClient, cfg Config, transport http.RoundTripper, log *zap.Logger) *Gateway {
-	g := &Gateway{client: client, allow: map[string]bool{}, maxBody: cfg.MaxRequestBytes, transport: transport, log: log}
+	g := &Gateway{client: client, allow: map[string]bool{}, maxBody: cfg.MaxRequestBytes, expose: cfg.ExposeServed, transport: transport, log: log}
 	for _, u := range cfg.Upstreams {
 		g.allow[u] = true
 	}
@@ -207,6 +213,9 @@ func (g *Gateway) respond(w http.ResponseWriter, x *envoytest.Exchange, resp *ht
 		}
 		if kv.Key == "content-length" {
 			continue // the body may be re-chunked; let net/http frame it
+		}
+		if strings.HasPrefix(kv.Key, epp.HeaderPrefix) && !(g.expose && kv.Key == epp.HeaderServed) {
+			continue // protocol between kvrouter and the gateway
 		}
 		w.Header().Add(kv.Key, kv.Value)
 	}

@@ -110,6 +110,11 @@ type setup struct {
 }
 
 func newSetup(t *testing.T, allow func(addrs []string) []string) *setup {
+	return newSetupExpose(t, allow, false)
+}
+
+// newSetupExpose is newSetup with gateway.Config.ExposeServed set to expose.
+func newSetupExpose(t *testing.T, allow func(addrs []string) []string, expose bool) *setup {
 	s := &setup{ups: []*upstream{newUpstream(t), newUpstream(t)}}
 	var addrs []string
 	for _, u := range s.ups {
@@ -125,7 +130,7 @@ func newSetup(t *testing.T, allow func(addrs []string) []string) *setup {
 	if allow != nil {
 		addrs = allow(addrs)
 	}
-	s.gw = httptest.NewServer(gateway.New(conn.Client, gateway.Config{Upstreams: addrs}, nil, nil))
+	s.gw = httptest.NewServer(gateway.New(conn.Client, gateway.Config{Upstreams: addrs, ExposeServed: expose}, nil, nil))
 	t.Cleanup(s.gw.Close)
 	return s
 }
@@ -163,9 +168,12 @@ func TestGatewayEndToEnd(t *testing.T) {
 		if resp.StatusCode != 200 || string(body) != sse {
 			t.Fatalf("status %d body %q", resp.StatusCode, body)
 		}
-		want := s.ups[i%2].addr() // round-robin over the fleet
-		if got := resp.Header.Get(epp.HeaderServed); got != want {
-			t.Fatalf("served %q, want %q", got, want)
+		// Round-robin over the fleet; the served endpoint is not shown to the client.
+		if hs, _ := s.ups[i%2].requests(); len(hs) != i/2+1 {
+			t.Fatalf("request %d: upstream %d has %d requests, want %d", i, i%2, len(hs), i/2+1)
+		}
+		if got := resp.Header.Values(epp.HeaderServed); len(got) != 0 {
+			t.Fatalf("the client saw %s %q", epp.HeaderServed, got)
 		}
 		if ct := resp.Header.Get("content-type"); ct != "text/event-stream" {
 			t.Fatalf("content-type %q", ct)
@@ -273,4 +281,21 @@ func Example() {
 	//   http.ListenAndServe(":8080", gw)
 	fmt.Println("see cmd/devgateway")
 	// Output: see cmd/devgateway
+}
+
+// TestGatewayExposeServed: with ExposeServed (benchmarks counting servers per prefix) the
+// client sees which endpoint served each request.
+func TestGatewayExposeServed(t *testing.T) {
+	s := newSetupExpose(t, nil, true)
+	for i := range 2 {
+		resp, err := http.Post(s.gw.URL+"/v1/chat/completions", "application/json", strings.NewReader(chat))
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if got, want := resp.Header.Get(epp.HeaderServed), s.ups[i%2].addr(); got != want {
+			t.Errorf("served %q, want %q", got, want)
+		}
+	}
 }

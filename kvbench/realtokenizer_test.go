@@ -21,7 +21,7 @@ func TestRealTokenizerAgreesWithEmbeddedIDs(t *testing.T) {
 		t.Fatal(err)
 	}
 	tok := qwen3{tk}
-	for _, w := range qwen3Words {
+	for _, w := range mustWords() {
 		if ids, _ := tok.Encode(" " + w.text); len(ids) != 1 || ids[0] != w.id {
 			t.Fatalf("word %q encodes to %v, want [%d]", w.text, ids, w.id)
 		}

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvrouter/kvrouter/extproc"
 	"github.com/kvrouter/kvrouter/kvevents"
 	"github.com/kvrouter/kvrouter/scoring"
 	"github.com/kvrouter/kvrouter/sim"
@@ -129,9 +130,10 @@ type SimConfig struct {
 	Policies PolicyFactory
 }
 
-// DefaultMaxHold is the router's bound on holding one request (SimConfig.MaxHold), as
-// kvrouter's limits.max_hold default has it.
-const DefaultMaxHold = 200 * time.Millisecond
+// DefaultMaxHold is the router's bound on holding one request (SimConfig.MaxHold):
+// kvrouter's limits.max_hold default. The simulated decision takes no time, so the bound
+// is the holds' sum, as extproc measures it when parsing and tokenizing cost nothing.
+const DefaultMaxHold = extproc.DefaultMaxHold
 
 // DefaultSimConfig is the reference fleet as the simulator's calibration against the
 // reference baseline has it (sim.DefaultReference): six workers with 1 GiB of KV cache

@@ -15,9 +15,18 @@ type wordTokenizer struct {
 	calls int
 }
 
+// mustWords is the embedded word list; tests stop at once if it does not parse.
+func mustWords() []word {
+	w, err := qwen3Words()
+	if err != nil {
+		panic(err)
+	}
+	return w
+}
+
 func newWordTokenizer() *wordTokenizer {
 	t := &wordTokenizer{ids: map[string]uint32{}}
-	for _, w := range qwen3Words {
+	for _, w := range mustWords() {
 		t.ids[w.text] = w.id
 	}
 	return t

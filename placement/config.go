@@ -1,10 +1,15 @@
 package placement
 
 import (
-	"errors"
 	"fmt"
 	"math"
+	"reflect"
+	"slices"
 	"strconv"
+	"strings"
+	"time"
+
+	"github.com/kvrouter/kvrouter/config/field"
 )
 
 // Config tunes the placement policy (see Policy). Loads are request counts:
@@ -62,7 +67,7 @@ type Config struct {
 	MissSpeedup float64 `yaml:"miss_speedup"`
 	// HolderShare is the share of a prefix's estimated blocks an endpoint must hold, per
 	// the index, to count as holding it. Default 0.5.
-	HolderShare float64 `yaml:"hold_fraction"`
+	HolderShare float64 `yaml:"holder_share"`
 	// ConfirmPicks is how many picks a replica may go unconfirmed by the index (KV events
 	// lag) before it is taken for evicted and dropped. Default 32.
 	ConfirmPicks int `yaml:"confirm_picks"`
@@ -101,25 +106,28 @@ type Config struct {
 	// PreferHeld ranks a prefix's placements that the index shows holding it before those
 	// that lost it (router replicas keep homes another replica moved). Default true.
 	PreferHeld bool `yaml:"prefer_held"`
-	// HoldMaxMS > 0 lets a request wait at the router, in steps of HoldStepMS and for at
-	// most HoldMaxMS in all (Decision.Hold, Request.Held), instead of joining the
+	// HoldMax > 0 lets a request wait at the router, in steps of HoldStep and for at
+	// most HoldMax in all (Decision.Hold, Request.Held), instead of joining the
 	// prefill of a miss: when the chosen endpoint holds the request's prefix, the
 	// request's own uncached tokens there are fewer than HoldPrefillTokens, and the
 	// endpoint is prefilling a request of at least HoldPrefillTokens uncached tokens that
 	// has no first token yet. Joining would add the request's tokens to the miss's last
 	// prefill chunk and delay its first token; held, it starts after it. 0 disables.
-	// Default 120 (N = 24, C = 8: p99 TTFT 189 -> 170 ms; docs/results-policy.md).
-	HoldMaxMS float64 `yaml:"hold_max_ms"`
-	// HoldStepMS is how long one hold lasts before the request is picked again. Default 5.
-	HoldStepMS float64 `yaml:"hold_step_ms"`
+	// Default 120ms (N = 24, C = 8: p99 TTFT 189 -> 170 ms; docs/results-policy.md); the
+	// router bounds it again with limits.max_hold.
+	HoldMax time.Duration `yaml:"hold_max"`
+	// HoldStep is how long one hold lasts before the request is picked again. Default 5ms.
+	HoldStep time.Duration `yaml:"hold_step"`
 	// HoldPrefillTokens is the uncached prompt tokens that make an in-flight request a
-	// miss worth waiting for (see HoldMaxMS). Default 600.
+	// miss worth waiting for (see HoldMax). Default 600.
 	HoldPrefillTokens int `yaml:"hold_prefill_tokens"`
 	// LiveWindow is how many of the policy's own picks a placement stays live without
 	// being used. Default 1024.
 	LiveWindow int `yaml:"live_window"`
-	// BlockSize is used for an endpoint whose scraped block size is unknown. Default 16.
-	BlockSize int `yaml:"block_size"`
+	// BlockSize is used for an endpoint whose scraped block size is unknown: the served
+	// model's models.*.block_size, set by the runner (policy.Deps.BlockSize), not a knob
+	// of its own. Default 16 (vLLM's).
+	BlockSize int `yaml:"-"`
 	// DefaultBlocks is the KV capacity assumed for an endpoint whose num_gpu_blocks is
 	// unknown. Default 4096.
 	DefaultBlocks int `yaml:"default_blocks"`
@@ -174,19 +182,19 @@ func DefaultConfig() Config {
 		RehomeSlack:       1.4,
 		RehomeLoadTokens:  600,
 		PreferHeld:        true,
-		HoldMaxMS:         120,
-		HoldStepMS:        5,
+		HoldMax:           120 * time.Millisecond,
+		HoldStep:          5 * time.Millisecond,
 		HoldPrefillTokens: 600,
 		UnplaceDiverted:   true,
 	}
 }
 
-// Validate reports every invalid field.
+// Validate reports every invalid field, each with its YAML name as the path.
 func (c Config) Validate() error {
-	var errs []error
+	var errs field.Errors
 	pos := func(name string, v int) {
 		if v <= 0 {
-			errs = append(errs, fmt.Errorf("placement: %s must be > 0, got %d", name, v))
+			errs.Addf(name, "must be > 0, got %d", v)
 		}
 	}
 	pos("prefix_depth", c.PrefixDepth)
@@ -195,142 +203,109 @@ func (c Config) Validate() error {
 	pos("replica_load", c.ReplicaLoad)
 	pos("live_window", c.LiveWindow)
 	pos("confirm_picks", c.ConfirmPicks)
-	pos("block_size", c.BlockSize)
 	pos("default_blocks", c.DefaultBlocks)
 	pos("max_prefixes", c.MaxPrefixes)
+	pos("hold_prefill_tokens", c.HoldPrefillTokens)
+	if c.BlockSize <= 0 {
+		errs.Addf("", "block size must be > 0, got %d", c.BlockSize)
+	}
 	share := func(name string, v float64) {
 		if math.IsNaN(v) || v <= 0 || v > 1 {
-			errs = append(errs, fmt.Errorf("placement: %s must be in (0, 1], got %v", name, v))
+			errs.Addf(name, "must be in (0, 1], got %v", v)
 		}
 	}
 	share("fill", c.Fill)
-	share("hold_fraction", c.HolderShare)
+	share("holder_share", c.HolderShare)
 	share("headroom", c.Headroom)
 	if math.IsNaN(c.Balance) || c.Balance < 0 || (c.Balance > 0 && c.Balance < 1) {
-		errs = append(errs, fmt.Errorf("placement: balance must be 0 or >= 1, got %v", c.Balance))
+		errs.Addf("balance", "must be 0 or >= 1, got %v", c.Balance)
 	}
 	if math.IsNaN(c.MissSpeedup) || c.MissSpeedup <= 0 {
-		errs = append(errs, fmt.Errorf("placement: miss_speedup must be > 0, got %v", c.MissSpeedup))
+		errs.Addf("miss_speedup", "must be > 0, got %v", c.MissSpeedup)
 	}
 	if math.IsNaN(c.RehomeSlack) || c.RehomeSlack < 0 || (c.RehomeSlack > 0 && c.RehomeSlack < 1) {
-		errs = append(errs, fmt.Errorf("placement: rehome_slack must be 0 or >= 1, got %v", c.RehomeSlack))
+		errs.Addf("rehome_slack", "must be 0 or >= 1, got %v", c.RehomeSlack)
 	}
 	if c.RehomeLoadTokens < 0 {
-		errs = append(errs, fmt.Errorf("placement: rehome_load_tokens must be >= 0, got %d", c.RehomeLoadTokens))
+		errs.Addf("rehome_load_tokens", "must be >= 0, got %d", c.RehomeLoadTokens)
 	}
 	if c.DeadlineTokens < 0 {
-		errs = append(errs, fmt.Errorf("placement: deadline_tokens must be >= 0, got %d", c.DeadlineTokens))
+		errs.Addf("deadline_tokens", "must be >= 0, got %d", c.DeadlineTokens)
 	}
-	if math.IsNaN(c.HoldMaxMS) || c.HoldMaxMS < 0 {
-		errs = append(errs, fmt.Errorf("placement: hold_max_ms must be >= 0, got %v", c.HoldMaxMS))
+	if c.HoldMax < 0 {
+		errs.Addf("hold_max", "must be >= 0, got %v", c.HoldMax)
 	}
-	if math.IsNaN(c.HoldStepMS) || c.HoldStepMS <= 0 || c.HoldStepMS > 1000 {
-		errs = append(errs, fmt.Errorf("placement: hold_step_ms must be in (0, 1000], got %v", c.HoldStepMS))
-	}
-	if c.HoldPrefillTokens <= 0 {
-		errs = append(errs, fmt.Errorf("placement: hold_prefill_tokens must be > 0, got %d", c.HoldPrefillTokens))
+	if c.HoldStep <= 0 || c.HoldStep > time.Second {
+		errs.Addf("hold_step", "must be in (0, 1s], got %v", c.HoldStep)
 	}
 	if c.OutputBlocks < 0 {
-		errs = append(errs, fmt.Errorf("placement: output_blocks must be >= 0, got %d", c.OutputBlocks))
+		errs.Addf("output_blocks", "must be >= 0, got %d", c.OutputBlocks)
 	}
 	if c.SpillLoad < c.Saturated && c.Saturated > 0 && c.SpillLoad > 0 {
-		errs = append(errs, fmt.Errorf("placement: spill_load (%d) must be >= saturated (%d)", c.SpillLoad, c.Saturated))
+		errs.Addf("spill_load", "%d must be >= saturated (%d)", c.SpillLoad, c.Saturated)
 	}
-	return errors.Join(errs...)
+	return errs.Err()
 }
 
-// knob is one Config field named by its YAML name; exactly one of the
-// accessors is set, by the field's kind.
-type knob struct {
-	i func(*Config) *int
-	f func(*Config) *float64
-	b func(*Config) *bool
+// ParseKnob sets the field with that YAML name from text parsed by the field's type
+// (strconv.Atoi, ParseFloat, ParseBool, time.ParseDuration), for command-line
+// overrides (kvbench --placement); the configuration file is decoded by package config.
+func (c *Config) ParseKnob(name, text string) error {
+	v := reflect.ValueOf(c).Elem()
+	f, ok := knobField(v.Type(), name)
+	if !ok {
+		return fmt.Errorf("placement: unknown knob %q (known: %s)", name, strings.Join(KnobNames(), ", "))
+	}
+	fv := v.Field(f)
+	if fv.Type() == reflect.TypeFor[time.Duration]() {
+		d, err := time.ParseDuration(text)
+		if err != nil {
+			return fmt.Errorf("placement: %s: %w", name, err)
+		}
+		fv.SetInt(int64(d))
+		return nil
+	}
+	var err error
+	switch fv.Kind() {
+	case reflect.Int:
+		var i int
+		i, err = strconv.Atoi(text)
+		fv.SetInt(int64(i))
+	case reflect.Float64:
+		var x float64
+		x, err = strconv.ParseFloat(text, 64)
+		fv.SetFloat(x)
+	case reflect.Bool:
+		var b bool
+		b, err = strconv.ParseBool(text)
+		fv.SetBool(b)
+	default:
+		err = fmt.Errorf("unsupported type %s", fv.Type())
+	}
+	if err != nil {
+		return fmt.Errorf("placement: %s: %w", name, err)
+	}
+	return nil
 }
 
-var knobs = map[string]knob{
-	"prefix_depth":        {i: func(c *Config) *int { return &c.PrefixDepth }},
-	"saturated":           {i: func(c *Config) *int { return &c.Saturated }},
-	"replica_load":        {i: func(c *Config) *int { return &c.ReplicaLoad }},
-	"spill_load":          {i: func(c *Config) *int { return &c.SpillLoad }},
-	"fill":                {f: func(c *Config) *float64 { return &c.Fill }},
-	"headroom":            {f: func(c *Config) *float64 { return &c.Headroom }},
-	"output_blocks":       {i: func(c *Config) *int { return &c.OutputBlocks }},
-	"spill_on_full":       {b: func(c *Config) *bool { return &c.SpillOnFull }},
-	"deadline_tokens":     {i: func(c *Config) *int { return &c.DeadlineTokens }},
-	"divert_on_full":      {b: func(c *Config) *bool { return &c.DivertOnFull }},
-	"divert_misses":       {b: func(c *Config) *bool { return &c.DivertMisses }},
-	"miss_speedup":        {f: func(c *Config) *float64 { return &c.MissSpeedup }},
-	"hold_fraction":       {f: func(c *Config) *float64 { return &c.HolderShare }},
-	"confirm_picks":       {i: func(c *Config) *int { return &c.ConfirmPicks }},
-	"balance":             {f: func(c *Config) *float64 { return &c.Balance }},
-	"sticky_holders":      {b: func(c *Config) *bool { return &c.StickyHolders }},
-	"adopt_all":           {b: func(c *Config) *bool { return &c.AdoptAll }},
-	"live_window":         {i: func(c *Config) *int { return &c.LiveWindow }},
-	"rehome_lost":         {b: func(c *Config) *bool { return &c.RehomeLost }},
-	"rehome_slack":        {f: func(c *Config) *float64 { return &c.RehomeSlack }},
-	"rehome_load_tokens":  {i: func(c *Config) *int { return &c.RehomeLoadTokens }},
-	"prefer_held":         {b: func(c *Config) *bool { return &c.PreferHeld }},
-	"hold_max_ms":         {f: func(c *Config) *float64 { return &c.HoldMaxMS }},
-	"hold_step_ms":        {f: func(c *Config) *float64 { return &c.HoldStepMS }},
-	"hold_prefill_tokens": {i: func(c *Config) *int { return &c.HoldPrefillTokens }},
-	"block_size":          {i: func(c *Config) *int { return &c.BlockSize }},
-	"default_blocks":      {i: func(c *Config) *int { return &c.DefaultBlocks }},
-	"max_prefixes":        {i: func(c *Config) *int { return &c.MaxPrefixes }},
-	"scraped_load":        {b: func(c *Config) *bool { return &c.ScrapedLoad }},
-	"shared_load":         {b: func(c *Config) *bool { return &c.SharedLoad }},
-	"unplace_diverted":    {b: func(c *Config) *bool { return &c.UnplaceDiverted }},
-}
-
-// Knobs returns every knob by its YAML name as a number (booleans as 0 or 1), for
-// configuration layers that take numeric weights.
-func (c Config) Knobs() map[string]float64 {
-	out := make(map[string]float64, len(knobs))
-	for name, k := range knobs {
-		switch {
-		case k.i != nil:
-			out[name] = float64(*k.i(&c))
-		case k.f != nil:
-			out[name] = *k.f(&c)
-		case *k.b(&c):
-			out[name] = 1
-		default:
-			out[name] = 0
+// KnobNames lists the YAML names of the user-facing fields, sorted.
+func KnobNames() []string {
+	t := reflect.TypeFor[Config]()
+	var out []string
+	for i := range t.NumField() {
+		if n := t.Field(i).Tag.Get("yaml"); n != "-" && n != "" {
+			out = append(out, n)
 		}
 	}
+	slices.Sort(out)
 	return out
 }
 
-// SetKnob sets the knob with that YAML name from a number: integers are truncated,
-// booleans are v != 0. It reports whether the name is a knob.
-func (c *Config) SetKnob(name string, v float64) bool {
-	k, ok := knobs[name]
-	switch {
-	case !ok:
-	case k.i != nil:
-		*k.i(c) = int(v)
-	case k.f != nil:
-		*k.f(c) = v
-	default:
-		*k.b(c) = v != 0
+func knobField(t reflect.Type, name string) (int, bool) {
+	for i := range t.NumField() {
+		if n := t.Field(i).Tag.Get("yaml"); n == name && n != "-" {
+			return i, true
+		}
 	}
-	return ok
-}
-
-// ParseKnob sets the knob with that YAML name from text, parsed by the field's kind
-// (strconv.Atoi, ParseFloat or ParseBool).
-func (c *Config) ParseKnob(name, text string) error {
-	k, ok := knobs[name]
-	if !ok {
-		return fmt.Errorf("placement: unknown knob %q", name)
-	}
-	var err error
-	switch {
-	case k.i != nil:
-		*k.i(c), err = strconv.Atoi(text)
-	case k.f != nil:
-		*k.f(c), err = strconv.ParseFloat(text, 64)
-	default:
-		*k.b(c), err = strconv.ParseBool(text)
-	}
-	return err
+	return 0, false
 }

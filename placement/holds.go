@@ -7,13 +7,13 @@ import (
 )
 
 // waitBehindMiss returns how long the request should wait at the router before it is
-// picked again (0: route it now): see HoldMaxMS. p.mu must be held.
+// picked again (0: route it now): see Config.HoldMax. p.mu must be held.
 func (p *Policy) waitBehindMiss(req *scoring.Request, e *prefixEntry, key uint64, sc *scratch, best, bs int) time.Duration {
-	if p.cfg.HoldMaxMS <= 0 || sc.eps[best].missesInPrefill+sc.otherMisses[best] == 0 {
+	if p.cfg.HoldMax <= 0 || sc.eps[best].missesInPrefill+sc.otherMisses[best] == 0 {
 		return 0
 	}
-	step := time.Duration(p.cfg.HoldStepMS * float64(time.Millisecond))
-	if req.Held+step > time.Duration(p.cfg.HoldMaxMS*float64(time.Millisecond)) {
+	step := p.cfg.HoldStep
+	if req.Held+step > p.cfg.HoldMax {
 		return 0
 	}
 	// The endpoint holds the prefix, or is computing it now (the index shows it later).

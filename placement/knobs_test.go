@@ -1,48 +1,61 @@
 package placement_test
 
 import (
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/kvrouter/kvrouter/placement"
 )
 
-// TestPlacementKnobs: every knob reads back what was set, by number and by text, and
-// an unknown name is refused.
-func TestPlacementKnobs(t *testing.T) {
-	def := placement.DefaultConfig()
-	for name, v := range def.Knobs() {
-		t.Run(name, func(t *testing.T) {
+// TestParseKnob: each kind of field parses by its type, a value of the wrong type and
+// an unknown or internal name are refused.
+func TestParseKnob(t *testing.T) {
+	for _, tc := range []struct {
+		name, text string
+		check      func(c placement.Config) bool
+		wantErr    string
+	}{
+		{"prefix_depth", "3", func(c placement.Config) bool { return c.PrefixDepth == 3 }, ""},
+		{"fill", "0.25", func(c placement.Config) bool { return c.Fill == 0.25 }, ""},
+		{"scraped_load", "true", func(c placement.Config) bool { return c.ScrapedLoad }, ""},
+		{"hold_max", "80ms", func(c placement.Config) bool { return c.HoldMax == 80*time.Millisecond }, ""},
+		{"prefix_depth", "4.9", nil, "prefix_depth"},
+		{"sticky_holders", "0.2", nil, "sticky_holders"},
+		{"hold_max", "120", nil, "hold_max"},
+		{"block_size", "32", nil, "unknown knob"},
+		{"nope", "1", nil, "unknown knob"},
+	} {
+		t.Run(tc.name+"="+tc.text, func(t *testing.T) {
 			c := placement.DefaultConfig()
-			want := v + 1
-			if v == 1 && (name == "adopt_all" || name == "divert_on_full" || name == "divert_misses" || name == "sticky_holders" ||
-				name == "rehome_lost" || name == "prefer_held" || name == "unplace_diverted") {
-				want = 0
+			err := c.ParseKnob(tc.name, tc.text)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("ParseKnob = %v, want an error naming %q", err, tc.wantErr)
+				}
+				return
 			}
-			if !c.SetKnob(name, want) {
-				t.Fatalf("SetKnob(%q) says unknown", name)
-			}
-			if got := c.Knobs()[name]; got != want {
-				t.Errorf("after SetKnob(%q, %v) the knob reads %v", name, want, got)
-			}
-			if got := c.Knobs(); len(got) != len(def.Knobs()) {
-				t.Errorf("knob count changed: %d", len(got))
+			if err != nil || !tc.check(c) {
+				t.Fatalf("ParseKnob = %v, config %+v", err, c)
 			}
 		})
 	}
-	c := placement.DefaultConfig()
-	if c.SetKnob("nope", 1) {
-		t.Error("SetKnob accepted an unknown name")
+}
+
+// TestKnobNames lists every user-facing field once and hides the runner-set block size.
+func TestKnobNames(t *testing.T) {
+	names := placement.KnobNames()
+	seen := map[string]bool{}
+	for _, n := range names {
+		if seen[n] {
+			t.Errorf("%q listed twice", n)
+		}
+		seen[n] = true
+		if err := (&placement.Config{}).ParseKnob(n, "x"); err == nil || strings.Contains(err.Error(), "unknown knob") {
+			t.Errorf("ParseKnob(%q, x) = %v, want a parse error", n, err)
+		}
 	}
-	if err := c.ParseKnob("nope", "1"); err == nil {
-		t.Error("ParseKnob accepted an unknown name")
-	}
-	if err := c.ParseKnob("prefix_depth", "1.5"); err == nil {
-		t.Error("ParseKnob accepted 1.5 for an integer knob")
-	}
-	if err := c.ParseKnob("fill", "0.25"); err != nil || c.Fill != 0.25 {
-		t.Errorf("ParseKnob(fill, 0.25): %v, fill %v", err, c.Fill)
-	}
-	if err := c.ParseKnob("scraped_load", "true"); err != nil || !c.ScrapedLoad {
-		t.Errorf("ParseKnob(scraped_load, true): %v, %v", err, c.ScrapedLoad)
+	if seen["block_size"] || !seen["holder_share"] || !seen["hold_max"] {
+		t.Errorf("KnobNames() = %v", names)
 	}
 }

@@ -379,8 +379,9 @@ func TestPlacementConfigValidate(t *testing.T) {
 		{"spill below saturated", func(c *placement.Config) { c.SpillLoad = 1; c.Saturated = 2 }, "spill_load"},
 		{"negative deadline", func(c *placement.Config) { c.DeadlineTokens = -1 }, "deadline_tokens"},
 		{"zero headroom", func(c *placement.Config) { c.Headroom = 0 }, "headroom"},
-		{"negative hold", func(c *placement.Config) { c.HoldMaxMS = -1 }, "hold_max_ms"},
-		{"zero hold step", func(c *placement.Config) { c.HoldStepMS = 0 }, "hold_step_ms"},
+		{"negative hold", func(c *placement.Config) { c.HoldMax = -1 }, "hold_max"},
+		{"zero hold step", func(c *placement.Config) { c.HoldStep = 0 }, "hold_step"},
+		{"zero holder share", func(c *placement.Config) { c.HolderShare = 0 }, "holder_share"},
 		{"zero hold tokens", func(c *placement.Config) { c.HoldPrefillTokens = 0 }, "hold_prefill_tokens"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -528,30 +529,30 @@ func TestPlacementPrefersAHeldPlacement(t *testing.T) {
 }
 
 // A request that hits at an endpoint prefilling a miss is held (re-picked after
-// HoldStepMS) until the miss's first token, within HoldMaxMS; misses are never held.
+// HoldStep) until the miss's first token, within HoldMax; misses are never held.
 func TestPlacementHoldsBehindAMiss(t *testing.T) {
 	const ms = time.Millisecond
 	tests := []struct {
 		name     string
-		holdMax  float64
+		holdMax  time.Duration
 		req      []uint32 // the request picked while the miss prefills
 		held     time.Duration
 		firstTok bool // the miss has its first token by then
 		wantHold time.Duration
 		wantKind string
 	}{
-		{"hit behind a miss is held", 120, prefixed(0, 2), 0, false, 5 * ms, "hold"},
-		{"held again within the bound", 120, prefixed(0, 2), 115 * ms, false, 5 * ms, "hold"},
-		{"never past the bound", 120, prefixed(0, 2), 116 * ms, false, 0, "holder"},
-		{"released at the miss's first token", 120, prefixed(0, 2), 10 * ms, true, 0, "holder"},
-		{"a miss itself is not held", 120, prefixed(2, 2), 0, false, 0, "home"},
+		{"hit behind a miss is held", 120 * ms, prefixed(0, 2), 0, false, 5 * ms, "hold"},
+		{"held again within the bound", 120 * ms, prefixed(0, 2), 115 * ms, false, 5 * ms, "hold"},
+		{"never past the bound", 120 * ms, prefixed(0, 2), 116 * ms, false, 0, "holder"},
+		{"released at the miss's first token", 120 * ms, prefixed(0, 2), 10 * ms, true, 0, "holder"},
+		{"a miss itself is not held", 120 * ms, prefixed(2, 2), 0, false, 0, "home"},
 		{"holds off", 0, prefixed(0, 2), 0, false, 0, "holder"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			ix := newFakeIndex()
 			cfg := placement.DefaultConfig()
-			cfg.HoldMaxMS = tc.holdMax
+			cfg.HoldMax = tc.holdMax
 			reg := prometheus.NewRegistry()
 			p, err := placement.New(cfg, ix, func() time.Time { return time.Unix(0, 0) }, reg)
 			if err != nil {
@@ -580,8 +581,8 @@ func TestPlacementHoldsBehindAMiss(t *testing.T) {
 			if d.Hold != tc.wantHold || d.Endpoint != ep {
 				t.Fatalf("decision %+v, want hold %v at %s", d, tc.wantHold, ep)
 			}
-			if tc.held+d.Hold > time.Duration(tc.holdMax*float64(ms)) && d.Hold > 0 {
-				t.Fatalf("hold %v after %v passes hold_max_ms %v", d.Hold, tc.held, tc.holdMax)
+			if tc.held+d.Hold > tc.holdMax && d.Hold > 0 {
+				t.Fatalf("hold %v after %v passes hold_max %v", d.Hold, tc.held, tc.holdMax)
 			}
 			if got := decisionCount(t, reg, tc.wantKind) - before; got != 1 {
 				t.Fatalf("decisions of kind %q: %v, want 1", tc.wantKind, got)
@@ -699,7 +700,7 @@ func TestPlacementUnplacesADivertedReplica(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := placement.DefaultConfig()
 			cfg.DeadlineTokens = 512 // the replica's 1,152-token miss is past it
-			cfg.HoldMaxMS = 0
+			cfg.HoldMax = 0
 			cfg.UnplaceDiverted = tc.unplace
 			ix := newFakeIndex()
 			p := newPlacement(t, cfg, ix)

@@ -2,6 +2,7 @@ package placement
 
 import (
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"time"
@@ -93,10 +94,10 @@ const (
 // to rank endpoints by speed (nil: time.Now); reg may be nil.
 func New(cfg Config, ix scoring.PrefixIndex, now func() time.Time, reg prometheus.Registerer) (*Policy, error) {
 	if err := cfg.Validate(); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("placement: config: %w", err)
 	}
 	if ix == nil {
-		return nil, errors.New("scoring: placement policy needs an index")
+		return nil, errors.New("placement: the policy needs an index")
 	}
 	m := &metrics{decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kvrouter_scoring_placement_decisions_total",
@@ -141,6 +142,7 @@ func (p *Policy) Pick(req *scoring.Request, cands []scoring.Endpoint) (scoring.D
 	}
 	// Keys at the first candidate's block size: a fleet serving one model has one.
 	bs := p.blockSize(&cands[0])
+	sc.blockSize = bs
 	if req.TokenIDs != nil {
 		sc.keys = index.Keys(req.Root(), req.TokenIDs, bs, sc.keys[:0])
 	} else {

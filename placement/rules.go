@@ -8,13 +8,15 @@ import (
 )
 
 type scratch struct {
-	keys  []uint64
-	names []string
-	lead  []int
-	loads []int
-	pos   []int
-	ok    []bool
-	room  []bool
+	// blockSize is the block size the request's keys were cut at.
+	blockSize int
+	keys      []uint64
+	names     []string
+	lead      []int
+	loads     []int
+	pos       []int
+	ok        []bool
+	room      []bool
 	// decode is each candidate's measured decode time, meanDecode their mean (1 when
 	// none is measured).
 	decode     []float64
@@ -313,7 +315,7 @@ func (p *Policy) rehome(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 			if d == 0 {
 				d = sc.meanDecode
 			}
-			return float64(sc.eps[i].prefill+sc.otherPrefill[i]+len(sc.keys)*p.cfg.BlockSize+p.cfg.RehomeLoadTokens*sc.loads[i]) * d
+			return float64(sc.eps[i].prefill+sc.otherPrefill[i]+len(sc.keys)*sc.blockSize+p.cfg.RehomeLoadTokens*sc.loads[i]) * d
 		}
 		bestEst := est(old)
 		if !sc.ok[old] {

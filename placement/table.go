@@ -30,7 +30,7 @@ type endpointState struct {
 	// until measured. It ranks endpoints by speed.
 	decode float64
 	// missesInPrefill counts in-flight requests with at least HoldPrefillTokens uncached
-	// tokens and no first token yet: while > 0, hits wait at the router (HoldMaxMS).
+	// tokens and no first token yet: while > 0, hits wait at the router (HoldMax).
 	missesInPrefill int
 	// inflight counts the requests this router routed there and has not seen finish;
 	// hist is a ring of its last histLen values with footprint and time, histN how many

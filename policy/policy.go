@@ -189,7 +189,11 @@ func Builtin() *Registry {
 			return scoring.NewApproximate(kvConfig(c, d), d.Rand, d.Registerer)
 		}},
 		{Name: "placement", Index: true, Section: SectionPlacement, New: func(c *Config, d Deps) (scoring.Policy, error) {
-			return placement.New(c.Placement, d.Index, d.Now, d.Registerer)
+			pc := c.Placement
+			if d.BlockSize > 0 {
+				pc.BlockSize = d.BlockSize
+			}
+			return placement.New(pc, d.Index, d.Now, d.Registerer)
 		}},
 	}}
 }

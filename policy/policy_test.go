@@ -2,6 +2,7 @@ package policy_test
 
 import (
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -102,5 +103,44 @@ func TestUnknownAndInvalid(t *testing.T) {
 	r, err := policy.NewRegistry(append(policy.Builtin().Specs(), policy.Spec{Name: "mine", New: build})...)
 	if err != nil || len(r.Names()) != 7 || len(policy.Builtin().Names()) != 6 {
 		t.Errorf("extended registry: %v, %v", r.Names(), err)
+	}
+}
+
+// keyCounter answers that nothing is held and records how many block keys each lookup
+// asked about.
+type keyCounter struct{ asked []int }
+
+func (k *keyCounter) LeadingBlocks(keys []uint64, eps []string, dst []int) []int {
+	k.asked = append(k.asked, len(keys))
+	return append(dst[:0], make([]int, len(eps))...)
+}
+
+// TestBlockSizeReachesThePolicies: an endpoint whose block size is not scraped is keyed
+// at the served model's block size (Deps.BlockSize), by kv and by placement alike; the
+// placement policy used to key at its own default of 16 whatever the model's was.
+func TestBlockSizeReachesThePolicies(t *testing.T) {
+	toks := make([]uint32, 64*32) // 64 blocks of 32 tokens, 128 of 16
+	for i := range toks {
+		toks[i] = uint32(i)
+	}
+	cands := []scoring.Endpoint{{Address: "10.0.0.1:8000"}, {Address: "10.0.0.2:8000"}} // no metrics
+	for _, name := range []string{"kv", "placement"} {
+		for _, tc := range []struct {
+			blockSize, wantKeys int
+		}{{0, 128}, {16, 128}, {32, 64}} {
+			t.Run(fmt.Sprintf("%s block size %d", name, tc.blockSize), func(t *testing.T) {
+				ix := &keyCounter{}
+				p, err := policy.Builtin().New(name, nil, policy.Deps{Index: ix, BlockSize: tc.blockSize})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := p.Pick(&scoring.Request{ID: "r", Model: "m", BaseModel: "m", TokenIDs: toks}, cands); err != nil {
+					t.Fatal(err)
+				}
+				if len(ix.asked) == 0 || ix.asked[0] != tc.wantKeys {
+					t.Errorf("index asked about %v keys, want %d", ix.asked, tc.wantKeys)
+				}
+			})
+		}
 	}
 }

@@ -3,9 +3,17 @@ package prompt_test
 import (
 	"bytes"
 	"encoding/json"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
 	"strconv"
 	"testing"
+	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvrouter/kvrouter/chattemplate"
 	"github.com/kvrouter/kvrouter/internal/cputime"
 	"github.com/kvrouter/kvrouter/internal/testtext"
 	"github.com/kvrouter/kvrouter/openai"
@@ -37,7 +45,7 @@ func benchPromptTokens(b *testing.B, o prompt.LoadOptions) {
 		b.Fatal(err)
 	}
 	// Every request gets a unique user turn ("Request <n>. ..."), so only the shared
-	// system prompt can come from the tokenizer's segment cache.
+	// system prompt can come from the tokenizer's prefix cache.
 	req := typicalChat(0)
 	head, tail, _ := bytes.Cut(req.Messages, []byte("__N__"))
 	unique := func(n int) *openai.Request {
@@ -62,10 +70,10 @@ func benchPromptTokens(b *testing.B, o prompt.LoadOptions) {
 }
 
 // BenchmarkPromptTokensCold: render + tokenize a 2,400-token chat with the tokenizer's
-// segment cache and the template's message cache disabled, so every request decodes,
+// prefix cache and the template's message cache disabled, so every request decodes,
 // renders and tokenizes its whole prompt.
 func BenchmarkPromptTokensCold(b *testing.B) {
-	benchPromptTokens(b, prompt.LoadOptions{Tokenizer: []tokenizer.Option{tokenizer.WithSegmentCache(0, 0, 0)}, MessageCacheSize: -1})
+	benchPromptTokens(b, prompt.LoadOptions{Tokenizer: []tokenizer.Option{tokenizer.WithPrefixCache(0)}, MessageCacheSize: -1})
 }
 
 // BenchmarkPromptTokensSystemCached: the same requests with the default caches: the
@@ -105,4 +113,244 @@ func FuzzRequestFromBody(f *testing.F) {
 		}
 		_, _ = bl.PromptTokens(req)
 	})
+}
+
+// BenchmarkPromptTokensHuge computes the prompt ids of one ~15 MB chat body (~3.7M
+// words of prose, one user turn), parse included, as the router does: "whole" tokenizes
+// all of it (maxTokens 0, the router before the limit), "max=131072" stops where a
+// 131,072-token KV cache or context ends. cpu-ns/op is the process's CPU time.
+func BenchmarkPromptTokensHuge(b *testing.B) {
+	bl, err := prompt.LoadDir(testmodels.Dir(b, "qwen3"), prompt.LoadOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	raw, _ := json.Marshal(map[string]any{"model": "qwen3", "messages": []map[string]string{
+		{"role": "user", "content": testtext.Prose(1, 3_700_000)}}})
+	for _, max := range []int{0, 131072} {
+		name := "whole"
+		if max > 0 {
+			name = "max=" + strconv.Itoa(max)
+		}
+		b.Run(name, func(b *testing.B) {
+			b.SetBytes(int64(len(raw)))
+			b.ReportAllocs()
+			var n int
+			cpu := cputime.Process()
+			for b.Loop() {
+				req, err := openai.Parse("/v1/chat/completions", raw)
+				if err != nil {
+					b.Fatal(err)
+				}
+				ids, err := bl.AppendPromptTokens(nil, req, max)
+				if err != nil {
+					b.Fatal(err)
+				}
+				n = len(ids)
+			}
+			if end := cputime.Process(); end > cpu && b.N > 0 {
+				b.ReportMetric(float64(end-cpu)/float64(b.N), "cpu-ns/op")
+			}
+			b.ReportMetric(float64(n), "tokens")
+		})
+	}
+}
+
+// history returns the messages JSON array (without its closing bracket) of a Qwen3
+// conversation of about tokens tokens: a system prompt, then user and assistant turns
+// (Prose of n gives about 0.8n Qwen3 tokens).
+func history(tokens int) []byte { return conversationHistory(tokens, 0) }
+
+// conversationHistory is history for conversation conv (conversations share nothing
+// but their system prompt).
+func conversationHistory(tokens int, conv uint64) []byte {
+	msgs := []map[string]string{{"role": "system", "content": testtext.Prose(1, 500)}}
+	for n, i := 400, 0; n < tokens; i++ {
+		role, size := "user", 250
+		if i%2 == 1 {
+			role, size = "assistant", 350
+		}
+		msgs = append(msgs, map[string]string{"role": role, "content": testtext.Prose(conv<<32+uint64(1000+i), size)})
+		n += size * 4 / 5
+	}
+	raw, err := json.Marshal(msgs)
+	if err != nil {
+		panic(err)
+	}
+	return raw[:len(raw)-1]
+}
+
+// nextTurn returns the request of the turn after hist: the server's answer to the
+// last user message and a new user message, both unique to n.
+func nextTurn(hist []byte, n int) *openai.Request {
+	tail, err := json.Marshal([]map[string]string{
+		{"role": "assistant", "content": "Answer " + strconv.Itoa(n) + ". " + testtext.Prose(uint64(n)+1e6, 120)},
+		{"role": "user", "content": "Question " + strconv.Itoa(n) + ". " + testtext.Prose(uint64(n)+2e6, 60)},
+	})
+	if err != nil {
+		panic(err)
+	}
+	msgs := make([]byte, 0, len(hist)+len(tail))
+	msgs = append(append(append(msgs, hist...), ','), tail[1:]...)
+	return &openai.Request{Kind: openai.KindChat, Messages: msgs, AddGenerationPrompt: true}
+}
+
+// BenchmarkConversationTurn is the decision CPU (render + exact tokenization) of turn
+// k of a conversation whose history is about 2k, 32k or 128k tokens: "warm" with the
+// default caches after the previous turn was tokenized (so only the new answer and
+// question, ~180 tokens, are tokenized), "cold" with the prefix and message caches off
+// (the whole history every time). cpu-ns/op counts the process CPU of PromptTokens
+// alone, garbage collection included as in the other benchmarks (building the next
+// request's body is not counted).
+func BenchmarkConversationTurn(b *testing.B) {
+	dir := testmodels.Dir(b, "qwen3")
+	for _, size := range []struct {
+		name   string
+		tokens int
+	}{{"2k", 2000}, {"32k", 32000}, {"128k", 128000}} {
+		hist := history(size.tokens)
+		for _, mode := range []struct {
+			name string
+			o    prompt.LoadOptions
+		}{
+			{"cold", prompt.LoadOptions{Tokenizer: []tokenizer.Option{tokenizer.WithPrefixCache(0)}, MessageCacheSize: -1}},
+			{"warm", prompt.LoadOptions{}},
+			// The template's message cache (128 messages by default) cannot hold a long
+			// conversation's messages; 4096 shows what re-decoding them costs.
+			{"warm-msgcache4096", prompt.LoadOptions{MessageCacheSize: 4096}},
+		} {
+			b.Run(size.name+"/"+mode.name, func(b *testing.B) {
+				bl, err := prompt.LoadDir(dir, mode.o)
+				if err != nil {
+					b.Fatal(err)
+				}
+				prev := &openai.Request{Kind: openai.KindChat, Messages: append(slices.Clone(hist), ']'), AddGenerationPrompt: true}
+				if _, err := bl.PromptTokens(prev); err != nil { // the previous turn
+					b.Fatal(err)
+				}
+				ids, err := bl.PromptTokens(nextTurn(hist, -1))
+				if err != nil {
+					b.Fatal(err)
+				}
+				var cpu time.Duration
+				n := 0
+				for b.Loop() {
+					b.StopTimer()
+					req := nextTurn(hist, n)
+					b.StartTimer()
+					start := cputime.Process()
+					if _, err := bl.PromptTokens(req); err != nil {
+						b.Fatal(err)
+					}
+					cpu += cputime.Process() - start
+					n++
+				}
+				b.ReportMetric(float64(cpu)/float64(n), "cpu-ns/op")
+				b.ReportMetric(float64(len(ids)), "prompt-tokens")
+			})
+		}
+	}
+}
+
+// BenchmarkConversationCacheMemory reports what the prefix cache holds per
+// conversation after one turn of each of many conversations of each size: the bytes
+// it accounts for (its metric) and the live heap it adds (after GC), per conversation
+// and per token.
+func BenchmarkConversationCacheMemory(b *testing.B) {
+	dir := testmodels.Dir(b, "qwen3")
+	for _, size := range []struct {
+		name   string
+		tokens int
+	}{{"2k", 2000}, {"32k", 32000}, {"128k", 128000}} {
+		convs := max(4, 2_000_000/size.tokens)
+		reqs := make([]*openai.Request, convs)
+		for i := range reqs {
+			reqs[i] = nextTurn(conversationHistory(size.tokens, uint64(i)), i)
+		}
+		b.Run(size.name, func(b *testing.B) {
+			var heap, accounted, tokens float64
+			for b.Loop() {
+				reg := prometheus.NewPedanticRegistry()
+				// The template's message cache off: the heap growth is the prefix cache's.
+				bl, err := prompt.LoadDir(dir, prompt.LoadOptions{MessageCacheSize: -1,
+					Tokenizer: []tokenizer.Option{tokenizer.WithMetrics(tokenizer.NewMetrics(reg), "m")}})
+				if err != nil {
+					b.Fatal(err)
+				}
+				var before, after runtime.MemStats
+				runtime.GC()
+				runtime.ReadMemStats(&before)
+				tokens = 0
+				for _, req := range reqs {
+					ids, err := bl.PromptTokens(req)
+					if err != nil {
+						b.Fatal(err)
+					}
+					tokens += float64(len(ids))
+				}
+				runtime.GC()
+				runtime.ReadMemStats(&after)
+				heap = float64(after.HeapAlloc) - float64(before.HeapAlloc)
+				mfs, err := reg.Gather()
+				if err != nil {
+					b.Fatal(err)
+				}
+				for _, mf := range mfs {
+					if mf.GetName() == "kvrouter_tokenizer_prefix_cache_bytes" {
+						accounted = mf.GetMetric()[0].GetGauge().GetValue()
+					}
+				}
+				runtime.KeepAlive(bl)
+			}
+			n := float64(len(reqs))
+			b.ReportMetric(accounted/n, "cache-bytes/conv")
+			b.ReportMetric(heap/n, "heap-bytes/conv")
+			b.ReportMetric(accounted/tokens, "cache-bytes/token")
+			b.ReportMetric(heap/tokens, "heap-bytes/token")
+		})
+	}
+}
+
+// BenchmarkConversationRender is the chat template's share of
+// BenchmarkConversationTurn's warm case: rendering turn k alone, with the default
+// message cache warmed by the previous turn. At long contexts it is most of the turn.
+func BenchmarkConversationRender(b *testing.B) {
+	dir := testmodels.Dir(b, "qwen3")
+	raw, err := os.ReadFile(filepath.Join(dir, "tokenizer_config.json"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	cfg, err := chattemplate.ParseTokenizerConfig(raw)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, size := range []struct {
+		name   string
+		tokens int
+	}{{"2k", 2000}, {"32k", 32000}, {"128k", 128000}} {
+		hist := history(size.tokens)
+		b.Run(size.name, func(b *testing.B) {
+			tmpl, err := chattemplate.CompileConfig(cfg, chattemplate.Options{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			render := func(req *openai.Request) {
+				if _, err := tmpl.Render(chattemplate.Input{Messages: req.Messages, AddGenerationPrompt: true}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			render(&openai.Request{Messages: append(slices.Clone(hist), ']')})
+			var cpu time.Duration
+			n := 0
+			for b.Loop() {
+				b.StopTimer()
+				req := nextTurn(hist, n)
+				b.StartTimer()
+				start := cputime.Process()
+				render(req)
+				cpu += cputime.Process() - start
+				n++
+			}
+			b.ReportMetric(float64(cpu)/float64(n), "cpu-ns/op")
+		})
+	}
 }

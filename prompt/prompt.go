@@ -79,14 +79,16 @@ func New(tok *tokenizer.Tokenizer, tmpl *chattemplate.Template, metrics *Metrics
 // (add_special_tokens, default false). Requests it cannot reproduce return
 // *UnsupportedError; bodies vLLM rejects return an error wrapping ErrBadRequest.
 func (b *Builder) PromptTokens(req *openai.Request) ([]uint32, error) {
-	return b.AppendPromptTokens(nil, req)
+	return b.AppendPromptTokens(nil, req, 0)
 }
 
 // AppendPromptTokens appends the ids PromptTokens returns for req to dst (which may be
 // a buffer reused across requests) and returns the extended slice. On error it returns
-// nil; dst's contents are then undefined past its length.
-func (b *Builder) AppendPromptTokens(dst []uint32, req *openai.Request) ([]uint32, error) {
-	ids, err := b.promptTokens(dst, req)
+// nil; dst's contents are then undefined past its length. maxTokens > 0 appends only
+// the first maxTokens ids (a router needs no more than a KV cache or a context holds)
+// and stops tokenizing there, so that a huge prompt costs what its prefix does.
+func (b *Builder) AppendPromptTokens(dst []uint32, req *openai.Request, maxTokens int) ([]uint32, error) {
+	ids, err := b.promptTokens(dst, req, maxTokens)
 	if err != nil {
 		b.metrics.observe(err)
 		return nil, err
@@ -94,34 +96,36 @@ func (b *Builder) AppendPromptTokens(dst []uint32, req *openai.Request) ([]uint3
 	return ids, nil
 }
 
-func (b *Builder) promptTokens(dst []uint32, req *openai.Request) ([]uint32, error) {
+func (b *Builder) promptTokens(dst []uint32, req *openai.Request, maxTokens int) ([]uint32, error) {
 	if req == nil {
 		return nil, fmt.Errorf("%w: no request", ErrBadRequest)
 	}
 	var ids []uint32
 	var err error
+	complete := true
 	switch req.Kind {
 	case openai.KindCompletions:
-		ids, err = b.completion(dst, req)
+		ids, complete, err = b.completion(dst, req, maxTokens)
 	case openai.KindChat:
-		ids, err = b.chat(dst, req)
+		ids, complete, err = b.chat(dst, req, maxTokens)
 	default:
 		return nil, &UnsupportedError{Reason: ReasonKind}
 	}
 	// truncate_prompt_tokens N >= 0 cuts longer prompts; -1 (cut to the context length)
 	// only matters for prompts vLLM would otherwise reject.
-	if n := req.TruncatePromptTokens; err == nil && n != nil && *n >= 0 && len(ids)-len(dst) > *n {
+	// A prompt cut at maxTokens may be longer than N: its prefix is then unknown too.
+	if n := req.TruncatePromptTokens; err == nil && n != nil && *n >= 0 && (len(ids)-len(dst) > *n || !complete) {
 		return nil, &UnsupportedError{Reason: ReasonTruncated}
 	}
 	return ids, err
 }
 
-func (b *Builder) chat(dst []uint32, req *openai.Request) ([]uint32, error) {
+func (b *Builder) chat(dst []uint32, req *openai.Request, maxTokens int) ([]uint32, bool, error) {
 	if b.tmpl == nil {
 		if req.ChatTemplate != "" {
-			return nil, &UnsupportedError{Reason: chattemplate.ReasonRequestChatTemplate}
+			return nil, false, &UnsupportedError{Reason: chattemplate.ReasonRequestChatTemplate}
 		}
-		return nil, fmt.Errorf("%w: model has no chat template", ErrBadRequest)
+		return nil, false, fmt.Errorf("%w: model has no chat template", ErrBadRequest)
 	}
 	text, err := b.tmpl.Render(chattemplate.Input{
 		Messages:             req.Messages,
@@ -138,55 +142,57 @@ func (b *Builder) chat(dst []uint32, req *openai.Request) ([]uint32, error) {
 		var raised *chattemplate.TemplateError
 		switch {
 		case errors.As(err, &unsupported):
-			return nil, &UnsupportedError{Reason: unsupported.Reason, Err: err}
+			return nil, false, &UnsupportedError{Reason: unsupported.Reason, Err: err}
 		case errors.Is(err, chattemplate.ErrBadRequest), errors.As(err, &raised):
-			return nil, fmt.Errorf("%w: %w", ErrBadRequest, err)
+			return nil, false, fmt.Errorf("%w: %w", ErrBadRequest, err)
 		}
-		return nil, fmt.Errorf("prompt: %w", err)
+		return nil, false, fmt.Errorf("prompt: %w", err)
 	}
-	return b.tok.AppendEncode(dst, text, req.AddSpecialTokens), nil
+	ids, complete := b.tok.AppendEncodeMax(dst, text, req.AddSpecialTokens, maxTokens)
+	return ids, complete, nil
 }
 
-func (b *Builder) completion(dst []uint32, req *openai.Request) ([]uint32, error) {
+func (b *Builder) completion(dst []uint32, req *openai.Request, maxTokens int) ([]uint32, bool, error) {
 	raw := bytes.TrimSpace(req.Prompt)
 	if len(raw) == 0 {
-		return nil, fmt.Errorf("%w: completions request without a prompt", ErrBadRequest)
+		return nil, false, fmt.Errorf("%w: completions request without a prompt", ErrBadRequest)
 	}
 	switch raw[0] {
 	case '"':
 		var s string
 		if err := json.Unmarshal(raw, &s); err != nil {
-			return nil, fmt.Errorf("%w: prompt: %w", ErrBadRequest, err)
+			return nil, false, fmt.Errorf("%w: prompt: %w", ErrBadRequest, err)
 		}
-		return b.tok.AppendEncode(dst, s, req.AddSpecialTokens), nil
+		ids, complete := b.tok.AppendEncodeMax(dst, s, req.AddSpecialTokens, maxTokens)
+		return ids, complete, nil
 	case '[':
 	default:
-		return nil, fmt.Errorf("%w: prompt must be a string or a list", ErrBadRequest)
+		return nil, false, fmt.Errorf("%w: prompt must be a string or a list", ErrBadRequest)
 	}
 	var items []json.RawMessage
 	if err := json.Unmarshal(raw, &items); err != nil {
-		return nil, fmt.Errorf("%w: prompt: %w", ErrBadRequest, err)
+		return nil, false, fmt.Errorf("%w: prompt: %w", ErrBadRequest, err)
 	}
 	if len(items) == 0 {
-		return nil, fmt.Errorf("%w: empty prompt", ErrBadRequest)
+		return nil, false, fmt.Errorf("%w: empty prompt", ErrBadRequest)
 	}
 	switch bytes.TrimSpace(items[0])[0] {
 	case '"', '[':
 		// A list of prompts. vLLM serves several as a batch; a single one is that prompt.
 		if len(items) > 1 {
-			return nil, &UnsupportedError{Reason: ReasonPromptBatch}
+			return nil, false, &UnsupportedError{Reason: ReasonPromptBatch}
 		}
 		one := *req
 		one.Prompt = items[0]
-		return b.completion(dst, &one)
+		return b.completion(dst, &one, maxTokens)
 	}
 	ids := slices.Grow(dst, len(items))
 	for i, it := range items {
 		v, err := strconv.ParseUint(string(bytes.TrimSpace(it)), 10, 32)
 		if err != nil {
-			return nil, fmt.Errorf("%w: prompt[%d] is not a token id", ErrBadRequest, i)
+			return nil, false, fmt.Errorf("%w: prompt[%d] is not a token id", ErrBadRequest, i)
 		}
 		ids = append(ids, uint32(v))
 	}
-	return ids, nil
+	return ids, true, nil
 }

@@ -78,41 +78,54 @@ type bodyCase struct {
 
 // TestGoldenChatIDs checks chat requests end to end (body -> request -> render ->
 // tokenize) against HuggingFace tokenizers' ids for the renders Python's Jinja2
-// produced (testdata/gen/gen_ids.mjs over chattemplate's golden renders).
+// produced (testdata/gen/gen_ids.mjs over chattemplate's golden renders, generated
+// conversations included), for the byte-level BPE models whose templates chattemplate
+// proves: Qwen3, Llama 3 and Llama 3.1. The builders share one tokenizer per model with
+// the prefix cache on, so later cases reuse the prefixes of earlier ones (same system
+// prompts) and checkAppend encodes each request again from its longest cached prefix:
+// both must give the golden ids.
 func TestGoldenChatIDs(t *testing.T) {
 	cases := testtext.ReadJSONL[bodyCase](t, filepath.Join("..", "chattemplate", "testdata", "cases.jsonl"))
-	for _, model := range []string{"qwen3", "llama3"} {
-		want := map[string][]uint32{}
-		for _, r := range testtext.ReadJSONL[namedIDs](t, filepath.Join("testdata", "golden_ids", model+".jsonl")) {
-			want[r.Name] = r.IDs
-		}
-		matched := 0
-		for _, c := range cases {
-			ids, ok := want[c.Name]
-			if !ok {
-				continue
-			}
-			t.Run(model+"/"+c.Name, func(t *testing.T) {
-				req, err := prompt.RequestFromBody(c.Body)
-				if err != nil {
-					t.Fatal(err)
-				}
-				got, err := builder(t, model, c.ServerDefaults).PromptTokens(req)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if !slices.Equal(got, ids) {
-					t.Fatalf("ids differ\n got %v\nwant %v", got, ids)
-				}
-				checkAppend(t, builder(t, model, c.ServerDefaults), req, ids)
-				matched++
-			})
-		}
-		if matched != len(want) {
-			t.Errorf("%s: %d of %d golden id lists matched", model, matched, len(want))
-		}
-		t.Logf("%s: %d chat requests with identical ids", model, matched)
+	cases = append(cases, testtext.ReadJSONL[bodyCase](t, filepath.Join("..", "chattemplate", "testdata", "fuzz_cases.jsonl"))...)
+	for _, model := range []string{"qwen3", "llama3", "llama3_1"} {
+		t.Run(model, func(t *testing.T) { goldenChatIDs(t, cases, model) })
 	}
+}
+
+// goldenChatIDs is TestGoldenChatIDs for one model; it skips (fails under CI=true) when
+// the model's files are missing.
+func goldenChatIDs(t *testing.T, cases []bodyCase, model string) {
+	testmodels.Dir(t, model)
+	want := map[string][]uint32{}
+	for _, r := range testtext.ReadJSONL[namedIDs](t, filepath.Join("testdata", "golden_ids", model+".jsonl")) {
+		want[r.Name] = r.IDs
+	}
+	matched := 0
+	for _, c := range cases {
+		ids, ok := want[c.Name]
+		if !ok {
+			continue
+		}
+		t.Run(c.Name, func(t *testing.T) {
+			req, err := prompt.RequestFromBody(c.Body)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := builder(t, model, c.ServerDefaults).PromptTokens(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(got, ids) {
+				t.Fatalf("ids differ\n got %v\nwant %v", got, ids)
+			}
+			checkAppend(t, builder(t, model, c.ServerDefaults), req, ids)
+			matched++
+		})
+	}
+	if matched != len(want) {
+		t.Errorf("%s: %d of %d golden id lists matched", model, matched, len(want))
+	}
+	t.Logf("%s: %d chat requests with identical ids", model, matched)
 }
 
 // TestGoldenCompletionIDs checks completions prompts against HuggingFace ids.
@@ -147,7 +160,7 @@ func TestGoldenCompletionIDs(t *testing.T) {
 func checkAppend(t *testing.T, b *prompt.Builder, req *openai.Request, want []uint32) {
 	t.Helper()
 	dst := append(make([]uint32, 0, 64), 7, 7, 7)
-	got, err := b.AppendPromptTokens(dst, req)
+	got, err := b.AppendPromptTokens(dst, req, 0)
 	if err != nil {
 		t.Fatalf("AppendPromptTokens: %v", err)
 	}
@@ -191,7 +204,7 @@ func TestPromptTokensShapes(t *testing.T) {
 			}
 			// PromptTokens, then AppendPromptTokens onto a buffer already holding ids.
 			for _, dst := range [][]uint32{nil, {9, 9}} {
-				ids, err := b.AppendPromptTokens(dst, req)
+				ids, err := b.AppendPromptTokens(dst, req, 0)
 				if dst == nil {
 					ids, err = b.PromptTokens(req)
 				} else if err == nil {
@@ -288,7 +301,7 @@ kvrouter_prompt_unsupported_total{reason="prompt_batch"} 1
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "kvrouter_prompt_failures_total", "kvrouter_prompt_unsupported_total"); err != nil {
 		t.Fatal(err)
 	}
-	if n, err := testutil.GatherAndCount(reg, "kvrouter_tokenizer_segment_cache_lookups_total"); err != nil || n == 0 {
+	if n, err := testutil.GatherAndCount(reg, "kvrouter_tokenizer_prefix_cache_lookups_total"); err != nil || n == 0 {
 		t.Fatalf("tokenizer cache metrics not wired: %d series, %v", n, err)
 	}
 }
@@ -305,6 +318,9 @@ func TestConfigValidate(t *testing.T) {
 		{"empty dir", prompt.Config{Models: []prompt.ModelConfig{{Name: "a"}}}, false},
 		{"duplicate", prompt.Config{Models: []prompt.ModelConfig{{Name: "a", Dir: "/x"}, {Name: "a", Dir: "/y"}}}, false},
 		{"kwargs not an object", prompt.Config{Models: []prompt.ModelConfig{{Name: "a", Dir: "/x", DefaultChatTemplateKwargs: `[1]`}}}, false},
+		{"prefix cache off", prompt.Config{PrefixCacheBytes: -1}, true},
+		{"prefix cache 1 GiB", prompt.Config{PrefixCacheBytes: 1 << 30}, true},
+		{"prefix cache above 64 GiB", prompt.Config{PrefixCacheBytes: 65 << 30}, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

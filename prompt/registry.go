@@ -31,14 +31,36 @@ type ModelConfig struct {
 type Config struct {
 	// Models lists the base models whose prompts are tokenized for routing.
 	Models []ModelConfig `yaml:"models"`
+	// PrefixCacheBytes bounds each model's tokenization prefix cache (see
+	// tokenizer.WithPrefixCache): 0 is the default, tokenizer.DefaultPrefixCacheBytes
+	// (64 MiB, about 14M tokens of conversation history); negative turns it off.
+	PrefixCacheBytes int64 `yaml:"prefix_cache_bytes"`
 }
 
+// maxPrefixCacheBytes is the largest budget Validate accepts: beyond it a typo
+// (bytes meant as KiB) would be mistaken for a budget.
+const maxPrefixCacheBytes = 64 << 30
+
 // DefaultConfig returns an empty configuration: no model is tokenized, every request
-// is routed by load.
+// is routed by load; the prefix cache has its default budget.
 func DefaultConfig() Config { return Config{} }
+
+// prefixCacheOption is the tokenizer option PrefixCacheBytes stands for.
+func (c Config) prefixCacheOption() tokenizer.Option {
+	switch {
+	case c.PrefixCacheBytes < 0:
+		return tokenizer.WithPrefixCache(0)
+	case c.PrefixCacheBytes == 0:
+		return tokenizer.WithPrefixCache(tokenizer.DefaultPrefixCacheBytes)
+	}
+	return tokenizer.WithPrefixCache(c.PrefixCacheBytes)
+}
 
 // Validate reports the first invalid setting.
 func (c Config) Validate() error {
+	if c.PrefixCacheBytes > maxPrefixCacheBytes {
+		return fmt.Errorf("prompt: prefix_cache_bytes %d is above %d (64 GiB)", c.PrefixCacheBytes, int64(maxPrefixCacheBytes))
+	}
 	seen := map[string]bool{}
 	for i, m := range c.Models {
 		switch {
@@ -78,7 +100,7 @@ type LoadOptions struct {
 	DefaultChatTemplateKwargs json.RawMessage
 	// Now is the clock of the templates' strftime_now (nil: time.Now).
 	Now func() time.Time
-	// Tokenizer options (segment cache size).
+	// Tokenizer options (prefix cache budget, metrics).
 	Tokenizer []tokenizer.Option
 	// MessageCacheSize is chattemplate.Options.MessageCacheSize (0: default, <0: off).
 	MessageCacheSize int
@@ -127,6 +149,7 @@ func LoadDir(dir string, o LoadOptions) (*Builder, error) {
 // on first use. It is safe for concurrent use.
 type Registry struct {
 	models map[string]*slot
+	cache  tokenizer.Option
 	opts   RegistryOptions
 }
 
@@ -134,7 +157,7 @@ type Registry struct {
 type RegistryOptions struct {
 	// Metrics counts unsupported requests and failures.
 	Metrics *Metrics
-	// TokenizerMetrics counts each model's tokenizer cache lookups, labelled by model.
+	// TokenizerMetrics reports each model's tokenizer prefix cache, labelled by model.
 	TokenizerMetrics *tokenizer.Metrics
 	// Now is the templates' strftime_now clock (nil: time.Now).
 	Now func() time.Time
@@ -153,7 +176,7 @@ func NewRegistry(cfg Config, o RegistryOptions) (*Registry, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	r := &Registry{models: make(map[string]*slot, len(cfg.Models)), opts: o}
+	r := &Registry{models: make(map[string]*slot, len(cfg.Models)), cache: cfg.prefixCacheOption(), opts: o}
 	for _, m := range cfg.Models {
 		r.models[m.Name] = &slot{cfg: m}
 	}
@@ -173,7 +196,7 @@ func (r *Registry) Load(model string) (*Builder, error) {
 		if s.cfg.DefaultChatTemplateKwargs != "" {
 			defaults = json.RawMessage(s.cfg.DefaultChatTemplateKwargs)
 		}
-		var tokOpts []tokenizer.Option
+		tokOpts := []tokenizer.Option{r.cache}
 		if r.opts.TokenizerMetrics != nil {
 			tokOpts = append(tokOpts, tokenizer.WithMetrics(r.opts.TokenizerMetrics, model))
 		}
@@ -220,12 +243,12 @@ func (r *Registry) PromptTokens(req *openai.Request, baseModel string) ([]uint32
 }
 
 // AppendPromptTokens is PromptTokens appending to dst, a buffer the caller may reuse
-// across requests (see Builder.AppendPromptTokens).
-func (r *Registry) AppendPromptTokens(dst []uint32, req *openai.Request, baseModel string) ([]uint32, error) {
+// across requests, at most maxTokens ids (0: all; see Builder.AppendPromptTokens).
+func (r *Registry) AppendPromptTokens(dst []uint32, req *openai.Request, baseModel string, maxTokens int) ([]uint32, error) {
 	b, err := r.Load(baseModel)
 	if err != nil {
 		r.opts.Metrics.observe(err)
 		return nil, err
 	}
-	return b.AppendPromptTokens(dst, req)
+	return b.AppendPromptTokens(dst, req, maxTokens)
 }

@@ -3,6 +3,7 @@ package scoring
 import (
 	"math/rand/v2"
 
+	"github.com/hashicorp/golang-lru/v2/simplelru"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -50,25 +51,24 @@ func (p *Approximate) Finished(reqID string) { p.core.finished(reqID) }
 func (p *Approximate) Forget(endpoint string) { p.core.forget(endpoint) }
 
 // blockLRU is a predicted cache: block keys in least-recently-used order, at most cap of
-// them. Not safe for concurrent use.
+// them, over golang-lru's non-thread-safe core (the kv policy's lock guards it). Not safe
+// for concurrent use.
 type blockLRU struct {
-	cap        int
-	pos        map[uint64]int32
-	key        []uint64
-	prev, next []int32 // prev toward older
-	oldest     int32
-	newest     int32
-	free       int32
+	cap int
+	lru *simplelru.LRU[uint64, struct{}]
 }
 
 func newBlockLRU(capacity int) *blockLRU {
-	return &blockLRU{cap: capacity, pos: make(map[uint64]int32), oldest: -1, newest: -1, free: -1}
+	// NewLRU fails only for a size <= 0, which max rules out.
+	l, _ := simplelru.NewLRU[uint64, struct{}](max(capacity, 1), nil)
+	return &blockLRU{cap: capacity, lru: l}
 }
 
-// leading returns how many of keys' leading blocks are predicted cached.
+// leading returns how many of keys' leading blocks are predicted cached (without
+// touching them).
 func (l *blockLRU) leading(keys []uint64) int {
 	for i, k := range keys {
-		if _, ok := l.pos[k]; !ok {
+		if !l.lru.Contains(k) {
 			return i
 		}
 	}
@@ -79,67 +79,12 @@ func (l *blockLRU) leading(keys []uint64) int {
 // request's blocks tail first: the prefix, shared by more requests, is evicted last.
 func (l *blockLRU) add(keys []uint64) {
 	for i := len(keys) - 1; i >= 0; i-- {
-		k := keys[i]
-		if r, ok := l.pos[k]; ok {
-			l.unlink(r)
-			l.link(r)
-			continue
-		}
-		for len(l.pos) >= l.cap {
-			l.evict()
-		}
-		var r int32
-		if l.free >= 0 {
-			r = l.free
-			l.free = l.next[r]
-		} else {
-			r = int32(len(l.key))
-			l.key = append(l.key, 0)
-			l.prev = append(l.prev, 0)
-			l.next = append(l.next, 0)
-		}
-		l.key[r] = k
-		l.pos[k] = r
-		l.link(r)
+		l.lru.Add(keys[i], struct{}{})
 	}
-}
-
-func (l *blockLRU) evict() {
-	r := l.oldest
-	l.unlink(r)
-	delete(l.pos, l.key[r])
-	l.next[r] = l.free
-	l.free = r
 }
 
 // resize sets the capacity, evicting the oldest keys past it.
 func (l *blockLRU) resize(capacity int) {
 	l.cap = capacity
-	for len(l.pos) > l.cap {
-		l.evict()
-	}
-}
-
-func (l *blockLRU) link(r int32) {
-	l.prev[r], l.next[r] = l.newest, -1
-	if l.newest >= 0 {
-		l.next[l.newest] = r
-	} else {
-		l.oldest = r
-	}
-	l.newest = r
-}
-
-func (l *blockLRU) unlink(r int32) {
-	p, n := l.prev[r], l.next[r]
-	if p >= 0 {
-		l.next[p] = n
-	} else {
-		l.oldest = n
-	}
-	if n >= 0 {
-		l.prev[n] = p
-	} else {
-		l.newest = p
-	}
+	l.lru.Resize(max(capacity, 1))
 }

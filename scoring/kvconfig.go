@@ -1,9 +1,9 @@
 package scoring
 
 import (
-	"errors"
-	"fmt"
 	"math"
+
+	"github.com/kvrouter/kvrouter/config/field"
 )
 
 // KVConfig weighs cached blocks against the load already on an endpoint, in the form of
@@ -32,15 +32,17 @@ type KVConfig struct {
 	// Temperature 0 picks the lowest cost (exact ties at random); above 0 it samples a
 	// softmax over the costs normalised to [0, 1] (Dynamo's router_temperature). Default 0.
 	Temperature float64 `yaml:"temperature"`
-	// BlockSize is used for an endpoint whose scraped block size is unknown. Default 16.
-	BlockSize int `yaml:"block_size"`
+	// BlockSize is used for an endpoint whose scraped block size is unknown: the served
+	// model's models.*.block_size, set by the runner. Default 16.
+	BlockSize int `yaml:"-"`
 	// ApproxBlocks sizes an endpoint's predicted cache (approximate policy, and the kv
 	// policy's fallback for endpoints whose events are not flowing) when its
-	// num_gpu_blocks is unknown. Default 4096.
-	ApproxBlocks int `yaml:"approx_blocks"`
+	// num_gpu_blocks is unknown: kv.approx_blocks, set by the runner. Default 4096.
+	ApproxBlocks int `yaml:"-"`
 	// MaxTracked bounds the requests followed between Pick and Finished, so that requests
-	// whose Finished never comes cannot grow the policy without limit. Default 65536.
-	MaxTracked int `yaml:"max_tracked"`
+	// whose Finished never comes cannot grow the policy without limit: kv.max_tracked,
+	// set by the runner. Default 65536.
+	MaxTracked int `yaml:"-"`
 }
 
 // DefaultKVConfig returns Dynamo's defaults (prefill_load_scale 1, overlap credit 1,
@@ -57,36 +59,36 @@ func DefaultKVConfig() KVConfig {
 	}
 }
 
-// Validate reports every invalid field.
+// Validate reports every invalid field, each weight with its YAML name as the path.
 func (c KVConfig) Validate() error {
-	var errs []error
+	var errs field.Errors
 	finite := func(name string, v float64) bool {
 		if math.IsNaN(v) || math.IsInf(v, 0) {
-			errs = append(errs, fmt.Errorf("scoring: %s must be finite, got %v", name, v))
+			errs.Addf(name, "must be finite, got %v", v)
 			return false
 		}
 		return true
 	}
 	if finite("prefill_load_scale", c.PrefillLoadScale) && c.PrefillLoadScale < 0 {
-		errs = append(errs, fmt.Errorf("scoring: prefill_load_scale must be >= 0, got %v", c.PrefillLoadScale))
+		errs.Addf("prefill_load_scale", "must be >= 0, got %v", c.PrefillLoadScale)
 	}
 	if finite("overlap_credit", c.OverlapCredit) && (c.OverlapCredit < 0 || c.OverlapCredit > 1) {
-		errs = append(errs, fmt.Errorf("scoring: overlap_credit must be in [0, 1], got %v", c.OverlapCredit))
+		errs.Addf("overlap_credit", "must be in [0, 1] (the share of a cached block credited), got %v", c.OverlapCredit)
 	}
 	if finite("decode_active_request_weight", c.DecodeActiveRequestWeight) && c.DecodeActiveRequestWeight < 0 {
-		errs = append(errs, fmt.Errorf("scoring: decode_active_request_weight must be >= 0, got %v", c.DecodeActiveRequestWeight))
+		errs.Addf("decode_active_request_weight", "must be >= 0, got %v", c.DecodeActiveRequestWeight)
 	}
 	if finite("temperature", c.Temperature) && c.Temperature < 0 {
-		errs = append(errs, fmt.Errorf("scoring: temperature must be >= 0, got %v", c.Temperature))
+		errs.Addf("temperature", "must be >= 0, got %v", c.Temperature)
 	}
 	if c.BlockSize <= 0 {
-		errs = append(errs, fmt.Errorf("scoring: block_size must be > 0, got %d", c.BlockSize))
+		errs.Addf("", "block_size must be > 0, got %d", c.BlockSize)
 	}
 	if c.ApproxBlocks <= 0 {
-		errs = append(errs, fmt.Errorf("scoring: approx_blocks must be > 0, got %d", c.ApproxBlocks))
+		errs.Addf("", "approx_blocks must be > 0, got %d", c.ApproxBlocks)
 	}
 	if c.MaxTracked <= 0 {
-		errs = append(errs, fmt.Errorf("scoring: max_tracked must be > 0, got %d", c.MaxTracked))
+		errs.Addf("", "max_tracked must be > 0, got %d", c.MaxTracked)
 	}
-	return errors.Join(errs...)
+	return errs.Err()
 }

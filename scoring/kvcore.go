@@ -1,6 +1,7 @@
 package scoring
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -122,7 +123,7 @@ func newKVMetrics(policy string, reg prometheus.Registerer) *kvMetrics {
 func newKVCore(policy string, cfg KVConfig, ix PrefixIndex, health EventHealth, predict bool,
 	src rand.Source, reg prometheus.Registerer) (*kvCore, error) {
 	if err := cfg.Validate(); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("scoring: %s config: %w", policy, err)
 	}
 	if src == nil {
 		src = rand.NewPCG(rand.Uint64(), rand.Uint64())

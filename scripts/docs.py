@@ -409,6 +409,20 @@ def vs_kv_table(path, pol="placement"):
     return out + f"\nLosses against kv: {losses}.\n"
 
 
+def runs_table(before, after, pol="placement"):
+    """One policy across two runs of the same grid (say, before and after a change of
+    default): per N x C, the cached-token ratio and TTFT p99 of each, and the changes."""
+    a, b = by_cell(records(before)), by_cell(records(after))
+    rows = []
+    for (p, n, c), ra in sorted(a.items(), key=lambda x: (x[0][1], x[0][2])):
+        rb = b.get((p, n, c))
+        if p != pol or rb is None:
+            continue
+        rows.append([n, c, f"{ra['cached_ratio']:.3f}", f"{rb['cached_ratio']:.3f}", f"{rb['cached_ratio'] - ra['cached_ratio']:+.3f}",
+                     f"{ra['ttft_p99_ms']:.0f}", f"{rb['ttft_p99_ms']:.0f}", f"{rb['ttft_p99_ms'] - ra['ttft_p99_ms']:+.0f}"])
+    return table(["N", "C", "ratio before", "ratio after", "change", "TTFT p99 ms before", "after", "change"], rows)
+
+
 # ---- docs/results-workloads.md (issue 14) ----
 
 WORKLOAD_POLICIES = ["kv", "round-robin", "least-load", "placement"]
@@ -500,6 +514,7 @@ RENDERERS = {
     "cells": cells_table,
     "goal": goal_table,
     "vs-kv": vs_kv_table,
+    "runs": runs_table,
     "workload": workload_table,
     "workload-summary": workload_summary,
 }

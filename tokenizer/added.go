@@ -1,6 +1,7 @@
 package tokenizer
 
 import (
+	"bytes"
 	"strings"
 	"unicode"
 	"unicode/utf8"
@@ -18,9 +19,20 @@ type addedToken struct {
 }
 
 // trieNode is a byte trie node; tok is the index of the token ending here, or -1.
+// Its edges are parallel slices searched with IndexByte: most nodes have one child,
+// and a long conversation walks the trie at every added token it holds.
 type trieNode struct {
-	next map[byte]int32
-	tok  int32
+	edges []byte  // the bytes of the edges
+	next  []int32 // the node each edge leads to
+	tok   int32
+}
+
+// child returns the node the edge labelled c leads to, or -1.
+func (n *trieNode) child(c byte) int32 {
+	if k := bytes.IndexByte(n.edges, c); k >= 0 {
+		return n.next[k]
+	}
+	return -1
 }
 
 // matcher finds added tokens leftmost-longest, as HF's aho-corasick
@@ -45,14 +57,12 @@ func newMatcher(tokens []addedToken) *matcher {
 		n := int32(0)
 		for j := 0; j < len(t.Content); j++ {
 			c := t.Content[j]
-			if m.nodes[n].next == nil {
-				m.nodes[n].next = map[byte]int32{}
-			}
-			nx, ok := m.nodes[n].next[c]
-			if !ok {
+			nx := m.nodes[n].child(c)
+			if nx < 0 {
 				nx = int32(len(m.nodes))
 				m.nodes = append(m.nodes, trieNode{tok: -1})
-				m.nodes[n].next[c] = nx
+				m.nodes[n].edges = append(m.nodes[n].edges, c)
+				m.nodes[n].next = append(m.nodes[n].next, nx)
 			}
 			n = nx
 		}
@@ -76,8 +86,8 @@ func (m *matcher) empty() bool { return len(m.nodes) == 1 }
 func (m *matcher) longestAt(s string, i int) (tok int32, end int) {
 	tok, n := -1, int32(0)
 	for j := i; j < len(s); j++ {
-		nx, ok := m.nodes[n].next[s[j]]
-		if !ok {
+		nx := m.nodes[n].child(s[j])
+		if nx < 0 {
 			break
 		}
 		n = nx
@@ -111,6 +121,7 @@ func (m *matcher) nextMatch(s string, from int) (tok int32, start, end int) {
 type piece struct {
 	text string
 	tok  int32
+	at   int // an added token's start in the input (after lstrip)
 }
 
 // split cuts s into text and added tokens the way HF's AddedVocabulary::find_matches
@@ -155,7 +166,7 @@ func (m *matcher) split(s string, out []piece) []piece {
 			out = append(out, piece{text: s[offset:start], tok: -1})
 		}
 		// A match overlapping the previous token's rstrip still counts, as in HF.
-		out = append(out, piece{tok: mt.tok})
+		out = append(out, piece{tok: mt.tok, at: start})
 		offset = stop
 	}
 	if offset < len(s) {
@@ -205,4 +216,23 @@ func spaceRightmostAtStart(s string) int {
 		i += n
 	}
 	return i
+}
+
+// cutSafe reports whether text splits exactly before every raw match of tok: the ids of
+// text are those of text[:c] followed by those of text[c:] when tok is matched at c.
+// That holds when the split of text[:c] does not depend on what follows c and the
+// match itself does not depend on what precedes it: tok must not strip the white space
+// before it (lstrip) nor be matched as a single word only (single_word looks at the
+// character before it), and its first character must be neither white space (an
+// earlier token's rstrip would run into it) nor a word character (an earlier
+// single_word token ending at c looks at it). Segments between raw matches are then
+// normalised, pre-tokenised and merged on their own, and the leftmost-longest scan
+// finds the same matches before c in text[:c] as in text, because no match it took
+// before c ends after c (it would overlap the match at c).
+func cutSafe(tk addedToken) bool {
+	if tk.LStrip || tk.SingleWord || tk.Normalized || tk.Content == "" {
+		return false
+	}
+	r, _ := utf8.DecodeRuneInString(tk.Content)
+	return !unicode.IsSpace(r) && !isWordRune(r)
 }

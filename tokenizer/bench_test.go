@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/internal/cputime"
+	"github.com/kvrouter/kvrouter/internal/testtext"
 	"github.com/kvrouter/kvrouter/tokenizer"
 	"github.com/kvrouter/kvrouter/tokenizer/testmodels"
 )
@@ -46,7 +47,7 @@ func render(model, system, user string) string {
 	return "<|im_start|>system\n" + system + "<|im_end|>\n<|im_start|>user\n" + user + "<|im_end|>\n<|im_start|>assistant\n"
 }
 
-func loadBench(b *testing.B, model string, opts ...tokenizer.Option) *tokenizer.Tokenizer {
+func loadBench(b testing.TB, model string, opts ...tokenizer.Option) *tokenizer.Tokenizer {
 	b.Helper()
 	tk, err := tokenizer.LoadDir(testmodels.Dir(b, model), opts...)
 	if err != nil {
@@ -56,12 +57,12 @@ func loadBench(b *testing.B, model string, opts ...tokenizer.Option) *tokenizer.
 }
 
 // BenchmarkEncodeChat tokenizes a ~2,400-token chat prompt whose ~2,000-token system
-// prompt is shared: "cold" with the segment cache off, "system-cached" with the system
-// segment memoised and a user turn that differs on every iteration.
+// prompt is shared: "cold" with the prefix cache off, "system-cached" with the system
+// prompt's prefix memoised and a user turn that differs on every iteration.
 func BenchmarkEncodeChat(b *testing.B) {
 	for _, model := range []string{"qwen3", "llama3"} {
 		b.Run(model+"/cold", func(b *testing.B) {
-			tk := loadBench(b, model, tokenizer.WithSegmentCache(0, 0, 1<<20))
+			tk := loadBench(b, model, tokenizer.WithPrefixCache(0))
 			system, user := chatPrompt(b, tk, 2000, 400)
 			prompt := render(model, system, user)
 			n := len(tk.Encode(prompt, false))
@@ -122,4 +123,80 @@ func BenchmarkLoad(b *testing.B) {
 	runtime.ReadMemStats(&after)
 	b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/(1<<20), "MiB-heap")
 	runtime.KeepAlive(tk)
+}
+
+// BenchmarkEncodeHuge tokenizes a ~15 MB chat prompt (~3.7M tokens), as one oversized
+// request brings: "whole" is every token (AppendEncode), "max=131072" stops at a context
+// length as the router does (AppendEncodeMax).
+func BenchmarkEncodeHuge(b *testing.B) {
+	tk := loadBench(b, "qwen3", tokenizer.WithPrefixCache(0))
+	text := render("qwen3", "You are a helpful assistant.", testtext.Prose(1, 3_700_000))
+	for _, max := range []int{0, 131072} {
+		name := "whole"
+		if max > 0 {
+			name = fmt.Sprintf("max=%d", max)
+		}
+		b.Run(name, func(b *testing.B) {
+			b.SetBytes(int64(len(text)))
+			var n int
+			for b.Loop() {
+				ids, _ := tk.AppendEncodeMax(nil, text, false, max)
+				n = len(ids)
+			}
+			b.ReportMetric(float64(n), "tokens")
+		})
+	}
+}
+
+// BenchmarkEncodeConversation tokenizes turn k of a Qwen3-format conversation whose
+// history is about 2k, 32k or 128k tokens: "cold" with the prefix cache off (the whole
+// history every turn), "warm" after the previous turn was tokenized, so only the new
+// answer and question (~150 tokens, unique to each iteration) are.
+func BenchmarkEncodeConversation(b *testing.B) {
+	base := loadBench(b, "qwen3")
+	for _, size := range []struct {
+		name   string
+		tokens int
+	}{{"2k", 2000}, {"32k", 32000}, {"128k", 128000}} {
+		var hist strings.Builder
+		hist.WriteString("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n")
+		for i, n := 0, 0; n < size.tokens; i++ {
+			role := []string{"user", "assistant"}[i%2]
+			msg := strings.Repeat(fmt.Sprintf("Message %d: the router keeps the prefix of every conversation. ", i), 25)
+			fmt.Fprintf(&hist, "<|im_start|>%s\n%s<|im_end|>\n", role, msg)
+			n += len(base.Encode(msg, false)) + 5
+		}
+		h := hist.String()
+		turn := func(n int) string {
+			return fmt.Sprintf("%s<|im_start|>assistant\nAnswer %d: %s<|im_end|>\n<|im_start|>user\nQuestion %d: %s<|im_end|>\n<|im_start|>assistant\n",
+				h, n, strings.Repeat("the cached prefix is copied. ", 15), n, strings.Repeat("and the rest is tokenized? ", 8))
+		}
+		for _, mode := range []struct {
+			name  string
+			bytes int64
+		}{{"cold", 0}, {"warm", tokenizer.DefaultPrefixCacheBytes}} {
+			b.Run(size.name+"/"+mode.name, func(b *testing.B) {
+				tk, err := base.Derive(tokenizer.WithPrefixCache(mode.bytes))
+				if err != nil {
+					b.Fatal(err)
+				}
+				tk.Encode(h+"<|im_start|>assistant\n", false) // the previous turn
+				ids := tk.Encode(turn(-1), false)
+				buf := make([]uint32, 0, 2*len(ids))
+				var cpu time.Duration
+				n := 0
+				for b.Loop() {
+					b.StopTimer()
+					text := turn(n)
+					b.StartTimer()
+					start := cputime.Process()
+					buf = tk.AppendEncode(buf[:0], text, false)
+					cpu += cputime.Process() - start
+					n++
+				}
+				b.ReportMetric(float64(cpu)/float64(n), "cpu-ns/op")
+				b.ReportMetric(float64(len(ids)), "tokens/op")
+			})
+		}
+	}
 }

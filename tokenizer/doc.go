@@ -6,6 +6,11 @@
 // TemplateProcessing post-processor. tokenizer.json files of any other kind fail to
 // load with an *UnsupportedError.
 //
+// A prefix cache memoises the ids of text prefixes that end before an added token
+// where the split is exact (see prefixcache.go and the README), so a conversation's
+// next turn tokenizes only its new messages.
+//
 // Concurrency: a *Tokenizer is immutable after loading except for its internal,
-// locked LRU cache of segment ids; all methods are safe for concurrent use.
+// locked prefix cache (an LRU under a byte budget); all methods are safe for
+// concurrent use.
 package tokenizer

@@ -8,7 +8,7 @@ import (
 	"github.com/kvrouter/kvrouter/tokenizer"
 )
 
-// FuzzEncode checks on arbitrary input that encoding never panics, that the segment
+// FuzzEncode checks on arbitrary input that encoding never panics, that the prefix
 // cache changes nothing, and that decoding gives the (UTF-8-sanitised) input back
 // (the tiny tokenizer has no normalizer), for the Qwen2 and GPT-2 pre-tokenizers.
 func FuzzEncode(f *testing.F) {
@@ -20,8 +20,8 @@ func FuzzEncode(f *testing.F) {
 	}
 	added := []string{"<|x|>", "<|xy|>", "he"}
 	tks := [][2]*tokenizer.Tokenizer{
-		{tiny(f, helloMerges, added, nil), tiny(f, helloMerges, added, nil, tokenizer.WithSegmentCache(0, 0, 1<<20))},
-		{tiny(f, helloMerges, added, gpt2, tokenizer.WithSegmentCache(4, 0, 1<<20)), tiny(f, helloMerges, added, gpt2, tokenizer.WithSegmentCache(0, 0, 1<<20))},
+		{tiny(f, helloMerges, added, nil), tiny(f, helloMerges, added, nil, tokenizer.WithPrefixCache(0))},
+		{tiny(f, helloMerges, added, gpt2, tokenizer.WithPrefixCache(2048)), tiny(f, helloMerges, added, gpt2, tokenizer.WithPrefixCache(0))},
 	}
 	f.Fuzz(func(t *testing.T, s string) {
 		want := strings.ToValidUTF8(s, "\uFFFD")
@@ -75,7 +75,7 @@ func FuzzParseConfig(f *testing.F) {
 }
 
 // FuzzEncodeModels runs the real Qwen3 and Llama 3 tokenizers on arbitrary input:
-// no panic, the same ids with and without the segment cache, and for Llama 3 (no
+// no panic, the same ids with and without the prefix cache, and for Llama 3 (no
 // normalizer) decoding gives the input back.
 func FuzzEncodeModels(f *testing.F) {
 	for _, s := range []string{"<|im_start|>user\nHi<|im_end|>", "'S  \u00a0\r\n x", "a\u0338>\u0338<|endoftext|>\u0301", "👩🏽‍🚀", strings.Repeat("=", 200)} {
@@ -85,11 +85,11 @@ func FuzzEncodeModels(f *testing.F) {
 	var tks []pair
 	for _, name := range []string{"qwen3", "llama3"} {
 		tk := model(f, name)
-		plain, err := tk.Derive(tokenizer.WithSegmentCache(0, 0, 0))
+		plain, err := tk.Derive(tokenizer.WithPrefixCache(0))
 		if err != nil {
 			f.Fatal(err)
 		}
-		cached, err := tk.Derive(tokenizer.WithSegmentCache(16, 1, 1<<20))
+		cached, err := tk.Derive(tokenizer.WithPrefixCache(64 << 10))
 		if err != nil {
 			f.Fatal(err)
 		}
@@ -105,6 +105,38 @@ func FuzzEncodeModels(f *testing.F) {
 				if got, want := p.plain.Decode(c), strings.ToValidUTF8(s, "\uFFFD"); got != want {
 					t.Fatalf("llama3: Decode(Encode(%q)) = %q", s, got)
 				}
+			}
+		}
+	})
+}
+
+// FuzzPrefixCache: texts sharing a fuzzed prefix, with added tokens whose flags make
+// some splits inexact (lstrip, single_word, rstrip, tokens starting with a word
+// character or a space, tokens containing another), give the same ids from a warm
+// prefix cache as without one.
+func FuzzPrefixCache(f *testing.F) {
+	for _, s := range [][2]string{{"hello <R>  ", "<|s|>y"}, {"hellox", "<|s|> wd>"}, {"he <sp>", "<L> x<W>"}, {"aa<|s|>bb", "<|s|>"}} {
+		f.Add(s[0], s[1])
+	}
+	added := []string{"<|s|>", "<L>", "<W>", "x<|s|>", "<|s|>y", " <sp>", "wd>", "<R>"}
+	flags := func(doc map[string]any) {
+		for _, a := range doc["added_tokens"].([]map[string]any) {
+			switch a["content"] {
+			case "<L>":
+				a["lstrip"] = true
+			case "<W>":
+				a["single_word"] = true
+			case "<R>":
+				a["rstrip"] = true
+			}
+		}
+	}
+	cached := tiny(f, helloMerges, added, flags, tokenizer.WithPrefixCache(1<<16))
+	plain := tiny(f, helloMerges, added, flags, tokenizer.WithPrefixCache(0))
+	f.Fuzz(func(t *testing.T, prefix, tail string) {
+		for _, text := range []string{prefix + "<|s|>", prefix + tail, prefix + "<|s|>" + tail, prefix + tail + "<|s|>" + prefix} {
+			if got, want := cached.Encode(text, true), plain.Encode(text, true); !slices.Equal(got, want) {
+				t.Fatalf("%q: cached ids %v, want %v", text, got, want)
 			}
 		}
 	})

@@ -2,17 +2,14 @@ package tokenizer
 
 import (
 	"fmt"
-	"hash/maphash"
+	"math"
 	"slices"
 	"strings"
-	"sync/atomic"
 	"unicode/utf8"
-
-	lru "github.com/hashicorp/golang-lru/v2"
 )
 
 // Tokenizer is a HuggingFace byte-level BPE tokenizer loaded from tokenizer.json. It is
-// safe for concurrent use; its only mutable state is the segment cache.
+// safe for concurrent use; its only mutable state is the prefix cache.
 type Tokenizer struct {
 	model       bpeModel
 	nfc         bool      // normalizer NFC
@@ -26,75 +23,55 @@ type Tokenizer struct {
 
 	bos, eos, chatTemplate string
 
-	cache       *lru.Cache[string, []uint32]
-	cacheMinLen int
-	cacheMaxLen int
-	counters    cacheCounters
-	// seen is the cache's doorkeeper: a direct-mapped table of the hashes of segments
-	// that missed once. A segment is memoised on its second miss, so text seen once (a
-	// request's own user turn) is neither copied into the cache nor evicts the shared
-	// system prompts. Lost updates between goroutines only delay an admission.
-	seen     []atomic.Uint64
-	seenSeed maphash.Seed
+	// cut marks the raw added tokens text splits exactly before (see cutSafe), by index
+	// in rawMatcher.tokens: where the prefix cache keys prefixes.
+	cut   []bool
+	cache *prefixCache // nil: off
 }
-
-// seenSlots is the doorkeeper's size: hashes of the last few thousand distinct
-// segments that missed.
-const seenSlots = 4096
 
 // Option configures a Tokenizer at load time.
 type Option func(*options)
 
 type options struct {
-	cacheSize   int
-	cacheMinLen int
-	cacheMaxLen int
-	metrics     *Metrics
-	model       string
+	cacheBytes int64
+	metrics    *Metrics
+	model      string
 }
 
-// Default segment cache settings: see WithSegmentCache.
-const (
-	DefaultCacheSize   = 256
-	DefaultCacheMinLen = 64
-	DefaultCacheMaxLen = 32 << 10
-)
+// DefaultPrefixCacheBytes bounds each tokenizer's prefix cache: 64 MiB holds about 14M
+// tokens of conversation history (4 bytes an id plus a per-span overhead), e.g. a
+// hundred 128k-token conversations, for a few percent of a router's memory.
+const DefaultPrefixCacheBytes = 64 << 20
 
 func defaultOptions() options {
-	return options{cacheSize: DefaultCacheSize, cacheMinLen: DefaultCacheMinLen, cacheMaxLen: DefaultCacheMaxLen}
+	return options{cacheBytes: DefaultPrefixCacheBytes}
 }
 
-// WithSegmentCache sets how many text segments (the text between added tokens, such
-// as a shared system prompt) the LRU memoises (a segment is admitted the second time it
-// misses, so text seen once does not evict shared prompts), and the range of segment lengths in
-// bytes worth caching: shorter ones are cheap to tokenize, longer ones would make the
-// cache's memory unbounded in practice. Memory stays below about size x maxLen x 5
-// bytes. size 0 disables the cache.
-func WithSegmentCache(size, minLen, maxLen int) Option {
-	return func(o *options) { o.cacheSize, o.cacheMinLen, o.cacheMaxLen = size, minLen, maxLen }
+// WithPrefixCache bounds the memory of the prefix cache to maxBytes (ids at 4 bytes
+// each plus a fixed overhead per cached span); 0 disables the cache. See the package
+// README: the ids of a text's prefix ending before an added token such as
+// <|im_start|> are memoised, so a conversation's next turn (or any request sharing a
+// system prompt) tokenizes only what follows the longest cached prefix.
+func WithPrefixCache(maxBytes int64) Option {
+	return func(o *options) { o.cacheBytes = maxBytes }
 }
 
 func (t *Tokenizer) initCache(o options) error {
-	if o.cacheSize < 0 || o.cacheMinLen < 0 || o.cacheMaxLen < o.cacheMinLen {
-		return fmt.Errorf("tokenizer: invalid segment cache: size %d, lengths %d..%d", o.cacheSize, o.cacheMinLen, o.cacheMaxLen)
+	if o.cacheBytes < 0 {
+		return fmt.Errorf("tokenizer: invalid prefix cache size %d bytes", o.cacheBytes)
 	}
-	t.cacheMinLen, t.cacheMaxLen = o.cacheMinLen, o.cacheMaxLen
-	t.counters = newCacheCounters(o.metrics, o.model)
-	if o.cacheSize == 0 {
-		return nil
+	if t.rawMatcher != nil {
+		t.cut = make([]bool, len(t.rawMatcher.tokens))
+		for i, tk := range t.rawMatcher.tokens {
+			t.cut[i] = cutSafe(tk)
+		}
 	}
-	c, err := lru.New[string, []uint32](o.cacheSize)
-	if err != nil {
-		return fmt.Errorf("tokenizer: segment cache: %w", err)
-	}
-	t.cache = c
-	t.seen = make([]atomic.Uint64, seenSlots)
-	t.seenSeed = maphash.MakeSeed()
+	t.cache = newPrefixCache(o.cacheBytes, newCacheCounters(o.metrics, o.model))
 	return nil
 }
 
 // Derive returns a tokenizer that shares t's (immutable) vocabulary, merges and
-// settings but has its own segment cache and metrics, configured by opts from the
+// settings but has its own prefix cache and metrics, configured by opts from the
 // defaults. Deriving is cheap; loading is not.
 func (t *Tokenizer) Derive(opts ...Option) (*Tokenizer, error) {
 	o := defaultOptions()
@@ -104,7 +81,7 @@ func (t *Tokenizer) Derive(opts ...Option) (*Tokenizer, error) {
 	d := &Tokenizer{
 		model: t.model, nfc: t.nfc, split: t.split, rawMatcher: t.rawMatcher, normMatcher: t.normMatcher,
 		added: t.added, pieces: t.pieces, prefix: t.prefix, suffix: t.suffix,
-		bos: t.bos, eos: t.eos, chatTemplate: t.chatTemplate,
+		bos: t.bos, eos: t.eos, chatTemplate: t.chatTemplate, cut: t.cut,
 	}
 	if err := d.initCache(o); err != nil {
 		return nil, err
@@ -121,82 +98,93 @@ func (t *Tokenizer) Encode(text string, addSpecialTokens bool) []uint32 {
 
 // AppendEncode appends the ids Encode returns for text to dst and returns the extended
 // slice, so that a caller can reuse one buffer across requests. dst's contents are kept.
+// With the prefix cache on, the ids of the longest cached prefix of text that ends
+// before an added token are copied, and only the rest is tokenized.
 func (t *Tokenizer) AppendEncode(dst []uint32, text string, addSpecialTokens bool) []uint32 {
+	out, _ := t.AppendEncodeMax(dst, text, addSpecialTokens, 0)
+	return out
+}
+
+// AppendEncodeMax is AppendEncode stopping once maxTokens ids were appended (0: no
+// limit): the ids appended are the first maxTokens of AppendEncode's, and complete is
+// false when some were left out. Its cost is that of the text up to the limit (plus a
+// linear scan of the rest for added tokens and normalisation), not of the whole text.
+func (t *Tokenizer) AppendEncodeMax(dst []uint32, text string, addSpecialTokens bool, maxTokens int) (out []uint32, complete bool) {
 	if !utf8.ValidString(text) {
 		text = strings.ToValidUTF8(text, "\uFFFD")
 	}
-	out := slices.Grow(dst, len(text)/4+len(t.prefix)+len(t.suffix)+4)
+	// The encoders stop once out holds limit ids; limit is one past maxTokens, so that
+	// more than maxTokens ids (then cut) tells that some were left out.
+	limit := math.MaxInt
+	want := len(text)/4 + len(t.prefix) + len(t.suffix) + 4
+	if maxTokens > 0 {
+		limit = len(dst) + maxTokens + 1
+		want = min(want, maxTokens+1)
+	}
+	out = slices.Grow(dst, want)
+	base := len(out)
 	if addSpecialTokens {
 		out = append(out, t.prefix...)
 	}
 	var buf [32]piece
-	for _, p := range t.rawMatcher.split(text, buf[:0]) {
-		if p.tok >= 0 {
-			out = append(out, t.rawMatcher.tokens[p.tok].ID)
-			continue
-		}
-		out = t.encodeSegment(p.text, out)
+	pieces := t.rawMatcher.split(text, buf[:0])
+	if t.cache == nil {
+		out = t.encodePieces(pieces, out, limit)
+	} else {
+		out = t.encodeCached(text, pieces, out, base, addSpecialTokens, limit)
 	}
 	if addSpecialTokens {
 		out = append(out, t.suffix...)
 	}
-	return out
+	if maxTokens > 0 && len(out)-len(dst) > maxTokens {
+		return out[:len(dst)+maxTokens], false
+	}
+	return out, true
 }
 
-// encodeSegment appends the ids of text that holds no raw added token, through the
-// segment cache.
-func (t *Tokenizer) encodeSegment(seg string, out []uint32) []uint32 {
-	cacheable := t.cache != nil && len(seg) >= t.cacheMinLen && len(seg) <= t.cacheMaxLen
-	if cacheable {
-		ids, ok := t.cache.Get(seg)
-		t.counters.count(ok)
-		if ok {
-			return append(out, ids...)
+// encodePieces appends the ids of the pieces of a raw added-token split, until out
+// holds limit ids.
+func (t *Tokenizer) encodePieces(pieces []piece, out []uint32, limit int) []uint32 {
+	for _, p := range pieces {
+		if len(out) >= limit {
+			break
 		}
-	}
-	start := len(out)
-	out = t.encodeText(seg, out)
-	if cacheable && t.admit(seg) {
-		t.cache.Add(strings.Clone(seg), slices.Clone(out[start:]))
+		if p.tok >= 0 {
+			out = append(out, t.rawMatcher.tokens[p.tok].ID)
+			continue
+		}
+		out = t.encodeText(p.text, out, limit)
 	}
 	return out
-}
-
-// admit reports whether seg, which just missed the cache, missed before (recently
-// enough that its hash is still in the doorkeeper), and otherwise remembers it.
-func (t *Tokenizer) admit(seg string) bool {
-	h := maphash.String(t.seenSeed, seg) | 1 // 0 marks an empty slot
-	slot := &t.seen[h%seenSlots]
-	if slot.Load() == h {
-		return true
-	}
-	slot.Store(h)
-	return false
 }
 
 // encodeText normalises seg, splits it on normalized added tokens, pre-tokenises and
-// applies BPE.
-func (t *Tokenizer) encodeText(seg string, out []uint32) []uint32 {
+// applies BPE, until out holds limit ids.
+func (t *Tokenizer) encodeText(seg string, out []uint32, limit int) []uint32 {
 	if t.nfc {
 		seg = nfc(seg)
 	}
 	if t.normMatcher.empty() {
-		return t.encodeWords(seg, out)
+		return t.encodeWords(seg, out, limit)
 	}
 	var buf [8]piece
 	for _, p := range t.normMatcher.split(seg, buf[:0]) {
+		if len(out) >= limit {
+			break
+		}
 		if p.tok >= 0 {
 			out = append(out, t.normMatcher.tokens[p.tok].ID)
 			continue
 		}
-		out = t.encodeWords(p.text, out)
+		out = t.encodeWords(p.text, out, limit)
 	}
 	return out
 }
 
-// encodeWords pre-tokenises s and appends the BPE ids of every piece.
-func (t *Tokenizer) encodeWords(s string, out []uint32) []uint32 {
-	for i := 0; i < len(s); {
+// encodeWords pre-tokenises s and appends the BPE ids of every piece, until out holds
+// limit ids.
+func (t *Tokenizer) encodeWords(s string, out []uint32, limit int) []uint32 {
+	for i := 0; i < len(s) && len(out) < limit; {
 		var e int
 		switch t.split {
 		case splitQwen2:

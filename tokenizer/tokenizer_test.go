@@ -2,6 +2,7 @@ package tokenizer_test
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -149,7 +150,7 @@ func TestLoadErrors(t *testing.T) {
 	if _, err := tokenizer.LoadDir(filepath.Join(dir, "missing")); err == nil {
 		t.Error("LoadDir of a missing directory succeeded")
 	}
-	if _, err := tokenizer.Parse(tinyJSON(t, helloMerges, nil, nil), nil, tokenizer.WithSegmentCache(-1, 0, 1<<20)); err == nil {
+	if _, err := tokenizer.Parse(tinyJSON(t, helloMerges, nil, nil), nil, tokenizer.WithPrefixCache(-1)); err == nil {
 		t.Error("negative cache size accepted")
 	}
 }
@@ -232,31 +233,55 @@ func TestDecodeRoundTrip(t *testing.T) {
 	}
 }
 
-// TestCacheIdentical checks that the segment cache changes nothing: ids with a cache
-// (cold and warm, from many goroutines at once) equal ids without one.
+// conversationTexts renders, for the given model's special tokens, the texts of the
+// successive turns of conversations whose messages are corpus strings: each turn
+// re-sends the whole history plus a new message, as chat clients do.
+func conversationTexts(model string, corpus []corpusEntry, stride int) []string {
+	open, mid, end, gen := "<|im_start|>", "\n", "<|im_end|>\n", "<|im_start|>assistant\n"
+	if model == "llama3" {
+		open, mid, end, gen = "<|start_header_id|>", "<|end_header_id|>\n\n", "<|eot_id|>", "<|start_header_id|>assistant<|end_header_id|>\n\n"
+	}
+	system := strings.Repeat("You are a helpful assistant. Answer in JSON: {\"a\": 1}.\n", 60)
+	var texts []string
+	history := open + "system" + mid + system + end
+	for i := 0; i < len(corpus); i += stride {
+		if i%(stride*6) == 0 { // a new conversation every 6 messages
+			history = open + "system" + mid + system + end
+		}
+		role := []string{"user", "assistant"}[(i/stride)%2]
+		history += open + role + mid + corpus[i].Text + end
+		texts = append(texts, corpus[i].Text, history+gen)
+	}
+	return texts
+}
+
+// TestCacheIdentical checks that the prefix cache changes nothing: ids with a cache
+// (cold and warm, large and so small it evicts all the time, from many goroutines at
+// once) equal ids without one, on texts whose pieces are the golden corpus strings
+// (every added token, partial tokens, unicode edge cases) arranged as growing
+// conversations.
 func TestCacheIdentical(t *testing.T) {
 	for _, name := range []string{"qwen3", "llama3"} {
 		t.Run(name, func(t *testing.T) {
 			plain := model(t, name)
 			reg := prometheus.NewPedanticRegistry()
 			m := tokenizer.NewMetrics(reg)
-			small, err := plain.Derive(tokenizer.WithSegmentCache(64, 1, 1<<20), tokenizer.WithMetrics(m, name))
+			large, err := plain.Derive(tokenizer.WithPrefixCache(64<<20), tokenizer.WithMetrics(m, name))
 			if err != nil {
 				t.Fatal(err)
 			}
-			off, err := plain.Derive(tokenizer.WithSegmentCache(0, 0, 1<<20))
+			small, err := plain.Derive(tokenizer.WithPrefixCache(16 << 10))
 			if err != nil {
 				t.Fatal(err)
 			}
-			corpus := readJSONL[corpusEntry](t, "corpus.jsonl.gz")
-			system := strings.Repeat("You are a helpful assistant. Answer in JSON: {\"a\": 1}.\n", 60)
-			var texts []string
-			for i := 0; i < len(corpus); i += 25 {
-				texts = append(texts, corpus[i].Text, "<|im_start|>system\n"+system+"<|im_end|>\n<|im_start|>user\n"+corpus[i].Text+"<|im_end|>")
+			off, err := plain.Derive(tokenizer.WithPrefixCache(0))
+			if err != nil {
+				t.Fatal(err)
 			}
+			texts := conversationTexts(name, readJSONL[corpusEntry](t, "corpus.jsonl.gz"), 25)
 			want := make([][]uint32, len(texts))
 			for i, s := range texts {
-				want[i] = off.Encode(s, true)
+				want[i] = off.Encode(s, i%3 == 0)
 			}
 			var wg sync.WaitGroup
 			for g := 0; g < 4; g++ {
@@ -264,9 +289,9 @@ func TestCacheIdentical(t *testing.T) {
 				go func() {
 					defer wg.Done()
 					for pass := 0; pass < 2; pass++ {
-						for i := g; i < len(texts); i += 2 {
-							for _, tk := range []*tokenizer.Tokenizer{plain, small} {
-								if got := tk.Encode(texts[i], true); !slices.Equal(got, want[i]) {
+						for i := g % 2; i < len(texts); i += 2 {
+							for _, tk := range []*tokenizer.Tokenizer{large, small} {
+								if got := tk.Encode(texts[i], i%3 == 0); !slices.Equal(got, want[i]) {
 									t.Errorf("cached ids differ for %q", texts[i])
 									return
 								}
@@ -276,15 +301,14 @@ func TestCacheIdentical(t *testing.T) {
 				}()
 			}
 			wg.Wait()
-			hits, misses := lookups(t, reg, "hit"), lookups(t, reg, "miss")
-			if hits == 0 || misses == 0 {
+			if hits, misses := lookups(t, reg, "hit"), lookups(t, reg, "miss"); hits == 0 || misses == 0 {
 				t.Errorf("cache hits %v misses %v: want both > 0", hits, misses)
 			}
 		})
 	}
 }
 
-// lookups sums kvrouter_tokenizer_segment_cache_lookups_total{result} in reg.
+// lookups sums kvrouter_tokenizer_prefix_cache_lookups_total{result} in reg.
 func lookups(t *testing.T, reg *prometheus.Registry, result string) float64 {
 	t.Helper()
 	mfs, err := reg.Gather()
@@ -293,6 +317,9 @@ func lookups(t *testing.T, reg *prometheus.Registry, result string) float64 {
 	}
 	sum := 0.0
 	for _, mf := range mfs {
+		if mf.GetName() != "kvrouter_tokenizer_prefix_cache_lookups_total" {
+			continue
+		}
 		for _, m := range mf.GetMetric() {
 			for _, l := range m.GetLabel() {
 				if l.GetName() == "result" && l.GetValue() == result {
@@ -304,51 +331,153 @@ func lookups(t *testing.T, reg *prometheus.Registry, result string) float64 {
 	return sum
 }
 
+// gauge returns kvrouter_tokenizer_prefix_cache_bytes in reg (one model).
+func gauge(t *testing.T, reg *prometheus.Registry) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == "kvrouter_tokenizer_prefix_cache_bytes" {
+			return mf.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	return 0
+}
+
 func TestMetricsGolden(t *testing.T) {
 	reg := prometheus.NewPedanticRegistry()
 	m := tokenizer.NewMetrics(reg)
-	tk := tiny(t, helloMerges, []string{"<|x|>"}, nil, tokenizer.WithSegmentCache(8, 4, 1<<20), tokenizer.WithMetrics(m, "tiny"))
-	tk.Encode("hello world<|x|>hi", false) // "hello world" misses, "hi" is too short to cache
-	tk.Encode("hello world", false)        // misses again, so it is admitted
-	tk.Encode("hello world", false)        // hit
-	tk.Encode("hello world!", false)       // miss
+	tk := tiny(t, helloMerges, []string{"<|x|>"}, nil, tokenizer.WithPrefixCache(1<<20), tokenizer.WithMetrics(m, "tiny"))
+	tk.Encode("hello world<|x|>hi", false)    // miss: 10 ids encoded, the 7 before <|x|> stored
+	tk.Encode("hello world<|x|>there", false) // hit: 7 ids cached, 5 encoded
+	tk.Encode("hello world", false)           // no cut point: no lookup
 	want := `
-# HELP kvrouter_tokenizer_segment_cache_lookups_total Lookups of tokenized text segments (text between added tokens) in the tokenizer's LRU, by result.
-# TYPE kvrouter_tokenizer_segment_cache_lookups_total counter
-kvrouter_tokenizer_segment_cache_lookups_total{model="tiny",result="hit"} 1
-kvrouter_tokenizer_segment_cache_lookups_total{model="tiny",result="miss"} 3
+# HELP kvrouter_tokenizer_prefix_cache_bytes Memory the prefix cache accounts for (ids at 4 bytes plus a fixed overhead per span), bounded by its configured budget.
+# TYPE kvrouter_tokenizer_prefix_cache_bytes gauge
+kvrouter_tokenizer_prefix_cache_bytes{model="tiny"} 192
+# HELP kvrouter_tokenizer_prefix_cache_lookups_total Encodes of a text with a cut point (an added token such as <|im_start|>) that looked up the prefix cache, by result: hit when a cached prefix was used.
+# TYPE kvrouter_tokenizer_prefix_cache_lookups_total counter
+kvrouter_tokenizer_prefix_cache_lookups_total{model="tiny",result="hit"} 1
+kvrouter_tokenizer_prefix_cache_lookups_total{model="tiny",result="miss"} 1
+# HELP kvrouter_tokenizer_prefix_cache_tokens_total Token ids of those encodes, by source: cached (copied from the prefix cache) or encoded.
+# TYPE kvrouter_tokenizer_prefix_cache_tokens_total counter
+kvrouter_tokenizer_prefix_cache_tokens_total{model="tiny",source="cached"} 7
+kvrouter_tokenizer_prefix_cache_tokens_total{model="tiny",source="encoded"} 15
 `
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want)); err != nil {
 		t.Error(err)
 	}
 }
 
-// TestCacheAdmitsRepeatedSegments checks the cache's doorkeeper: a segment is memoised
-// the second time it misses, and segments seen once (unique user turns) do not evict
-// what was memoised.
-func TestCacheAdmitsRepeatedSegments(t *testing.T) {
-	for _, tc := range []struct {
-		name      string
-		encodes   []string
-		hit, miss float64
-	}{
-		{"once: not memoised", []string{"shared prompt"}, 0, 1},
-		{"twice: memoised on the second miss", []string{"shared prompt", "shared prompt", "shared prompt"}, 1, 2},
-		{"unique segments do not evict it", []string{"shared prompt", "shared prompt",
-			"unique 1", "unique 2", "unique 3", "unique 4", "unique 5", "shared prompt"}, 1, 7},
-		{"repeated segments do", []string{"shared prompt", "shared prompt",
-			"other 1", "other 1", "other 2", "other 2", "shared prompt"}, 0, 7},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			reg := prometheus.NewPedanticRegistry()
-			// Room for one segment: any other admitted segment evicts the prompt.
-			tk := tiny(t, helloMerges, nil, nil, tokenizer.WithSegmentCache(1, 4, 1<<20), tokenizer.WithMetrics(tokenizer.NewMetrics(reg), "tiny"))
-			for _, s := range tc.encodes {
-				tk.Encode(s, false)
+// TestPrefixCacheBounded checks that the cache's memory stays within its budget and
+// that eviction is least recently used by chain: a prefix every request shares (a
+// system prompt) survives a stream of unique conversations that do not fit.
+func TestPrefixCacheBounded(t *testing.T) {
+	const budget = 8 << 10
+	reg := prometheus.NewPedanticRegistry()
+	tk := tiny(t, helloMerges, []string{"<|s|>", "<|e|>"}, nil, tokenizer.WithPrefixCache(budget), tokenizer.WithMetrics(tokenizer.NewMetrics(reg), "tiny"))
+	plain := tiny(t, helloMerges, []string{"<|s|>", "<|e|>"}, nil, tokenizer.WithPrefixCache(0))
+	system := "<|s|>system " + strings.Repeat("hello world ", 40) + "<|e|>"
+	const n = 200
+	for i := 0; i < n; i++ {
+		text := fmt.Sprintf("%s<|s|>user %d %s<|e|><|s|>", system, i, strings.Repeat("aa ", 50+i%7))
+		if got, want := tk.Encode(text, false), plain.Encode(text, false); !slices.Equal(got, want) {
+			t.Fatalf("request %d: ids differ", i)
+		}
+		if b := gauge(t, reg); b > budget || b <= 0 {
+			t.Fatalf("request %d: cache holds %v bytes, budget %d", i, b, budget)
+		}
+	}
+	if hits := lookups(t, reg, "hit"); hits != n-1 {
+		t.Errorf("%v of %d requests hit the shared system prompt, want %d", hits, n, n-1)
+	}
+}
+
+// TestCutSafety checks the conditions under which the cache splits a text before an
+// added token, with tokens whose flags make a split inexact: lstrip (eats the space
+// before it), single_word (depends on the character before it), a token that begins
+// with a word character or a space, and tokens that contain another one (a longer
+// match may straddle the cut). Each text is encoded after a text sharing its prefix
+// has been cached; ids must equal those of a tokenizer without a cache.
+func TestCutSafety(t *testing.T) {
+	added := []string{"<|s|>", "<L>", "<W>", "x<|s|>", "<|s|>y", " <sp>", "wd>", "<R>"}
+	flags := func(doc map[string]any) {
+		for _, a := range doc["added_tokens"].([]map[string]any) {
+			switch a["content"] {
+			case "<L>":
+				a["lstrip"] = true
+			case "<W>":
+				a["single_word"] = true
+			case "<R>":
+				a["rstrip"] = true
 			}
-			if hit, miss := lookups(t, reg, "hit"), lookups(t, reg, "miss"); hit != tc.hit || miss != tc.miss {
-				t.Errorf("hits %v misses %v, want %v and %v", hit, miss, tc.hit, tc.miss)
+		}
+	}
+	// With special tokens added around the text (BOS and EOS), as Meta's Llama 3
+	// tokenizer.json does, the cached prefixes start with BOS and never hold EOS.
+	withBOS := func(doc map[string]any) {
+		flags(doc)
+		doc["post_processor"] = map[string]any{"type": "TemplateProcessing",
+			"single":         []any{map[string]any{"SpecialToken": map[string]any{"id": "<|s|>"}}, map[string]any{"Sequence": map[string]any{"id": "A"}}, map[string]any{"SpecialToken": map[string]any{"id": "<R>"}}},
+			"special_tokens": map[string]any{"<|s|>": map[string]any{"ids": []int{1000}}, "<R>": map[string]any{"ids": []int{1007}}}}
+	}
+	cached := tiny(t, helloMerges, added, withBOS, tokenizer.WithPrefixCache(1<<20))
+	plain := tiny(t, helloMerges, added, withBOS, tokenizer.WithPrefixCache(0))
+	prefixes := []string{"hello <R>  ", "hello  ", "hellox", "hello<W>", "hello <W>", "<W>", "he <sp>", "aawd", "hello<|s|>", ""}
+	cuts := []string{"<|s|>", "<L>", "<W>", " <sp>", "wd>", "<R>", "<|s|>y", "x<|s|>"}
+	tails := []string{"", "hello", " world", "y<|s|>", "<L> x", "ll<W>"}
+	for _, p := range prefixes {
+		for _, c := range cuts {
+			for _, a := range tails {
+				for _, b := range tails {
+					for i, text := range []string{p + c + a, p + c + b + c + a, p + "x" + c + a} {
+						add := i == 1
+						if got, want := cached.Encode(text, add), plain.Encode(text, add); !slices.Equal(got, want) {
+							t.Fatalf("%q (special tokens %v): cached ids %v, want %v", text, add, got, want)
+						}
+					}
+				}
 			}
-		})
+		}
+	}
+}
+
+// TestAppendEncodeMax checks that stopping at maxTokens yields exactly the first
+// maxTokens ids of the whole encoding, with or without the segment cache.
+func TestAppendEncodeMax(t *testing.T) {
+	for _, name := range []string{"qwen3", "llama3"} {
+		shared := model(t, name)
+		// Three turns, so that the prefix cache has cuts at each <|im_start|>-like token.
+		text := render(name, strings.Repeat("Be brief. ", 50), strings.Repeat("Tell me about caches, «ünïcode» and 42 tokens!\n", 200))
+		text += render(name, "Again.", strings.Repeat("And once more, with feeling.\n", 100))
+		whole := shared.Encode(text, true)
+		for _, max := range []int{0, 1, 2, 17, 100, 1000, len(whole) / 2, len(whole) - 1, len(whole), len(whole) + 1} {
+			t.Run(fmt.Sprintf("%s/max=%d", name, max), func(t *testing.T) {
+				// A fresh prefix cache: the cut run goes first and must store nothing
+				// that makes a later run differ.
+				tk, err := shared.Derive()
+				if err != nil {
+					t.Fatal(err)
+				}
+				for run := range 3 {
+					got, complete := tk.AppendEncodeMax([]uint32{7}, text, true, max)
+					want := whole
+					if max > 0 && max < len(whole) {
+						want = whole[:max]
+					}
+					if !slices.Equal(got[1:], want) || got[0] != 7 {
+						t.Fatalf("run %d: got %d ids, want the first %d of the encoding", run, len(got)-1, len(want))
+					}
+					if wantComplete := max == 0 || max >= len(whole); complete != wantComplete {
+						t.Fatalf("run %d: complete %v, want %v", run, complete, wantComplete)
+					}
+					if all := tk.Encode(text, true); !slices.Equal(all, whole) {
+						t.Fatalf("run %d: a whole encoding after a cut one differs", run)
+					}
+				}
+			})
+		}
 	}
 }

@@ -6,7 +6,8 @@ way transformers' `_compile_jinja_template` sets it up, after applying the
 message preprocessing vLLM applies to a /v1/chat/completions body. The Go test
 (golden_test.go) asserts the Go renderer produces byte-identical output.
 
-Needs only jinja2 (3.1.x). Run from the repository root:
+Needs only jinja2 3.1.x (Debian: apt-get install python3-jinja2) and, for the
+models' own templates, `make models`. Run from the repository root:
 
     python3 chattemplate/testdata/gen_golden.py
 
@@ -26,6 +27,7 @@ Reference points, transcribed by hand (no vLLM or transformers import):
 
 import json
 import os
+import re
 import sys
 from datetime import datetime
 
@@ -35,6 +37,19 @@ import jinja2.nodes
 import jinja2.sandbox
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+MODELS_DIR = os.environ.get("KVROUTER_MODELS_DIR", os.path.join(ROOT, ".cache", "models"))
+# GOLDEN_OUT redirects the output (TestGoldensRebuild compares a fresh run with the
+# committed files).
+OUT = os.environ.get("GOLDEN_OUT", os.path.join(HERE, "golden"))
+# Models whose own chat template (from the tokenizer_config.json `make models`
+# fetches) is rendered on the golden conversations (the cases for qwen3/llama3).
+MODEL_TEMPLATES = ("deepseek_v3", "gemma3", "gemini", "llama3_1")
+SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token",
+                       "pad_token", "cls_token", "mask_token")
+# vLLM passes content as a list of parts to a template that loops over it (its
+# "openai" content format); the Go side detects it with the same pattern.
+CONTENT_LOOP = re.compile(r"""for\s+\w+\s+in\s+\w+(?:\.content\b|\[\s*['"]content['"]\s*\])""")
 FIXED_NOW = datetime(2026, 7, 4, 9, 5, 3)  # strftime_now clock for goldens
 
 
@@ -286,6 +301,27 @@ def render(tmpl, special, body, server_defaults=None, fmt="string"):
                        **template_kwargs)
 
 
+def token_content(t):
+    return t.get("content") if isinstance(t, dict) else t
+
+
+def model_template(name):
+    """The chat template and transformers' special_tokens_map of a fetched model."""
+    path = os.path.join(MODELS_DIR, name, "tokenizer_config.json")
+    if not os.path.exists(path):
+        sys.exit(f"{path} missing: run `make models`")
+    cfg = json.load(open(path))
+    special = {}
+    for k in SPECIAL_TOKEN_NAMES:
+        v = token_content(cfg.get(k))
+        if v is not None:
+            special[k] = v
+    extra = [token_content(t) for t in cfg.get("additional_special_tokens") or []]
+    if extra:
+        special["additional_special_tokens"] = extra
+    return cfg["chat_template"], special
+
+
 def main():
     models = {}
     # Content format per template, as vLLM detects it (a loop over message content
@@ -296,26 +332,38 @@ def main():
         special_path = os.path.join(HERE, "templates", name + ".special.json")
         special = json.load(open(special_path)) if os.path.exists(special_path) else {}
         models[name] = (compile_template(src), special, formats.get(name, "string"))
+    for name in MODEL_TEMPLATES:
+        src, special = model_template(name)
+        fmt = "openai" if CONTENT_LOOP.search(src) else "string"
+        models[name] = (compile_template(src), special, fmt)
     outs = {name: [] for name in models}
-    with open(os.path.join(HERE, "cases.jsonl")) as f:
-        for line in f:
-            line = line.strip()
-            if not line:
-                continue
-            case = json.loads(line)
-            for name in case.get("models", ["qwen3", "llama3"]):
-                tmpl, special, fmt = models[name]
-                rec = {"name": case["name"]}
-                try:
-                    rec["rendered"] = render(tmpl, special, case["body"],
-                                             case.get("server_defaults"), fmt)
-                except Unsupported as e:
-                    rec["unsupported"] = str(e)
-                except jinja2.exceptions.TemplateError as e:
-                    rec["template_error"] = str(e)
-                except BadRequest as e:
-                    rec["bad_request"] = str(e)
-                outs[name].append(rec)
+    # cases.jsonl is written by hand; fuzz_cases.jsonl by the Go fuzz generator
+    # (differential_test.go, TestFuzzCasesCurrent).
+    lines = []
+    for path in ("cases.jsonl", "fuzz_cases.jsonl"):
+        with open(os.path.join(HERE, path)) as f:
+            lines.extend(f)
+    for line in lines:
+        line = line.strip()
+        if not line:
+            continue
+        case = json.loads(line)
+        names = case.get("models", ["qwen3", "llama3"])
+        if "qwen3" in names or "llama3" in names:
+            names = names + list(MODEL_TEMPLATES)
+        for name in names:
+            tmpl, special, fmt = models[name]
+            rec = {"name": case["name"]}
+            try:
+                rec["rendered"] = render(tmpl, special, case["body"],
+                                         case.get("server_defaults"), fmt)
+            except Unsupported as e:
+                rec["unsupported"] = str(e)
+            except jinja2.exceptions.TemplateError as e:
+                rec["template_error"] = str(e)
+            except BadRequest as e:
+                rec["bad_request"] = str(e)
+            outs[name].append(rec)
     # Jinja semantics snippets, rendered with fixed variables (see snippets_test.go).
     snippets = json.load(open(os.path.join(HERE, "snippets.json")))
     snip_out = []
@@ -327,10 +375,10 @@ def main():
                 x=1, y=2, items=["a", "b"], d={"b": 1, "a": 2})})
         except Exception as e:  # noqa: BLE001 - any template error is an outcome
             snip_out.append({"error": str(e)})
-    with open(os.path.join(HERE, "golden", "snippets.json"), "w") as f:
+    with open(os.path.join(OUT, "snippets.json"), "w") as f:
         json.dump(snip_out, f, ensure_ascii=False, indent=1)
     for name, recs in outs.items():
-        with open(os.path.join(HERE, "golden", name + ".jsonl"), "w") as f:
+        with open(os.path.join(OUT, name + ".jsonl"), "w") as f:
             for r in recs:
                 f.write(json.dumps(r, ensure_ascii=False) + "\n")
         print(name, len(recs), "renders", file=sys.stderr)

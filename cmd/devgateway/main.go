@@ -1,6 +1,8 @@
 // Command devgateway is a development stand-in for Envoy: an HTTP reverse proxy that asks
 // kvrouter (over ext_proc, FULL_DUPLEX_STREAMED) where each request goes and proxies it to
-// that endpoint when it is in the -upstreams allowlist. Not for production.
+// that endpoint when it is in the -upstreams allowlist. It speaks TLS to kvrouter (verifying
+// the certificate with -extproc-ca, else skipping verification as NGINX Gateway Fabric
+// does by default). Not for production.
 package main
 
 import (
@@ -18,9 +20,11 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/kvrouter/kvrouter/gateway"
+	"github.com/kvrouter/kvrouter/tlscert"
 )
 
 func main() {
@@ -28,14 +32,30 @@ func main() {
 	extproc := flag.String("extproc", "127.0.0.1:9002", "kvrouter ext_proc gRPC address")
 	upstreams := flag.String("upstreams", "", "comma-separated ip:port allowlist of upstream endpoints")
 	maxBody := flag.Int64("max-request-bytes", gateway.DefaultMaxRequestBytes, "largest request body accepted")
+	expose := flag.Bool("expose-served", false, "keep kvrouter's x-gateway-destination-endpoint-served header (a pod's ip:port) in responses, for benchmarks; removed by default")
+	plaintext := flag.Bool("extproc-plaintext", false, "connect to kvrouter without TLS (only for a kvrouter with listen.tls.mode: disabled)")
+	var tc tlscert.ClientConfig
+	flag.StringVar(&tc.CAFile, "extproc-ca", "", "PEM CA bundle to verify kvrouter's certificate with (empty: verification skipped, for kvrouter's self-signed default)")
+	flag.StringVar(&tc.ServerName, "extproc-server-name", "", "name to verify in kvrouter's certificate and send as SNI (empty: the -extproc host)")
+	flag.StringVar(&tc.CertFile, "extproc-cert", "", "client certificate (PEM) for a kvrouter with listen.tls.client_ca_file")
+	flag.StringVar(&tc.KeyFile, "extproc-key", "", "client certificate's key (PEM)")
 	flag.Parse()
-	if err := run(*listen, *extproc, *upstreams, *maxBody); err != nil {
+	creds := insecure.NewCredentials()
+	if !*plaintext {
+		c, err := tc.TLS()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "devgateway:", err)
+			os.Exit(2)
+		}
+		creds = credentials.NewTLS(c)
+	}
+	if err := run(*listen, *extproc, *upstreams, *maxBody, *expose, creds); err != nil {
 		fmt.Fprintln(os.Stderr, "devgateway:", err)
 		os.Exit(1)
 	}
 }
 
-func run(listen, target, upstreams string, maxBody int64) error {
+func run(listen, target, upstreams string, maxBody int64, expose bool, creds credentials.TransportCredentials) error {
 	log, err := zap.NewProduction()
 	if err != nil {
 		return err
@@ -50,13 +70,13 @@ func run(listen, target, upstreams string, maxBody int64) error {
 	if len(allow) == 0 {
 		return errors.New("-upstreams is required")
 	}
-	conn, err := grpc.NewClient(target, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(target, grpc.WithTransportCredentials(creds))
 	if err != nil {
 		return fmt.Errorf("dial %s: %w", target, err)
 	}
 	defer conn.Close()
 	gw := gateway.New(extprocv3.NewExternalProcessorClient(conn),
-		gateway.Config{Upstreams: allow, MaxRequestBytes: maxBody}, nil, log)
+		gateway.Config{Upstreams: allow, MaxRequestBytes: maxBody, ExposeServed: expose}, nil, log)
 	srv := &http.Server{Addr: listen, Handler: gw, ReadHeaderTimeout: 10 * time.Second}
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)

@@ -68,9 +68,11 @@ func TestParsePlacement(t *testing.T) {
 		{"empty keeps defaults", "", ""},
 		{"overrides", "balance=1.25,sticky_holders=true,fill=0.4,deadline_tokens=0", ""},
 		{"not key=value", "balance", "not key=value"},
-		{"unknown key", "speed=2", "unknown key"},
+		{"unknown key", "speed=2", "unknown knob"},
+		{"integer knob given a fraction", "prefix_depth=4.9", "prefix_depth"},
+		{"duration knob", "hold_max=80ms", ""},
 		{"bad number", "fill=lots", "fill"},
-		{"invalid value", "fill=2", "fill must be in (0, 1]"},
+		{"invalid value", "fill=2", "fill: must be in (0, 1]"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := placement.DefaultConfig()

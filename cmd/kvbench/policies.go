@@ -69,7 +69,7 @@ func (r *routers) router(env kvbench.PolicyEnv) (kvbench.Router, error) {
 	if !ok {
 		return kvbench.Router{}, fmt.Errorf("unknown policy %q", env.Policy)
 	}
-	d := policy.Deps{Rand: rand.NewPCG(env.Seed, randStreams[s.Name]), Now: env.Now}
+	d := policy.Deps{Rand: rand.NewPCG(env.Seed, randStreams[s.Name]), Now: env.Now, BlockSize: env.BlockSize}
 	var rt kvbench.Router
 	if s.Index {
 		ix, sink, err := newIndex(env)
@@ -124,8 +124,8 @@ func (s indexSink) Apply(endpoint string, b *kvevents.Batch) error {
 // Forget drops a server that left the fleet.
 func (s indexSink) Forget(endpoint string) { s.ix.Purge(endpoint) }
 
-// parsePlacement applies "key=value,..." overrides (the YAML field names of
-// placement.Config) to the placement policy's configuration.
+// parsePlacement applies "key=value,..." overrides (the YAML names of placement.Config,
+// parsed by each field's type) to the placement policy's configuration.
 func parsePlacement(spec string, c *placement.Config) error {
 	if strings.TrimSpace(spec) == "" {
 		return nil
@@ -135,13 +135,12 @@ func parsePlacement(spec string, c *placement.Config) error {
 		if !ok {
 			return fmt.Errorf("--placement: %q is not key=value", kv)
 		}
-		if _, known := placement.DefaultConfig().Knobs()[k]; !known {
-			return fmt.Errorf("--placement: unknown key %q", k)
-		}
-		err := c.ParseKnob(k, v)
-		if err != nil {
-			return fmt.Errorf("--placement: %s: %w", k, err)
+		if err := c.ParseKnob(k, v); err != nil {
+			return fmt.Errorf("--placement: %w", err)
 		}
 	}
-	return c.Validate()
+	if err := c.Validate(); err != nil {
+		return fmt.Errorf("--placement: %w", err)
+	}
+	return nil
 }

@@ -24,12 +24,14 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 
 	"github.com/kvrouter/kvrouter/extproc"
 	"github.com/kvrouter/kvrouter/extproc/envoytest"
 	"github.com/kvrouter/kvrouter/internal/demo"
 	"github.com/kvrouter/kvrouter/kvbench"
 	"github.com/kvrouter/kvrouter/policy"
+	"github.com/kvrouter/kvrouter/tlscert"
 )
 
 func main() {
@@ -159,8 +161,9 @@ func latency(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.StringVar(&o.Policy, "policy", o.Policy, "kvrouter's policy: "+strings.Join(policy.Builtin().Names(), ", "))
 	fs.StringVar(&o.TokenizerDir, "tokenizer", o.TokenizerDir, "the model's tokenizer directory (make models)")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of this process (the fake Envoy) to this file")
-	fs.StringVar(&o.TrivialPprof, "trivial-pprof", "", "serve the trivial server's /debug/pprof/ on this address (kvrouter's is on its metrics port)")
+	fs.StringVar(&o.TrivialPprof, "trivial-pprof", "", "serve the trivial server's /debug/pprof/ on this address (kvrouter's is on its debug port)")
 	keep := fs.Bool("keep-logs", false, "keep the generated configurations and the processes' logs")
+	fs.BoolVar(&o.Plaintext, "plaintext", false, "serve both ext_proc ports without TLS (default: TLS on both, self-signed, as kvrouter's default)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -215,7 +218,8 @@ func trivialExtProc(ctx context.Context, args []string, stderr io.Writer) error 
 	fs.SetOutput(stderr)
 	listen := fs.String("listen", "127.0.0.1:9002", "ext_proc gRPC address")
 	endpoint := fs.String("endpoint", "127.0.0.1:8000", "the endpoint every request is routed to")
-	pprofAddr := fs.String("pprof", "", "serve Go's /debug/pprof/ on this address (to profile the trivial server as kvrouter's admin port allows)")
+	pprofAddr := fs.String("pprof", "", "serve Go's /debug/pprof/ on this address (to profile the trivial server as kvrouter's debug port allows)")
+	plaintext := fs.Bool("plaintext", false, "serve without TLS (default: TLS with a self-signed certificate, as kvrouter's default)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -231,7 +235,15 @@ func trivialExtProc(ctx context.Context, args []string, stderr io.Writer) error 
 		go func() { _ = ps.ListenAndServe() }()
 		defer ps.Close()
 	}
-	g := grpc.NewServer(extproc.ServerOptions()...)
+	opts := extproc.ServerOptions()
+	if !*plaintext {
+		src, err := tlscert.New(tlscert.DefaultConfig(), tlscert.Options{})
+		if err != nil {
+			return err
+		}
+		opts = append(opts, grpc.Creds(credentials.NewTLS(src.ServerConfig())))
+	}
+	g := grpc.NewServer(opts...)
 	envoytest.NewTrivial(*endpoint).Register(g)
 	go func() {
 		<-ctx.Done()

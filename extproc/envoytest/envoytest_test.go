@@ -8,8 +8,10 @@ import (
 	"io"
 	"slices"
 	"testing"
+	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc"
 
@@ -201,5 +203,90 @@ func TestTrivial(t *testing.T) {
 		if p50, p99, _, _ := rs[0].Added(rs[0]); p50 != 0 || p99 != 0 {
 			t.Fatalf("a run adds %v/%v to itself", p50, p99)
 		}
+	})
+}
+
+// late is a processor that reads the request headers, then sends its replies only once
+// release is closed (or never, when release is nil), and drains the stream.
+type late struct {
+	release chan struct{}
+	replies []*extprocv3.ProcessingResponse
+}
+
+func (l *late) Process(st extprocv3.ExternalProcessor_ProcessServer) error {
+	if _, err := st.Recv(); err != nil {
+		return err
+	}
+	select {
+	case <-l.release:
+	case <-st.Context().Done():
+		return st.Context().Err()
+	}
+	for _, r := range l.replies {
+		if err := st.Send(r); err != nil {
+			return err
+		}
+	}
+	for {
+		if _, err := st.Recv(); err != nil {
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return err
+		}
+	}
+}
+
+// A processor that does not answer within message_timeout fails the exchange, as Envoy
+// fails the request with 504, in BUFFERED mode; in FULL_DUPLEX_STREAMED Envoy runs no
+// message timer, so a late answer is still taken.
+func TestMessageTimeout(t *testing.T) {
+	const timeout = 20 * time.Millisecond
+	body := []byte(`{"a":1}`)
+	t.Run("buffered: no reply within the timeout", func(t *testing.T) {
+		conn, err := envoytest.Bufconn(func(g *grpc.Server) {
+			extprocv3.RegisterExternalProcessorServer(g, &late{})
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		cfg := envoytest.Config{RequestBodyMode: filterv3.ProcessingMode_BUFFERED, MessageTimeout: timeout}
+		x, err := envoytest.Start(context.Background(), conn.Client, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = x.Request(envoytest.Request{Headers: envoytest.Headers{{Key: ":path", Value: "/"}}, Body: [][]byte{body}})
+		var te *envoytest.TimeoutError
+		if !errors.As(err, &te) || te.Message != "request_headers" || te.Timeout != timeout {
+			t.Fatalf("got %v, want a *TimeoutError for request_headers after %v", err, timeout)
+		}
+		x.Cancel()
+	})
+	t.Run("full duplex: no timer", func(t *testing.T) {
+		l := &late{release: make(chan struct{}), replies: []*extprocv3.ProcessingResponse{headersReply(nil), streamed(body, true)}}
+		conn, err := envoytest.Bufconn(func(g *grpc.Server) { extprocv3.RegisterExternalProcessorServer(g, l) })
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		cfg := envoytest.FullDuplex()
+		cfg.MessageTimeout = timeout
+		x, err := envoytest.Start(context.Background(), conn.Client, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		go func() {
+			time.Sleep(5 * timeout) // well past the timeout: the answer is late
+			close(l.release)
+		}()
+		res, err := x.Request(envoytest.Request{Headers: envoytest.Headers{{Key: ":path", Value: "/"}}, Body: [][]byte{body}})
+		if err != nil {
+			t.Fatalf("FULL_DUPLEX_STREAMED request failed: %v (Envoy arms no message timer in this mode)", err)
+		}
+		if !bytes.Equal(res.Body, body) {
+			t.Fatalf("body %q, want %q", res.Body, body)
+		}
+		x.Cancel()
 	})
 }

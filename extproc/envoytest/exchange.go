@@ -34,6 +34,12 @@ type Config struct {
 	SkipResponseHeaders bool
 	// SendProtocolConfig puts protocol_config in the first message, as Envoy 1.33+ does.
 	SendProtocolConfig bool
+	// MessageTimeout is the filter's message_timeout. When > 0, a message that needs a
+	// reply and gets none within it fails the exchange with a *TimeoutError and resets
+	// the stream, as Envoy does (a 504 to the client, or the request going on unprocessed
+	// with failure_mode_allow). As in Envoy, no timer runs in a direction whose body mode
+	// is FULL_DUPLEX_STREAMED. Zero runs no timer (Envoy's own default is 200 ms).
+	MessageTimeout time.Duration
 }
 
 // FullDuplex is the configuration kvrouter's envoy.yaml uses: FULL_DUPLEX_STREAMED both
@@ -61,6 +67,19 @@ type OrderError struct{ Msg string }
 func (e *OrderError) Error() string { return "envoytest: envoy would reject: " + e.Msg }
 
 func orderErrorf(format string, a ...any) error { return &OrderError{Msg: fmt.Sprintf(format, a...)} }
+
+// TimeoutError is a reply that did not come within Config.MessageTimeout: Envoy resets
+// the stream and answers 504 (or lets the request go on unprocessed with
+// failure_mode_allow).
+type TimeoutError struct {
+	Message string        // the message left without a reply, e.g. "request_body"
+	Timeout time.Duration // the message_timeout that passed
+}
+
+// Error describes the timeout.
+func (e *TimeoutError) Error() string {
+	return fmt.Sprintf("envoytest: envoy would answer 504: no reply to %s within message_timeout %v", e.Message, e.Timeout)
+}
 
 // Request is one HTTP request as it reaches the filter.
 type Request struct {
@@ -110,6 +129,7 @@ type Exchange struct {
 	sent        chan sentItem // response items sent, for ReadResponseBody (non-FDS modes)
 	stashed     bool          // ReadResponseBody saw the end of the body and trailers follow
 	stashReply  *extprocv3.ProcessingResponse
+	stashAt     time.Time // when the stashed trailers were sent
 	stashTrails Headers
 	respBuf     []byte // BUFFERED response body being collected
 }
@@ -119,6 +139,7 @@ type sentItem struct {
 	eos      bool
 	trailers Headers
 	isTrail  bool
+	at       time.Time // when the message was sent to the processor (zero: none was)
 }
 
 // Start opens the ext_proc stream for one HTTP request.
@@ -215,7 +236,33 @@ func replyKind(r *extprocv3.ProcessingResponse) string {
 // next returns the next reply. An ImmediateResponse is returned as a reply; a closed
 // stream is an error.
 func (x *Exchange) next() (*extprocv3.ProcessingResponse, error) {
-	r, ok := <-x.replies
+	return x.nextBy(time.Time{}, "")
+}
+
+// timed reports whether Envoy runs the message timer in the direction whose body mode
+// is m: always, but in FULL_DUPLEX_STREAMED (processor_state.cc skips the timer there).
+func (x *Exchange) timed(m filterv3.ProcessingMode_BodySendMode) bool {
+	return x.cfg.MessageTimeout > 0 && m != filterv3.ProcessingMode_FULL_DUPLEX_STREAMED
+}
+
+// nextBy is next for a reply to msg, sent at sent, that Envoy times: it fails with a
+// *TimeoutError and resets the stream once MessageTimeout has passed since sent. A
+// zero sent waits without a timer.
+func (x *Exchange) nextBy(sent time.Time, msg string) (*extprocv3.ProcessingResponse, error) {
+	var r *extprocv3.ProcessingResponse
+	var ok bool
+	if sent.IsZero() {
+		r, ok = <-x.replies
+	} else {
+		t := time.NewTimer(time.Until(sent.Add(x.cfg.MessageTimeout)))
+		defer t.Stop()
+		select {
+		case r, ok = <-x.replies:
+		case <-t.C:
+			x.cancel() // Envoy closes the stream on a message timeout
+			return nil, &TimeoutError{Message: msg, Timeout: x.cfg.MessageTimeout}
+		}
+	}
 	if !ok {
 		<-x.recvDone
 		if x.recvErr != nil {
@@ -289,12 +336,38 @@ func applyCommon(res *RequestResult, c *extprocv3.CommonResponse, headersAllowed
 }
 
 // roundTrip sends m and returns kvrouter's reply to it, as Envoy does for each message
-// outside FULL_DUPLEX_STREAMED.
+// outside FULL_DUPLEX_STREAMED, within MessageTimeout when the direction is timed.
 func (x *Exchange) roundTrip(m *extprocv3.ProcessingRequest) (*extprocv3.ProcessingResponse, error) {
+	mode := x.cfg.RequestBodyMode
+	if m.GetResponseHeaders() != nil {
+		mode = x.cfg.ResponseBodyMode
+	}
+	sent := time.Now()
 	if err := x.send(m); err != nil {
 		return nil, err
 	}
-	return x.next()
+	if !x.timed(mode) {
+		return x.next()
+	}
+	return x.nextBy(sent, messageKind(m))
+}
+
+func messageKind(m *extprocv3.ProcessingRequest) string {
+	switch m.Request.(type) {
+	case *extprocv3.ProcessingRequest_RequestHeaders:
+		return "request_headers"
+	case *extprocv3.ProcessingRequest_RequestBody:
+		return "request_body"
+	case *extprocv3.ProcessingRequest_RequestTrailers:
+		return "request_trailers"
+	case *extprocv3.ProcessingRequest_ResponseHeaders:
+		return "response_headers"
+	case *extprocv3.ProcessingRequest_ResponseBody:
+		return "response_body"
+	case *extprocv3.ProcessingRequest_ResponseTrailers:
+		return "response_trailers"
+	}
+	return fmt.Sprintf("unknown(%T)", m.Request)
 }
 
 // applyRequestHeadersReply applies r, the reply to the request headers, to res. A
@@ -546,6 +619,7 @@ func (x *Exchange) ResponseHeaders(h Headers, eos bool, md *corev3.Metadata) (He
 // ResponseBody sends one upstream response body chunk; read what reaches the client with
 // ReadResponseBody (possibly from another goroutine).
 func (x *Exchange) ResponseBody(chunk []byte, eos bool) error {
+	at := time.Now()
 	switch x.cfg.ResponseBodyMode {
 	case filterv3.ProcessingMode_FULL_DUPLEX_STREAMED, filterv3.ProcessingMode_STREAMED:
 		if err := x.send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseBody{
@@ -564,7 +638,7 @@ func (x *Exchange) ResponseBody(chunk []byte, eos bool) error {
 		}
 	}
 	if x.cfg.ResponseBodyMode != filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
-		x.sent <- sentItem{chunk: chunk, eos: eos}
+		x.sent <- sentItem{chunk: chunk, eos: eos, at: at}
 	}
 	return nil
 }
@@ -584,10 +658,15 @@ func (x *Exchange) ResponseTrailers(t Headers) error {
 			}
 			x.sent <- sentItem{chunk: chunk}
 		}
+		at := time.Now()
 		if err := x.send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseTrailers{
 			ResponseTrailers: &extprocv3.HttpTrailers{Trailers: t.toProto()}}}); err != nil {
 			return err
 		}
+		if x.cfg.ResponseBodyMode != filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
+			x.sent <- sentItem{isTrail: true, trailers: t, at: at}
+		}
+		return nil
 	}
 	if x.cfg.ResponseBodyMode != filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
 		x.sent <- sentItem{isTrail: true, trailers: t}
@@ -597,6 +676,15 @@ func (x *Exchange) ResponseTrailers(t Headers) error {
 
 func bufferedMode(m filterv3.ProcessingMode_BodySendMode) bool {
 	return m == filterv3.ProcessingMode_BUFFERED || m == filterv3.ProcessingMode_BUFFERED_PARTIAL
+}
+
+// nextResponse is next for the reply to a response body or trailers message sent at
+// at, timed outside FULL_DUPLEX_STREAMED.
+func (x *Exchange) nextResponse(at time.Time, msg string) (*extprocv3.ProcessingResponse, error) {
+	if !x.timed(x.cfg.ResponseBodyMode) {
+		return x.next()
+	}
+	return x.nextBy(at, msg)
 }
 
 // ReadResponseBody returns the next response body bytes that reach the client. eos is
@@ -629,13 +717,13 @@ func (x *Exchange) ReadResponseBody() (chunk []byte, eos bool, err error) {
 	}
 	it := <-x.sent
 	if it.isTrail {
-		x.stashed, x.stashTrails = true, it.trailers
+		x.stashed, x.stashTrails, x.stashAt = true, it.trailers, it.at
 		return nil, true, nil
 	}
 	if x.cfg.ResponseBodyMode == filterv3.ProcessingMode_NONE {
 		return it.chunk, it.eos, nil
 	}
-	r, err := x.next()
+	r, err := x.nextResponse(it.at, "response_body")
 	if err != nil {
 		return nil, false, err
 	}
@@ -667,7 +755,7 @@ func (x *Exchange) ReadResponseTrailers() (Headers, error) {
 		if !x.cfg.respTrailers() {
 			return t, nil
 		}
-		r, err := x.next()
+		r, err := x.nextResponse(x.stashAt, "response_trailers")
 		if err != nil {
 			return nil, err
 		}

@@ -17,8 +17,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
+	"golang.org/x/net/netutil"
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"k8s.io/utils/clock"
@@ -31,6 +33,7 @@ import (
 	"github.com/kvrouter/kvrouter/peersync"
 	"github.com/kvrouter/kvrouter/policy"
 	"github.com/kvrouter/kvrouter/scoring"
+	"github.com/kvrouter/kvrouter/tlscert"
 )
 
 // Health service names.
@@ -72,8 +75,9 @@ type Options struct {
 }
 
 // Addrs are the addresses the App listens on (resolved, so port 0 becomes a real port).
+// Debug is empty when listen.debug is.
 type Addrs struct {
-	ExtProc, Health, Metrics string
+	ExtProc, Health, Metrics, Debug string
 }
 
 // App is one kvrouter service instance.
@@ -103,11 +107,13 @@ type App struct {
 	extHealth  *health.Server
 	probeHlth  *health.Server
 	httpServer *http.Server
+	debugHTTP  *http.Server    // nil without listen.debug
+	tls        *tlscert.Source // nil with listen.tls.mode disabled
 
 	draining atomic.Bool
 	healthMu sync.Mutex // orders health updates
 
-	lnExt, lnProbe, lnHTTP net.Listener
+	lnExt, lnProbe, lnHTTP, lnDebug net.Listener
 }
 
 // New builds the service from a validated configuration; it starts nothing.
@@ -157,7 +163,22 @@ func New(cfg *config.Config, o Options) (*App, error) {
 	// In BUFFERED mode Envoy sends the whole body in one message: allow the largest body
 	// kvrouter reads plus room for headers, so that it arrives rather than failing the
 	// stream (gRPC's default limit is 4 MiB).
-	a.extGRPC = grpc.NewServer(append(extproc.ServerOptions(), grpc.MaxRecvMsgSize(cfg.Limits.MaxBodyBytes+1<<20))...)
+	// limits.max_streams is also each connection's HTTP/2 stream limit, so a gateway
+	// opens another connection rather than have streams refused.
+	extOpts := append(extproc.ServerOptions(), grpc.MaxRecvMsgSize(cfg.Limits.MaxBodyBytes+1<<20),
+		grpc.MaxConcurrentStreams(uint32(cfg.Limits.MaxStreams)))
+	if cfg.Listen.TLS.Enabled() {
+		// The ext_proc port, and the health service Envoy checks on it, speak TLS.
+		if a.tls, err = tlscert.New(cfg.Listen.TLS, tlscert.Options{Logger: a.log.Named("tls"), Registerer: a.reg, Now: o.Now}); err != nil {
+			return nil, fmt.Errorf("app: %w", err)
+		}
+		// A connection that never finishes its handshake holds one of limits.max_connections:
+		// give it 10 s (gRPC's default is 120 s), ample for a gateway on the same network.
+		extOpts = append(extOpts, grpc.Creds(credentials.NewTLS(a.tls.ServerConfig())), grpc.ConnectionTimeout(10*time.Second))
+	} else {
+		a.log.Warn("listen.tls.mode is disabled: the ext_proc port serves plaintext gRPC")
+	}
+	a.extGRPC = grpc.NewServer(extOpts...)
 	healthpb.RegisterHealthServer(a.extGRPC, a.extHealth)
 	if err := a.registerExtProc(o); err != nil {
 		return nil, err
@@ -174,17 +195,22 @@ func New(cfg *config.Config, o Options) (*App, error) {
 		_, _ = w.Write([]byte("ok\n"))
 	})
 	mux.HandleFunc("GET /readyz", a.serveReadyz)
-	mux.HandleFunc("GET /debug/endpoints", a.serveEndpoints)
-	mux.HandleFunc("GET /debug/kv", a.serveDebugKV)
-	mux.HandleFunc("GET /debug/replicas", a.serveDebugReplicas)
-	mux.HandleFunc("POST /debug/route", a.serveDebugRoute)
-	// Go's profiles, on the admin port beside /debug/kv (not on the ext_proc port).
-	mux.HandleFunc("GET /debug/pprof/", pprof.Index)
-	mux.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)
-	mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
-	mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
-	mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
 	a.httpServer = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	if cfg.Listen.Debug != "" {
+		// The debug views and Go's profiles tell the fleet's layout, the index's content
+		// and the command line: on their own port, loopback by default.
+		dbg := http.NewServeMux()
+		dbg.HandleFunc("GET /debug/endpoints", a.serveEndpoints)
+		dbg.HandleFunc("GET /debug/kv", a.serveDebugKV)
+		dbg.HandleFunc("GET /debug/replicas", a.serveDebugReplicas)
+		dbg.HandleFunc("POST /debug/route", a.serveDebugRoute)
+		dbg.HandleFunc("GET /debug/pprof/", pprof.Index)
+		dbg.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)
+		dbg.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+		dbg.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
+		dbg.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
+		a.debugHTTP = &http.Server{Handler: dbg, ReadHeaderTimeout: 10 * time.Second}
+	}
 
 	a.updateHealth()
 	return a, nil
@@ -202,6 +228,9 @@ func (a *App) Listen() (Addrs, error) {
 		if a.lnExt, err = net.Listen("tcp", l.ExtProc); err != nil {
 			return Addrs{}, fmt.Errorf("app: listen extproc: %w", err)
 		}
+		// Connections past limits.max_connections wait in the kernel's backlog instead of
+		// taking the descriptors the admin port, KV events and scrapes need.
+		a.lnExt = netutil.LimitListener(a.lnExt, a.cfg.Limits.MaxConnections)
 		if a.lnProbe, err = net.Listen("tcp", l.Health); err != nil {
 			a.lnExt.Close()
 			return Addrs{}, fmt.Errorf("app: listen health: %w", err)
@@ -211,8 +240,20 @@ func (a *App) Listen() (Addrs, error) {
 			a.lnProbe.Close()
 			return Addrs{}, fmt.Errorf("app: listen metrics: %w", err)
 		}
+		if l.Debug != "" {
+			if a.lnDebug, err = net.Listen("tcp", l.Debug); err != nil {
+				a.lnExt.Close()
+				a.lnProbe.Close()
+				a.lnHTTP.Close()
+				return Addrs{}, fmt.Errorf("app: listen debug: %w", err)
+			}
+		}
 	}
-	return Addrs{ExtProc: a.lnExt.Addr().String(), Health: a.lnProbe.Addr().String(), Metrics: a.lnHTTP.Addr().String()}, nil
+	addrs := Addrs{ExtProc: a.lnExt.Addr().String(), Health: a.lnProbe.Addr().String(), Metrics: a.lnHTTP.Addr().String()}
+	if a.lnDebug != nil {
+		addrs.Debug = a.lnDebug.Addr().String()
+	}
+	return addrs, nil
 }
 
 // Run serves until ctx ends, then drains: health turns NOT_SERVING, no new ext_proc
@@ -227,8 +268,9 @@ func (a *App) Run(ctx context.Context) error {
 	defer unsubscribe()
 	a.updateHealth()
 	a.probeHlth.SetServingStatus(LivenessService, healthpb.HealthCheckResponse_SERVING)
-	a.log.Info("kvrouter serving", zap.String("extproc", addrs.ExtProc), zap.String("health", addrs.Health),
-		zap.String("metrics", addrs.Metrics), zap.Int("endpoints", len(a.cfg.Endpoints)))
+	a.log.Info("kvrouter serving", zap.String("extproc", addrs.ExtProc), zap.Bool("extproc_tls", a.tls != nil),
+		zap.String("health", addrs.Health), zap.String("metrics", addrs.Metrics), zap.String("debug", addrs.Debug),
+		zap.Int("endpoints", len(a.cfg.Endpoints)))
 
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return a.fleet.Run(gctx) })
@@ -247,6 +289,14 @@ func (a *App) Run(ctx context.Context) error {
 		}
 		return nil
 	})
+	if a.debugHTTP != nil {
+		g.Go(func() error {
+			if err := a.debugHTTP.Serve(a.lnDebug); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				return fmt.Errorf("app: debug server: %w", err)
+			}
+			return nil
+		})
+	}
 	g.Go(func() error {
 		<-gctx.Done()
 		a.drain()
@@ -289,6 +339,9 @@ func (a *App) drain() {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	_ = a.httpServer.Shutdown(ctx)
+	if a.debugHTTP != nil {
+		_ = a.debugHTTP.Shutdown(ctx)
+	}
 	a.log.Info("drained", zap.Duration("took", time.Since(start)))
 }
 

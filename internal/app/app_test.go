@@ -25,6 +25,7 @@ import (
 	"github.com/kvrouter/kvrouter/extproc/envoytest"
 	"github.com/kvrouter/kvrouter/fleet"
 	"github.com/kvrouter/kvrouter/internal/app"
+	"github.com/kvrouter/kvrouter/tlscert"
 )
 
 const model = "Qwen/Qwen3-0.6B"
@@ -68,10 +69,12 @@ func newFakeVLLM(t *testing.T) *fakeVLLM {
 }
 
 // loopbackConfig is the default configuration with every listener on an ephemeral
-// loopback port.
+// loopback port. The ext_proc port speaks plaintext, so that tests of routing dial it
+// simply; TestExtProcTLS covers the default (TLS).
 func loopbackConfig() config.Config {
 	cfg := config.Default()
-	cfg.Listen = config.ListenConfig{ExtProc: "127.0.0.1:0", Health: "127.0.0.1:0", Metrics: "127.0.0.1:0"}
+	cfg.Listen = config.ListenConfig{ExtProc: "127.0.0.1:0", Health: "127.0.0.1:0", Metrics: "127.0.0.1:0", Debug: "127.0.0.1:0",
+		TLS: tlscert.Config{Mode: tlscert.ModeDisabled}}
 	return cfg
 }
 
@@ -213,8 +216,14 @@ func TestServeAndDrain(t *testing.T) {
 		if code, _ := httpGet(t, metricsURL+"/healthz"); code != http.StatusOK {
 			t.Errorf("/healthz = %d, want 200", code)
 		}
-		if code, body := httpGet(t, metricsURL+"/debug/pprof/goroutine?debug=1"); code != http.StatusOK || !strings.Contains(body, "goroutine profile") {
-			t.Errorf("/debug/pprof/goroutine = %d %.80q, want 200 and a goroutine profile", code, body)
+		if code, body := httpGet(t, "http://"+addrs.Debug+"/debug/pprof/goroutine?debug=1"); code != http.StatusOK || !strings.Contains(body, "goroutine profile") {
+			t.Errorf("debug port /debug/pprof/goroutine = %d %.80q, want 200 and a goroutine profile", code, body)
+		}
+		// The metrics port (reachable by the scraper) serves no debug view or profile.
+		for _, path := range []string{"/debug/pprof/goroutine?debug=1", "/debug/pprof/cmdline", "/debug/kv", "/debug/endpoints"} {
+			if code, _ := httpGet(t, metricsURL+path); code != http.StatusNotFound {
+				t.Errorf("metrics port %s = %d, want 404", path, code)
+			}
 		}
 	})
 

@@ -46,7 +46,7 @@ func TestKVPathCentral(t *testing.T) {
 	cfg.Discovery.KVEvents.Mode = discovery.ModeCentral
 	cfg.Discovery.KVEvents.Bind = "tcp://127.0.0.1:" + strconv.Itoa(bindPort)
 	a := startApp(t, cfg, app.Options{Registry: prometheus.NewRegistry()})
-	base := "http://" + a.addrs.Metrics
+	base := "http://" + a.addrs.Debug
 	testwait.For(t, "the central socket", func() bool {
 		c, err := net.Dial("tcp", "127.0.0.1:"+strconv.Itoa(bindPort))
 		if err == nil {

@@ -117,6 +117,21 @@ func checkConfig(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, err)
 		return 1
 	}
+	// Load every tokenizer and chat template with start-up's own code, so that what
+	// would stop the process at start (a missing tokenizer_config.json, a truncated
+	// tokenizer.json) fails here too. Its notes (a
+	// model routed by load, the template engine) go to stdout.
+	if len(cfg.Models) > 0 {
+		if _, err := newTokenizer(cfg, newCheckLogger(stdout), nil, nil); err != nil {
+			var le *prompt.LoadError
+			if errors.As(err, &le) {
+				fmt.Fprintf(stderr, "%s: models.%s: %v\n", args[0], le.Model, le.Err)
+			} else {
+				fmt.Fprintf(stderr, "%s: %v\n", args[0], err)
+			}
+			return 1
+		}
+	}
 	fmt.Fprintf(stdout, "%s: ok\n", args[0])
 	if ev := cfg.Discovery.KVEvents; ev.Mode == discovery.ModeCentral {
 		fmt.Fprintf(stdout, "kv events: central mode: pods connect to %s (rank r to port + r) and publish on kv@<pod-ip:port>@<model>; "+
@@ -125,6 +140,15 @@ func checkConfig(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stdout, "kv events: per-pod mode: kvrouter dials every pod's publisher; any number of replicas\n")
 	}
 	return 0
+}
+
+// newCheckLogger prints start-up's log lines for check-config: level and message, then
+// the fields, one line each, no timestamps.
+func newCheckLogger(w io.Writer) *zap.Logger {
+	enc := zap.NewDevelopmentEncoderConfig()
+	enc.TimeKey, enc.CallerKey, enc.NameKey = "", "", ""
+	enc.EncodeLevel = zapcore.LowercaseLevelEncoder
+	return zap.New(zapcore.NewCore(zapcore.NewConsoleEncoder(enc), zapcore.Lock(zapcore.AddSync(w)), zapcore.InfoLevel))
 }
 
 // tokenize implements `kvrouter tokenize --model-dir DIR`.

@@ -22,6 +22,9 @@ func TestMain_CommandLine(t *testing.T) {
 			"kv events: central mode: pods connect to tcp://*:5557 (rank r to port + r) and publish on kv@<pod-ip:port>@<model>; run ONE kvrouter replica", ""},
 		{"check-config problems", []string{"check-config", "../../config/testdata/invalid/address-hostname.yaml"}, 1, "",
 			`../../config/testdata/invalid/address-hostname.yaml:3: endpoints[0].address: "vllm-0:8000": host must be an IP address, not a name (Envoy's ORIGINAL_DST cluster needs ip:port)`},
+		{"check-config TLS files ok", []string{"check-config", "../../config/testdata/valid-tls.yaml"}, 0, "valid-tls.yaml: ok", ""},
+		{"check-config TLS key of another certificate", []string{"check-config", "../../config/testdata/invalid/tls-key-mismatch.yaml"}, 1, "",
+			"../../config/testdata/invalid/tls-key-mismatch.yaml:4: listen.tls.cert_file: cannot load the certificate and key_file: tls: private key does not match public key"},
 		{"check-config missing file", []string{"check-config", "no-such.yaml"}, 1, "", "config: open no-such.yaml: no such file or directory"},
 		{"check-config without file", []string{"check-config"}, 2, "", "usage: kvrouter check-config FILE"},
 		{"no config flag", nil, 2, "", "kvrouter: a KV-cache-aware router for vLLM fleets, serving Envoy's ext_proc."},
@@ -47,4 +50,44 @@ func TestMain_CommandLine(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestCheckConfig_LoadsModels checks that check-config refuses exactly the model files
+// that stop the process at start, with the reason, and accepts a loadable model.
+func TestCheckConfig_LoadsModels(t *testing.T) {
+	tests := []struct {
+		name, file, stderr string
+	}{
+		{"no tokenizer_config.json", "testdata/check-config/no-config.yaml", "tokenizer_config.json: no such file or directory"},
+		{"truncated tokenizer.json", "testdata/check-config/truncated.yaml", "models.m: "},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var out, errOut bytes.Buffer
+			if code := app.Main([]string{"check-config", tc.file}, &out, &errOut); code != 1 {
+				t.Errorf("check-config exit %d, want 1 (stdout %q)", code, out.String())
+			}
+			if !strings.Contains(errOut.String(), tc.stderr) {
+				t.Errorf("check-config stderr %q lacks %q", errOut.String(), tc.stderr)
+			}
+			// Start-up refuses the same file, before listening on anything.
+			out.Reset()
+			errOut.Reset()
+			if code := app.Main([]string{"--config", tc.file}, &out, &errOut); code != 1 {
+				t.Errorf("start-up exit %d, want 1", code)
+			}
+			if !strings.Contains(errOut.String(), "cannot start") {
+				t.Errorf("start-up stderr %q lacks \"cannot start\"", errOut.String())
+			}
+		})
+	}
+	t.Run("loadable model", func(t *testing.T) {
+		var out, errOut bytes.Buffer
+		if code := app.Main([]string{"check-config", "../../config/testdata/valid.yaml"}, &out, &errOut); code != 0 {
+			t.Fatalf("exit %d, stderr %q", code, errOut.String())
+		}
+		if !strings.Contains(out.String(), "model tokenized for KV-aware routing") {
+			t.Errorf("stdout %q lacks the model's load note", out.String())
+		}
+	})
 }

@@ -3,7 +3,7 @@
 // by the KV-event subscriber through index/kvsink and following the fleet, the policy,
 // the ext_proc gRPC server with the gRPC health service Envoy checks, a second gRPC health
 // server for Kubernetes probes, and the HTTP server for /metrics, /healthz, /readyz and the
-// debug views (/debug/endpoints, /debug/kv, POST /debug/route). Main is the command line
+// debug views on their own loopback port (/debug/endpoints, /debug/kv, POST /debug/route). Main is the command line
 // behind cmd/kvrouter (serve, check-config, tokenize).
 //
 // Nothing here is global: every App owns its registry, logger and servers, so tests run

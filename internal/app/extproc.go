@@ -30,7 +30,7 @@ type forgetter interface {
 // health view, the clock and the model's block size. src feeds the random policy and
 // the kv policies' tie-breaks (nil: seeded from the clock).
 func (a *App) newPolicy(name string, src rand.Source) (scoring.Policy, error) {
-	pc := a.cfg.Policy.Policies()
+	pc := a.cfg.Policy.Config
 	pc.KV.ApproxBlocks = a.cfg.KV.ApproxBlocks
 	pc.KV.MaxTracked = a.cfg.KV.MaxTracked
 	p, err := a.policies.New(name, &pc, policy.Deps{
@@ -74,16 +74,24 @@ func (a *App) registerExtProc(o Options) error {
 		}
 	}
 	a.tok = tok
+	// Until an endpoint's num_gpu_blocks is scraped, the prompt tokens that can matter
+	// are those of the KV capacity the policies assume for it.
 	a.extproc = extproc.New(extproc.Options{
-		Policy:       pol,
-		Fallback:     fallback,
-		Fleet:        a.fleet,
-		Tokenizer:    tok,
-		MaxBodyBytes: a.cfg.Limits.MaxBodyBytes,
-		MaxHold:      a.cfg.Limits.MaxHold,
-		Logger:       a.log.Named("extproc"),
-		Registerer:   a.reg,
-		Now:          o.Now,
+		Policy:            pol,
+		Fallback:          fallback,
+		Fleet:             a.fleet,
+		Tokenizer:         tok,
+		MaxBodyBytes:      a.cfg.Limits.MaxBodyBytes,
+		MaxPromptTokens:   a.cfg.KV.ApproxBlocks * a.blockSize(),
+		BodyBudgetBytes:   a.cfg.Limits.BodyBudgetBytes,
+		MaxStreams:        a.cfg.Limits.MaxStreams,
+		StreamIdleTimeout: a.cfg.Limits.StreamIdleTimeout,
+		MaxHold:           a.cfg.Limits.MaxHold,
+		ShedWaiting:       a.cfg.Limits.ShedQueueDepth,
+		RetryAfter:        a.cfg.Limits.RetryAfter,
+		Logger:            a.log.Named("extproc"),
+		Registerer:        a.reg,
+		Now:               o.Now,
 	})
 	a.extproc.Register(a.extGRPC)
 	return nil

@@ -347,16 +347,16 @@ func newTokenizer(cfg *config.Config, log *zap.Logger, reg prometheus.Registerer
 		Name: "kvrouter_model_tokenizer_ready",
 		Help: "1 when the model's prompts are tokenized for KV-aware routing, 0 when its requests are routed by load.",
 	}, []string{"model"})
-	engine := prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: "kvrouter_chat_template_engine",
-		Help: "1 for the engine that renders the model's chat template: native (kvrouter's own) or gonja (the fallback for templates the native engine refuses).",
-	}, []string{"model", "engine"})
+	refused := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kvrouter_chat_template_refusals_total",
+		Help: "Chat templates kvrouter's Jinja engine refuses (a construct it does not implement), counted when the model loads; their chat requests are routed by load.",
+	}, []string{"model"})
 	metrics, err := prompt.NewMetrics(reg)
 	if err != nil {
 		return nil, fmt.Errorf("app: %w", err)
 	}
 	if reg != nil {
-		reg.MustRegister(ready, engine)
+		reg.MustRegister(ready, refused)
 	}
 	var pc prompt.Config
 	for _, name := range sortedNames(cfg.Models) {
@@ -390,13 +390,12 @@ func newTokenizer(cfg *config.Config, log *zap.Logger, reg prometheus.Registerer
 			return nil, fmt.Errorf("app: %w", err)
 		default:
 			ready.WithLabelValues(m.Name).Set(1)
-			eng, why := b.ChatTemplateEngine()
-			fields := []zap.Field{zap.String("model", m.Name), zap.String("dir", m.Dir), zap.String("chat_template_engine", eng)}
-			if eng != "" {
-				engine.WithLabelValues(m.Name, eng).Set(1)
-			}
-			if why != "" {
-				fields = append(fields, zap.String("native_engine_refused", why))
+			fields := []zap.Field{zap.String("model", m.Name), zap.String("dir", m.Dir)}
+			if r := b.ChatTemplateRefusal(); r != nil {
+				refused.WithLabelValues(m.Name).Inc()
+				fields = append(fields, zap.String("chat_template_refused", r.Error()))
+				log.Warn("model's chat requests routed by load: its chat template uses a construct kvrouter's Jinja engine does not implement", fields...)
+				continue
 			}
 			log.Info("model tokenized for KV-aware routing", fields...)
 		}

@@ -88,7 +88,7 @@ func simFleetConfig(dir string, endpoints ...fleet.EndpointConfig) *config.Confi
 	cfg := loopbackConfig()
 	cfg.Endpoints = endpoints
 	cfg.Models = map[string]config.ModelConfig{model: {Tokenizer: dir, BlockSize: 16}}
-	cfg.Policy = config.PolicyConfig{Name: "kv", Fallback: "least-load"}
+	cfg.Policy.Name, cfg.Policy.Fallback = "kv", "least-load"
 	cfg.Limits.Scrape.Interval = 50 * time.Millisecond
 	cfg.Limits.Scrape.Timeout = 50 * time.Millisecond
 	cfg.Limits.Scrape.StalenessLimit = 10 * time.Second
@@ -147,11 +147,11 @@ func TestKVPath(t *testing.T) {
 	sims := []simServer{startSim(t, ctx, b), startSim(t, ctx, b), startSim(t, ctx, b)}
 
 	cfg := simFleetConfig(dir, sims[0].endpoint(), sims[1].endpoint())
-	cfg.Policy.Weights = map[string]float64{"decode_active_request_weight": 0.5}
+	cfg.Policy.KV.DecodeActiveRequestWeight = 0.5
 	cfg.KV.EventsStaleAfter = 300 * time.Millisecond
 	cfg.KV.Events.BackoffMin = 20 * time.Millisecond
 	a := startApp(t, cfg, app.Options{Registry: prometheus.NewRegistry()})
-	base := "http://" + a.addrs.Metrics
+	base := "http://" + a.addrs.Debug
 
 	testwait.For(t, "both servers' events connected and capacity scraped", func() bool {
 		kv := getJSON[[]app.KVEndpoint](t, base+"/debug/kv")

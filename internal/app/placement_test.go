@@ -32,9 +32,9 @@ func TestPlacementKeepsPrefixesHome(t *testing.T) {
 	// The exchanges below end at once, so the decode times the policy measures are
 	// microseconds of scheduling noise; its speed-based diverts (tested in scoring) would
 	// act on that noise on a busy machine. This test is about homes, so they are off,
-	// which also shows policy.weights reaching the policy.
-	cfg.Policy = config.PolicyConfig{Name: "placement", Fallback: "least-load",
-		Weights: map[string]float64{"prefix_depth": 4, "deadline_tokens": 0, "divert_misses": 0}}
+	// which also shows policy.placement reaching the policy.
+	cfg.Policy.Name, cfg.Policy.Fallback = "placement", "least-load"
+	cfg.Policy.Placement.DeadlineTokens, cfg.Policy.Placement.DivertMisses = 0, false
 	a := startApp(t, cfg, app.Options{Registry: prometheus.NewRegistry()})
 	ext := dial(t, a.addrs.ExtProc)
 	waitHealth(t, ext, app.ExtProcService, healthpb.HealthCheckResponse_SERVING)

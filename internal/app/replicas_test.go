@@ -27,7 +27,7 @@ type peerJSON struct {
 
 func getReplicas(t *testing.T, a *runningApp) debugReplicas {
 	t.Helper()
-	code, body := httpGet(t, "http://"+a.addrs.Metrics+"/debug/replicas")
+	code, body := httpGet(t, "http://"+a.addrs.Debug+"/debug/replicas")
 	var d debugReplicas
 	if code != 200 || json.Unmarshal([]byte(body), &d) != nil {
 		t.Fatalf("/debug/replicas: %d %s", code, body)

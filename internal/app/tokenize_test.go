@@ -101,13 +101,30 @@ func TestUnsupportedTokenizerRoutesByLoad(t *testing.T) {
 	}
 }
 
-// TestChatTemplateEngineGauge: a model whose chat template kvrouter's own engine
-// compiles (Qwen3's) is shown as native in kvrouter_chat_template_engine.
-func TestChatTemplateEngineGauge(t *testing.T) {
-	const model = "Qwen/Qwen3-0.6B"
+// TestChatTemplateRefusalCounted: a model whose chat template uses a construct
+// kvrouter's Jinja engine does not implement loads (its completions are still
+// tokenized) and is counted once in kvrouter_chat_template_refusals_total; a model
+// whose template the engine renders (Qwen3's) is not counted.
+func TestChatTemplateRefusalCounted(t *testing.T) {
+	const native, refusedModel = "Qwen/Qwen3-0.6B", "custom/wordwrap"
+	qwen := testmodels.Dir(t, "qwen3")
+	dir := t.TempDir()
+	tok, err := os.ReadFile(filepath.Join(qwen, "tokenizer.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfgJSON := `{"chat_template": "{% for m in messages %}{{ m.content | wordwrap(20) }}{% endfor %}"}`
+	for name, data := range map[string][]byte{"tokenizer.json": tok, "tokenizer_config.json": []byte(cfgJSON)} {
+		if err := os.WriteFile(filepath.Join(dir, name), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
 	vllm := newFakeVLLM(t)
 	cfg := testConfig(t, vllm)
-	cfg.Models = map[string]config.ModelConfig{model: {Tokenizer: testmodels.Dir(t, "qwen3"), BlockSize: 16}}
+	cfg.Models = map[string]config.ModelConfig{
+		native:       {Tokenizer: qwen, BlockSize: 16},
+		refusedModel: {Tokenizer: dir, BlockSize: 16},
+	}
 	reg := prometheus.NewRegistry()
 	if _, err := app.New(cfg, app.Options{Registry: reg}); err != nil {
 		t.Fatalf("New: %v", err)
@@ -118,18 +135,16 @@ func TestChatTemplateEngineGauge(t *testing.T) {
 	}
 	var got []string
 	for _, mf := range mfs {
-		if mf.GetName() != "kvrouter_chat_template_engine" {
+		if mf.GetName() != "kvrouter_chat_template_refusals_total" {
 			continue
 		}
 		for _, m := range mf.GetMetric() {
-			labels := map[string]string{}
 			for _, l := range m.GetLabel() {
-				labels[l.GetName()] = l.GetValue()
+				got = append(got, l.GetValue()+":"+strconv.FormatFloat(m.GetCounter().GetValue(), 'g', -1, 64))
 			}
-			got = append(got, labels["model"]+"="+labels["engine"]+":"+strconv.FormatFloat(m.GetGauge().GetValue(), 'g', -1, 64))
 		}
 	}
-	if want := []string{model + "=native:1"}; !slices.Equal(got, want) {
-		t.Errorf("kvrouter_chat_template_engine: %v, want %v", got, want)
+	if want := []string{refusedModel + ":1"}; !slices.Equal(got, want) {
+		t.Errorf("kvrouter_chat_template_refusals_total: %v, want %v", got, want)
 	}
 }

@@ -110,8 +110,10 @@ type Stack interface {
 	GatewayURL() string
 	// EngineMetricsURLs are the servers' /metrics URLs.
 	EngineMetricsURLs() []string
-	// RouterURL is kvrouter's metrics port (/metrics, /debug/kv, /debug/route).
+	// RouterURL is kvrouter's metrics port (/metrics, /readyz).
 	RouterURL() string
+	// DebugURL is kvrouter's debug port (/debug/kv, /debug/route).
+	DebugURL() string
 	// Close stops everything the stack started and waits for it.
 	Close() error
 }
@@ -268,7 +270,7 @@ func ready(ctx context.Context, client *http.Client, st Stack, workers int) (boo
 	if _, err := get(st.RouterURL() + "/readyz"); err != nil {
 		return false, err.Error()
 	}
-	b, err := get(st.RouterURL() + "/debug/kv")
+	b, err := get(st.DebugURL() + "/debug/kv")
 	if err != nil {
 		return false, err.Error()
 	}

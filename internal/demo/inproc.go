@@ -17,7 +17,7 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/credentials"
 
 	"github.com/kvrouter/kvrouter/config"
 	"github.com/kvrouter/kvrouter/gateway"
@@ -26,6 +26,7 @@ import (
 	"github.com/kvrouter/kvrouter/prompt"
 	"github.com/kvrouter/kvrouter/sim"
 	"github.com/kvrouter/kvrouter/sim/server"
+	"github.com/kvrouter/kvrouter/tlscert"
 )
 
 // InProcess starts the stack inside this process: each simulated server, kvrouter's App
@@ -54,13 +55,14 @@ type inproc struct {
 	err     error
 	closers []func()
 
-	gatewayURL, routerURL string
-	metrics               []string
+	gatewayURL, routerURL, debugURL string
+	metrics                         []string
 }
 
 func (s *inproc) GatewayURL() string          { return s.gatewayURL }
 func (s *inproc) EngineMetricsURLs() []string { return s.metrics }
 func (s *inproc) RouterURL() string           { return s.routerURL }
+func (s *inproc) DebugURL() string            { return s.debugURL }
 
 func (s *inproc) goRun(name string, f func() error) {
 	s.wg.Go(func() {
@@ -141,7 +143,7 @@ func (s *inproc) start(ctx context.Context, o *Options, policy, dir string, log 
 	}
 
 	path := filepath.Join(dir, "kvrouter-"+policy+".yaml")
-	if err := os.WriteFile(path, routerConfig(o, servers, policy, "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"), 0o644); err != nil {
+	if err := os.WriteFile(path, routerConfig(o, servers, policy, listenAddrs{extproc: "127.0.0.1:0", health: "127.0.0.1:0", metrics: "127.0.0.1:0", debug: "127.0.0.1:0"}), 0o644); err != nil {
 		return err
 	}
 	cfg, err := config.Load(path)
@@ -159,10 +161,16 @@ func (s *inproc) start(ctx context.Context, o *Options, policy, dir string, log 
 	if err != nil {
 		return err
 	}
-	s.routerURL = "http://" + addrs.Metrics
+	s.routerURL, s.debugURL = "http://"+addrs.Metrics, "http://"+addrs.Debug
 	s.goRun("kvrouter", func() error { return a.Run(ctx) })
 
-	conn, err := grpc.NewClient(addrs.ExtProc, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	// The gateway speaks TLS to kvrouter's self-signed default without verifying it, as
+	// NGINX Gateway Fabric does by default.
+	tc, err := tlscert.ClientConfig{}.TLS()
+	if err != nil {
+		return err
+	}
+	conn, err := grpc.NewClient(addrs.ExtProc, grpc.WithTransportCredentials(credentials.NewTLS(tc)))
 	if err != nil {
 		return err
 	}
@@ -170,7 +178,7 @@ func (s *inproc) start(ctx context.Context, o *Options, policy, dir string, log 
 	for _, sv := range servers {
 		allow = append(allow, sv.HTTP)
 	}
-	gw := gateway.New(extprocv3.NewExternalProcessorClient(conn), gateway.Config{Upstreams: allow}, nil, log.Named("gateway"))
+	gw := gateway.New(extprocv3.NewExternalProcessorClient(conn), gateway.Config{Upstreams: allow, ExposeServed: true}, nil, log.Named("gateway"))
 	gaddr, err := s.serveHTTP("gateway", gw)
 	if err != nil {
 		conn.Close()

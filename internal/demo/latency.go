@@ -20,6 +20,7 @@ import (
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/kvrouter/kvrouter/config"
@@ -27,6 +28,7 @@ import (
 	"github.com/kvrouter/kvrouter/internal/app"
 	"github.com/kvrouter/kvrouter/openai"
 	"github.com/kvrouter/kvrouter/prompt"
+	"github.com/kvrouter/kvrouter/tlscert"
 )
 
 // LatencyOptions configure MeasureLatency.
@@ -52,6 +54,9 @@ type LatencyOptions struct {
 	Trivial []string
 	// TrivialPprof, when set, is the address the trivial server serves /debug/pprof/ on.
 	TrivialPprof string
+	// Plaintext serves both ext_proc ports without TLS; by default both speak TLS with a
+	// self-signed certificate (kvrouter's default), the fake Envoy skipping verification.
+	Plaintext bool
 	// Log receives progress lines; nil discards them.
 	Log io.Writer
 }
@@ -207,7 +212,7 @@ func startLatencyStack(o LatencyOptions, dir string, n int) (*latencyStack, erro
 	if err != nil {
 		return nil, err
 	}
-	ports, err := freePorts(4)
+	ports, err := freePorts(5)
 	if err != nil {
 		return nil, err
 	}
@@ -226,10 +231,11 @@ func startLatencyStack(o LatencyOptions, dir string, n int) (*latencyStack, erro
 	}
 	addr := func(p int) string { return fmt.Sprintf("127.0.0.1:%d", p) }
 	s.extproc, s.trivial = addr(ports[0]), addr(ports[3])
-	s.routerURL, s.gatewayURL = "http://"+addr(ports[2]), "http://"+s.trivial
+	s.routerURL, s.gatewayURL, s.debugURL = "http://"+addr(ports[2]), "http://"+s.trivial, "http://"+addr(ports[4])
 	do := &Options{Model: o.Model, TokenizerDir: o.TokenizerDir}
 	path := filepath.Join(dir, fmt.Sprintf("kvrouter-latency-%d.yaml", n))
-	if err := os.WriteFile(path, routerConfigScrape(do, s.servers, o.Policy, s.extproc, addr(ports[1]), addr(ports[2]), false), 0o644); err != nil {
+	if err := os.WriteFile(path, routerConfigScrape(do, s.servers, o.Policy,
+		listenAddrs{extproc: s.extproc, health: addr(ports[1]), metrics: addr(ports[2]), debug: addr(ports[4]), plaintext: o.Plaintext}, false), 0o644); err != nil {
 		return s, err
 	}
 	if err := s.spawn("kvrouter", filepath.Join(dir, fmt.Sprintf("kvrouter-%d.log", n)), o.RouterEnv, bin("kvrouter"),
@@ -239,6 +245,9 @@ func startLatencyStack(o LatencyOptions, dir string, n int) (*latencyStack, erro
 	args := append(slices.Clone(o.Trivial[1:]), "trivial-extproc", "--listen", s.trivial)
 	if o.TrivialPprof != "" {
 		args = append(args, "--pprof", o.TrivialPprof)
+	}
+	if o.Plaintext {
+		args = append(args, "--plaintext")
 	}
 	return s, s.spawn("trivial", filepath.Join(dir, fmt.Sprintf("trivial-%d.log", n)), nil, o.Trivial[0], args...)
 }
@@ -264,11 +273,19 @@ func measureFleet(ctx context.Context, o LatencyOptions, dir string, n int, shar
 	if err := warm(ctx, st.servers, o.Model, shared); err != nil {
 		return nil, err
 	}
-	kv := waitIndexed(ctx, st.routerURL, n)
+	kv := waitIndexed(ctx, st.debugURL, n)
 	logf("%d endpoints: index holds %d blocks", n, kv)
 
+	creds := insecure.NewCredentials()
+	if !o.Plaintext {
+		tc, err := tlscert.ClientConfig{}.TLS()
+		if err != nil {
+			return nil, err
+		}
+		creds = credentials.NewTLS(tc)
+	}
 	dial := func(addr string) (extprocv3.ExternalProcessorClient, func() error, error) {
-		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds))
 		if err != nil {
 			return nil, nil, err
 		}
@@ -376,13 +393,13 @@ func warm(ctx context.Context, servers []serverAddrs, model, shared string) erro
 	}()...)
 }
 
-// waitIndexed waits (up to 10 s) until every endpoint has blocks in the index and returns
-// the total.
-func waitIndexed(ctx context.Context, routerURL string, n int) int {
+// waitIndexed waits (up to 10 s) until every endpoint has blocks in the index (kvrouter's
+// debug port at debugURL) and returns the total.
+func waitIndexed(ctx context.Context, debugURL string, n int) int {
 	deadline := time.Now().Add(10 * time.Second)
 	total := 0
 	for time.Now().Before(deadline) && ctx.Err() == nil {
-		resp, err := http.Get(routerURL + "/debug/kv")
+		resp, err := http.Get(debugURL + "/debug/kv")
 		if err == nil {
 			var kv []app.KVEndpoint
 			err = json.NewDecoder(resp.Body).Decode(&kv)
@@ -410,7 +427,11 @@ func waitIndexed(ctx context.Context, routerURL string, n int) int {
 // every process's CPU time per exchange in each round.
 func WriteLatency(w io.Writer, o LatencyOptions, rounds []LatencyRound) error {
 	var b strings.Builder
-	fmt.Fprintf(&b, "\next_proc round trip (stream open to last request reply), kvrouter policy %s, %.0f exchanges/s open loop, %v per round, loopback TCP, one process each: kvrouter, trivial server, vllm-sim fleet, kvdemo (fake Envoy)\n\n", o.Policy, o.Rate, o.Duration)
+	transport := "TLS on both servers (self-signed, verification skipped)"
+	if o.Plaintext {
+		transport = "plaintext on both servers"
+	}
+	fmt.Fprintf(&b, "\next_proc round trip (stream open to last request reply), kvrouter policy %s, %.0f exchanges/s open loop, %v per round, loopback TCP, %s, one process each: kvrouter, trivial server, vllm-sim fleet, kvdemo (fake Envoy)\n\n", o.Policy, o.Rate, o.Duration, transport)
 	b.WriteString("| endpoints | round | kvrouter p50 / p99 | trivial p50 / p99 | ratio p50 / p99 | decision p50 / p99 kvrouter | decision p50 / p99 trivial | achieved req/s |\n|---|---|---|---|---|---|---|---|\n")
 	us := func(d time.Duration) string { return fmt.Sprintf("%.0f µs", float64(d)/float64(time.Microsecond)) }
 	for i := 0; i+1 < len(rounds); i += 2 {

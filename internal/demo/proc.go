@@ -53,14 +53,15 @@ type proc struct {
 }
 
 type procStack struct {
-	procs                 []*proc
-	gatewayURL, routerURL string
-	metrics               []string
+	procs                           []*proc
+	gatewayURL, routerURL, debugURL string
+	metrics                         []string
 }
 
 func (s *procStack) GatewayURL() string          { return s.gatewayURL }
 func (s *procStack) EngineMetricsURLs() []string { return s.metrics }
 func (s *procStack) RouterURL() string           { return s.routerURL }
+func (s *procStack) DebugURL() string            { return s.debugURL }
 
 // freePorts reserves n distinct free loopback ports and releases them for the children.
 func freePorts(n int) ([]int, error) {
@@ -200,8 +201,8 @@ func (s *procStack) start(ctx context.Context, o *Options, po ProcessOptions, po
 	if err != nil {
 		return err
 	}
-	// Per worker: HTTP, events, replay; then extproc, health, metrics, gateway, envoy admin.
-	ports, err := freePorts(3*o.Workers + 5)
+	// Per worker: HTTP, events, replay; then extproc, health, metrics, gateway, envoy admin, debug.
+	ports, err := freePorts(3*o.Workers + 6)
 	if err != nil {
 		return err
 	}
@@ -226,18 +227,18 @@ func (s *procStack) start(ctx context.Context, o *Options, po ProcessOptions, po
 	}
 	base := 3 * o.Workers
 	ext, health, metrics := fmt.Sprintf("127.0.0.1:%d", ports[base]), fmt.Sprintf("127.0.0.1:%d", ports[base+1]), fmt.Sprintf("127.0.0.1:%d", ports[base+2])
-	gw, admin := fmt.Sprintf("127.0.0.1:%d", ports[base+3]), ports[base+4]
+	gw, admin, debug := fmt.Sprintf("127.0.0.1:%d", ports[base+3]), ports[base+4], fmt.Sprintf("127.0.0.1:%d", ports[base+5])
 	oc := *o
 	oc.TokenizerDir = tokDir
 	cfgPath := filepath.Join(po.WorkDir, "kvrouter-"+policy+".yaml")
-	if err := os.WriteFile(cfgPath, routerConfig(&oc, servers, policy, ext, health, metrics), 0o644); err != nil {
+	if err := os.WriteFile(cfgPath, routerConfig(&oc, servers, policy, listenAddrs{extproc: ext, health: health, metrics: metrics, debug: debug}), 0o644); err != nil {
 		return err
 	}
 	if err := s.spawn("kvrouter", filepath.Join(po.WorkDir, "kvrouter-"+policy+".log"), nil, bin("kvrouter"),
 		"--config", cfgPath, "--log-level", "info"); err != nil {
 		return err
 	}
-	s.routerURL = "http://" + metrics
+	s.routerURL, s.debugURL = "http://"+metrics, "http://"+debug
 	s.gatewayURL = "http://" + gw
 	if po.Envoy != "" {
 		src, err := os.ReadFile(po.EnvoyConfig)
@@ -260,13 +261,14 @@ func (s *procStack) start(ctx context.Context, o *Options, po ProcessOptions, po
 		ups = append(ups, sv.HTTP)
 	}
 	return s.spawn("devgateway", filepath.Join(po.WorkDir, "devgateway-"+policy+".log"), nil, bin("devgateway"),
-		"-listen", gw, "-extproc", ext, "-upstreams", strings.Join(ups, ","))
+		"-listen", gw, "-extproc", ext, "-upstreams", strings.Join(ups, ","), "-expose-served")
 }
 
 // envoyConfig points the repository's Envoy bootstrap at the demo's ports: the listener
-// on gw (loopback), the admin port, and the kvrouter cluster at ext. Everything else (the
-// header-stripping filter, ext_proc in FULL_DUPLEX_STREAMED, the ORIGINAL_DST cluster) is
-// used as shipped.
+// on gw (loopback), the admin port, and the kvrouter cluster at ext (TLS, kvrouter's
+// self-signed default), and keeps the served-endpoint response header for kvbench's
+// servers-per-prefix column. Everything else (the header-stripping filter, ext_proc in
+// FULL_DUPLEX_STREAMED, the ORIGINAL_DST cluster) is used as shipped.
 func envoyConfig(src, gw, ext string, admin int) (string, error) {
 	gwHost, gwPort, _ := net.SplitHostPort(gw)
 	extHost, extPort, _ := net.SplitHostPort(ext)
@@ -274,6 +276,7 @@ func envoyConfig(src, gw, ext string, admin int) (string, error) {
 		{"{address: 127.0.0.1, port_value: 9901}", fmt.Sprintf("{address: 127.0.0.1, port_value: %d}", admin)},
 		{"{address: 0.0.0.0, port_value: 8081}", fmt.Sprintf("{address: %s, port_value: %s}", gwHost, gwPort)},
 		{"{address: kvrouter, port_value: 9002}", fmt.Sprintf("{address: %s, port_value: %s}", extHost, extPort)},
+		{`handle:headers():remove("x-gateway-destination-endpoint-served")`, "-- kvdemo keeps the served endpoint: kvbench counts servers per prefix"},
 	} {
 		if !strings.Contains(src, r.old) {
 			return "", errors.New("demo: envoy config: " + r.old + " not found; the bootstrap changed shape")

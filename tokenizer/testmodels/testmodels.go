@@ -36,8 +36,15 @@ func Root() string {
 // and skips it otherwise, telling how to fetch them.
 func Dir(tb testing.TB, name string) string {
 	tb.Helper()
+	return DirWith(tb, name, "tokenizer.json", "tokenizer_config.json")
+}
+
+// DirWith is Dir for a model of which `make models` fetches only some files (for
+// example tokenizer_config.json alone, for a chat-template-only proof).
+func DirWith(tb testing.TB, name string, files ...string) string {
+	tb.Helper()
 	dir := filepath.Join(Root(), name)
-	for _, f := range []string{"tokenizer.json", "tokenizer_config.json"} {
+	for _, f := range files {
 		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
 			msg := "model files missing (" + err.Error() + "): run `make models`"
 			if os.Getenv("CI") == "true" {

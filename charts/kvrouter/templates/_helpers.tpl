@@ -53,6 +53,12 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 {{- $_ := set $cfg "replicas" $rep -}}
 {{- end -}}
+{{- $tls := include "kvrouter.tlsConfig" . | fromYaml -}}
+{{- if $tls -}}
+{{- $listen := default dict $cfg.listen -}}
+{{- $_ := set $listen "tls" $tls -}}
+{{- $_ := set $cfg "listen" $listen -}}
+{{- end -}}
 {{- toYaml $cfg -}}
 {{- end -}}
 
@@ -71,4 +77,20 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{/* The Service vLLM pods connect their KV-event publishers to in central mode. */}}
 {{- define "kvrouter.kvEventsService" -}}
 {{- printf "%s-kv-events" (include "kvrouter.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* listen.tls from .Values.tls: nothing for the self-signed default. */}}
+{{- define "kvrouter.tlsConfig" -}}
+{{- $t := .Values.tls -}}
+{{- if eq $t.mode "disabled" -}}
+mode: disabled
+{{- else if $t.secretName -}}
+cert_file: /etc/kvrouter-tls/tls.crt
+key_file: /etc/kvrouter-tls/tls.key
+{{- if $t.requireClientCerts }}
+client_ca_file: /etc/kvrouter-tls/ca.crt
+{{- end }}
+{{- else if $t.requireClientCerts -}}
+{{- fail "tls.requireClientCerts needs tls.secretName (its ca.crt is the client CA)" -}}
+{{- end -}}
 {{- end -}}

@@ -275,7 +275,7 @@ func filterToJSON(_ *state, in Value, args []Value, kwargs []KwArg) (Value, erro
 	if in.kind == KindString && o.Indent == nil && !o.EnsureASCII {
 		var b strings.Builder
 		b.Grow(len(in.s) + 2)
-		WriteJSONString(&b, in.s, false)
+		writeJSONString(&b, in.s, false)
 		return String(b.String()), nil
 	}
 	s, err := Dumps(in, o)

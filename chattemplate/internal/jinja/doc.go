@@ -17,7 +17,7 @@
 // a template Jinja2 would reject), and Render returns an error wrapping
 // *UnsupportedError for an operation it does not implement on the operands it got
 // (a %-format verb, a str.format spec, a case mapping Go does not share with Python).
-// Callers fall back to another engine on UnsupportedError.
+// chattemplate routes such requests by load.
 //
 // Concurrency: a *Template is immutable after Compile and Render is safe for
 // concurrent use; values passed to Render must not be changed while it runs (the

@@ -16,8 +16,8 @@ func (e *SyntaxError) Error() string { return fmt.Sprintf("jinja: line %d: %s", 
 
 // UnsupportedError reports a construct this engine does not implement (a tag,
 // filter, test, method or operand type). At compile time it refuses the template; at
-// render time it means the one render cannot be reproduced here. Callers fall back to
-// another engine on it; it never stands for a difference from Jinja2.
+// render time it means the one render cannot be reproduced here. chattemplate routes
+// such requests by load; it never stands for a difference from Jinja2.
 type UnsupportedError struct {
 	Construct string
 }

@@ -54,9 +54,9 @@ func dumpValue(b *strings.Builder, v Value, o DumpOptions, depth int) error {
 	case KindBigInt:
 		b.WriteString(v.Big().String())
 	case KindFloat:
-		b.WriteString(PyFloatJSON(v.float()))
+		b.WriteString(pyFloatJSON(v.float()))
 	case KindString:
-		WriteJSONString(b, v.s, o.EnsureASCII)
+		writeJSONString(b, v.s, o.EnsureASCII)
 	case KindList:
 		items := v.items()
 		if len(items) == 0 {
@@ -112,7 +112,7 @@ func dumpDict(b *strings.Builder, d *Dict, o DumpOptions, depth int) error {
 		pairs[i] = kv{k, p.Value}
 	}
 	if o.SortKeys {
-		sort.SliceStable(pairs, func(i, j int) bool { return PyStringLess(pairs[i].key, pairs[j].key) })
+		sort.SliceStable(pairs, func(i, j int) bool { return pyStringLess(pairs[i].key, pairs[j].key) })
 	}
 	b.WriteByte('{')
 	for i, p := range pairs {
@@ -122,7 +122,7 @@ func dumpDict(b *strings.Builder, d *Dict, o DumpOptions, depth int) error {
 		if o.Indent != nil {
 			newline(b, o, depth+1)
 		}
-		WriteJSONString(b, p.key, o.EnsureASCII)
+		writeJSONString(b, p.key, o.EnsureASCII)
 		b.WriteString(o.KeySep)
 		if err := dumpValue(b, p.value, o, depth+1); err != nil {
 			return err
@@ -152,21 +152,21 @@ func jsonKey(k Value) (string, error) {
 	case KindBigInt:
 		return k.Big().String(), nil
 	case KindFloat:
-		return PyFloatJSON(k.float()), nil
+		return pyFloatJSON(k.float()), nil
 	}
 	return "", errorf("tojson: keys must be str, int, float, bool or None, not %s", k.typeName())
 }
 
-// PyStringLess orders strings by code point, as Python compares str.
-func PyStringLess(a, b string) bool { return a < b } // UTF-8 byte order is code point order
+// pyStringLess orders strings by code point, as Python compares str.
+func pyStringLess(a, b string) bool { return a < b } // UTF-8 byte order is code point order
 
 const hexDigits = "0123456789abcdef"
 
-// WriteJSONString writes s as a JSON string literal the way Python's json module
+// writeJSONString writes s as a JSON string literal the way Python's json module
 // does: only '"', '\\' and control characters below U+0020 are escaped (short forms for
 // \b \f \n \r \t); with ensureASCII, DEL and every non-ASCII code point become
 // \uXXXX, using a surrogate pair above U+FFFF.
-func WriteJSONString(b *strings.Builder, s string, ensureASCII bool) {
+func writeJSONString(b *strings.Builder, s string, ensureASCII bool) {
 	b.WriteByte('"')
 	start := 0
 	for i := 0; i < len(s); {
@@ -270,9 +270,9 @@ func writePyRepr(b *strings.Builder, s string) {
 	b.WriteByte(quote)
 }
 
-// PyFloatJSON is float.__repr__ as json.dumps writes it (NaN, Infinity, -Infinity
+// pyFloatJSON is float.__repr__ as json.dumps writes it (NaN, Infinity, -Infinity
 // for the non-finite values).
-func PyFloatJSON(f float64) string {
+func pyFloatJSON(f float64) string {
 	switch {
 	case math.IsNaN(f):
 		return "NaN"
@@ -281,14 +281,14 @@ func PyFloatJSON(f float64) string {
 	case math.IsInf(f, -1):
 		return "-Infinity"
 	}
-	return PyFloatRepr(f)
+	return pyFloatRepr(f)
 }
 
-// PyFloatRepr is Python's repr(float): the shortest digits that round-trip, in
+// pyFloatRepr is Python's repr(float): the shortest digits that round-trip, in
 // positional notation when the decimal exponent is in [-4, 16), else in scientific
 // notation with a signed exponent of at least two digits (1e-07, 1e+16); nan, inf and
 // -inf for the non-finite values.
-func PyFloatRepr(f float64) string {
+func pyFloatRepr(f float64) string {
 	switch {
 	case math.IsNaN(f):
 		return "nan"

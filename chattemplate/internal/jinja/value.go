@@ -371,7 +371,7 @@ func writeStr(b *strings.Builder, v Value) error {
 	case KindBigInt:
 		b.WriteString(v.Big().String())
 	case KindFloat:
-		b.WriteString(PyFloatRepr(v.float()))
+		b.WriteString(pyFloatRepr(v.float()))
 	default:
 		return writeRepr(b, v, 0)
 	}

@@ -17,7 +17,8 @@ const models = process.env.KVROUTER_MODELS_DIR || path.join(root, '.cache/models
 const outDir = path.join(here, '..', 'golden_ids');
 fs.mkdirSync(outDir, { recursive: true });
 
-for (const name of ['qwen3', 'llama3']) {
+// Chat: the byte-level BPE models kvrouter serves whose template chattemplate proves.
+for (const name of ['qwen3', 'llama3', 'llama3_1']) {
   const t = tk.Tokenizer.fromString(fs.readFileSync(path.join(models, name, 'tokenizer.json'), 'utf8'));
   const golden = fs.readFileSync(path.join(root, 'chattemplate/testdata/golden', name + '.jsonl'), 'utf8')
     .split('\n').filter((l) => l.trim()).map((l) => JSON.parse(l)).filter((r) => typeof r.rendered === 'string');

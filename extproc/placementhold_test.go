@@ -1,0 +1,150 @@
+package extproc_test
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvrouter/kvrouter/config"
+	"github.com/kvrouter/kvrouter/extproc"
+	"github.com/kvrouter/kvrouter/extproc/envoytest"
+	"github.com/kvrouter/kvrouter/index"
+	"github.com/kvrouter/kvrouter/openai"
+	"github.com/kvrouter/kvrouter/placement"
+	"github.com/kvrouter/kvrouter/scoring"
+)
+
+// prefixTokenizer reads a completions prompt "p<P> t<T>" as 64 blocks of 16 tokens of
+// prefix P followed by 8 blocks of tail T, so that requests share prefixes by name.
+type prefixTokenizer struct{}
+
+func (prefixTokenizer) PromptTokens(req *openai.Request, _ string) ([]uint32, error) {
+	var s string
+	if err := json.Unmarshal(req.Prompt, &s); err != nil {
+		return nil, err
+	}
+	var p, tail int
+	if _, err := fmt.Sscanf(s, "p%d t%d", &p, &tail); err != nil {
+		return nil, err
+	}
+	return prefixTokens(p, tail), nil
+}
+
+func prefixTokens(p, tail int) []uint32 {
+	out := make([]uint32, 0, 72*16)
+	for i := range 64 * 16 {
+		out = append(out, uint32(1_000_000*(p+1)+i))
+	}
+	for i := range 8 * 16 {
+		out = append(out, uint32(500_000_000+10_000*tail+i))
+	}
+	return out
+}
+
+// heldIndex is a PrefixIndex that says which block keys each endpoint holds.
+type heldIndex struct {
+	mu   sync.Mutex
+	held map[string]map[uint64]bool
+}
+
+func (x *heldIndex) LeadingBlocks(keys []uint64, eps []string, dst []int) []int {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	dst = dst[:0]
+	for _, ep := range eps {
+		n := 0
+		for n < len(keys) && x.held[ep][keys[n]] {
+			n++
+		}
+		dst = append(dst, n)
+	}
+	return dst
+}
+
+func completion(p, tail int) envoytest.Request {
+	return envoytest.Request{Headers: envoytest.Headers{{Key: ":method", Value: "POST"},
+		{Key: ":path", Value: "/v1/completions"}, {Key: "content-type", Value: "application/json"}},
+		Body: [][]byte{fmt.Appendf(nil, `{"model":"m","prompt":"p%d t%d","max_tokens":8}`, p, tail)}}
+}
+
+// The placement policy holds a hit behind a miss in prefill on its endpoint, for up to
+// its hold_max (here above limits.max_hold, as an operator may set it). Under Envoy's
+// default 200 ms message_timeout (BUFFERED request body) and the default limits, none of
+// those held requests times out.
+func TestPlacementHoldsWithinEnvoyMessageTimeout(t *testing.T) {
+	cfg := placement.DefaultConfig()
+	cfg.HoldMax = 400 * time.Millisecond
+	ix := &heldIndex{held: map[string]map[uint64]bool{}}
+	pol, err := placement.New(cfg, ix, nil, prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	fleet := newFleet(epA).serve("m", epA)
+	fleet.metrics = map[string]scoring.Metrics{epA: {Valid: true, NumGPUBlocks: 1000, BlockSize: 16}}
+	h := newHarness(t, func(o *extproc.Options) {
+		o.Policy, o.Tokenizer, o.Fleet, o.MaxHold = pol, prefixTokenizer{}, fleet, config.DefaultLimitsConfig().MaxHold
+	})
+	envoy := mode(filterv3.ProcessingMode_BUFFERED, false)
+	envoy.MessageTimeout = 200 * time.Millisecond // Envoy's default
+
+	// Prefix 0 finds its home and is cached there.
+	x := h.start(envoy)
+	if _, err := x.Request(completion(0, 0)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := x.Response(200, nil, [][]byte{[]byte(`{}`)}, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	x.Close()
+	ix.mu.Lock()
+	ix.held[epA] = map[uint64]bool{}
+	for _, k := range index.Keys(index.Root("m", "", ""), prefixTokens(0, 0), 16, nil)[:64] {
+		ix.held[epA][k] = true
+	}
+	ix.mu.Unlock()
+
+	// A miss (prefix 1, 1,152 uncached tokens) is prefilling there: no first token yet.
+	miss := h.start(envoy)
+	defer miss.Cancel()
+	if _, err := miss.Request(completion(1, 1)); err != nil {
+		t.Fatal(err)
+	}
+
+	// Hits on prefix 0 arrive: placement holds each behind the miss.
+	const hits = 6
+	errs := make(chan error, hits)
+	for i := range hits {
+		go func() {
+			x := h.start(envoy)
+			defer x.Cancel()
+			res, err := x.Request(completion(0, 2+i))
+			if err == nil && res.Immediate != nil {
+				err = fmt.Errorf("immediate response %v", res.Immediate)
+			}
+			errs <- err
+		}()
+	}
+	timeouts := 0
+	for range hits {
+		err := <-errs
+		var te *envoytest.TimeoutError
+		switch {
+		case errors.As(err, &te):
+			timeouts++
+		case err != nil:
+			t.Fatal(err)
+		}
+	}
+	if timeouts != 0 {
+		t.Fatalf("%d of %d requests held by placement timed out under Envoy's default message_timeout", timeouts, hits)
+	}
+	if h.counter("kvrouter_routing_holds_total") == 0 {
+		t.Fatal("placement held no request: the workload shows nothing")
+	}
+}
