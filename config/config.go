@@ -7,6 +7,7 @@ import (
 	"github.com/kvrouter/kvrouter/config/field"
 	"github.com/kvrouter/kvrouter/discovery"
 	"github.com/kvrouter/kvrouter/fleet"
+	"github.com/kvrouter/kvrouter/peersync"
 )
 
 // Config is kvrouter's whole configuration file. Each section is owned by the package
@@ -29,6 +30,9 @@ type Config struct {
 	// Discovery finds endpoints at run time (Kubernetes API or DNS), beside the static
 	// list.
 	Discovery discovery.Config `yaml:"discovery"`
+	// Replicas is how kvrouter replicas find each other and share their in-flight
+	// requests, so that they route as one (off without peers).
+	Replicas peersync.Config `yaml:"replicas"`
 }
 
 // Default returns the configuration with every default and no endpoint.
@@ -39,6 +43,7 @@ func Default() Config {
 		Limits:    DefaultLimitsConfig(),
 		KV:        DefaultKVConfig(),
 		Discovery: discovery.DefaultConfig(),
+		Replicas:  peersync.DefaultConfig(),
 	}
 }
 
@@ -83,5 +88,6 @@ func (c *Config) Validate() error {
 	errs.Nest("limits", c.Limits.Validate())
 	errs.Nest("kv", c.KV.Validate())
 	errs.Nest("discovery", c.Discovery.Validate())
+	errs.Nest("replicas", c.Replicas.Validate())
 	return errs.Err()
 }

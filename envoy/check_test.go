@@ -41,7 +41,7 @@ func TestRepositoryEnvoyConfigs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"envoy.yaml", "envoy-buffered.yaml", "envoy-failopen.yaml"} {
+	for _, want := range []string{"envoy.yaml", "envoy-fallbacks.yaml", "envoy-buffered.yaml", "envoy-failopen.yaml"} {
 		found := false
 		for _, f := range files {
 			found = found || f == filepath.Join("..", "envoy", want)

@@ -72,6 +72,7 @@ type Policy struct {
 	prefixes map[uint64]*prefixEntry
 	pending  map[string]pendingPick
 	reqs     map[string]tracked
+	peers    PeerView // other router replicas' load (SetPeers); nil: none
 }
 
 type metrics struct {
@@ -180,7 +181,7 @@ func (p *Policy) Pick(req *scoring.Request, cands []scoring.Endpoint) (scoring.D
 	}
 	e := p.prefix(key, sc.keys)
 	best, kind := p.choose(e, key, cands, sc)
-	if d := p.divert(e, cands, sc, best, len(req.TokenIDs), bs); d >= 0 {
+	if d := p.divert(e, key, cands, sc, best, len(req.TokenIDs), bs); d >= 0 {
 		if p.cfg.UnplaceDiverted && (kind == kindReplica || kind == kindSpill) {
 			p.drop(e, cands[best].Address)
 			sc.pos[best] = -1

@@ -27,6 +27,10 @@ type scratch struct {
 	// the KV blocks they hold.
 	others  []int
 	otherKV []float64
+	// otherPrefill and otherMisses are peers' prefill backlog and misses in prefill on
+	// each candidate (SetPeers).
+	otherPrefill []int
+	otherMisses  []int
 }
 
 func (p *Policy) load(e *scoring.Endpoint) int {
@@ -96,7 +100,10 @@ func (p *Policy) choose(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 	// cache that survived a restart). Copies left by diverted requests are not adopted.
 	adopt := -1
 	for i := range cands {
-		if sc.pos[i] >= 0 || sc.lead[i] < max(heldBlocks, 1) {
+		if sc.pos[i] >= 0 {
+			continue
+		}
+		if sc.lead[i] < max(heldBlocks, 1) && (p.peers == nil || !p.peers.PeerActive(cands[i].Address, key)) {
 			continue
 		}
 		if p.cfg.AdoptAll {
@@ -239,8 +246,17 @@ func (p *Policy) shared(cands []scoring.Endpoint, sc *scratch) {
 	n := len(cands)
 	sc.others = slices.Grow(sc.others[:0], n)[:n]
 	sc.otherKV = slices.Grow(sc.otherKV[:0], n)[:n]
+	sc.otherPrefill = slices.Grow(sc.otherPrefill[:0], n)[:n]
+	sc.otherMisses = slices.Grow(sc.otherMisses[:0], n)[:n]
 	for i := range cands {
-		sc.others[i], sc.otherKV[i] = 0, 0
+		sc.others[i], sc.otherKV[i], sc.otherPrefill[i], sc.otherMisses[i] = 0, 0, 0, 0
+		if p.peers != nil {
+			l := p.peers.PeerLoad(cands[i].Address, sc.eps[i])
+			sc.others[i], sc.otherKV[i] = l.Requests, float64(l.KVBlocks)
+			sc.otherPrefill[i], sc.otherMisses[i] = l.Prefill, l.Misses
+			sc.loads[i] += l.Requests
+			continue
+		}
 		m := &cands[i].Metrics
 		if !p.cfg.SharedLoad || p.cfg.ScrapedLoad || !m.Valid || m.At.IsZero() {
 			continue
@@ -268,7 +284,8 @@ func (p *Policy) rehome(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 		if sc.pos[i] < 0 {
 			continue
 		}
-		if sc.lead[i] >= max(heldBlocks, 1) || sc.eps[i].active[key] != nil {
+		if sc.lead[i] >= max(heldBlocks, 1) || sc.eps[i].active[key] != nil ||
+			(p.peers != nil && p.peers.PeerActive(cands[i].Address, key)) {
 			return // someone holds it, or is computing it
 		}
 		if e.sites[sc.pos[i]].home {
@@ -298,7 +315,7 @@ func (p *Policy) rehome(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 			if d == 0 {
 				d = sc.meanDecode
 			}
-			return float64(sc.eps[i].prefill+len(sc.keys)*sc.blockSize+p.cfg.RehomeLoadTokens*sc.loads[i]) * d
+			return float64(sc.eps[i].prefill+sc.otherPrefill[i]+len(sc.keys)*sc.blockSize+p.cfg.RehomeLoadTokens*sc.loads[i]) * d
 		}
 		bestEst := est(old)
 		if !sc.ok[old] {
@@ -419,7 +436,7 @@ func mix64(x uint64) uint64 {
 // scaled by its measured speed, exceeds DeadlineTokens and another candidate with KV room
 // would start it at least twice as soon; -1 otherwise. A diverted request places nothing.
 // p.mu must be held.
-func (p *Policy) divert(e *prefixEntry, cands []scoring.Endpoint, sc *scratch, best, tokens, bs int) int {
+func (p *Policy) divert(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc *scratch, best, tokens, bs int) int {
 	if p.cfg.DeadlineTokens <= 0 {
 		return -1
 	}
@@ -428,14 +445,15 @@ func (p *Policy) divert(e *prefixEntry, cands []scoring.Endpoint, sc *scratch, b
 		if d == 0 {
 			d = sc.meanDecode
 		}
-		backlog := sc.eps[i].prefill + max(0, tokens-sc.lead[i]*bs)
+		backlog := sc.eps[i].prefill + sc.otherPrefill[i] + max(0, tokens-sc.lead[i]*bs)
 		return float64(backlog) * d / sc.meanDecode
 	}
 	eb := est(best)
 	full := p.cfg.DivertOnFull && !sc.room[best]
 	// A busy endpoint that lost most of the prefix would recompute it behind others.
 	miss := p.cfg.DivertMisses && sc.loads[best] > 0 &&
-		sc.lead[best] < e.held(p.cfg.HolderShare)
+		sc.lead[best] < e.held(p.cfg.HolderShare) &&
+		!(p.peers != nil && p.peers.PeerActive(cands[best].Address, key)) // a peer is computing it there
 	if eb <= float64(p.cfg.DeadlineTokens) && !full && !miss {
 		return -1
 	}
@@ -495,6 +513,9 @@ func (p *Policy) room(ep *endpointState, key uint64, c *scoring.Endpoint, blocks
 	need := blocks + p.cfg.OutputBlocks
 	if a := ep.active[key]; a != nil {
 		need -= min(a.blocks, blocks)
+	} else if p.peers != nil && p.peers.PeerActive(c.Address, key) {
+		// A peer's request holds the prefix there (counted in others): only the tail.
+		need -= min(p.prefixes[key].blocks, blocks)
 	}
 	return used+float64(need) <= p.cfg.Headroom*capacity
 }

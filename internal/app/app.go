@@ -30,6 +30,7 @@ import (
 	kdisc "github.com/kvrouter/kvrouter/discovery/kubernetes"
 	"github.com/kvrouter/kvrouter/extproc"
 	"github.com/kvrouter/kvrouter/fleet"
+	"github.com/kvrouter/kvrouter/peersync"
 	"github.com/kvrouter/kvrouter/policy"
 	"github.com/kvrouter/kvrouter/tlscert"
 )
@@ -109,6 +110,10 @@ type App struct {
 	// now is the injected clock (time.Now when none is given).
 	now       func() time.Time
 	discovery runner // nil without discovery
+	// replica and peers share in-flight state with other kvrouter replicas (nil
+	// without replicas.peers).
+	replica *peersync.Replica
+	peers   *peersync.Node
 
 	extGRPC    *grpc.Server // ext_proc + health for Envoy
 	probeGRPC  *grpc.Server // health for Kubernetes
@@ -194,6 +199,9 @@ func New(cfg *config.Config, o Options) (*App, error) {
 	if err := a.registerExtProc(o); err != nil {
 		return nil, err
 	}
+	if err := a.newReplicas(); err != nil {
+		return nil, err
+	}
 	a.probeGRPC = grpc.NewServer()
 	healthpb.RegisterHealthServer(a.probeGRPC, a.probeHlth)
 
@@ -210,6 +218,7 @@ func New(cfg *config.Config, o Options) (*App, error) {
 		dbg := http.NewServeMux()
 		dbg.HandleFunc("GET /debug/endpoints", a.serveEndpoints)
 		dbg.HandleFunc("GET /debug/kv", a.serveDebugKV)
+		dbg.HandleFunc("GET /debug/replicas", a.serveDebugReplicas)
 		dbg.HandleFunc("POST /debug/route", a.serveDebugRoute)
 		dbg.HandleFunc("GET /debug/pprof/", pprof.Index)
 		dbg.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)
@@ -287,6 +296,9 @@ func (a *App) Run(ctx context.Context) error {
 	}
 	if a.reload.path != "" && a.reload.interval > 0 {
 		g.Go(func() error { a.watchConfig(gctx); return nil })
+	}
+	if a.peers != nil {
+		g.Go(func() error { return a.peers.Run(gctx) })
 	}
 	g.Go(func() error { return serveGRPC(a.extGRPC, a.lnExt, "extproc") })
 	g.Go(func() error { return serveGRPC(a.probeGRPC, a.lnProbe, "health") })

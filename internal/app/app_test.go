@@ -79,7 +79,8 @@ func loopbackConfig() config.Config {
 }
 
 // testConfig is a valid configuration whose fleet is the fake vLLMs, each serving model,
-// scraped often and taken out at the first failed scrape.
+// scraped often and taken out after three failed scrapes in a row (one slow scrape on a
+// loaded machine must not take the only endpoint out).
 func testConfig(t *testing.T, vllms ...*fakeVLLM) *config.Config {
 	t.Helper()
 	cfg := loopbackConfig()
@@ -87,10 +88,10 @@ func testConfig(t *testing.T, vllms ...*fakeVLLM) *config.Config {
 		cfg.Endpoints = append(cfg.Endpoints, fleet.EndpointConfig{
 			Address: v.Listener.Addr().String(), Models: []string{model}, MetricsURL: v.URL + "/metrics"})
 	}
-	cfg.Limits.Scrape.Interval = 20 * time.Millisecond
-	cfg.Limits.Scrape.Timeout = 20 * time.Millisecond
+	cfg.Limits.Scrape.Interval = 50 * time.Millisecond
+	cfg.Limits.Scrape.Timeout = 50 * time.Millisecond
 	cfg.Limits.Scrape.StalenessLimit = time.Second
-	cfg.Limits.Scrape.FailuresBeforeIneligible = 1
+	cfg.Limits.Scrape.FailuresBeforeIneligible = 3
 	cfg.Limits.DrainTimeout = 30 * time.Second
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)

@@ -168,7 +168,13 @@ func (a *App) reloadLocked() (ReloadReport, error) {
 
 	applied := *run // restart-only settings stay as they run
 	applied.Endpoints = next.Endpoints
-	applied.Policy = next.Policy
+	if a.replica != nil {
+		// The peer replica shares the running policy's state: a new policy instance
+		// would leave it reading the old one.
+		rep.Restart = append(rep.Restart, diffFields("policy", run.Policy, next.Policy)...)
+	} else {
+		applied.Policy = next.Policy
+	}
 	applied.Limits.MaxHold = next.Limits.MaxHold
 	applied.Limits.DrainTimeout = next.Limits.DrainTimeout
 	applied.Limits.ShedQueueDepth = next.Limits.ShedQueueDepth
@@ -176,7 +182,7 @@ func (a *App) reloadLocked() (ReloadReport, error) {
 	if !reflect.DeepEqual(run.Endpoints, next.Endpoints) {
 		rep.Applied = append(rep.Applied, "endpoints")
 	}
-	rep.Applied = append(rep.Applied, diffFields("policy", run.Policy, next.Policy)...)
+	rep.Applied = append(rep.Applied, diffFields("policy", run.Policy, applied.Policy)...)
 	rep.Applied = append(rep.Applied, diffFields("limits", run.Limits, applied.Limits)...)
 	if len(rep.Applied) == 0 {
 		rep.Result = ReloadUnchanged
@@ -184,10 +190,10 @@ func (a *App) reloadLocked() (ReloadReport, error) {
 	}
 
 	pols := a.pols.Load()
-	if !reflect.DeepEqual(run.Policy, next.Policy) {
+	if !reflect.DeepEqual(run.Policy, applied.Policy) {
 		// Policies are built with their own random source: the old ones may still be
 		// serving requests decided before the swap.
-		if pols, err = a.buildPolicies(next.Policy, nil, a.policyReg); err != nil {
+		if pols, err = a.buildPolicies(applied.Policy, nil, a.policyReg); err != nil {
 			return rep, err
 		}
 	}
@@ -236,6 +242,7 @@ func restartNeeded(run, next *config.Config) []string {
 	}
 	out = append(out, diffFields("kv", run.KV, next.KV)...)
 	out = append(out, diffFields("discovery", run.Discovery, next.Discovery)...)
+	out = append(out, diffFields("replicas", run.Replicas, next.Replicas)...)
 	l := next.Limits
 	l.MaxHold, l.DrainTimeout, l.ShedQueueDepth, l.MaxFallbacks = run.Limits.MaxHold, run.Limits.DrainTimeout, run.Limits.ShedQueueDepth,
 		run.Limits.MaxFallbacks

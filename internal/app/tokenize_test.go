@@ -15,6 +15,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/config"
 	"github.com/kvrouter/kvrouter/internal/app"
+	"github.com/kvrouter/kvrouter/internal/testwait"
 	"github.com/kvrouter/kvrouter/tokenizer/testmodels"
 )
 
@@ -74,7 +75,10 @@ func TestUnsupportedTokenizerRoutesByLoad(t *testing.T) {
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
-	a.Fleet().ScrapeAll(context.Background())
+	testwait.For(t, "the endpoint scraped eligible", func() bool {
+		a.Fleet().ScrapeAll(context.Background())
+		return a.Fleet().Ready()
+	})
 	x, err := a.ExplainRoute("", []byte(`{"model":"`+model+`","prompt":"hello"}`))
 	if err != nil {
 		t.Fatal(err)

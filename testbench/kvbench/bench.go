@@ -147,7 +147,7 @@ func Execute(ctx context.Context, o Options, out io.Writer) ([]CellResult, error
 			}
 			return Summarize(res.Results, SummaryInput{PrefixTokens: o.Workload.PrefixTokens, BlockSize: res.BlockSize,
 				Bound:         ComputeBound(res.Blocks, res.BlockSize, cell.Prefixes, o.Workload.PrefixTokens, o.Workload.TailTokens),
-				EngineHitRate: res.EngineHitRate}), nil
+				EngineHitRate: res.EngineHitRate, SyncMessages: res.SyncMessages, SyncBytes: res.SyncBytes}), nil
 		}
 	}
 	results, err := Sweep(ctx, grid, parallel, run, done)

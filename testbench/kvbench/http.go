@@ -89,6 +89,8 @@ type RunOutput struct {
 	// BlockSize their block size; empty when unknown.
 	Blocks    []int
 	BlockSize int
+	// SyncMessages and SyncBytes are the router replicas' state sync traffic (sim mode).
+	SyncMessages, SyncBytes int
 }
 
 // Run sends the workload's warmup requests with a closed loop of concurrency requests,

@@ -61,6 +61,24 @@ type EventSink interface {
 type Router struct {
 	Policy scoring.Policy
 	Events EventSink
+	// Sync, when set, is the replica's shared state (package peersync's Replica): the sim
+	// carries its snapshots to the other replicas through the same Publish and Receive the
+	// real transport uses, SimConfig.Sync.Delay after they were built.
+	Sync Syncer
+}
+
+// Syncer is one router replica's shared state: Publish returns its state to send (nil:
+// nothing due), Receive applies another replica's.
+type Syncer interface {
+	Publish() []byte
+	Receive(b []byte) error
+}
+
+// SyncConfig models the replicas' state sync: every Interval each replica publishes its
+// state if due, and the others receive it Delay later. Interval 0: no sync.
+type SyncConfig struct {
+	Interval time.Duration
+	Delay    time.Duration
 }
 
 // RequestTokenizer computes a request's prompt token ids from its HTTP path and JSON body
@@ -93,6 +111,8 @@ type SimConfig struct {
 	// Replicas is the number of router replicas; request i goes to replica i mod Replicas.
 	// Each sees every KV event but only its own in-flight requests.
 	Replicas int
+	// Sync is how replicas exchange state (routers with a Sync only).
+	Sync SyncConfig
 	// Churn is a schedule of servers leaving and joining.
 	Churn []ChurnEvent
 	// MaxHold bounds how long a request may be held at the router when its policy asks
@@ -158,6 +178,9 @@ func (c *SimConfig) Validate() error {
 	if c.Replicas < 1 {
 		return fmt.Errorf("kvbench: replicas must be at least 1, got %d", c.Replicas)
 	}
+	if c.Sync.Interval < 0 || c.Sync.Delay < 0 {
+		return errors.New("kvbench: sync interval and delay must not be negative")
+	}
 	for _, ev := range c.Churn {
 		if ev.Server < 0 || ev.Server >= len(c.Servers) || ev.At < 0 {
 			return fmt.Errorf("kvbench: churn event %+v: no such server or negative time", ev)
@@ -194,6 +217,8 @@ type simRun struct {
 	results  []Result
 	err      error
 	pending  int
+	// syncMessages counts snapshots published (Sync), syncBytes the bytes delivered.
+	syncMessages, syncBytes int
 }
 
 // RunSim runs one repetition of one cell in the simulated fleet: the workload's warmup
@@ -242,7 +267,8 @@ func RunSim(ctx context.Context, cfg SimConfig, w *Workload, policy string, conc
 		hits += after[i].PrefixCacheHits - before[i].PrefixCacheHits
 		queries += after[i].PrefixCacheQueries - before[i].PrefixCacheQueries
 	}
-	out := RunOutput{Results: r.results, Blocks: blocks, BlockSize: cfg.Engine.BlockSize}
+	out := RunOutput{Results: r.results, Blocks: blocks, BlockSize: cfg.Engine.BlockSize,
+		SyncMessages: r.syncMessages, SyncBytes: r.syncBytes}
 	if queries > 0 {
 		rate := float64(hits) / float64(queries)
 		out.EngineHitRate = &rate
@@ -301,7 +327,41 @@ func newSimRun(ctx context.Context, cfg *SimConfig, policy string, rep int, voca
 		ev := ev
 		f.After(ev.At.Seconds(), func() { r.churn(ev) })
 	}
+	if cfg.Replicas > 1 && cfg.Sync.Interval > 0 {
+		f.After(0, r.sync)
+	}
 	return r, blocks, nil
+}
+
+// sync has every replica publish its state if due, delivers it to the others
+// Sync.Delay later, and schedules the next round while requests remain.
+func (r *simRun) sync() {
+	for k, rt := range r.routers {
+		if rt.Sync == nil {
+			continue
+		}
+		b := rt.Sync.Publish()
+		if b == nil {
+			continue
+		}
+		r.syncMessages++
+		for j, to := range r.routers {
+			if j == k || to.Sync == nil {
+				continue
+			}
+			r.syncBytes += len(b)
+			r.f.After(r.cfg.Sync.Delay.Seconds(), func() {
+				if err := to.Sync.Receive(b); err != nil {
+					r.setErr(fmt.Errorf("kvbench: replica %d's state: %w", k, err))
+				}
+			})
+		}
+	}
+	r.f.After(r.cfg.Sync.Interval.Seconds(), func() {
+		if r.pending > 0 && r.err == nil && r.ctx.Err() == nil {
+			r.sync()
+		}
+	})
 }
 
 func (r *simRun) stats() []sim.Stats {

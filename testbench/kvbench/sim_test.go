@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -469,5 +470,48 @@ func TestRunSimHolds(t *testing.T) {
 		if held[i].Server != direct[i].Server || held[i].Err != "" {
 			t.Fatalf("request %d: %+v vs %+v", i, held[i], direct[i])
 		}
+	}
+}
+
+// countingSync publishes a message per round naming its replica and counts what it
+// receives from each other replica.
+type countingSync struct {
+	name string
+	got  map[string]int
+}
+
+func (c *countingSync) Publish() []byte { return []byte(c.name) }
+
+func (c *countingSync) Receive(b []byte) error {
+	c.got[string(b)]++
+	return nil
+}
+
+func TestRunSimCarriesSync(t *testing.T) {
+	tf := &testFleet{}
+	cfg := smallSim(tf)
+	cfg.Replicas = 3
+	cfg.Sync = SyncConfig{Interval: 10 * time.Millisecond, Delay: time.Millisecond}
+	var syncs []*countingSync
+	cfg.Policies = func(env PolicyEnv) (Router, error) {
+		rt, err := tf.factory(env)
+		s := &countingSync{name: strconv.Itoa(env.Replica), got: map[string]int{}}
+		syncs = append(syncs, s)
+		rt.Sync = s
+		return rt, err
+	}
+	out, err := RunSim(context.Background(), cfg, simWorkload(t, 3, 30, 0), "sticky", 3, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, s := range syncs {
+		for j := range syncs {
+			if n := s.got[strconv.Itoa(j)]; (i == j) != (n == 0) {
+				t.Errorf("replica %d received %d messages from replica %d", i, n, j)
+			}
+		}
+	}
+	if out.SyncMessages == 0 || out.SyncBytes != 2*out.SyncMessages {
+		t.Errorf("SyncMessages %d, SyncBytes %d: want some, each 1 byte delivered to 2 peers", out.SyncMessages, out.SyncBytes)
 	}
 }

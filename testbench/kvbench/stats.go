@@ -56,6 +56,11 @@ type Summary struct {
 	// EngineHitRate is the engines' own prefix-cache hit rate over the measured window
 	// (hit tokens / queried tokens); nil when unknown.
 	EngineHitRate *float64 `json:"engine_hit_rate"`
+	// SyncMessagesPerRequest and SyncBytesPerRequest are the router replicas' state
+	// sync cost (sim mode, SimConfig.Sync): snapshots published, and bytes delivered to
+	// peers, per routed request over the whole run; nil without sync.
+	SyncMessagesPerRequest *float64 `json:"sync_messages_per_request,omitempty"`
+	SyncBytesPerRequest    *float64 `json:"sync_bytes_per_request,omitempty"`
 	// BoundCachedRatio and BoundHitRate are the cell's theoretical bounds (see Bound).
 	BoundCachedRatio float64 `json:"bound_cached_ratio"`
 	BoundHitRate     float64 `json:"bound_hit_rate"`
@@ -118,6 +123,8 @@ type SummaryInput struct {
 	Bound        Bound
 	// EngineHitRate is the engines' figure when known.
 	EngineHitRate *float64
+	// SyncMessages and SyncBytes are the run's replica sync traffic (0: none).
+	SyncMessages, SyncBytes int
 }
 
 // Summarize computes a run's figures from its results; warmup results are ignored.
@@ -200,6 +207,10 @@ func Summarize(results []Result, in SummaryInput) Summary {
 		s.DecisionP50Us, s.DecisionP99Us = &p50, &p99
 	}
 	s.EngineHitRate = in.EngineHitRate
+	if in.SyncMessages > 0 && len(results) > 0 {
+		m, b := float64(in.SyncMessages)/float64(len(results)), float64(in.SyncBytes)/float64(len(results))
+		s.SyncMessagesPerRequest, s.SyncBytesPerRequest = &m, &b
+	}
 	s.BoundCachedRatio = in.Bound.CachedRatio
 	s.BoundHitRate = in.Bound.HitRate
 	return s
@@ -247,21 +258,23 @@ func Median(runs []Summary) Summary {
 		}
 	}
 	return Summary{
-		Requests:         int(math.Round(med(func(s Summary) float64 { return float64(s.Requests) }))),
-		Errors:           errs,
-		HitAny:           med(func(s Summary) float64 { return s.HitAny }),
-		HitFull:          med(func(s Summary) float64 { return s.HitFull }),
-		CachedRatio:      med(func(s Summary) float64 { return s.CachedRatio }),
-		TTFTP50Ms:        med(func(s Summary) float64 { return s.TTFTP50Ms }),
-		TTFTP99Ms:        med(func(s Summary) float64 { return s.TTFTP99Ms }),
-		Throughput:       med(func(s Summary) float64 { return s.Throughput }),
-		ServersPerPrefix: medOpt(func(s Summary) *float64 { return s.ServersPerPrefix }),
-		DecisionP50Us:    medOpt(func(s Summary) *float64 { return s.DecisionP50Us }),
-		DecisionP99Us:    medOpt(func(s Summary) *float64 { return s.DecisionP99Us }),
-		EngineHitRate:    medOpt(func(s Summary) *float64 { return s.EngineHitRate }),
-		BoundCachedRatio: med(func(s Summary) float64 { return s.BoundCachedRatio }),
-		BoundHitRate:     med(func(s Summary) float64 { return s.BoundHitRate }),
-		DurationS:        med(func(s Summary) float64 { return s.DurationS }),
-		FirstError:       firstErr,
+		Requests:               int(math.Round(med(func(s Summary) float64 { return float64(s.Requests) }))),
+		Errors:                 errs,
+		HitAny:                 med(func(s Summary) float64 { return s.HitAny }),
+		HitFull:                med(func(s Summary) float64 { return s.HitFull }),
+		CachedRatio:            med(func(s Summary) float64 { return s.CachedRatio }),
+		TTFTP50Ms:              med(func(s Summary) float64 { return s.TTFTP50Ms }),
+		TTFTP99Ms:              med(func(s Summary) float64 { return s.TTFTP99Ms }),
+		Throughput:             med(func(s Summary) float64 { return s.Throughput }),
+		ServersPerPrefix:       medOpt(func(s Summary) *float64 { return s.ServersPerPrefix }),
+		DecisionP50Us:          medOpt(func(s Summary) *float64 { return s.DecisionP50Us }),
+		DecisionP99Us:          medOpt(func(s Summary) *float64 { return s.DecisionP99Us }),
+		EngineHitRate:          medOpt(func(s Summary) *float64 { return s.EngineHitRate }),
+		SyncMessagesPerRequest: medOpt(func(s Summary) *float64 { return s.SyncMessagesPerRequest }),
+		SyncBytesPerRequest:    medOpt(func(s Summary) *float64 { return s.SyncBytesPerRequest }),
+		BoundCachedRatio:       med(func(s Summary) float64 { return s.BoundCachedRatio }),
+		BoundHitRate:           med(func(s Summary) float64 { return s.BoundHitRate }),
+		DurationS:              med(func(s Summary) float64 { return s.DurationS }),
+		FirstError:             firstErr,
 	}
 }

@@ -44,6 +44,15 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- if and (eq (default "per-pod" $ev.mode) "central") (not $ev.bind) -}}
 {{- $_ := set $ev "bind" "tcp://*:5557" -}}
 {{- end -}}
+{{- /* Several replicas share their in-flight requests (peersync): they find each other
+       through the headless Service, unless config.replicas.peers says otherwise. */ -}}
+{{- if and (gt (int .Values.replicas) 1) (ne (default "per-pod" $ev.mode) "central") -}}
+{{- $rep := default dict $cfg.replicas -}}
+{{- if not $rep.peers -}}
+{{- $_ := set $rep "peers" (list (printf "%s-headless.%s.svc.cluster.local:7946" (include "kvrouter.fullname" .) .Release.Namespace)) -}}
+{{- end -}}
+{{- $_ := set $cfg "replicas" $rep -}}
+{{- end -}}
 {{- $tls := include "kvrouter.tlsConfig" . | fromYaml -}}
 {{- if $tls -}}
 {{- $listen := default dict $cfg.listen -}}

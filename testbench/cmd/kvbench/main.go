@@ -19,6 +19,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/chattemplate"
 	"github.com/kvrouter/kvrouter/openai"
+	"github.com/kvrouter/kvrouter/peersync"
 	"github.com/kvrouter/kvrouter/prompt"
 	"github.com/kvrouter/kvrouter/testbench/kvbench"
 	"github.com/kvrouter/kvrouter/tokenizer"
@@ -68,7 +69,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		speeds        = fs.String("speed-factors", joinFloats(sc.Servers), "per-server speed factors, comma list (sim mode; default: the calibrated heterogeneous fleet)")
 		servers       = fs.String("servers", "", `per-server spec overriding --workers/--kv-bytes/--speed-factors, e.g. "kv=1GiB,speed=1;kv=512MiB,speed=0.5"`)
 		churn         = fs.String("churn", "", `servers leaving and joining (sim mode), e.g. "20s:-2,40s:+2" (virtual time, 0-based server)`)
-		replicas      = fs.Int("replicas", 1, "router replicas (sim mode); each sees every KV event, only its own in-flight requests")
+		replicas      = fs.Int("replicas", 1, "router replicas (sim mode); each sees every KV event and its own in-flight requests, and its peers' through the state sync (--sync-interval)")
+		syncInterval  = fs.Duration("sync-interval", peersync.DefaultConfig().Interval, "how often router replicas send their changed state to each other (sim mode, --replicas > 1; 0 = no sync: each sees only its own requests)")
+		syncDelay     = fs.Duration("sync-delay", time.Millisecond, "network delay of the replicas' state messages (sim mode)")
 		eventLag      = fs.Duration("event-lag", sc.EventLag, "KV event delivery lag (sim mode)")
 		scrape        = fs.Duration("scrape-interval", sc.ScrapeInterval, "how stale the router's view of server metrics may be (sim mode; 0 = live)")
 		maxHold       = fs.Duration("max-hold", sc.MaxHold, "longest the router holds a request when its policy asks (sim mode; 0 = never hold)")
@@ -165,6 +168,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		if err := parsePlacement(*placement, &rs.cfg.Placement); err != nil {
 			return err
 		}
+		sc.Sync = kvbench.SyncConfig{Interval: *syncInterval, Delay: *syncDelay}
+		rs.sync, rs.expiry = *syncInterval > 0 && *replicas > 1, peersync.DefaultConfig().Expiry
 		sc.Policies = rs.router
 		o.Sim = &sc
 		switch {

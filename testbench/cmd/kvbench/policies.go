@@ -3,11 +3,14 @@ package main
 import (
 	"fmt"
 	"math/rand/v2"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/kvrouter/kvrouter/index"
 	"github.com/kvrouter/kvrouter/index/kvsink"
 	"github.com/kvrouter/kvrouter/kvevents"
+	"github.com/kvrouter/kvrouter/peersync"
 	"github.com/kvrouter/kvrouter/placement"
 	"github.com/kvrouter/kvrouter/policy"
 	"github.com/kvrouter/kvrouter/scoring"
@@ -38,6 +41,16 @@ var randStreams = map[string]uint64{
 type routers struct {
 	reg *policy.Registry
 	cfg policy.Config
+	// sync, when set, gives each replica of a policy that shares state (placement) a
+	// peersync.Replica with this expiry, which the sim carries between replicas.
+	sync   bool
+	expiry time.Duration
+}
+
+// sharer is a policy whose load view takes peers' state (placement.Policy).
+type sharer interface {
+	peersync.Source
+	SetPeers(placement.PeerView)
 }
 
 // newRouters returns the registry's builders over the default configuration.
@@ -68,6 +81,11 @@ func (r *routers) router(env kvbench.PolicyEnv) (kvbench.Router, error) {
 	}
 	p, err := r.reg.New(s.Name, &r.cfg, d)
 	rt.Policy = p
+	if sp, ok := p.(sharer); ok && r.sync && err == nil {
+		rep := peersync.NewReplica("replica-"+strconv.Itoa(env.Replica), 1, sp, r.expiry, env.Now, nil)
+		sp.SetPeers(rep)
+		rt.Sync = rep
+	}
 	return rt, err
 }
 

@@ -1,0 +1,253 @@
+package peersync
+
+import (
+	"bytes"
+	"cmp"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/kvrouter/kvrouter/placement"
+)
+
+// Source is this replica's own in-flight load per endpoint (placement.Policy.Local).
+type Source interface {
+	Local(dst []placement.EndpointLoad) []placement.EndpointLoad
+}
+
+// Replica is one router replica's side of the shared state: it publishes its own
+// load as snapshots (Publish, State) and keeps the latest snapshot of every other
+// replica (Receive), which the placement policy reads through PeerLoad. Every transport
+// (the memberlist Node, kvbench's simulated one) feeds the same Receive. It is safe for
+// concurrent use; PeerLoad never waits on anything but its own lock.
+type Replica struct {
+	self   string
+	inc    uint64
+	src    Source
+	expiry time.Duration
+	now    func() time.Time
+	m      *Metrics
+
+	mu        sync.Mutex
+	seq       uint64
+	last      []byte // the encoding of the last published loads
+	scratch   []byte
+	lastSent  time.Time
+	heartbeat time.Duration
+	peers     map[string]*peer
+	buf       []placement.EndpointLoad
+	seen      []uint64 // PeerLoad's scratch
+}
+
+// peer is the latest snapshot heard from one origin.
+type peer struct {
+	inc, seq uint64
+	heard    time.Time // local clock
+	sent     time.Time // origin's clock
+	loads    map[string]placement.EndpointLoad
+	// received counts snapshots applied, stale those older than the one held.
+	received, stale uint64
+}
+
+// NewReplica returns the shared state of replica self (a name unique among replicas)
+// in its incarnation inc (e.g. its start time in nanoseconds: a restarted replica must
+// use a larger one). Another replica's load counts until expiry passes without a
+// snapshot from it; Publish repeats an unchanged state every expiry/4, so that a
+// silent replica is a dead one. now is the clock (nil: time.Now); m may be nil.
+func NewReplica(self string, inc uint64, src Source, expiry time.Duration, now func() time.Time, m *Metrics) *Replica {
+	if now == nil {
+		now = time.Now
+	}
+	return &Replica{self: self, inc: inc, src: src, expiry: expiry, heartbeat: expiry / 4, now: now, m: m,
+		peers: make(map[string]*peer)}
+}
+
+// Self is the replica's name.
+func (r *Replica) Self() string { return r.self }
+
+// Publish returns the encoding of this replica's current state when it changed since
+// the last one published, or when a heartbeat is due; nil otherwise.
+func (r *Replica) Publish() []byte {
+	now := r.now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.buf = r.local(r.buf[:0])
+	s := Snapshot{Origin: r.self, Loads: r.buf}
+	r.scratch = s.AppendEncode(r.scratch[:0])
+	if bytes.Equal(r.scratch, r.last) && now.Sub(r.lastSent) < r.heartbeat {
+		return nil
+	}
+	r.last, r.scratch = r.scratch, r.last
+	r.lastSent = now
+	return r.encodeLocked(now)
+}
+
+// State returns the encoding of this replica's current state, for a peer that joins
+// (memberlist's push/pull).
+func (r *Replica) State() []byte {
+	now := r.now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.buf = r.local(r.buf[:0])
+	return r.encodeLocked(now)
+}
+
+func (r *Replica) local(dst []placement.EndpointLoad) []placement.EndpointLoad {
+	if r.src != nil {
+		dst = r.src.Local(dst)
+	}
+	slices.SortFunc(dst, func(a, b placement.EndpointLoad) int { return strings.Compare(a.Endpoint, b.Endpoint) })
+	for _, l := range dst {
+		slices.SortFunc(l.Active, func(a, b placement.ActivePrefix) int { return cmp.Compare(a.Key, b.Key) })
+	}
+	return dst
+}
+
+// encodeLocked encodes r.buf as the next snapshot; r.mu must be held.
+func (r *Replica) encodeLocked(now time.Time) []byte {
+	r.seq++
+	s := Snapshot{Origin: r.self, Incarnation: r.inc, Seq: r.seq, Sent: now, Loads: r.buf}
+	b := s.AppendEncode(nil)
+	r.m.published(len(b))
+	return b
+}
+
+// Receive decodes a peer's snapshot and, when it is newer than the one held for its
+// origin, replaces it. Its own snapshots (echoed back) are ignored.
+func (r *Replica) Receive(b []byte) error {
+	s, err := Decode(b)
+	if err != nil {
+		r.m.malformed()
+		return err
+	}
+	r.apply(&s, len(b))
+	return nil
+}
+
+func (r *Replica) apply(s *Snapshot, size int) {
+	if s.Origin == r.self {
+		return
+	}
+	now := r.now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	p := r.peers[s.Origin]
+	if p == nil {
+		p = &peer{}
+		r.peers[s.Origin] = p
+	} else if s.Incarnation < p.inc || (s.Incarnation == p.inc && s.Seq <= p.seq) {
+		p.stale++
+		r.m.received(size, false)
+		return
+	}
+	p.inc, p.seq, p.heard, p.sent = s.Incarnation, s.Seq, now, s.Sent
+	p.received++
+	clear(p.loads)
+	if p.loads == nil {
+		p.loads = make(map[string]placement.EndpointLoad, len(s.Loads))
+	}
+	for _, l := range s.Loads {
+		p.loads[l.Endpoint] = l
+	}
+	r.m.received(size, true)
+	r.m.lag(now.Sub(s.Sent))
+}
+
+// Forget drops a peer at once (memberlist saw it leave or declared it dead).
+func (r *Replica) Forget(origin string) {
+	r.mu.Lock()
+	delete(r.peers, origin)
+	r.mu.Unlock()
+}
+
+// PeerLoad is the sum of every live peer's load on endpoint (placement.PeerView): their
+// requests' own blocks plus the blocks of each prefix they have active there once,
+// unless local has it active too. A peer not heard from for longer than the expiry
+// counts for nothing.
+func (r *Replica) PeerLoad(endpoint string, local placement.ActiveSet) placement.Load {
+	now := r.now()
+	var sum placement.Load
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.seen = r.seen[:0]
+	for _, p := range r.peers {
+		if now.Sub(p.heard) > r.expiry {
+			continue
+		}
+		l, ok := p.loads[endpoint]
+		if !ok {
+			continue
+		}
+		sum.Requests += l.Requests
+		sum.KVBlocks += l.KVBlocks
+		sum.Prefill += l.Prefill
+		sum.Misses += l.Misses
+		for _, a := range l.Active {
+			if (local != nil && local.Active(a.Key)) || slices.Contains(r.seen, a.Key) {
+				continue
+			}
+			r.seen = append(r.seen, a.Key)
+			sum.KVBlocks += a.Blocks
+		}
+	}
+	return sum
+}
+
+// PeerActive reports whether a live peer has a request using the prefix named key in
+// flight on endpoint (placement.PeerView).
+func (r *Replica) PeerActive(endpoint string, key uint64) bool {
+	now := r.now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, p := range r.peers {
+		if now.Sub(p.heard) > r.expiry {
+			continue
+		}
+		for _, a := range p.loads[endpoint].Active {
+			if a.Key == key {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// PeerState is what /debug shows of one peer.
+type PeerState struct {
+	Name        string                            `json:"name"`
+	Incarnation uint64                            `json:"incarnation"`
+	Seq         uint64                            `json:"seq"`
+	Live        bool                              `json:"live"`
+	AgeMS       float64                           `json:"age_ms"` // since its last snapshot arrived
+	LagMS       float64                           `json:"lag_ms"` // its last snapshot's trip (both clocks)
+	Received    uint64                            `json:"received"`
+	Stale       uint64                            `json:"stale"`
+	Loads       map[string]placement.EndpointLoad `json:"loads"`
+}
+
+// Peers returns every peer held, by name.
+func (r *Replica) Peers() []PeerState {
+	now := r.now()
+	r.mu.Lock()
+	out := make([]PeerState, 0, len(r.peers))
+	for name, p := range r.peers {
+		age := now.Sub(p.heard)
+		out = append(out, PeerState{Name: name, Incarnation: p.inc, Seq: p.seq, Live: age <= r.expiry,
+			AgeMS: ms(age), LagMS: ms(p.heard.Sub(p.sent)), Received: p.received, Stale: p.stale,
+			Loads: maps(p.loads)})
+	}
+	r.mu.Unlock()
+	slices.SortFunc(out, func(a, b PeerState) int { return strings.Compare(a.Name, b.Name) })
+	return out
+}
+
+func maps(m map[string]placement.EndpointLoad) map[string]placement.EndpointLoad {
+	out := make(map[string]placement.EndpointLoad, len(m))
+	for k, v := range m {
+		out[k] = v
+	}
+	return out
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

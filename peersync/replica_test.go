@@ -1,0 +1,182 @@
+package peersync
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/kvrouter/kvrouter/placement"
+)
+
+// fakeSource is a router's own load, set by the test.
+type fakeSource struct{ loads []placement.EndpointLoad }
+
+func (f *fakeSource) Local(dst []placement.EndpointLoad) []placement.EndpointLoad {
+	return append(dst, f.loads...)
+}
+
+// fakeClock is a settable clock.
+type fakeClock struct{ t time.Time }
+
+func (c *fakeClock) now() time.Time         { return c.t }
+func (c *fakeClock) add(d time.Duration)    { c.t = c.t.Add(d) }
+func newClock() *fakeClock                  { return &fakeClock{t: time.Unix(1000, 0)} }
+func activeSet(keys ...uint64) activeKeys   { return activeKeys(keys) }
+func (a activeKeys) Active(key uint64) bool { return contains(a, key) }
+func contains(a []uint64, k uint64) bool {
+	for _, x := range a {
+		if x == k {
+			return true
+		}
+	}
+	return false
+}
+
+type activeKeys []uint64
+
+func TestSnapshotRoundTrip(t *testing.T) {
+	s := Snapshot{Origin: "a", Incarnation: 7, Seq: 3, Sent: time.Unix(5, 6), Loads: []placement.EndpointLoad{
+		{Endpoint: "10.0.0.1:8000", Load: placement.Load{Requests: 2, KVBlocks: 40, Prefill: 900, Misses: 1},
+			Active: []placement.ActivePrefix{{Key: 1 << 63, Blocks: 9}, {Key: 5, Blocks: 1}}},
+		{Endpoint: "10.0.0.2:8000", Load: placement.Load{Requests: 1}},
+	}}
+	got, err := Decode(s.AppendEncode(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Origin != s.Origin || got.Incarnation != 7 || got.Seq != 3 || !got.Sent.Equal(s.Sent) || len(got.Loads) != 2 ||
+		got.Loads[0].Load != s.Loads[0].Load || len(got.Loads[0].Active) != 2 || got.Loads[0].Active[0] != s.Loads[0].Active[0] ||
+		got.Loads[1].Endpoint != "10.0.0.2:8000" || got.Loads[1].Active != nil {
+		t.Fatalf("round trip: got %+v, want %+v", got, s)
+	}
+}
+
+func TestDecodeRejects(t *testing.T) {
+	good := (&Snapshot{Origin: "a", Loads: []placement.EndpointLoad{{Endpoint: "e"}}}).AppendEncode(nil)
+	for name, b := range map[string][]byte{
+		"empty":      nil,
+		"magic":      {0, 1},
+		"version":    {magic, 9},
+		"truncated":  good[:len(good)-1],
+		"trailing":   append(append([]byte(nil), good...), 0),
+		"no origin":  (&Snapshot{}).AppendEncode(nil),
+		"huge count": append([]byte{magic, version, 1, 'a', 0, 0, 0}, 0xff, 0xff, 0xff, 0xff, 0x0f),
+	} {
+		t.Run(name, func(t *testing.T) {
+			if _, err := Decode(b); !errors.Is(err, ErrMalformed) {
+				t.Fatalf("Decode = %v, want ErrMalformed", err)
+			}
+		})
+	}
+}
+
+func FuzzDecode(f *testing.F) {
+	f.Add((&Snapshot{Origin: "a", Seq: 1, Loads: []placement.EndpointLoad{{Endpoint: "e", Active: []placement.ActivePrefix{{Key: 1, Blocks: 2}}}}}).AppendEncode(nil))
+	f.Add([]byte{magic, version})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		s, err := Decode(b)
+		if err != nil {
+			return
+		}
+		again, err := Decode(s.AppendEncode(nil))
+		if err != nil || again.Origin != s.Origin || again.Seq != s.Seq || len(again.Loads) != len(s.Loads) {
+			t.Fatalf("re-decoding %+v: %+v, %v", s, again, err)
+		}
+	})
+}
+
+// pair returns two replicas a and b on one clock, sources set by the test.
+func pair(expiry time.Duration) (*fakeClock, *fakeSource, *Replica, *Replica) {
+	c := newClock()
+	src := &fakeSource{}
+	return c, src, NewReplica("a", 1, src, expiry, c.now, nil), NewReplica("b", 1, &fakeSource{}, expiry, c.now, nil)
+}
+
+func TestReplicaSharesLoad(t *testing.T) {
+	c, src, a, b := pair(time.Second)
+	src.loads = []placement.EndpointLoad{
+		{Endpoint: "e1", Load: placement.Load{Requests: 3, KVBlocks: 12, Prefill: 700, Misses: 1},
+			Active: []placement.ActivePrefix{{Key: 7, Blocks: 100}, {Key: 8, Blocks: 50}}},
+	}
+	if err := b.Receive(a.Publish()); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name  string
+		local placement.ActiveSet
+		want  placement.Load
+	}{
+		{"nothing local", nil, placement.Load{Requests: 3, KVBlocks: 162, Prefill: 700, Misses: 1}},
+		{"prefix 7 active locally: its blocks count once", activeSet(7), placement.Load{Requests: 3, KVBlocks: 62, Prefill: 700, Misses: 1}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := b.PeerLoad("e1", tt.local); got != tt.want {
+				t.Fatalf("PeerLoad = %+v, want %+v", got, tt.want)
+			}
+		})
+	}
+	if !b.PeerActive("e1", 8) || b.PeerActive("e1", 9) || b.PeerActive("e2", 8) {
+		t.Fatal("PeerActive disagrees with the snapshot")
+	}
+	if got := a.PeerLoad("e1", nil); got != (placement.Load{}) {
+		t.Fatalf("a's own load counted as a peer's: %+v", got)
+	}
+	if err := a.Receive(a.State()); err != nil || len(a.Peers()) != 0 {
+		t.Fatalf("a applied its own snapshot: %v, %+v", err, a.Peers())
+	}
+	c.add(1100 * time.Millisecond)
+	if got := b.PeerLoad("e1", nil); got != (placement.Load{}) {
+		t.Fatalf("a silent beyond the expiry still counts: %+v", got)
+	}
+	if ps := b.Peers(); len(ps) != 1 || ps[0].Live {
+		t.Fatalf("Peers = %+v, want a, not live", ps)
+	}
+}
+
+func TestReplicaOrdersSnapshots(t *testing.T) {
+	_, src, a, b := pair(time.Second)
+	src.loads = []placement.EndpointLoad{{Endpoint: "e", Load: placement.Load{Requests: 1}}}
+	first := a.Publish()
+	src.loads[0].Requests = 2
+	second := a.Publish()
+	for _, m := range [][]byte{second, first} { // reordered: the older one is ignored
+		if err := b.Receive(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := b.PeerLoad("e", nil).Requests; got != 2 {
+		t.Fatalf("requests = %d after a reordered older snapshot, want 2", got)
+	}
+	// a restarts: a new incarnation's first snapshot replaces the old one's later ones.
+	restarted := NewReplica("a", 2, &fakeSource{loads: []placement.EndpointLoad{{Endpoint: "e", Load: placement.Load{Requests: 5}}}}, time.Second, nil, nil)
+	if err := b.Receive(restarted.State()); err != nil {
+		t.Fatal(err)
+	}
+	if got := b.PeerLoad("e", nil).Requests; got != 5 {
+		t.Fatalf("requests = %d after a's restart, want 5", got)
+	}
+	b.Forget("a")
+	if got := b.PeerLoad("e", nil).Requests; got != 0 {
+		t.Fatalf("requests = %d after Forget, want 0", got)
+	}
+}
+
+func TestPublishOnlyWhenChangedOrDue(t *testing.T) {
+	c, src, a, _ := pair(time.Second)
+	src.loads = []placement.EndpointLoad{{Endpoint: "e", Load: placement.Load{Requests: 1}}}
+	if a.Publish() == nil {
+		t.Fatal("first Publish sent nothing")
+	}
+	if a.Publish() != nil {
+		t.Fatal("unchanged state sent again before the heartbeat")
+	}
+	c.add(250 * time.Millisecond) // expiry / 4
+	if a.Publish() == nil {
+		t.Fatal("no heartbeat after expiry/4")
+	}
+	src.loads[0].Requests = 2
+	if a.Publish() == nil {
+		t.Fatal("changed state not sent")
+	}
+}

@@ -1,0 +1,187 @@
+package peersync
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/kvrouter/kvrouter/placement"
+)
+
+// Snapshot is one replica's whole shared state at one moment: its in-flight load per
+// endpoint. State travels as snapshots, not deltas: each replica publishes only what it
+// observed itself (a per-origin gauge), so a snapshot replaces its origin's previous
+// one, a lost or reordered message costs nothing but freshness, and no merge needs an
+// order between replicas.
+type Snapshot struct {
+	// Origin names the replica that observed the state (its memberlist node name).
+	Origin string
+	// Incarnation grows each time the replica starts (its start time), Seq with each
+	// snapshot it publishes: (Incarnation, Seq) orders one origin's snapshots.
+	Incarnation uint64
+	Seq         uint64
+	// Sent is when the origin built it (its clock), for the view's lag.
+	Sent time.Time
+	// Loads are its in-flight requests per endpoint (endpoints with none are absent).
+	Loads []placement.EndpointLoad
+}
+
+// Wire format, version 1: magic, version, then uvarints and length-prefixed strings.
+const (
+	magic   = 0x6b // 'k'
+	version = 1
+	// maxEndpoints and maxString bound what a decoder accepts (memory per message).
+	maxEndpoints = 1 << 14
+	maxActive    = 1 << 14
+	maxString    = 512
+)
+
+// ErrMalformed is returned (wrapped) for a message that is not a valid snapshot.
+var ErrMalformed = errors.New("peersync: malformed snapshot")
+
+// AppendEncode appends s's encoding to dst.
+func (s *Snapshot) AppendEncode(dst []byte) []byte {
+	dst = append(dst, magic, version)
+	dst = appendString(dst, s.Origin)
+	dst = binary.AppendUvarint(dst, s.Incarnation)
+	dst = binary.AppendUvarint(dst, s.Seq)
+	dst = binary.AppendVarint(dst, s.Sent.UnixNano())
+	dst = binary.AppendUvarint(dst, uint64(len(s.Loads)))
+	for _, l := range s.Loads {
+		dst = appendString(dst, l.Endpoint)
+		for _, v := range [...]int{l.Requests, l.KVBlocks, l.Prefill, l.Misses} {
+			dst = binary.AppendUvarint(dst, uint64(max(v, 0)))
+		}
+		dst = binary.AppendUvarint(dst, uint64(len(l.Active)))
+		for _, a := range l.Active {
+			dst = binary.LittleEndian.AppendUint64(dst, a.Key)
+			dst = binary.AppendUvarint(dst, uint64(max(a.Blocks, 0)))
+		}
+	}
+	return dst
+}
+
+func appendString(dst []byte, s string) []byte {
+	dst = binary.AppendUvarint(dst, uint64(len(s)))
+	return append(dst, s...)
+}
+
+// Decode parses a snapshot from b (which it does not retain).
+func Decode(b []byte) (Snapshot, error) {
+	d := decoder{b: b}
+	var s Snapshot
+	if len(b) < 2 || b[0] != magic {
+		return s, fmt.Errorf("%w: bad magic", ErrMalformed)
+	}
+	if b[1] != version {
+		return s, fmt.Errorf("%w: version %d, want %d", ErrMalformed, b[1], version)
+	}
+	d.b = b[2:]
+	s.Origin = d.str()
+	s.Incarnation = d.uvarint()
+	s.Seq = d.uvarint()
+	s.Sent = time.Unix(0, d.varint())
+	n := d.uvarint()
+	if n > maxEndpoints {
+		return Snapshot{}, fmt.Errorf("%w: %d endpoints, at most %d", ErrMalformed, n, maxEndpoints)
+	}
+	if d.err == nil && n > 0 {
+		s.Loads = make([]placement.EndpointLoad, 0, min(n, uint64(len(d.b)/6+1)))
+	}
+	for i := uint64(0); i < n && d.err == nil; i++ {
+		l := placement.EndpointLoad{Endpoint: d.str()}
+		l.Requests, l.KVBlocks, l.Prefill, l.Misses = d.int(), d.int(), d.int(), d.int()
+		k := d.uvarint()
+		if k > maxActive {
+			d.err = fmt.Errorf("%d active prefixes, at most %d", k, maxActive)
+		}
+		if d.err == nil && k > 0 {
+			l.Active = make([]placement.ActivePrefix, 0, min(k, uint64(len(d.b)/9+1)))
+		}
+		for j := uint64(0); j < k && d.err == nil; j++ {
+			l.Active = append(l.Active, placement.ActivePrefix{Key: d.u64(), Blocks: d.int()})
+		}
+		s.Loads = append(s.Loads, l)
+	}
+	if d.err == nil && len(d.b) != 0 {
+		d.err = fmt.Errorf("%d trailing bytes", len(d.b))
+	}
+	if d.err != nil {
+		return Snapshot{}, fmt.Errorf("%w: %v", ErrMalformed, d.err)
+	}
+	if s.Origin == "" {
+		return Snapshot{}, fmt.Errorf("%w: empty origin", ErrMalformed)
+	}
+	return s, nil
+}
+
+type decoder struct {
+	b   []byte
+	err error
+}
+
+func (d *decoder) uvarint() uint64 {
+	if d.err != nil {
+		return 0
+	}
+	v, n := binary.Uvarint(d.b)
+	if n <= 0 {
+		d.err = errors.New("truncated varint")
+		return 0
+	}
+	d.b = d.b[n:]
+	return v
+}
+
+func (d *decoder) u64() uint64 {
+	if d.err != nil {
+		return 0
+	}
+	if len(d.b) < 8 {
+		d.err = errors.New("truncated key")
+		return 0
+	}
+	v := binary.LittleEndian.Uint64(d.b)
+	d.b = d.b[8:]
+	return v
+}
+
+func (d *decoder) varint() int64 {
+	if d.err != nil {
+		return 0
+	}
+	v, n := binary.Varint(d.b)
+	if n <= 0 {
+		d.err = errors.New("truncated varint")
+		return 0
+	}
+	d.b = d.b[n:]
+	return v
+}
+
+// int reads a count, bounded so that sums over replicas cannot overflow.
+func (d *decoder) int() int {
+	v := d.uvarint()
+	if v > 1<<31 {
+		if d.err == nil {
+			d.err = fmt.Errorf("count %d out of range", v)
+		}
+		return 0
+	}
+	return int(v)
+}
+
+func (d *decoder) str() string {
+	n := d.uvarint()
+	if d.err != nil {
+		return ""
+	}
+	if n > maxString || n > uint64(len(d.b)) {
+		d.err = fmt.Errorf("string of %d bytes (%d left, at most %d)", n, len(d.b), maxString)
+		return ""
+	}
+	s := string(d.b[:n])
+	d.b = d.b[n:]
+	return s
+}
