@@ -15,5 +15,7 @@ $kvb $common --zipf 0.8 --json "$out/zipf08.json" > /dev/null
 $kvb $common --zipf 1.2 --json "$out/zipf12.json" > /dev/null
 $kvb $common --servers "kv=1GiB,speed=1;kv=1GiB,speed=1;kv=1GiB,speed=1;kv=1GiB,speed=1;kv=512MiB,speed=0.5;kv=512MiB,speed=0.5" --json "$out/hetero.json" > /dev/null
 $kvb $common --churn "10s:-1,25s:+1,30s:-4,45s:+4" --json "$out/churn.json" > /dev/null
-$kvb $common --replicas 2 --json "$out/replicas2.json" > /dev/null
-$kvb $common --replicas 4 --json "$out/replicas4.json" > /dev/null
+$kvb $common --replicas 2 --sync-interval 0 --json "$out/replicas2.json" > /dev/null
+$kvb $common --replicas 4 --sync-interval 0 --json "$out/replicas4.json" > /dev/null
+$kvb $common --replicas 2 --json "$out/replicas2-sync.json" > /dev/null
+$kvb $common --replicas 4 --json "$out/replicas4-sync.json" > /dev/null
