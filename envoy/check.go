@@ -242,27 +242,39 @@ func stripsDestination(tc *anypb.Any) bool {
 		return strings.Contains(code, "envoy_on_request") && strings.Contains(code, epp.HeaderPrefix) && strings.Contains(code, ":remove(")
 	}
 	if strings.HasSuffix(tc.GetTypeUrl(), ".header_mutation.v3.HeaderMutation") {
-		// Decode generically, to avoid compiling the header_mutation package for a
-		// filter the shipped files do not use.
-		m, err := tc.UnmarshalNew()
-		if err != nil {
-			return false
-		}
-		js, _ := protojson.Marshal(m)
-		var v struct {
-			Mutations struct {
-				RequestMutations []struct {
-					Remove string `json:"remove"`
-				} `json:"requestMutations"`
-			} `json:"mutations"`
-		}
-		if json.Unmarshal(js, &v) != nil {
-			return false
-		}
-		for _, rm := range v.Mutations.RequestMutations {
-			if strings.EqualFold(rm.Remove, epp.HeaderDestination) {
-				return true
-			}
+		return mutationRemoves(tc, false, epp.HeaderDestination)
+	}
+	return false
+}
+
+// mutationRemoves reports whether a header_mutation filter removes header from requests
+// (or responses). It decodes the filter generically, to avoid compiling the
+// header_mutation package for a filter the shipped files do not use.
+func mutationRemoves(tc *anypb.Any, response bool, header string) bool {
+	m, err := tc.UnmarshalNew()
+	if err != nil {
+		return false
+	}
+	js, _ := protojson.Marshal(m)
+	type removal struct {
+		Remove string `json:"remove"`
+	}
+	var v struct {
+		Mutations struct {
+			Request  []removal `json:"requestMutations"`
+			Response []removal `json:"responseMutations"`
+		} `json:"mutations"`
+	}
+	if json.Unmarshal(js, &v) != nil {
+		return false
+	}
+	list := v.Mutations.Request
+	if response {
+		list = v.Mutations.Response
+	}
+	for _, rm := range list {
+		if strings.EqualFold(rm.Remove, header) {
+			return true
 		}
 	}
 	return false
@@ -285,26 +297,7 @@ func stripsServed(tc *anypb.Any) bool {
 		return ok && strings.Contains(resp, `:remove("`+epp.HeaderServed+`")`)
 	}
 	if strings.HasSuffix(tc.GetTypeUrl(), ".header_mutation.v3.HeaderMutation") {
-		m, err := tc.UnmarshalNew()
-		if err != nil {
-			return false
-		}
-		js, _ := protojson.Marshal(m)
-		var v struct {
-			Mutations struct {
-				ResponseMutations []struct {
-					Remove string `json:"remove"`
-				} `json:"responseMutations"`
-			} `json:"mutations"`
-		}
-		if json.Unmarshal(js, &v) != nil {
-			return false
-		}
-		for _, rm := range v.Mutations.ResponseMutations {
-			if strings.EqualFold(rm.Remove, epp.HeaderServed) {
-				return true
-			}
-		}
+		return mutationRemoves(tc, true, epp.HeaderServed)
 	}
 	return false
 }

@@ -200,6 +200,24 @@ func untilNoTimeout(t *testing.T, run func(t *testing.T) (timeouts int, msg stri
 	}
 }
 
+// countTimeouts reads n exchange results and counts Envoy message timeouts; any other
+// error fails the test.
+func countTimeouts(t *testing.T, errs <-chan error, n int) int {
+	t.Helper()
+	timeouts := 0
+	for range n {
+		err := <-errs
+		var te *fakeenvoy.TimeoutError
+		switch {
+		case errors.As(err, &te):
+			timeouts++
+		case err != nil:
+			t.Fatal(err)
+		}
+	}
+	return timeouts
+}
+
 func holdWithinEnvoyMessageTimeout(t *testing.T) (int, string) {
 	const envoyDefault = 200 * time.Millisecond // message_timeout when the gateway sets none
 	pol := &holdingPolicy{holds: -1, step: 5 * time.Millisecond}
@@ -221,17 +239,7 @@ func holdWithinEnvoyMessageTimeout(t *testing.T) (int, string) {
 			errs <- err
 		}()
 	}
-	timeouts := 0
-	for range requests {
-		err := <-errs
-		var te *fakeenvoy.TimeoutError
-		switch {
-		case errors.As(err, &te):
-			timeouts++
-		case err != nil:
-			t.Fatal(err)
-		}
-	}
+	timeouts := countTimeouts(t, errs, requests)
 	if timeouts != 0 {
 		return timeouts, fmt.Sprintf("%d of %d held requests timed out under a %v message_timeout (limits.max_hold default %v)",
 			timeouts, requests, envoyDefault, config.DefaultLimitsConfig().MaxHold)

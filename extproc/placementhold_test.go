@@ -2,7 +2,6 @@ package extproc_test
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -134,17 +133,7 @@ func placementHoldsWithinEnvoyMessageTimeout(t *testing.T) (int, string) {
 			errs <- err
 		}()
 	}
-	timeouts := 0
-	for range hits {
-		err := <-errs
-		var te *fakeenvoy.TimeoutError
-		switch {
-		case errors.As(err, &te):
-			timeouts++
-		case err != nil:
-			t.Fatal(err)
-		}
-	}
+	timeouts := countTimeouts(t, errs, hits)
 	if timeouts != 0 {
 		return timeouts, fmt.Sprintf("%d of %d requests held by placement timed out under Envoy's default message_timeout", timeouts, hits)
 	}
