@@ -20,6 +20,8 @@ type Config struct {
 	// Models maps a base model's served name to how the router tokenizes for it. A model
 	// served by some endpoint but absent here is routed by load only.
 	Models map[string]ModelConfig `yaml:"models"`
+	// Tokenizer bounds the tokenization caches of every model under Models.
+	Tokenizer TokenizerConfig `yaml:"tokenizer"`
 	// Policy chooses and tunes the placement policy.
 	Policy PolicyConfig `yaml:"policy"`
 	// Limits bounds sizes and times.
@@ -84,6 +86,7 @@ func (c *Config) Validate() error {
 		}
 		errs.Nest(p, m.Validate())
 	}
+	errs.Nest("tokenizer", c.Tokenizer.Validate())
 	errs.Nest("policy", c.Policy.Validate())
 	errs.Nest("limits", c.Limits.Validate())
 	errs.Nest("kv", c.KV.Validate())

@@ -362,7 +362,7 @@ func newTokenizer(cfg *config.Config, log *zap.Logger, reg prometheus.Registerer
 	if reg != nil {
 		reg.MustRegister(ready, refused)
 	}
-	var pc prompt.Config
+	pc := prompt.Config{PrefixCacheBytes: cfg.Tokenizer.PrefixCacheBytes, MessageCacheBytes: cfg.Tokenizer.MessageCacheBytes}
 	for _, name := range sortedNames(cfg.Models) {
 		m := cfg.Models[name]
 		dir := m.Tokenizer
