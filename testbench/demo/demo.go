@@ -141,25 +141,31 @@ type Result struct {
 	EventLag *LagHistogram
 }
 
-// Compare starts a stack per policy, sends the workload through its gateway with kvbench
-// (URL mode), and returns the results in policy order. Every stack is closed before
-// Compare returns.
-func Compare(ctx context.Context, o Options, start Starter) ([]Result, error) {
+// workload validates o, loads its tokenizer when o.Prompt is nil, and builds the
+// reference workload it describes (cold: no warm-up), as Compare and RunFaults send it.
+func (o *Options) workload() (*kvbench.Workload, kvbench.WorkloadConfig, error) {
 	if err := o.Validate(); err != nil {
-		return nil, err
+		return nil, kvbench.WorkloadConfig{}, err
 	}
 	if o.Prompt == nil {
 		b, err := prompt.LoadDir(o.TokenizerDir, prompt.LoadOptions{})
 		if err != nil {
-			return nil, fmt.Errorf("demo: tokenizer: %w (run `make models`)", err)
+			return nil, kvbench.WorkloadConfig{}, fmt.Errorf("demo: tokenizer: %w (run `make models`)", err)
 		}
 		o.Prompt = b
 	}
-	tok := encoder{o.Prompt}
 	wl := kvbench.DefaultWorkloadConfig()
 	wl.Prefixes, wl.PrefixTokens, wl.TailTokens, wl.OutputTokens = o.Prefixes, o.PrefixTokens, o.TailTokens, o.OutputTokens
 	wl.Requests, wl.Warmup, wl.Seed = o.Requests, 0, o.Seed
-	w, err := kvbench.NewWorkload(wl, tok)
+	w, err := kvbench.NewWorkload(wl, encoder{o.Prompt})
+	return w, wl, err
+}
+
+// Compare starts a stack per policy, sends the workload through its gateway with kvbench
+// (URL mode), and returns the results in policy order. Every stack is closed before
+// Compare returns.
+func Compare(ctx context.Context, o Options, start Starter) ([]Result, error) {
+	w, wl, err := o.workload()
 	if err != nil {
 		return nil, err
 	}

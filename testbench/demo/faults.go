@@ -21,7 +21,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
-	"github.com/kvrouter/kvrouter/prompt"
 	"github.com/kvrouter/kvrouter/testbench/kvbench"
 	"github.com/kvrouter/kvrouter/tlscert"
 )
@@ -119,20 +118,7 @@ type fault struct {
 // row per fault. Every loop is bounded; all traffic goes to 127.0.0.1.
 func RunFaults(ctx context.Context, fo FaultOptions) (_ []FaultResult, err error) {
 	o := &fo.Options
-	if err := o.Validate(); err != nil {
-		return nil, err
-	}
-	if o.Prompt == nil {
-		b, err := prompt.LoadDir(o.TokenizerDir, prompt.LoadOptions{})
-		if err != nil {
-			return nil, fmt.Errorf("demo: tokenizer: %w (run `make models`)", err)
-		}
-		o.Prompt = b
-	}
-	wl := kvbench.DefaultWorkloadConfig()
-	wl.Prefixes, wl.PrefixTokens, wl.TailTokens, wl.OutputTokens = o.Prefixes, o.PrefixTokens, o.TailTokens, o.OutputTokens
-	wl.Requests, wl.Warmup, wl.Seed = o.Requests, 0, o.Seed
-	w, err := kvbench.NewWorkload(wl, encoder{o.Prompt})
+	w, _, err := o.workload()
 	if err != nil {
 		return nil, err
 	}
