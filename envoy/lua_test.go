@@ -56,13 +56,6 @@ for _, n in ipairs(names) do print(n .. "=" .. values[n]) end
 // header API: every x-gateway-destination-* header goes, whatever its case, and nothing
 // else does.
 func TestLuaStripsDestinationHeaders(t *testing.T) {
-	lua, err := exec.LookPath("lua5.4")
-	if err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatal("lua5.4 is not installed (.ci/run installs it)")
-		}
-		t.Skip("lua5.4 not installed; .ci/run installs it")
-	}
 	input := `INPUT = {
   {":method", "POST"}, {":path", "/v1/chat/completions"},
   {"x-gateway-destination-endpoint", "6.6.6.6:666"},
@@ -73,6 +66,21 @@ func TestLuaStripsDestinationHeaders(t *testing.T) {
 }
 `
 	want := ":method=POST\n:path=/v1/chat/completions\nx-gateway-destinations=kept: not the prefix\ncontent-type=application/json\n"
+	runLuaFilters(t, "envoy_on_request", input, want)
+}
+
+// runLuaFilters runs the Lua filter of every envoy*.yaml under lua5.4: entry (its
+// envoy_on_request or envoy_on_response) over the headers INPUT declares, through the
+// fake of Envoy's header API, and compares the headers left with want.
+func runLuaFilters(t *testing.T, entry, input, want string) {
+	t.Helper()
+	lua, err := exec.LookPath("lua5.4")
+	if err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatal("lua5.4 is not installed (.ci/run installs it)")
+		}
+		t.Skip("lua5.4 not installed; .ci/run installs it")
+	}
 	files, _ := filepath.Glob("envoy*.yaml")
 	if len(files) == 0 {
 		t.Fatal("no envoy*.yaml")
@@ -85,14 +93,14 @@ func TestLuaStripsDestinationHeaders(t *testing.T) {
 			}
 			code := luaCode(t, b.GetStaticResources().GetListeners()[0].GetFilterChains()[0].GetFilters()[0].GetTypedConfig())
 			cmd := exec.Command(lua, "-")
-			cmd.Stdin = strings.NewReader(input + code + "\nENTRY = envoy_on_request\n" + fakeEnvoyLua)
+			cmd.Stdin = strings.NewReader(input + code + "\nENTRY = " + entry + "\n" + fakeEnvoyLua)
 			var out, stderr bytes.Buffer
 			cmd.Stdout, cmd.Stderr = &out, &stderr
 			if err := cmd.Run(); err != nil {
 				t.Fatalf("lua: %v: %s", err, stderr.String())
 			}
 			if out.String() != want {
-				t.Errorf("headers after the filter:\n%s\nwant:\n%s", out.String(), want)
+				t.Errorf("headers after %s:\n%s\nwant:\n%s", entry, out.String(), want)
 			}
 		})
 	}
@@ -122,41 +130,11 @@ func luaCode(t *testing.T, hcmAny *anypb.Any) string {
 // fake: the served endpoint (a pod's ip:port, added by kvrouter on the response path) is
 // removed before the response reaches the client; other headers stay.
 func TestLuaStripsServedHeader(t *testing.T) {
-	lua, err := exec.LookPath("lua5.4")
-	if err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatal("lua5.4 is not installed (.ci/run installs it)")
-		}
-		t.Skip("lua5.4 not installed; .ci/run installs it")
-	}
 	input := `INPUT = {
   {":status", "200"}, {"content-type", "text/event-stream"},
   {"x-gateway-destination-endpoint-served", "10.0.0.7:8000"},
   {"x-request-id", "abc"},
 }
 `
-	want := ":status=200\ncontent-type=text/event-stream\nx-request-id=abc\n"
-	files, _ := filepath.Glob("envoy*.yaml")
-	if len(files) == 0 {
-		t.Fatal("no envoy*.yaml")
-	}
-	for _, file := range files {
-		t.Run(file, func(t *testing.T) {
-			b, err := envoy.Load(file)
-			if err != nil {
-				t.Fatal(err)
-			}
-			code := luaCode(t, b.GetStaticResources().GetListeners()[0].GetFilterChains()[0].GetFilters()[0].GetTypedConfig())
-			cmd := exec.Command(lua, "-")
-			cmd.Stdin = strings.NewReader(input + code + "\nENTRY = envoy_on_response\n" + fakeEnvoyLua)
-			var out, stderr bytes.Buffer
-			cmd.Stdout, cmd.Stderr = &out, &stderr
-			if err := cmd.Run(); err != nil {
-				t.Fatalf("lua: %v: %s", err, stderr.String())
-			}
-			if out.String() != want {
-				t.Errorf("response headers after the filter:\n%s\nwant:\n%s", out.String(), want)
-			}
-		})
-	}
+	runLuaFilters(t, "envoy_on_response", input, ":status=200\ncontent-type=text/event-stream\nx-request-id=abc\n")
 }
