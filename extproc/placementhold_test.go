@@ -3,7 +3,6 @@ package extproc_test
 import (
 	"encoding/json"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
@@ -13,6 +12,7 @@ import (
 	"github.com/kvrouter/kvrouter/config"
 	"github.com/kvrouter/kvrouter/extproc"
 	"github.com/kvrouter/kvrouter/index"
+	"github.com/kvrouter/kvrouter/internal/testindex"
 	"github.com/kvrouter/kvrouter/openai"
 	"github.com/kvrouter/kvrouter/placement"
 	"github.com/kvrouter/kvrouter/scoring"
@@ -46,26 +46,6 @@ func prefixTokens(p, tail int) []uint32 {
 	return out
 }
 
-// heldIndex is a PrefixIndex that says which block keys each endpoint holds.
-type heldIndex struct {
-	mu   sync.Mutex
-	held map[string]map[uint64]bool
-}
-
-func (x *heldIndex) LeadingBlocks(keys []uint64, eps []string, dst []int) []int {
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	dst = dst[:0]
-	for _, ep := range eps {
-		n := 0
-		for n < len(keys) && x.held[ep][keys[n]] {
-			n++
-		}
-		dst = append(dst, n)
-	}
-	return dst
-}
-
 func completion(p, tail int) fakeenvoy.Request {
 	return fakeenvoy.Request{Headers: fakeenvoy.Headers{{Key: ":method", Value: "POST"},
 		{Key: ":path", Value: "/v1/completions"}, {Key: "content-type", Value: "application/json"}},
@@ -83,7 +63,7 @@ func TestPlacementHoldsWithinEnvoyMessageTimeout(t *testing.T) {
 func placementHoldsWithinEnvoyMessageTimeout(t *testing.T) (int, string) {
 	cfg := placement.DefaultConfig()
 	cfg.HoldMax = 400 * time.Millisecond
-	ix := &heldIndex{held: map[string]map[uint64]bool{}}
+	ix := testindex.New()
 	pol, err := placement.New(cfg, ix, nil, prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
@@ -105,12 +85,7 @@ func placementHoldsWithinEnvoyMessageTimeout(t *testing.T) (int, string) {
 		t.Fatal(err)
 	}
 	x.Close()
-	ix.mu.Lock()
-	ix.held[epA] = map[uint64]bool{}
-	for _, k := range index.Keys(index.Root("m", "", ""), prefixTokens(0, 0), 16, nil)[:64] {
-		ix.held[epA][k] = true
-	}
-	ix.mu.Unlock()
+	ix.Hold(epA, index.Keys(index.Root("m", "", ""), prefixTokens(0, 0), 16, nil)[:64])
 
 	// A miss (prefix 1, 1,152 uncached tokens) is prefilling there: no first token yet.
 	miss := h.start(envoy)

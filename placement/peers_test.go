@@ -3,6 +3,7 @@ package placement_test
 import (
 	"testing"
 
+	"github.com/kvrouter/kvrouter/internal/testindex"
 	"github.com/kvrouter/kvrouter/placement"
 )
 
@@ -20,11 +21,11 @@ func (f *fakePeers) PeerActive(ep string, key uint64) bool {
 }
 
 func TestPlacementPeersLoadMovesRequests(t *testing.T) {
-	ix := newFakeIndex()
+	ix := testindex.New()
 	cs := fleet(6, nil)
 	toks := prefixed(1, 0)
-	ix.hold(cs[0].Address, plKeysOf(toks))
-	ix.hold(cs[1].Address, plKeysOf(toks))
+	ix.Hold(cs[0].Address, plKeysOf(toks))
+	ix.Hold(cs[1].Address, plKeysOf(toks))
 	p := newPlacement(t, placement.DefaultConfig(), ix)
 	first := place(t, p, prefixed(1, 1), cs) // both hold it, both idle: one of them
 	if first != cs[0].Address && first != cs[1].Address {
@@ -48,12 +49,12 @@ func TestPlacementAdoptsPeersInFlightPrefix(t *testing.T) {
 	cs := fleet(6, nil)
 	toks := prefixed(2, 0)
 	key := plKeysOf(toks)[placement.DefaultConfig().PrefixDepth-1]
-	alone := place(t, newPlacement(t, placement.DefaultConfig(), newFakeIndex()), toks, cs)
+	alone := place(t, newPlacement(t, placement.DefaultConfig(), testindex.New()), toks, cs)
 	peerSite := cs[4].Address
 	if alone == peerSite {
 		peerSite = cs[5].Address
 	}
-	p := newPlacement(t, placement.DefaultConfig(), newFakeIndex())
+	p := newPlacement(t, placement.DefaultConfig(), testindex.New())
 	p.SetPeers(&fakePeers{active: map[string]uint64{peerSite: key}})
 	if got := place(t, p, prefixed(2, 1), cs); got != peerSite {
 		t.Fatalf("a peer computing the prefix on %s: picked %s (alone: %s)", peerSite, got, alone)
@@ -61,7 +62,7 @@ func TestPlacementAdoptsPeersInFlightPrefix(t *testing.T) {
 }
 
 func TestPlacementLocalSharesOwnLoad(t *testing.T) {
-	p := newPlacement(t, placement.DefaultConfig(), newFakeIndex())
+	p := newPlacement(t, placement.DefaultConfig(), testindex.New())
 	cs := fleet(2, nil)
 	req := plRequest(prefixed(3, 0))
 	d, err := p.Pick(req, cs)

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -14,42 +13,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/kvrouter/kvrouter/index"
+	"github.com/kvrouter/kvrouter/internal/testindex"
 	"github.com/kvrouter/kvrouter/placement"
 	"github.com/kvrouter/kvrouter/scoring"
 )
-
-// fakeIndex holds, per endpoint, the block keys it was told about.
-type fakeIndex struct {
-	mu   sync.Mutex
-	held map[string]map[uint64]bool
-}
-
-func newFakeIndex() *fakeIndex { return &fakeIndex{held: map[string]map[uint64]bool{}} }
-
-func (f *fakeIndex) hold(ep string, keys []uint64) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.held[ep] == nil {
-		f.held[ep] = map[uint64]bool{}
-	}
-	for _, k := range keys {
-		f.held[ep][k] = true
-	}
-}
-
-func (f *fakeIndex) LeadingBlocks(keys []uint64, eps []string, dst []int) []int {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	dst = dst[:0]
-	for _, ep := range eps {
-		n := 0
-		for n < len(keys) && f.held[ep][keys[n]] {
-			n++
-		}
-		dst = append(dst, n)
-	}
-	return dst
-}
 
 func plTokens(start, n int) []uint32 {
 	t := make([]uint32, n)
@@ -116,7 +83,7 @@ func TestPlacementHomeIsStable(t *testing.T) {
 		prefixes int
 	}{{"one prefix", 1}, {"six prefixes over six", 6}, {"twenty over six", 20}} {
 		t.Run(tc.name, func(t *testing.T) {
-			p := newPlacement(t, placement.DefaultConfig(), newFakeIndex())
+			p := newPlacement(t, placement.DefaultConfig(), testindex.New())
 			cs := fleet(6, nil)
 			home := map[int]string{}
 			for rep := 0; rep < 5; rep++ {
@@ -143,7 +110,7 @@ func TestPlacementCapacityWeighting(t *testing.T) {
 		{"one half", []int{1000, 500, 1000}, []int{4, 2, 4}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			p := newPlacement(t, placement.DefaultConfig(), newFakeIndex())
+			p := newPlacement(t, placement.DefaultConfig(), testindex.New())
 			cs := fleet(len(tc.caps), tc.caps)
 			total := 0
 			for _, w := range tc.want {
@@ -182,11 +149,11 @@ func TestPlacementSpillsOnlyOnSaturation(t *testing.T) {
 		{"others saturated too", cfg.SpillLoad + 2, cfg.Saturated, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ix := newFakeIndex()
+			ix := testindex.New()
 			p := newPlacement(t, cfg, ix)
 			cs := fleet(3, nil)
 			home := place(t, p, prefixed(0, 0), cs)
-			ix.hold(home, plKeysOf(prefixed(0, 0))[:64]) // the home computed it
+			ix.Hold(home, plKeysOf(prefixed(0, 0))[:64]) // the home computed it
 			for i := range cs {
 				cs[i].InFlight = tc.otherLoad
 				if cs[i].Address == home {
@@ -213,11 +180,11 @@ func TestPlacementReplicatesOnlyWithinFreeCapacity(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := placement.DefaultConfig()
 			cfg.Fill = tc.fill
-			ix := newFakeIndex()
+			ix := testindex.New()
 			p := newPlacement(t, cfg, ix)
 			cs := fleet(2, nil)
 			home := place(t, p, prefixed(0, 0), cs)
-			ix.hold(home, plKeysOf(prefixed(0, 0))[:64]) // the home computed it
+			ix.Hold(home, plKeysOf(prefixed(0, 0))[:64]) // the home computed it
 			for i := range cs {
 				if cs[i].Address == home {
 					cs[i].InFlight = cfg.ReplicaLoad
@@ -232,11 +199,11 @@ func TestPlacementReplicatesOnlyWithinFreeCapacity(t *testing.T) {
 }
 
 func TestPlacementAdoptsWhatTheIndexHolds(t *testing.T) {
-	ix := newFakeIndex()
+	ix := testindex.New()
 	p := newPlacement(t, placement.DefaultConfig(), ix)
 	cs := fleet(4, nil)
 	// Another router replica placed prefix 0 on the third endpoint: the index says so.
-	ix.hold(cs[2].Address, plKeysOf(prefixed(0, 99))[:64])
+	ix.Hold(cs[2].Address, plKeysOf(prefixed(0, 99))[:64])
 	for tail := 0; tail < 3; tail++ {
 		if got := place(t, p, prefixed(0, tail), cs); got != cs[2].Address {
 			t.Fatalf("request %d went to %s, want the holder %s", tail, got, cs[2].Address)
@@ -245,7 +212,7 @@ func TestPlacementAdoptsWhatTheIndexHolds(t *testing.T) {
 }
 
 func TestPlacementChurnRemapsOnlyTheDepartedPrefixes(t *testing.T) {
-	p := newPlacement(t, placement.DefaultConfig(), newFakeIndex())
+	p := newPlacement(t, placement.DefaultConfig(), testindex.New())
 	cs := fleet(4, nil)
 	home := map[int]string{}
 	for k := 0; k < 12; k++ {
@@ -283,7 +250,7 @@ func TestPlacementChurnRemapsOnlyTheDepartedPrefixes(t *testing.T) {
 func TestPlacementDivertsPastTheDeadline(t *testing.T) {
 	cfg := placement.DefaultConfig()
 	cfg.Fill = 0.01
-	p := newPlacement(t, cfg, newFakeIndex())
+	p := newPlacement(t, cfg, testindex.New())
 	cs := fleet(2, nil)
 	home := place(t, p, prefixed(0, 0), cs)
 	// Four misses routed to home have not produced a first token: a large prefill backlog.
@@ -301,7 +268,7 @@ func TestPlacementDivertsPastTheDeadline(t *testing.T) {
 }
 
 func TestPlacementWithoutTokensPicksLeastLoaded(t *testing.T) {
-	p := newPlacement(t, placement.DefaultConfig(), newFakeIndex())
+	p := newPlacement(t, placement.DefaultConfig(), testindex.New())
 	cs := fleet(3, nil)
 	cs[0].InFlight, cs[1].InFlight, cs[2].InFlight = 3, 1, 2
 	for _, toks := range [][]uint32{nil, plTokens(0, 15)} {
@@ -319,7 +286,7 @@ func TestPlacementWithoutTokensPicksLeastLoaded(t *testing.T) {
 }
 
 func TestPlacementFallbacks(t *testing.T) {
-	ix := newFakeIndex()
+	ix := testindex.New()
 	p := newPlacement(t, placement.DefaultConfig(), ix)
 	cs := fleet(8, nil)
 	for i := range cs {
@@ -327,8 +294,8 @@ func TestPlacementFallbacks(t *testing.T) {
 	}
 	// Endpoints 1 and 2 hold the prefix; 2 is idle, so it is chosen.
 	cs[1].InFlight, cs[2].InFlight = 1, 0
-	ix.hold(cs[1].Address, plKeysOf(prefixed(0, 0))[:64])
-	ix.hold(cs[2].Address, plKeysOf(prefixed(0, 0))[:64])
+	ix.Hold(cs[1].Address, plKeysOf(prefixed(0, 0))[:64])
+	ix.Hold(cs[2].Address, plKeysOf(prefixed(0, 0))[:64])
 	d, err := p.Pick(plRequest(prefixed(0, 1)), cs)
 	if err != nil {
 		t.Fatal(err)
@@ -342,7 +309,7 @@ func TestPlacementFallbacks(t *testing.T) {
 
 func TestPlacementMetrics(t *testing.T) {
 	reg := prometheus.NewPedanticRegistry()
-	p, err := placement.New(placement.DefaultConfig(), newFakeIndex(), nil, reg)
+	p, err := placement.New(placement.DefaultConfig(), testindex.New(), nil, reg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -391,7 +358,7 @@ func TestPlacementConfigValidate(t *testing.T) {
 			if (err == nil) != (tc.want == "") || (err != nil && !strings.Contains(err.Error(), tc.want)) {
 				t.Fatalf("Validate() = %v, want an error naming %q", err, tc.want)
 			}
-			if _, nerr := placement.New(c, newFakeIndex(), nil, nil); (nerr == nil) != (err == nil) {
+			if _, nerr := placement.New(c, testindex.New(), nil, nil); (nerr == nil) != (err == nil) {
 				t.Fatalf("New error %v disagrees with Validate %v", nerr, err)
 			}
 		})
@@ -464,12 +431,12 @@ func TestPlacementRehomesALostPrefix(t *testing.T) {
 			cfg.RehomeLost = tc.rehome
 			cfg.Fill = 0.01 // no replicas: only a re-home moves the prefix
 			cfg.DeadlineTokens = 0
-			ix := newFakeIndex()
+			ix := testindex.New()
 			p := newPlacement(t, cfg, ix)
 			cs := fleet(2, nil)
 			home := place(t, p, prefixed(0, 0), cs)
 			if tc.homeHeld {
-				ix.hold(home, plKeysOf(prefixed(0, 0))[:64])
+				ix.Hold(home, plKeysOf(prefixed(0, 0))[:64])
 			}
 			if tc.inFlight {
 				req := plRequest(prefixed(0, 1))
@@ -493,7 +460,7 @@ func TestPlacementRehomesALostPrefix(t *testing.T) {
 			}
 			// The new home computed it and is now where the prefix lives, even when the
 			// old home is idle again.
-			ix.hold(got, plKeysOf(prefixed(0, 2))[:64])
+			ix.Hold(got, plKeysOf(prefixed(0, 2))[:64])
 			for i := range cs {
 				cs[i].InFlight = 0
 			}
@@ -509,7 +476,7 @@ func TestPlacementRehomesALostPrefix(t *testing.T) {
 func TestPlacementPrefersAHeldPlacement(t *testing.T) {
 	for other := 0; other < 4; other++ {
 		t.Run(fmt.Sprint("holder ", other), func(t *testing.T) {
-			ix := newFakeIndex()
+			ix := testindex.New()
 			p := newPlacement(t, placement.DefaultConfig(), ix)
 			cs := fleet(4, nil)
 			home := place(t, p, prefixed(0, 0), cs)
@@ -518,7 +485,7 @@ func TestPlacementPrefersAHeldPlacement(t *testing.T) {
 			}
 			// Another router replica moved the prefix: the index shows it on cs[other]
 			// and nowhere else; this router still has its home elsewhere.
-			ix.hold(cs[other].Address, plKeysOf(prefixed(0, 0))[:64])
+			ix.Hold(cs[other].Address, plKeysOf(prefixed(0, 0))[:64])
 			for tail := 1; tail < 4; tail++ {
 				if got := place(t, p, prefixed(0, tail), cs); got != cs[other].Address {
 					t.Fatalf("request %d went to %s, want the endpoint holding it %s", tail, got, cs[other].Address)
@@ -550,7 +517,7 @@ func TestPlacementHoldsBehindAMiss(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			ix := newFakeIndex()
+			ix := testindex.New()
 			cfg := placement.DefaultConfig()
 			cfg.HoldMax = tc.holdMax
 			reg := prometheus.NewRegistry()
@@ -561,7 +528,7 @@ func TestPlacementHoldsBehindAMiss(t *testing.T) {
 			cs := fleet(1, nil)
 			ep := cs[0].Address
 			place(t, p, prefixed(0, 0), cs)
-			ix.hold(ep, plKeysOf(prefixed(0, 0))[:64]) // the endpoint holds prefix 0
+			ix.Hold(ep, plKeysOf(prefixed(0, 0))[:64]) // the endpoint holds prefix 0
 			miss := plRequest(prefixed(1, 1))          // prefix 1: 1,152 uncached tokens
 			if d, err := p.Pick(miss, cs); err != nil || d.Hold != 0 {
 				t.Fatalf("the miss: %+v, %v", d, err)
@@ -702,10 +669,10 @@ func TestPlacementUnplacesADivertedReplica(t *testing.T) {
 			cfg.DeadlineTokens = 512 // the replica's 1,152-token miss is past it
 			cfg.HoldMax = 0
 			cfg.UnplaceDiverted = tc.unplace
-			ix := newFakeIndex()
+			ix := testindex.New()
 			p := newPlacement(t, cfg, ix)
 			cs := fleet(3, nil)
-			ix.hold(cs[0].Address, plKeysOf(prefixed(0, 0))[:64])
+			ix.Hold(cs[0].Address, plKeysOf(prefixed(0, 0))[:64])
 			cs[0].InFlight = cfg.ReplicaLoad // busy: the prefix takes a replica on cs[1]
 			if got := place(t, p, prefixed(0, 1), cs); got != cs[0].Address {
 				t.Fatalf("replica's request went to %s, want it diverted to the holder %s", got, cs[0].Address)
@@ -736,7 +703,7 @@ func cpuTime() time.Duration {
 // prefix_depth blocks are one prefix to the first turn, but a later turn goes where the
 // index shows its own history, not where the system prompt's placement would send it.
 func TestConversationFollowsItsHistory(t *testing.T) {
-	ix := newFakeIndex()
+	ix := testindex.New()
 	p := newPlacement(t, placement.DefaultConfig(), ix)
 	cs := fleet(6, nil)
 	system := plTokens(1_000_000, 64*16)
@@ -757,7 +724,7 @@ func TestConversationFollowsItsHistory(t *testing.T) {
 		}
 		p.Routed(req, cs[c].Address)
 		p.Finished(req.ID)
-		ix.hold(cs[c].Address, plKeysOf(turn1(c)))
+		ix.Hold(cs[c].Address, plKeysOf(turn1(c)))
 	}
 	for c := range cs {
 		if got := place(t, p, turn2(c), cs); got != cs[c].Address {
@@ -777,7 +744,7 @@ func TestLongPrefixStaysAtBusyHolder(t *testing.T) {
 		moves  bool
 	}{{"one-step prefix spills", 64, true}, {"32k context stays", 2048, false}} {
 		t.Run(tc.name, func(t *testing.T) {
-			ix := newFakeIndex()
+			ix := testindex.New()
 			p := newPlacement(t, placement.DefaultConfig(), ix)
 			cs := fleet(2, []int{20000, 20000})
 			prompt := func(tail int) []uint32 {
@@ -791,7 +758,7 @@ func TestLongPrefixStaysAtBusyHolder(t *testing.T) {
 			holder := d.Endpoint
 			p.Routed(first, holder)
 			p.FirstToken(first.ID) // decoding: no prefill backlog
-			ix.hold(holder, plKeysOf(prompt(0)))
+			ix.Hold(holder, plKeysOf(prompt(0)))
 			for i := range cs {
 				if cs[i].Address == holder {
 					cs[i].InFlight = placement.DefaultConfig().SpillLoad

@@ -4,6 +4,7 @@ import (
 	"math/rand/v2"
 	"testing"
 
+	"github.com/kvrouter/kvrouter/internal/testindex"
 	"github.com/kvrouter/kvrouter/scoring"
 )
 
@@ -12,9 +13,9 @@ import (
 // of requests; before every Pick, Explain must report the same costs and the same winner
 // (when it is unique), and calling it must not change what Pick then does.
 func TestExplainMatchesPick(t *testing.T) {
-	ix := newKVFakeIndex()
+	ix := testindex.New()
 	shared := kvTokens(1000, 160)
-	ix.hold("a", kvKeysOf(shared))
+	ix.Hold("a", kvKeysOf(shared))
 	kv, err := scoring.NewKV(scoring.DefaultKVConfig(), ix, kvFakeHealth{down: map[string]bool{"c": true}}, rand.NewPCG(1, 2), nil)
 	if err != nil {
 		t.Fatal(err)

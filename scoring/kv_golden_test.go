@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvrouter/kvrouter/internal/testindex"
 	"github.com/kvrouter/kvrouter/scoring"
 )
 
@@ -23,7 +24,7 @@ func TestKVPicksGolden(t *testing.T) {
 	var out strings.Builder
 	for _, name := range []string{"kv", "approximate"} {
 		rng := rand.New(rand.NewPCG(7, 8))
-		ix := newKVFakeIndex()
+		ix := testindex.New()
 		var p kvPolicy
 		var err error
 		if name == "kv" {
@@ -68,7 +69,7 @@ func TestKVPicksGolden(t *testing.T) {
 				p.FirstToken(req.ID)
 			}
 			if req.TokenIDs != nil && name == "kv" && rng.IntN(4) == 0 {
-				ix.hold(d.Endpoint, kvKeysOf(req.TokenIDs)) // events report what it cached
+				ix.Hold(d.Endpoint, kvKeysOf(req.TokenIDs)) // events report what it cached
 			}
 			inflight = append(inflight, req)
 			for len(inflight) > 0 && rng.IntN(3) == 0 { // finish any one, in random order

@@ -12,42 +12,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/kvrouter/kvrouter/index"
+	"github.com/kvrouter/kvrouter/internal/testindex"
 	"github.com/kvrouter/kvrouter/scoring"
 )
-
-// kvFakeIndex holds, per endpoint, a set of block keys (the kv and placement tests'
-// PrefixIndex).
-type kvFakeIndex struct {
-	mu   sync.Mutex
-	held map[string]map[uint64]bool
-}
-
-func newKVFakeIndex() *kvFakeIndex { return &kvFakeIndex{held: map[string]map[uint64]bool{}} }
-
-func (f *kvFakeIndex) hold(ep string, keys []uint64) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.held[ep] == nil {
-		f.held[ep] = map[uint64]bool{}
-	}
-	for _, k := range keys {
-		f.held[ep][k] = true
-	}
-}
-
-func (f *kvFakeIndex) LeadingBlocks(keys []uint64, eps []string, dst []int) []int {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	dst = dst[:0]
-	for _, ep := range eps {
-		n := 0
-		for n < len(keys) && f.held[ep][keys[n]] {
-			n++
-		}
-		dst = append(dst, n)
-	}
-	return dst
-}
 
 // fakeHealth reports the endpoints in down as not healthy.
 type kvFakeHealth struct{ down map[string]bool }
@@ -137,7 +104,7 @@ func TestKVCostTerms(t *testing.T) {
 	tests := []struct {
 		name  string
 		cfg   func(*scoring.KVConfig)
-		setup func(t *testing.T, p kvPolicy, ix *kvFakeIndex)
+		setup func(t *testing.T, p kvPolicy, ix *testindex.Index)
 		req   []uint32
 		want  map[string]float64
 	}{
@@ -147,24 +114,24 @@ func TestKVCostTerms(t *testing.T) {
 		},
 		{
 			name:  "held leading blocks are credited against prefill",
-			setup: func(t *testing.T, p kvPolicy, ix *kvFakeIndex) { ix.hold("A", kvKeysOf(kvPrompt)[:3]) },
+			setup: func(t *testing.T, p kvPolicy, ix *testindex.Index) { ix.Hold("A", kvKeysOf(kvPrompt)[:3]) },
 			want:  map[string]float64{"A": 1 + 4, "B": 4 + 4},
 		},
 		{
 			name:  "only leading blocks count",
-			setup: func(t *testing.T, p kvPolicy, ix *kvFakeIndex) { ix.hold("A", kvKeysOf(kvPrompt)[1:]) },
+			setup: func(t *testing.T, p kvPolicy, ix *testindex.Index) { ix.Hold("A", kvKeysOf(kvPrompt)[1:]) },
 			want:  map[string]float64{"A": 4 + 4, "B": 4 + 4},
 		},
 		{
 			name:  "overlap credit scales the credit",
 			cfg:   func(c *scoring.KVConfig) { c.OverlapCredit = 0.5 },
-			setup: func(t *testing.T, p kvPolicy, ix *kvFakeIndex) { ix.hold("A", kvKeysOf(kvPrompt)[:3]) },
+			setup: func(t *testing.T, p kvPolicy, ix *testindex.Index) { ix.Hold("A", kvKeysOf(kvPrompt)[:3]) },
 			want:  map[string]float64{"A": 2.5 + 4, "B": 4 + 4},
 		},
 		{
 			name:  "prefill load scale weighs the prefill term",
 			cfg:   func(c *scoring.KVConfig) { c.PrefillLoadScale = 2 },
-			setup: func(t *testing.T, p kvPolicy, ix *kvFakeIndex) { ix.hold("A", kvKeysOf(kvPrompt)[:3]) },
+			setup: func(t *testing.T, p kvPolicy, ix *testindex.Index) { ix.Hold("A", kvKeysOf(kvPrompt)[:3]) },
 			want:  map[string]float64{"A": 2*1 + 4, "B": 2*4 + 4},
 		},
 		{
@@ -174,12 +141,12 @@ func TestKVCostTerms(t *testing.T) {
 		},
 		{
 			name:  "an in-flight request's prefill and blocks add to its endpoint",
-			setup: func(t *testing.T, p kvPolicy, ix *kvFakeIndex) { kvRoute(t, p, kvReq(kvOther), "A") },
+			setup: func(t *testing.T, p kvPolicy, ix *testindex.Index) { kvRoute(t, p, kvReq(kvOther), "A") },
 			want:  map[string]float64{"A": (64+64)/16 + 4 + 4, "B": 4 + 4},
 		},
 		{
 			name: "first token releases prefill, not decode",
-			setup: func(t *testing.T, p kvPolicy, ix *kvFakeIndex) {
+			setup: func(t *testing.T, p kvPolicy, ix *testindex.Index) {
 				r := kvReq(kvOther)
 				kvRoute(t, p, r, "A")
 				p.FirstToken(r.ID)
@@ -189,7 +156,7 @@ func TestKVCostTerms(t *testing.T) {
 		},
 		{
 			name: "finished releases everything",
-			setup: func(t *testing.T, p kvPolicy, ix *kvFakeIndex) {
+			setup: func(t *testing.T, p kvPolicy, ix *testindex.Index) {
 				r := kvReq(kvOther)
 				kvRoute(t, p, r, "A")
 				p.Finished(r.ID)
@@ -199,7 +166,7 @@ func TestKVCostTerms(t *testing.T) {
 		},
 		{
 			name: "in-flight requests' shared blocks and the request's already-active blocks count once",
-			setup: func(t *testing.T, p kvPolicy, ix *kvFakeIndex) {
+			setup: func(t *testing.T, p kvPolicy, ix *testindex.Index) {
 				r1, r2 := kvReq(kvPrompt), kvReq(append(kvTokens(0, 48), kvTokens(5000, 16)...))
 				kvRoute(t, p, r1, "A")
 				kvRoute(t, p, r2, "A")
@@ -211,8 +178,8 @@ func TestKVCostTerms(t *testing.T) {
 		},
 		{
 			name: "in-flight prefill counts only the tokens that were not cached",
-			setup: func(t *testing.T, p kvPolicy, ix *kvFakeIndex) {
-				ix.hold("A", kvKeysOf(kvPrompt)[:3])
+			setup: func(t *testing.T, p kvPolicy, ix *testindex.Index) {
+				ix.Hold("A", kvKeysOf(kvPrompt)[:3])
 				kvRoute(t, p, kvReq(kvPrompt), "A") // 64 - 3x16 = 16 tokens to prefill
 			},
 			want: map[string]float64{"A": (16+64)/16 - 3 + 4, "B": 4 + 4},
@@ -220,7 +187,7 @@ func TestKVCostTerms(t *testing.T) {
 		{
 			name: "decode active request weight adds per in-flight request",
 			cfg:  func(c *scoring.KVConfig) { c.DecodeActiveRequestWeight = 10 },
-			setup: func(t *testing.T, p kvPolicy, ix *kvFakeIndex) {
+			setup: func(t *testing.T, p kvPolicy, ix *testindex.Index) {
 				r := kvReq(kvOther)
 				kvRoute(t, p, r, "A")
 				p.FirstToken(r.ID)
@@ -234,7 +201,7 @@ func TestKVCostTerms(t *testing.T) {
 			if tc.cfg != nil {
 				tc.cfg(&cfg)
 			}
-			ix := newKVFakeIndex()
+			ix := testindex.New()
 			p, err := scoring.NewKV(cfg, ix, nil, rand.NewPCG(1, 2), nil)
 			if err != nil {
 				t.Fatal(err)
@@ -255,8 +222,8 @@ func TestKVCostTerms(t *testing.T) {
 
 func TestKVPrefixAgainstLoad(t *testing.T) {
 	long := kvTokens(0, 2371) // the reference workload's prompt: 148 blocks, 127 shared
-	ix := newKVFakeIndex()
-	ix.hold("A", kvKeysOf(long)[:127])
+	ix := testindex.New()
+	ix.Hold("A", kvKeysOf(long)[:127])
 	p, err := scoring.NewKV(scoring.DefaultKVConfig(), ix, nil, rand.NewPCG(1, 2), nil)
 	if err != nil {
 		t.Fatal(err)
@@ -284,9 +251,9 @@ func TestKVPrefixAgainstLoad(t *testing.T) {
 
 func TestKVTiesAndTemperature(t *testing.T) {
 	count := func(cfg scoring.KVConfig, hold bool) map[string]int {
-		ix := newKVFakeIndex()
+		ix := testindex.New()
 		if hold {
-			ix.hold("A", kvKeysOf(kvPrompt)[:2])
+			ix.Hold("A", kvKeysOf(kvPrompt)[:2])
 		}
 		p, err := scoring.NewKV(cfg, ix, nil, rand.NewPCG(3, 4), nil)
 		if err != nil {
@@ -324,7 +291,7 @@ func TestKVTiesAndTemperature(t *testing.T) {
 
 func TestKVUntokenizedFallsBackToLoad(t *testing.T) {
 	reg := prometheus.NewPedanticRegistry()
-	p, err := scoring.NewKV(scoring.DefaultKVConfig(), newKVFakeIndex(), nil, rand.NewPCG(1, 2), reg)
+	p, err := scoring.NewKV(scoring.DefaultKVConfig(), testindex.New(), nil, rand.NewPCG(1, 2), reg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -361,8 +328,8 @@ func TestKVUnhealthyEndpointIsPredicted(t *testing.T) {
 		{"snapshot", func(down map[string]bool) scoring.EventHealth { return kvFakeHealthSnapshot{kvFakeHealth{down}} }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ix := newKVFakeIndex()
-			ix.hold("A", kvKeysOf(kvPrompt)) // stale: A's events are down
+			ix := testindex.New()
+			ix.Hold("A", kvKeysOf(kvPrompt)) // stale: A's events are down
 			health := kvFakeHealth{down: map[string]bool{"A": true}}
 			p, err := scoring.NewKV(scoring.DefaultKVConfig(), ix, tc.health(health.down), rand.NewPCG(1, 2), nil)
 			if err != nil {
@@ -381,7 +348,7 @@ func TestKVUnhealthyEndpointIsPredicted(t *testing.T) {
 				t.Fatalf("costs %v: want A predicted to hold the prompt (4), C idle (8)", c)
 			}
 			health.down["A"] = false
-			ix.held["A"] = nil // events flow again and say A holds nothing
+			ix.Clear("A") // events flow again and say A holds nothing
 			if _, c := kvPick(t, p, kvReq(kvPrompt), kvCands("A", "C")); c["A"] != 8 {
 				t.Fatalf("costs %v: with events back, the index decides", c)
 			}
@@ -465,7 +432,7 @@ func TestKVConfigValidate(t *testing.T) {
 			if (err == nil) != (tc.want == "") || (err != nil && !strings.Contains(err.Error(), tc.want)) {
 				t.Fatalf("Validate() = %v, want an error naming %q", err, tc.want)
 			}
-			if _, nerr := scoring.NewKV(cfg, newKVFakeIndex(), nil, nil, nil); (nerr == nil) != (err == nil) {
+			if _, nerr := scoring.NewKV(cfg, testindex.New(), nil, nil, nil); (nerr == nil) != (err == nil) {
 				t.Fatalf("NewKV error %v disagrees with Validate %v", nerr, err)
 			}
 		})
@@ -473,7 +440,7 @@ func TestKVConfigValidate(t *testing.T) {
 }
 
 func TestKVNoCandidates(t *testing.T) {
-	p, _ := scoring.NewKV(scoring.DefaultKVConfig(), newKVFakeIndex(), nil, nil, nil)
+	p, _ := scoring.NewKV(scoring.DefaultKVConfig(), testindex.New(), nil, nil, nil)
 	if _, err := p.Pick(kvReq(kvPrompt), nil); err != scoring.ErrNoCandidates {
 		t.Fatalf("err = %v, want ErrNoCandidates", err)
 	}
@@ -481,8 +448,8 @@ func TestKVNoCandidates(t *testing.T) {
 
 func TestKVMetrics(t *testing.T) {
 	reg := prometheus.NewPedanticRegistry()
-	ix := newKVFakeIndex()
-	ix.hold("A", kvKeysOf(kvPrompt)[:3])
+	ix := testindex.New()
+	ix.Hold("A", kvKeysOf(kvPrompt)[:3])
 	p, _ := scoring.NewKV(scoring.DefaultKVConfig(), ix, kvFakeHealth{down: map[string]bool{"B": true}}, nil, reg)
 	r := kvReq(kvPrompt)
 	p.Pick(r, kvCands("A", "B"))
@@ -512,8 +479,8 @@ kvrouter_scoring_routed_blocks_total{policy="kv"} 4
 // TestKVConcurrent races picks and the observer calls (run with -race) and checks that
 // once every request finished, no load is left.
 func TestKVConcurrent(t *testing.T) {
-	ix := newKVFakeIndex()
-	ix.hold("A", kvKeysOf(kvPrompt)[:2])
+	ix := testindex.New()
+	ix.Hold("A", kvKeysOf(kvPrompt)[:2])
 	p, _ := scoring.NewKV(scoring.DefaultKVConfig(), ix, kvFakeHealth{down: map[string]bool{"C": true}}, nil, nil)
 	var wg sync.WaitGroup
 	for g := range 4 {
@@ -621,7 +588,7 @@ func TestForget(t *testing.T) {
 		t.Fatalf("cost %v after Forget, want 8 (nothing predicted, no load)", c)
 	}
 	p.Finished(r.ID) // the forgotten endpoint's request may still finish
-	k, _ := scoring.NewKV(scoring.DefaultKVConfig(), newKVFakeIndex(), nil, rand.NewPCG(1, 2), nil)
+	k, _ := scoring.NewKV(scoring.DefaultKVConfig(), testindex.New(), nil, rand.NewPCG(1, 2), nil)
 	kvRoute(t, k, kvReq(kvOther), "A")
 	k.Forget("A")
 	if _, c := kvPick(t, k, kvReq(kvPrompt), kvCands("A")); c["A"] != 8 {
@@ -641,7 +608,7 @@ func TestKVSharedPrefixInFlightOnSeveralEndpoints(t *testing.T) {
 		{"middle first", []int{1, 0, 2}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			p, err := scoring.NewKV(scoring.DefaultKVConfig(), newKVFakeIndex(), nil, rand.NewPCG(1, 2), nil)
+			p, err := scoring.NewKV(scoring.DefaultKVConfig(), testindex.New(), nil, rand.NewPCG(1, 2), nil)
 			if err != nil {
 				t.Fatal(err)
 			}
