@@ -173,6 +173,9 @@ type Server struct {
 	drainCh  chan struct{} // closed by Drain
 	drainOne sync.Once
 	held     atomic.Int64 // body bytes held for parsing, bounded by budget
+	// workers serve the streams, and the first Recv of each, on goroutines whose stacks
+	// stay grown (see workers).
+	workers *workers
 }
 
 // New builds a Server; it starts nothing. It panics only if Policy or Fleet is nil, a
@@ -197,6 +200,7 @@ func New(o Options) *Server {
 		after:     o.After,
 		retry:     retryAfterSeconds(o.RetryAfter),
 		m:         newMetrics(o.Registerer),
+		workers:   newWorkers(),
 	}
 	if a, ok := o.Fleet.(candidateAppender); ok {
 		s.appender = a
@@ -297,8 +301,14 @@ var errIdle = status.Error(codes.DeadlineExceeded, "kvrouter: no ext_proc messag
 // Active returns the number of open ext_proc streams.
 func (s *Server) Active() int { return int(s.active.Load()) }
 
-// Process serves one Envoy ext_proc stream (one HTTP request and its response).
-func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
+// Process serves one Envoy ext_proc stream (one HTTP request and its response). The
+// stream is served on a worker goroutine (see workers), whose stack has grown already.
+func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) (err error) {
+	s.workers.run(func() { err = s.process(srv) })
+	return err
+}
+
+func (s *Server) process(srv extprocv3.ExternalProcessor_ProcessServer) error {
 	n := s.active.Add(1)
 	defer s.active.Add(-1)
 	if s.draining.Load() {
@@ -358,8 +368,9 @@ func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
 }
 
 // recvFirst is the stream's first Recv, bounded by the idle timeout and ended by Drain:
-// a stream that never sends must hold neither a slot nor the drain. The Recv runs on its
-// own goroutine, which ends when the stream does (returning from Process ends it).
+// a stream that never sends must hold neither a slot nor the drain. The Recv runs on a
+// worker (see workers), whose Recv returns when the stream ends (returning from Process
+// ends it).
 func (s *Server) recvFirst(srv extprocv3.ExternalProcessor_ProcessServer) (*extprocv3.ProcessingRequest, error) {
 	if s.idle <= 0 {
 		return srv.Recv()
@@ -369,10 +380,10 @@ func (s *Server) recvFirst(srv extprocv3.ExternalProcessor_ProcessServer) (*extp
 		err error
 	}
 	ch := make(chan result, 1)
-	go func() {
+	s.workers.goFunc(func() {
 		msg, err := srv.Recv()
 		ch <- result{msg, err}
-	}()
+	})
 	t := time.NewTimer(s.idle)
 	defer t.Stop()
 	select {

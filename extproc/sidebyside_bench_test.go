@@ -253,6 +253,8 @@ func BenchmarkSideBySide(b *testing.B) {
 // path (parse, chat template, exact Qwen3 tokenization, index lookup, kv policy, over
 // the real fleet registry) without any transport: what kvrouter adds to a request.
 // Each iteration is a new request (a new user message) on one of the 7 cached prefixes.
+// Each Process runs on a new goroutine, as gRPC runs each stream, so that what a stream
+// costs on a fresh goroutine (growing its stack) is counted.
 func BenchmarkServerExchangeKV(b *testing.B) {
 	w := newSBSWorkload()
 	hdrs := &corev3.HeaderMap{}
@@ -280,7 +282,9 @@ func BenchmarkServerExchangeKV(b *testing.B) {
 						Headers: &corev3.HeaderMap{Headers: []*corev3.HeaderValue{{Key: ":status", RawValue: []byte("200")}}}, EndOfStream: true}}},
 				}}
 				i++
-				if err := srv.Process(st); err != nil || st.replies != 3 {
+				done := make(chan error)
+				go func() { done <- srv.Process(st) }()
+				if err := <-done; err != nil || st.replies != 3 {
 					b.Fatal(err, st.replies)
 				}
 			}

@@ -180,11 +180,14 @@ func (st *stream) onRequestBody(b *extprocv3.HttpBody) (bool, error) {
 			reason = ReasonBodyBudget
 		}
 		switch {
-		case st.body == nil && eos:
-			st.body = chunk // the whole body in one message: no copy needed
-		case st.body == nil && reason == "" && st.declared > len(chunk):
+		case st.body == nil && !eos && reason == "" && st.declared > len(chunk):
 			// One buffer of the declared size instead of a chain of grown copies.
 			st.body = append(make([]byte, 0, st.declared), chunk...)
+		case st.body == nil:
+			// The first chunk is kept as it is, not copied: its bytes were decoded into a
+			// buffer of their own that only this message holds, and they are often the
+			// whole body (Envoy ends a body with trailers or an empty last chunk).
+			st.body = chunk
 		default:
 			st.body = append(st.body, chunk...)
 		}
