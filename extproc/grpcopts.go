@@ -34,9 +34,10 @@ const (
 )
 
 // ServerOptions returns the grpc.Server options the ext_proc server was measured with
-// (see README.md, Performance): a pool of stream workers, one per core, so that each
-// ext_proc stream runs on a goroutine whose stack has already grown, instead of a new
-// goroutine growing its stack (copying it) on every request; fixed flow-control windows
+// (see README.md, Performance): a pool of gRPC stream workers, one per core, whose
+// goroutines run a stream's handler when one is free (Server.Process itself serves each
+// stream on a worker goroutine of its own that outlives the stream, since gRPC's are
+// taken by streams lasting a whole response); fixed flow-control windows
 // (see StreamWindowBytes); and keepalive pings and their enforcement (see KeepaliveTime). Add your own options (for instance
 // grpc.MaxRecvMsgSize, grpc.MaxConcurrentStreams) after these.
 func ServerOptions() []grpc.ServerOption {
