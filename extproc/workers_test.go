@@ -71,3 +71,31 @@ func TestWorkersEndWhenIdle(t *testing.T) {
 	wg.Wait()
 	testwait.For(t, "idle workers to end", func() bool { return runtime.NumGoroutine() <= before })
 }
+
+// TestWorkersKeepAtMostMaxIdle checks that a burst leaves at most maxIdle workers
+// waiting, however many it started.
+func TestWorkersKeepAtMostMaxIdle(t *testing.T) {
+	before := runtime.NumGoroutine()
+	w := newWorkers()
+	w.idle = time.Hour // only the bound ends them
+	w.maxIdle = 2
+	const n = 16
+	release := make(chan struct{})
+	var started, finished sync.WaitGroup
+	started.Add(n)
+	finished.Add(n)
+	for range n {
+		w.goFunc(func() {
+			started.Done()
+			<-release
+			finished.Done()
+		})
+	}
+	started.Wait()
+	close(release)
+	finished.Wait()
+	testwait.For(t, "workers past the idle bound to end", func() bool { return runtime.NumGoroutine() <= before+2 })
+	if got := w.waiting.Load(); got > 2 {
+		t.Fatalf("%d workers waiting, want at most 2", got)
+	}
+}
