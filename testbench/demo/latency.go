@@ -73,24 +73,29 @@ type LatencyRound struct {
 	Server    string // "kvrouter" or "trivial"
 	Endpoints int
 	Result    fakeenvoy.LoadResult
-	// CPU is each process's CPU time (user + system) over the round divided by the
-	// round's exchanges: kvrouter, trivial, vllm-sim (the whole fleet) and kvdemo (the
-	// fake Envoy), in that order. The server not measured in a round is idle.
+	// CPU is each process's CPU time (user + system) and minor page faults over the
+	// round divided by the round's exchanges: kvrouter, trivial, vllm-sim (the whole
+	// fleet) and kvdemo (the fake Envoy), in that order. The server not measured in a
+	// round is idle.
 	CPU []ProcessCPU
 }
 
-// ProcessCPU is one process's CPU time per exchange over a round.
+// ProcessCPU is one process's CPU time and minor page faults per exchange over a round.
+// A minor fault is a page the kernel had to map (and zero) for the process: a heap
+// growing into new memory, or reusing memory the Go runtime had returned.
 type ProcessCPU struct {
 	Process     string
 	PerExchange time.Duration
+	// MinorFaults is the round's minor page faults per exchange.
+	MinorFaults float64
 }
 
-func processCPU() time.Duration {
+func processUsage() (procUsage, error) {
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
+		return procUsage{}, err
 	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	return procUsage{CPU: time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), MinorFaults: ru.Minflt}, nil
 }
 
 // latencyChat is a chat request of about 2,400 prompt tokens whose first 2,032 tokens or
@@ -309,19 +314,19 @@ func measureFleet(ctx context.Context, o LatencyOptions, dir string, n int, shar
 	fakeenvoy.Load(ctx, trivialClient, warmLC)
 
 	procs := []struct {
-		name string
-		cpu  func() (time.Duration, error)
-	}{{"kvrouter", st.cpu("kvrouter")}, {"trivial", st.cpu("trivial")}, {"vllm-sim", st.cpu("vllm-sim")},
-		{"kvdemo", func() (time.Duration, error) { return processCPU(), nil }}}
+		name  string
+		usage func() (procUsage, error)
+	}{{"kvrouter", st.usage("kvrouter")}, {"trivial", st.usage("trivial")}, {"vllm-sim", st.usage("vllm-sim")},
+		{"kvdemo", processUsage}}
 	var out []LatencyRound
 	for r := range o.Rounds {
 		for _, s := range []struct {
 			name   string
 			client extprocv3.ExternalProcessorClient
 		}{{"kvrouter", kvClient}, {"trivial", trivialClient}} {
-			cpu0 := make([]time.Duration, len(procs))
+			use0 := make([]procUsage, len(procs))
 			for i, p := range procs {
-				if cpu0[i], err = p.cpu(); err != nil {
+				if use0[i], err = p.usage(); err != nil {
 					return out, err
 				}
 			}
@@ -332,15 +337,17 @@ func measureFleet(ctx context.Context, o LatencyOptions, dir string, n int, shar
 			round := LatencyRound{Server: s.name, Endpoints: n, Result: res}
 			var line strings.Builder
 			for i, p := range procs {
-				c, err := p.cpu()
+				u, err := p.usage()
 				if err != nil {
 					return out, err
 				}
-				per := (c - cpu0[i]) / time.Duration(max(1, res.Sent))
-				round.CPU = append(round.CPU, ProcessCPU{Process: p.name, PerExchange: per})
-				fmt.Fprintf(&line, " %s=%v", p.name, per.Round(100*time.Nanosecond))
+				sent := max(1, res.Sent)
+				per := (u.CPU - use0[i].CPU) / time.Duration(sent)
+				faults := float64(u.MinorFaults-use0[i].MinorFaults) / float64(sent)
+				round.CPU = append(round.CPU, ProcessCPU{Process: p.name, PerExchange: per, MinorFaults: faults})
+				fmt.Fprintf(&line, " %s=%v (%.1f faults)", p.name, per.Round(100*time.Nanosecond), faults)
 			}
-			logf("%d endpoints, round %d, %-8s %v; CPU per exchange:%s", n, r+1, s.name, res, line.String())
+			logf("%d endpoints, round %d, %-8s %v; CPU and minor page faults per exchange:%s", n, r+1, s.name, res, line.String())
 			out = append(out, round)
 		}
 	}
@@ -453,6 +460,18 @@ func WriteLatency(w io.Writer, o LatencyOptions, rounds []LatencyRound) error {
 			}
 			b.WriteString("\n")
 		}
+		b.WriteString("\nMinor page faults per exchange by process (pages the kernel mapped for it)\n\n| endpoints | round | measured |")
+		for _, p := range rounds[0].CPU {
+			fmt.Fprintf(&b, " %s |", p.Process)
+		}
+		b.WriteString("\n|---|---|---|" + strings.Repeat("---|", len(rounds[0].CPU)) + "\n")
+		for i, r := range rounds {
+			fmt.Fprintf(&b, "| %d | %d | %s |", r.Endpoints, i/2%max(1, o.Rounds)+1, r.Server)
+			for _, p := range r.CPU {
+				fmt.Fprintf(&b, " %.1f |", p.MinorFaults)
+			}
+			b.WriteString("\n")
+		}
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
@@ -482,6 +501,8 @@ type LatencyRoundJSON struct {
 	DecisionP50US  float64            `json:"decision_p50_us"`
 	DecisionP99US  float64            `json:"decision_p99_us"`
 	CPUPerExchange map[string]float64 `json:"cpu_us_per_exchange"`
+	// MinorFaultsPerExchange is each process's minor page faults per exchange.
+	MinorFaultsPerExchange map[string]float64 `json:"minor_faults_per_exchange"`
 }
 
 // NewLatencyReport converts MeasureLatency's rounds for JSON.
@@ -491,9 +512,11 @@ func NewLatencyReport(o LatencyOptions, loadAvg float64, rounds []LatencyRound) 
 	for _, r := range rounds {
 		j := LatencyRoundJSON{Server: r.Server, Endpoints: r.Endpoints, Sent: r.Result.Sent, Errors: r.Result.Errors,
 			AchievedPerS: r.Result.AchievedRatePerS, P50US: us(r.Result.P50), P99US: us(r.Result.P99),
-			DecisionP50US: us(r.Result.DecisionP50), DecisionP99US: us(r.Result.DecisionP99), CPUPerExchange: map[string]float64{}}
+			DecisionP50US: us(r.Result.DecisionP50), DecisionP99US: us(r.Result.DecisionP99), CPUPerExchange: map[string]float64{},
+			MinorFaultsPerExchange: map[string]float64{}}
 		for _, p := range r.CPU {
 			j.CPUPerExchange[p.Process] = us(p.PerExchange)
+			j.MinorFaultsPerExchange[p.Process] = p.MinorFaults
 		}
 		rep.Rounds = append(rep.Rounds, j)
 	}

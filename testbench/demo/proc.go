@@ -177,15 +177,16 @@ func (s *procStack) pid(name string) int {
 	return 0
 }
 
-// cpu returns a reader of the named child's CPU time (user + system, all threads).
-func (s *procStack) cpu(name string) func() (time.Duration, error) {
+// usage returns a reader of the named child's CPU time (user + system, all threads) and
+// minor page faults.
+func (s *procStack) usage(name string) func() (procUsage, error) {
 	for _, p := range s.procs {
 		if p.name == name {
 			pid := p.cmd.Process.Pid
-			return func() (time.Duration, error) { return childCPU(pid) }
+			return func() (procUsage, error) { return childUsage(pid) }
 		}
 	}
-	return func() (time.Duration, error) { return 0, fmt.Errorf("demo: no process %q", name) }
+	return func() (procUsage, error) { return procUsage{}, fmt.Errorf("demo: no process %q", name) }
 }
 
 // exitError is a child that stopped before Close.

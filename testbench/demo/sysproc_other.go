@@ -12,7 +12,13 @@ import (
 // only kvdemo, which stops the children in order.
 func sysProcAttr() *syscall.SysProcAttr { return &syscall.SysProcAttr{Setpgid: true} }
 
-// childCPU needs /proc: kvdemo latency's per-process CPU is Linux-only.
-func childCPU(int) (time.Duration, error) {
-	return 0, errors.New("demo: per-process CPU time needs Linux's /proc")
+// procUsage is what kvdemo reads of a process's resource use.
+type procUsage struct {
+	CPU         time.Duration
+	MinorFaults int64
+}
+
+// childUsage needs /proc: kvdemo latency's per-process figures are Linux-only.
+func childUsage(int) (procUsage, error) {
+	return procUsage{}, errors.New("demo: per-process CPU time needs Linux's /proc")
 }
