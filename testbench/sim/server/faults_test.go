@@ -2,6 +2,7 @@ package server_test
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"net/http"
 	"sync"
@@ -129,7 +130,8 @@ func TestKVEventFaults(t *testing.T) {
 		t.Fatalf("reset_prefix_cache: %d", code)
 	}
 	await("cleared", func(kvevents.StreamStatus) bool { return sink.blocks() == 0 })
-	if got := get(t, hs, "/debug/cache"); got != "{\"cached_blocks\": 0}\n" {
+	// Batches numbered: ..., last+1 (the request after the reset), then AllBlocksCleared.
+	if got := get(t, hs, "/debug/cache"); got != fmt.Sprintf("{\"cached_blocks\":0,\"kv_batches\":[%d]}\n", last+3) {
 		t.Fatalf("after reset_prefix_cache: %q", got)
 	}
 }

@@ -89,6 +89,13 @@ func (p *publisher) publish(b kvevents.Batch) bool {
 	}
 }
 
+// batches returns how many batches were numbered so far (the next sequence number).
+func (p *publisher) batches() uint64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.seq
+}
+
 // dropNext makes the next n batches numbered and buffered for replay but not sent, as
 // libzmq's PUB socket drops messages for a subscriber whose pipe is at the high-water
 // mark: the subscriber sees a sequence gap.

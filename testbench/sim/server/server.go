@@ -724,15 +724,27 @@ func (s *Server) handleTokenize(w http.ResponseWriter, r *http.Request) {
 	_ = json.NewEncoder(w).Encode(map[string]any{"count": len(ids), "max_model_len": s.cfg.Engine.MaxModelLen, "tokens": ids, "token_strs": nil})
 }
 
-// handleDebugCache serves the prefix cache's truth, to compare with a router's index:
-// {"cached_blocks": N}, the distinct block hashes cached, summed over the ranks.
+// debugCache is GET /debug/cache: the prefix cache's truth, to compare with a router's
+// index.
+type debugCache struct {
+	// CachedBlocks is the distinct block hashes cached, summed over the ranks.
+	CachedBlocks int `json:"cached_blocks"`
+	// KVBatches is, per rank, the KV-event batches numbered so far (the next sequence
+	// number), sent or not; absent without a publisher. A subscriber whose last
+	// sequence number is KVBatches-1 has seen everything.
+	KVBatches []uint64 `json:"kv_batches,omitempty"`
+}
+
 func (s *Server) handleDebugCache(w http.ResponseWriter, _ *http.Request) {
-	n := 0
+	var c debugCache
 	for _, r := range s.ranks {
-		n += r.stats().CachedBlocks
+		c.CachedBlocks += r.stats().CachedBlocks
+		if r.pub != nil {
+			c.KVBatches = append(c.KVBatches, r.pub.batches())
+		}
 	}
 	w.Header().Set("Content-Type", "application/json")
-	_, _ = fmt.Fprintf(w, "{\"cached_blocks\": %d}\n", n)
+	_ = json.NewEncoder(w).Encode(c)
 }
 
 // handleResetPrefixCache is vLLM's POST /reset_prefix_cache (served by vLLM with
