@@ -297,7 +297,23 @@ func faults(fo FaultOptions) []fault {
 				return "", err
 			}
 			sleep(ctx, fo.Down)
-			return "", s.respawn(pod)
+			restarted := time.Now()
+			if err := s.respawn(pod); err != nil {
+				return "", err
+			}
+			// The injection ends when the new process answers: the time until routing
+			// is KV-aware again is then kvrouter's part.
+			base := strings.TrimSuffix(s.EngineMetricsURLs()[0], "/metrics")
+			for time.Since(restarted) < 30*time.Second && ctx.Err() == nil {
+				if resp, err := http.Get(base + "/health"); err == nil {
+					resp.Body.Close()
+					if resp.StatusCode == http.StatusOK {
+						return fmt.Sprintf("server 0 answering %.0f ms after it was started again", ms(time.Since(restarted))), nil
+					}
+				}
+				sleep(ctx, 20*time.Millisecond)
+			}
+			return "server 0 not answering 30 s after it was started again", nil
 		}},
 		{name: "metrics endpoint stalled", inject: func(ctx context.Context, s *procStack) (string, error) {
 			// Server 0's /metrics answers nothing for 3 s (several scrape intervals).
