@@ -239,10 +239,16 @@ func runFault(ctx context.Context, s *procStack, target *kvbench.HTTPTarget, w *
 	if d, by, ok := divergence(ctx, s, 3*time.Second); ok {
 		r.DivergenceBlocks, r.DivergenceByServer = &d, by
 	}
-	stops := map[string]time.Time{}
+	stops := map[string]stopped{}
 	for name, at := range s.stops {
 		if !at.Before(started) {
-			stops[name] = at
+			stops[name] = stopped{at: at}
+		}
+	}
+	for i, m := range s.metrics {
+		if st, ok := stops[fmt.Sprintf("vllm-sim %d", i)]; ok {
+			st.addr = strings.TrimSuffix(strings.TrimPrefix(m, "http://"), "/metrics")
+			stops[fmt.Sprintf("vllm-sim %d", i)] = st
 		}
 	}
 	first := ""
@@ -270,17 +276,25 @@ func runFault(ctx context.Context, s *procStack, target *kvbench.HTTPTarget, w *
 	return r, nil
 }
 
+// stopped is a process the fault stopped: when, and (a server) its HTTP address.
+type stopped struct {
+	at   time.Time
+	addr string
+}
+
 // failureCause names what other than the router explains a failed request sent at sent,
-// given the processes the fault stopped and when; "" charges it to the router.
-func failureCause(res kvbench.Result, sent time.Time, stops map[string]time.Time) string {
-	for name, at := range stops {
+// given the processes the fault stopped; "" charges it to the router. A request charged
+// to a killed server must have been sent before the kill and, when the gateway named the
+// endpoint serving it, served by that server.
+func failureCause(res kvbench.Result, sent time.Time, stops map[string]stopped) string {
+	for name, st := range stops {
 		switch {
 		case strings.HasPrefix(name, "kvrouter") && strings.Contains(res.Err, "ext_proc unavailable"):
 			// Sent just before the stop, it may reach kvrouter draining (no new
 			// streams); after the restart, the gateway retries its ext_proc
 			// connection with a backoff. Both are kvrouter being down.
 			return CauseRouterDown
-		case strings.HasPrefix(name, "vllm-sim") && sent.Before(at):
+		case strings.HasPrefix(name, "vllm-sim") && sent.Before(st.at) && (res.Server == "" || res.Server == st.addr):
 			return CausePodKilled
 		}
 	}
