@@ -96,12 +96,18 @@ func (st *stream) rebuild(ctx context.Context) (answered bool) {
 		st.s.m.replays.WithLabelValues("evicted").Inc()
 		st.report(failReplay, "KV events replay incomplete", fmt.Errorf("rebuild on connect: batches 0..%d evicted from the publisher's buffer; "+
 			"the blocks they stored are not indexed", oldest-1))
+	case res == replayEvicted:
+		// A hole that left the buffer between two rounds: what was applied may miss
+		// a removal.
+		st.s.m.replays.WithLabelValues("evicted").Inc()
+		st.report(failReplay, "KV events replay failed", errors.New("rebuild on connect: batches evicted from the publisher's buffer between rounds"))
+		st.clear(ClearEvicted)
 	default:
 		st.s.m.replays.WithLabelValues("failed").Inc()
 		st.report(failReplay, "KV events replay failed", fmt.Errorf("rebuild on connect from %s: unreachable, silent or garbled", st.replay))
 		st.clear(ClearReplayFailed)
 	}
-	return res == replayOK
+	return res != replayFailed
 }
 
 // replayRange runs the replay protocol against vLLM's ROUTER: send ["", seq]; replies
