@@ -512,20 +512,27 @@ def faults_table(path):
     """The fault suite's table (kvdemo faults --json)."""
     with open(os.path.join(ROOT, path)) as f:
         rep = json.load(f)
-    head = (f"{rep['workers']} vllm-sim servers, kvrouter (policy {rep['policy']}) behind the dev gateway; "
+    nr = rep.get("servers_without_replay", 0)
+    replay = (f"the last {nr} without a replay socket" if nr else "all with a replay socket")
+    head = (f"{rep['workers']} vllm-sim servers ({replay}), kvrouter (policy {rep['policy']}) behind the dev gateway; "
             f"{rep['requests_per_fault']} kvbench requests at concurrency {rep['concurrency']} through the gateway during each fault; "
             f"the suite's open-file limit {rep['open_file_limit']}.\n")
     rows = []
     for r in rep["rows"]:
-        failed = f"{r['failed']} / {r['requests']}" + (" (kvrouter down)" if r["router_down"] else "")
-        aware = "not within 30 s" if r["kv_aware_after_ms"] < 0 else f"{r['kv_aware_after_ms']:.0f}"
+        other = ", ".join(f"{n} {c}" for c, n in sorted(r.get("failed_by", {}).items())) or "-"
+        def aware(v):
+            return "not within 30 s" if v < 0 else f"{v:.0f}"
         div = "-" if r["divergence_blocks"] is None else str(r["divergence_blocks"])
+        if r["divergence_blocks"] and r.get("divergence_by_server"):
+            div += " (" + ", ".join(str(d) for d in r["divergence_by_server"]) + ")"
         note = r.get("note", "").replace("|", "\\|")
         if len(note) > 160:
             note = note[:157] + "..."
-        rows.append([r["fault"], failed, aware, f"{r['peak_rss_mb']:.0f}", r["peak_goroutines"], div, note])
-    return head + table(["fault", "failed / sent", "KV-aware after (ms)", "kvrouter peak RSS (MB)", "peak goroutines",
-                         "index divergence (blocks)", "note"], rows)
+        rows.append([r["fault"], f"{r['failed_router']} / {r['requests']}", other, aware(r["kv_aware_after_ms"]),
+                     aware(r["kv_aware_from_start_ms"]), f"{r['peak_rss_mb']:.0f}", r["peak_goroutines"], div, note])
+    return head + table(["fault", "failed by the router / sent", "failed, other cause", "KV-aware after end (ms)",
+                         "KV-aware after start (ms)", "kvrouter peak RSS (MB)", "peak goroutines",
+                         "index divergence (blocks; per server, index - cache)", "note"], rows)
 
 
 # ---- docs/latency.md ----
