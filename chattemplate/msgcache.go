@@ -34,17 +34,31 @@ type messageCache struct {
 	maxBytes int64
 	counters *cacheMetrics
 
-	mu    sync.Mutex
-	lru   *simplelru.LRU[uint64, *cachedMessage]
-	bytes int64
+	mu     sync.Mutex
+	lru    *simplelru.LRU[uint64, *cachedMessage]
+	byDict map[*jinja.Dict]*cachedMessage // the entries by their converted message
+	bytes  int64
 }
 
 type cachedMessage struct {
 	raw    string
 	openai bool
 	msg    jinja.Value
-	size   int64
+	size   int64 // the entry's memory, its iterations included
+	// iters are the message's rendered loop iterations (jinja's incremental
+	// rendering), at most maxIterations, newest last.
+	iters []storedIteration
 }
+
+type storedIteration struct {
+	key jinja.IterationKey
+	it  *jinja.Iteration
+}
+
+// maxIterations bounds the rendered iterations kept per message: the template's
+// message loop (and a second one, like Qwen3's reverse scan for the last query), for
+// the default and tool_use templates.
+const maxIterations = 4
 
 func newMessageCache(maxBytes int64, counters *cacheMetrics) *messageCache {
 	if maxBytes < 0 {
@@ -53,11 +67,12 @@ func newMessageCache(maxBytes int64, counters *cacheMetrics) *messageCache {
 	if maxBytes == 0 {
 		maxBytes = DefaultMessageCacheBytes
 	}
-	c := &messageCache{seed: maphash.MakeSeed(), maxBytes: maxBytes, counters: counters}
+	c := &messageCache{seed: maphash.MakeSeed(), maxBytes: maxBytes, counters: counters, byDict: map[*jinja.Dict]*cachedMessage{}}
 	// The byte budget is what bounds the cache; the count bound only has to be larger
 	// than the number of entries the budget can hold.
 	l, err := simplelru.NewLRU[uint64, *cachedMessage](int(min(maxBytes/messageOverhead+1, 1<<30)), func(_ uint64, e *cachedMessage) {
 		c.bytes -= e.size
+		c.forget(e)
 	})
 	if err != nil {
 		return nil
@@ -113,15 +128,78 @@ func (c *messageCache) add(key uint64, e *cachedMessage) {
 	defer c.mu.Unlock()
 	if old, ok := c.lru.Peek(key); ok {
 		c.bytes -= old.size // Add replaces it without calling the eviction callback
+		c.forget(old)
 	}
 	c.lru.Add(key, e)
 	c.bytes += e.size
+	if d := e.msg.Dict(); d != nil {
+		c.byDict[d] = e
+	}
+	c.evict()
+}
+
+// evict removes the least recently used entries down to the budget. c.mu is held.
+func (c *messageCache) evict() {
 	for c.bytes > c.maxBytes {
 		if _, _, ok := c.lru.RemoveOldest(); !ok {
 			break
 		}
 	}
 	c.counters.setBytes(c.bytes)
+}
+
+// forget drops e from byDict. c.mu is held.
+func (c *messageCache) forget(e *cachedMessage) {
+	if d := e.msg.Dict(); d != nil && c.byDict[d] == e {
+		delete(c.byDict, d)
+	}
+}
+
+// Iteration implements jinja.IterationCache: the stored rendering of one loop
+// iteration over a cached message.
+func (c *messageCache) Iteration(item *jinja.Dict, key jinja.IterationKey) *jinja.Iteration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if e := c.byDict[item]; e != nil {
+		for _, s := range e.iters {
+			if s.key == key {
+				return s.it
+			}
+		}
+	}
+	return nil
+}
+
+// StoreIteration implements jinja.IterationCache. An iteration over a message the
+// cache does not hold is not kept (its identity would stand for nothing); it counts
+// toward its message's entry, which it is evicted with.
+func (c *messageCache) StoreIteration(item *jinja.Dict, key jinja.IterationKey, it *jinja.Iteration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e := c.byDict[item]
+	if e == nil {
+		return
+	}
+	for i, s := range e.iters {
+		if s.key == key {
+			e.size -= s.it.Bytes()
+			c.bytes -= s.it.Bytes()
+			e.iters = append(e.iters[:i], e.iters[i+1:]...)
+			break
+		}
+	}
+	if e.size+it.Bytes() > c.maxBytes/8 {
+		return
+	}
+	if len(e.iters) == maxIterations {
+		e.size -= e.iters[0].it.Bytes()
+		c.bytes -= e.iters[0].it.Bytes()
+		e.iters = append(e.iters[:0], e.iters[1:]...)
+	}
+	e.iters = append(e.iters, storedIteration{key, it})
+	e.size += it.Bytes()
+	c.bytes += it.Bytes()
+	c.evict()
 }
 
 // valueSize is the memory a converted message holds beside the entry: its strings

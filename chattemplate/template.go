@@ -282,7 +282,14 @@ func (t *Template) Render(in Input) (string, error) {
 	if c.tmpl == nil {
 		return "", &UnsupportedError{Reason: ReasonTemplateRefused, Err: c.refusal}
 	}
-	out, err := c.tmpl.Render(vars, len(in.Messages)+len(in.Tools)+1024)
+	var out string
+	if t.messages != nil {
+		var stats jinja.RenderStats
+		out, stats, err = c.tmpl.RenderCached(vars, len(in.Messages)+len(in.Tools)+1024, t.messages)
+		t.messages.counters.iterations(stats)
+	} else {
+		out, err = c.tmpl.Render(vars, len(in.Messages)+len(in.Tools)+1024)
+	}
 	if err != nil {
 		var raised *TemplateError
 		if errors.As(err, &raised) {

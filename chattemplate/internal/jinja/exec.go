@@ -25,6 +25,14 @@ type state struct {
 	local []Value
 	out   *strings.Builder
 	depth int
+
+	// Incremental rendering (memo.go): the render's iteration cache (nil: off),
+	// the recorder of the iteration being executed, whether a stored iteration is
+	// being checked, and the counts.
+	cache     IterationCache
+	rec       *recorder
+	replaying bool
+	stats     RenderStats
 }
 
 const maxMacroDepth = 64
@@ -163,6 +171,7 @@ type forStmt struct {
 	body    []stmt
 	els     []stmt
 	scope   scope
+	memo    *loopMemo // nil: not memoizable
 }
 
 // iterate returns the items a for loop visits.
@@ -223,22 +232,12 @@ func (s *forStmt) exec(st *state) (ctl, error) {
 	if s.loopRef != nil {
 		loop = &loopState{items: items}
 	}
-	for i, it := range items {
-		s.scope.restore(st, saved)
-		if err := s.target.assign(st, it); err != nil {
+	if s.memo != nil && st.cache != nil && st.rec == nil {
+		if err := s.execMemo(st, items, saved, loop); err != nil {
 			return ctlNone, err
 		}
-		if loop != nil {
-			loop.index0 = i
-			st.slots(s.loopRef.local)[s.loopRef.slot] = Value{kind: KindLoop, ref: loop}
-		}
-		c, err := execBody(st, s.body)
-		if err != nil {
-			return ctlNone, err
-		}
-		if c == ctlBreak {
-			break
-		}
+	} else if err := s.execItems(st, items, saved, loop); err != nil {
+		return ctlNone, err
 	}
 	if len(items) == 0 && s.els != nil {
 		s.scope.restore(st, saved)
@@ -247,6 +246,27 @@ func (s *forStmt) exec(st *state) (ctl, error) {
 		}
 	}
 	return ctlNone, nil
+}
+
+func (s *forStmt) execItems(st *state, items, saved []Value, loop *loopState) error {
+	for i, it := range items {
+		s.scope.restore(st, saved)
+		if err := s.target.assign(st, it); err != nil {
+			return err
+		}
+		if loop != nil {
+			loop.index0 = i
+			st.slots(s.loopRef.local)[s.loopRef.slot] = Value{kind: KindLoop, ref: loop}
+		}
+		c, err := execBody(st, s.body)
+		if err != nil {
+			return err
+		}
+		if c == ctlBreak {
+			break
+		}
+	}
+	return nil
 }
 
 type loopState struct {
@@ -314,6 +334,9 @@ type nsSetStmt struct {
 	ns   *varRef
 	attr string
 	x    expr
+	// outer: in a memoizable loop, a namespace from outside the iteration (the write
+	// is recorded).
+	outer bool
 }
 
 func (s *nsSetStmt) exec(st *state) (ctl, error) {
@@ -326,6 +349,9 @@ func (s *nsSetStmt) exec(st *state) (ctl, error) {
 		return ctlNone, errorf("cannot assign attribute on non-namespace object")
 	}
 	ns.ref.(*Namespace).attrs.Set(s.attr, v)
+	if s.outer && st.rec != nil {
+		st.rec.note(event{write: s, v: v})
+	}
 	return ctlNone, nil
 }
 
@@ -422,6 +448,12 @@ func (s *macroStmt) exec(st *state) (ctl, error) {
 }
 
 func (st *state) callMacro(m *macro, args []Value, kwargs []KwArg) (Value, error) {
+	if st.replaying {
+		return Value{}, errorf("macro call while checking a stored iteration")
+	}
+	if st.rec != nil {
+		st.rec.tainted = true // a macro reads its own outer variables
+	}
 	if st.depth >= maxMacroDepth {
 		return Value{}, errorf("macro %s: recursion deeper than %d", m.name, maxMacroDepth)
 	}

@@ -63,6 +63,8 @@ func Compile(src string, opts Options) (*Template, error) {
 		}
 		r.slot = i
 	}
+	var loops int
+	t.markMemoLoops(t.body, &loops)
 	return t, nil
 }
 
