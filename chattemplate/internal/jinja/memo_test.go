@@ -1,0 +1,204 @@
+package jinja
+
+import (
+	"strings"
+	"sync"
+	"testing"
+)
+
+// mapIterations is an IterationCache over a map, keeping every iteration.
+type mapIterations struct {
+	mu sync.Mutex
+	m  map[iterKey]*Iteration
+}
+
+type iterKey struct {
+	item *Dict
+	key  IterationKey
+}
+
+func (c *mapIterations) Iteration(item *Dict, key IterationKey) *Iteration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.m[iterKey{item, key}]
+}
+
+func (c *mapIterations) StoreIteration(item *Dict, key IterationKey, it *Iteration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.m[iterKey{item, key}] = it
+}
+
+// messages is a pool of message dicts by name ("u1" is {"role": "user", "content":
+// "u1"}; the role comes from the first letter: u user, a assistant, t tool, s
+// system), each built once so that a message has one identity across renders, as the
+// message cache gives it.
+type messages map[string]Value
+
+func (ms messages) list(names ...string) Value {
+	items := make([]Value, len(names))
+	for i, n := range names {
+		v, ok := ms[n]
+		if !ok {
+			role := map[byte]string{'u': "user", 'a': "assistant", 't': "tool", 's': "system"}[n[0]]
+			d := NewDict(2)
+			d.Set("role", String(role))
+			d.Set("content", String(n))
+			v = DictValue(d)
+			ms[n] = v
+		}
+		items[i] = v
+	}
+	return ListOf(items)
+}
+
+// TestRenderCached renders sequences of conversations with an iteration cache and
+// requires every render to equal the uncached render, and the iterations reused to
+// be those whose inputs did not change.
+func TestRenderCached(t *testing.T) {
+	type render struct {
+		msgs   []string
+		vars   MapVars // besides messages
+		reused int
+	}
+	tests := []struct {
+		name    string
+		src     string
+		renders []render
+	}{
+		{"earlier messages reused", `{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}`, []render{
+			{msgs: []string{"u1", "a1"}},
+			{msgs: []string{"u1", "a1", "u2"}, reused: 2},
+			{msgs: []string{"u1", "a1", "u2", "a2", "u3"}, reused: 3},
+		}},
+		{"loop.last read: the former last message renders again", `{% for m in messages %}{{ m.content }}{% if loop.last %}!{% endif %}{% endfor %}`, []render{
+			{msgs: []string{"u1", "a1"}},
+			{msgs: []string{"u1", "a1", "u2"}, reused: 1},
+		}},
+		{"a message at another index renders again", `{% for m in messages %}{{ loop.index }}{{ m.content }}{% endfor %}`, []render{
+			{msgs: []string{"u1", "a1"}},
+			{msgs: []string{"s1", "u1", "a1"}},
+		}},
+		{"last query moved (Qwen3): the assistant turn after it renders again", `{% set ns = namespace(last=-1) %}` +
+			`{% for m in messages %}{% if m.role == 'user' %}{% set ns.last = loop.index0 %}{% endif %}{% endfor %}` +
+			`{% for m in messages %}{% if loop.index0 > ns.last %}<think>{{ m.content }}{% else %}{{ m.content }}{% endif %}{% endfor %}`, []render{
+			{msgs: []string{"u1", "a1"}},
+			{msgs: []string{"u1", "a1", "u2"}, reused: 1},
+			{msgs: []string{"u1", "a1", "u2", "a2", "u3"}, reused: 3},
+		}},
+		{"namespace writes replayed", `{% set ns = namespace(n=0) %}{% for m in messages %}{% set ns.n = ns.n + 1 %}{{ ns.n }}{{ m.content }}{% endfor %}={{ ns.n }}`, []render{
+			{msgs: []string{"u1", "a1"}},
+			{msgs: []string{"u1", "a1", "u2"}, reused: 2},
+		}},
+		{"writes undone when a later read differs", `{% set ns = namespace(n=0, flag=flag) %}{% for m in messages %}{% set ns.n = ns.n + 1 %}{% if ns.flag %}F{% endif %}{{ ns.n }}{% endfor %}`, []render{
+			{msgs: []string{"u1", "a1"}, vars: MapVars{"flag": Bool(false)}},
+			{msgs: []string{"u1", "a1"}, vars: MapVars{"flag": Bool(true)}},
+			{msgs: []string{"u1", "a1"}, vars: MapVars{"flag": Bool(true)}, reused: 2},
+		}},
+		{"outer variable changed", `{% for m in messages %}{{ prefix }}{{ m.content }}{% endfor %}`, []render{
+			{msgs: []string{"u1", "a1"}, vars: MapVars{"prefix": String("p")}},
+			{msgs: []string{"u1", "a1"}, vars: MapVars{"prefix": String("q")}},
+			{msgs: []string{"u1", "a1", "u2"}, vars: MapVars{"prefix": String("q")}, reused: 2},
+		}},
+		{"scope starts from another value", `{% set c = start %}{% for m in messages %}{{ c }}{% set c = m.content %}{{ c }}{% endfor %}`, []render{
+			{msgs: []string{"u1"}, vars: MapVars{"start": String("x")}},
+			{msgs: []string{"u1"}, vars: MapVars{"start": String("y")}},
+			{msgs: []string{"u1", "a1"}, vars: MapVars{"start": String("y")}, reused: 1},
+		}},
+		{"neighbour read", `{% for m in messages %}{% if not loop.first and messages[loop.index0 - 1].role == 'tool' %}T{% endif %}{{ m.content }}{% endfor %}`, []render{
+			{msgs: []string{"u1", "u2"}},
+			{msgs: []string{"t1", "u2"}},
+			{msgs: []string{"t1", "u2", "a1"}, reused: 2},
+		}},
+		{"macro calls are not stored", `{% macro r(m) %}{{ m.content }}{{ suffix }}{% endmacro %}{% for m in messages %}{{ r(m) }}{% endfor %}`, []render{
+			{msgs: []string{"u1"}, vars: MapVars{"suffix": String("x")}},
+			{msgs: []string{"u1"}, vars: MapVars{"suffix": String("y")}},
+		}},
+		{"impure globals are not stored", `{% for m in messages %}{{ m.content }}{{ clock() }}{% endfor %}`, []render{
+			{msgs: []string{"u1"}},
+			{msgs: []string{"u1"}},
+		}},
+		{"the loop object itself is not followed", `{% for m in messages %}{% set l = loop %}{{ l.index }}{{ m.content }}{% endfor %}`, []render{
+			{msgs: []string{"u1"}},
+			{msgs: []string{"u1"}},
+		}},
+		{"nested loop's own loop variable", `{% for m in messages %}{% for c in m.content %}{{ c }}{% if loop.last %}.{% endif %}{% endfor %}{% endfor %}`, []render{
+			{msgs: []string{"u1", "a1"}},
+			{msgs: []string{"u1", "a1", "u2"}, reused: 2},
+		}},
+		{"break replayed", `{% for m in messages %}{% if m.content == 'a9' %}{% break %}{% endif %}{{ m.content }}{% endfor %}.`, []render{
+			{msgs: []string{"u1", "a9", "u2"}},
+			{msgs: []string{"u1", "a9", "u2", "a1"}, reused: 2},
+		}},
+		{"loop without output is not memoized", `{% set ns = namespace(n=0) %}{% for m in messages %}{% set ns.n = ns.n + 1 %}{% endfor %}{{ ns.n }}`, []render{
+			{msgs: []string{"u1"}},
+			{msgs: []string{"u1"}},
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			calls := 0
+			tmpl, err := Compile(tt.src, Options{Globals: map[string]Value{
+				"clock": FuncValue(func([]Value, []KwArg) (Value, error) { calls++; return Int(int64(calls)), nil }),
+			}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			pool := messages{}
+			cache := &mapIterations{m: map[iterKey]*Iteration{}}
+			for i, r := range tt.renders {
+				vars := MapVars{"messages": pool.list(r.msgs...)}
+				for k, v := range r.vars {
+					vars[k] = v
+				}
+				calls = 0
+				got, stats, err := tmpl.RenderCached(vars, 0, cache)
+				if err != nil {
+					t.Fatalf("render %d: %v", i, err)
+				}
+				calls = 0
+				want, err := tmpl.Render(vars, 0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got != want {
+					t.Fatalf("render %d: cached %q, full %q", i, got, want)
+				}
+				if stats.Reused != r.reused {
+					t.Fatalf("render %d: %d iterations reused, want %d (%q)", i, stats.Reused, r.reused, got)
+				}
+			}
+		})
+	}
+}
+
+// TestRenderCachedConcurrent renders conversations sharing their messages from
+// several goroutines with one cache (run with -race).
+func TestRenderCachedConcurrent(t *testing.T) {
+	tmpl, err := Compile(`{% set ns = namespace(n=0) %}{% for m in messages %}{% set ns.n = ns.n + 1 %}{{ ns.n }}{{ m.content }}{% if loop.last %}!{% endif %}{% endfor %}`, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := messages{}
+	var convs []Value
+	names := []string{}
+	for i := range 20 {
+		names = append(names, []string{"u", "a"}[i%2]+strings.Repeat("x", i))
+		convs = append(convs, pool.list(names...))
+	}
+	cache := &mapIterations{m: map[iterKey]*Iteration{}}
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Go(func() {
+			for i := range convs {
+				vars := MapVars{"messages": convs[(i+g*5)%len(convs)]}
+				got, _, err := tmpl.RenderCached(vars, 0, cache)
+				want, _ := tmpl.Render(vars, 0)
+				if err != nil || got != want {
+					t.Errorf("cached %q (%v), full %q", got, err, want)
+				}
+			}
+		})
+	}
+	wg.Wait()
+}
