@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"hash/maphash"
 	"sync"
+	"sync/atomic"
 
 	"github.com/hashicorp/golang-lru/v2/simplelru"
 
@@ -44,10 +45,11 @@ type cachedMessage struct {
 	raw    string
 	openai bool
 	msg    jinja.Value
-	size   int64 // the entry's memory, its iterations included
+	size   int64 // the entry's memory, its iterations included; c.mu
 	// iters are the message's rendered loop iterations (jinja's incremental
-	// rendering), at most maxIterations, newest last.
-	iters []storedIteration
+	// rendering), at most maxIterations, newest last: an immutable slice replaced
+	// under c.mu, read without it.
+	iters atomic.Pointer[[]storedIteration]
 }
 
 type storedIteration struct {
@@ -83,7 +85,7 @@ func newMessageCache(maxBytes int64, counters *cacheMetrics) *messageCache {
 
 // message returns the conversation message for one raw messages element, from the
 // cache when it has been converted before.
-func (c *messageCache) message(raw []byte, openai bool) (jinja.Value, error) {
+func (c *messageCache) message(raw []byte, openai bool) (jinja.Value, *cachedMessage, error) {
 	var key uint64
 	if c != nil {
 		key = maphash.Bytes(c.seed, raw)
@@ -95,34 +97,38 @@ func (c *messageCache) message(raw []byte, openai bool) (jinja.Value, error) {
 		c.mu.Unlock()
 		if ok && e.openai == openai && e.raw == string(raw) {
 			c.counters.lookup(true)
-			return e.msg, nil
+			return e.msg, e, nil
 		}
 		c.counters.lookup(false)
 	}
 	v, err := decodeJSON(raw)
 	if err != nil {
-		return jinja.Value{}, badRequest("%v", err)
+		return jinja.Value{}, nil, badRequest("%v", err)
 	}
 	d := v.Dict()
 	if d == nil {
-		return jinja.Value{}, badRequest("message must be an object")
+		return jinja.Value{}, nil, badRequest("message must be an object")
 	}
 	msg, err := conversationMessage(d, openai)
 	if err != nil {
-		return jinja.Value{}, err
+		return jinja.Value{}, nil, err
 	}
-	if c != nil {
-		c.add(key, &cachedMessage{raw: string(raw), openai: openai, msg: msg, size: messageOverhead + int64(len(raw)) + valueSize(msg)})
+	if c == nil {
+		return msg, nil, nil
 	}
-	return msg, nil
+	e := &cachedMessage{raw: string(raw), openai: openai, msg: msg, size: messageOverhead + int64(len(raw)) + valueSize(msg)}
+	if !c.add(key, e) {
+		e = nil
+	}
+	return msg, e, nil
 }
 
 // add stores e unless it alone would take more than an eighth of the budget (one
 // message must not flush a cache that serves many conversations), then evicts down
 // to the budget.
-func (c *messageCache) add(key uint64, e *cachedMessage) {
+func (c *messageCache) add(key uint64, e *cachedMessage) bool {
 	if e.size > c.maxBytes/8 {
-		return
+		return false
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -136,6 +142,7 @@ func (c *messageCache) add(key uint64, e *cachedMessage) {
 		c.byDict[d] = e
 	}
 	c.evict()
+	return true
 }
 
 // evict removes the least recently used entries down to the budget. c.mu is held.
@@ -155,13 +162,37 @@ func (c *messageCache) forget(e *cachedMessage) {
 	}
 }
 
+// renderIterations is the jinja.IterationCache of one render: the message cache,
+// with the entries of the render's messages by index, so that an iteration over
+// messages[i] (or messages[i+1], for templates that loop over messages[1:]) finds its
+// message's stored iterations without a lock; other items are looked up by dict.
+type renderIterations struct {
+	c       *messageCache
+	entries []*cachedMessage // nil where the message is not cached
+}
+
+func (r *renderIterations) entry(item *jinja.Dict, index int) *cachedMessage {
+	for _, i := range [2]int{index, index + 1} {
+		if i < len(r.entries) {
+			if e := r.entries[i]; e != nil && e.msg.Dict() == item {
+				return e
+			}
+		}
+	}
+	r.c.mu.Lock()
+	defer r.c.mu.Unlock()
+	return r.c.byDict[item]
+}
+
 // Iteration implements jinja.IterationCache: the stored rendering of one loop
 // iteration over a cached message.
-func (c *messageCache) Iteration(item *jinja.Dict, key jinja.IterationKey) *jinja.Iteration {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if e := c.byDict[item]; e != nil {
-		for _, s := range e.iters {
+func (r *renderIterations) Iteration(item *jinja.Dict, key jinja.IterationKey) *jinja.Iteration {
+	e := r.entry(item, key.Index)
+	if e == nil {
+		return nil
+	}
+	if iters := e.iters.Load(); iters != nil {
+		for _, s := range *iters {
 			if s.key == key {
 				return s.it
 			}
@@ -173,32 +204,42 @@ func (c *messageCache) Iteration(item *jinja.Dict, key jinja.IterationKey) *jinj
 // StoreIteration implements jinja.IterationCache. An iteration over a message the
 // cache does not hold is not kept (its identity would stand for nothing); it counts
 // toward its message's entry, which it is evicted with.
-func (c *messageCache) StoreIteration(item *jinja.Dict, key jinja.IterationKey, it *jinja.Iteration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	e := c.byDict[item]
+func (r *renderIterations) StoreIteration(item *jinja.Dict, key jinja.IterationKey, it *jinja.Iteration) {
+	e := r.entry(item, key.Index)
 	if e == nil {
 		return
 	}
-	for i, s := range e.iters {
-		if s.key == key {
-			e.size -= s.it.Bytes()
-			c.bytes -= s.it.Bytes()
-			e.iters = append(e.iters[:i], e.iters[i+1:]...)
-			break
-		}
+	c := r.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.byDict[item] != e {
+		return // evicted meanwhile
 	}
-	if e.size+it.Bytes() > c.maxBytes/8 {
+	var old []storedIteration
+	if p := e.iters.Load(); p != nil {
+		old = *p
+	}
+	iters := make([]storedIteration, 0, min(len(old)+1, maxIterations))
+	size := e.size
+	for _, s := range old {
+		if s.key == key {
+			size -= s.it.Bytes()
+			continue
+		}
+		iters = append(iters, s)
+	}
+	if size+it.Bytes() > c.maxBytes/8 {
 		return
 	}
-	if len(e.iters) == maxIterations {
-		e.size -= e.iters[0].it.Bytes()
-		c.bytes -= e.iters[0].it.Bytes()
-		e.iters = append(e.iters[:0], e.iters[1:]...)
+	if len(iters) == maxIterations {
+		size -= iters[0].it.Bytes()
+		iters = iters[1:]
 	}
-	e.iters = append(e.iters, storedIteration{key, it})
-	e.size += it.Bytes()
-	c.bytes += it.Bytes()
+	iters = append(iters, storedIteration{key, it})
+	size += it.Bytes()
+	c.bytes += size - e.size
+	e.size = size
+	e.iters.Store(&iters)
 	c.evict()
 }
 

@@ -285,7 +285,7 @@ func (t *Template) Render(in Input) (string, error) {
 	var out string
 	if t.messages != nil {
 		var stats jinja.RenderStats
-		out, stats, err = c.tmpl.RenderCached(vars, len(in.Messages)+len(in.Tools)+1024, t.messages)
+		out, stats, err = c.tmpl.RenderCached(vars, len(in.Messages)+len(in.Tools)+1024, &renderIterations{c: t.messages, entries: vars.entries})
 		t.messages.counters.iterations(stats)
 	} else {
 		out, err = c.tmpl.Render(vars, len(in.Messages)+len(in.Tools)+1024)
@@ -313,6 +313,7 @@ type renderVars struct {
 	special                                         map[string]jinja.Value
 	kwargs                                          *jinja.Dict
 	messages, tools, documents, addGenerationPrompt jinja.Value
+	entries                                         []*cachedMessage // the messages' cache entries (nil: not cached)
 }
 
 // Lookup implements jinja.Vars.
@@ -379,7 +380,7 @@ func (t *Template) variables(in Input, openaiContent bool) (*renderVars, error) 
 			documents = jinja.None()
 		}
 	}
-	messages, err := conversation(in.Messages, openaiContent, t.messages)
+	messages, entries, err := conversation(in.Messages, openaiContent, t.messages)
 	if err != nil {
 		return nil, err
 	}
@@ -390,6 +391,7 @@ func (t *Template) variables(in Input, openaiContent bool) (*renderVars, error) 
 	return &renderVars{
 		special: t.special, kwargs: kwargs, messages: messages, tools: tools,
 		documents: documents, addGenerationPrompt: jinja.Bool(in.AddGenerationPrompt),
+		entries: entries,
 	}, nil
 }
 
