@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"regexp"
 	"time"
+	"unsafe"
 
 	"github.com/kvrouter/kvrouter/chattemplate/internal/jinja"
 )
@@ -265,11 +266,22 @@ func CompileConfig(c *TokenizerConfig, opts Options) (*Template, error) {
 // *UnsupportedError for shapes it cannot reproduce, ErrBadRequest (wrapped) for bodies
 // vLLM rejects, *TemplateError when the template raises.
 func (t *Template) Render(in Input) (string, error) {
+	out, err := t.AppendRender(make([]byte, 0, len(in.Messages)+len(in.Tools)+1024), in)
+	if err != nil {
+		return "", err
+	}
+	return unsafe.String(unsafe.SliceData(out), len(out)), nil // out is not used again
+}
+
+// AppendRender appends what Render renders to dst, which may be a buffer the caller
+// reuses across requests (a long conversation renders to hundreds of KB): nothing
+// keeps a reference to it. On error it returns nil.
+func (t *Template) AppendRender(dst []byte, in Input) ([]byte, error) {
 	if in.RequestTemplate {
-		return "", &UnsupportedError{Reason: ReasonRequestChatTemplate}
+		return nil, &UnsupportedError{Reason: ReasonRequestChatTemplate}
 	}
 	if in.ContinueFinalMessage {
-		return "", &UnsupportedError{Reason: ReasonContinueFinalMessage}
+		return nil, &UnsupportedError{Reason: ReasonContinueFinalMessage}
 	}
 	c := &t.main
 	if t.toolUse != nil && hasValue(in.Tools) {
@@ -277,31 +289,31 @@ func (t *Template) Render(in Input) (string, error) {
 	}
 	vars, err := t.variables(in, c.openaiContent)
 	if err != nil {
-		return "", err
+		return nil, err
 	}
 	if c.tmpl == nil {
-		return "", &UnsupportedError{Reason: ReasonTemplateRefused, Err: c.refusal}
+		return nil, &UnsupportedError{Reason: ReasonTemplateRefused, Err: c.refusal}
 	}
-	var out string
+	var iterations jinja.IterationCache // nil: the message cache is off
 	if t.messages != nil {
-		var stats jinja.RenderStats
-		out, stats, err = c.tmpl.RenderCached(vars, len(in.Messages)+len(in.Tools)+1024, &renderIterations{c: t.messages, entries: vars.entries})
+		iterations = &renderIterations{c: t.messages, entries: vars.entries}
+	}
+	out, stats, err := c.tmpl.RenderCached(dst, vars, iterations)
+	if t.messages != nil {
 		t.messages.counters.iterations(stats)
-	} else {
-		out, err = c.tmpl.Render(vars, len(in.Messages)+len(in.Tools)+1024)
 	}
 	if err != nil {
 		var raised *TemplateError
 		if errors.As(err, &raised) {
-			return "", raised
+			return nil, raised
 		}
 		// An operation the engine does not implement for these operands (a
 		// %-format flag, a str.format spec): this one request is routed by load.
 		var refused *jinja.UnsupportedError
 		if errors.As(err, &refused) {
-			return "", &UnsupportedError{Reason: ReasonTemplateConstruct, Err: err}
+			return nil, &UnsupportedError{Reason: ReasonTemplateConstruct, Err: err}
 		}
-		return "", fmt.Errorf("chattemplate: render: %w", err)
+		return nil, fmt.Errorf("chattemplate: render: %w", err)
 	}
 	return out, nil
 }

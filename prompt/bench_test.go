@@ -39,20 +39,27 @@ func typicalChat(tail uint64) *openai.Request {
 	return req
 }
 
+// uniqueChat returns typicalChat's request with "Request <n>." in its user turn, so
+// that only the shared system prompt can come from a cache.
+func uniqueChat() func(n int) *openai.Request {
+	req := typicalChat(0)
+	head, tail, _ := bytes.Cut(req.Messages, []byte("__N__"))
+	return func(n int) *openai.Request {
+		r := *req
+		r.Messages = append(append(append(make([]byte, 0, len(head)+len(tail)+12), head...), strconv.Itoa(n)...), tail...)
+		return &r
+	}
+}
+
+// coldOptions turn off the tokenizer's prefix cache and the template's message cache.
+var coldOptions = prompt.LoadOptions{Tokenizer: []tokenizer.Option{tokenizer.WithPrefixCache(0)}, MessageCacheBytes: -1}
+
 func benchPromptTokens(b *testing.B, o prompt.LoadOptions) {
 	bl, err := prompt.LoadDir(testmodels.Dir(b, "qwen3"), o)
 	if err != nil {
 		b.Fatal(err)
 	}
-	// Every request gets a unique user turn ("Request <n>. ..."), so only the shared
-	// system prompt can come from the tokenizer's prefix cache.
-	req := typicalChat(0)
-	head, tail, _ := bytes.Cut(req.Messages, []byte("__N__"))
-	unique := func(n int) *openai.Request {
-		r := *req
-		r.Messages = append(append(append(make([]byte, 0, len(head)+len(tail)+12), head...), strconv.Itoa(n)...), tail...)
-		return &r
-	}
+	unique := uniqueChat()
 	ids, err := bl.PromptTokens(unique(-1))
 	if err != nil {
 		b.Fatal(err)
@@ -74,7 +81,7 @@ func benchPromptTokens(b *testing.B, o prompt.LoadOptions) {
 // prefix cache and the template's message cache disabled, so every request decodes,
 // renders and tokenizes its whole prompt.
 func BenchmarkPromptTokensCold(b *testing.B) {
-	benchPromptTokens(b, prompt.LoadOptions{Tokenizer: []tokenizer.Option{tokenizer.WithPrefixCache(0)}, MessageCacheBytes: -1})
+	benchPromptTokens(b, coldOptions)
 }
 
 // BenchmarkPromptTokensSystemCached: the same requests with the default caches: the
@@ -214,7 +221,7 @@ func BenchmarkConversationTurn(b *testing.B) {
 			name string
 			o    prompt.LoadOptions
 		}{
-			{"cold", prompt.LoadOptions{Tokenizer: []tokenizer.Option{tokenizer.WithPrefixCache(0)}, MessageCacheBytes: -1}},
+			{"cold", coldOptions},
 			{"warm", prompt.LoadOptions{}},
 		} {
 			b.Run(size.name+"/"+mode.name, func(b *testing.B) {
@@ -248,6 +255,63 @@ func BenchmarkConversationTurn(b *testing.B) {
 				b.ReportMetric(float64(len(ids)), "prompt-tokens")
 			})
 		}
+	}
+}
+
+// BenchmarkTurnVsCold measures issue 14's goal, turn k of a long conversation within
+// 2x of a cold 2k-token request, with both under the same machine load: each
+// iteration computes the ids of the next turn of a 2k, 32k or 128k-token conversation
+// (default caches, warmed by the previous turn, as BenchmarkConversationTurn's warm
+// case) and of a cold 2,411-token request (as BenchmarkPromptTokensCold), and reports
+// the CPU of each and their ratio.
+func BenchmarkTurnVsCold(b *testing.B) {
+	dir := testmodels.Dir(b, "qwen3")
+	cold, err := prompt.LoadDir(dir, coldOptions)
+	if err != nil {
+		b.Fatal(err)
+	}
+	unique := uniqueChat()
+	for _, size := range []struct {
+		name   string
+		tokens int
+	}{{"2k", 2000}, {"32k", 32000}, {"128k", 128000}} {
+		hist := history(size.tokens)
+		b.Run(size.name, func(b *testing.B) {
+			warm, err := prompt.LoadDir(dir, prompt.LoadOptions{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			prev := &openai.Request{Kind: openai.KindChat, Messages: append(slices.Clone(hist), ']'), AddGenerationPrompt: true}
+			for _, req := range []*openai.Request{prev, nextTurn(hist, -1)} {
+				if _, err := warm.PromptTokens(req); err != nil {
+					b.Fatal(err)
+				}
+			}
+			var turnCPU, coldCPU time.Duration
+			var turnBuf, coldBuf []uint32
+			n := 0
+			for b.Loop() {
+				b.StopTimer()
+				turn, one := nextTurn(hist, n), unique(n)
+				b.StartTimer()
+				t0 := cputime.Process()
+				if turnBuf, err = warm.AppendPromptTokens(turnBuf[:0], turn, 0); err != nil {
+					b.Fatal(err)
+				}
+				t1 := cputime.Process()
+				if coldBuf, err = cold.AppendPromptTokens(coldBuf[:0], one, 0); err != nil {
+					b.Fatal(err)
+				}
+				t2 := cputime.Process()
+				turnCPU += t1 - t0
+				coldCPU += t2 - t1
+				n++
+			}
+			b.ReportMetric(float64(turnCPU)/float64(n), "turn-cpu-ns/op")
+			b.ReportMetric(float64(coldCPU)/float64(n), "cold2k-cpu-ns/op")
+			b.ReportMetric(float64(turnCPU)/float64(coldCPU), "turn/cold")
+			b.ReportMetric(float64(len(turnBuf)), "turn-tokens")
+		})
 	}
 }
 

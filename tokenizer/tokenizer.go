@@ -109,6 +109,8 @@ func (t *Tokenizer) AppendEncode(dst []uint32, text string, addSpecialTokens boo
 // limit): the ids appended are the first maxTokens of AppendEncode's, and complete is
 // false when some were left out. Its cost is that of the text up to the limit (plus a
 // linear scan of the rest for added tokens and normalisation), not of the whole text.
+// It keeps no reference to text once it returns, so text may alias a buffer the caller
+// reuses (prompt renders chat templates into one).
 func (t *Tokenizer) AppendEncodeMax(dst []uint32, text string, addSpecialTokens bool, maxTokens int) (out []uint32, complete bool) {
 	if !utf8.ValidString(text) {
 		text = strings.ToValidUTF8(text, "\uFFFD")

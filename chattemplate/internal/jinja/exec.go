@@ -2,7 +2,7 @@ package jinja
 
 import (
 	"strconv"
-	"strings"
+	"unsafe"
 )
 
 type ctl uint8
@@ -23,7 +23,7 @@ type state struct {
 	t     *Template
 	top   []Value
 	local []Value
-	out   *strings.Builder
+	out   *output
 	depth int
 
 	// Incremental rendering (memo.go): the render's iteration cache (nil: off),
@@ -55,10 +55,28 @@ func (st *state) write(v Value) error {
 		st.out.Write(strconv.AppendInt(buf[:0], v.n, 10))
 	case KindUndefined:
 	default:
-		return writeStr(st.out, v)
+		s, err := ToStr(v)
+		if err != nil {
+			return err
+		}
+		st.out.WriteString(s)
 	}
 	return nil
 }
+
+// output is a render's output: a byte slice, which RenderCached's caller may reuse
+// across renders.
+type output struct{ b []byte }
+
+func (o *output) WriteString(s string) { o.b = append(o.b, s...) }
+
+func (o *output) Write(p []byte) { o.b = append(o.b, p...) }
+
+func (o *output) Len() int { return len(o.b) }
+
+// text returns the output as a string sharing its bytes: the output must not be
+// written to again.
+func (o *output) text() string { return unsafe.String(unsafe.SliceData(o.b), len(o.b)) }
 
 type textStmt struct{ s string }
 
@@ -358,11 +376,11 @@ func (s *nsSetStmt) exec(st *state) (ctl, error) {
 // capture renders body into a string.
 func capture(st *state, body []stmt) (string, error) {
 	prev := st.out
-	var b strings.Builder
+	var b output
 	st.out = &b
 	_, err := execBody(st, body)
 	st.out = prev
-	return b.String(), err
+	return b.text(), err
 }
 
 type setBlockStmt struct {

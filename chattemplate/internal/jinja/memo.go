@@ -2,7 +2,6 @@ package jinja
 
 import (
 	"math/big"
-	"strings"
 )
 
 // Incremental rendering. A chat template renders a conversation with a loop over
@@ -93,9 +92,10 @@ type RenderStats struct {
 	Reused, Rendered int
 }
 
-// RenderCached renders like Render, reusing the iterations of memoizable loops that
-// cache holds and storing the ones it renders. The output is identical to Render's.
-func (t *Template) RenderCached(vars Vars, sizeHint int, cache IterationCache) (string, RenderStats, error) {
+// RenderCached appends to dst what Render renders, reusing the iterations of
+// memoizable loops that cache holds and storing the ones it renders. dst may be a
+// buffer the caller reuses: nothing of the render keeps a reference to it.
+func (t *Template) RenderCached(dst []byte, vars Vars, cache IterationCache) ([]byte, RenderStats, error) {
 	st := &state{t: t, top: make([]Value, len(t.names)), cache: cache}
 	for i, name := range t.names {
 		if v, ok := vars.Lookup(name); ok {
@@ -104,13 +104,11 @@ func (t *Template) RenderCached(vars Vars, sizeHint int, cache IterationCache) (
 			st.top[i] = t.defaults[i]
 		}
 	}
-	var b strings.Builder
-	b.Grow(sizeHint)
-	st.out = &b
+	st.out = &output{b: dst}
 	if _, err := execBody(st, t.body); err != nil {
-		return "", st.stats, err
+		return nil, st.stats, err
 	}
-	return b.String(), st.stats, nil
+	return st.out.b, st.stats, nil
 }
 
 // recorder collects one iteration's reads and writes of outer state.
@@ -317,7 +315,7 @@ func (s *forStmt) execMemo(st *state, items []Value, saved []Value, loop *loopSt
 			return err
 		}
 		if record && !rec.tainted {
-			out := strings.Clone(st.out.String()[start:])
+			out := string(st.out.b[start:])
 			st.cache.StoreIteration(item, key, &Iteration{
 				out: out, brk: c == ctlBreak, entry: saved, events: rec.events,
 				size: iterationOverhead + int64(len(out)) + entrySize + rec.size,

@@ -152,7 +152,8 @@ func TestRenderCached(t *testing.T) {
 					vars[k] = v
 				}
 				calls = 0
-				got, stats, err := tmpl.RenderCached(vars, 0, cache)
+				out, stats, err := tmpl.RenderCached(nil, vars, cache)
+				got := string(out)
 				if err != nil {
 					t.Fatalf("render %d: %v", i, err)
 				}
@@ -192,9 +193,9 @@ func TestRenderCachedConcurrent(t *testing.T) {
 		wg.Go(func() {
 			for i := range convs {
 				vars := MapVars{"messages": convs[(i+g*5)%len(convs)]}
-				got, _, err := tmpl.RenderCached(vars, 0, cache)
+				got, _, err := tmpl.RenderCached(nil, vars, cache)
 				want, _ := tmpl.Render(vars, 0)
-				if err != nil || got != want {
+				if err != nil || string(got) != want {
 					t.Errorf("cached %q (%v), full %q", got, err, want)
 				}
 			}
