@@ -14,13 +14,16 @@ import (
 // Messages recur across requests: a conversation's whole history is re-sent with each
 // turn, and a shared system prompt with every request. Their preprocessed form is
 // memoised, keyed by the message's raw JSON (a seeded hash, confirmed by comparing the
-// bytes), so that decoding and converting them is paid once. Entries are never changed
-// after they are stored (template values are immutable). Entries are evicted least
-// recently used first under a byte budget.
+// bytes), so that decoding and converting them is paid once. A converted message is
+// never changed after it is stored (template values are immutable); its entry also
+// keeps the loop iterations the engine rendered over it (jinja's incremental
+// rendering), counted in the entry's size. Entries are evicted least recently used
+// first under a byte budget.
 const (
 	// DefaultMessageCacheBytes is the message cache's default budget: 64 MiB, the
-	// tokenizer prefix cache's default memory, holds about 6M tokens of conversation
-	// history (about 11 bytes per token), some 45 conversations of 128k tokens.
+	// tokenizer prefix cache's default memory, holds about 4M tokens of conversation
+	// history with its rendered iterations (about 17 bytes per token), some 29
+	// conversations of 128k tokens.
 	DefaultMessageCacheBytes = 64 << 20
 	// messageOverhead is what an entry costs beside its strings and values: the LRU's
 	// list element and map slot, the entry and the message dict's header (measured by

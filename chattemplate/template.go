@@ -81,8 +81,9 @@ type Options struct {
 	// under each request's chat_template_kwargs as vLLM merges them.
 	DefaultKwargs json.RawMessage
 	// MessageCacheBytes bounds the memo of request messages converted for the
-	// template (a conversation's history, a shared system prompt): 0 means
-	// DefaultMessageCacheBytes, negative disables it.
+	// template (a conversation's history, a shared system prompt) and of their
+	// rendered loop iterations (incremental rendering): 0 means
+	// DefaultMessageCacheBytes, negative disables both.
 	MessageCacheBytes int64
 	// Metrics, when not nil, reports the message cache under the label Model.
 	Metrics *Metrics
