@@ -384,8 +384,8 @@ func BenchmarkConversationCacheMemory(b *testing.B) {
 }
 
 // BenchmarkConversationRender is the chat template's share of
-// BenchmarkConversationTurn's warm case: rendering turn k alone, with the default
-// message cache warmed by the previous turn. At long contexts it is most of the turn.
+// BenchmarkConversationTurn's warm case: rendering turn k alone into a reused buffer
+// (as the Builder does), with the default message cache warmed by the previous turns.
 func BenchmarkConversationRender(b *testing.B) {
 	dir := testmodels.Dir(b, "qwen3")
 	raw, err := os.ReadFile(filepath.Join(dir, "tokenizer_config.json"))
@@ -406,12 +406,14 @@ func BenchmarkConversationRender(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
+			var buf []byte
 			render := func(req *openai.Request) {
-				if _, err := tmpl.Render(chattemplate.Input{Messages: req.Messages, AddGenerationPrompt: true}); err != nil {
+				if buf, err = tmpl.AppendRender(buf[:0], chattemplate.Input{Messages: req.Messages, AddGenerationPrompt: true}); err != nil {
 					b.Fatal(err)
 				}
 			}
 			render(&openai.Request{Messages: append(slices.Clone(hist), ']')})
+			render(nextTurn(hist, -1))
 			var cpu time.Duration
 			n := 0
 			for b.Loop() {
