@@ -190,7 +190,7 @@ func deepSize(v Value, budget *int64) int64 {
 
 // sameValue reports whether a and b are the same value for the template: equal
 // scalars and strings, identical or element-wise same lists and dicts (up to a budget
-// of elements), the same namespace or macro.
+// of elements), the same macro.
 func sameValue(a, b Value, budget *int) bool {
 	if a.kind != b.kind {
 		return false
@@ -236,12 +236,13 @@ func sameValue(a, b Value, budget *int) bool {
 			}
 		}
 		return true
-	case KindNamespace:
-		return a.ref.(*Namespace) == b.ref.(*Namespace)
 	case KindMacro:
 		return a.ref.(*macro) == b.ref.(*macro)
 	}
-	return false // loops, functions, methods
+	// Namespaces are never the same: one read as a value (not through an attribute,
+	// which is recorded by its value) could be written through a local alias. Loops,
+	// functions and methods are not compared.
+	return false
 }
 
 func sameValues(a, b []Value) bool {

@@ -1,6 +1,8 @@
 package jinja
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -130,6 +132,10 @@ func TestRenderCached(t *testing.T) {
 			{msgs: []string{"u1", "a9", "u2"}},
 			{msgs: []string{"u1", "a9", "u2", "a1"}, reused: 2},
 		}},
+		{"a namespace read as a value is never the same", `{% set ns = namespace(n=n) %}{% for m in messages %}{% set alias = ns %}{{ alias.n }}{% set alias.n = alias.n + 1 %}{{ m.content }}{% endfor %}`, []render{
+			{msgs: []string{"u1", "a1"}, vars: MapVars{"n": Int(0)}},
+			{msgs: []string{"u1", "a1"}, vars: MapVars{"n": Int(5)}},
+		}},
 		{"loop without output is not memoized", `{% set ns = namespace(n=0) %}{% for m in messages %}{% set ns.n = ns.n + 1 %}{% endfor %}{{ ns.n }}`, []render{
 			{msgs: []string{"u1"}},
 			{msgs: []string{"u1"}},
@@ -202,4 +208,45 @@ func TestRenderCachedConcurrent(t *testing.T) {
 		})
 	}
 	wg.Wait()
+}
+
+// FuzzRenderCached compiles any source and renders a growing, changing conversation
+// with an iteration cache: every render must equal the uncached render (or both
+// fail). The seeds are loops the memo must follow and Qwen3's template.
+func FuzzRenderCached(f *testing.F) {
+	for _, s := range []string{
+		`{% for m in messages %}{{ m.content }}{% if loop.last %}!{% endif %}{% endfor %}`,
+		`{% set ns = namespace(n=0, last=-1) %}{% for m in messages %}{% if m.role == 'user' %}{% set ns.last = loop.index0 %}{% endif %}{% endfor %}{% for m in messages %}{% set ns.n = ns.n + 1 %}{% if loop.index0 > ns.last %}<{{ m.content }}>{% else %}{{ m.content }}{% endif %}{{ ns.n }}{% endfor %}`,
+		`{% for m in messages %}{% if not loop.first and messages[loop.index0 - 1].role == 'tool' %}T{% endif %}{{ x }}{{ m.content }}{{ loop.revindex }}{% endfor %}`,
+		`{% set c = x %}{% for m in messages %}{{ c }}{% set c = m.content %}{% for ch in c %}{{ loop.index }}{% if ch == 'a' %}{% break %}{% endif %}{% endfor %}{% endfor %}`,
+		`{% for m in messages if m.role != 'system' %}{{ loop.index }}{{ m.content }}{{ loop.nextitem.role if loop.nextitem is defined }}{% endfor %}`,
+	} {
+		f.Add(s, uint8(0))
+	}
+	if src, err := os.ReadFile(filepath.Join("..", "..", "testdata", "templates", "qwen3.jinja")); err == nil {
+		f.Add(string(src), uint8(3))
+	}
+	f.Fuzz(func(t *testing.T, src string, vary uint8) {
+		tmpl, err := Compile(src, testOptions)
+		if err != nil {
+			return
+		}
+		pool := messages{}
+		cache := &mapIterations{m: map[iterKey]*Iteration{}}
+		convs := [][]string{
+			{"s1", "u1", "a1"},
+			{"s1", "u1", "a1", "t1", "u2"},
+			{"s1", "u1", "a1", "t1", "u2", "a2", "u3"},
+			{"s2", "u1", "a1", "t1", "u2", "a2", "u3"},
+			{"u1", "a1", "t1", "u2", "a2", "u3"},
+		}
+		for i, names := range convs {
+			vars := MapVars{"messages": pool.list(names...), "x": Int(int64(i) * int64(vary&1)), "add_generation_prompt": Bool(vary&2 != 0)}
+			got, _, err := tmpl.RenderCached(nil, vars, cache)
+			want, wantErr := tmpl.Render(vars, 0)
+			if (err == nil) != (wantErr == nil) || (err == nil && string(got) != want) {
+				t.Fatalf("render %d: cached %q (%v), full %q (%v)", i, got, err, want, wantErr)
+			}
+		}
+	})
 }
