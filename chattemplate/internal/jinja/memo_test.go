@@ -179,6 +179,31 @@ func TestRenderCached(t *testing.T) {
 	}
 }
 
+// TestRenderCachedNamespaceAlias: a namespace that keeps its identity across renders
+// (a render variable) written through a name the loop body also assigns is not
+// traced as an outer write, so such an iteration must never be reused.
+func TestRenderCachedNamespaceAlias(t *testing.T) {
+	tmpl, err := Compile(`{% for m in messages %}{% if m.content == 'x' %}{% set g = namespace(n=0) %}{% endif %}{% set g.n = g.n + 1 %}{{ g.n }}{% endfor %}={{ g.n }}`, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	shared := &Namespace{attrs: NewDict(1)}
+	vars := MapVars{"messages": messages{}.list("u1", "a1"), "g": {kind: KindNamespace, ref: shared}}
+	cache := &mapIterations{m: map[iterKey]*Iteration{}}
+	for i := range 3 {
+		shared.attrs.Set("n", Int(0))
+		out, stats, err := tmpl.RenderCached(nil, vars, cache)
+		if err != nil {
+			t.Fatal(err)
+		}
+		shared.attrs.Set("n", Int(0))
+		want, _ := tmpl.Render(vars, 0)
+		if string(out) != want || stats.Reused != 0 {
+			t.Fatalf("render %d: cached %q (%d reused), full %q", i, out, stats.Reused, want)
+		}
+	}
+}
+
 // TestRenderCachedConcurrent renders conversations sharing their messages from
 // several goroutines with one cache (run with -race).
 func TestRenderCachedConcurrent(t *testing.T) {
