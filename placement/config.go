@@ -46,13 +46,12 @@ type Config struct {
 	// without waiting for SpillLoad, and records the new placement. Default false (the
 	// recorded spills cascade; DivertOnFull moves the one request instead).
 	SpillOnFull bool `yaml:"spill_on_full"`
-	// DeadlineTokens bounds the prefill backlog (uncached prompt tokens ahead of and in
-	// the request, scaled by the endpoint's measured speed) a request accepts at the
-	// chosen endpoint: beyond it, and when another endpoint with KV room would start it
-	// at least twice as soon, the request alone goes there (placing nothing). 0 disables.
-	// Default 2304 (2048 lost Zipf 1.2, N = 24, C = 8 throughput to kv by 1.4%;
-	// docs/results-policy.md).
-	DeadlineTokens int `yaml:"deadline_tokens"`
+	// DivertDeadline sends a request alone (placing nothing) to another candidate with
+	// KV room when its prefill backlog at the chosen endpoint (uncached prompt tokens
+	// ahead of and in the request, scaled by the endpoint's measured speed) exceeds one
+	// engine step, MaxNumBatchedTokens plus a block, and the other would start it at
+	// least twice as soon. Default true.
+	DivertDeadline bool `yaml:"divert_deadline"`
 	// DivertOnFull sends a request alone (placing nothing) to the candidate with KV room
 	// that would start it soonest when the chosen endpoint has no KV room (vLLM would
 	// queue it until blocks free up). Default true.
@@ -154,7 +153,7 @@ type Config struct {
 	// With one router that is zero, so nothing changes. Ignored when ScrapedLoad is on.
 	SharedLoad bool `yaml:"shared_load"`
 	// UnplaceDiverted drops the replica or spill placement a pick has just made when the
-	// request itself is then diverted elsewhere (DeadlineTokens, DivertOnFull,
+	// request itself is then diverted elsewhere (DivertDeadline, DivertOnFull,
 	// DivertMisses): no request would ever fill it, and until ConfirmPicks drops it the
 	// unfilled placement counts as a holder, which keeps that endpoint from taking a
 	// replica. Default true (churn: 3 losses against kv to 0 over 9 repetitions;
@@ -173,7 +172,7 @@ func DefaultConfig() Config {
 		Headroom:            1,
 		OutputBlocks:        4,
 		SpillOnFull:         false,
-		DeadlineTokens:      2304,
+		DivertDeadline:      true,
 		DivertOnFull:        true,
 		DivertMisses:        true,
 		HolderShare:         0.5,
@@ -238,9 +237,6 @@ func (c Config) Validate() error {
 	}
 	if c.RehomeLoadTokens < 0 {
 		errs.Addf("rehome_load_tokens", "must be >= 0, got %d", c.RehomeLoadTokens)
-	}
-	if c.DeadlineTokens < 0 {
-		errs.Addf("deadline_tokens", "must be >= 0, got %d", c.DeadlineTokens)
 	}
 	if c.HoldMax < 0 {
 		errs.Addf("hold_max", "must be >= 0, got %v", c.HoldMax)

@@ -135,7 +135,7 @@ func TestPlacementCapacityWeighting(t *testing.T) {
 func TestPlacementSpillsOnlyOnSaturation(t *testing.T) {
 	cfg := placement.DefaultConfig()
 	cfg.Fill = 0.01 // no endpoint has room for a replica: only spills can move a prefix
-	cfg.DeadlineTokens = 0
+	cfg.DivertDeadline = false
 	for _, tc := range []struct {
 		name      string
 		homeLoad  int
@@ -344,7 +344,6 @@ func TestPlacementConfigValidate(t *testing.T) {
 		{"zero depth", func(c *placement.Config) { c.PrefixDepth = 0 }, "prefix_depth"},
 		{"fill above one", func(c *placement.Config) { c.Fill = 1.5 }, "fill"},
 		{"spill below saturated", func(c *placement.Config) { c.SpillLoad = 1; c.Saturated = 2 }, "spill_load"},
-		{"negative deadline", func(c *placement.Config) { c.DeadlineTokens = -1 }, "deadline_tokens"},
 		{"zero headroom", func(c *placement.Config) { c.Headroom = 0 }, "headroom"},
 		{"negative hold", func(c *placement.Config) { c.HoldMax = -1 }, "hold_max"},
 		{"zero hold step", func(c *placement.Config) { c.HoldStep = 0 }, "hold_step"},
@@ -430,7 +429,7 @@ func TestPlacementRehomesALostPrefix(t *testing.T) {
 			cfg := placement.DefaultConfig()
 			cfg.RehomeLost = tc.rehome
 			cfg.Fill = 0.01 // no replicas: only a re-home moves the prefix
-			cfg.DeadlineTokens = 0
+			cfg.DivertDeadline = false
 			ix := testindex.New()
 			p := newPlacement(t, cfg, ix)
 			cs := fleet(2, nil)
@@ -666,7 +665,7 @@ func TestPlacementUnplacesADivertedReplica(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := placement.DefaultConfig()
-			cfg.DeadlineTokens = 512 // the replica's 1,152-token miss is past it
+			cfg.MaxNumBatchedTokens = 1024 // the replica's 1,152-token miss is past one step (1,024 + a block); the move adds 1,024
 			cfg.HoldMax = 0
 			cfg.UnplaceDiverted = tc.unplace
 			ix := testindex.New()
@@ -767,6 +766,55 @@ func TestLongPrefixStaysAtBusyHolder(t *testing.T) {
 			got := place(t, p, prompt(1), cs)
 			if moved := got != holder; moved != tc.moves {
 				t.Errorf("second request went to %s (holder %s), want moved=%v", got, holder, tc.moves)
+			}
+		})
+	}
+}
+
+// TestPlacementWaitsForKVRoomWhereItComesSoonest: with no KV room on any endpoint, a
+// request goes where a decoding request started first and so frees its blocks soonest,
+// its prefix's holder included.
+func TestPlacementWaitsForKVRoomWhereItComesSoonest(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		holderFirst bool // the holder's decoding request started before the other's
+		wantHolder  bool
+	}{
+		{"other frees first", false, false},
+		{"holder frees first", true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clock := time.Unix(100, 0)
+			p, err := placement.New(placement.DefaultConfig(), testindex.New(), func() time.Time { return clock }, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cs := fleet(2, []int{100, 100}) // one 72-block request (+4 output blocks) each
+			holder := place(t, p, prefixed(0, 0), cs)
+			other := cs[0].Address
+			if other == holder {
+				other = cs[1].Address
+			}
+			// One decoding request of another prefix on each, started 100 ms apart.
+			order := []string{other, holder}
+			if tc.holderFirst {
+				order = []string{holder, other}
+			}
+			for k, addr := range order {
+				req := plRequest(prefixed(k+1, 0))
+				if _, err := p.Pick(req, cs); err != nil {
+					t.Fatal(err)
+				}
+				p.Routed(req, addr)
+				p.FirstToken(req.ID)
+				clock = clock.Add(100 * time.Millisecond)
+			}
+			d, err := p.Pick(plRequest(prefixed(0, 1)), cs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if (d.Endpoint == holder) != tc.wantHolder {
+				t.Fatalf("went to %s (holder %s), want holder %v", d.Endpoint, holder, tc.wantHolder)
 			}
 		})
 	}
