@@ -819,3 +819,38 @@ func TestPlacementWaitsForKVRoomWhereItComesSoonest(t *testing.T) {
 		})
 	}
 }
+
+// TestPlacementDeadlineIsOneStep: a request is diverted when its prefill backlog at the
+// home (two 1,152-token misses ahead of its own 1,152) exceeds one engine step
+// (max_num_batched_tokens plus a block), and stays at the home when a step covers it.
+func TestPlacementDeadlineIsOneStep(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		budget   int
+		wantHome bool
+	}{
+		{"past one step", 2048, false},
+		{"within one step", 4096, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := placement.DefaultConfig()
+			cfg.Fill = 0.01 // no replicas: only a divert moves the request
+			cfg.DivertMisses = false
+			cfg.HoldMax = 0
+			cfg.MaxNumBatchedTokens = tc.budget
+			p := newPlacement(t, cfg, testindex.New())
+			cs := fleet(2, nil)
+			home := place(t, p, prefixed(0, 0), cs)
+			for i := 1; i <= 2; i++ {
+				req := plRequest(prefixed(0, i))
+				if _, err := p.Pick(req, cs); err != nil {
+					t.Fatal(err)
+				}
+				p.Routed(req, home)
+			}
+			if got := place(t, p, prefixed(0, 9), cs); (got == home) != tc.wantHome {
+				t.Fatalf("went to %s (home %s), want home %v", got, home, tc.wantHome)
+			}
+		})
+	}
+}
