@@ -16,6 +16,12 @@ import (
 // the router's own in-flight requests on an endpoint, or, when its scraped metrics are
 // valid and say more, vLLM's running plus waiting requests (which include other router
 // replicas' requests).
+//
+// A deployment sets six of the fields: MaxNumBatchedTokens (a fact about the engines),
+// HoldMax, PrefixDepth, SharedLoad, Balance and MaxPrefixes. The others keep the values
+// measured in docs/results-policy.md and docs/results-workloads.md, for experiments
+// (placement/README.md says why each keeps its value); what the engines' metrics and
+// the request say (block size, KV capacity, speed, prefix size) is read, not set.
 type Config struct {
 	// PrefixDepth is the block whose key names a request's prefix: the key of block
 	// min(PrefixDepth, full blocks) - 1, i.e. the first PrefixDepth x block_size tokens.
@@ -118,7 +124,10 @@ type Config struct {
 	// HoldStep is how long one hold lasts before the request is picked again. Default 5ms.
 	HoldStep time.Duration `yaml:"hold_step"`
 	// HoldPrefillTokens is the uncached prompt tokens that make an in-flight request a
-	// miss worth waiting for (see HoldMax). Default 600.
+	// miss worth waiting for, and a request short enough to hold (see HoldMax). Default
+	// 600, between the reference's 339-token hit and 2,371-token miss: the derivations
+	// measured (one step, the request's own tail, most of the prompt cached) each lose
+	// the reference grid at N = 24 (docs/results-workloads.md).
 	HoldPrefillTokens int `yaml:"hold_prefill_tokens"`
 	// MaxNumBatchedTokens is the engines' per-step token budget (vLLM's
 	// --max-num-batched-tokens; not in its /metrics, vllm-project/vllm#18900): a
