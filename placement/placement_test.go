@@ -854,3 +854,34 @@ func TestPlacementDeadlineIsOneStep(t *testing.T) {
 		})
 	}
 }
+
+// BenchmarkPlacementPickNoRoom: a pick when no endpoint has KV room (6 endpoints of 200
+// blocks, each with 2 decoding requests of its own prefix, 256 in flight in all), the
+// path that walks the in-flight requests for when blocks free (soonestRoom).
+func BenchmarkPlacementPickNoRoom(b *testing.B) {
+	clock := time.Unix(100, 0)
+	p, err := placement.New(placement.DefaultConfig(), testindex.New(), func() time.Time { return clock }, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	cs := fleet(6, []int{200, 200, 200, 200, 200, 200})
+	for i := range 256 {
+		req := plRequest(prefixed(i, 0))
+		if _, err := p.Pick(req, cs); err != nil {
+			b.Fatal(err)
+		}
+		p.Routed(req, cs[i%6].Address)
+		p.FirstToken(req.ID)
+		clock = clock.Add(time.Millisecond)
+	}
+	reqs := make([]*scoring.Request, 64)
+	for i := range reqs {
+		reqs[i] = plRequest(prefixed(1000+i, 1))
+	}
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		if _, err := p.Pick(reqs[i%len(reqs)], cs); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

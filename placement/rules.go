@@ -32,6 +32,16 @@ type scratch struct {
 	// each candidate (SetPeers).
 	otherPrefill []int
 	otherMisses  []int
+	// epIndex maps each candidate's state to its index and frees lists the blocks its
+	// decoding requests free, and when (soonestRoom).
+	epIndex map[*endpointState]int
+	frees   [][]freeing
+}
+
+// freeing is one decoding request's blocks, freed at seconds from now.
+type freeing struct {
+	at     float64
+	blocks int
 }
 
 func (p *Policy) load(e *scoring.Endpoint) int {
@@ -490,15 +500,19 @@ func (p *Policy) divert(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 // time after its first token). Requests still in prefill are not counted as freeing
 // anything. p.mu must be held.
 func (p *Policy) soonestRoom(key uint64, cands []scoring.Endpoint, sc *scratch, best int) int {
-	idx := make(map[*endpointState]int, len(cands))
+	if sc.epIndex == nil {
+		sc.epIndex = make(map[*endpointState]int, len(cands))
+	}
+	idx := sc.epIndex
+	clear(idx)
 	for i := range cands {
 		idx[sc.eps[i]] = i
 	}
-	type freeing struct {
-		at     float64
-		blocks int
+	sc.frees = slices.Grow(sc.frees[:0], len(cands))[:len(cands)]
+	frees := sc.frees
+	for i := range frees {
+		frees[i] = frees[i][:0]
 	}
-	frees := make([][]freeing, len(cands))
 	now := p.now()
 	for _, r := range p.reqs {
 		i, ok := idx[r.ep]
