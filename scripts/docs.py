@@ -551,7 +551,7 @@ def latency_table(*paths):
             k, t = rounds[i], rounds[i + 1]
             g = groups.setdefault(("plaintext" if rep["plaintext"] else "TLS", k["endpoints"]),
                                   {"runs": set(), "load": [], "p50": [], "p99": [], "kp50": [], "kp99": [],
-                                   "tp50": [], "tp99": [], "kcpu": [], "tcpu": [], "rate": []})
+                                   "tp50": [], "tp99": [], "kcpu": [], "tcpu": [], "kflt": [], "rate": []})
             g["runs"].add(path)
             g["load"].append(rep["loadavg_start"])
             g["p50"].append(k["p50_us"] / t["p50_us"])
@@ -560,6 +560,8 @@ def latency_table(*paths):
             g["tp50"].append(t["p50_us"]); g["tp99"].append(t["p99_us"])
             g["kcpu"].append(k["cpu_us_per_exchange"]["kvrouter"])
             g["tcpu"].append(t["cpu_us_per_exchange"]["trivial"])
+            if "minor_faults_per_exchange" in k:  # runs before 2026-12-01 did not record them
+                g["kflt"].append(k["minor_faults_per_exchange"]["kvrouter"])
             g["rate"].append(min(k["achieved_per_s"], t["achieved_per_s"]))
     med = statistics.median
     for (mode, n), g in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0])):
@@ -568,10 +570,13 @@ def latency_table(*paths):
                      f"{med(g['p50']):.2f} ({min(g['p50']):.2f}-{max(g['p50']):.2f})",
                      f"{med(g['p99']):.2f} ({min(g['p99']):.2f}-{max(g['p99']):.2f})",
                      f"{med(g['kp50']):.0f} / {med(g['kp99']):.0f}", f"{med(g['tp50']):.0f} / {med(g['tp99']):.0f}",
-                     f"{med(g['kcpu']):.0f}", f"{med(g['tcpu']):.0f}", f"{min(g['rate']):.0f}"])
+                     f"{med(g['kcpu']):.0f}", f"{med(g['tcpu']):.0f}",
+                     f"{med(g['kflt']):.1f} ({min(g['kflt']):.1f}-{max(g['kflt']):.1f})" if g["kflt"] else "-",
+                     f"{min(g['rate']):.0f}"])
     return table(["transport", "endpoints", "runs x rounds", "load avg at start", "p50 ratio, median (range)",
                   "p99 ratio, median (range)", "kvrouter p50 / p99 µs", "trivial p50 / p99 µs",
-                  "kvrouter CPU µs/exchange", "trivial CPU µs/exchange", "lowest achieved req/s"], rows)
+                  "kvrouter CPU µs/exchange", "trivial CPU µs/exchange",
+                  "kvrouter minor faults/exchange, median (range)", "lowest achieved req/s"], rows)
 
 
 RENDERERS = {
