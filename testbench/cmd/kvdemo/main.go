@@ -239,8 +239,12 @@ func faults(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	short := fs.Bool("short", false, "the short version (make test): fewer requests, streams, connections and smaller bodies")
 	jsonOut := fs.String("json", "", "write the rows as JSON to this file")
 	keep := fs.Bool("keep-logs", false, "keep the generated configurations and the processes' logs")
+	replicas := fs.Bool("replicas", false, "the replica faults instead (issue 13): 3 kvrouter replicas behind the dev gateway; one killed, one restarted, one partitioned off")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if *replicas {
+		return replicaFaults(ctx, fo.Process.BinDir, fo.TokenizerDir, *short, *jsonOut, *keep, stdout, stderr)
 	}
 	if *short {
 		tok, bin := fo.TokenizerDir, fo.Process.BinDir
@@ -333,6 +337,40 @@ func replicas(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	return os.WriteFile(*jsonOut, append(b, '\n'), 0o644)
+}
+
+// replicaFaults is `kvdemo faults --replicas`.
+func replicaFaults(ctx context.Context, bin, tok string, short bool, jsonOut string, keep bool, stdout, stderr io.Writer) error {
+	fo := demo.DefaultReplicaFaultOptions()
+	if short {
+		fo = demo.ShortReplicaFaultOptions()
+	}
+	fo.TokenizerDir, fo.Process.BinDir, fo.Log = tok, bin, stderr
+	dir, err := os.MkdirTemp("", "kvdemo-faults-replicas-")
+	if err != nil {
+		return err
+	}
+	if keep {
+		fmt.Fprintf(stderr, "kvdemo faults: configurations and logs in %s\n", dir)
+	} else {
+		defer os.RemoveAll(dir)
+	}
+	fo.Process.WorkDir = dir
+	rep, err := demo.RunReplicaFaults(ctx, fo)
+	if err != nil {
+		return err
+	}
+	rep.Short = short
+	if jsonOut != "" {
+		b, err := json.MarshalIndent(rep, "", "  ")
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(jsonOut, append(b, '\n'), 0o644); err != nil {
+			return err
+		}
+	}
+	return demo.WriteReplicaFaults(stdout, rep)
 }
 
 // trivialExtProc is `kvdemo trivial-extproc` (not in the usage: kvdemo latency starts
