@@ -211,26 +211,35 @@ func waitFor(ctx context.Context, bound time.Duration, cond func() bool) (time.D
 	return time.Since(t0), false
 }
 
-// peerView is what replica r's /debug/replicas says of the peer named name: whether its
-// state counts, its incarnation and its requests in flight.
-func peerView(ctx context.Context, r routerProc, name string) (live bool, inc uint64, requests int, ok bool) {
+// peer is what one replica's /debug/replicas says of another.
+type peer struct {
+	held     bool   // its state is held (absent: never heard, or forgotten when memberlist saw it leave or die)
+	live     bool   // and counts (heard within the expiry)
+	inc      uint64 // its incarnation
+	requests int    // its requests in flight, over every endpoint
+}
+
+// peerView is what replica r's /debug/replicas says of the peer named name; ok is false
+// when the view could not be read.
+func peerView(ctx context.Context, r routerProc, name string) (peer, bool) {
 	var v replicasView
 	if json.Unmarshal([]byte(get(ctx, r.debug+"/debug/replicas")), &v) != nil {
-		return false, 0, 0, false
+		return peer{}, false
 	}
 	for _, p := range v.Peers {
 		if p.Name != name {
 			continue
 		}
+		out := peer{held: true, live: p.Live, inc: p.Incarnation}
 		for _, l := range p.Loads {
 			var el struct{ Requests int }
 			if json.Unmarshal(l, &el) == nil {
-				requests += el.Requests
+				out.requests += el.Requests
 			}
 		}
-		return p.Live, p.Incarnation, requests, true
+		return out, true
 	}
-	return false, 0, 0, true
+	return peer{}, true
 }
 
 // gossipName is replica i's name among its peers (replicasSection).
@@ -264,22 +273,30 @@ func killReplica(ctx context.Context, s *procStack, victim int, after time.Durat
 	row func(string, kvbench.Summary) ReplicaFaultResult) (ReplicaFaultResult, error) {
 	name := gossipName(victim)
 	var phantom int
+	var how []string
 	var gone time.Duration
 	var goneOK bool
 	sum, err := loadWith(load, func() error {
 		sleep(ctx, after)
 		for _, r := range others(s, victim) {
-			if _, _, n, _ := peerView(ctx, r, name); n > 0 {
-				phantom += n
+			if p, _ := peerView(ctx, r, name); p.requests > 0 {
+				phantom += p.requests
 			}
 		}
 		if err := s.stop(s.routers[victim].name, syscall.SIGKILL); err != nil {
 			return err
 		}
 		gone, goneOK = waitFor(ctx, replicaBound, func() bool {
+			how = how[:0]
 			for _, r := range others(s, victim) {
-				if live, _, _, ok := peerView(ctx, r, name); !ok || live {
+				p, ok := peerView(ctx, r, name)
+				if !ok || p.live {
 					return false
+				}
+				if p.held {
+					how = append(how, r.name+": expired")
+				} else {
+					how = append(how, r.name+": forgotten (memberlist saw it die)")
 				}
 			}
 			return true
@@ -291,6 +308,9 @@ func killReplica(ctx context.Context, s *procStack, victim int, after time.Durat
 	}
 	r := row("replica killed", sum)
 	r.PhantomRequests, r.GoneAfterMS = phantom, msp(gone, goneOK)
+	if goneOK {
+		r.Note = strings.TrimSuffix(strings.Join(how, ", ")+"; "+r.Note, "; ")
+	}
 	return r, s.respawn(s.routers[victim].name)
 }
 
@@ -304,7 +324,7 @@ func restartReplica(ctx context.Context, s *procStack, victim int, after time.Du
 	var readyOK, caughtOK bool
 	sum, err := loadWith(load, func() error {
 		sleep(ctx, after)
-		_, oldInc, _, _ := peerView(ctx, others(s, victim)[0], name)
+		old, _ := peerView(ctx, others(s, victim)[0], name)
 		if err := s.stop(self.name, syscall.SIGTERM); err != nil {
 			return err
 		}
@@ -318,7 +338,7 @@ func restartReplica(ctx context.Context, s *procStack, victim int, after time.Du
 			if !readyOK && strings.Contains(getStatus(ctx, self.metricsURL+"/readyz"), "200") {
 				readyAt, readyOK = time.Since(t0), true
 			}
-			if !caughtOK && caughtUp(ctx, s, victim, oldInc) {
+			if !caughtOK && caughtUp(ctx, s, victim, old.inc) {
 				caughtAt, caughtOK = time.Since(t0), true
 			}
 			return readyOK && caughtOK
@@ -342,10 +362,10 @@ func caughtUp(ctx context.Context, s *procStack, victim int, oldInc uint64) bool
 		if i == victim {
 			continue
 		}
-		if live, _, _, ok := peerView(ctx, s.routers[victim], gossipName(i)); !ok || !live {
+		if p, ok := peerView(ctx, s.routers[victim], gossipName(i)); !ok || !p.live {
 			return false
 		}
-		if live, inc, _, ok := peerView(ctx, r, name); !ok || !live || inc <= oldInc {
+		if p, ok := peerView(ctx, r, name); !ok || !p.live || p.inc <= oldInc {
 			return false
 		}
 	}
@@ -415,7 +435,7 @@ func anyCrossView(ctx context.Context, s *procStack, victim int) bool {
 			if i == j || (i == victim) == (j == victim) {
 				continue
 			}
-			if live, _, _, ok := peerView(ctx, r, gossipName(j)); !ok || live {
+			if p, ok := peerView(ctx, r, gossipName(j)); !ok || p.live {
 				return true
 			}
 		}
