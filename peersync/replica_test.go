@@ -2,7 +2,6 @@ package peersync
 
 import (
 	"errors"
-	"sync"
 	"testing"
 	"time"
 
@@ -182,10 +181,9 @@ func TestPublishOnlyWhenChangedOrDue(t *testing.T) {
 	}
 }
 
-// lockedSource is a policy's side: its Local takes the policy's lock, and a pick holding
-// that lock reads the peers (PeerLoad), as placement does.
+// lockedSource is a policy's side: a pick holding the policy's lock reads the peers
+// (PeerLoad), as placement does, while Publish reads the policy (Local).
 type lockedSource struct {
-	mu  sync.Mutex
 	rep *Replica
 }
 
