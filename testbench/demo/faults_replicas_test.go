@@ -18,7 +18,9 @@ import (
 // gateway, each replica's gossip behind a proxy the suite can cut. It checks what the
 // design promises: a killed replica's state leaves the survivors' views, a restarted one
 // catches up both ways, a partition fails no request and heals, and no request fails
-// without a replica going down.
+// without a replica going down. A restart's failures are reported, not checked: kvrouter
+// refuses new streams as soon as it drains, and a stream the gateway opens before the
+// NOT_SERVING health update reaches it fails (none in 4 runs).
 func TestReplicaFaultsShort(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the binaries and runs a stack of processes")
@@ -50,7 +52,7 @@ func TestReplicaFaultsShort(t *testing.T) {
 	for _, r := range rep.Rows {
 		rows[r.Fault] = r
 	}
-	for _, name := range []string{"no fault", "replica restarted", "partition"} {
+	for _, name := range []string{"no fault", "partition"} {
 		if r := rows[name]; r.Requests == 0 || r.Failed > 0 {
 			t.Errorf("%s: %d of %d requests failed (%s)", name, r.Failed, r.Requests, r.Note)
 		}
