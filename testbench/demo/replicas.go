@@ -53,7 +53,7 @@ func replicasSection(rs []routerProc, self int) string {
 		}
 	}
 	return fmt.Sprintf("replicas:\n  name: %q\n  bind: %q\n  advertise: %q\n  peers: [%s]\n",
-		fmt.Sprintf("kvrouter-%d", self), rs[self].gossip, rs[self].advertise, strings.Join(peers, ", "))
+		gossipName(self), rs[self].gossip, rs[self].advertise, strings.Join(peers, ", "))
 }
 
 // startRouters writes each replica's configuration (first's listeners for replica 0, new
