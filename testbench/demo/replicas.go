@@ -337,11 +337,11 @@ type ReplicaSetup struct {
 	Unsynced bool   `json:"unsynced"`
 }
 
-// DefaultReplicaSetups are issue 13's full-stack comparison: one router, two replicas
-// sharing their in-flight state, two replicas that do not.
-func DefaultReplicaSetups() []ReplicaSetup {
-	return []ReplicaSetup{{Name: "1 router", Routers: 1}, {Name: "2 replicas, synced", Routers: 2},
-		{Name: "2 replicas, unsynced", Routers: 2, Unsynced: true}}
+// ReplicaSetups are issue 13's full-stack comparison: one router, n replicas sharing
+// their in-flight state, n replicas that do not.
+func ReplicaSetups(n int) []ReplicaSetup {
+	return []ReplicaSetup{{Name: "1 router", Routers: 1}, {Name: fmt.Sprintf("%d replicas, synced", n), Routers: n},
+		{Name: fmt.Sprintf("%d replicas, unsynced", n), Routers: n, Unsynced: true}}
 }
 
 // ReplicaRun is one (setup, policy, seed) run of CompareReplicas.

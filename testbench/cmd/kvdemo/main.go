@@ -291,8 +291,8 @@ func faults(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	return demo.WriteFaults(stdout, rows)
 }
 
-// replicas is `kvdemo replicas`: the demo's workload through one kvrouter, two replicas
-// sharing their in-flight state and two that do not (issue 13), per policy and seed; it
+// replicas is `kvdemo replicas`: the demo's workload through one kvrouter, --routers
+// replicas sharing their in-flight state and as many that do not (issue 13), per policy and seed; it
 // prints each run and, with --json, writes the report docs/results-replicas.md renders.
 func replicas(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	o := demo.DefaultOptions()
@@ -302,6 +302,7 @@ func replicas(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	bin := fs.String("bin", "bin", "directory with the vllm-sim, kvrouter and devgateway binaries (make build)")
 	policies := fs.String("policies", strings.Join(o.Policies, ","), "policies to compare")
 	seeds := fs.String("seeds", "1,2,3", "workload seeds, comma list: each setup and policy runs once per seed")
+	routers := fs.Int("routers", 2, "replicas in the synced and unsynced setups (against one router)")
 	jsonOut := fs.String("json", "", "write the report as JSON to this file")
 	keep := fs.Bool("keep-logs", false, "keep the generated configurations and the processes' logs")
 	fs.StringVar(&o.TokenizerDir, "tokenizer", o.TokenizerDir, "the model's tokenizer directory (make models)")
@@ -330,7 +331,7 @@ func replicas(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	} else {
 		defer os.RemoveAll(work)
 	}
-	rep, err := demo.CompareReplicas(ctx, o, demo.ProcessOptions{BinDir: *bin, WorkDir: work}, demo.DefaultReplicaSetups(), ss)
+	rep, err := demo.CompareReplicas(ctx, o, demo.ProcessOptions{BinDir: *bin, WorkDir: work}, demo.ReplicaSetups(*routers), ss)
 	if err != nil {
 		return err
 	}
