@@ -560,12 +560,17 @@ def replicas_fullstack_table(path):
             byts = f"{sync('sync_bytes_received'):.0f}" if synced else "-"
             p99 = med(r["decision_p99_le_us"] for r in runs)
             dec = f"{med(r['decision_mean_us'] for r in runs):.0f} / {'>25000' if p99 < 0 else f'{p99:g}'}"
+            lags = [r for r in runs if r.get("sync_lag_mean_ms") is not None]
+            lag = "-"
+            if lags:
+                lp99 = med(r["sync_lag_p99_le_ms"] for r in lags)
+                lag = f"{med(r['sync_lag_mean_ms'] for r in lags):.1f} / {'>1000' if lp99 < 0 else f'{lp99:g}'}"
             rows.append([pol, su["name"], f"{sm('cached_ratio'):.3f}", f"{sm('ttft_p50_ms'):.0f} / {sm('ttft_p99_ms'):.0f}",
-                         f"{sm('requests_per_s'):.1f}", sum(r["summary"]["errors"] for r in runs), share, msgs, byts,
+                         f"{sm('requests_per_s'):.1f}", sum(r["summary"]["errors"] for r in runs), share, msgs, byts, lag,
                          f"{cpu:.2f}", dec])
     return head + table(["policy", "routers", "cached-token ratio", "TTFT p50 / p99 ms", "req/s", "errors",
                          "share routed per replica", "snapshots sent / routed request", "bytes received / routed request",
-                         "router CPU ms / routed request", "decision mean / p99 <= us"], rows)
+                         "sync lag mean / p99 <= ms", "router CPU ms / routed request", "decision mean / p99 <= us"], rows)
 
 
 def replicas_faults_table(path):

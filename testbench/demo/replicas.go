@@ -211,19 +211,23 @@ type RouterStats struct {
 	SyncStale         float64 `json:"sync_stale"`
 	SyncBytesSent     float64 `json:"sync_bytes_sent"`
 	SyncBytesReceived float64 `json:"sync_bytes_received"`
-	// Decision is kvrouter_routing_decision_duration_seconds over the load (in JSON:
-	// ReplicaRun's decision figures).
+	// Decision is kvrouter_routing_decision_duration_seconds over the load, SyncLag
+	// kvrouter_peersync_lag_seconds (in JSON: ReplicaRun's figures).
 	Decision *LagHistogram `json:"-"`
+	SyncLag  *LagHistogram `json:"-"`
 }
 
 // routerSample is what routerStats differences.
 type routerSample struct {
-	values   map[string]float64
-	cpu      time.Duration
-	decision *LagHistogram
+	values            map[string]float64
+	cpu               time.Duration
+	decision, syncLag *LagHistogram
 }
 
-const decisionMetric = "kvrouter_routing_decision_duration_seconds"
+const (
+	decisionMetric = "kvrouter_routing_decision_duration_seconds"
+	syncLagMetric  = "kvrouter_peersync_lag_seconds"
+)
 
 // sampleRouters reads every replica's counters and CPU time (a stack without replicas:
 // nil).
@@ -240,6 +244,7 @@ func sampleRouters(ctx context.Context, st Stack) []routerSample {
 			`kvrouter_peersync_messages_total{direction="stale"}`, `kvrouter_peersync_bytes_total{direction="sent"}`,
 			`kvrouter_peersync_bytes_total{direction="received"}`)
 		out[i].decision, _ = parseHistogram(strings.NewReader(body), decisionMetric)
+		out[i].syncLag, _ = parseHistogram(strings.NewReader(body), syncLagMetric)
 		out[i].cpu, _ = s.cpu(r.name)()
 	}
 	return out
@@ -259,7 +264,7 @@ func routerStats(st Stack, before, after []routerSample) []RouterStats {
 			SyncSent:   d(`kvrouter_peersync_messages_total{direction="sent"}`), SyncReceived: d(`kvrouter_peersync_messages_total{direction="received"}`),
 			SyncStale:     d(`kvrouter_peersync_messages_total{direction="stale"}`),
 			SyncBytesSent: d(`kvrouter_peersync_bytes_total{direction="sent"}`), SyncBytesReceived: d(`kvrouter_peersync_bytes_total{direction="received"}`),
-			Decision: subHistogram(after[i].decision, before[i].decision)}
+			Decision: subHistogram(after[i].decision, before[i].decision), SyncLag: subHistogram(after[i].syncLag, before[i].syncLag)}
 	}
 	return out
 }
@@ -356,6 +361,11 @@ type ReplicaRun struct {
 	// holding the 99th percentile (-1: beyond the last finite bucket).
 	DecisionMeanUs  float64 `json:"decision_mean_us"`
 	DecisionP99LEUs float64 `json:"decision_p99_le_us"`
+	// SyncLagMeanMs and SyncLagP99LEMs are kvrouter_peersync_lag_seconds over every
+	// replica during the load (a snapshot's age when a peer applied it), in the same
+	// form; nil without sync.
+	SyncLagMeanMs  *float64 `json:"sync_lag_mean_ms,omitempty"`
+	SyncLagP99LEMs *float64 `json:"sync_lag_p99_le_ms,omitempty"`
 }
 
 // ReplicaReport is what `kvdemo replicas --json` writes (docs/data/replicas/fullstack.json).
@@ -404,6 +414,13 @@ func CompareReplicas(ctx context.Context, o Options, po ProcessOptions, setups [
 						rr.DecisionP99LEUs = -1
 					}
 				}
+				if h := c.SyncLag; h != nil && h.Count > 0 {
+					m, p := h.MeanMs(), h.QuantileBoundMs(0.99)
+					if math.IsInf(p, 1) {
+						p = -1
+					}
+					rr.SyncLagMeanMs, rr.SyncLagP99LEMs = &m, &p
+				}
 				if su.Routers > 1 && !su.Unsynced && c.Routed > 0 {
 					m, b := c.SyncSent/c.Routed, c.SyncBytesReceived/c.Routed
 					rr.Summary.SyncMessagesPerRequest, rr.Summary.SyncBytesPerRequest = &m, &b
@@ -419,7 +436,7 @@ func CompareReplicas(ctx context.Context, o Options, po ProcessOptions, setups [
 // merged).
 func SumRouters(rs []RouterStats) RouterStats {
 	var out RouterStats
-	var hs []*LagHistogram
+	var hs, lags []*LagHistogram
 	for _, r := range rs {
 		out.Routed += r.Routed
 		out.CPUSeconds += r.CPUSeconds
@@ -428,9 +445,9 @@ func SumRouters(rs []RouterStats) RouterStats {
 		out.SyncStale += r.SyncStale
 		out.SyncBytesSent += r.SyncBytesSent
 		out.SyncBytesReceived += r.SyncBytesReceived
-		hs = append(hs, r.Decision)
+		hs, lags = append(hs, r.Decision), append(lags, r.SyncLag)
 	}
-	out.Decision = addHistogram(hs...)
+	out.Decision, out.SyncLag = addHistogram(hs...), addHistogram(lags...)
 	return out
 }
 
