@@ -188,8 +188,6 @@ func RunReplicaFaults(ctx context.Context, fo ReplicaFaultOptions) (_ ReplicaFau
 	return rep, nil
 }
 
-func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
-
 // msp is d in milliseconds, or -1 when !ok.
 func msp(d time.Duration, ok bool) *float64 {
 	v := -1.0

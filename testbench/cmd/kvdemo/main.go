@@ -279,7 +279,7 @@ func faults(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	if *jsonOut != "" {
 		rep := demo.FaultReport{Workers: fo.Workers, Requests: fo.Requests, Concurrency: fo.Concurrency, Policy: fo.Policies[0],
-			Short: *short, OpenFileLimit: demo.OpenFileLimit(), Rows: rows}
+			Short: *short, OpenFileLimit: demo.OpenFileLimit(), WithoutReplay: fo.Process.WithoutReplay, Rows: rows}
 		b, err := json.MarshalIndent(rep, "", "  ")
 		if err != nil {
 			return err
