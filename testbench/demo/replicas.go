@@ -245,7 +245,9 @@ func sampleRouters(ctx context.Context, st Stack) []routerSample {
 			`kvrouter_peersync_bytes_total{direction="received"}`)
 		out[i].decision, _ = parseHistogram(strings.NewReader(body), decisionMetric)
 		out[i].syncLag, _ = parseHistogram(strings.NewReader(body), syncLagMetric)
-		out[i].cpu, _ = s.cpu(r.name)()
+		if u, err := s.usage(r.name)(); err == nil {
+			out[i].cpu = u.CPU
+		}
 	}
 	return out
 }
