@@ -97,18 +97,21 @@ func (c *messageCache) message(raw []byte, openai bool) (jinja.Value, error) {
 		return jinja.Value{}, err
 	}
 	if c != nil {
-		c.add(key, &cachedMessage{raw: string(raw), openai: openai, msg: msg, size: messageOverhead + int64(len(raw)) + valueSize(msg)})
+		c.add(key, raw, openai, msg)
 	}
 	return msg, nil
 }
 
-// add stores e unless it alone would take more than an eighth of the budget (one
-// message must not flush a cache that serves many conversations), then evicts down
-// to the budget.
-func (c *messageCache) add(key uint64, e *cachedMessage) {
-	if e.size > c.maxBytes/8 {
+// add stores a converted message unless it alone would take more than an eighth of the
+// budget (one message must not flush a cache that serves many conversations), then
+// evicts down to the budget. The raw bytes are copied only once the entry is kept: a
+// huge message would otherwise cost another copy of itself for nothing.
+func (c *messageCache) add(key uint64, raw []byte, openai bool, msg jinja.Value) {
+	size := messageOverhead + int64(len(raw)) + valueSize(msg)
+	if size > c.maxBytes/8 {
 		return
 	}
+	e := &cachedMessage{raw: string(raw), openai: openai, msg: msg, size: size}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if old, ok := c.lru.Peek(key); ok {

@@ -92,7 +92,7 @@ func startChild(t *testing.T, shPrefix, cfg string, env ...string) *child {
 }
 
 func childConfig(limits string) string {
-	return `listen: {extproc: "127.0.0.1:0", health: "127.0.0.1:0", metrics: "127.0.0.1:0"}
+	return `listen: {extproc: "127.0.0.1:0", health: "127.0.0.1:0", metrics: "127.0.0.1:0", tls: {mode: disabled}}
 endpoints:
   - address: 127.0.0.1:1
     models: [m]
