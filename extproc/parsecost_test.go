@@ -33,16 +33,21 @@ func TestParseCostCoversPromptAllocations(t *testing.T) {
 		return map[string]any{"type": "function", "function": map[string]any{"name": "f", "description": desc,
 			"parameters": map[string]any{"type": "object", "properties": map[string]any{}}}}
 	}
-	bodies := map[string]map[string]any{
-		"one user turn": {"messages": []map[string]string{{"role": "user", "content": prose}}},
-		"many turns": {"messages": func() (m []map[string]string) {
+	// A slice, not a map: the order is fixed, so each measurement is the same every run
+	// (pools warmed by an earlier body change what a later one allocates).
+	bodies := []struct {
+		name   string
+		fields map[string]any
+	}{
+		{"one user turn", map[string]any{"messages": []map[string]string{{"role": "user", "content": prose}}}},
+		{"many turns", map[string]any{"messages": func() (m []map[string]string) {
 			for i := range 2000 {
 				role := [2]string{"user", "assistant"}[i%2]
 				m = append(m, map[string]string{"role": role, "content": prose[i*1000 : i*1000+1000]})
 			}
 			return m
-		}()},
-		"non-ASCII": {"messages": []map[string]string{{"role": "system", "content": accented}, {"role": "user", "content": "hi"}}},
+		}()}},
+		{"non-ASCII", map[string]any{"messages": []map[string]string{{"role": "system", "content": accented}, {"role": "user", "content": "hi"}}}},
 	}
 	// Not covered: tool definitions, which templates re-serialize with tojson (indented),
 	// cost up to 6.75x their bytes with Qwen3's template; bodies of megabytes of tools
@@ -81,9 +86,9 @@ func TestParseCostCoversPromptAllocations(t *testing.T) {
 				return body, alloc
 			}
 			measure(t, toolsBody)
-			for name, fields := range bodies {
-				t.Run(name, func(t *testing.T) {
-					body, alloc := measure(t, fields)
+			for _, b := range bodies {
+				t.Run(b.name, func(t *testing.T) {
+					body, alloc := measure(t, b.fields)
 					allowed := uint64(extproc.ParseCost-1)*uint64(len(body)) + tokenizerAllowance
 					if alloc > allowed {
 						t.Fatalf("parsing a %d-byte body allocated %d bytes, more than the %d the body budget charges beyond the body ((ParseCost-1) x body + %d for the tokenizer)",

@@ -30,7 +30,7 @@ const (
 	// its decoded JSON strings (1: unescaping never lengthens a string), the rendered
 	// prompt (1: sized once from the messages' JSON) and the strings the chat template
 	// builds on the way (up to 3: Llama 3's sets each message's text by concatenation
-	// and trim before writing it; up to 5.3x in all, for a 2,000-turn conversation).
+	// and trim before writing it; 4.9x in all for a 2,000-turn conversation).
 	// TestParseCostCoversPromptAllocations measures it for every test model with a
 	// tokenizer and fails when a body allocates more.
 	ParseCost = 6
