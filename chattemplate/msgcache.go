@@ -210,6 +210,12 @@ func (r *renderIterations) Iteration(item *jinja.Dict, key jinja.IterationKey) *
 	return nil
 }
 
+// KeepsIteration tells jinja whether StoreIteration would keep the iteration: only one
+// over a message the cache holds.
+func (r *renderIterations) KeepsIteration(item *jinja.Dict, key jinja.IterationKey) bool {
+	return r.entry(item, key.Index) != nil
+}
+
 // StoreIteration implements jinja.IterationCache. An iteration over a message the
 // cache does not hold is not kept (its identity would stand for nothing); it counts
 // toward its message's entry, which it is evicted with.

@@ -18,7 +18,10 @@ import (
 // registry with a token limit and a pooled id buffer), and checks that the body plus
 // those allocations stay within the ParseCost x body bytes the body budget charges.
 // The tokenizer's own work is bounded by the token limit, not by the body: it gets a
-// fixed allowance.
+// fixed allowance. The prefix and message caches are off: what they keep is bounded by
+// their own budgets (tokenizer.prefix_cache_bytes, message_cache_bytes), and a message
+// too large for the message cache is neither kept nor copied for it
+// (BenchmarkPromptTokensHuge: 2.0x a 13.6 MB body, caches on).
 func TestParseCostCoversPromptAllocations(t *testing.T) {
 	if testing.Short() {
 		t.Skip("tokenizes 2 MB bodies with three models")
