@@ -16,6 +16,13 @@ type LimitsConfig struct {
 	MaxBodyBytes int `yaml:"max_body_bytes"`
 	// DrainTimeout bounds how long in-flight streams may run on after SIGTERM.
 	DrainTimeout time.Duration `yaml:"drain_timeout"`
+	// DrainDelay is how long kvrouter keeps taking new ext_proc streams after SIGTERM
+	// while its health answers NOT_SERVING, so that gateways stop sending before it
+	// refuses: a gateway learns of the drain only from its next health checks (Envoy:
+	// interval x unhealthy_threshold) or from the Service's endpoints being updated.
+	// Default 5s: the shipped Envoy configs' 2s interval x 2 checks plus their 1s
+	// timeout. 0 refuses new streams at once.
+	DrainDelay time.Duration `yaml:"drain_delay"`
 	// MaxHold bounds how long the router may take to answer a request the policy asks to
 	// hold (placement's hold_max), counted from the start of the decision: parsing,
 	// tokenization and earlier holds count (0 never holds). Envoy's ext_proc
@@ -67,7 +74,7 @@ type LimitsConfig struct {
 }
 
 // DefaultLimitsConfig returns 16 MiB bodies, a 96 MiB body budget, 4096 connections,
-// 16384 streams, a 10s stream idle timeout, a 30s drain, 120ms holds and the scrape
+// 16384 streams, a 10s stream idle timeout, a 5s drain delay and a 30s drain, 120ms holds and the scrape
 // defaults.
 func DefaultLimitsConfig() LimitsConfig {
 	return LimitsConfig{
@@ -77,6 +84,7 @@ func DefaultLimitsConfig() LimitsConfig {
 		MaxStreams:        16384,
 		StreamIdleTimeout: 10 * time.Second,
 		DrainTimeout:      30 * time.Second,
+		DrainDelay:        5 * time.Second,
 		MaxHold:           extproc.DefaultMaxHold,
 		RetryAfter:        extproc.DefaultRetryAfter,
 		Scrape:            fleet.DefaultScrapeConfig(),
@@ -103,6 +111,9 @@ func (c *LimitsConfig) Validate() error {
 	}
 	if c.DrainTimeout < 0 || c.DrainTimeout > time.Hour {
 		errs.Addf("drain_timeout", "%v is out of range [0, 1h]", c.DrainTimeout)
+	}
+	if c.DrainDelay < 0 || c.DrainDelay > time.Minute {
+		errs.Addf("drain_delay", "%v is out of range [0, 1m]", c.DrainDelay)
 	}
 	if c.MaxHold < 0 || c.MaxHold > 500*time.Millisecond {
 		errs.Addf("max_hold", "%v is out of range [0, 500ms] (Envoy's ext_proc message_timeout runs while a request is held)", c.MaxHold)

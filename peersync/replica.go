@@ -29,15 +29,22 @@ type Replica struct {
 	now    func() time.Time
 	m      *Metrics
 
-	mu        sync.Mutex
-	seq       uint64
-	last      []byte // the encoding of the last published loads
-	scratch   []byte
-	lastSent  time.Time
 	heartbeat time.Duration
-	peers     map[string]*peer
-	buf       []placement.EndpointLoad
-	seen      []uint64 // PeerLoad's scratch
+
+	// pub orders the publishing side (Publish, State), which reads the Source; mu guards
+	// the peers' side, which the Source's owner reads while it holds its own lock
+	// (placement reads PeerLoad inside a pick). Never both at once: a Source read under
+	// mu would wait for the policy's lock while the policy waits for mu.
+	pub      sync.Mutex
+	seq      uint64
+	last     []byte // the encoding of the last published loads
+	scratch  []byte
+	lastSent time.Time
+	buf      []placement.EndpointLoad
+
+	mu    sync.Mutex
+	peers map[string]*peer
+	seen  []uint64 // PeerLoad's scratch
 }
 
 // peer is the latest snapshot heard from one origin.
@@ -70,8 +77,8 @@ func (r *Replica) Self() string { return r.self }
 // the last one published, or when a heartbeat is due; nil otherwise.
 func (r *Replica) Publish() []byte {
 	now := r.now()
-	r.mu.Lock()
-	defer r.mu.Unlock()
+	r.pub.Lock()
+	defer r.pub.Unlock()
 	r.buf = r.local(r.buf[:0])
 	s := Snapshot{Origin: r.self, Loads: r.buf}
 	r.scratch = s.AppendEncode(r.scratch[:0])
@@ -87,8 +94,8 @@ func (r *Replica) Publish() []byte {
 // (memberlist's push/pull).
 func (r *Replica) State() []byte {
 	now := r.now()
-	r.mu.Lock()
-	defer r.mu.Unlock()
+	r.pub.Lock()
+	defer r.pub.Unlock()
 	r.buf = r.local(r.buf[:0])
 	return r.encodeLocked(now)
 }
@@ -104,7 +111,7 @@ func (r *Replica) local(dst []placement.EndpointLoad) []placement.EndpointLoad {
 	return dst
 }
 
-// encodeLocked encodes r.buf as the next snapshot; r.mu must be held.
+// encodeLocked encodes r.buf as the next snapshot; r.pub must be held.
 func (r *Replica) encodeLocked(now time.Time) []byte {
 	r.seq++
 	s := Snapshot{Origin: r.self, Incarnation: r.inc, Seq: r.seq, Sent: now, Loads: r.buf}

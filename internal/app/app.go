@@ -279,8 +279,8 @@ func (a *App) Listen() (Addrs, error) {
 	return addrs, nil
 }
 
-// Run serves until ctx ends, then drains: health turns NOT_SERVING, no new ext_proc
-// stream is accepted, streams in flight run to their end (at most limits.drain_timeout),
+// Run serves until ctx ends, then drains: health turns NOT_SERVING, new ext_proc
+// streams are still taken for limits.drain_delay, then none is accepted, streams in flight run to their end (at most limits.drain_timeout),
 // and Run returns nil. It returns an error when a server fails.
 func (a *App) Run(ctx context.Context) error {
 	addrs, err := a.Listen()
@@ -348,6 +348,12 @@ func (a *App) drain() {
 	start := time.Now()
 	a.draining.Store(true)
 	a.updateHealth()
+	if delay := a.live.Load().Limits.DrainDelay; delay > 0 {
+		// Health says NOT_SERVING; streams are still taken until the gateways have
+		// seen it (limits.drain_delay), so a rollout fails no request.
+		a.log.Info("draining: not serving; still taking streams", zap.Duration("drain_delay", delay))
+		time.Sleep(delay)
+	}
 	a.extproc.Drain()
 	timeout := a.live.Load().Limits.DrainTimeout
 	a.log.Info("draining", zap.Duration("timeout", timeout))
