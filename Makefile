@@ -33,9 +33,10 @@ models: ## Fetch the tokenizer files the tests use into .cache/models (sha256-ve
 	bash scripts/fetch-models.sh
 
 .PHONY: test
-test: models ## Run all tests with the race detector, then the full tokenizer golden proof without it.
+test: models ## Run all tests with the race detector, then without it the full tokenizer golden proof and the peak-RSS test.
 	HELM=$(HELM) $(GO) test -race -count=1 ./...
 	$(GO) test -count=1 -run '^TestGolden$$' ./tokenizer/
+	$(GO) test -count=1 -run '^TestPeakRSSUnderHugeBodies$$' ./internal/app/
 
 .PHONY: bench
 bench: ## Run the benchmarks (one core, 5 runs each; compare with benchstat).

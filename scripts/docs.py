@@ -506,6 +506,40 @@ def results_fullstack():
     return fullstack_tables(sweep, matched, fs) + run1_table(fs)
 
 
+# ---- docs/results-killpod.md ----
+
+def killpod_table(directory):
+    """Requests failed while a pod is killed under load: one row per max_fallbacks, the
+    runs' failed requests in file order and their median (kvdemo --kill-worker-after
+    --json, one file per run)."""
+    import glob
+    runs = {}
+    shape = None
+    for path in sorted(glob.glob(os.path.join(ROOT, directory, "*.json"))):
+        with open(path) as f:
+            for r in json.load(f):
+                if not r.get("kill_worker_after_s"):
+                    continue
+                key = (r["workers"], r["requests"], r["concurrency"], r["policy"], r["gateway"], r["kill_worker_after_s"])
+                if shape is None:
+                    shape = key
+                elif key != shape:
+                    raise SystemExit(f"{path}: a run of another shape {key} than {shape}")
+                runs.setdefault(r["max_fallbacks"], []).append(r["errors"])
+    if shape is None:
+        raise SystemExit(f"{directory}: no kill runs")
+    workers, requests, conc, policy, gateway, after = shape
+    head = (f"{workers} vllm-sim servers, kvrouter (policy {policy}) behind the {gateway} gateway; "
+            f"{requests} requests at concurrency {conc}, server 0 killed (SIGKILL) {after:g} s into the load.\n")
+    rows = []
+    for n in sorted(runs):
+        label = "passive health, no fallbacks" if n == 0 else f"passive health and {n} fallbacks"
+        errs = runs[n]
+        rows.append([f"{label} (`--max-fallbacks {n}`)", ", ".join(str(e) for e in errs), len(errs),
+                     f"{statistics.median(errs):g}"])
+    return head + table(["", "failed requests", "runs", "median"], rows)
+
+
 # ---- docs/faults.md ----
 
 def faults_table(path):
@@ -649,6 +683,7 @@ def replicas_faults_table(path):
 
 RENDERERS = {
     "faults": faults_table,
+    "killpod": killpod_table,
     "replicas-fullstack": replicas_fullstack_table,
     "replicas-faults": replicas_faults_table,
     "latency": latency_table,

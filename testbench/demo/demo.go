@@ -376,18 +376,31 @@ func WriteTable(w io.Writer, o Options, results []Result) error {
 	return err
 }
 
-// Records turns a comparison into kvbench's JSON records (mode "full-stack", one
-// repetition each), so full-stack runs can be read beside `kvbench --json` output.
-func Records(o Options, results []Result) []kvbench.Record {
-	out := make([]kvbench.Record, len(results))
+// Record is one policy's run as JSON: kvbench's record (its fields at the top level, so
+// full-stack runs read beside `kvbench --json` output), and the fault the run injected.
+type Record struct {
+	kvbench.Record
+	// Gateway is the proxy the requests went through: "envoy" or "dev".
+	Gateway string `json:"gateway,omitempty"`
+	// KillWorkerAfterS is Options.KillWorkerAfter in seconds (0: no pod killed); the
+	// requests the kill failed are in errors.
+	KillWorkerAfterS float64 `json:"kill_worker_after_s,omitempty"`
+	// MaxFallbacks is Options.MaxFallbacks.
+	MaxFallbacks int `json:"max_fallbacks"`
+}
+
+// Records turns a comparison through gateway ("envoy" or "dev") into JSON records (mode
+// "full-stack", one repetition each).
+func Records(o Options, gateway string, results []Result) []Record {
+	out := make([]Record, len(results))
 	for i, r := range results {
-		out[i] = kvbench.Record{
+		out[i] = Record{Record: kvbench.Record{
 			Cell: kvbench.Cell{Policy: r.Policy, Workers: o.Workers, Prefixes: o.Prefixes, Concurrency: o.Concurrency},
 			Mode: "full-stack", Reps: 1,
 			PrefixTokens: o.PrefixTokens, TailTokens: o.TailTokens, OutputTokens: o.OutputTokens,
 			Seed: o.Seed, API: kvbench.APICompletions,
 			Summary: r.Summary,
-		}
+		}, Gateway: gateway, KillWorkerAfterS: o.KillWorkerAfter.Seconds(), MaxFallbacks: o.MaxFallbacks}
 	}
 	return out
 }

@@ -31,7 +31,6 @@ import (
 	"github.com/kvrouter/kvrouter/policy"
 	"github.com/kvrouter/kvrouter/testbench/demo"
 	"github.com/kvrouter/kvrouter/testbench/fakeenvoy"
-	"github.com/kvrouter/kvrouter/testbench/kvbench"
 	"github.com/kvrouter/kvrouter/tlscert"
 )
 
@@ -68,7 +67,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	envoyCfg := fs.String("envoy-config", "envoy/envoy.yaml", "the Envoy bootstrap to run (its ports are rewritten to the demo's)")
 	policies := fs.String("policies", strings.Join(o.Policies, ","), "policies to compare, each on a fresh fleet")
 	speeds := fs.String("speed-factors", "", "per-server engine speeds, comma list, one per worker (e.g. kvbench's 1,1,0.7,0.7,0.7,0.7); empty: all 1")
-	jsonOut := fs.String("json", "", "also write the results as kvbench JSON records (mode full-stack) to this file")
+	jsonOut := fs.String("json", "", "also write the results as JSON records (kvbench's, mode full-stack, with the gateway, kill and fallbacks) to this file")
 	keep := fs.Bool("keep-logs", false, "keep the generated configurations and the processes' logs")
 	fs.StringVar(&o.TokenizerDir, "tokenizer", o.TokenizerDir, "the model's tokenizer directory (make models)")
 	fs.StringVar(&o.Model, "model", o.Model, "served model name")
@@ -128,7 +127,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	default:
 		return fmt.Errorf("--gateway %q: want auto, envoy or dev", *gw)
 	}
+	gateway := "dev"
 	if po.Envoy != "" {
+		gateway = "envoy"
 		fmt.Fprintf(stderr, "kvdemo: gateway: Envoy (%s) with %s\n", po.Envoy, *envoyCfg)
 	} else {
 		fmt.Fprintln(stderr, "kvdemo: gateway: the dev gateway (no envoy binary on PATH)")
@@ -149,15 +150,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 	}
 	if *jsonOut != "" {
-		f, err := os.Create(*jsonOut)
+		b, err := json.MarshalIndent(demo.Records(o, gateway, results), "", "  ")
 		if err != nil {
 			return err
 		}
-		if err := kvbench.WriteJSON(f, demo.Records(o, results)); err != nil {
-			f.Close()
-			return err
-		}
-		if err := f.Close(); err != nil {
+		if err := os.WriteFile(*jsonOut, append(b, '\n'), 0o644); err != nil {
 			return err
 		}
 	}
