@@ -8,11 +8,35 @@ import (
 	"github.com/kvrouter/kvrouter/placement"
 )
 
-// fakeSource is a router's own load, set by the test.
-type fakeSource struct{ loads []placement.EndpointLoad }
+// fakeSource is a router's own load and placement decisions, set by the test; merged
+// records the placements peers' snapshots merged, with their winsTie.
+type fakeSource struct {
+	loads   []placement.EndpointLoad
+	placed  []placement.Placement // all of them
+	changed []placement.Placement // since the last Placements(false)
+	merged  []merge
+}
+
+type merge struct {
+	ps      []placement.Placement
+	winsTie bool
+}
 
 func (f *fakeSource) Local(dst []placement.EndpointLoad) []placement.EndpointLoad {
 	return append(dst, f.loads...)
+}
+
+func (f *fakeSource) Placements(dst []placement.Placement, all bool) []placement.Placement {
+	if all {
+		return append(dst, f.placed...)
+	}
+	dst = append(dst, f.changed...)
+	f.changed = nil
+	return dst
+}
+
+func (f *fakeSource) MergePlacements(ps []placement.Placement, winsTie bool) {
+	f.merged = append(f.merged, merge{ps: ps, winsTie: winsTie})
 }
 
 // fakeClock is a settable clock.

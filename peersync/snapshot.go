@@ -25,15 +25,22 @@ type Snapshot struct {
 	Sent time.Time
 	// Loads are its in-flight requests per endpoint (endpoints with none are absent).
 	Loads []placement.EndpointLoad
+	// Placements are the origin's placement decisions: those made since its last
+	// snapshot, or (every expiry/4, and on join) all of them. Unlike loads they merge
+	// into the receiver's table, the latest decision per prefix winning.
+	Placements []placement.Placement
 }
 
-// Wire format, version 1: magic, version, then uvarints and length-prefixed strings.
+// Wire format, version 2 (1 had no placements): magic, version, then uvarints and
+// length-prefixed strings.
 const (
 	magic   = 0x6b // 'k'
-	version = 1
+	version = 2
 	// maxEndpoints and maxString bound what a decoder accepts (memory per message).
 	maxEndpoints = 1 << 14
 	maxActive    = 1 << 14
+	maxPlaced    = 1 << 14
+	maxSites     = 1 << 10
 	maxString    = 512
 )
 
@@ -57,6 +64,22 @@ func (s *Snapshot) AppendEncode(dst []byte) []byte {
 		for _, a := range l.Active {
 			dst = binary.LittleEndian.AppendUint64(dst, a.Key)
 			dst = binary.AppendUvarint(dst, uint64(max(a.Blocks, 0)))
+		}
+	}
+	dst = binary.AppendUvarint(dst, uint64(len(s.Placements)))
+	for _, p := range s.Placements {
+		dst = binary.LittleEndian.AppendUint64(dst, p.Key)
+		dst = binary.AppendUvarint(dst, uint64(max(p.Blocks, 0)))
+		dst = binary.AppendUvarint(dst, uint64(max(p.Base, 0)))
+		dst = binary.AppendVarint(dst, p.Decided.UnixNano())
+		dst = binary.AppendUvarint(dst, uint64(len(p.Sites)))
+		for _, st := range p.Sites {
+			dst = appendString(dst, st.Endpoint)
+			var home byte
+			if st.Home {
+				home = 1
+			}
+			dst = append(dst, home)
 		}
 	}
 	return dst
@@ -104,6 +127,35 @@ func Decode(b []byte) (Snapshot, error) {
 		}
 		s.Loads = append(s.Loads, l)
 	}
+	if n := d.uvarint(); n > maxPlaced {
+		d.err = fmt.Errorf("%d placements, at most %d", n, maxPlaced)
+	} else if d.err == nil && n > 0 {
+		s.Placements = make([]placement.Placement, 0, min(n, uint64(len(d.b)/12+1)))
+		for i := uint64(0); i < n && d.err == nil; i++ {
+			p := placement.Placement{Key: d.u64(), Blocks: d.int(), Base: d.int(), Decided: time.Unix(0, d.varint())}
+			k := d.uvarint()
+			if k > maxSites {
+				d.err = fmt.Errorf("%d sites, at most %d", k, maxSites)
+			}
+			if d.err == nil && k > 0 {
+				p.Sites = make([]placement.Site, 0, min(k, uint64(len(d.b)/2+1)))
+			}
+			for j := uint64(0); j < k && d.err == nil; j++ {
+				st := placement.Site{Endpoint: d.str()}
+				switch h := d.byte(); h {
+				case 0:
+				case 1:
+					st.Home = true
+				default:
+					if d.err == nil {
+						d.err = fmt.Errorf("home flag %d", h)
+					}
+				}
+				p.Sites = append(p.Sites, st)
+			}
+			s.Placements = append(s.Placements, p)
+		}
+	}
 	if d.err == nil && len(d.b) != 0 {
 		d.err = fmt.Errorf("%d trailing bytes", len(d.b))
 	}
@@ -144,6 +196,19 @@ func (d *decoder) u64() uint64 {
 	}
 	v := binary.LittleEndian.Uint64(d.b)
 	d.b = d.b[8:]
+	return v
+}
+
+func (d *decoder) byte() byte {
+	if d.err != nil {
+		return 0
+	}
+	if len(d.b) < 1 {
+		d.err = errors.New("truncated flag")
+		return 0
+	}
+	v := d.b[0]
+	d.b = d.b[1:]
 	return v
 }
 
