@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/kvrouter/kvrouter/placement"
@@ -66,20 +67,33 @@ func (s *Snapshot) AppendEncode(dst []byte) []byte {
 			dst = binary.AppendUvarint(dst, uint64(max(a.Blocks, 0)))
 		}
 	}
+	// Placements name their endpoints by index into a table of the endpoints they use,
+	// each site one uvarint (index << 1 | home); decision times are relative to Sent.
+	var eps []string
+	for _, p := range s.Placements {
+		for _, st := range p.Sites {
+			if !slices.Contains(eps, st.Endpoint) {
+				eps = append(eps, st.Endpoint)
+			}
+		}
+	}
+	dst = binary.AppendUvarint(dst, uint64(len(eps)))
+	for _, e := range eps {
+		dst = appendString(dst, e)
+	}
 	dst = binary.AppendUvarint(dst, uint64(len(s.Placements)))
 	for _, p := range s.Placements {
 		dst = binary.LittleEndian.AppendUint64(dst, p.Key)
 		dst = binary.AppendUvarint(dst, uint64(max(p.Blocks, 0)))
 		dst = binary.AppendUvarint(dst, uint64(max(p.Base, 0)))
-		dst = binary.AppendVarint(dst, p.Decided.UnixNano())
+		dst = binary.AppendVarint(dst, s.Sent.UnixNano()-p.Decided.UnixNano())
 		dst = binary.AppendUvarint(dst, uint64(len(p.Sites)))
 		for _, st := range p.Sites {
-			dst = appendString(dst, st.Endpoint)
-			var home byte
+			v := uint64(slices.Index(eps, st.Endpoint)) << 1
 			if st.Home {
-				home = 1
+				v |= 1
 			}
-			dst = append(dst, home)
+			dst = binary.AppendUvarint(dst, v)
 		}
 	}
 	return dst
@@ -127,31 +141,36 @@ func Decode(b []byte) (Snapshot, error) {
 		}
 		s.Loads = append(s.Loads, l)
 	}
+	var eps []string
+	if n := d.uvarint(); n > maxEndpoints {
+		d.err = fmt.Errorf("%d placement endpoints, at most %d", n, maxEndpoints)
+	} else {
+		for i := uint64(0); i < n && d.err == nil; i++ {
+			eps = append(eps, d.str())
+		}
+	}
 	if n := d.uvarint(); n > maxPlaced {
 		d.err = fmt.Errorf("%d placements, at most %d", n, maxPlaced)
 	} else if d.err == nil && n > 0 {
 		s.Placements = make([]placement.Placement, 0, min(n, uint64(len(d.b)/12+1)))
 		for i := uint64(0); i < n && d.err == nil; i++ {
-			p := placement.Placement{Key: d.u64(), Blocks: d.int(), Base: d.int(), Decided: time.Unix(0, d.varint())}
+			p := placement.Placement{Key: d.u64(), Blocks: d.int(), Base: d.int()}
+			p.Decided = time.Unix(0, s.Sent.UnixNano()-d.varint())
 			k := d.uvarint()
 			if k > maxSites {
 				d.err = fmt.Errorf("%d sites, at most %d", k, maxSites)
 			}
 			if d.err == nil && k > 0 {
-				p.Sites = make([]placement.Site, 0, min(k, uint64(len(d.b)/2+1)))
+				p.Sites = make([]placement.Site, 0, min(k, uint64(len(d.b)+1)))
 			}
 			for j := uint64(0); j < k && d.err == nil; j++ {
-				st := placement.Site{Endpoint: d.str()}
-				switch h := d.byte(); h {
-				case 0:
-				case 1:
-					st.Home = true
-				default:
-					if d.err == nil {
-						d.err = fmt.Errorf("home flag %d", h)
-					}
+				v := d.uvarint()
+				if d.err == nil && v>>1 >= uint64(len(eps)) {
+					d.err = fmt.Errorf("site endpoint %d of %d", v>>1, len(eps))
 				}
-				p.Sites = append(p.Sites, st)
+				if d.err == nil {
+					p.Sites = append(p.Sites, placement.Site{Endpoint: eps[v>>1], Home: v&1 == 1})
+				}
 			}
 			s.Placements = append(s.Placements, p)
 		}
@@ -196,19 +215,6 @@ func (d *decoder) u64() uint64 {
 	}
 	v := binary.LittleEndian.Uint64(d.b)
 	d.b = d.b[8:]
-	return v
-}
-
-func (d *decoder) byte() byte {
-	if d.err != nil {
-		return 0
-	}
-	if len(d.b) < 1 {
-		d.err = errors.New("truncated flag")
-		return 0
-	}
-	v := d.b[0]
-	d.b = d.b[1:]
 	return v
 }
 
