@@ -57,7 +57,8 @@ type PeerView interface {
 // SetPeers makes every later Pick add peers' load to its own view of each endpoint: to
 // its load (requests), its KV room, its prefill backlog (diverts, rehoming) and the
 // misses a hit is held behind. It replaces SharedLoad's estimate from scraped metrics.
-// nil turns it off.
+// With peers, decisions are recorded for Placements and near-ties between holders are
+// broken by v.Self() (replicaTie). nil turns it off.
 func (p *Policy) SetPeers(v PeerView) {
 	p.mu.Lock()
 	p.peers = v
