@@ -216,7 +216,7 @@ func (p *Policy) decide(e *prefixEntry) {
 // router replicas to count them as tied: a replica cannot see the picks its peers make
 // within a sync interval of its own, so replicas that break ties the same way send
 // simultaneous requests to the same endpoint (kvbench --sim --replicas 2, N = 2, C = 16:
-// ~3 of 4 simultaneous picks; p99 TTFT 121 ms against one router's 95).
+// 5 of 6 simultaneous picks; p99 TTFT 121 ms against one router's 95).
 const replicaSpread = 0.5
 
 // replicaTie reports whether candidates i and j, of waits wi and wj, are tied for a
