@@ -23,6 +23,12 @@
 // callers can route them by load. Templates that loop over message content get content
 // as a list of parts, as vLLM's "openai" content format does.
 //
-// Concurrency: a *Template is immutable after Compile; Render is safe for concurrent
-// use. Nothing in the package logs or starts goroutines.
+// With the message cache on, a conversation's next turn renders incrementally: each
+// iteration of the template's message loop is reused from the previous turn when every
+// value it read from outside itself is unchanged (internal/jinja's memo.go), so only
+// new messages, and earlier ones whose rendering depends on them, are executed.
+//
+// Concurrency: a *Template's compiled form is immutable after Compile and its caches
+// are locked; Render and AppendRender are safe for concurrent use. Nothing in the
+// package logs or starts goroutines.
 package chattemplate

@@ -82,6 +82,13 @@ var modelTemplates = []string{"deepseek_v3", "gemma3", "gemini", "llama3_1"}
 // (ParseTokenizerConfig + CompileConfig).
 func loadModelTemplate(t testing.TB, model string, defaults json.RawMessage) *chattemplate.Template {
 	t.Helper()
+	return compileModelTemplate(t, model, chattemplate.Options{DefaultKwargs: defaults})
+}
+
+// compileModelTemplate is loadModelTemplate with other options (the golden clock is
+// set here).
+func compileModelTemplate(t testing.TB, model string, opts chattemplate.Options) *chattemplate.Template {
+	t.Helper()
 	dir := testmodels.DirWith(t, model, "tokenizer_config.json")
 	raw, err := os.ReadFile(filepath.Join(dir, "tokenizer_config.json"))
 	if err != nil {
@@ -91,10 +98,8 @@ func loadModelTemplate(t testing.TB, model string, defaults json.RawMessage) *ch
 	if err != nil {
 		t.Fatal(err)
 	}
-	tmpl, err := chattemplate.CompileConfig(cfg, chattemplate.Options{
-		DefaultKwargs: defaults,
-		Now:           func() time.Time { return goldenNow },
-	})
+	opts.Now = func() time.Time { return goldenNow }
+	tmpl, err := chattemplate.CompileConfig(cfg, opts)
 	if err != nil {
 		t.Fatalf("compile %s: %v", model, err)
 	}

@@ -1,12 +1,17 @@
 package chattemplate
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvrouter/kvrouter/chattemplate/internal/jinja"
+)
 
 // Metrics reports the message cache of every template that reports to it, labelled by
 // model. One Metrics serves any number of templates.
 type Metrics struct {
-	lookups *prometheus.CounterVec
-	bytes   *prometheus.GaugeVec
+	lookups    *prometheus.CounterVec
+	bytes      *prometheus.GaugeVec
+	iterations *prometheus.CounterVec
 }
 
 // NewMetrics creates the template metrics and registers them on reg (nil: not
@@ -14,6 +19,7 @@ type Metrics struct {
 //
 //	kvrouter_chattemplate_message_cache_lookups_total{model, result="hit"|"miss"}
 //	kvrouter_chattemplate_message_cache_bytes{model}
+//	kvrouter_chattemplate_render_iterations_total{model, result="reused"|"rendered"}
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		lookups: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -24,17 +30,22 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "kvrouter_chattemplate_message_cache_bytes",
 			Help: "Memory the converted-message cache accounts for (raw JSON, converted strings and values, a fixed overhead per message), bounded by its configured budget.",
 		}, []string{"model"}),
+		iterations: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvrouter_chattemplate_render_iterations_total",
+			Help: "Iterations of the chat template's message loops, by result: reused from the message cache (same message, same position, same values read from the rest of the conversation) or rendered.",
+		}, []string{"model", "result"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.lookups, m.bytes)
+		reg.MustRegister(m.lookups, m.bytes, m.iterations)
 	}
 	return m
 }
 
 // cacheMetrics are the resolved metrics of one template's cache (nil: not counted).
 type cacheMetrics struct {
-	hit, miss prometheus.Counter
-	bytes     prometheus.Gauge
+	hit, miss        prometheus.Counter
+	bytes            prometheus.Gauge
+	reused, rendered prometheus.Counter
 }
 
 func newCacheMetrics(m *Metrics, model string) *cacheMetrics {
@@ -42,9 +53,11 @@ func newCacheMetrics(m *Metrics, model string) *cacheMetrics {
 		return nil
 	}
 	return &cacheMetrics{
-		hit:   m.lookups.WithLabelValues(model, "hit"),
-		miss:  m.lookups.WithLabelValues(model, "miss"),
-		bytes: m.bytes.WithLabelValues(model),
+		hit:      m.lookups.WithLabelValues(model, "hit"),
+		miss:     m.lookups.WithLabelValues(model, "miss"),
+		bytes:    m.bytes.WithLabelValues(model),
+		reused:   m.iterations.WithLabelValues(model, "reused"),
+		rendered: m.iterations.WithLabelValues(model, "rendered"),
 	}
 }
 
@@ -61,5 +74,12 @@ func (c *cacheMetrics) lookup(hit bool) {
 func (c *cacheMetrics) setBytes(n int64) {
 	if c != nil {
 		c.bytes.Set(float64(n))
+	}
+}
+
+func (c *cacheMetrics) iterations(s jinja.RenderStats) {
+	if c != nil {
+		c.reused.Add(float64(s.Reused))
+		c.rendered.Add(float64(s.Rendered))
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"hash/maphash"
 	"sync"
+	"sync/atomic"
 
 	"github.com/hashicorp/golang-lru/v2/simplelru"
 
@@ -13,13 +14,16 @@ import (
 // Messages recur across requests: a conversation's whole history is re-sent with each
 // turn, and a shared system prompt with every request. Their preprocessed form is
 // memoised, keyed by the message's raw JSON (a seeded hash, confirmed by comparing the
-// bytes), so that decoding and converting them is paid once. Entries are never changed
-// after they are stored (template values are immutable). Entries are evicted least
-// recently used first under a byte budget.
+// bytes), so that decoding and converting them is paid once. A converted message is
+// never changed after it is stored (template values are immutable); its entry also
+// keeps the loop iterations the engine rendered over it (jinja's incremental
+// rendering), counted in the entry's size. Entries are evicted least recently used
+// first under a byte budget.
 const (
 	// DefaultMessageCacheBytes is the message cache's default budget: 64 MiB, the
-	// tokenizer prefix cache's default memory, holds about 6M tokens of conversation
-	// history (about 11 bytes per token), some 45 conversations of 128k tokens.
+	// tokenizer prefix cache's default memory, holds about 4M tokens of conversation
+	// history with its rendered iterations (about 17 bytes per token), some 29
+	// conversations of 128k tokens.
 	DefaultMessageCacheBytes = 64 << 20
 	// messageOverhead is what an entry costs beside its strings and values: the LRU's
 	// list element and map slot, the entry and the message dict's header (measured by
@@ -34,17 +38,32 @@ type messageCache struct {
 	maxBytes int64
 	counters *cacheMetrics
 
-	mu    sync.Mutex
-	lru   *simplelru.LRU[uint64, *cachedMessage]
-	bytes int64
+	mu     sync.Mutex
+	lru    *simplelru.LRU[uint64, *cachedMessage]
+	byDict map[*jinja.Dict]*cachedMessage // the entries by their converted message
+	bytes  int64
 }
 
 type cachedMessage struct {
 	raw    string
 	openai bool
 	msg    jinja.Value
-	size   int64
+	size   int64 // the entry's memory, its iterations included; c.mu
+	// iters are the message's rendered loop iterations (jinja's incremental
+	// rendering), at most maxIterations, newest last: an immutable slice replaced
+	// under c.mu, read without it.
+	iters atomic.Pointer[[]storedIteration]
 }
+
+type storedIteration struct {
+	key jinja.IterationKey
+	it  *jinja.Iteration
+}
+
+// maxIterations bounds the rendered iterations kept per message: the template's
+// message loop (and a second one, like Qwen3's reverse scan for the last query), for
+// the default and tool_use templates.
+const maxIterations = 4
 
 func newMessageCache(maxBytes int64, counters *cacheMetrics) *messageCache {
 	if maxBytes < 0 {
@@ -53,11 +72,12 @@ func newMessageCache(maxBytes int64, counters *cacheMetrics) *messageCache {
 	if maxBytes == 0 {
 		maxBytes = DefaultMessageCacheBytes
 	}
-	c := &messageCache{seed: maphash.MakeSeed(), maxBytes: maxBytes, counters: counters}
+	c := &messageCache{seed: maphash.MakeSeed(), maxBytes: maxBytes, counters: counters, byDict: map[*jinja.Dict]*cachedMessage{}}
 	// The byte budget is what bounds the cache; the count bound only has to be larger
 	// than the number of entries the budget can hold.
 	l, err := simplelru.NewLRU[uint64, *cachedMessage](int(min(maxBytes/messageOverhead+1, 1<<30)), func(_ uint64, e *cachedMessage) {
 		c.bytes -= e.size
+		c.forget(e)
 	})
 	if err != nil {
 		return nil
@@ -68,7 +88,7 @@ func newMessageCache(maxBytes int64, counters *cacheMetrics) *messageCache {
 
 // message returns the conversation message for one raw messages element, from the
 // cache when it has been converted before.
-func (c *messageCache) message(raw []byte, openai bool) (jinja.Value, error) {
+func (c *messageCache) message(raw []byte, openai bool) (jinja.Value, *cachedMessage, error) {
 	var key uint64
 	if c != nil {
 		key = maphash.Bytes(c.seed, raw)
@@ -80,48 +100,150 @@ func (c *messageCache) message(raw []byte, openai bool) (jinja.Value, error) {
 		c.mu.Unlock()
 		if ok && e.openai == openai && e.raw == string(raw) {
 			c.counters.lookup(true)
-			return e.msg, nil
+			return e.msg, e, nil
 		}
 		c.counters.lookup(false)
 	}
 	v, err := decodeJSON(raw)
 	if err != nil {
-		return jinja.Value{}, badRequest("%v", err)
+		return jinja.Value{}, nil, badRequest("%v", err)
 	}
 	d := v.Dict()
 	if d == nil {
-		return jinja.Value{}, badRequest("message must be an object")
+		return jinja.Value{}, nil, badRequest("message must be an object")
 	}
 	msg, err := conversationMessage(d, openai)
 	if err != nil {
-		return jinja.Value{}, err
+		return jinja.Value{}, nil, err
 	}
-	if c != nil {
-		c.add(key, &cachedMessage{raw: string(raw), openai: openai, msg: msg, size: messageOverhead + int64(len(raw)) + valueSize(msg)})
+	if c == nil {
+		return msg, nil, nil
 	}
-	return msg, nil
+	e := &cachedMessage{raw: string(raw), openai: openai, msg: msg, size: messageOverhead + int64(len(raw)) + valueSize(msg)}
+	if !c.add(key, e) {
+		e = nil
+	}
+	return msg, e, nil
 }
 
 // add stores e unless it alone would take more than an eighth of the budget (one
 // message must not flush a cache that serves many conversations), then evicts down
 // to the budget.
-func (c *messageCache) add(key uint64, e *cachedMessage) {
+func (c *messageCache) add(key uint64, e *cachedMessage) bool {
 	if e.size > c.maxBytes/8 {
-		return
+		return false
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if old, ok := c.lru.Peek(key); ok {
 		c.bytes -= old.size // Add replaces it without calling the eviction callback
+		c.forget(old)
 	}
 	c.lru.Add(key, e)
 	c.bytes += e.size
+	if d := e.msg.Dict(); d != nil {
+		c.byDict[d] = e
+	}
+	c.evict()
+	return true
+}
+
+// evict removes the least recently used entries down to the budget. c.mu is held.
+func (c *messageCache) evict() {
 	for c.bytes > c.maxBytes {
 		if _, _, ok := c.lru.RemoveOldest(); !ok {
 			break
 		}
 	}
 	c.counters.setBytes(c.bytes)
+}
+
+// forget drops e from byDict. c.mu is held.
+func (c *messageCache) forget(e *cachedMessage) {
+	if d := e.msg.Dict(); d != nil && c.byDict[d] == e {
+		delete(c.byDict, d)
+	}
+}
+
+// renderIterations is the jinja.IterationCache of one render: the message cache,
+// with the entries of the render's messages by index, so that an iteration over
+// messages[i] (or messages[i+1], for templates that loop over messages[1:]) finds its
+// message's stored iterations without a lock; other items are looked up by dict.
+type renderIterations struct {
+	c       *messageCache
+	entries []*cachedMessage // nil where the message is not cached
+}
+
+func (r *renderIterations) entry(item *jinja.Dict, index int) *cachedMessage {
+	for _, i := range [2]int{index, index + 1} {
+		if i < len(r.entries) {
+			if e := r.entries[i]; e != nil && e.msg.Dict() == item {
+				return e
+			}
+		}
+	}
+	r.c.mu.Lock()
+	defer r.c.mu.Unlock()
+	return r.c.byDict[item]
+}
+
+// Iteration implements jinja.IterationCache: the stored rendering of one loop
+// iteration over a cached message.
+func (r *renderIterations) Iteration(item *jinja.Dict, key jinja.IterationKey) *jinja.Iteration {
+	e := r.entry(item, key.Index)
+	if e == nil {
+		return nil
+	}
+	if iters := e.iters.Load(); iters != nil {
+		for _, s := range *iters {
+			if s.key == key {
+				return s.it
+			}
+		}
+	}
+	return nil
+}
+
+// StoreIteration implements jinja.IterationCache. An iteration over a message the
+// cache does not hold is not kept (its identity would stand for nothing); it counts
+// toward its message's entry, which it is evicted with.
+func (r *renderIterations) StoreIteration(item *jinja.Dict, key jinja.IterationKey, it *jinja.Iteration) {
+	e := r.entry(item, key.Index)
+	if e == nil {
+		return
+	}
+	c := r.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.byDict[item] != e {
+		return // evicted meanwhile
+	}
+	var old []storedIteration
+	if p := e.iters.Load(); p != nil {
+		old = *p
+	}
+	iters := make([]storedIteration, 0, min(len(old)+1, maxIterations))
+	size := e.size
+	for _, s := range old {
+		if s.key == key {
+			size -= s.it.Bytes()
+			continue
+		}
+		iters = append(iters, s)
+	}
+	if size+it.Bytes() > c.maxBytes/8 {
+		return
+	}
+	if len(iters) == maxIterations {
+		size -= iters[0].it.Bytes()
+		iters = iters[1:]
+	}
+	iters = append(iters, storedIteration{key, it})
+	size += it.Bytes()
+	c.bytes += size - e.size
+	e.size = size
+	e.iters.Store(&iters)
+	c.evict()
 }
 
 // valueSize is the memory a converted message holds beside the entry: its strings

@@ -76,29 +76,36 @@ func decodeField(name string, raw json.RawMessage) (jinja.Value, error) {
 // conversation turns the request's messages into vLLM's ConversationMessage list;
 // openai selects vLLM's "openai" content format (content kept as a list of parts).
 // Long messages come from cache when it is not nil.
-func conversation(raw json.RawMessage, openai bool, cache *messageCache) (jinja.Value, error) {
+func conversation(raw json.RawMessage, openai bool, cache *messageCache) (jinja.Value, []*cachedMessage, error) {
 	var buf [16][]byte
 	elems, ok := splitArray(raw, buf[:0])
 	if !ok {
 		// Not a well-formed array: decode it whole for the error.
 		v, err := decodeField("messages", raw)
 		if err != nil {
-			return jinja.Value{}, err
+			return jinja.Value{}, nil, err
 		}
 		if v.Kind() != jinja.KindList {
-			return jinja.Value{}, badRequest("messages must be a list")
+			return jinja.Value{}, nil, badRequest("messages must be a list")
 		}
-		return jinja.Value{}, badRequest("messages: malformed list")
+		return jinja.Value{}, nil, badRequest("messages: malformed list")
 	}
 	conv := make([]jinja.Value, 0, len(elems))
+	var entries []*cachedMessage
+	if cache != nil {
+		entries = make([]*cachedMessage, 0, len(elems))
+	}
 	for i, elem := range elems {
-		out, err := cache.message(elem, openai)
+		out, e, err := cache.message(elem, openai)
 		if err != nil {
-			return jinja.Value{}, fmt.Errorf("messages[%d]: %w", i, err)
+			return jinja.Value{}, nil, fmt.Errorf("messages[%d]: %w", i, err)
 		}
 		conv = append(conv, out)
+		if cache != nil {
+			entries = append(entries, e)
+		}
 	}
-	return jinja.ListOf(conv), nil
+	return jinja.ListOf(conv), entries, nil
 }
 
 func isNull(v jinja.Value) bool { return v.IsNone() || v.IsUndefined() }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"regexp"
 	"time"
+	"unsafe"
 
 	"github.com/kvrouter/kvrouter/chattemplate/internal/jinja"
 )
@@ -80,8 +81,9 @@ type Options struct {
 	// under each request's chat_template_kwargs as vLLM merges them.
 	DefaultKwargs json.RawMessage
 	// MessageCacheBytes bounds the memo of request messages converted for the
-	// template (a conversation's history, a shared system prompt): 0 means
-	// DefaultMessageCacheBytes, negative disables it.
+	// template (a conversation's history, a shared system prompt) and of their
+	// rendered loop iterations (incremental rendering): 0 means
+	// DefaultMessageCacheBytes, negative disables both.
 	MessageCacheBytes int64
 	// Metrics, when not nil, reports the message cache under the label Model.
 	Metrics *Metrics
@@ -265,11 +267,22 @@ func CompileConfig(c *TokenizerConfig, opts Options) (*Template, error) {
 // *UnsupportedError for shapes it cannot reproduce, ErrBadRequest (wrapped) for bodies
 // vLLM rejects, *TemplateError when the template raises.
 func (t *Template) Render(in Input) (string, error) {
+	out, err := t.AppendRender(make([]byte, 0, len(in.Messages)+len(in.Tools)+1024), in)
+	if err != nil {
+		return "", err
+	}
+	return unsafe.String(unsafe.SliceData(out), len(out)), nil // out is not used again
+}
+
+// AppendRender appends what Render renders to dst, which may be a buffer the caller
+// reuses across requests (a long conversation renders to hundreds of KB): nothing
+// keeps a reference to it. On error it returns nil.
+func (t *Template) AppendRender(dst []byte, in Input) ([]byte, error) {
 	if in.RequestTemplate {
-		return "", &UnsupportedError{Reason: ReasonRequestChatTemplate}
+		return nil, &UnsupportedError{Reason: ReasonRequestChatTemplate}
 	}
 	if in.ContinueFinalMessage {
-		return "", &UnsupportedError{Reason: ReasonContinueFinalMessage}
+		return nil, &UnsupportedError{Reason: ReasonContinueFinalMessage}
 	}
 	c := &t.main
 	if t.toolUse != nil && hasValue(in.Tools) {
@@ -277,24 +290,31 @@ func (t *Template) Render(in Input) (string, error) {
 	}
 	vars, err := t.variables(in, c.openaiContent)
 	if err != nil {
-		return "", err
+		return nil, err
 	}
 	if c.tmpl == nil {
-		return "", &UnsupportedError{Reason: ReasonTemplateRefused, Err: c.refusal}
+		return nil, &UnsupportedError{Reason: ReasonTemplateRefused, Err: c.refusal}
 	}
-	out, err := c.tmpl.Render(vars, len(in.Messages)+len(in.Tools)+1024)
+	var iterations jinja.IterationCache // nil: the message cache is off
+	if t.messages != nil {
+		iterations = &renderIterations{c: t.messages, entries: vars.entries}
+	}
+	out, stats, err := c.tmpl.RenderCached(dst, vars, iterations)
+	if t.messages != nil {
+		t.messages.counters.iterations(stats)
+	}
 	if err != nil {
 		var raised *TemplateError
 		if errors.As(err, &raised) {
-			return "", raised
+			return nil, raised
 		}
 		// An operation the engine does not implement for these operands (a
 		// %-format flag, a str.format spec): this one request is routed by load.
 		var refused *jinja.UnsupportedError
 		if errors.As(err, &refused) {
-			return "", &UnsupportedError{Reason: ReasonTemplateConstruct, Err: err}
+			return nil, &UnsupportedError{Reason: ReasonTemplateConstruct, Err: err}
 		}
-		return "", fmt.Errorf("chattemplate: render: %w", err)
+		return nil, fmt.Errorf("chattemplate: render: %w", err)
 	}
 	return out, nil
 }
@@ -306,6 +326,7 @@ type renderVars struct {
 	special                                         map[string]jinja.Value
 	kwargs                                          *jinja.Dict
 	messages, tools, documents, addGenerationPrompt jinja.Value
+	entries                                         []*cachedMessage // the messages' cache entries (nil: not cached)
 }
 
 // Lookup implements jinja.Vars.
@@ -372,7 +393,7 @@ func (t *Template) variables(in Input, openaiContent bool) (*renderVars, error) 
 			documents = jinja.None()
 		}
 	}
-	messages, err := conversation(in.Messages, openaiContent, t.messages)
+	messages, entries, err := conversation(in.Messages, openaiContent, t.messages)
 	if err != nil {
 		return nil, err
 	}
@@ -383,6 +404,7 @@ func (t *Template) variables(in Input, openaiContent bool) (*renderVars, error) 
 	return &renderVars{
 		special: t.special, kwargs: kwargs, messages: messages, tools: tools,
 		documents: documents, addGenerationPrompt: jinja.Bool(in.AddGenerationPrompt),
+		entries: entries,
 	}, nil
 }
 

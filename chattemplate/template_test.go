@@ -306,30 +306,7 @@ func TestMessageCacheBudget(t *testing.T) {
 	reg := prometheus.NewPedanticRegistry()
 	cached := loadTemplateWith(t, "qwen3", chattemplate.Options{MessageCacheBytes: budget, Metrics: chattemplate.NewMetrics(reg), Model: "m"})
 	plain := loadTemplateWith(t, "qwen3", chattemplate.Options{MessageCacheBytes: -1})
-	// metric returns the value of name, of its result="result" series for a counter.
-	metric := func(name, result string) float64 {
-		t.Helper()
-		mfs, err := reg.Gather()
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, mf := range mfs {
-			if mf.GetName() != name {
-				continue
-			}
-			for _, m := range mf.GetMetric() {
-				if g := m.GetGauge(); g != nil {
-					return g.GetValue()
-				}
-				for _, l := range m.GetLabel() {
-					if l.GetName() == "result" && l.GetValue() == result {
-						return m.GetCounter().GetValue()
-					}
-				}
-			}
-		}
-		return 0
-	}
+	metric := func(name, result string) float64 { return gathered(t, reg, name, result) }
 	var msgs []map[string]string
 	for turn := range 40 {
 		// Short questions, answers of about 2 KiB: 40 turns are about 100 KiB, more
@@ -364,4 +341,30 @@ func TestMessageCacheBudget(t *testing.T) {
 	if got := metric("kvrouter_chattemplate_message_cache_lookups_total", "hit") - before; got != 2 {
 		t.Fatalf("re-sent short and long messages: %v hits, want 2", got)
 	}
+}
+
+// gathered returns the value of metric name in reg: a gauge's, or the counter of its
+// result="result" series.
+func gathered(t testing.TB, reg prometheus.Gatherer, name, result string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if g := m.GetGauge(); g != nil {
+				return g.GetValue()
+			}
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "result" && l.GetValue() == result {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
 }

@@ -10,8 +10,8 @@ type TokenizerConfig struct {
 	// a token); negative turns it off.
 	PrefixCacheBytes int64 `yaml:"prefix_cache_bytes"`
 	// MessageCacheBytes bounds each model's cache of request messages converted for its
-	// chat template: 0 is the default, 64 MiB (about 6M tokens of history); negative turns
-	// it off.
+	// chat template and their rendered loop iterations: 0 is the default, 64 MiB (about
+	// 4M tokens of history); negative turns it off.
 	MessageCacheBytes int64 `yaml:"message_cache_bytes"`
 }
 

@@ -353,7 +353,8 @@ func sumReasons(m map[kvevents.Reason]uint64) (n uint64) {
 // TestRealPeerReplayAndRestart: array encoding, int hashes, a replay socket; dropped
 // batches are recovered by replay, AllBlocksCleared clears, and a second publisher process
 // on the same port (sequence back to 0) replaces the first's blocks (cleared when the
-// subscriber reconnects).
+// subscriber reconnects). Each publisher starts once the subscriber's rebuild on connect
+// has found its buffer empty (--wait-replay), which is then not counted as a replay.
 func TestRealPeerReplayAndRestart(t *testing.T) {
 	requirePeer(t)
 	port := freePorts(t, 2)
@@ -361,7 +362,7 @@ func TestRealPeerReplayAndRestart(t *testing.T) {
 	sub := runSubscriber(t, kvevents.Config{Endpoints: []kvevents.EndpointConfig{{
 		Name: "pod-a", Address: tcp(port), ReplayAddress: tcp(port + 1)}}}, sink)
 	common := []string{"--pub", tcp(port), "--replay", tcp(port + 1), "--encoding", "array",
-		"--hash", "int", "--wait-sub-after", "0"}
+		"--hash", "int", "--wait-sub-after", "0", "--wait-replay"}
 
 	p1 := startPeer(t, append(common, "--seed", "1", "--batches", "120",
 		"--drop", "10,11,40,77", "--clear-at", "60")...)

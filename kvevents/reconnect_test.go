@@ -3,6 +3,7 @@ package kvevents_test
 import (
 	"bytes"
 	"encoding/binary"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -16,33 +17,63 @@ import (
 	"github.com/kvrouter/kvrouter/kvevents"
 )
 
+// replayPeer is a fake replay ROUTER serving whatever batches the test says the
+// publisher process currently buffers (seq -> stored handle), from the requested seq on.
+type replayPeer struct {
+	*fakePub
+	mu       sync.Mutex
+	buffered [][2]uint64 // (seq, handle), oldest first
+}
+
+func newReplayPeer(t *testing.T) *replayPeer {
+	r := &replayPeer{fakePub: newFakePeer(t, "127.0.0.1:0", "ROUTER")}
+	r.onMessage = func(c *fakeConn, req [][]byte) {
+		from := binary.BigEndian.Uint64(req[1])
+		r.mu.Lock()
+		buf := slices.Clone(r.buffered)
+		r.mu.Unlock()
+		for _, b := range buf {
+			if b[0] >= from {
+				_ = c.send(liveBatch(b[0], b[1])...)
+			}
+		}
+		_ = c.send([]byte{}, bytes.Repeat([]byte{0xff}, 8), []byte{})
+	}
+	return r
+}
+
+// set replaces the buffer with batches first, first+1, ... storing handles hs.
+func (r *replayPeer) set(first uint64, hs ...uint64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.buffered = r.buffered[:0]
+	for i, h := range hs {
+		r.buffered = append(r.buffered, [2]uint64{first + uint64(i), h})
+	}
+}
+
 // TestSubscriberReconnectDropsOldBlocks: a pod restarts and its new publisher comes up
 // on the same address with a sequence that happens to follow the old one's. The old
-// blocks are dropped as soon as the new connection is up, before any batch arrives;
-// with a replay socket the first batch then rebuilds the endpoint from sequence 0.
+// blocks are dropped as soon as the new connection is up; with a replay socket the
+// endpoint is rebuilt from sequence 0 at once, before any live batch arrives.
 func TestSubscriberReconnectDropsOldBlocks(t *testing.T) {
 	tests := []struct {
-		name   string
-		replay bool
-		want   map[uint64]int
+		name        string
+		replay      bool
+		afterRejoin map[uint64]int // before the new process sends anything live
+		want        map[uint64]int
 	}{
-		{"no replay socket: cleared", false, held(22)},
-		{"replay socket: rebuilt from 0", true, held(20, 21, 22)},
+		{"no replay socket: cleared", false, held(), held(22)},
+		{"replay socket: rebuilt from 0", true, held(20, 21), held(20, 21, 22)},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			pub := newFakePub(t, "127.0.0.1:0")
 			addr := strings.TrimPrefix(pub.addr(), "tcp://")
 			ep := kvevents.EndpointConfig{Name: "pod", Address: pub.addr()}
+			var router *replayPeer
 			if tc.replay {
-				// The replay socket serves the new process's batches 0 and 1.
-				router := newFakePeer(t, "127.0.0.1:0", "ROUTER")
-				router.onMessage = func(c *fakeConn, req [][]byte) {
-					for s := binary.BigEndian.Uint64(req[1]); s < 2; s++ {
-						_ = c.send(liveBatch(s, 20+s)...)
-					}
-					_ = c.send([]byte{}, bytes.Repeat([]byte{0xff}, 8), []byte{})
-				}
+				router = newReplayPeer(t) // the first process has buffered nothing yet
 				ep.ReplayAddress = router.addr()
 			}
 			sink := newRefSink()
@@ -54,10 +85,13 @@ func TestSubscriberReconnectDropsOldBlocks(t *testing.T) {
 			awaitState(t, sink, "pod", 0, held(1, 2))
 			pub.close()
 
+			if router != nil {
+				router.set(0, 20, 21) // the new process's batches 0 and 1, sent before we reconnect
+			}
 			pub2 := newFakePub(t, addr)
 			c2 := pub2.next(t)
-			awaitState(t, sink, "pod", 0, held()) // cleared on reconnect, nothing sent yet
-			mustSend(t, c2, liveBatch(2, 22))     // the new process's batch 2: not a continuation
+			awaitState(t, sink, "pod", 0, tc.afterRejoin)
+			mustSend(t, c2, liveBatch(2, 22)) // the new process's batch 2: not a continuation
 			awaitSeq(t, sub, "pod", 0, 2)
 			awaitState(t, sink, "pod", 0, tc.want)
 			st := statusOf(t, sub, "pod", 0)
@@ -65,7 +99,52 @@ func TestSubscriberReconnectDropsOldBlocks(t *testing.T) {
 				t.Errorf("clears %v gaps %d; want one reconnect clear, no gap", st.Clears, st.Gaps)
 			}
 			if tc.replay && (st.Replays != 1 || st.ReplayFailures != 0) {
-				t.Errorf("replays %d failures %d; want 1, 0", st.Replays, st.ReplayFailures)
+				t.Errorf("replays %d failures %d; want 1 (the rebuild; the first one found nothing), 0", st.Replays, st.ReplayFailures)
+			}
+		})
+	}
+}
+
+// TestSubscriberRebuildsOnConnect: a subscriber (a restarted router) connects to a pod
+// that keeps its cache and sends nothing more. With a replay socket the endpoint is
+// rebuilt at once from the buffered batches; live batches the rebuild already applied
+// are skipped (not taken for a publisher restart), and the stream continues after
+// them. A buffer that no longer starts at 0 is applied from its oldest batch and counted
+// as an incomplete replay, with nothing cleared.
+func TestSubscriberRebuildsOnConnect(t *testing.T) {
+	tests := []struct {
+		name         string
+		first        uint64
+		failures     uint64
+		evictedLabel float64
+	}{
+		{"whole history buffered", 0, 0, 0},
+		{"oldest batches evicted", 5, 1, 1},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			pub := newFakePub(t, "127.0.0.1:0")
+			router := newReplayPeer(t)
+			router.set(tc.first, 10, 11, 12)
+			sink := newRefSink()
+			sub, reg, _, _ := startSub(t, kvevents.Config{Watchdog: time.Hour, Endpoints: []kvevents.EndpointConfig{
+				{Name: "pod", Address: pub.addr(), ReplayAddress: router.addr()}}}, sink)
+			c := pub.next(t)
+			awaitState(t, sink, "pod", 0, held(10, 11, 12)) // nothing sent live
+			last := tc.first + 2
+			awaitSeq(t, sub, "pod", 0, last)
+			mustSend(t, c, liveBatch(last-1, 11)) // published during the rebuild: already applied
+			mustSend(t, c, liveBatch(last, 12))
+			mustSend(t, c, liveBatch(last+1, 13))
+			awaitSeq(t, sub, "pod", 0, last+1)
+			awaitState(t, sink, "pod", 0, held(10, 11, 12, 13))
+			st := statusOf(t, sub, "pod", 0)
+			if len(st.Clears) != 0 || st.Gaps != 0 || st.Replays != 1 || st.ReplayFailures != tc.failures || !st.Connected {
+				t.Errorf("clears %v gaps %d replays %d failures %d connected %v; want none, 0, 1, %d, true",
+					st.Clears, st.Gaps, st.Replays, st.ReplayFailures, st.Connected, tc.failures)
+			}
+			if got := metricValue(t, reg, "kvrouter_kv_events_replays_total", "result", "evicted"); got != tc.evictedLabel {
+				t.Errorf("replays_total{result=evicted} = %v, want %v", got, tc.evictedLabel)
 			}
 		})
 	}

@@ -35,6 +35,11 @@ type stream struct {
 	batch   Batch
 	hasLast bool
 	last    uint64
+	// overlap: the connection's rebuild applied batches up to last, and live batches
+	// up to last may still arrive (published during the rebuild): skipped, not a
+	// restart. replayDown: this connection's rebuild found the replay socket
+	// unreachable, so the first live batch does not wait on it again.
+	overlap, replayDown bool
 
 	mu   sync.Mutex // guards st and logs
 	st   StreamStatus
@@ -115,8 +120,19 @@ func (st *stream) session(ctx context.Context) (progressed bool) {
 		}
 		return false
 	}
-	st.setConnected(true)
 	st.reconnected()
+	st.overlap, st.replayDown = false, false
+	if st.replay != "" {
+		// Rebuild from the replay socket before reading live batches, and count as
+		// connected (routing on this endpoint's KV state) only once that is done.
+		st.replayDown = !st.rebuild(sctx)
+		st.overlap = st.hasLast
+		if ctx.Err() != nil {
+			return true
+		}
+		lc.touch()
+	}
+	st.setConnected(true)
 	var busy, fired atomic.Bool
 	if z.heartbeats() {
 		watching.Add(1)
@@ -309,13 +325,20 @@ func (st *stream) handle(ctx context.Context, frames [][]byte) {
 		return
 	}
 	seq := binary.BigEndian.Uint64(frames[1])
+	if st.overlap {
+		if seq <= st.last {
+			return // published during the rebuild: applied from the replay already
+		}
+		st.overlap = false
+	}
 	switch {
 	case !st.hasLast:
 		// First batch seen from this publisher (or since a reconnect, which forgot the
-		// last one): fetch what came before it (slow joiner, or a rebuild after a
-		// reconnect) when a replay socket exists. Nothing is known now, so nothing needs
-		// clearing.
-		if seq > 0 && st.replay != "" {
+		// last one) and the rebuild on connect found nothing buffered (or this is
+		// central mode, which has no rebuild on connect): fetch what came before it
+		// (slow joiner) when a replay socket exists. Nothing is known now, so nothing
+		// needs clearing.
+		if seq > 0 && st.replay != "" && !st.replayDown {
 			st.recover(ctx, 0, seq)
 		}
 	case seq == st.last+1:
@@ -388,8 +411,9 @@ func (st *stream) clear(reason string) {
 // reconnected runs once a new connection (per-pod mode) or a new peer (central mode)
 // speaks for the stream. The publisher may have restarted meanwhile, and a new process
 // whose first sequence number happens to follow the old one's last cannot be told from a
-// continuation: what the old connection said is dropped, and the first batch on the new
-// one rebuilds the endpoint from the replay socket (from sequence 0) when one exists.
+// continuation: what the old connection said is dropped, and the endpoint is rebuilt
+// from the replay socket (from sequence 0) when one exists: per-pod mode as soon as the
+// connection is up (rebuild), central mode on the new peer's first batch.
 func (st *stream) reconnected() {
 	if !st.hasLast {
 		return

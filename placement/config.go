@@ -16,6 +16,12 @@ import (
 // the router's own in-flight requests on an endpoint, or, when its scraped metrics are
 // valid and say more, vLLM's running plus waiting requests (which include other router
 // replicas' requests).
+//
+// A deployment sets six of the fields: MaxNumBatchedTokens (a fact about the engines),
+// HoldMax, PrefixDepth, SharedLoad, Balance and MaxPrefixes. The others keep the values
+// measured in docs/results-policy.md and docs/results-workloads.md, for experiments
+// (placement/README.md says why each keeps its value); what the engines' metrics and
+// the request say (block size, KV capacity, speed, prefix size) is read, not set.
 type Config struct {
 	// PrefixDepth is the block whose key names a request's prefix: the key of block
 	// min(PrefixDepth, full blocks) - 1, i.e. the first PrefixDepth x block_size tokens.
@@ -46,13 +52,12 @@ type Config struct {
 	// without waiting for SpillLoad, and records the new placement. Default false (the
 	// recorded spills cascade; DivertOnFull moves the one request instead).
 	SpillOnFull bool `yaml:"spill_on_full"`
-	// DeadlineTokens bounds the prefill backlog (uncached prompt tokens ahead of and in
-	// the request, scaled by the endpoint's measured speed) a request accepts at the
-	// chosen endpoint: beyond it, and when another endpoint with KV room would start it
-	// at least twice as soon, the request alone goes there (placing nothing). 0 disables.
-	// Default 2304 (2048 lost Zipf 1.2, N = 24, C = 8 throughput to kv by 1.4%;
-	// docs/results-policy.md).
-	DeadlineTokens int `yaml:"deadline_tokens"`
+	// DivertDeadline sends a request alone (placing nothing) to another candidate with
+	// KV room when its prefill backlog at the chosen endpoint (uncached prompt tokens
+	// ahead of and in the request, scaled by the endpoint's measured speed) exceeds one
+	// engine step, MaxNumBatchedTokens plus a block, and the other would start it at
+	// least twice as soon. Default true.
+	DivertDeadline bool `yaml:"divert_deadline"`
 	// DivertOnFull sends a request alone (placing nothing) to the candidate with KV room
 	// that would start it soonest when the chosen endpoint has no KV room (vLLM would
 	// queue it until blocks free up). Default true.
@@ -119,7 +124,10 @@ type Config struct {
 	// HoldStep is how long one hold lasts before the request is picked again. Default 5ms.
 	HoldStep time.Duration `yaml:"hold_step"`
 	// HoldPrefillTokens is the uncached prompt tokens that make an in-flight request a
-	// miss worth waiting for (see HoldMax). Default 600.
+	// miss worth waiting for, and a request short enough to hold (see HoldMax). Default
+	// 600, between the reference's 339-token hit and 2,371-token miss: the derivations
+	// measured (one step, the request's own tail, most of the prompt cached) each lose
+	// the reference grid at N = 24 (docs/results-workloads.md).
 	HoldPrefillTokens int `yaml:"hold_prefill_tokens"`
 	// MaxNumBatchedTokens is the engines' per-step token budget (vLLM's
 	// --max-num-batched-tokens; not in its /metrics, vllm-project/vllm#18900): a
@@ -154,7 +162,7 @@ type Config struct {
 	// With one router that is zero, so nothing changes. Ignored when ScrapedLoad is on.
 	SharedLoad bool `yaml:"shared_load"`
 	// UnplaceDiverted drops the replica or spill placement a pick has just made when the
-	// request itself is then diverted elsewhere (DeadlineTokens, DivertOnFull,
+	// request itself is then diverted elsewhere (DivertDeadline, DivertOnFull,
 	// DivertMisses): no request would ever fill it, and until ConfirmPicks drops it the
 	// unfilled placement counts as a holder, which keeps that endpoint from taking a
 	// replica. Default true (churn: 3 losses against kv to 0 over 9 repetitions;
@@ -173,7 +181,7 @@ func DefaultConfig() Config {
 		Headroom:            1,
 		OutputBlocks:        4,
 		SpillOnFull:         false,
-		DeadlineTokens:      2304,
+		DivertDeadline:      true,
 		DivertOnFull:        true,
 		DivertMisses:        true,
 		HolderShare:         0.5,
@@ -238,9 +246,6 @@ func (c Config) Validate() error {
 	}
 	if c.RehomeLoadTokens < 0 {
 		errs.Addf("rehome_load_tokens", "must be >= 0, got %d", c.RehomeLoadTokens)
-	}
-	if c.DeadlineTokens < 0 {
-		errs.Addf("deadline_tokens", "must be >= 0, got %d", c.DeadlineTokens)
 	}
 	if c.HoldMax < 0 {
 		errs.Addf("hold_max", "must be >= 0, got %v", c.HoldMax)

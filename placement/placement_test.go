@@ -135,7 +135,7 @@ func TestPlacementCapacityWeighting(t *testing.T) {
 func TestPlacementSpillsOnlyOnSaturation(t *testing.T) {
 	cfg := placement.DefaultConfig()
 	cfg.Fill = 0.01 // no endpoint has room for a replica: only spills can move a prefix
-	cfg.DeadlineTokens = 0
+	cfg.DivertDeadline = false
 	for _, tc := range []struct {
 		name      string
 		homeLoad  int
@@ -344,7 +344,6 @@ func TestPlacementConfigValidate(t *testing.T) {
 		{"zero depth", func(c *placement.Config) { c.PrefixDepth = 0 }, "prefix_depth"},
 		{"fill above one", func(c *placement.Config) { c.Fill = 1.5 }, "fill"},
 		{"spill below saturated", func(c *placement.Config) { c.SpillLoad = 1; c.Saturated = 2 }, "spill_load"},
-		{"negative deadline", func(c *placement.Config) { c.DeadlineTokens = -1 }, "deadline_tokens"},
 		{"zero headroom", func(c *placement.Config) { c.Headroom = 0 }, "headroom"},
 		{"negative hold", func(c *placement.Config) { c.HoldMax = -1 }, "hold_max"},
 		{"zero hold step", func(c *placement.Config) { c.HoldStep = 0 }, "hold_step"},
@@ -430,7 +429,7 @@ func TestPlacementRehomesALostPrefix(t *testing.T) {
 			cfg := placement.DefaultConfig()
 			cfg.RehomeLost = tc.rehome
 			cfg.Fill = 0.01 // no replicas: only a re-home moves the prefix
-			cfg.DeadlineTokens = 0
+			cfg.DivertDeadline = false
 			ix := testindex.New()
 			p := newPlacement(t, cfg, ix)
 			cs := fleet(2, nil)
@@ -666,7 +665,7 @@ func TestPlacementUnplacesADivertedReplica(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := placement.DefaultConfig()
-			cfg.DeadlineTokens = 512 // the replica's 1,152-token miss is past it
+			cfg.MaxNumBatchedTokens = 1024 // the replica's 1,152-token miss is past one step (1,024 + a block); the move adds 1,024
 			cfg.HoldMax = 0
 			cfg.UnplaceDiverted = tc.unplace
 			ix := testindex.New()
@@ -769,5 +768,120 @@ func TestLongPrefixStaysAtBusyHolder(t *testing.T) {
 				t.Errorf("second request went to %s (holder %s), want moved=%v", got, holder, tc.moves)
 			}
 		})
+	}
+}
+
+// TestPlacementWaitsForKVRoomWhereItComesSoonest: with no KV room on any endpoint, a
+// request goes where a decoding request started first and so frees its blocks soonest,
+// its prefix's holder included.
+func TestPlacementWaitsForKVRoomWhereItComesSoonest(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		holderFirst bool // the holder's decoding request started before the other's
+		wantHolder  bool
+	}{
+		{"other frees first", false, false},
+		{"holder frees first", true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clock := time.Unix(100, 0)
+			p, err := placement.New(placement.DefaultConfig(), testindex.New(), func() time.Time { return clock }, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cs := fleet(2, []int{100, 100}) // one 72-block request (+4 output blocks) each
+			holder := place(t, p, prefixed(0, 0), cs)
+			other := cs[0].Address
+			if other == holder {
+				other = cs[1].Address
+			}
+			// One decoding request of another prefix on each, started 100 ms apart.
+			order := []string{other, holder}
+			if tc.holderFirst {
+				order = []string{holder, other}
+			}
+			for k, addr := range order {
+				req := plRequest(prefixed(k+1, 0))
+				if _, err := p.Pick(req, cs); err != nil {
+					t.Fatal(err)
+				}
+				p.Routed(req, addr)
+				p.FirstToken(req.ID)
+				clock = clock.Add(100 * time.Millisecond)
+			}
+			d, err := p.Pick(plRequest(prefixed(0, 1)), cs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if (d.Endpoint == holder) != tc.wantHolder {
+				t.Fatalf("went to %s (holder %s), want holder %v", d.Endpoint, holder, tc.wantHolder)
+			}
+		})
+	}
+}
+
+// TestPlacementDeadlineIsOneStep: a request is diverted when its prefill backlog at the
+// home (two 1,152-token misses ahead of its own 1,152) exceeds one engine step
+// (max_num_batched_tokens plus a block), and stays at the home when a step covers it.
+func TestPlacementDeadlineIsOneStep(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		budget   int
+		wantHome bool
+	}{
+		{"past one step", 2048, false},
+		{"within one step", 4096, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := placement.DefaultConfig()
+			cfg.Fill = 0.01 // no replicas: only a divert moves the request
+			cfg.DivertMisses = false
+			cfg.HoldMax = 0
+			cfg.MaxNumBatchedTokens = tc.budget
+			p := newPlacement(t, cfg, testindex.New())
+			cs := fleet(2, nil)
+			home := place(t, p, prefixed(0, 0), cs)
+			for i := 1; i <= 2; i++ {
+				req := plRequest(prefixed(0, i))
+				if _, err := p.Pick(req, cs); err != nil {
+					t.Fatal(err)
+				}
+				p.Routed(req, home)
+			}
+			if got := place(t, p, prefixed(0, 9), cs); (got == home) != tc.wantHome {
+				t.Fatalf("went to %s (home %s), want home %v", got, home, tc.wantHome)
+			}
+		})
+	}
+}
+
+// BenchmarkPlacementPickNoRoom: a pick when no endpoint has KV room (6 endpoints of 200
+// blocks, each with 2 decoding requests of its own prefix, 256 in flight in all), the
+// path that walks the in-flight requests for when blocks free (soonestRoom).
+func BenchmarkPlacementPickNoRoom(b *testing.B) {
+	clock := time.Unix(100, 0)
+	p, err := placement.New(placement.DefaultConfig(), testindex.New(), func() time.Time { return clock }, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	cs := fleet(6, []int{200, 200, 200, 200, 200, 200})
+	for i := range 256 {
+		req := plRequest(prefixed(i, 0))
+		if _, err := p.Pick(req, cs); err != nil {
+			b.Fatal(err)
+		}
+		p.Routed(req, cs[i%6].Address)
+		p.FirstToken(req.ID)
+		clock = clock.Add(time.Millisecond)
+	}
+	reqs := make([]*scoring.Request, 64)
+	for i := range reqs {
+		reqs[i] = plRequest(prefixed(1000+i, 1))
+	}
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		if _, err := p.Pick(reqs[i%len(reqs)], cs); err != nil {
+			b.Fatal(err)
+		}
 	}
 }

@@ -45,8 +45,9 @@ import (
 //
 // The chosen endpoint may then be overridden for this request alone (nothing placed),
 // toward the candidate with KV room that would start it soonest: when the chosen one
-// has no KV room for it (DivertOnFull), when its prefill backlog exceeds DeadlineTokens
-// and the other would start it twice as soon, or when it is busy, holds too little of
+// has no KV room for it (DivertOnFull; with no room anywhere, to where room comes
+// soonest), when its prefill backlog exceeds one engine step (DivertDeadline) and the
+// other would start it twice as soon, or when it is busy, holds too little of
 // the prefix to hit, and an idle faster endpoint exists (DivertMisses). A replica or
 // spill placement made by that pick is then dropped (UnplaceDiverted): no request fills it.
 //

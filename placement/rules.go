@@ -1,6 +1,7 @@
 package placement
 
 import (
+	"cmp"
 	"math"
 	"slices"
 
@@ -31,6 +32,16 @@ type scratch struct {
 	// each candidate (SetPeers).
 	otherPrefill []int
 	otherMisses  []int
+	// epIndex maps each candidate's state to its index and frees lists the blocks its
+	// decoding requests free, and when (soonestRoom).
+	epIndex map[*endpointState]int
+	frees   [][]freeing
+}
+
+// freeing is one decoding request's blocks, freed at seconds from now.
+type freeing struct {
+	at     float64
+	blocks int
 }
 
 func (p *Policy) load(e *scoring.Endpoint) int {
@@ -436,13 +447,13 @@ func mix64(x uint64) uint64 {
 
 // divert returns the candidate a request should go to instead of best when best's
 // estimated time to first token, its prefill backlog plus the request's uncached tokens
-// scaled by its measured speed, exceeds DeadlineTokens and another candidate with KV room
-// would start it at least twice as soon; -1 otherwise. A diverted request places nothing.
-// p.mu must be held.
+// scaled by its measured speed, exceeds the deadline and another candidate with KV room
+// would start it at least twice as soon; -1 otherwise. The deadline is one engine step:
+// MaxNumBatchedTokens plus a block (the index counts a hit in whole blocks), i.e. the
+// request's prefill would not finish in the next step there. When best has no KV room
+// for the request and no candidate has any, the request goes where room comes soonest
+// (soonestRoom). A diverted request places nothing. p.mu must be held.
 func (p *Policy) divert(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc *scratch, best, tokens, bs int) int {
-	if p.cfg.DeadlineTokens <= 0 {
-		return -1
-	}
 	est := func(i int) float64 {
 		d := sc.decode[i]
 		if d == 0 {
@@ -452,12 +463,13 @@ func (p *Policy) divert(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 		return float64(backlog) * d / sc.meanDecode
 	}
 	eb := est(best)
+	late := p.cfg.DivertDeadline && eb > float64(p.cfg.MaxNumBatchedTokens+bs)
 	full := p.cfg.DivertOnFull && !sc.room[best]
 	// A busy endpoint that lost most of the prefix would recompute it behind others.
 	miss := p.cfg.DivertMisses && sc.loads[best] > 0 &&
 		sc.lead[best] < e.held(p.cfg.HolderShare) &&
 		!(p.peers != nil && p.peers.PeerActive(cands[best].Address, key)) // a peer is computing it there
-	if eb <= float64(p.cfg.DeadlineTokens) && !full && !miss {
+	if !late && !full && !miss {
 		return -1
 	}
 	alt, ea := -1, 0.0
@@ -475,8 +487,80 @@ func (p *Policy) divert(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 			alt, ea = i, x
 		}
 	}
+	if alt < 0 && full {
+		return p.soonestRoom(key, cands, sc, best)
+	}
 	if alt < 0 || (!full && !miss && 2*ea > eb) {
 		return -1
+	}
+	return alt
+}
+
+// soonestRoom returns the candidate other than best where KV room for the request
+// comes soonest, when it comes sooner than at best; -1 otherwise. No candidate has room
+// now: the request waits in the engine for blocks wherever it goes, until requests
+// decoding there finish and free theirs (each expected to finish its measured decode
+// time after its first token). Requests still in prefill are not counted as freeing
+// anything. p.mu must be held.
+func (p *Policy) soonestRoom(key uint64, cands []scoring.Endpoint, sc *scratch, best int) int {
+	if sc.epIndex == nil {
+		sc.epIndex = make(map[*endpointState]int, len(cands))
+	}
+	idx := sc.epIndex
+	clear(idx)
+	for i := range cands {
+		idx[sc.eps[i]] = i
+	}
+	sc.frees = slices.Grow(sc.frees[:0], len(cands))[:len(cands)]
+	frees := sc.frees
+	for i := range frees {
+		frees[i] = frees[i][:0]
+	}
+	now := p.now()
+	for _, r := range p.reqs {
+		i, ok := idx[r.ep]
+		if !ok || r.first.IsZero() {
+			continue
+		}
+		d := sc.decode[i]
+		if d == 0 {
+			d = sc.meanDecode
+		}
+		b := r.unique
+		if a := r.ep.active[r.key]; a != nil && a.requests == 1 {
+			b += a.blocks
+		}
+		frees[i] = append(frees[i], freeing{at: max(0, d-now.Sub(r.first).Seconds()), blocks: b})
+	}
+	blocks := len(sc.keys)
+	wait := func(i int) float64 {
+		capacity := p.cfg.Headroom * float64(p.capacity(&cands[i]))
+		used := float64(sc.eps[i].footprint) + sc.otherKV[i] + float64(p.need(sc.eps[i], key, &cands[i], blocks))
+		f := frees[i]
+		slices.SortFunc(f, func(a, b freeing) int { return cmp.Compare(a.at, b.at) })
+		for _, x := range f {
+			if used <= capacity {
+				break
+			}
+			used -= float64(x.blocks)
+			if used <= capacity {
+				return x.at
+			}
+		}
+		if used <= capacity {
+			return 0
+		}
+		return math.Inf(1)
+	}
+	wb := wait(best)
+	alt, wa := -1, wb
+	for i := range cands {
+		if i == best {
+			continue
+		}
+		if w := wait(i); w < wa {
+			alt, wa = i, w
+		}
 	}
 	return alt
 }
@@ -513,6 +597,12 @@ func (p *Policy) room(ep *endpointState, key uint64, c *scoring.Endpoint, blocks
 	if p.cfg.ScrapedLoad && c.Metrics.Valid {
 		used = max(used, c.Metrics.KVCacheUsage*capacity)
 	}
+	return used+float64(p.need(ep, key, c, blocks)) <= p.cfg.Headroom*capacity
+}
+
+// need is the KV blocks the request adds at the endpoint: its blocks and OutputBlocks,
+// less its prefix's when a request in flight there holds it. p.mu must be held.
+func (p *Policy) need(ep *endpointState, key uint64, c *scoring.Endpoint, blocks int) int {
 	need := blocks + p.cfg.OutputBlocks
 	if a := ep.active[key]; a != nil {
 		need -= min(a.blocks, blocks)
@@ -520,5 +610,5 @@ func (p *Policy) room(ep *endpointState, key uint64, c *scoring.Endpoint, blocks
 		// A peer's request holds the prefix there (counted in others): only the tail.
 		need -= min(p.prefixes[key].blocks, blocks)
 	}
-	return used+float64(need) <= p.cfg.Headroom*capacity
+	return need
 }

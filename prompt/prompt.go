@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"sync"
+	"unsafe"
 
 	"github.com/kvrouter/kvrouter/chattemplate"
 	"github.com/kvrouter/kvrouter/openai"
@@ -64,7 +66,14 @@ type Builder struct {
 	tok     *tokenizer.Tokenizer
 	tmpl    *chattemplate.Template
 	metrics *Metrics
+	// texts holds buffers the chat template renders into (*[]byte): a 128k-token
+	// conversation renders to ~600 KB, and allocating that afresh per request cost
+	// about as much CPU as the whole incremental render.
+	texts sync.Pool
 }
+
+// maxPooledText bounds the render buffers kept for reuse.
+const maxPooledText = 8 << 20
 
 // New returns a Builder for a model's tokenizer and chat template. tmpl may be nil
 // for a model without one (chat requests then fail as they do in vLLM); metrics may be
@@ -127,7 +136,16 @@ func (b *Builder) chat(dst []uint32, req *openai.Request, maxTokens int) ([]uint
 		}
 		return nil, false, fmt.Errorf("%w: model has no chat template", ErrBadRequest)
 	}
-	text, err := b.tmpl.Render(chattemplate.Input{
+	buf, _ := b.texts.Get().(*[]byte)
+	if buf == nil {
+		buf = new([]byte)
+	}
+	defer func() {
+		if cap(*buf) <= maxPooledText {
+			b.texts.Put(buf)
+		}
+	}()
+	rendered, err := b.tmpl.AppendRender((*buf)[:0], chattemplate.Input{
 		Messages:             req.Messages,
 		Tools:                req.Tools,
 		ChatTemplateKwargs:   req.ChatTemplateKwargs,
@@ -148,6 +166,9 @@ func (b *Builder) chat(dst []uint32, req *openai.Request, maxTokens int) ([]uint
 		}
 		return nil, false, fmt.Errorf("prompt: %w", err)
 	}
+	*buf = rendered[:0]
+	// The tokenizer keeps no reference to the text, so it may alias the buffer.
+	text := unsafe.String(unsafe.SliceData(rendered), len(rendered))
 	ids, complete := b.tok.AppendEncodeMax(dst, text, req.AddSpecialTokens, maxTokens)
 	return ids, complete, nil
 }

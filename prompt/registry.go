@@ -36,8 +36,9 @@ type Config struct {
 	// (64 MiB, about 14M tokens of conversation history); negative turns it off.
 	PrefixCacheBytes int64 `yaml:"prefix_cache_bytes"`
 	// MessageCacheBytes bounds each model's cache of request messages converted for
-	// its chat template (see chattemplate.Options.MessageCacheBytes): 0 is the default,
-	// chattemplate.DefaultMessageCacheBytes (64 MiB, about 6M tokens of history);
+	// its chat template and their rendered loop iterations (see
+	// chattemplate.Options.MessageCacheBytes): 0 is the default,
+	// chattemplate.DefaultMessageCacheBytes (64 MiB, about 4M tokens of history);
 	// negative turns it off.
 	MessageCacheBytes int64 `yaml:"message_cache_bytes"`
 }

@@ -540,24 +540,71 @@ def faults_table(path):
     """The fault suite's table (kvdemo faults --json)."""
     with open(os.path.join(ROOT, path)) as f:
         rep = json.load(f)
-    head = (f"{rep['workers']} vllm-sim servers, kvrouter (policy {rep['policy']}) behind the dev gateway; "
+    nr = rep.get("servers_without_replay", 0)
+    replay = (f"the last {nr} without a replay socket" if nr else "all with a replay socket")
+    head = (f"{rep['workers']} vllm-sim servers ({replay}), kvrouter (policy {rep['policy']}) behind the dev gateway; "
             f"{rep['requests_per_fault']} kvbench requests at concurrency {rep['concurrency']} through the gateway during each fault; "
             f"the suite's open-file limit {rep['open_file_limit']}.\n")
     rows = []
     for r in rep["rows"]:
-        failed = f"{r['failed']} / {r['requests']}" + (" (kvrouter down)" if r["router_down"] else "")
-        aware = "not within 30 s" if r["kv_aware_after_ms"] < 0 else f"{r['kv_aware_after_ms']:.0f}"
+        other = ", ".join(f"{n} {c}" for c, n in sorted(r.get("failed_by", {}).items())) or "-"
+        def aware(v):
+            return "not within 30 s" if v < 0 else f"{v:.0f}"
         div = "-" if r["divergence_blocks"] is None else str(r["divergence_blocks"])
+        if r["divergence_blocks"] and r.get("divergence_by_server"):
+            div += " (" + ", ".join(str(d) for d in r["divergence_by_server"]) + ")"
         note = r.get("note", "").replace("|", "\\|")
         if len(note) > 160:
             note = note[:157] + "..."
-        rows.append([r["fault"], failed, aware, f"{r['peak_rss_mb']:.0f}", r["peak_goroutines"], div, note])
-    return head + table(["fault", "failed / sent", "KV-aware after (ms)", "kvrouter peak RSS (MB)", "peak goroutines",
-                         "index divergence (blocks)", "note"], rows)
+        rows.append([r["fault"], f"{r['failed_router']} / {r['requests']}", other, aware(r["kv_aware_after_ms"]),
+                     aware(r["kv_aware_from_start_ms"]), f"{r['peak_rss_mb']:.0f}", r["peak_goroutines"], div, note])
+    return head + table(["fault", "failed by the router / sent", "failed, other cause", "KV-aware after end (ms)",
+                         "KV-aware after start (ms)", "kvrouter peak RSS (MB)", "peak goroutines",
+                         "index divergence (blocks; per server, index - cache)", "note"], rows)
+
+
+# ---- docs/latency.md ----
+
+def latency_table(*paths):
+    """kvdemo latency --json runs (TLS and plaintext), one row per endpoints x server
+    setting: medians over the runs' rounds of the p50/p99 ratios against the trivial
+    server measured in the same run, and of each process's CPU time per exchange."""
+    rows = []
+    groups = {}
+    for path in paths:
+        with open(os.path.join(ROOT, path)) as f:
+            rep = json.load(f)
+        rounds = rep["rounds"]
+        for i in range(0, len(rounds) - 1, 2):
+            k, t = rounds[i], rounds[i + 1]
+            g = groups.setdefault(("plaintext" if rep["plaintext"] else "TLS", k["endpoints"]),
+                                  {"runs": set(), "load": [], "p50": [], "p99": [], "kp50": [], "kp99": [],
+                                   "tp50": [], "tp99": [], "kcpu": [], "tcpu": [], "rate": []})
+            g["runs"].add(path)
+            g["load"].append(rep["loadavg_start"])
+            g["p50"].append(k["p50_us"] / t["p50_us"])
+            g["p99"].append(k["p99_us"] / t["p99_us"])
+            g["kp50"].append(k["p50_us"]); g["kp99"].append(k["p99_us"])
+            g["tp50"].append(t["p50_us"]); g["tp99"].append(t["p99_us"])
+            g["kcpu"].append(k["cpu_us_per_exchange"]["kvrouter"])
+            g["tcpu"].append(t["cpu_us_per_exchange"]["trivial"])
+            g["rate"].append(min(k["achieved_per_s"], t["achieved_per_s"]))
+    med = statistics.median
+    for (mode, n), g in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        rows.append([mode, n, f"{len(g['runs'])} x {len(g['p50']) // len(g['runs'])}",
+                     f"{min(g['load']):.1f}-{max(g['load']):.1f}",
+                     f"{med(g['p50']):.2f} ({min(g['p50']):.2f}-{max(g['p50']):.2f})",
+                     f"{med(g['p99']):.2f} ({min(g['p99']):.2f}-{max(g['p99']):.2f})",
+                     f"{med(g['kp50']):.0f} / {med(g['kp99']):.0f}", f"{med(g['tp50']):.0f} / {med(g['tp99']):.0f}",
+                     f"{med(g['kcpu']):.0f}", f"{med(g['tcpu']):.0f}", f"{min(g['rate']):.0f}"])
+    return table(["transport", "endpoints", "runs x rounds", "load avg at start", "p50 ratio, median (range)",
+                  "p99 ratio, median (range)", "kvrouter p50 / p99 µs", "trivial p50 / p99 µs",
+                  "kvrouter CPU µs/exchange", "trivial CPU µs/exchange", "lowest achieved req/s"], rows)
 
 
 RENDERERS = {
     "faults": faults_table,
+    "latency": latency_table,
     "reference": reference_tables,
     "results-sweep": results_sweep,
     "results-sensitivity": results_sensitivity,

@@ -127,22 +127,32 @@ type piece struct {
 // split cuts s into text and added tokens the way HF's AddedVocabulary::find_matches
 // does, honouring single_word, lstrip and rstrip, and appends the pieces to out.
 func (m *matcher) split(s string, out []piece) []piece {
+	var buf [16]addedMatch
+	matches := buf[:0]
+	return m.splitWith(s, out, &matches)
+}
+
+// addedMatch is an added token found in a text, before HF's filters.
+type addedMatch struct {
+	tok        int32
+	start, end int
+}
+
+// splitWith is split with a buffer for the matches (a long text has thousands),
+// which it leaves grown in *buf.
+func (m *matcher) splitWith(s string, out []piece, buf *[]addedMatch) []piece {
 	if m.empty() {
 		return append(out, piece{text: s, tok: -1})
 	}
+	matches := (*buf)[:0]
+	defer func() { *buf = matches[:0] }()
 	// HF collects every non-overlapping match first, then filters and widens them.
-	type match struct {
-		tok        int32
-		start, end int
-	}
-	var buf [16]match
-	matches := buf[:0]
 	for from := 0; from < len(s); {
 		t, st, e := m.nextMatch(s, from)
 		if t < 0 {
 			break
 		}
-		matches = append(matches, match{t, st, e})
+		matches = append(matches, addedMatch{t, st, e})
 		from = e
 	}
 	offset := 0

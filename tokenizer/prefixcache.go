@@ -86,10 +86,10 @@ type cutPoint struct {
 //
 // It stops once out holds limit ids: only the cuts whose prefix was wholly encoded are
 // stored.
-func (t *Tokenizer) encodeCached(text string, pieces []piece, out []uint32, base int, add bool, limit int) []uint32 {
+func (t *Tokenizer) encodeCached(text string, pieces []piece, out []uint32, base int, add bool, limit int, sc *splitScratch) []uint32 {
 	c := t.cache
-	var cutBuf [64]cutPoint
-	cuts := cutBuf[:0]
+	cuts := sc.cuts[:0]
+	defer func() { sc.cuts = cuts[:0] }()
 	var h maphash.Hash
 	h.SetSeed(c.seed)
 	if add {
@@ -108,8 +108,8 @@ func (t *Tokenizer) encodeCached(text string, pieces []piece, out []uint32, base
 	if len(cuts) == 0 {
 		return t.encodePieces(pieces, out, limit)
 	}
-	var chainBuf [64][]uint32
-	hit, chain := c.lookup(cuts, chainBuf[:0])
+	hit, chain := c.lookup(cuts, sc.chain[:0])
+	defer func() { clear(chain); sc.chain = chain[:0] }() // no reference to cached ids kept
 	start, cached := 0, 0
 	if hit >= 0 {
 		out = out[:base]

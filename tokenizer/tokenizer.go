@@ -5,6 +5,7 @@ import (
 	"math"
 	"slices"
 	"strings"
+	"sync"
 	"unicode/utf8"
 )
 
@@ -109,6 +110,8 @@ func (t *Tokenizer) AppendEncode(dst []uint32, text string, addSpecialTokens boo
 // limit): the ids appended are the first maxTokens of AppendEncode's, and complete is
 // false when some were left out. Its cost is that of the text up to the limit (plus a
 // linear scan of the rest for added tokens and normalisation), not of the whole text.
+// It keeps no reference to text once it returns, so text may alias a buffer the caller
+// reuses (prompt renders chat templates into one).
 func (t *Tokenizer) AppendEncodeMax(dst []uint32, text string, addSpecialTokens bool, maxTokens int) (out []uint32, complete bool) {
 	if !utf8.ValidString(text) {
 		text = strings.ToValidUTF8(text, "\uFFFD")
@@ -126,13 +129,14 @@ func (t *Tokenizer) AppendEncodeMax(dst []uint32, text string, addSpecialTokens 
 	if addSpecialTokens {
 		out = append(out, t.prefix...)
 	}
-	var buf [32]piece
-	pieces := t.rawMatcher.split(text, buf[:0])
+	sc := splitScratches.Get().(*splitScratch)
+	pieces := t.rawMatcher.splitWith(text, sc.pieces[:0], &sc.matches)
 	if t.cache == nil {
 		out = t.encodePieces(pieces, out, limit)
 	} else {
-		out = t.encodeCached(text, pieces, out, base, addSpecialTokens, limit)
+		out = t.encodeCached(text, pieces, out, base, addSpecialTokens, limit, sc)
 	}
+	sc.put(pieces)
 	if addSpecialTokens {
 		out = append(out, t.suffix...)
 	}
@@ -140,6 +144,31 @@ func (t *Tokenizer) AppendEncodeMax(dst []uint32, text string, addSpecialTokens 
 		return out[:len(dst)+maxTokens], false
 	}
 	return out, true
+}
+
+// splitScratch is the memory a split of a long text and its prefix-cache lookup
+// need (a 128k-token conversation has thousands of added tokens), reused across
+// encodes.
+type splitScratch struct {
+	pieces  []piece
+	matches []addedMatch
+	cuts    []cutPoint
+	chain   [][]uint32
+}
+
+var splitScratches = sync.Pool{New: func() any { return new(splitScratch) }}
+
+// maxPooledPieces bounds the scratch kept for reuse.
+const maxPooledPieces = 1 << 16
+
+// put returns the scratch to the pool, dropping its references to the text.
+func (sc *splitScratch) put(pieces []piece) {
+	if cap(pieces) > maxPooledPieces || cap(sc.matches) > maxPooledPieces || cap(sc.cuts) > maxPooledPieces || cap(sc.chain) > maxPooledPieces {
+		return
+	}
+	clear(pieces)
+	sc.pieces = pieces[:0]
+	splitScratches.Put(sc)
 }
 
 // encodePieces appends the ids of the pieces of a raw added-token split, until out

@@ -34,7 +34,7 @@ func TestPlacementKeepsPrefixesHome(t *testing.T) {
 	// act on that noise on a busy machine. This test is about homes, so they are off,
 	// which also shows policy.placement reaching the policy.
 	cfg.Policy.Name, cfg.Policy.Fallback = "placement", "least-load"
-	cfg.Policy.Placement.DeadlineTokens, cfg.Policy.Placement.DivertMisses = 0, false
+	cfg.Policy.Placement.DivertDeadline, cfg.Policy.Placement.DivertMisses = false, false
 	a := startApp(t, cfg, app.Options{Registry: prometheus.NewRegistry()})
 	ext := dial(t, a.addrs.ExtProc)
 	waitHealth(t, ext, app.ExtProcService, healthpb.HealthCheckResponse_SERVING)

@@ -18,7 +18,9 @@ seqs are sent (and buffered) as garbage.
 
 With --wait-sub-after K the socket is an XPUB, so publishing can hold before batch K until
 a subscription arrives (printing "waiting" first; the data frames on the wire are the same
-as a PUB's); otherwise it is a PUB, as vLLM's.
+as a PUB's); otherwise it is a PUB, as vLLM's. With --wait-replay as well, it then holds
+until it has answered one replay request (the subscriber's rebuild on connect, at most
+5 s), so that the faults injected later fall after the rebuild.
 
 After publishing it prints one JSON line: {"holds": {hash: refcount}, "view": {...}} where
 holds is the publisher's true cache and view what a correct subscriber must end with
@@ -165,6 +167,7 @@ def main():
     ap.add_argument("--clear-at", type=int, default=-1)
     ap.add_argument("--interval", type=float, default=0.002)
     ap.add_argument("--wait-sub-after", type=int, default=-1)
+    ap.add_argument("--wait-replay", action="store_true")
     a = ap.parse_args()
     drops = {int(x) for x in a.drop.split(",") if x}
     garbled = {int(x) for x in a.garble.split(",") if x}
@@ -187,6 +190,8 @@ def main():
     topic = a.topic.encode()
     buffer = []  # (seq, payload), vLLM keeps the last 10,000
 
+    served = [0]
+
     def serve_replay():
         while router is not None and router.poll(0):
             frames = router.recv_multipart()
@@ -200,13 +205,18 @@ def main():
                     router.send_multipart(head + [seq.to_bytes(8, "big"), payload])
             head = [ident, b"", topic] if a.replay_topic else [ident, b""]
             router.send_multipart(head + [END_SEQ, b""])
+            served[0] += 1
 
     def wait_sub():
         print("waiting", flush=True)
         while True:
             serve_replay()
             if pub.poll(10) and pub.recv()[:1] == b"\x01":
-                return
+                break
+        deadline = time.time() + 5
+        while a.wait_replay and router is not None and served[0] == 0 and time.time() < deadline:
+            router.poll(10)
+            serve_replay()
 
     work = Workload(a.seed, a.hash)
     holds, view = Refs(), Refs()

@@ -457,3 +457,59 @@ func WriteLatency(w io.Writer, o LatencyOptions, rounds []LatencyRound) error {
 	_, err := io.WriteString(w, b.String())
 	return err
 }
+
+// LatencyReport is what `kvdemo latency --json` writes: the run's settings, the load
+// average before it (the machine is shared; a busy machine measures itself), and every
+// round's latencies and CPU per exchange in microseconds.
+type LatencyReport struct {
+	Policy       string             `json:"policy"`
+	Plaintext    bool               `json:"plaintext"`
+	Rate         float64            `json:"rate"`
+	DurationS    float64            `json:"duration_s"`
+	LoadAvgStart float64            `json:"loadavg_start"`
+	Rounds       []LatencyRoundJSON `json:"rounds"`
+}
+
+// LatencyRoundJSON is one round of a LatencyReport.
+type LatencyRoundJSON struct {
+	Server         string             `json:"server"`
+	Endpoints      int                `json:"endpoints"`
+	Sent           int                `json:"sent"`
+	Errors         int                `json:"errors"`
+	AchievedPerS   float64            `json:"achieved_per_s"`
+	P50US          float64            `json:"p50_us"`
+	P99US          float64            `json:"p99_us"`
+	DecisionP50US  float64            `json:"decision_p50_us"`
+	DecisionP99US  float64            `json:"decision_p99_us"`
+	CPUPerExchange map[string]float64 `json:"cpu_us_per_exchange"`
+}
+
+// NewLatencyReport converts MeasureLatency's rounds for JSON.
+func NewLatencyReport(o LatencyOptions, loadAvg float64, rounds []LatencyRound) LatencyReport {
+	us := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
+	rep := LatencyReport{Policy: o.Policy, Plaintext: o.Plaintext, Rate: o.Rate, DurationS: o.Duration.Seconds(), LoadAvgStart: loadAvg}
+	for _, r := range rounds {
+		j := LatencyRoundJSON{Server: r.Server, Endpoints: r.Endpoints, Sent: r.Result.Sent, Errors: r.Result.Errors,
+			AchievedPerS: r.Result.AchievedRatePerS, P50US: us(r.Result.P50), P99US: us(r.Result.P99),
+			DecisionP50US: us(r.Result.DecisionP50), DecisionP99US: us(r.Result.DecisionP99), CPUPerExchange: map[string]float64{}}
+		for _, p := range r.CPU {
+			j.CPUPerExchange[p.Process] = us(p.PerExchange)
+		}
+		rep.Rounds = append(rep.Rounds, j)
+	}
+	return rep
+}
+
+// LoadAverage is the machine's one-minute load average (0 where /proc/loadavg is absent).
+func LoadAverage() float64 {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return 0
+	}
+	v, _ := strconv.ParseFloat(f[0], 64)
+	return v
+}

@@ -26,10 +26,14 @@ type ProcessOptions struct {
 	EnvoyConfig string
 	// WorkDir receives the generated configurations and each process's log.
 	WorkDir string
+	// WithoutReplay is how many servers (the last ones) run without a replay socket,
+	// vLLM's default: the fault suite's rows without replay inject on them.
+	WithoutReplay int
 }
 
 // Processes starts the stack as child processes on 127.0.0.1: one vllm-sim per worker
-// (KV events over ZeroMQ with a replay socket, the model's tokenizer), kvrouter with a
+// (KV events over ZeroMQ with a replay socket but on the last po.WithoutReplay, the
+// model's tokenizer), kvrouter with a
 // generated configuration, and Envoy (when po.Envoy is set) or the dev gateway. Ports are
 // free ephemeral ports picked just before the processes start. Close stops every process
 // (SIGTERM, then SIGKILL after 5 s); on Linux the children also die with this process.
@@ -62,7 +66,13 @@ type procStack struct {
 	metrics                         []string
 	routerConfig                    string // kvrouter's configuration file
 	extproc                         string // kvrouter's ext_proc address
+	withoutReplay                   int    // the last servers without a replay socket
+	// stops records when stop last signalled each process, by name.
+	stops map[string]time.Time
 }
+
+// hasReplay reports whether server i runs with a replay socket.
+func (s *procStack) hasReplay(i int) bool { return i < len(s.metrics)-s.withoutReplay }
 
 func (s *procStack) GatewayURL() string          { return s.gatewayURL }
 func (s *procStack) EngineMetricsURLs() []string { return s.metrics }
@@ -149,6 +159,10 @@ func (s *procStack) stop(name string, sig syscall.Signal) error {
 	if p == nil {
 		return fmt.Errorf("demo: no process %q", name)
 	}
+	if s.stops == nil {
+		s.stops = map[string]time.Time{}
+	}
+	s.stops[name] = time.Now()
 	_ = p.cmd.Process.Signal(sig)
 	select {
 	case <-p.done:
@@ -274,11 +288,16 @@ func (s *procStack) start(ctx context.Context, o *Options, po ProcessOptions, po
 		return err
 	}
 	bin := func(name string) string { return filepath.Join(po.BinDir, name) }
+	s.withoutReplay = po.WithoutReplay
 	var servers []serverAddrs
 	for i := range o.Workers {
 		hp, ep, rp := ports[3*i], ports[3*i+1], ports[3*i+2]
+		replay := fmt.Sprintf("tcp://127.0.0.1:%d", rp)
+		if i >= o.Workers-po.WithoutReplay {
+			replay = ""
+		}
 		ev, _ := json.Marshal(map[string]any{"enable_kv_cache_events": true, "publisher": "zmq",
-			"endpoint": fmt.Sprintf("tcp://127.0.0.1:%d", ep), "replay_endpoint": fmt.Sprintf("tcp://127.0.0.1:%d", rp), "bind": true})
+			"endpoint": fmt.Sprintf("tcp://127.0.0.1:%d", ep), "replay_endpoint": replay, "bind": true})
 		err := s.spawn(fmt.Sprintf("vllm-sim %d", i), filepath.Join(po.WorkDir, fmt.Sprintf("vllm-sim-%d-%s.log", i, policy)), nil, bin("vllm-sim"),
 			"--host", "127.0.0.1", "--port", strconv.Itoa(hp), "--model", o.Model, "--tokenizer", tokDir,
 			"--kv-events-config", string(ev), "--enable-prompt-tokens-details",
@@ -288,8 +307,7 @@ func (s *procStack) start(ctx context.Context, o *Options, po ProcessOptions, po
 			return err
 		}
 		addr := fmt.Sprintf("127.0.0.1:%d", hp)
-		servers = append(servers, serverAddrs{HTTP: addr, Events: fmt.Sprintf("tcp://127.0.0.1:%d", ep),
-			Replay: fmt.Sprintf("tcp://127.0.0.1:%d", rp)})
+		servers = append(servers, serverAddrs{HTTP: addr, Events: fmt.Sprintf("tcp://127.0.0.1:%d", ep), Replay: replay})
 		s.metrics = append(s.metrics, "http://"+addr+"/metrics")
 	}
 	base := 3 * o.Workers

@@ -225,9 +225,9 @@ func init() {
 		tests[op] = tests[names[1]]
 	}
 	builtinGlobals = map[string]Value{
-		"range":     FuncValue(globalRange),
-		"namespace": FuncValue(globalNamespace),
-		"dict":      FuncValue(globalDict),
+		"range":     pureFuncValue(globalRange),
+		"namespace": pureFuncValue(globalNamespace),
+		"dict":      pureFuncValue(globalDict),
 	}
 }
 

@@ -2,7 +2,7 @@ package jinja
 
 import (
 	"strconv"
-	"strings"
+	"unsafe"
 )
 
 type ctl uint8
@@ -23,8 +23,16 @@ type state struct {
 	t     *Template
 	top   []Value
 	local []Value
-	out   *strings.Builder
+	out   *output
 	depth int
+
+	// Incremental rendering (memo.go): the render's iteration cache (nil: off),
+	// the recorder of the iteration being executed, whether a stored iteration is
+	// being checked, and the counts.
+	cache     IterationCache
+	rec       *recorder
+	replaying bool
+	stats     RenderStats
 }
 
 const maxMacroDepth = 64
@@ -47,10 +55,28 @@ func (st *state) write(v Value) error {
 		st.out.Write(strconv.AppendInt(buf[:0], v.n, 10))
 	case KindUndefined:
 	default:
-		return writeStr(st.out, v)
+		s, err := ToStr(v)
+		if err != nil {
+			return err
+		}
+		st.out.WriteString(s)
 	}
 	return nil
 }
+
+// output is a render's output: a byte slice, which RenderCached's caller may reuse
+// across renders.
+type output struct{ b []byte }
+
+func (o *output) WriteString(s string) { o.b = append(o.b, s...) }
+
+func (o *output) Write(p []byte) { o.b = append(o.b, p...) }
+
+func (o *output) Len() int { return len(o.b) }
+
+// text returns the output as a string sharing its bytes: the output must not be
+// written to again.
+func (o *output) text() string { return unsafe.String(unsafe.SliceData(o.b), len(o.b)) }
 
 type textStmt struct{ s string }
 
@@ -163,6 +189,7 @@ type forStmt struct {
 	body    []stmt
 	els     []stmt
 	scope   scope
+	memo    *loopMemo // nil: not memoizable
 }
 
 // iterate returns the items a for loop visits.
@@ -223,22 +250,12 @@ func (s *forStmt) exec(st *state) (ctl, error) {
 	if s.loopRef != nil {
 		loop = &loopState{items: items}
 	}
-	for i, it := range items {
-		s.scope.restore(st, saved)
-		if err := s.target.assign(st, it); err != nil {
+	if s.memo != nil && st.cache != nil && st.rec == nil {
+		if err := s.execMemo(st, items, saved, loop); err != nil {
 			return ctlNone, err
 		}
-		if loop != nil {
-			loop.index0 = i
-			st.slots(s.loopRef.local)[s.loopRef.slot] = Value{kind: KindLoop, ref: loop}
-		}
-		c, err := execBody(st, s.body)
-		if err != nil {
-			return ctlNone, err
-		}
-		if c == ctlBreak {
-			break
-		}
+	} else if err := s.execItems(st, items, saved, loop); err != nil {
+		return ctlNone, err
 	}
 	if len(items) == 0 && s.els != nil {
 		s.scope.restore(st, saved)
@@ -247,6 +264,27 @@ func (s *forStmt) exec(st *state) (ctl, error) {
 		}
 	}
 	return ctlNone, nil
+}
+
+func (s *forStmt) execItems(st *state, items, saved []Value, loop *loopState) error {
+	for i, it := range items {
+		s.scope.restore(st, saved)
+		if err := s.target.assign(st, it); err != nil {
+			return err
+		}
+		if loop != nil {
+			loop.index0 = i
+			st.slots(s.loopRef.local)[s.loopRef.slot] = Value{kind: KindLoop, ref: loop}
+		}
+		c, err := execBody(st, s.body)
+		if err != nil {
+			return err
+		}
+		if c == ctlBreak {
+			break
+		}
+	}
+	return nil
 }
 
 type loopState struct {
@@ -314,6 +352,9 @@ type nsSetStmt struct {
 	ns   *varRef
 	attr string
 	x    expr
+	// outer: in a memoizable loop, a namespace from outside the iteration (the write
+	// is recorded).
+	outer bool
 }
 
 func (s *nsSetStmt) exec(st *state) (ctl, error) {
@@ -326,17 +367,20 @@ func (s *nsSetStmt) exec(st *state) (ctl, error) {
 		return ctlNone, errorf("cannot assign attribute on non-namespace object")
 	}
 	ns.ref.(*Namespace).attrs.Set(s.attr, v)
+	if s.outer && st.rec != nil {
+		st.rec.note(event{write: s, v: v})
+	}
 	return ctlNone, nil
 }
 
 // capture renders body into a string.
 func capture(st *state, body []stmt) (string, error) {
 	prev := st.out
-	var b strings.Builder
+	var b output
 	st.out = &b
 	_, err := execBody(st, body)
 	st.out = prev
-	return b.String(), err
+	return b.text(), err
 }
 
 type setBlockStmt struct {
@@ -422,6 +466,12 @@ func (s *macroStmt) exec(st *state) (ctl, error) {
 }
 
 func (st *state) callMacro(m *macro, args []Value, kwargs []KwArg) (Value, error) {
+	if st.replaying {
+		return Value{}, errorf("macro call while checking a stored iteration")
+	}
+	if st.rec != nil {
+		st.rec.tainted = true // a macro reads its own outer variables
+	}
 	if st.depth >= maxMacroDepth {
 		return Value{}, errorf("macro %s: recursion deeper than %d", m.name, maxMacroDepth)
 	}

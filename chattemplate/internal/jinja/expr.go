@@ -150,6 +150,9 @@ func (e *callExpr) eval(st *state) (Value, error) {
 func (st *state) call(fn Value, args []Value, kwargs []KwArg) (Value, error) {
 	switch fn.kind {
 	case KindFunc:
+		if st.rec != nil && fn.n != pureFunc {
+			st.rec.tainted = true // strftime_now reads the clock
+		}
 		return fn.ref.(Func)(args, kwargs)
 	case KindMacro:
 		return st.callMacro(fn.ref.(*macro), args, kwargs)

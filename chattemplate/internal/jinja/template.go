@@ -1,9 +1,5 @@
 package jinja
 
-import (
-	"strings"
-)
-
 // Options configure compilation. Chat templates use TrimBlocks and LStripBlocks, as
 // transformers configures Jinja2.
 type Options struct {
@@ -63,6 +59,8 @@ func Compile(src string, opts Options) (*Template, error) {
 		}
 		r.slot = i
 	}
+	var loops int
+	t.markMemoLoops(t.body, &loops)
 	return t, nil
 }
 
@@ -80,13 +78,11 @@ func (t *Template) Render(vars Vars, sizeHint int) (string, error) {
 			st.top[i] = t.defaults[i]
 		}
 	}
-	var b strings.Builder
-	b.Grow(sizeHint)
-	st.out = &b
+	st.out = &output{b: make([]byte, 0, sizeHint)}
 	if _, err := execBody(st, t.body); err != nil {
 		return "", err
 	}
-	return b.String(), nil
+	return st.out.text(), nil
 }
 
 // MapVars is Vars over a map.

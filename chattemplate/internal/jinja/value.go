@@ -219,6 +219,12 @@ func DictValue(d *Dict) Value { return Value{kind: KindDict, ref: d} }
 // FuncValue wraps a global function.
 func FuncValue(f Func) Value { return Value{kind: KindFunc, ref: f} }
 
+// pureFunc marks (in Value.n) a builtin global whose result depends only on its
+// arguments, which a memoized loop iteration may call (memo.go).
+const pureFunc = 1
+
+func pureFuncValue(f Func) Value { return Value{kind: KindFunc, ref: f, n: pureFunc} }
+
 // Accessors.
 
 // Kind returns the value's kind.

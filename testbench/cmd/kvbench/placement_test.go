@@ -66,7 +66,7 @@ func TestParsePlacement(t *testing.T) {
 		name, spec, wantErr string
 	}{
 		{"empty keeps defaults", "", ""},
-		{"overrides", "balance=1.25,sticky_holders=true,fill=0.4,deadline_tokens=0", ""},
+		{"overrides", "balance=1.25,sticky_holders=true,fill=0.4,divert_deadline=false", ""},
 		{"not key=value", "balance", "not key=value"},
 		{"unknown key", "speed=2", "unknown knob"},
 		{"integer knob given a fraction", "prefix_depth=4.9", "prefix_depth"},

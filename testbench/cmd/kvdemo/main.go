@@ -170,6 +170,7 @@ func latency(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.StringVar(&o.TrivialPprof, "trivial-pprof", "", "serve the trivial server's /debug/pprof/ on this address (kvrouter's is on its debug port)")
 	keep := fs.Bool("keep-logs", false, "keep the generated configurations and the processes' logs")
 	fs.BoolVar(&o.Plaintext, "plaintext", false, "serve both ext_proc ports without TLS (default: TLS on both, self-signed, as kvrouter's default)")
+	jsonOut := fs.String("json", "", "also write the rounds as JSON to this file (docs/data/latency/, rendered by scripts/docs.py)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -208,9 +209,19 @@ func latency(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	} else {
 		defer os.RemoveAll(dir)
 	}
+	load := demo.LoadAverage()
 	rounds, err := demo.MeasureLatency(ctx, o, dir)
 	if err != nil {
 		return err
+	}
+	if *jsonOut != "" {
+		b, err := json.MarshalIndent(demo.NewLatencyReport(o, load, rounds), "", "  ")
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(*jsonOut, append(b, '\n'), 0o644); err != nil {
+			return err
+		}
 	}
 	return demo.WriteLatency(stdout, o, rounds)
 }
@@ -251,7 +262,7 @@ func faults(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	if *jsonOut != "" {
 		rep := demo.FaultReport{Workers: fo.Workers, Requests: fo.Requests, Concurrency: fo.Concurrency, Policy: fo.Policies[0],
-			Short: *short, OpenFileLimit: demo.OpenFileLimit(), Rows: rows}
+			Short: *short, OpenFileLimit: demo.OpenFileLimit(), WithoutReplay: fo.Process.WithoutReplay, Rows: rows}
 		b, err := json.MarshalIndent(rep, "", "  ")
 		if err != nil {
 			return err

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/go-zeromq/zmq4"
 	"go.uber.org/zap"
@@ -35,6 +36,11 @@ type publisher struct {
 	addrMu sync.Mutex
 	addr   net.Addr
 	repAdr net.Addr
+	// Fault injection (the fault suite): drop is how many of the next batches are
+	// numbered and buffered for replay but not sent; reset asks run to close the PUB
+	// socket and open it again.
+	drop  atomic.Int64
+	reset chan chan error
 }
 
 type replayEntry struct {
@@ -49,7 +55,7 @@ func newPublisher(cfg KVEventsConfig, rank int, log *zap.Logger) *publisher {
 	}
 	return &publisher{cfg: cfg, rank: rank, log: log, queue: make(chan kvevents.Batch, q),
 		pubEP: offsetEndpoint(cfg.Endpoint, rank), repEP: offsetEndpoint(cfg.ReplayEndpoint, rank),
-		ready: make(chan struct{})}
+		ready: make(chan struct{}), reset: make(chan chan error)}
 }
 
 // OffsetEndpoint returns ep ("tcp://host:port") with n added to its port, as vLLM
@@ -83,27 +89,73 @@ func (p *publisher) publish(b kvevents.Batch) bool {
 	}
 }
 
-// run binds (endpoint with '*') or connects the sockets and sends until ctx ends.
-func (p *publisher) run(ctx context.Context) error {
+// batches returns how many batches were numbered so far (the next sequence number).
+func (p *publisher) batches() uint64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.seq
+}
+
+// dropNext makes the next n batches numbered and buffered for replay but not sent, as
+// libzmq's PUB socket drops messages for a subscriber whose pipe is at the high-water
+// mark: the subscriber sees a sequence gap.
+func (p *publisher) dropNext(n int) { p.drop.Store(int64(n)) }
+
+// resetConnections closes the PUB socket, which drops every subscriber's TCP
+// connection, and opens it again on the same address, keeping the sequence and the
+// replay buffer: what a subscriber sees when its connection to a live pod is reset.
+func (p *publisher) resetConnections(ctx context.Context) error {
+	done := make(chan error, 1)
+	select {
+	case p.reset <- done:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// openPub binds (endpoint with '*', or Bind) or connects the PUB socket; ep is the
+// endpoint, or after a reset the address first bound.
+func (p *publisher) openPub(ctx context.Context, ep string) (zmq4.Socket, error) {
 	pub := zmq4.NewPub(ctx)
-	defer pub.Close()
 	if p.cfg.HWM > 0 {
 		if err := pub.SetOption(zmq4.OptionHWM, p.cfg.HWM); err != nil {
-			return fmt.Errorf("server: kv events hwm: %w", err)
+			pub.Close()
+			return nil, fmt.Errorf("server: kv events hwm: %w", err)
 		}
 	}
 	var err error
 	if strings.Contains(p.pubEP, "*") || p.cfg.Bind {
-		err = pub.Listen(listenAddr(p.pubEP))
+		err = pub.Listen(listenAddr(ep))
 	} else {
-		err = pub.Dial(p.pubEP)
+		err = pub.Dial(ep)
 	}
 	if err != nil {
-		return fmt.Errorf("server: kv events %s: %w", p.pubEP, err)
+		pub.Close()
+		return nil, fmt.Errorf("server: kv events %s: %w", ep, err)
 	}
+	return pub, nil
+}
+
+// run binds (endpoint with '*') or connects the sockets and sends until ctx ends.
+func (p *publisher) run(ctx context.Context) error {
+	pub, err := p.openPub(ctx, p.pubEP)
+	if err != nil {
+		return err
+	}
+	defer func() { pub.Close() }()
 	p.addrMu.Lock()
 	p.addr = pub.Addr()
 	p.addrMu.Unlock()
+	again := p.pubEP
+	if ta, ok := pub.Addr().(*net.TCPAddr); ok && (strings.Contains(p.pubEP, "*") || p.cfg.Bind) {
+		again = "tcp://" + ta.String() // the port bound, if the endpoint said 0
+	}
 	if p.repEP != "" {
 		rep := zmq4.NewRouter(ctx)
 		defer rep.Close()
@@ -122,6 +174,15 @@ func (p *publisher) run(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return nil
+		case done := <-p.reset:
+			pub.Close()
+			np, err := p.openPub(ctx, again)
+			if err != nil {
+				done <- err
+				return err
+			}
+			pub = np
+			done <- nil
 		case b := <-p.queue:
 			payload := kvevents.Encode(&b, enc)
 			p.mu.Lock()
@@ -134,6 +195,10 @@ func (p *publisher) run(ctx context.Context) error {
 				p.ring = append(p.ring, replayEntry{seq, payload})
 			}
 			p.mu.Unlock()
+			if p.drop.Load() > 0 {
+				p.drop.Add(-1)
+				continue
+			}
 			var s [8]byte
 			binary.BigEndian.PutUint64(s[:], seq)
 			if err := pub.Send(zmq4.NewMsgFrom(topic, s[:], payload)); err != nil {

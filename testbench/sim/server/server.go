@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -177,12 +178,18 @@ func (s *Server) loop(ctx context.Context, r *rank) {
 		}
 		r.mu.Lock()
 		res := r.eng.Complete()
+		r.publish(s.opts.Now(), res.Events)
 		r.mu.Unlock()
-		if len(res.Events) > 0 && r.pub != nil {
-			now := s.opts.Now()
-			r.pub.publish(kvevents.Batch{TS: float64(now.UnixNano()) / 1e9, Events: res.Events,
-				DPRank: r.idx, HasDPRank: true})
-		}
+	}
+}
+
+// publish queues a batch of the rank's events (none: nothing). Called under r.mu, so
+// that batches are queued in the engine's order whoever produced them (a step, or
+// POST /reset_prefix_cache).
+func (r *rank) publish(now time.Time, events []kvevents.Event) {
+	if len(events) > 0 && r.pub != nil {
+		r.pub.publish(kvevents.Batch{TS: float64(now.UnixNano()) / 1e9, Events: events,
+			DPRank: r.idx, HasDPRank: true})
 	}
 }
 
@@ -222,6 +229,9 @@ func (s *Server) Handler() http.Handler {
 	})
 	mux.HandleFunc("GET /debug/cache", s.handleDebugCache)
 	mux.HandleFunc("POST /debug/stall-metrics", s.handleStallMetrics)
+	mux.HandleFunc("POST /debug/drop-kv-events", s.handleDropKVEvents)
+	mux.HandleFunc("POST /debug/reset-kv-connections", s.handleResetKVConnections)
+	mux.HandleFunc("POST /reset_prefix_cache", s.handleResetPrefixCache)
 	return mux
 }
 
@@ -714,15 +724,107 @@ func (s *Server) handleTokenize(w http.ResponseWriter, r *http.Request) {
 	_ = json.NewEncoder(w).Encode(map[string]any{"count": len(ids), "max_model_len": s.cfg.Engine.MaxModelLen, "tokens": ids, "token_strs": nil})
 }
 
-// handleDebugCache serves the prefix cache's truth, to compare with a router's index:
-// {"cached_blocks": N}, the distinct block hashes cached, summed over the ranks.
+// debugCache is GET /debug/cache: the prefix cache's truth, to compare with a router's
+// index.
+type debugCache struct {
+	// CachedBlocks is the distinct block hashes cached, summed over the ranks.
+	CachedBlocks int `json:"cached_blocks"`
+	// KVBatches is, per rank, the KV-event batches numbered so far (the next sequence
+	// number), sent or not; absent without a publisher. A subscriber whose last
+	// sequence number is KVBatches-1 has seen everything.
+	KVBatches []uint64 `json:"kv_batches,omitempty"`
+}
+
 func (s *Server) handleDebugCache(w http.ResponseWriter, _ *http.Request) {
-	n := 0
+	var c debugCache
 	for _, r := range s.ranks {
-		n += r.stats().CachedBlocks
+		c.CachedBlocks += r.stats().CachedBlocks
+		if r.pub != nil {
+			c.KVBatches = append(c.KVBatches, r.pub.batches())
+		}
 	}
 	w.Header().Set("Content-Type", "application/json")
-	_, _ = fmt.Fprintf(w, "{\"cached_blocks\": %d}\n", n)
+	_ = json.NewEncoder(w).Encode(c)
+}
+
+// handleResetPrefixCache is vLLM's POST /reset_prefix_cache (served by vLLM with
+// VLLM_SERVER_DEV_MODE=1): every rank drops its prefix cache and publishes
+// AllBlocksCleared. vLLM cannot reset while requests hold blocks and answers 200 anyway
+// (it logs the failure); the sim says so with 409, so that a caller knows the cache was
+// not reset.
+func (s *Server) handleResetPrefixCache(w http.ResponseWriter, _ *http.Request) {
+	ok := true
+	for _, r := range s.ranks {
+		r.mu.Lock()
+		if r.eng.ResetPrefixCache() {
+			r.publish(s.opts.Now(), r.eng.TakeEvents())
+		} else {
+			ok = false
+		}
+		r.mu.Unlock()
+	}
+	if !ok {
+		http.Error(w, "requests hold KV blocks: prefix cache not reset", http.StatusConflict)
+		return
+	}
+	w.WriteHeader(http.StatusOK)
+}
+
+// maxDropBatches bounds one drop-kv-events injection.
+const maxDropBatches = 10000
+
+// handleDropKVEvents makes every rank's publisher skip sending its next ?batches=N
+// batches (at most 10,000) while numbering and buffering them for replay, as libzmq's
+// PUB socket drops messages for a subscriber at the high-water mark: a fault the fault
+// suite injects (a subscriber sees a sequence gap).
+func (s *Server) handleDropKVEvents(w http.ResponseWriter, r *http.Request) {
+	n, err := strconv.Atoi(r.URL.Query().Get("batches"))
+	if err != nil || n < 0 || n > maxDropBatches {
+		http.Error(w, "batches must be an integer in [0, 10000]", http.StatusBadRequest)
+		return
+	}
+	if !s.hasPublisher() {
+		http.Error(w, "no KV event publisher", http.StatusConflict)
+		return
+	}
+	for _, rk := range s.ranks {
+		if rk.pub != nil {
+			rk.pub.dropNext(n)
+		}
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// handleResetKVConnections closes every rank's PUB socket, dropping the subscribers'
+// connections, and opens it again on the same address with the sequence and replay
+// buffer kept: the engine and its cache live on. This is the realistic form of "a
+// publisher restarted without its pod": vLLM's publisher lives in the engine process and
+// restarts only with it (a pod restart), while the connection between a subscriber and
+// a live pod can be reset (a network fault, a proxy or conntrack timeout).
+func (s *Server) handleResetKVConnections(w http.ResponseWriter, r *http.Request) {
+	if !s.hasPublisher() {
+		http.Error(w, "no KV event publisher", http.StatusConflict)
+		return
+	}
+	for _, rk := range s.ranks {
+		if rk.pub == nil {
+			continue
+		}
+		if err := rk.pub.resetConnections(r.Context()); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) hasPublisher() bool {
+	for _, r := range s.ranks {
+		if r.pub != nil {
+			return true
+		}
+	}
+	return false
 }
 
 // maxStall bounds a metrics stall, so that a forgotten injection ends by itself.

@@ -537,13 +537,13 @@ func TestGeneratedTextRetokenizesToTheCachedIDs(t *testing.T) {
 // leaves two full 16-token blocks cached once the request ends.
 func TestDebugCache(t *testing.T) {
 	_, hs := start(t, nil)
-	if got := get(t, hs, "/debug/cache"); got != "{\"cached_blocks\": 0}\n" {
+	if got := get(t, hs, "/debug/cache"); got != "{\"cached_blocks\":0}\n" {
 		t.Fatalf("before any request: %q", got)
 	}
 	if code, body := post(t, hs, "/v1/completions", `{"prompt":`+ids(1, 40)+`,"max_tokens":1}`); code != 200 {
 		t.Fatalf("completion %d: %s", code, body)
 	}
-	if got := get(t, hs, "/debug/cache"); got != "{\"cached_blocks\": 2}\n" {
+	if got := get(t, hs, "/debug/cache"); got != "{\"cached_blocks\":2}\n" {
 		t.Fatalf("after one 40-token prompt: %q", got)
 	}
 }

@@ -1,0 +1,235 @@
+package chattemplate_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvrouter/kvrouter/chattemplate"
+)
+
+// Incremental rendering (the message cache keeps each message's rendered loop
+// iterations): these tests render conversations turn by turn, as a client re-sends
+// them, and require every render to be the golden (Jinja2) render or the render of a
+// template without the cache.
+
+// earlierTurns returns in with its messages cut to the first 1, 2, ... n-1 messages
+// (the conversation's earlier turns), each message's raw JSON unchanged.
+func earlierTurns(in chattemplate.Input) []chattemplate.Input {
+	msgs, ok := rawMessages(in.Messages)
+	if !ok {
+		return nil
+	}
+	var out []chattemplate.Input
+	for n := 1; n < len(msgs); n++ {
+		p := in
+		p.Messages = joinMessages(msgs[:n])
+		out = append(out, p)
+	}
+	return out
+}
+
+// rawMessages splits a messages array into its elements' raw JSON.
+func rawMessages(raw json.RawMessage) ([][]byte, bool) {
+	var msgs []json.RawMessage
+	if err := json.Unmarshal(raw, &msgs); err != nil {
+		return nil, false
+	}
+	out := make([][]byte, len(msgs))
+	for i, m := range msgs {
+		out[i] = m
+	}
+	return out, true
+}
+
+func joinMessages(msgs [][]byte) json.RawMessage {
+	return append(append([]byte("["), bytes.Join(msgs, []byte(","))...), ']')
+}
+
+// sameRender fails unless the two outcomes are the same string or both errors.
+func sameRender(t testing.TB, what string, got string, gotErr error, want string, wantErr error) {
+	t.Helper()
+	if got != want || (gotErr == nil) != (wantErr == nil) {
+		t.Fatalf("%s: cached render %q (%v), full render %q (%v)", what, got, gotErr, want, wantErr)
+	}
+}
+
+// TestIncrementalGolden renders every golden conversation turn by turn with one
+// cached template per model (so iterations stored for one conversation are offered to
+// all the others), checks each earlier turn against the uncached template and the
+// last against Jinja2's golden render, and requires iterations to have been reused.
+func TestIncrementalGolden(t *testing.T) {
+	cases := readCases(t)
+	type pair struct {
+		cached, plain *chattemplate.Template
+		reg           *prometheus.Registry
+	}
+	pairs := map[string]pair{}
+	load := func(t *testing.T, model string, defaults json.RawMessage) pair {
+		key := model + "\x00" + string(defaults)
+		if p, ok := pairs[key]; ok {
+			return p
+		}
+		reg := prometheus.NewPedanticRegistry()
+		opts := chattemplate.Options{DefaultKwargs: defaults, Metrics: chattemplate.NewMetrics(reg), Model: model}
+		var p pair
+		if slices.Contains(modelTemplates, model) {
+			p = pair{cached: compileModelTemplate(t, model, opts), plain: compileModelTemplate(t, model, chattemplate.Options{DefaultKwargs: defaults, MessageCacheBytes: -1}), reg: reg}
+		} else {
+			p = pair{cached: loadTemplateWith(t, model, opts), plain: loadTemplateWith(t, model, chattemplate.Options{DefaultKwargs: defaults, MessageCacheBytes: -1}), reg: reg}
+		}
+		pairs[key] = p
+		return p
+	}
+	goldens := map[string]map[string]goldenResult{}
+	rendered := map[string]int{}
+	for _, c := range cases {
+		for _, model := range c.Models {
+			if goldens[model] == nil {
+				goldens[model] = readGolden(t, model)
+			}
+			want := goldens[model][c.Name]
+			if want.Rendered == nil {
+				continue
+			}
+			t.Run(model+"/"+c.Name, func(t *testing.T) {
+				p := load(t, model, c.ServerDefaults)
+				in := inputFromBody(t, c.Body)
+				for i, turn := range earlierTurns(in) {
+					got, err := p.cached.Render(turn)
+					full, fullErr := p.plain.Render(turn)
+					sameRender(t, fmt.Sprintf("turn %d", i+1), got, err, full, fullErr)
+				}
+				for range 2 { // after its earlier turns, then from its own stored iterations
+					got, err := p.cached.Render(in)
+					if err != nil || got != *want.Rendered {
+						t.Fatalf("cached render differs from Jinja2's (%v)\n got: %q\nwant: %q", err, got, *want.Rendered)
+					}
+				}
+				rendered[model]++
+			})
+		}
+	}
+	for key, p := range pairs {
+		reused := gathered(t, p.reg, "kvrouter_chattemplate_render_iterations_total", "reused")
+		model, _, _ := strings.Cut(key, "\x00")
+		if reused == 0 && rendered[model] > 0 {
+			t.Errorf("%s: no iteration reused over %d conversations", model, rendered[model])
+		}
+	}
+	t.Logf("conversations rendered turn by turn, identical to Jinja2: %v", rendered)
+}
+
+// TestIncrementalFallback: Qwen3 renders an assistant turn after the last user query
+// with its reasoning, and without it once a new user message follows; the stored
+// iteration must then not be reused (its recorded read of `loop.index0 >
+// ns.last_query_index` differs) while the unaffected ones are. A changed system
+// prompt, tools and kwargs leave the other messages' iterations reusable.
+func TestIncrementalFallback(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	cached := loadTemplateWith(t, "qwen3", chattemplate.Options{Metrics: chattemplate.NewMetrics(reg), Model: "m"})
+	plain := loadTemplateWith(t, "qwen3", chattemplate.Options{MessageCacheBytes: -1})
+	msg := func(role, content string, extra ...string) string {
+		m := map[string]any{"role": role, "content": content}
+		for i := 0; i+1 < len(extra); i += 2 {
+			m[extra[i]] = extra[i+1]
+		}
+		raw, _ := json.Marshal(m)
+		return string(raw)
+	}
+	sys, sys2 := msg("system", "You are terse."), msg("system", "You are verbose.")
+	q1 := msg("user", "What is 2+2?")
+	a1 := msg("assistant", "4", "reasoning_content", "Add two and two.")
+	q2 := msg("user", "And 3+3?")
+	a2 := msg("assistant", "<think>\nsix\n</think>\n\n6")
+	q3 := msg("user", "Thanks.")
+	steps := []struct {
+		name     string
+		msgs     []string
+		tools    string
+		kwargs   string
+		reused   float64 // iterations of the message loop reused
+		rendered float64
+		contains string // in the render
+		excludes string
+	}{
+		{name: "first turn", msgs: []string{sys, q1, a1}, rendered: 3, contains: "<think>\nAdd two and two.\n</think>"},
+		{name: "the last query moves past a1: a1 renders without its reasoning", msgs: []string{sys, q1, a1, q2},
+			reused: 2, rendered: 2, excludes: "Add two and two."},
+		{name: "next turn", msgs: []string{sys, q1, a1, q2, a2, q3}, reused: 4, rendered: 2},
+		{name: "system prompt changed", msgs: []string{sys2, q1, a1, q2, a2, q3}, reused: 5, rendered: 1, contains: "verbose"},
+		{name: "tools and enable_thinking", msgs: []string{sys2, q1, a1, q2, a2, q3}, reused: 6, rendered: 1, // the tools loop
+			tools:  `[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}]`,
+			kwargs: `{"enable_thinking": false}`, contains: "<tools>"},
+	}
+	for _, s := range steps {
+		in := chattemplate.Input{Messages: json.RawMessage("[" + strings.Join(s.msgs, ",") + "]"), AddGenerationPrompt: true}
+		if s.tools != "" {
+			in.Tools = json.RawMessage(s.tools)
+		}
+		if s.kwargs != "" {
+			in.ChatTemplateKwargs = json.RawMessage(s.kwargs)
+		}
+		reused0 := gathered(t, reg, "kvrouter_chattemplate_render_iterations_total", "reused")
+		rendered0 := gathered(t, reg, "kvrouter_chattemplate_render_iterations_total", "rendered")
+		got, err := cached.Render(in)
+		want, wantErr := plain.Render(in)
+		sameRender(t, s.name, got, err, want, wantErr)
+		reused := gathered(t, reg, "kvrouter_chattemplate_render_iterations_total", "reused") - reused0
+		rendered := gathered(t, reg, "kvrouter_chattemplate_render_iterations_total", "rendered") - rendered0
+		if reused != s.reused || rendered != s.rendered {
+			t.Errorf("%s: %v iterations reused, %v rendered; want %v, %v", s.name, reused, rendered, s.reused, s.rendered)
+		}
+		if !strings.Contains(got, s.contains) || (s.excludes != "" && strings.Contains(got, s.excludes)) {
+			t.Errorf("%s: render %q should contain %q and not %q", s.name, got, s.contains, s.excludes)
+		}
+	}
+}
+
+// FuzzIncrementalRender renders random conversations turn by turn, then again with a
+// changed system message and toggled kwargs, with every model template, and requires
+// each render to equal the uncached template's.
+func FuzzIncrementalRender(f *testing.F) {
+	type pair struct{ cached, plain *chattemplate.Template }
+	var pairs []pair
+	for _, model := range []string{"qwen3", "llama3"} {
+		pairs = append(pairs, pair{loadTemplate(f, model, nil), loadTemplateWith(f, model, chattemplate.Options{MessageCacheBytes: -1})})
+	}
+	for _, model := range modelTemplates {
+		pairs = append(pairs, pair{compileModelTemplate(f, model, chattemplate.Options{}), compileModelTemplate(f, model, chattemplate.Options{MessageCacheBytes: -1})})
+	}
+	f.Add([]byte{}, []byte{1})
+	for i := range fuzzCaseSeeds {
+		f.Add(fuzzSeed(i), fuzzSeed(i+1))
+	}
+	f.Fuzz(func(t *testing.T, data, other []byte) {
+		in := inputFromBody(t, fuzzBody(data))
+		variant := inputFromBody(t, fuzzBody(other))
+		// The second conversation continues the first: its messages after the first's.
+		a, okA := rawMessages(in.Messages)
+		b, okB := rawMessages(variant.Messages)
+		if !okA || !okB {
+			return
+		}
+		long := in
+		long.Messages = joinMessages(append(slices.Clip(a), b...))
+		changed := long
+		changed.ChatTemplateKwargs = variant.ChatTemplateKwargs
+		changed.Tools = variant.Tools
+		if len(b) > 0 {
+			changed.Messages = joinMessages(append(slices.Clone(b[:1]), a[min(1, len(a)):]...))
+		}
+		for _, p := range pairs {
+			for _, turn := range append(earlierTurns(long), long, changed) {
+				got, err := p.cached.Render(turn)
+				want, wantErr := p.plain.Render(turn)
+				sameRender(t, "turn", got, err, want, wantErr)
+			}
+		}
+	})
+}

@@ -1,0 +1,651 @@
+package jinja
+
+import (
+	"math/big"
+)
+
+// Incremental rendering. A chat template renders a conversation with a loop over
+// messages, and turn k+1 of a conversation re-sends turn k's messages: most of the
+// loop's iterations render exactly what they rendered last turn. An iteration's output
+// is a function of the item it visits, the values its scope starts from, and what it
+// reads from outside itself (loop.last, namespace attributes, other messages, ...).
+//
+// At compile time, each top-level for loop (one not inside another loop or a macro)
+// whose body the analysis below can follow is marked memoizable: every maximal
+// sub-expression of its body that depends on nothing but state outside the iteration
+// is wrapped in a recordExpr, and every namespace assignment to a namespace from
+// outside the iteration is marked as an outer write. At render time, with an
+// IterationCache, each iteration whose item is a dict (a message) is executed while
+// recording those reads (expression and value) and writes, in order, and stored with
+// its output under (template, loop, index, item). A later render reuses a stored
+// iteration only when its scope starts from the same values and every recorded read,
+// re-evaluated in order in the new render (replaying the recorded writes between
+// them), gives the same value: the interpreter is deterministic, so the iteration
+// would then take the same path and write the same output. Otherwise the writes are
+// undone and the iteration is executed (and recorded again). Iterations that call a
+// macro or an impure global (strftime_now) are never stored.
+//
+// Qwen3's template shows why the reads are needed: an assistant message after the
+// last user query renders its reasoning, so an earlier assistant turn renders
+// differently once a new user message moves ns.last_query_index; the recorded read of
+// `loop.index0 > ns.last_query_index` then differs and the iteration is rendered again.
+
+// IterationCache stores rendered loop iterations across renders. The item is the dict
+// the iteration visited; an implementation keeps an iteration only as long as it
+// keeps the item (a message cache entry), so that the item's identity stands for its
+// content. Implementations must be safe for concurrent use.
+type IterationCache interface {
+	Iteration(item *Dict, key IterationKey) *Iteration
+	StoreIteration(item *Dict, key IterationKey, it *Iteration)
+}
+
+// IterationKey names one iteration of one loop of one template.
+type IterationKey struct {
+	Template *Template
+	Loop     int
+	Index    int
+}
+
+// Iteration is a rendered loop iteration and what it depended on. It is immutable.
+type Iteration struct {
+	out    string
+	brk    bool
+	entry  []Value // the scope's values at the start of the iteration
+	events []event
+	size   int64
+}
+
+// Bytes is the memory the iteration holds: its output, its recorded values and a
+// fixed overhead (values read from outside that are lists or dicts are counted in
+// full, up to maxRecordedBytes each).
+func (it *Iteration) Bytes() int64 { return it.size }
+
+// event is one read of an outer expression (read != nil) or one write to an outer
+// namespace (write != nil), with the value read or written.
+type event struct {
+	read  *recordExpr
+	write *nsSetStmt
+	v     Value
+}
+
+const (
+	// iterationOverhead is an Iteration's header, its slices' headers and a cache
+	// slot.
+	iterationOverhead = 128
+	// eventBytes is one event (two pointers and a Value).
+	eventBytes = 64
+	// valueHeader is the size of a Value.
+	valueHeader = 48
+	// maxRecordedBytes: an iteration that reads (or starts from) a list or dict
+	// larger than this from outside is not stored (comparing it would cost what
+	// rendering does, and it would be kept alive by the cache).
+	maxRecordedBytes = 4096
+	// memoWarmup: a loop records its first memoWarmup iterations, and the rest only
+	// once one was reused, so a loop whose iterations never repeat (one over
+	// messages[::-1], whose indices shift every turn) costs little.
+	memoWarmup = 8
+)
+
+// RenderStats counts the memoizable loop iterations of one render.
+type RenderStats struct {
+	// Reused iterations came from the IterationCache; Rendered ones were executed.
+	Reused, Rendered int
+}
+
+// RenderCached appends to dst what Render renders, reusing the iterations of
+// memoizable loops that cache holds and storing the ones it renders. dst may be a
+// buffer the caller reuses: nothing of the render keeps a reference to it.
+func (t *Template) RenderCached(dst []byte, vars Vars, cache IterationCache) ([]byte, RenderStats, error) {
+	st := &state{t: t, top: make([]Value, len(t.names)), cache: cache}
+	for i, name := range t.names {
+		if v, ok := vars.Lookup(name); ok {
+			st.top[i] = v
+		} else {
+			st.top[i] = t.defaults[i]
+		}
+	}
+	st.out = &output{b: dst}
+	if _, err := execBody(st, t.body); err != nil {
+		return nil, st.stats, err
+	}
+	return st.out.b, st.stats, nil
+}
+
+// recorder collects one iteration's reads and writes of outer state.
+type recorder struct {
+	events  []event
+	tainted bool // called a macro or an impure function: not stored
+	size    int64
+}
+
+// recordExpr is a maximal sub-expression of a memoizable loop's body that depends
+// only on state outside the iteration.
+type recordExpr struct{ x expr }
+
+func (e *recordExpr) eval(st *state) (Value, error) {
+	v, err := e.x.eval(st)
+	if st.rec != nil && err == nil {
+		st.rec.note(event{read: e, v: v})
+	}
+	return v, err
+}
+
+func (r *recorder) note(ev event) {
+	n, ok := recordedSize(ev.v)
+	if !ok {
+		r.tainted = true
+		return
+	}
+	r.size += eventBytes + n
+	r.events = append(r.events, ev)
+}
+
+// recordedSize is the memory a recorded value keeps beyond its header, or false when
+// it is too large (or of a kind that cannot be compared) to be recorded.
+func recordedSize(v Value) (int64, bool) {
+	budget := int64(maxRecordedBytes)
+	n := deepSize(v, &budget)
+	return n, budget >= 0
+}
+
+func deepSize(v Value, budget *int64) int64 {
+	var n int64
+	switch v.kind {
+	case KindString, KindUndefined:
+		n = int64(len(v.s))
+	case KindBigInt:
+		n = 32 + int64(len(v.ref.(*big.Int).Bits()))*8
+	case KindList:
+		items := v.items()
+		n = int64(len(items)) * valueHeader
+		*budget -= n
+		for _, it := range items {
+			if *budget < 0 {
+				return n
+			}
+			n += deepSize(it, budget)
+		}
+		return n
+	case KindDict:
+		pairs := v.dict().pairs
+		n = int64(len(pairs)) * 2 * valueHeader
+		*budget -= n
+		for _, p := range pairs {
+			if *budget < 0 {
+				return n
+			}
+			n += deepSize(p.Key, budget) + deepSize(p.Value, budget)
+		}
+		return n
+	case KindNone, KindBool, KindInt, KindFloat:
+	case KindNamespace, KindMacro:
+		// compared by identity: a namespace made in this render never matches, a
+		// macro is part of the compiled template
+	default:
+		*budget = -1 // loops, functions and methods are not compared
+	}
+	*budget -= n
+	return n
+}
+
+// sameValue reports whether a and b are the same value for the template: equal
+// scalars and strings, identical or element-wise same lists and dicts (up to a budget
+// of elements), the same macro.
+func sameValue(a, b Value, budget *int) bool {
+	if a.kind != b.kind {
+		return false
+	}
+	*budget--
+	if *budget < 0 {
+		return false
+	}
+	switch a.kind {
+	case KindUndefined, KindString:
+		return a.s == b.s
+	case KindNone:
+		return true
+	case KindBool, KindInt, KindFloat:
+		return a.n == b.n
+	case KindBigInt:
+		return a.ref.(*big.Int).Cmp(b.ref.(*big.Int)) == 0
+	case KindList:
+		x, y := a.ref.(*List), b.ref.(*List)
+		if x == y {
+			return true
+		}
+		if len(x.Items) != len(y.Items) || x.Tuple != y.Tuple || x.view != y.view {
+			return false
+		}
+		for i := range x.Items {
+			if !sameValue(x.Items[i], y.Items[i], budget) {
+				return false
+			}
+		}
+		return true
+	case KindDict:
+		x, y := a.dict(), b.dict()
+		if x == y {
+			return true
+		}
+		if len(x.pairs) != len(y.pairs) {
+			return false
+		}
+		for i := range x.pairs {
+			if !sameValue(x.pairs[i].Key, y.pairs[i].Key, budget) || !sameValue(x.pairs[i].Value, y.pairs[i].Value, budget) {
+				return false
+			}
+		}
+		return true
+	case KindMacro:
+		return a.ref.(*macro) == b.ref.(*macro)
+	}
+	// Namespaces are never the same: one read as a value (not through an attribute,
+	// which is recorded by its value) could be written through a local alias. Loops,
+	// functions and methods are not compared.
+	return false
+}
+
+func sameValues(a, b []Value) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	budget := 1 << 12
+	for i := range a {
+		if !sameValue(a[i], b[i], &budget) {
+			return false
+		}
+	}
+	return true
+}
+
+// loopMemo marks a memoizable loop.
+type loopMemo struct {
+	id int
+}
+
+// execMemo runs the loop over items with the render's IterationCache.
+func (s *forStmt) execMemo(st *state, items []Value, saved []Value, loop *loopState) error {
+	entryOK := true
+	var entrySize int64
+	for _, v := range saved {
+		n, ok := recordedSize(v)
+		entryOK = entryOK && ok
+		entrySize += valueHeader + n
+	}
+	reused := 0
+	for i, it := range items {
+		s.scope.restore(st, saved)
+		if err := s.target.assign(st, it); err != nil {
+			return err
+		}
+		if loop != nil {
+			loop.index0 = i
+			st.slots(s.loopRef.local)[s.loopRef.slot] = Value{kind: KindLoop, ref: loop}
+		}
+		item := it.Dict()
+		if item == nil || !entryOK {
+			c, err := execBody(st, s.body)
+			if err != nil {
+				return err
+			}
+			if c == ctlBreak {
+				break
+			}
+			continue
+		}
+		key := IterationKey{Template: st.t, Loop: s.memo.id, Index: i}
+		if prev := st.cache.Iteration(item, key); prev != nil && s.replay(st, prev, saved) {
+			st.out.WriteString(prev.out)
+			st.stats.Reused++
+			reused++
+			if prev.brk {
+				break
+			}
+			continue
+		}
+		st.stats.Rendered++
+		record := reused > 0 || i < memoWarmup
+		var rec recorder
+		if record {
+			st.rec = &rec
+		}
+		start := st.out.Len()
+		c, err := execBody(st, s.body)
+		st.rec = nil
+		if err != nil {
+			return err
+		}
+		if record && !rec.tainted {
+			out := string(st.out.b[start:])
+			st.cache.StoreIteration(item, key, &Iteration{
+				out: out, brk: c == ctlBreak, entry: saved, events: rec.events,
+				size: iterationOverhead + int64(len(out)) + entrySize + rec.size,
+			})
+		}
+		if c == ctlBreak {
+			break
+		}
+	}
+	return nil
+}
+
+// replay checks a stored iteration against the current render: the same starting
+// scope, and the same value for every recorded read, with the recorded namespace
+// writes applied in between. On success the writes stay applied (as executing the
+// iteration would have left them); otherwise they are undone.
+func (s *forStmt) replay(st *state, it *Iteration, saved []Value) bool {
+	if !sameValues(it.entry, saved) {
+		return false
+	}
+	type undo struct {
+		ns    *Namespace
+		attrs *Dict
+	}
+	var undos []undo
+	rollback := func() bool {
+		for i := len(undos) - 1; i >= 0; i-- {
+			undos[i].ns.attrs = undos[i].attrs
+		}
+		return false
+	}
+	st.replaying = true
+	defer func() { st.replaying = false }()
+	for _, ev := range it.events {
+		if ev.read != nil {
+			v, err := ev.read.x.eval(st)
+			budget := 1 << 12
+			if err != nil || !sameValue(v, ev.v, &budget) {
+				return rollback()
+			}
+			continue
+		}
+		nsv := st.slots(ev.write.ns.local)[ev.write.ns.slot]
+		if nsv.kind != KindNamespace {
+			return rollback()
+		}
+		ns := nsv.ref.(*Namespace)
+		saved := true
+		for _, u := range undos {
+			if u.ns == ns {
+				saved = false
+				break
+			}
+		}
+		if saved {
+			undos = append(undos, undo{ns, ns.attrs})
+			ns.attrs = ns.attrs.Clone()
+		}
+		ns.attrs.Set(ev.write.attr, ev.v)
+	}
+	return true
+}
+
+// Analysis of a loop body: which expressions depend only on outer state.
+type exprClass uint8
+
+const (
+	classConst exprClass = iota // constants and values fixed by the iteration's index
+	classOuter                  // depends on state outside the iteration
+	classLocal                  // depends on the iteration's item or its own variables
+)
+
+type memoAnalysis struct {
+	local map[string]bool // names the loop's scope assigns (target, loop, set)
+	wrap  bool            // second pass: wrap outer expressions
+	ok    bool
+}
+
+// markMemoLoops marks the template's top-level loops that can be memoized.
+func (t *Template) markMemoLoops(body []stmt, next *int) {
+	for _, s := range body {
+		switch s := s.(type) {
+		case *forStmt:
+			if analyseLoop(s) {
+				s.memo = &loopMemo{id: *next}
+				*next++
+			}
+		case *ifStmt:
+			for _, b := range s.bodies {
+				t.markMemoLoops(b, next)
+			}
+			t.markMemoLoops(s.els, next)
+		case *setBlockStmt:
+			t.markMemoLoops(s.body, next)
+		case *filterBlockStmt:
+			t.markMemoLoops(s.body, next)
+		case *scopeStmt:
+			t.markMemoLoops(s.body, next)
+		}
+	}
+}
+
+func analyseLoop(s *forStmt) bool {
+	if !writes(s.body) {
+		return false // nothing to reuse: executing it costs what checking it would
+	}
+	a := &memoAnalysis{local: map[string]bool{}, ok: true}
+	for _, r := range s.scope.refs {
+		if r.local {
+			return false // inside a macro
+		}
+		a.local[r.name] = true
+	}
+	a.stmts(s.body, false)
+	if !a.ok {
+		return false
+	}
+	a.wrap = true
+	a.stmts(s.body, false)
+	return true
+}
+
+// writes reports whether body can write output (outside a captured block).
+func writes(body []stmt) bool {
+	for _, s := range body {
+		switch s := s.(type) {
+		case *textStmt, *outputStmt, *filterBlockStmt:
+			return true
+		case *ifStmt:
+			for _, b := range s.bodies {
+				if writes(b) {
+					return true
+				}
+			}
+			if writes(s.els) {
+				return true
+			}
+		case *forStmt:
+			if writes(s.body) || writes(s.els) {
+				return true
+			}
+		case *scopeStmt:
+			if writes(s.body) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// stmts analyses a body; nested is true inside a nested loop's body, where `loop` is
+// that loop's.
+func (a *memoAnalysis) stmts(body []stmt, nested bool) {
+	for _, s := range body {
+		switch s := s.(type) {
+		case *textStmt, *breakStmt:
+		case *outputStmt:
+			a.top(&s.x, nested)
+		case *ifStmt:
+			for i := range s.conds {
+				a.top(&s.conds[i], nested)
+				a.stmts(s.bodies[i], nested)
+			}
+			a.stmts(s.els, nested)
+		case *forStmt:
+			a.top(&s.iter, nested)
+			if s.filter != nil {
+				a.top(&s.filter, nested)
+			}
+			a.stmts(s.body, true)
+			a.stmts(s.els, nested)
+		case *setStmt:
+			a.top(&s.x, nested)
+		case *nsSetStmt:
+			a.top(&s.x, nested)
+			if s.ns.local {
+				a.ok = false
+			}
+			if a.wrap {
+				s.outer = !a.local[s.ns.name]
+			}
+		case *setBlockStmt:
+			a.stmts(s.body, nested)
+			a.filters(s.filters, nested)
+		case *filterBlockStmt:
+			a.stmts(s.body, nested)
+			a.filters(s.filters, nested)
+		case *scopeStmt:
+			a.stmts(s.body, nested)
+		default: // macros defined in the loop, anything new
+			a.ok = false
+		}
+	}
+}
+
+func (a *memoAnalysis) filters(fs []*filterExpr, nested bool) {
+	for _, f := range fs {
+		for i := range f.args {
+			a.top(&f.args[i], nested)
+		}
+		for i := range f.kwargs {
+			a.top(&f.kwargs[i].x, nested)
+		}
+	}
+}
+
+// top classifies an expression evaluated by a statement and wraps it when it is
+// outer.
+func (a *memoAnalysis) top(p *expr, nested bool) {
+	if a.expr(p, nested) == classOuter && a.wrap {
+		*p = &recordExpr{x: *p}
+	}
+}
+
+// expr classifies *p; for an expression that depends on the iteration, it wraps
+// (second pass) each of its outer operands.
+func (a *memoAnalysis) expr(p *expr, nested bool) exprClass {
+	var kids []*expr
+	switch e := (*p).(type) {
+	case *constExpr:
+		return classConst
+	case *nameExpr:
+		switch {
+		case e.ref.local:
+			a.ok = false
+			return classLocal
+		case e.ref.name == "loop" && !nested:
+			a.ok = false // the loop object itself escapes: not followed
+			return classLocal
+		case a.local[e.ref.name]:
+			return classLocal
+		}
+		return classOuter
+	case *attrExpr:
+		if n, ok := e.obj.(*nameExpr); ok && n.ref.name == "loop" && !nested && !n.ref.local {
+			switch e.name {
+			case "index", "index0", "first", "cycle":
+				return classConst // fixed by the iteration's index
+			}
+			return classOuter // length, last, revindex, previtem, nextitem, ...
+		}
+		kids = []*expr{&e.obj}
+	case *itemExpr:
+		kids = []*expr{&e.obj, &e.key}
+	case *sliceExpr:
+		kids = []*expr{&e.obj}
+		for _, x := range []*expr{&e.lo, &e.hi, &e.step} {
+			if *x != nil {
+				kids = append(kids, x)
+			}
+		}
+	case *callExpr:
+		kids = append(kids, &e.fn)
+		for i := range e.args {
+			kids = append(kids, &e.args[i])
+		}
+		for i := range e.kwargs {
+			kids = append(kids, &e.kwargs[i].x)
+		}
+	case *filterExpr:
+		if e.arg != nil {
+			kids = append(kids, &e.arg)
+		}
+		for i := range e.args {
+			kids = append(kids, &e.args[i])
+		}
+		for i := range e.kwargs {
+			kids = append(kids, &e.kwargs[i].x)
+		}
+	case *testExpr:
+		kids = append(kids, &e.arg)
+		for i := range e.args {
+			kids = append(kids, &e.args[i])
+		}
+		for i := range e.kwargs {
+			kids = append(kids, &e.kwargs[i].x)
+		}
+	case *notExpr:
+		kids = []*expr{&e.x}
+	case *andExpr:
+		kids = []*expr{&e.l, &e.r}
+	case *orExpr:
+		kids = []*expr{&e.l, &e.r}
+	case *condExpr:
+		kids = []*expr{&e.cond, &e.then}
+		if e.els != nil {
+			kids = append(kids, &e.els)
+		}
+	case *unaryExpr:
+		kids = []*expr{&e.x}
+	case *binExpr:
+		kids = []*expr{&e.l, &e.r}
+	case *addExpr:
+		for i := range e.xs {
+			kids = append(kids, &e.xs[i])
+		}
+	case *concatExpr:
+		for i := range e.xs {
+			kids = append(kids, &e.xs[i])
+		}
+	case *compareExpr:
+		kids = append(kids, &e.first)
+		for i := range e.ops {
+			kids = append(kids, &e.ops[i].x)
+		}
+	case *listExpr:
+		for i := range e.xs {
+			kids = append(kids, &e.xs[i])
+		}
+	case *dictExpr:
+		for i := range e.keys {
+			kids = append(kids, &e.keys[i], &e.values[i])
+		}
+	default:
+		a.ok = false
+		return classLocal
+	}
+	classes := make([]exprClass, len(kids))
+	c := classConst
+	for i, k := range kids {
+		classes[i] = a.expr(k, nested)
+		c = max(c, classes[i])
+	}
+	if c == classLocal && a.wrap {
+		for i, k := range kids {
+			if classes[i] == classOuter {
+				*k = &recordExpr{x: *k}
+			}
+		}
+	}
+	return c
+}
