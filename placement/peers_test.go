@@ -194,3 +194,23 @@ func TestPlacementReplicasBreakTiesTheirOwnWay(t *testing.T) {
 		t.Fatalf("a replica with peers sent every tied pick to one holder: %v (simultaneous picks of its peers would join them)", n)
 	}
 }
+
+// BenchmarkMergePlacements is one full table from a peer (what every expiry/4 brings):
+// 1024 prefixes of 3 sites each, all newer than the table's, merged under the policy's
+// lock.
+func BenchmarkMergePlacements(b *testing.B) {
+	cs := fleet(6, nil)
+	ps := make([]placement.Placement, 1024)
+	p := newPlacement(b, placement.DefaultConfig(), testindex.New())
+	p.SetPeers(&fakePeers{})
+	at := time.Unix(1, 0)
+	b.ReportAllocs()
+	for b.Loop() {
+		at = at.Add(time.Second)
+		for i := range ps {
+			ps[i] = placement.Placement{Key: uint64(i), Blocks: 100, Decided: at, Sites: []placement.Site{
+				{Endpoint: cs[i%6].Address, Home: true}, {Endpoint: cs[(i+1)%6].Address}, {Endpoint: cs[(i+2+int(at.Unix())%2)%6].Address}}}
+		}
+		p.MergePlacements(ps, false)
+	}
+}
