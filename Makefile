@@ -21,10 +21,11 @@ demo: models ## Run kvrouter on a local simulated fleet behind a gateway; compar
 	$(BIN)/kvdemo --bin $(BIN)
 
 .PHONY: faults
-faults: models ## Run the fault suite on a local stack (about 2 minutes); write docs/data/faults.json and render docs/faults.md.
+faults: models ## Run the fault suite on a local stack, then the replica faults (about 3 minutes); write docs/data/faults.json, docs/data/replicas/faults.json and render docs/faults.md.
 	@mkdir -p $(BIN)
 	$(GO) build -o $(BIN)/ ./cmd/kvrouter ./testbench/cmd/vllm-sim ./testbench/cmd/devgateway ./testbench/cmd/kvdemo
 	$(BIN)/kvdemo faults --bin $(BIN) --json docs/data/faults.json
+	$(BIN)/kvdemo faults --replicas --bin $(BIN) --json docs/data/replicas/faults.json
 	python3 scripts/docs.py
 
 .PHONY: models
@@ -32,9 +33,10 @@ models: ## Fetch the tokenizer files the tests use into .cache/models (sha256-ve
 	bash scripts/fetch-models.sh
 
 .PHONY: test
-test: models ## Run all tests with the race detector, then the full tokenizer golden proof without it.
+test: models ## Run all tests with the race detector, then without it the full tokenizer golden proof and the peak-RSS test.
 	HELM=$(HELM) $(GO) test -race -count=1 ./...
 	$(GO) test -count=1 -run '^TestGolden$$' ./tokenizer/
+	$(GO) test -count=1 -run '^TestPeakRSSUnderHugeBodies$$' ./internal/app/
 
 .PHONY: bench
 bench: ## Run the benchmarks (one core, 5 runs each; compare with benchstat).

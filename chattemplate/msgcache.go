@@ -119,7 +119,13 @@ func (c *messageCache) message(raw []byte, openai bool) (jinja.Value, *cachedMes
 	if c == nil {
 		return msg, nil, nil
 	}
-	e := &cachedMessage{raw: string(raw), openai: openai, msg: msg, size: messageOverhead + int64(len(raw)) + valueSize(msg)}
+	size := messageOverhead + int64(len(raw)) + valueSize(msg)
+	if size > c.maxBytes/8 {
+		// Too large to keep (see add): copying its raw bytes would cost a huge message
+		// another copy of itself for nothing.
+		return msg, nil, nil
+	}
+	e := &cachedMessage{raw: string(raw), openai: openai, msg: msg, size: size}
 	if !c.add(key, e) {
 		e = nil
 	}
@@ -202,6 +208,12 @@ func (r *renderIterations) Iteration(item *jinja.Dict, key jinja.IterationKey) *
 		}
 	}
 	return nil
+}
+
+// KeepsIteration tells jinja whether StoreIteration would keep the iteration: only one
+// over a message the cache holds.
+func (r *renderIterations) KeepsIteration(item *jinja.Dict, key jinja.IterationKey) bool {
+	return r.entry(item, key.Index) != nil
 }
 
 // StoreIteration implements jinja.IterationCache. An iteration over a message the

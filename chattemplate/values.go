@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/big"
 	"strconv"
+	"strings"
 	"unicode/utf16"
 	"unicode/utf8"
 
@@ -264,7 +265,9 @@ func (d *jsonDecoder) str() (string, error) {
 		d.pos++
 		return string(s), nil
 	}
-	// Size the buffer once: the decoded string is no longer than its source.
+	// Size the buffer once: the decoded string is no longer than its source. A
+	// strings.Builder hands its bytes over as the string without a copy, so a long
+	// string (a huge prompt) costs its decoded size once, not twice.
 	end := d.pos
 	for end < len(d.data) && d.data[end] != '"' {
 		if d.data[end] == '\\' {
@@ -272,21 +275,22 @@ func (d *jsonDecoder) str() (string, error) {
 		}
 		end++
 	}
-	buf := make([]byte, 0, min(end, len(d.data))-start)
-	buf = append(buf, d.data[start:d.pos]...)
+	var buf strings.Builder
+	buf.Grow(min(end, len(d.data)) - start)
+	buf.Write(d.data[start:d.pos])
 	for d.pos < len(d.data) {
 		switch c := d.data[d.pos]; {
 		case c == '"':
-			if !utf8.Valid(buf) {
+			if !utf8.ValidString(buf.String()) {
 				return "", d.errorf("invalid UTF-8 in string")
 			}
 			d.pos++
-			return string(buf), nil
+			return buf.String(), nil
 		case c < 0x20:
 			return "", d.errorf("control character in string")
 		case c != '\\':
 			end := d.plainRun()
-			buf = append(buf, d.data[d.pos:end]...)
+			buf.Write(d.data[d.pos:end])
 			d.pos = end
 			continue
 		}
@@ -298,17 +302,17 @@ func (d *jsonDecoder) str() (string, error) {
 		d.pos++
 		switch e {
 		case '"', '\\', '/':
-			buf = append(buf, e)
+			buf.WriteByte(e)
 		case 'b':
-			buf = append(buf, '\b')
+			buf.WriteByte('\b')
 		case 'f':
-			buf = append(buf, '\f')
+			buf.WriteByte('\f')
 		case 'n':
-			buf = append(buf, '\n')
+			buf.WriteByte('\n')
 		case 'r':
-			buf = append(buf, '\r')
+			buf.WriteByte('\r')
 		case 't':
-			buf = append(buf, '\t')
+			buf.WriteByte('\t')
 		case 'u':
 			r, err := d.hex4()
 			if err != nil {
@@ -329,7 +333,7 @@ func (d *jsonDecoder) str() (string, error) {
 				}
 				r = combined
 			}
-			buf = utf8.AppendRune(buf, r)
+			buf.WriteRune(r)
 		default:
 			return "", d.errorf("invalid escape \\%c", e)
 		}

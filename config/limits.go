@@ -16,6 +16,13 @@ type LimitsConfig struct {
 	MaxBodyBytes int `yaml:"max_body_bytes"`
 	// DrainTimeout bounds how long in-flight streams may run on after SIGTERM.
 	DrainTimeout time.Duration `yaml:"drain_timeout"`
+	// DrainDelay is how long kvrouter keeps taking new ext_proc streams after SIGTERM
+	// while its health answers NOT_SERVING, so that gateways stop sending before it
+	// refuses: a gateway learns of the drain only from its next health checks (Envoy:
+	// interval x unhealthy_threshold) or from the Service's endpoints being updated.
+	// Default 5s: the shipped Envoy configs' 2s interval x 2 checks plus their 1s
+	// timeout. 0 refuses new streams at once.
+	DrainDelay time.Duration `yaml:"drain_delay"`
 	// MaxHold bounds how long the router may take to answer a request the policy asks to
 	// hold (placement's hold_max), counted from the start of the decision: parsing,
 	// tokenization and earlier holds count (0 never holds). Envoy's ext_proc
@@ -23,12 +30,14 @@ type LimitsConfig struct {
 	// FULL_DUPLEX_STREAMED, so it must stay well under it (at most 500ms). Default 120ms
 	// (extproc.DefaultMaxHold): 80ms under Envoy's default message_timeout.
 	MaxHold time.Duration `yaml:"max_hold"`
-	// BodyBudgetBytes bounds the request-body bytes all ext_proc streams together hold
-	// for parsing; a body that would pass it is routed by load, streamed through unparsed
-	// and counted (kvrouter_request_parse_errors_total{reason="body_budget"}). Parsing,
-	// rendering and tokenizing a body take a few times its size, so this bounds memory
-	// per request by config rather than by clients. Default 64 MiB: four bodies of the
-	// default max_body_bytes, or some 16,000 typical 4 KiB chat bodies, at once.
+	// BodyBudgetBytes bounds the memory all ext_proc streams together hold for parsing
+	// request bodies, each charged extproc.ParseCost (6) times its bytes: the body, its
+	// decoded strings, the rendered prompt and the chat template's own strings
+	// (tokenization is bounded by the token limit instead). A body that would pass it is routed by load, streamed through
+	// unparsed and counted (kvrouter_request_parse_errors_total{reason="body_budget"}),
+	// so memory per request is bounded by config rather than by clients. Default 96 MiB:
+	// one body of the default max_body_bytes with its parse (the least Validate accepts),
+	// or some 4,000 typical 4 KiB chat bodies, at once.
 	BodyBudgetBytes int64 `yaml:"body_budget_bytes"`
 	// MaxConnections bounds the ext_proc port's accepted connections; more wait in the
 	// kernel's backlog, so file descriptors stay for the admin port, KV events and
@@ -64,17 +73,18 @@ type LimitsConfig struct {
 	Scrape fleet.ScrapeConfig `yaml:",inline"`
 }
 
-// DefaultLimitsConfig returns 16 MiB bodies, a 64 MiB body budget, 4096 connections,
-// 16384 streams, a 10s stream idle timeout, a 30s drain, 120ms holds and the scrape
+// DefaultLimitsConfig returns 16 MiB bodies, a 96 MiB body budget, 4096 connections,
+// 16384 streams, a 10s stream idle timeout, a 5s drain delay and a 30s drain, 120ms holds and the scrape
 // defaults.
 func DefaultLimitsConfig() LimitsConfig {
 	return LimitsConfig{
 		MaxBodyBytes:      16 << 20,
-		BodyBudgetBytes:   64 << 20,
+		BodyBudgetBytes:   extproc.ParseCost * (16 << 20),
 		MaxConnections:    4096,
 		MaxStreams:        16384,
 		StreamIdleTimeout: 10 * time.Second,
 		DrainTimeout:      30 * time.Second,
+		DrainDelay:        5 * time.Second,
 		MaxHold:           extproc.DefaultMaxHold,
 		RetryAfter:        extproc.DefaultRetryAfter,
 		Scrape:            fleet.DefaultScrapeConfig(),
@@ -87,8 +97,8 @@ func (c *LimitsConfig) Validate() error {
 	if c.MaxBodyBytes < 1<<10 || c.MaxBodyBytes > 1<<30 {
 		errs.Addf("max_body_bytes", "%d is out of range [1 KiB, 1 GiB]", c.MaxBodyBytes)
 	}
-	if c.BodyBudgetBytes < int64(c.MaxBodyBytes) || c.BodyBudgetBytes > 64<<30 {
-		errs.Addf("body_budget_bytes", "%d is out of range [max_body_bytes (%d), 64 GiB] (a body of max_body_bytes must fit)", c.BodyBudgetBytes, c.MaxBodyBytes)
+	if least := int64(c.MaxBodyBytes) * extproc.ParseCost; c.BodyBudgetBytes < least || c.BodyBudgetBytes > 64<<30 {
+		errs.Addf("body_budget_bytes", "%d is out of range [%d x max_body_bytes (%d), 64 GiB] (a body of max_body_bytes must fit with its parse)", c.BodyBudgetBytes, extproc.ParseCost, least)
 	}
 	if c.MaxConnections < 1 || c.MaxConnections > 1<<20 {
 		errs.Addf("max_connections", "%d is out of range [1, 1048576]", c.MaxConnections)
@@ -101,6 +111,9 @@ func (c *LimitsConfig) Validate() error {
 	}
 	if c.DrainTimeout < 0 || c.DrainTimeout > time.Hour {
 		errs.Addf("drain_timeout", "%v is out of range [0, 1h]", c.DrainTimeout)
+	}
+	if c.DrainDelay < 0 || c.DrainDelay > time.Minute {
+		errs.Addf("drain_delay", "%v is out of range [0, 1m]", c.DrainDelay)
 	}
 	if c.MaxHold < 0 || c.MaxHold > 500*time.Millisecond {
 		errs.Addf("max_hold", "%v is out of range [0, 500ms] (Envoy's ext_proc message_timeout runs while a request is held)", c.MaxHold)

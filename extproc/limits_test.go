@@ -69,17 +69,17 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 }
 
 // TestBodyBudget checks that bodies held for parsing by all streams stay within the
-// budget: a body that would pass it is routed by load, streamed through whole, and
+// budget, each charged ParseCost times its bytes: a body that would pass it is routed by load, streamed through whole, and
 // counted; once the holder's decision is made the budget is free again.
 func TestBodyBudget(t *testing.T) {
 	body := chatBody("only-b") // parsed: only B serves the model; by load: A
-	h := newHarness(t, func(o *extproc.Options) { o.BodyBudgetBytes = int64(len(body)) + 100 })
+	h := newHarness(t, func(o *extproc.Options) { o.BodyBudgetBytes = extproc.ParseCost*int64(len(body)) + 100 })
 
 	holder := rawStream(t, h)
 	sendHeaders(t, holder)
 	sendBody(t, holder, body[:len(body)-10], false)
 	waitFor(t, "the first body to be held", func() bool {
-		return h.counter("kvrouter_extproc_body_bytes_held") == float64(len(body)-10)
+		return h.counter("kvrouter_extproc_body_bytes_held") == extproc.ParseCost*float64(len(body)-10)
 	})
 
 	x := h.start(fakeenvoy.FullDuplex())
@@ -240,12 +240,12 @@ func TestPromptTokenLimit(t *testing.T) {
 // more of it is held.
 func TestBodyBudgetDeclaredLength(t *testing.T) {
 	body := chatBody("only-b")
-	h := newHarness(t, func(o *extproc.Options) { o.BodyBudgetBytes = int64(len(body)) + 100 })
+	h := newHarness(t, func(o *extproc.Options) { o.BodyBudgetBytes = extproc.ParseCost*int64(len(body)) + 100 })
 	holder := rawStream(t, h)
 	sendHeaders(t, holder, [2]string{"content-length", strconv.Itoa(len(body))})
 	sendBody(t, holder, body[:10], false)
 	waitFor(t, "the declared length to be held", func() bool {
-		return h.counter("kvrouter_extproc_body_bytes_held") == float64(len(body))
+		return h.counter("kvrouter_extproc_body_bytes_held") == extproc.ParseCost*float64(len(body))
 	})
 	// A second body's first chunk already does not fit.
 	x := h.start(fakeenvoy.FullDuplex())

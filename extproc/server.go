@@ -24,6 +24,16 @@ import (
 const (
 	// DefaultMaxBodyBytes is the largest request body the router parses.
 	DefaultMaxBodyBytes = 16 << 20
+	// ParseCost is what a body held for parsing is charged in BodyBudgetBytes, per body
+	// byte. Parsing keeps sub-slices of the body and tokenization is bounded by
+	// MaxPromptTokens, not by the body; what grows with the body is the body itself (1),
+	// its decoded JSON strings (1: unescaping never lengthens a string), the rendered
+	// prompt (1: sized once from the messages' JSON) and the strings the chat template
+	// builds on the way (up to 3: Llama 3's sets each message's text by concatenation
+	// and trim before writing it; 4.9x in all for a 2,000-turn conversation).
+	// TestParseCostCoversPromptAllocations measures it for every test model with a
+	// tokenizer and fails when a body allocates more.
+	ParseCost = 6
 )
 
 // Reasons a body is not parsed, beside openai's; they label
@@ -91,9 +101,10 @@ type Options struct {
 	// MaxBodyBytes bounds the request body the router parses; larger bodies are routed by
 	// load and streamed through. 0 means DefaultMaxBodyBytes.
 	MaxBodyBytes int
-	// BodyBudgetBytes bounds the request-body bytes all streams together hold for parsing
-	// (from the first chunk until the decision is made); a body that would pass it is
-	// routed by load and streamed through unparsed. 0 means no bound.
+	// BodyBudgetBytes bounds the memory all streams together hold for parsing request
+	// bodies, charged ParseCost times each body's bytes from its first chunk until the
+	// decision is made; a body that would pass it is routed by load and streamed through
+	// unparsed. 0 means no bound.
 	BodyBudgetBytes int64
 	// MaxStreams bounds the open ext_proc streams; one more is refused with
 	// codes.ResourceExhausted (ErrTooManyStreams). 0 means no bound.
@@ -172,7 +183,7 @@ type Server struct {
 	draining atomic.Bool
 	drainCh  chan struct{} // closed by Drain
 	drainOne sync.Once
-	held     atomic.Int64 // body bytes held for parsing, bounded by budget
+	held     atomic.Int64 // parse charge of the bodies held (ParseCost x bytes), bounded by budget
 }
 
 // New builds a Server; it starts nothing. It panics only if Policy or Fleet is nil, a
@@ -385,25 +396,29 @@ func (s *Server) recvFirst(srv extprocv3.ExternalProcessor_ProcessServer) (*extp
 	}
 }
 
-// hold reserves n body bytes of the budget; false means the budget is spent.
+// hold reserves the budget for parsing n body bytes (ParseCost x n); false means the
+// budget is spent.
 func (s *Server) hold(n int) bool {
 	if s.budget <= 0 {
 		return true
 	}
-	if s.held.Add(int64(n)) > s.budget {
-		s.held.Add(-int64(n))
+	charge := int64(n) * ParseCost
+	if s.held.Add(charge) > s.budget {
+		s.held.Add(-charge)
 		return false
 	}
-	s.m.bodyBytesHeld.Add(float64(n))
+	s.m.bodyBytesHeld.Add(float64(charge))
 	return true
 }
 
+// unhold returns the budget reserved for parsing n body bytes.
 func (s *Server) unhold(n int) {
 	if s.budget <= 0 || n == 0 {
 		return
 	}
-	s.held.Add(-int64(n))
-	s.m.bodyBytesHeld.Sub(float64(n))
+	charge := int64(n) * ParseCost
+	s.held.Add(-charge)
+	s.m.bodyBytesHeld.Sub(float64(charge))
 }
 
 func (s *Server) nextID() string {

@@ -128,9 +128,9 @@ func (n *testNode) stop() {
 }
 
 func (n *testNode) setLoad(requests int) {
-	n.rep.mu.Lock() // the source is read under the replica's lock in Publish
+	n.rep.pub.Lock() // the source is read under the replica's publishing lock (Publish, State)
 	n.src.loads = []placement.EndpointLoad{{Endpoint: "vllm-0:8000", Load: placement.Load{Requests: requests}}}
-	n.rep.mu.Unlock()
+	n.rep.pub.Unlock()
 }
 
 func (n *testNode) seen() int { return n.rep.PeerLoad("vllm-0:8000", nil).Requests }

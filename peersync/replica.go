@@ -32,17 +32,24 @@ type Replica struct {
 	now    func() time.Time
 	m      *Metrics
 
-	mu        sync.Mutex
-	seq       uint64
-	last      []byte // the encoding of the last published loads
-	scratch   []byte
-	lastSent  time.Time
-	lastFull  time.Time // when the last snapshot with every placement was built
 	heartbeat time.Duration
-	peers     map[string]*peer
-	buf       []placement.EndpointLoad
-	placed    []placement.Placement
-	seen      []uint64 // PeerLoad's scratch
+
+	// pub orders the publishing side (Publish, State), which reads the Source; mu guards
+	// the peers' side, which the Source's owner reads while it holds its own lock
+	// (placement reads PeerLoad inside a pick). Never both at once: a Source read under
+	// mu would wait for the policy's lock while the policy waits for mu.
+	pub      sync.Mutex
+	seq      uint64
+	last     []byte // the encoding of the last published loads
+	scratch  []byte
+	lastSent time.Time
+	lastFull time.Time // when the last snapshot with every placement was built
+	buf      []placement.EndpointLoad
+	placed   []placement.Placement
+
+	mu    sync.Mutex
+	peers map[string]*peer
+	seen  []uint64 // PeerLoad's scratch
 }
 
 // peer is the latest snapshot heard from one origin.
@@ -76,8 +83,8 @@ func (r *Replica) Self() string { return r.self }
 // heartbeat is due (every expiry/4, with every placement); nil otherwise.
 func (r *Replica) Publish() []byte {
 	now := r.now()
-	r.mu.Lock()
-	defer r.mu.Unlock()
+	r.pub.Lock()
+	defer r.pub.Unlock()
 	full := now.Sub(r.lastFull) >= r.heartbeat
 	r.buf = r.local(r.buf[:0])
 	r.placed = r.placements(r.placed[:0], full)
@@ -98,8 +105,8 @@ func (r *Replica) Publish() []byte {
 // a peer that joins (memberlist's push/pull).
 func (r *Replica) State() []byte {
 	now := r.now()
-	r.mu.Lock()
-	defer r.mu.Unlock()
+	r.pub.Lock()
+	defer r.pub.Unlock()
 	r.buf = r.local(r.buf[:0])
 	r.placed = r.placements(r.placed[:0], true)
 	return r.encodeLocked(now)
@@ -127,7 +134,7 @@ func (r *Replica) local(dst []placement.EndpointLoad) []placement.EndpointLoad {
 	return dst
 }
 
-// encodeLocked encodes r.buf as the next snapshot; r.mu must be held.
+// encodeLocked encodes r.buf as the next snapshot; r.pub must be held.
 func (r *Replica) encodeLocked(now time.Time) []byte {
 	r.seq++
 	s := Snapshot{Origin: r.self, Incarnation: r.inc, Seq: r.seq, Sent: now, Loads: r.buf, Placements: r.placed}

@@ -278,3 +278,53 @@ func TestReplicaSharesPlacements(t *testing.T) {
 		t.Fatalf("a merged %+v, want b's decisions once, b losing ties", src.merged)
 	}
 }
+
+// lockedSource is a policy's side: a pick holding the policy's lock reads the peers
+// (PeerLoad), as placement does, while Publish reads the policy (Local).
+type lockedSource struct {
+	rep *Replica
+}
+
+// Local runs a pick on another goroutine while it holds the source's own state (as a
+// pick would hold the policy's lock while Publish reads the source) and waits for it.
+func (s *lockedSource) Local(dst []placement.EndpointLoad) []placement.EndpointLoad {
+	s.pick()
+	return dst
+}
+
+// Placements is read by Publish and State too: the same pick.
+func (s *lockedSource) Placements(dst []placement.Placement, _ bool) []placement.Placement {
+	s.pick()
+	return dst
+}
+
+func (*lockedSource) MergePlacements([]placement.Placement, bool) {}
+
+func (s *lockedSource) pick() {
+	done := make(chan struct{})
+	go func() {
+		s.rep.PeerLoad("e", nil)
+		s.rep.PeerActive("e", 1)
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		panic("peersync: PeerLoad waited on Publish: the policy and the replica lock each other")
+	}
+}
+
+// TestPublishDoesNotBlockPeerReads: Publish and State read the source without holding
+// the lock PeerLoad and PeerActive take, so a pick that reads the peers under the
+// policy's lock cannot deadlock with a publish that reads the policy.
+func TestPublishDoesNotBlockPeerReads(t *testing.T) {
+	src := &lockedSource{}
+	rep := NewReplica("a", 1, src, time.Second, nil, nil)
+	src.rep = rep
+	if rep.Publish() == nil {
+		t.Fatal("first Publish: nil, want the initial state")
+	}
+	if len(rep.State()) == 0 {
+		t.Fatal("State: empty")
+	}
+}

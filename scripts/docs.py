@@ -534,6 +534,40 @@ def results_fullstack():
     return fullstack_tables(sweep, matched, fs) + run1_table(fs)
 
 
+# ---- docs/results-killpod.md ----
+
+def killpod_table(directory):
+    """Requests failed while a pod is killed under load: one row per max_fallbacks, the
+    runs' failed requests in file order and their median (kvdemo --kill-worker-after
+    --json, one file per run)."""
+    import glob
+    runs = {}
+    shape = None
+    for path in sorted(glob.glob(os.path.join(ROOT, directory, "*.json"))):
+        with open(path) as f:
+            for r in json.load(f):
+                if not r.get("kill_worker_after_s"):
+                    continue
+                key = (r["workers"], r["requests"], r["concurrency"], r["policy"], r["gateway"], r["kill_worker_after_s"])
+                if shape is None:
+                    shape = key
+                elif key != shape:
+                    raise SystemExit(f"{path}: a run of another shape {key} than {shape}")
+                runs.setdefault(r["max_fallbacks"], []).append(r["errors"])
+    if shape is None:
+        raise SystemExit(f"{directory}: no kill runs")
+    workers, requests, conc, policy, gateway, after = shape
+    head = (f"{workers} vllm-sim servers, kvrouter (policy {policy}) behind the {gateway} gateway; "
+            f"{requests} requests at concurrency {conc}, server 0 killed (SIGKILL) {after:g} s into the load.\n")
+    rows = []
+    for n in sorted(runs):
+        label = "passive health, no fallbacks" if n == 0 else f"passive health and {n} fallbacks"
+        errs = runs[n]
+        rows.append([f"{label} (`--max-fallbacks {n}`)", ", ".join(str(e) for e in errs), len(errs),
+                     f"{statistics.median(errs):g}"])
+    return head + table(["", "failed requests", "runs", "median"], rows)
+
+
 # ---- docs/faults.md ----
 
 def faults_table(path):
@@ -602,8 +636,79 @@ def latency_table(*paths):
                   "kvrouter CPU µs/exchange", "trivial CPU µs/exchange", "lowest achieved req/s"], rows)
 
 
+# ---- docs/results-replicas.md ----
+
+def replicas_fullstack_table(path):
+    """kvdemo replicas --json: one router vs 2 replicas synced vs unsynced, medians over seeds."""
+    with open(os.path.join(ROOT, path)) as f:
+        rep = json.load(f)
+    seeds = sorted({r["seed"] for r in rep["runs"]})
+    head = (f"{rep['workers']} vllm-sim servers ({rep['kv_mib']} MiB KV cache each, time scale {rep['time_scale']:g}), "
+            f"N={rep['prefixes']} prefixes of {rep['prefix_tokens']} tokens + {rep['tail_tokens']}-token tails, "
+            f"{rep['output_tokens']} output tokens, {rep['requests']} requests at concurrency {rep['concurrency']} through the dev gateway; "
+            f"median of {len(seeds)} runs (seeds {', '.join(map(str, seeds))}), errors summed.\n")
+    med = statistics.median
+    rows = []
+    policies = list(dict.fromkeys(r["policy"] for r in rep["runs"]))
+    for pol in policies:
+        for su in rep["setups"]:
+            runs = [r for r in rep["runs"] if r["policy"] == pol and r["setup"] == su["name"]]
+            if not runs:
+                continue
+            sm = lambda k: med(r["summary"][k] for r in runs)
+            routed = [sum(x["routed"] for x in r["routers"]) for r in runs]
+            share = "-"
+            if su["routers"] > 1:
+                share = " / ".join(f"{med(r['routers'][i]['routed'] / max(sum(x['routed'] for x in r['routers']), 1) for r in runs):.2f}"
+                                   for i in range(su["routers"]))
+            cpu = med(1000 * sum(x["cpu_s"] for x in r["routers"]) / max(t, 1) for r, t in zip(runs, routed))
+            sync = lambda k: med(sum(x[k] for x in r["routers"]) / max(t, 1) for r, t in zip(runs, routed))
+            synced = su["routers"] > 1 and any(x["sync_sent"] > 0 for r in runs for x in r["routers"])
+            msgs = f"{sync('sync_sent'):.2f}" if synced else "-"
+            byts = f"{sync('sync_bytes_received'):.0f}" if synced else "-"
+            p99 = med(r["decision_p99_le_us"] for r in runs)
+            dec = f"{med(r['decision_mean_us'] for r in runs):.0f} / {'>25000' if p99 < 0 else f'{p99:g}'}"
+            lags = [r for r in runs if r.get("sync_lag_mean_ms") is not None]
+            lag = "-"
+            if lags:
+                lp99 = med(r["sync_lag_p99_le_ms"] for r in lags)
+                lag = f"{med(r['sync_lag_mean_ms'] for r in lags):.1f} / {'>1000' if lp99 < 0 else f'{lp99:g}'}"
+            rows.append([pol, su["name"], f"{sm('cached_ratio'):.3f}", f"{sm('ttft_p50_ms'):.0f} / {sm('ttft_p99_ms'):.0f}",
+                         f"{sm('requests_per_s'):.1f}", sum(r["summary"]["errors"] for r in runs), share, msgs, byts, lag,
+                         f"{cpu:.2f}", dec])
+    return head + table(["policy", "routers", "cached-token ratio", "TTFT p50 / p99 ms", "req/s", "errors",
+                         "share routed per replica", "snapshots sent / routed request", "bytes received / routed request",
+                         "sync lag mean / p99 <= ms", "router CPU ms / routed request", "decision mean / p99 <= us"], rows)
+
+
+def replicas_faults_table(path):
+    """kvdemo faults --replicas --json: the replica faults."""
+    with open(os.path.join(ROOT, path)) as f:
+        rep = json.load(f)
+    head = (f"{rep['routers']} kvrouter replicas (policy {rep['policy']}, peersync defaults: expiry {rep['expiry_ms']:.0f} ms, "
+            f"join_interval {rep['join_interval_ms']:.0f} ms) over {rep['workers']} vllm-sim servers behind the dev gateway; "
+            f"{rep['requests_per_phase']} kvbench requests at concurrency {rep['concurrency']} per phase, each phase on new prefixes; "
+            f"partition held {rep['partition_ms'] / 1000:g} s.\n")
+    ms = lambda r, k: "-" if r.get(k) is None else ("not within 30 s" if r[k] < 0 else f"{r[k]:.0f}")
+    rows = []
+    for r in rep["rows"]:
+        after = "-" if r.get("after_ratio") is None else f"{r['after_ratio']:.3f}"
+        note = r.get("note", "").replace("|", "\\|")
+        if len(note) > 160:
+            note = note[:157] + "..."
+        rows.append([r["fault"], f"{r['failed']} / {r['requests']}", f"{r['cached_ratio']:.3f}", after,
+                     r.get("phantom_requests", 0) or "-", ms(r, "gone_after_ms"), ms(r, "ready_after_ms"),
+                     ms(r, "caught_up_after_ms"), ms(r, "split_after_ms"), ms(r, "healed_after_ms"), note])
+    return head + table(["fault", "failed / sent", "cached-token ratio", "ratio after heal", "peer's requests in flight at kill",
+                         "its state gone after (ms)", "restarted: ready after (ms)", "caught up after (ms)",
+                         "split after (ms)", "healed after (ms)", "note"], rows)
+
+
 RENDERERS = {
     "faults": faults_table,
+    "killpod": killpod_table,
+    "replicas-fullstack": replicas_fullstack_table,
+    "replicas-faults": replicas_faults_table,
     "latency": latency_table,
     "reference": reference_tables,
     "results-sweep": results_sweep,

@@ -78,6 +78,11 @@ type Options struct {
 	// ConfigCheckInterval is how often Run looks at ConfigPath's identity, modification
 	// time and size. 0: DefaultConfigCheckInterval; negative: never (Reload only).
 	ConfigCheckInterval time.Duration
+	// SoftMemoryLimit makes Run keep the Go runtime's soft memory limit at 2x the live
+	// heap + limits.body_budget_bytes (never above GOMEMLIMIT; see memLimiter). The
+	// command sets it; tests running several Apps in one process leave it off, as the
+	// limit is the process's.
+	SoftMemoryLimit bool
 }
 
 // Addrs are the addresses the App listens on (resolved, so port 0 becomes a real port).
@@ -96,6 +101,8 @@ type App struct {
 	kv      *kvPath
 	// policies is the one list of routing policies (policy.Builtin), built once.
 	policies *policy.Registry
+	// softMemLimit: Run keeps the soft memory limit (Options.SoftMemoryLimit).
+	softMemLimit bool
 	// pols are the policy and the fallback (which routes requests without token ids or a
 	// known model) in force; a reload swaps them.
 	pols atomic.Pointer[policies]
@@ -134,7 +141,7 @@ func New(cfg *config.Config, o Options) (*App, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("app: invalid configuration: %w", err)
 	}
-	a := &App{cfg: cfg, log: o.Logger, reg: o.Registry, now: o.Now, policies: policy.Builtin()}
+	a := &App{cfg: cfg, log: o.Logger, reg: o.Registry, now: o.Now, policies: policy.Builtin(), softMemLimit: o.SoftMemoryLimit}
 	a.live.Store(cfg)
 	if a.now == nil {
 		a.now = time.Now
@@ -272,8 +279,8 @@ func (a *App) Listen() (Addrs, error) {
 	return addrs, nil
 }
 
-// Run serves until ctx ends, then drains: health turns NOT_SERVING, no new ext_proc
-// stream is accepted, streams in flight run to their end (at most limits.drain_timeout),
+// Run serves until ctx ends, then drains: health turns NOT_SERVING, new ext_proc
+// streams are still taken for limits.drain_delay, then none is accepted, streams in flight run to their end (at most limits.drain_timeout),
 // and Run returns nil. It returns an error when a server fails.
 func (a *App) Run(ctx context.Context) error {
 	addrs, err := a.Listen()
@@ -299,6 +306,10 @@ func (a *App) Run(ctx context.Context) error {
 	}
 	if a.peers != nil {
 		g.Go(func() error { return a.peers.Run(gctx) })
+	}
+	if a.softMemLimit {
+		m := newMemLimiter(a.cfg.Limits.BodyBudgetBytes)
+		g.Go(func() error { m.run(gctx); return nil })
 	}
 	g.Go(func() error { return serveGRPC(a.extGRPC, a.lnExt, "extproc") })
 	g.Go(func() error { return serveGRPC(a.probeGRPC, a.lnProbe, "health") })
@@ -337,6 +348,12 @@ func (a *App) drain() {
 	start := time.Now()
 	a.draining.Store(true)
 	a.updateHealth()
+	if delay := a.live.Load().Limits.DrainDelay; delay > 0 {
+		// Health says NOT_SERVING; streams are still taken until the gateways have
+		// seen it (limits.drain_delay), so a rollout fails no request.
+		a.log.Info("draining: not serving; still taking streams", zap.Duration("drain_delay", delay))
+		time.Sleep(delay)
+	}
 	a.extproc.Drain()
 	timeout := a.live.Load().Limits.DrainTimeout
 	a.log.Info("draining", zap.Duration("timeout", timeout))

@@ -75,6 +75,7 @@ func loopbackConfig() config.Config {
 	cfg := config.Default()
 	cfg.Listen = config.ListenConfig{ExtProc: "127.0.0.1:0", Health: "127.0.0.1:0", Metrics: "127.0.0.1:0", Debug: "127.0.0.1:0",
 		TLS: tlscert.Config{Mode: tlscert.ModeDisabled}}
+	cfg.Limits.DrainDelay = 0 // TestDrainDelayKeepsTakingStreams sets its own
 	return cfg
 }
 
@@ -381,6 +382,29 @@ func TestDrainTimeoutCutsStreams(t *testing.T) {
 	x.Cancel()
 	if st := a.Fleet().Status(); st[0].InFlight != 0 {
 		t.Errorf("in flight after the stream was cut: %d", st[0].InFlight)
+	}
+}
+
+// TestDrainDelayKeepsTakingStreams: after SIGTERM, health turns NOT_SERVING at once, but a
+// stream a gateway opens before its health checks have seen it is still served for
+// limits.drain_delay (a rollout behind Envoy fails no request).
+func TestDrainDelayKeepsTakingStreams(t *testing.T) {
+	vllm := newFakeVLLM(t)
+	vllm.up.Store(true)
+	cfg := testConfig(t, vllm)
+	cfg.Limits.DrainDelay = 5 * time.Second // the cleanup waits out the rest of it
+	a := startApp(t, cfg, app.Options{Registry: prometheus.NewRegistry()})
+	ext := dial(t, a.addrs.ExtProc)
+	waitHealth(t, ext, app.ExtProcService, healthpb.HealthCheckResponse_SERVING)
+	a.drain()
+	waitHealth(t, ext, app.ExtProcService, healthpb.HealthCheckResponse_NOT_SERVING)
+	x, err := fakeenvoy.Start(context.Background(), extprocv3.NewExternalProcessorClient(ext), fakeenvoy.FullDuplex())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer x.Cancel()
+	if _, err := x.Request(fakeenvoy.Request{Headers: fakeenvoy.Headers{{Key: ":method", Value: "GET"}, {Key: ":path", Value: "/v1/models"}}}); err != nil {
+		t.Fatalf("a stream opened during drain_delay: %v, want it served", err)
 	}
 }
 

@@ -89,7 +89,7 @@ func MainIO(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if interval <= 0 {
 		interval = -1
 	}
-	a, err := New(cfg, Options{Logger: log, ConfigPath: *cfgPath, ConfigCheckInterval: interval})
+	a, err := New(cfg, Options{Logger: log, ConfigPath: *cfgPath, ConfigCheckInterval: interval, SoftMemoryLimit: true})
 	if err != nil {
 		log.Error("cannot start", zap.Error(err))
 		return 1

@@ -50,6 +50,9 @@ func routerConfigScrape(o *Options, servers []serverAddrs, policy string, l list
 	} else {
 		b.WriteString("limits:\n  metrics_failures_before_ineligible: 10\n")
 	}
+	// The dev gateway stops sending to a draining kvrouter at once (it watches health),
+	// and a stack's stop must not wait for Envoy's health checks.
+	b.WriteString("  drain_delay: 0s\n")
 	if o.MaxFallbacks > 0 {
 		fmt.Fprintf(&b, "  max_fallbacks: %d\n", o.MaxFallbacks)
 	}

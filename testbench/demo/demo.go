@@ -56,6 +56,11 @@ type Options struct {
 	// MaxFallbacks is kvrouter's limits.max_fallbacks: fallback endpoints the gateway may
 	// retry a failed connect on.
 	MaxFallbacks int
+	// Routers is the number of kvrouter replicas (0: one) behind the gateway, which
+	// spreads the requests over them; they share their in-flight state (peersync, a
+	// static peer list on loopback) unless Unsynced. Process stacks only.
+	Routers  int
+	Unsynced bool
 	// Log receives progress lines; nil discards them.
 	Log io.Writer
 	// Prompt is the model's tokenizer and chat template; nil: Compare loads it from
@@ -89,6 +94,8 @@ func (o *Options) Validate() error {
 		return fmt.Errorf("demo: %d speed factors for %d workers", len(o.SpeedFactors), o.Workers)
 	case o.Requests < 1 || o.Concurrency < 1:
 		return errors.New("demo: requests and concurrency must be at least 1")
+	case o.Routers < 0 || o.Routers > maxRouters:
+		return fmt.Errorf("demo: routers must be in [0, %d], got %d", maxRouters, o.Routers)
 	}
 	for _, f := range o.SpeedFactors {
 		if !(f > 0) {
@@ -139,6 +146,9 @@ type Result struct {
 	// EventLag is kvrouter's KV-event lag histogram after the run (every batch since the
 	// stack started); nil when its /metrics page could not be read.
 	EventLag *LagHistogram
+	// Routers are each kvrouter replica's counters and CPU time over the load (process
+	// stacks).
+	Routers []RouterStats
 }
 
 // workload validates o, loads its tokenizer when o.Prompt is nil, and builds the
@@ -181,7 +191,7 @@ func Compare(ctx context.Context, o Options, start Starter) ([]Result, error) {
 }
 
 func runOne(ctx context.Context, o *Options, start Starter, policy string, w *kvbench.Workload, wl kvbench.WorkloadConfig) (res Result, err error) {
-	o.logf("starting %d simulated vLLM servers, kvrouter (policy %s) and the gateway", o.Workers, policy)
+	o.logf("starting %d simulated vLLM servers, %d kvrouter (policy %s) and the gateway", o.Workers, o.routers(), policy)
 	st, err := startReady(ctx, func() (Stack, error) { return start(ctx, o, policy) },
 		func(st Stack) error { return waitReady(ctx, st, o.Workers, 60*time.Second) }, o.logf)
 	if err != nil {
@@ -213,12 +223,14 @@ func runOne(ctx context.Context, o *Options, start Starter, policy string, w *kv
 	if err != nil {
 		return res, err
 	}
+	before := sampleRouters(ctx, st)
 	t0 := time.Now()
 	run, err := target.Run(ctx, w, o.Concurrency, nil)
 	if err != nil {
 		return res, err
 	}
 	res.Elapsed = time.Since(t0)
+	res.Routers = routerStats(st, before, sampleRouters(ctx, st))
 	bound := kvbench.ComputeBound(run.Blocks, run.BlockSize, wl.Prefixes, wl.PrefixTokens, wl.TailTokens)
 	res.Policy, res.Gateway = policy, st.GatewayURL()
 	res.Summary = kvbench.Summarize(run.Results, kvbench.SummaryInput{PrefixTokens: wl.PrefixTokens,
@@ -267,6 +279,9 @@ func waitReady(ctx context.Context, st Stack, workers int, timeout time.Duration
 			}
 		}
 		ok, why := ready(ctx, client, st, workers)
+		if ok {
+			ok, why = replicasReady(ctx, client, st)
+		}
 		if ok {
 			return nil
 		}
@@ -361,18 +376,31 @@ func WriteTable(w io.Writer, o Options, results []Result) error {
 	return err
 }
 
-// Records turns a comparison into kvbench's JSON records (mode "full-stack", one
-// repetition each), so full-stack runs can be read beside `kvbench --json` output.
-func Records(o Options, results []Result) []kvbench.Record {
-	out := make([]kvbench.Record, len(results))
+// Record is one policy's run as JSON: kvbench's record (its fields at the top level, so
+// full-stack runs read beside `kvbench --json` output), and the fault the run injected.
+type Record struct {
+	kvbench.Record
+	// Gateway is the proxy the requests went through: "envoy" or "dev".
+	Gateway string `json:"gateway,omitempty"`
+	// KillWorkerAfterS is Options.KillWorkerAfter in seconds (0: no pod killed); the
+	// requests the kill failed are in errors.
+	KillWorkerAfterS float64 `json:"kill_worker_after_s,omitempty"`
+	// MaxFallbacks is Options.MaxFallbacks.
+	MaxFallbacks int `json:"max_fallbacks"`
+}
+
+// Records turns a comparison through gateway ("envoy" or "dev") into JSON records (mode
+// "full-stack", one repetition each).
+func Records(o Options, gateway string, results []Result) []Record {
+	out := make([]Record, len(results))
 	for i, r := range results {
-		out[i] = kvbench.Record{
+		out[i] = Record{Record: kvbench.Record{
 			Cell: kvbench.Cell{Policy: r.Policy, Workers: o.Workers, Prefixes: o.Prefixes, Concurrency: o.Concurrency},
 			Mode: "full-stack", Reps: 1,
 			PrefixTokens: o.PrefixTokens, TailTokens: o.TailTokens, OutputTokens: o.OutputTokens,
 			Seed: o.Seed, API: kvbench.APICompletions,
 			Summary: r.Summary,
-		}
+		}, Gateway: gateway, KillWorkerAfterS: o.KillWorkerAfter.Seconds(), MaxFallbacks: o.MaxFallbacks}
 	}
 	return out
 }

@@ -104,6 +104,9 @@ func (s *inproc) serveHTTP(name string, h http.Handler) (string, error) {
 }
 
 func (s *inproc) start(ctx context.Context, o *Options, policy, dir string, log *zap.Logger) error {
+	if o.routers() > 1 {
+		return errors.New("demo: several kvrouter replicas run as processes only")
+	}
 	b := o.Prompt
 	if b == nil {
 		var err error

@@ -54,7 +54,11 @@ func (h *LagHistogram) QuantileBoundMs(q float64) float64 {
 }
 
 // ParseLagHistogram reads the lag histogram from a Prometheus text exposition page.
-func ParseLagHistogram(r io.Reader) (*LagHistogram, error) {
+func ParseLagHistogram(r io.Reader) (*LagHistogram, error) { return parseHistogram(r, lagMetric) }
+
+// parseHistogram reads the unlabelled histogram named lagMetric from a Prometheus text
+// exposition page (LagHistogram holds any such histogram in seconds).
+func parseHistogram(r io.Reader, lagMetric string) (*LagHistogram, error) {
 	h := &LagHistogram{}
 	found := false
 	sc := bufio.NewScanner(r)

@@ -26,6 +26,9 @@ type ProcessOptions struct {
 	EnvoyConfig string
 	// WorkDir receives the generated configurations and each process's log.
 	WorkDir string
+	// peerProxies puts a peerProxy in front of each kvrouter replica's gossip port
+	// (RunReplicaFaults' partitions).
+	peerProxies bool
 	// WithoutReplay is how many servers (the last ones) run without a replay socket,
 	// vLLM's default: the fault suite's rows without replay inject on them.
 	WithoutReplay int
@@ -66,7 +69,10 @@ type procStack struct {
 	metrics                         []string
 	routerConfig                    string // kvrouter's configuration file
 	extproc                         string // kvrouter's ext_proc address
-	withoutReplay                   int    // the last servers without a replay socket
+	routers                         []routerProc
+	proxies                         []*peerProxy
+	partition                       partition
+	withoutReplay                   int // the last servers without a replay socket
 	// stops records when stop last signalled each process, by name.
 	stops map[string]time.Time
 }
@@ -274,6 +280,9 @@ func (s *procStack) Close() error {
 		})
 	}
 	wg.Wait()
+	for _, p := range s.proxies {
+		_ = p.Close()
+	}
 	return nil
 }
 
@@ -315,18 +324,14 @@ func (s *procStack) start(ctx context.Context, o *Options, po ProcessOptions, po
 	gw, admin, debug := fmt.Sprintf("127.0.0.1:%d", ports[base+3]), ports[base+4], fmt.Sprintf("127.0.0.1:%d", ports[base+5])
 	oc := *o
 	oc.TokenizerDir = tokDir
-	cfgPath := filepath.Join(po.WorkDir, "kvrouter-"+policy+".yaml")
-	if err := os.WriteFile(cfgPath, routerConfig(&oc, servers, policy, listenAddrs{extproc: ext, health: health, metrics: metrics, debug: debug}), 0o644); err != nil {
+	if err := s.startRouters(&oc, po, policy, servers, listenAddrs{extproc: ext, health: health, metrics: metrics, debug: debug}); err != nil {
 		return err
 	}
-	s.routerConfig, s.extproc = cfgPath, ext
-	if err := s.spawn("kvrouter", filepath.Join(po.WorkDir, "kvrouter-"+policy+".log"), nil, bin("kvrouter"),
-		"--config", cfgPath, "--log-level", "info"); err != nil {
-		return err
-	}
-	s.routerURL, s.debugURL = "http://"+metrics, "http://"+debug
 	s.gatewayURL = "http://" + gw
 	if po.Envoy != "" {
+		if len(s.routers) > 1 {
+			return errors.New("demo: several kvrouter replicas run behind the dev gateway only")
+		}
 		src, err := os.ReadFile(po.EnvoyConfig)
 		if err != nil {
 			return err
@@ -351,7 +356,7 @@ func (s *procStack) start(ctx context.Context, o *Options, po ProcessOptions, po
 		ups = append(ups, sv.HTTP)
 	}
 	return s.spawn("devgateway", filepath.Join(po.WorkDir, "devgateway-"+policy+".log"), nil, bin("devgateway"),
-		"-listen", gw, "-extproc", ext, "-upstreams", strings.Join(ups, ","), "-expose-served")
+		"-listen", gw, "-extproc", s.extprocs(), "-upstreams", strings.Join(ups, ","), "-expose-served")
 }
 
 // envoyConfig points the repository's Envoy bootstrap at the demo's ports: the listener

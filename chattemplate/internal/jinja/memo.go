@@ -39,6 +39,19 @@ type IterationCache interface {
 	StoreIteration(item *Dict, key IterationKey, it *Iteration)
 }
 
+// iterationKeeper is implemented by IterationCaches that can tell before an iteration
+// is rendered whether they would keep it: an iteration they would drop is then not
+// recorded, which spares a copy of its output (a huge message's, otherwise copied for
+// nothing).
+type iterationKeeper interface {
+	KeepsIteration(item *Dict, key IterationKey) bool
+}
+
+func keeps(c IterationCache, item *Dict, key IterationKey) bool {
+	k, ok := c.(iterationKeeper)
+	return !ok || k.KeepsIteration(item, key)
+}
+
 // IterationKey names one iteration of one loop of one template.
 type IterationKey struct {
 	Template *Template
@@ -304,7 +317,7 @@ func (s *forStmt) execMemo(st *state, items []Value, saved []Value, loop *loopSt
 			continue
 		}
 		st.stats.Rendered++
-		record := reused > 0 || i < memoWarmup
+		record := (reused > 0 || i < memoWarmup) && keeps(st.cache, item, key)
 		var rec recorder
 		if record {
 			st.rec = &rec

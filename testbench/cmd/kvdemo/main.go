@@ -31,7 +31,6 @@ import (
 	"github.com/kvrouter/kvrouter/policy"
 	"github.com/kvrouter/kvrouter/testbench/demo"
 	"github.com/kvrouter/kvrouter/testbench/fakeenvoy"
-	"github.com/kvrouter/kvrouter/testbench/kvbench"
 	"github.com/kvrouter/kvrouter/tlscert"
 )
 
@@ -53,6 +52,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) > 0 && args[0] == "faults" {
 		return faults(ctx, args[1:], stdout, stderr)
 	}
+	if len(args) > 0 && args[0] == "replicas" {
+		return replicas(ctx, args[1:], stdout, stderr)
+	}
 	if len(args) > 0 && args[0] == "trivial-extproc" {
 		return trivialExtProc(ctx, args[1:], stderr)
 	}
@@ -65,7 +67,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	envoyCfg := fs.String("envoy-config", "envoy/envoy.yaml", "the Envoy bootstrap to run (its ports are rewritten to the demo's)")
 	policies := fs.String("policies", strings.Join(o.Policies, ","), "policies to compare, each on a fresh fleet")
 	speeds := fs.String("speed-factors", "", "per-server engine speeds, comma list, one per worker (e.g. kvbench's 1,1,0.7,0.7,0.7,0.7); empty: all 1")
-	jsonOut := fs.String("json", "", "also write the results as kvbench JSON records (mode full-stack) to this file")
+	jsonOut := fs.String("json", "", "also write the results as JSON records (kvbench's, mode full-stack, with the gateway, kill and fallbacks) to this file")
 	keep := fs.Bool("keep-logs", false, "keep the generated configurations and the processes' logs")
 	fs.StringVar(&o.TokenizerDir, "tokenizer", o.TokenizerDir, "the model's tokenizer directory (make models)")
 	fs.StringVar(&o.Model, "model", o.Model, "served model name")
@@ -81,6 +83,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.Uint64Var(&o.Seed, "seed", o.Seed, "workload seed")
 	fs.DurationVar(&o.KillWorkerAfter, "kill-worker-after", 0, "kill server 0 (SIGKILL) this long into each policy's load and count the failed requests; 0: no kill")
 	fs.IntVar(&o.MaxFallbacks, "max-fallbacks", 0, "kvrouter's limits.max_fallbacks (fallback endpoints the gateway retries a failed connect on)")
+	fs.IntVar(&o.Routers, "router-replicas", 1, "kvrouter replicas behind the dev gateway, which spreads the requests over them")
+	fs.BoolVar(&o.Unsynced, "no-replica-sync", false, "with --router-replicas > 1: replicas do not share their in-flight state (no replicas section)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -111,6 +115,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	po := demo.ProcessOptions{BinDir: *bin, WorkDir: work}
 	switch *gw {
 	case "auto", "envoy":
+		if o.Routers > 1 && *gw == "auto" {
+			break // replicas run behind the dev gateway
+		}
 		if path, err := exec.LookPath("envoy"); err == nil {
 			po.Envoy, po.EnvoyConfig = path, *envoyCfg
 		} else if *gw == "envoy" {
@@ -120,7 +127,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	default:
 		return fmt.Errorf("--gateway %q: want auto, envoy or dev", *gw)
 	}
+	gateway := "dev"
 	if po.Envoy != "" {
+		gateway = "envoy"
 		fmt.Fprintf(stderr, "kvdemo: gateway: Envoy (%s) with %s\n", po.Envoy, *envoyCfg)
 	} else {
 		fmt.Fprintln(stderr, "kvdemo: gateway: the dev gateway (no envoy binary on PATH)")
@@ -135,16 +144,17 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err := demo.WriteTable(stdout, o, results); err != nil {
 		return err
 	}
+	if o.Routers > 1 {
+		if err := demo.WriteReplicaCost(stdout, results); err != nil {
+			return err
+		}
+	}
 	if *jsonOut != "" {
-		f, err := os.Create(*jsonOut)
+		b, err := json.MarshalIndent(demo.Records(o, gateway, results), "", "  ")
 		if err != nil {
 			return err
 		}
-		if err := kvbench.WriteJSON(f, demo.Records(o, results)); err != nil {
-			f.Close()
-			return err
-		}
-		if err := f.Close(); err != nil {
+		if err := os.WriteFile(*jsonOut, append(b, '\n'), 0o644); err != nil {
 			return err
 		}
 	}
@@ -237,8 +247,12 @@ func faults(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	short := fs.Bool("short", false, "the short version (make test): fewer requests, streams, connections and smaller bodies")
 	jsonOut := fs.String("json", "", "write the rows as JSON to this file")
 	keep := fs.Bool("keep-logs", false, "keep the generated configurations and the processes' logs")
+	replicas := fs.Bool("replicas", false, "the replica faults instead (issue 13): 3 kvrouter replicas behind the dev gateway; one killed, one restarted, one partitioned off")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if *replicas {
+		return replicaFaults(ctx, fo.Process.BinDir, fo.TokenizerDir, *short, *jsonOut, *keep, stdout, stderr)
 	}
 	if *short {
 		tok, bin := fo.TokenizerDir, fo.Process.BinDir
@@ -272,6 +286,100 @@ func faults(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		}
 	}
 	return demo.WriteFaults(stdout, rows)
+}
+
+// replicas is `kvdemo replicas`: the demo's workload through one kvrouter, --routers
+// replicas sharing their in-flight state and as many that do not (issue 13), per policy and seed; it
+// prints each run and, with --json, writes the report docs/results-replicas.md renders.
+func replicas(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	o := demo.DefaultOptions()
+	o.Policies = []string{"placement", "kv"}
+	fs := flag.NewFlagSet("kvdemo replicas", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	bin := fs.String("bin", "bin", "directory with the vllm-sim, kvrouter and devgateway binaries (make build)")
+	policies := fs.String("policies", strings.Join(o.Policies, ","), "policies to compare")
+	seeds := fs.String("seeds", "1,2,3", "workload seeds, comma list: each setup and policy runs once per seed")
+	routers := fs.Int("routers", 2, "replicas in the synced and unsynced setups (against one router)")
+	jsonOut := fs.String("json", "", "write the report as JSON to this file")
+	keep := fs.Bool("keep-logs", false, "keep the generated configurations and the processes' logs")
+	fs.StringVar(&o.TokenizerDir, "tokenizer", o.TokenizerDir, "the model's tokenizer directory (make models)")
+	fs.IntVar(&o.Requests, "requests", o.Requests, "requests per run")
+	fs.IntVar(&o.Concurrency, "concurrency", o.Concurrency, "closed-loop clients")
+	fs.IntVar(&o.Prefixes, "prefixes", o.Prefixes, "N, shared prefixes")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	o.Policies = strings.Split(*policies, ",")
+	var ss []uint64
+	for _, f := range strings.Split(*seeds, ",") {
+		v, err := strconv.ParseUint(strings.TrimSpace(f), 10, 64)
+		if err != nil {
+			return fmt.Errorf("--seeds: %w", err)
+		}
+		ss = append(ss, v)
+	}
+	o.Log = stderr
+	work, err := os.MkdirTemp("", "kvdemo-replicas-")
+	if err != nil {
+		return err
+	}
+	if *keep {
+		fmt.Fprintf(stderr, "kvdemo replicas: configurations and logs in %s\n", work)
+	} else {
+		defer os.RemoveAll(work)
+	}
+	rep, err := demo.CompareReplicas(ctx, o, demo.ProcessOptions{BinDir: *bin, WorkDir: work}, demo.ReplicaSetups(*routers), ss)
+	if err != nil {
+		return err
+	}
+	for _, r := range rep.Runs {
+		c := demo.SumRouters(r.Routers)
+		fmt.Fprintf(stdout, "%-22s %-10s seed %d: ratio %.3f, TTFT p50 %.0f p99 %.0f ms, %.1f req/s, %d errors, routed %.0f, CPU %.2f ms/req, decision mean %.0f us\n",
+			r.Setup, r.Policy, r.Seed, r.Summary.CachedRatio, r.Summary.TTFTP50Ms, r.Summary.TTFTP99Ms, r.Summary.Throughput, r.Summary.Errors,
+			c.Routed, 1000*c.CPUSeconds/max(c.Routed, 1), r.DecisionMeanUs)
+	}
+	if *jsonOut == "" {
+		return nil
+	}
+	b, err := json.MarshalIndent(rep, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(*jsonOut, append(b, '\n'), 0o644)
+}
+
+// replicaFaults is `kvdemo faults --replicas`.
+func replicaFaults(ctx context.Context, bin, tok string, short bool, jsonOut string, keep bool, stdout, stderr io.Writer) error {
+	fo := demo.DefaultReplicaFaultOptions()
+	if short {
+		fo = demo.ShortReplicaFaultOptions()
+	}
+	fo.TokenizerDir, fo.Process.BinDir, fo.Log = tok, bin, stderr
+	dir, err := os.MkdirTemp("", "kvdemo-faults-replicas-")
+	if err != nil {
+		return err
+	}
+	if keep {
+		fmt.Fprintf(stderr, "kvdemo faults: configurations and logs in %s\n", dir)
+	} else {
+		defer os.RemoveAll(dir)
+	}
+	fo.Process.WorkDir = dir
+	rep, err := demo.RunReplicaFaults(ctx, fo)
+	if err != nil {
+		return err
+	}
+	rep.Short = short
+	if jsonOut != "" {
+		b, err := json.MarshalIndent(rep, "", "  ")
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(jsonOut, append(b, '\n'), 0o644); err != nil {
+			return err
+		}
+	}
+	return demo.WriteReplicaFaults(stdout, rep)
 }
 
 // trivialExtProc is `kvdemo trivial-extproc` (not in the usage: kvdemo latency starts
