@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"io"
 	"maps"
-	"math/rand/v2"
-	"net"
 	"os"
 	"os/exec"
 	"strconv"
@@ -19,6 +17,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvrouter/kvrouter/internal/freeport"
 	"github.com/kvrouter/kvrouter/kvevents"
 )
 
@@ -228,47 +227,14 @@ func awaitState(t *testing.T, sink *refSink, endpoint string, rank int, want map
 	}
 }
 
-// freePorts returns the first of n consecutive free TCP ports on 127.0.0.1. Ports are
-// probed below the kernel's ephemeral range (net.ipv4.ip_local_port_range): the helper
-// used to take an ephemeral port and its neighbours, which any outgoing connection or
-// ":0" listener of a test package running in parallel could be given between the probe
-// and the peer's bind. Below the range only another explicit bind can take them, and the
-// random start makes two test processes probing at once unlikely to meet.
+// freePorts returns the first of n consecutive free TCP ports on 127.0.0.1 (freeport).
 func freePorts(t *testing.T, n int) int {
 	t.Helper()
-	const lowest = 10000
-	top := ephemeralLow() - n
-	for range 200 {
-		base := lowest + rand.IntN(top-lowest)
-		ok := true
-		for i := 0; i < n && ok; i++ {
-			l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(base+i))
-			if err != nil {
-				ok = false
-				break
-			}
-			l.Close()
-		}
-		if ok {
-			return base
-		}
+	base, err := freeport.Range(n)
+	if err != nil {
+		t.Fatal(err)
 	}
-	t.Fatal("no free ports")
-	return 0
-}
-
-// ephemeralLow is the first port of the kernel's ephemeral range; Linux's default
-// (32768) where it cannot be read.
-func ephemeralLow() int {
-	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
-	if err == nil {
-		if f := strings.Fields(string(b)); len(f) == 2 {
-			if lo, err := strconv.Atoi(f[0]); err == nil && lo > 12000 {
-				return lo
-			}
-		}
-	}
-	return 32768
+	return base
 }
 
 func tcp(port int) string { return "tcp://127.0.0.1:" + strconv.Itoa(port) }

@@ -11,9 +11,12 @@ import (
 	"github.com/kvrouter/kvrouter/placement"
 )
 
-// Source is this replica's own in-flight load per endpoint (placement.Policy.Local).
+// Source is this replica's own state (placement.Policy): its in-flight load per
+// endpoint, and its placement table, which peers' decisions merge into.
 type Source interface {
 	Local(dst []placement.EndpointLoad) []placement.EndpointLoad
+	Placements(dst []placement.Placement, all bool) []placement.Placement
+	MergePlacements(ps []placement.Placement, winsTie bool)
 }
 
 // Replica is one router replica's side of the shared state: it publishes its own
@@ -40,7 +43,9 @@ type Replica struct {
 	last     []byte // the encoding of the last published loads
 	scratch  []byte
 	lastSent time.Time
+	lastFull time.Time // when the last snapshot with every placement was built
 	buf      []placement.EndpointLoad
+	placed   []placement.Placement
 
 	mu    sync.Mutex
 	peers map[string]*peer
@@ -73,31 +78,49 @@ func NewReplica(self string, inc uint64, src Source, expiry time.Duration, now f
 // Self is the replica's name.
 func (r *Replica) Self() string { return r.self }
 
-// Publish returns the encoding of this replica's current state when it changed since
-// the last one published, or when a heartbeat is due; nil otherwise.
+// Publish returns the encoding of this replica's current state when its loads changed
+// since the last one published or it made placement decisions since, or when a
+// heartbeat is due (every expiry/4, with every placement); nil otherwise.
 func (r *Replica) Publish() []byte {
 	now := r.now()
 	r.pub.Lock()
 	defer r.pub.Unlock()
+	full := now.Sub(r.lastFull) >= r.heartbeat
 	r.buf = r.local(r.buf[:0])
+	r.placed = r.placements(r.placed[:0], full)
 	s := Snapshot{Origin: r.self, Loads: r.buf}
 	r.scratch = s.AppendEncode(r.scratch[:0])
-	if bytes.Equal(r.scratch, r.last) && now.Sub(r.lastSent) < r.heartbeat {
+	if bytes.Equal(r.scratch, r.last) && len(r.placed) == 0 && now.Sub(r.lastSent) < r.heartbeat {
 		return nil
 	}
 	r.last, r.scratch = r.scratch, r.last
 	r.lastSent = now
+	if full {
+		r.lastFull = now
+	}
 	return r.encodeLocked(now)
 }
 
-// State returns the encoding of this replica's current state, for a peer that joins
-// (memberlist's push/pull).
+// State returns the encoding of this replica's current state with every placement, for
+// a peer that joins (memberlist's push/pull).
 func (r *Replica) State() []byte {
 	now := r.now()
 	r.pub.Lock()
 	defer r.pub.Unlock()
 	r.buf = r.local(r.buf[:0])
+	r.placed = r.placements(r.placed[:0], true)
 	return r.encodeLocked(now)
+}
+
+// placements appends the source's placements (all, or the changed ones), sorted by key
+// and without the sites of nothing, to dst.
+func (r *Replica) placements(dst []placement.Placement, all bool) []placement.Placement {
+	if r.src == nil {
+		return dst
+	}
+	dst = r.src.Placements(dst, all)
+	slices.SortFunc(dst, func(a, b placement.Placement) int { return cmp.Compare(a.Key, b.Key) })
+	return dst
 }
 
 func (r *Replica) local(dst []placement.EndpointLoad) []placement.EndpointLoad {
@@ -114,27 +137,33 @@ func (r *Replica) local(dst []placement.EndpointLoad) []placement.EndpointLoad {
 // encodeLocked encodes r.buf as the next snapshot; r.pub must be held.
 func (r *Replica) encodeLocked(now time.Time) []byte {
 	r.seq++
-	s := Snapshot{Origin: r.self, Incarnation: r.inc, Seq: r.seq, Sent: now, Loads: r.buf}
+	s := Snapshot{Origin: r.self, Incarnation: r.inc, Seq: r.seq, Sent: now, Loads: r.buf, Placements: r.placed}
 	b := s.AppendEncode(nil)
 	r.m.published(len(b))
 	return b
 }
 
 // Receive decodes a peer's snapshot and, when it is newer than the one held for its
-// origin, replaces it. Its own snapshots (echoed back) are ignored.
+// origin, replaces it and merges its placements into the source's table (a tie between
+// decisions made at the same time goes to the origin of the smaller name). Its own
+// snapshots (echoed back) are ignored.
 func (r *Replica) Receive(b []byte) error {
 	s, err := Decode(b)
 	if err != nil {
 		r.m.malformed()
 		return err
 	}
-	r.apply(&s, len(b))
+	// Merged outside r.mu: the policy calls PeerLoad under its own lock.
+	if r.apply(&s, len(b)) && len(s.Placements) > 0 && r.src != nil {
+		r.src.MergePlacements(s.Placements, s.Origin < r.self)
+	}
 	return nil
 }
 
-func (r *Replica) apply(s *Snapshot, size int) {
+// apply holds s as its origin's state and reports whether it was newer than the one held.
+func (r *Replica) apply(s *Snapshot, size int) bool {
 	if s.Origin == r.self {
-		return
+		return false
 	}
 	now := r.now()
 	r.mu.Lock()
@@ -146,7 +175,7 @@ func (r *Replica) apply(s *Snapshot, size int) {
 	} else if s.Incarnation < p.inc || (s.Incarnation == p.inc && s.Seq <= p.seq) {
 		p.stale++
 		r.m.received(size, false)
-		return
+		return false
 	}
 	p.inc, p.seq, p.heard, p.sent = s.Incarnation, s.Seq, now, s.Sent
 	p.received++
@@ -159,6 +188,7 @@ func (r *Replica) apply(s *Snapshot, size int) {
 	}
 	r.m.received(size, true)
 	r.m.lag(now.Sub(s.Sent))
+	return true
 }
 
 // Forget drops a peer at once (memberlist saw it leave or declared it dead).

@@ -2,17 +2,42 @@ package peersync
 
 import (
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/kvrouter/kvrouter/placement"
 )
 
-// fakeSource is a router's own load, set by the test.
-type fakeSource struct{ loads []placement.EndpointLoad }
+// fakeSource is a router's own load and placement decisions, set by the test; merged
+// records the placements peers' snapshots merged, with their winsTie.
+type fakeSource struct {
+	loads   []placement.EndpointLoad
+	placed  []placement.Placement // all of them
+	changed []placement.Placement // since the last Placements(false)
+	merged  []merge
+}
+
+type merge struct {
+	ps      []placement.Placement
+	winsTie bool
+}
 
 func (f *fakeSource) Local(dst []placement.EndpointLoad) []placement.EndpointLoad {
 	return append(dst, f.loads...)
+}
+
+func (f *fakeSource) Placements(dst []placement.Placement, all bool) []placement.Placement {
+	if all {
+		return append(dst, f.placed...)
+	}
+	dst = append(dst, f.changed...)
+	f.changed = nil
+	return dst
+}
+
+func (f *fakeSource) MergePlacements(ps []placement.Placement, winsTie bool) {
+	f.merged = append(f.merged, merge{ps: ps, winsTie: winsTie})
 }
 
 // fakeClock is a settable clock.
@@ -39,6 +64,11 @@ func TestSnapshotRoundTrip(t *testing.T) {
 		{Endpoint: "10.0.0.1:8000", Load: placement.Load{Requests: 2, KVBlocks: 40, Prefill: 900, Misses: 1},
 			Active: []placement.ActivePrefix{{Key: 1 << 63, Blocks: 9}, {Key: 5, Blocks: 1}}},
 		{Endpoint: "10.0.0.2:8000", Load: placement.Load{Requests: 1}},
+	}, Placements: []placement.Placement{
+		{Key: 9, Blocks: 127, Decided: time.Unix(4, 2), Sites: []placement.Site{
+			{Endpoint: "10.0.0.3:8000", Home: true}, {Endpoint: "10.0.0.1:8000"}}},
+		{Key: 1 << 62, Blocks: 30, Base: 127, Decided: time.Unix(5, 6)},
+		{Key: 11, Blocks: 3, Decided: time.Unix(3, 0), Sites: []placement.Site{{Endpoint: "10.0.0.1:8000", Home: true}}},
 	}}
 	got, err := Decode(s.AppendEncode(nil))
 	if err != nil {
@@ -48,6 +78,16 @@ func TestSnapshotRoundTrip(t *testing.T) {
 		got.Loads[0].Load != s.Loads[0].Load || len(got.Loads[0].Active) != 2 || got.Loads[0].Active[0] != s.Loads[0].Active[0] ||
 		got.Loads[1].Endpoint != "10.0.0.2:8000" || got.Loads[1].Active != nil {
 		t.Fatalf("round trip: got %+v, want %+v", got, s)
+	}
+	if len(got.Placements) != len(s.Placements) {
+		t.Fatalf("round trip: %d placements, want %d", len(got.Placements), len(s.Placements))
+	}
+	for i, want := range s.Placements {
+		g := got.Placements[i]
+		if g.Key != want.Key || g.Blocks != want.Blocks || g.Base != want.Base || !g.Decided.Equal(want.Decided) ||
+			!slices.Equal(g.Sites, want.Sites) {
+			t.Fatalf("placement %d: got %+v, want %+v", i, g, want)
+		}
 	}
 }
 
@@ -61,6 +101,9 @@ func TestDecodeRejects(t *testing.T) {
 		"trailing":   append(append([]byte(nil), good...), 0),
 		"no origin":  (&Snapshot{}).AppendEncode(nil),
 		"huge count": append([]byte{magic, version, 1, 'a', 0, 0, 0}, 0xff, 0xff, 0xff, 0xff, 0x0f),
+		// One placement endpoint "e", one placement of key 0 with one site at index 1.
+		"site out of table": append([]byte{magic, version, 1, 'a', 0, 0, 0, 0, 1, 1, 'e', 1, 0, 0, 0, 0, 0, 0, 0, 0}, 1, 0, 0, 1, 2),
+		"huge placements":   append([]byte{magic, version, 1, 'a', 0, 0, 0, 0, 0}, 0xff, 0xff, 0xff, 0xff, 0x0f),
 	} {
 		t.Run(name, func(t *testing.T) {
 			if _, err := Decode(b); !errors.Is(err, ErrMalformed) {
@@ -72,6 +115,7 @@ func TestDecodeRejects(t *testing.T) {
 
 func FuzzDecode(f *testing.F) {
 	f.Add((&Snapshot{Origin: "a", Seq: 1, Loads: []placement.EndpointLoad{{Endpoint: "e", Active: []placement.ActivePrefix{{Key: 1, Blocks: 2}}}}}).AppendEncode(nil))
+	f.Add((&Snapshot{Origin: "a", Seq: 2, Placements: []placement.Placement{{Key: 3, Blocks: 4, Sites: []placement.Site{{Endpoint: "e", Home: true}}}}}).AppendEncode(nil))
 	f.Add([]byte{magic, version})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		s, err := Decode(b)
@@ -79,7 +123,8 @@ func FuzzDecode(f *testing.F) {
 			return
 		}
 		again, err := Decode(s.AppendEncode(nil))
-		if err != nil || again.Origin != s.Origin || again.Seq != s.Seq || len(again.Loads) != len(s.Loads) {
+		if err != nil || again.Origin != s.Origin || again.Seq != s.Seq || len(again.Loads) != len(s.Loads) ||
+			len(again.Placements) != len(s.Placements) {
 			t.Fatalf("re-decoding %+v: %+v, %v", s, again, err)
 		}
 	})
@@ -181,6 +226,59 @@ func TestPublishOnlyWhenChangedOrDue(t *testing.T) {
 	}
 }
 
+func TestReplicaSharesPlacements(t *testing.T) {
+	c, src, a, b := pair(time.Second)
+	home := placement.Placement{Key: 7, Blocks: 100, Decided: c.now(), Sites: []placement.Site{{Endpoint: "e1", Home: true}}}
+	src.placed, src.changed = []placement.Placement{home}, []placement.Placement{home}
+	first, err := Decode(a.Publish())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(first.Placements) != 1 || first.Placements[0].Key != 7 {
+		t.Fatalf("first snapshot (a full one) carries %+v, want key 7", first.Placements)
+	}
+	// A decision alone is a change worth a message, sent once.
+	replica := placement.Placement{Key: 8, Blocks: 20, Decided: c.now(), Sites: []placement.Site{{Endpoint: "e2"}}}
+	src.changed = []placement.Placement{replica}
+	msg := a.Publish()
+	if msg == nil {
+		t.Fatal("a new placement decision was not sent")
+	}
+	if a.Publish() != nil {
+		t.Fatal("nothing changed, yet a snapshot was sent before the heartbeat")
+	}
+	if err := b.Receive(msg); err != nil {
+		t.Fatal(err)
+	}
+	bsrc := b.src.(*fakeSource)
+	if len(bsrc.merged) != 1 || len(bsrc.merged[0].ps) != 1 || bsrc.merged[0].ps[0].Key != 8 || !bsrc.merged[0].winsTie {
+		t.Fatalf("b merged %+v, want a's decision on key 8, a winning ties (a < b)", bsrc.merged)
+	}
+	// Every expiry/4 the heartbeat carries every placement (repairs lost decisions).
+	c.add(250 * time.Millisecond)
+	full, err := Decode(a.Publish())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(full.Placements) != 1 || full.Placements[0].Key != 7 {
+		t.Fatalf("heartbeat carries %+v, want every placement (key 7)", full.Placements)
+	}
+	// A stale snapshot merges nothing; b's own snapshots win no ties at a.
+	if err := b.Receive(msg); err != nil {
+		t.Fatal(err)
+	}
+	if len(bsrc.merged) != 1 {
+		t.Fatalf("a stale snapshot was merged: %+v", bsrc.merged)
+	}
+	bsrc.placed = []placement.Placement{replica} // b's first snapshot is a full one
+	if err := a.Receive(b.Publish()); err != nil {
+		t.Fatal(err)
+	}
+	if len(src.merged) != 1 || src.merged[0].winsTie {
+		t.Fatalf("a merged %+v, want b's decisions once, b losing ties", src.merged)
+	}
+}
+
 // lockedSource is a policy's side: a pick holding the policy's lock reads the peers
 // (PeerLoad), as placement does, while Publish reads the policy (Local).
 type lockedSource struct {
@@ -190,6 +288,19 @@ type lockedSource struct {
 // Local runs a pick on another goroutine while it holds the source's own state (as a
 // pick would hold the policy's lock while Publish reads the source) and waits for it.
 func (s *lockedSource) Local(dst []placement.EndpointLoad) []placement.EndpointLoad {
+	s.pick()
+	return dst
+}
+
+// Placements is read by Publish and State too: the same pick.
+func (s *lockedSource) Placements(dst []placement.Placement, _ bool) []placement.Placement {
+	s.pick()
+	return dst
+}
+
+func (*lockedSource) MergePlacements([]placement.Placement, bool) {}
+
+func (s *lockedSource) pick() {
 	done := make(chan struct{})
 	go func() {
 		s.rep.PeerLoad("e", nil)
@@ -201,7 +312,6 @@ func (s *lockedSource) Local(dst []placement.EndpointLoad) []placement.EndpointL
 	case <-time.After(10 * time.Second):
 		panic("peersync: PeerLoad waited on Publish: the policy and the replica lock each other")
 	}
-	return dst
 }
 
 // TestPublishDoesNotBlockPeerReads: Publish and State read the source without holding

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/kvrouter/kvrouter/placement"
@@ -25,15 +26,22 @@ type Snapshot struct {
 	Sent time.Time
 	// Loads are its in-flight requests per endpoint (endpoints with none are absent).
 	Loads []placement.EndpointLoad
+	// Placements are the origin's placement decisions: those made since its last
+	// snapshot, or (every expiry/4, and on join) all of them. Unlike loads they merge
+	// into the receiver's table, the latest decision per prefix winning.
+	Placements []placement.Placement
 }
 
-// Wire format, version 1: magic, version, then uvarints and length-prefixed strings.
+// Wire format, version 2 (1 had no placements): magic, version, then uvarints and
+// length-prefixed strings.
 const (
 	magic   = 0x6b // 'k'
-	version = 1
+	version = 2
 	// maxEndpoints and maxString bound what a decoder accepts (memory per message).
 	maxEndpoints = 1 << 14
 	maxActive    = 1 << 14
+	maxPlaced    = 1 << 14
+	maxSites     = 1 << 10
 	maxString    = 512
 )
 
@@ -57,6 +65,35 @@ func (s *Snapshot) AppendEncode(dst []byte) []byte {
 		for _, a := range l.Active {
 			dst = binary.LittleEndian.AppendUint64(dst, a.Key)
 			dst = binary.AppendUvarint(dst, uint64(max(a.Blocks, 0)))
+		}
+	}
+	// Placements name their endpoints by index into a table of the endpoints they use,
+	// each site one uvarint (index << 1 | home); decision times are relative to Sent.
+	var eps []string
+	for _, p := range s.Placements {
+		for _, st := range p.Sites {
+			if !slices.Contains(eps, st.Endpoint) {
+				eps = append(eps, st.Endpoint)
+			}
+		}
+	}
+	dst = binary.AppendUvarint(dst, uint64(len(eps)))
+	for _, e := range eps {
+		dst = appendString(dst, e)
+	}
+	dst = binary.AppendUvarint(dst, uint64(len(s.Placements)))
+	for _, p := range s.Placements {
+		dst = binary.LittleEndian.AppendUint64(dst, p.Key)
+		dst = binary.AppendUvarint(dst, uint64(max(p.Blocks, 0)))
+		dst = binary.AppendUvarint(dst, uint64(max(p.Base, 0)))
+		dst = binary.AppendVarint(dst, s.Sent.UnixNano()-p.Decided.UnixNano())
+		dst = binary.AppendUvarint(dst, uint64(len(p.Sites)))
+		for _, st := range p.Sites {
+			v := uint64(slices.Index(eps, st.Endpoint)) << 1
+			if st.Home {
+				v |= 1
+			}
+			dst = binary.AppendUvarint(dst, v)
 		}
 	}
 	return dst
@@ -103,6 +140,40 @@ func Decode(b []byte) (Snapshot, error) {
 			l.Active = append(l.Active, placement.ActivePrefix{Key: d.u64(), Blocks: d.int()})
 		}
 		s.Loads = append(s.Loads, l)
+	}
+	var eps []string
+	if n := d.uvarint(); n > maxEndpoints {
+		d.err = fmt.Errorf("%d placement endpoints, at most %d", n, maxEndpoints)
+	} else {
+		for i := uint64(0); i < n && d.err == nil; i++ {
+			eps = append(eps, d.str())
+		}
+	}
+	if n := d.uvarint(); n > maxPlaced {
+		d.err = fmt.Errorf("%d placements, at most %d", n, maxPlaced)
+	} else if d.err == nil && n > 0 {
+		s.Placements = make([]placement.Placement, 0, min(n, uint64(len(d.b)/12+1)))
+		for i := uint64(0); i < n && d.err == nil; i++ {
+			p := placement.Placement{Key: d.u64(), Blocks: d.int(), Base: d.int()}
+			p.Decided = time.Unix(0, s.Sent.UnixNano()-d.varint())
+			k := d.uvarint()
+			if k > maxSites {
+				d.err = fmt.Errorf("%d sites, at most %d", k, maxSites)
+			}
+			if d.err == nil && k > 0 {
+				p.Sites = make([]placement.Site, 0, min(k, uint64(len(d.b)+1)))
+			}
+			for j := uint64(0); j < k && d.err == nil; j++ {
+				v := d.uvarint()
+				if d.err == nil && v>>1 >= uint64(len(eps)) {
+					d.err = fmt.Errorf("site endpoint %d of %d", v>>1, len(eps))
+				}
+				if d.err == nil {
+					p.Sites = append(p.Sites, placement.Site{Endpoint: eps[v>>1], Home: v&1 == 1})
+				}
+			}
+			s.Placements = append(s.Placements, p)
+		}
 	}
 	if d.err == nil && len(d.b) != 0 {
 		d.err = fmt.Errorf("%d trailing bytes", len(d.b))

@@ -1,5 +1,13 @@
 package placement
 
+import (
+	"math"
+	"slices"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+)
+
 // Load is what other router replicas have in flight on one endpoint: their requests,
 // the KV blocks those requests hold (each prefix once, none that this router has active
 // there itself), the uncached prompt tokens of those without a first token, and how
@@ -42,15 +50,22 @@ type PeerView interface {
 	// flight on endpoint: the endpoint holds it, or is computing it, so the prefix is
 	// adopted there as the index's holders are, before its KV events arrive.
 	PeerActive(endpoint string, key uint64) bool
+	// Self names this replica (unique among them): it salts the replica's tie-breaks.
+	Self() string
 }
 
 // SetPeers makes every later Pick add peers' load to its own view of each endpoint: to
 // its load (requests), its KV room, its prefill backlog (diverts, rehoming) and the
 // misses a hit is held behind. It replaces SharedLoad's estimate from scraped metrics.
-// nil turns it off.
+// With peers, decisions are recorded for Placements and near-ties between holders are
+// broken by v.Self() (replicaTie). nil turns it off.
 func (p *Policy) SetPeers(v PeerView) {
 	p.mu.Lock()
 	p.peers = v
+	p.salt = 0
+	if v != nil {
+		p.salt = xxhash.Sum64String(v.Self())
+	}
 	p.mu.Unlock()
 }
 
@@ -81,3 +96,137 @@ func (p *Policy) Local(dst []EndpointLoad) []EndpointLoad {
 // Active reports whether the endpoint has an in-flight request of this router using
 // the prefix named key (ActiveSet). p.mu must be held.
 func (ep *endpointState) Active(key uint64) bool { return ep.active[key] != nil }
+
+// Placement is one prefix's placement as this router last decided it, or heard a peer
+// decide it: its sites, estimated size, and when a decision last changed its sites.
+// Replicas share them (Placements, MergePlacements), the latest decision winning, so
+// that a prefix with no request in flight is placed the same by every replica.
+type Placement struct {
+	Key uint64
+	// Blocks is the prefix's estimated blocks; Base those of the branched prefix it
+	// extends (0 for a prefix named by its PrefixDepth-th block).
+	Blocks, Base int
+	Decided      time.Time
+	// Sites are its endpoints; none: its placements were dropped.
+	Sites []Site
+}
+
+// Site is one endpoint a prefix is placed on; Home marks its home.
+type Site struct {
+	Endpoint string
+	Home     bool
+}
+
+// maxShared bounds the placements one Placements call reports (the most a snapshot
+// carries): ~70 bytes each, so a full table of 1024 prefixes stays near 70 KB.
+const maxShared = 1024
+
+// Placements appends to dst the placements whose sites a decision changed since the
+// last call (all: every placed prefix instead, leaving that set alone), at most
+// maxShared, and returns it. Expiry is no decision: a placement unused here may be in
+// use at a peer, which keeps sharing it.
+func (p *Policy) Placements(dst []Placement, all bool) []Placement {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	add := func(e *prefixEntry) {
+		pl := Placement{Key: e.key, Blocks: e.blocks, Base: e.base, Decided: e.decided}
+		if len(e.sites) > 0 {
+			pl.Sites = make([]Site, len(e.sites))
+			for i, s := range e.sites {
+				pl.Sites[i] = Site{Endpoint: s.addr, Home: s.home}
+			}
+		}
+		dst = append(dst, pl)
+	}
+	n := 0
+	if all {
+		for _, e := range p.prefixes {
+			if len(e.sites) > 0 && !e.decided.IsZero() && n < maxShared {
+				add(e)
+				n++
+			}
+		}
+		return dst
+	}
+	for k := range p.changed {
+		if e := p.prefixes[k]; e != nil && n < maxShared {
+			add(e)
+			n++
+		}
+	}
+	clear(p.changed)
+	return dst
+}
+
+// MergePlacements applies placements a peer shared: each one decided after this
+// router's own decision for the prefix (or at the same time, when winsTie) replaces its
+// sites; a prefix not in the table gets an entry with the peer's size estimate.
+// Sites added here start unused (they expire after LiveWindow picks, as this router's
+// own do); nothing merged is shared again as a change.
+func (p *Policy) MergePlacements(ps []Placement, winsTie bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for i := range ps {
+		pl := &ps[i]
+		e := p.prefixes[pl.Key]
+		if e == nil {
+			if len(pl.Sites) == 0 || len(p.prefixes) >= p.cfg.MaxPrefixes {
+				continue
+			}
+			e = &prefixEntry{key: pl.Key, blocks: pl.Blocks, base: pl.Base, seen: p.tick}
+			p.prefixes[pl.Key] = e
+		} else if pl.Decided.Before(e.decided) || (pl.Decided.Equal(e.decided) && !winsTie) {
+			continue
+		}
+		e.sites = slices.DeleteFunc(e.sites, func(s site) bool {
+			if slices.ContainsFunc(pl.Sites, func(r Site) bool { return r.Endpoint == s.addr }) {
+				return false
+			}
+			p.unplace(e, &s)
+			return true
+		})
+		for _, r := range pl.Sites {
+			j := p.place(e, r.Endpoint, r.Home)
+			if s := &e.sites[j]; s.home && !r.Home {
+				s.home = false
+				s.ep.homeBlocks -= e.weight()
+			}
+		}
+		e.decided = pl.Decided
+		delete(p.changed, pl.Key)
+	}
+}
+
+// decide records that a decision of this router changed e's sites now, for its peers
+// (Placements). Without peers it does nothing. p.mu must be held.
+func (p *Policy) decide(e *prefixEntry) {
+	if p.peers == nil {
+		return
+	}
+	e.decided = p.now()
+	if p.changed == nil {
+		p.changed = make(map[uint64]struct{})
+	}
+	if len(p.changed) < maxShared {
+		p.changed[e.key] = struct{}{}
+	}
+}
+
+// replicaSpread is how close two holders' waits must be, as a share of the smaller, for
+// router replicas to count them as tied: a replica cannot see the picks its peers make
+// within a sync interval of its own, so replicas that break ties the same way send
+// simultaneous requests to the same endpoint (kvbench --sim --replicas 2, N = 2, C = 16:
+// 5 of 6 simultaneous picks; p99 TTFT 121 ms against one router's 95).
+const replicaSpread = 0.5
+
+// replicaTie reports whether candidates i and j, of waits wi and wj, are tied for a
+// router with peers, and if so whether i wins: each replica breaks ties by its own
+// salt (and the pick), so that simultaneous picks of several replicas spread as one
+// router's consecutive picks do. One router (no peers) has no ties here. p.mu must be
+// held.
+func (p *Policy) replicaTie(sc *scratch, i, j int, wi, wj float64) (tied, iWins bool) {
+	if p.peers == nil || math.Abs(wi-wj) > replicaSpread*min(wi, wj) {
+		return false, false
+	}
+	return true, mix64(p.salt^sc.eps[i].hash^p.tick) > mix64(p.salt^sc.eps[j].hash^p.tick)
+}

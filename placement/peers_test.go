@@ -2,6 +2,7 @@ package placement_test
 
 import (
 	"testing"
+	"time"
 
 	"github.com/kvrouter/kvrouter/internal/testindex"
 	"github.com/kvrouter/kvrouter/placement"
@@ -14,6 +15,8 @@ type fakePeers struct {
 }
 
 func (f *fakePeers) PeerLoad(ep string, _ placement.ActiveSet) placement.Load { return f.load[ep] }
+
+func (*fakePeers) Self() string { return "self" }
 
 func (f *fakePeers) PeerActive(ep string, key uint64) bool {
 	k, ok := f.active[ep]
@@ -78,5 +81,136 @@ func TestPlacementLocalSharesOwnLoad(t *testing.T) {
 	p.Finished(req.ID)
 	if loads := p.Local(nil); len(loads) != 0 {
 		t.Fatalf("Local after Finished = %+v, want none", loads)
+	}
+}
+
+// clockedPlacement is a placement policy on a settable clock.
+func clockedPlacement(t *testing.T, now *time.Time) *placement.Policy {
+	t.Helper()
+	p, err := placement.New(placement.DefaultConfig(), testindex.New(), func() time.Time { return *now }, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestPlacementSharesItsDecisions(t *testing.T) {
+	now := time.Unix(100, 0)
+	cs := fleet(6, nil)
+	toks := prefixed(4, 0)
+	alone := newPlacement(t, placement.DefaultConfig(), testindex.New())
+	place(t, alone, toks, cs)
+	if got := alone.Placements(nil, true); len(got) != 0 {
+		t.Fatalf("without peers Placements = %+v, want none (nothing to share with)", got)
+	}
+
+	p := clockedPlacement(t, &now)
+	p.SetPeers(&fakePeers{})
+	home := place(t, p, toks, cs)
+	changed := p.Placements(nil, false)
+	key := plKeysOf(toks)[placement.DefaultConfig().PrefixDepth-1]
+	if len(changed) != 1 || changed[0].Key != key || !changed[0].Decided.Equal(now) ||
+		len(changed[0].Sites) != 1 || changed[0].Sites[0] != (placement.Site{Endpoint: home, Home: true}) {
+		t.Fatalf("Placements after a new home on %s = %+v, want that home decided now", home, changed)
+	}
+	if again := p.Placements(nil, false); len(again) != 0 {
+		t.Fatalf("Placements reported %+v twice", again)
+	}
+	if all := p.Placements(nil, true); len(all) != 1 || all[0].Key != key {
+		t.Fatalf("Placements(all) = %+v, want the one placed prefix", all)
+	}
+}
+
+func TestPlacementMergesPeersDecisions(t *testing.T) {
+	now := time.Unix(100, 0)
+	cs := fleet(6, nil)
+	toks := prefixed(5, 0)
+	key := plKeysOf(toks)[placement.DefaultConfig().PrefixDepth-1]
+	own := place(t, newPlacement(t, placement.DefaultConfig(), testindex.New()), toks, cs)
+	peerHome := cs[3].Address
+	if own == peerHome {
+		peerHome = cs[4].Address
+	}
+	at := func(ep string, d time.Time) placement.Placement {
+		return placement.Placement{Key: key, Blocks: 64, Decided: d, Sites: []placement.Site{{Endpoint: ep, Home: true}}}
+	}
+	p := clockedPlacement(t, &now)
+	p.SetPeers(&fakePeers{})
+	p.MergePlacements([]placement.Placement{at(peerHome, now.Add(-time.Second))}, false)
+	if got := place(t, p, prefixed(5, 1), cs); got != peerHome {
+		t.Fatalf("a peer homed the idle prefix on %s: picked %s (alone: %s)", peerHome, got, own)
+	}
+	if got := p.Placements(nil, false); len(got) != 0 {
+		t.Fatalf("merged placements shared again as changes: %+v", got)
+	}
+	tests := []struct {
+		name    string
+		merge   placement.Placement
+		winsTie bool
+		want    string
+	}{
+		{"an older decision loses", at(own, now.Add(-2*time.Second)), true, peerHome},
+		{"a tie the peer does not win is kept", at(own, now.Add(-time.Second)), false, peerHome},
+		{"a tie the peer wins moves it", at(own, now.Add(-time.Second)), true, own},
+		{"a newer decision moves it back", at(peerHome, now), false, peerHome},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p.MergePlacements([]placement.Placement{tt.merge}, tt.winsTie)
+			if got := place(t, p, prefixed(5, 2), cs); got != tt.want {
+				t.Fatalf("picked %s, want %s", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestPlacementReplicasBreakTiesTheirOwnWay(t *testing.T) {
+	ix := testindex.New()
+	cs := fleet(2, nil)
+	toks := prefixed(6, 0)
+	for _, c := range cs {
+		ix.Hold(c.Address, plKeysOf(toks))
+	}
+	for i := range cs {
+		cs[i].InFlight = 1 // both busy alike: equal waits
+	}
+	picks := func(p *placement.Policy) map[string]int {
+		n := map[string]int{}
+		for i := range 32 {
+			d, err := p.Pick(plRequest(prefixed(6, i)), cs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			n[d.Endpoint]++
+		}
+		return n
+	}
+	if n := picks(newPlacement(t, placement.DefaultConfig(), ix)); len(n) != 1 {
+		t.Fatalf("one router broke an exact tie both ways: %v", n)
+	}
+	p := newPlacement(t, placement.DefaultConfig(), ix)
+	p.SetPeers(&fakePeers{})
+	if n := picks(p); len(n) != 2 {
+		t.Fatalf("a replica with peers sent every tied pick to one holder: %v (simultaneous picks of its peers would join them)", n)
+	}
+}
+
+// BenchmarkMergePlacements is one full table from a peer (what every expiry/4 brings):
+// 1024 prefixes of 3 sites each, all newer than the table's, merged under the policy's
+// lock.
+func BenchmarkMergePlacements(b *testing.B) {
+	cs := fleet(6, nil)
+	ps := make([]placement.Placement, 1024)
+	p := newPlacement(b, placement.DefaultConfig(), testindex.New())
+	p.SetPeers(&fakePeers{})
+	at := time.Unix(1, 0)
+	b.ReportAllocs()
+	for b.Loop() {
+		at = at.Add(time.Second)
+		for i := range ps {
+			ps[i] = placement.Placement{Key: uint64(i), Blocks: 100, Decided: at, Sites: []placement.Site{
+				{Endpoint: cs[i%6].Address, Home: true}, {Endpoint: cs[(i+1)%6].Address}, {Endpoint: cs[(i+2+int(at.Unix())%2)%6].Address}}}
+		}
+		p.MergePlacements(ps, false)
 	}
 }

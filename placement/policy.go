@@ -74,6 +74,10 @@ type Policy struct {
 	pending  map[string]pendingPick
 	reqs     map[string]tracked
 	peers    PeerView // other router replicas' load (SetPeers); nil: none
+	// salt is this replica's tie-break (SetPeers), changed the prefixes whose placement
+	// changed since Placements last reported them (only while peers are set).
+	salt    uint64
+	changed map[uint64]struct{}
 }
 
 type metrics struct {
@@ -238,7 +242,7 @@ func (p *Policy) childName(key uint64, keys []uint64) (child uint64, base int) {
 func (p *Policy) followed(child uint64, base int, sc *scratch) bool {
 	c := p.prefixes[child]
 	if c == nil {
-		p.prefixes[child] = &prefixEntry{base: base, blocks: len(sc.keys), seen: p.tick,
+		p.prefixes[child] = &prefixEntry{key: child, base: base, blocks: len(sc.keys), seen: p.tick,
 			keys: append([]uint64(nil), sc.keys[:min(len(sc.keys), maxKeptKeys)]...)}
 		return false
 	}

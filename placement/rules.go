@@ -181,6 +181,9 @@ func (p *Policy) choose(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 			return p.score(key, sc.eps[i], &cands[i]) > p.score(key, sc.eps[j], &cands[j])
 		}
 		wi, wj := p.wait(sc, i), p.wait(sc, j)
+		if tied, iWins := p.replicaTie(sc, i, j, wi, wj); tied {
+			return iWins
+		}
 		return wi < wj ||
 			(wi == wj && (sc.lead[i] > sc.lead[j] ||
 				(sc.lead[i] == sc.lead[j] && e.sites[sc.pos[i]].home && !e.sites[sc.pos[j]].home)))

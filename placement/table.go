@@ -80,7 +80,8 @@ type activePrefix struct {
 // prefixEntry is one row of the placement table: a prefix, its estimated size and the
 // endpoints it is placed on.
 type prefixEntry struct {
-	blocks int // estimated shared blocks
+	key    uint64 // the prefix's name
+	blocks int    // estimated shared blocks
 	// branch is the blocks shared by the last two requests under this name that
 	// diverged (neither extends the other), 0 until two have: the depth at which the
 	// prefix branches into conversations (a system prompt, a shared context), so a
@@ -93,6 +94,9 @@ type prefixEntry struct {
 	keys  []uint64 // the last request's keys, to estimate blocks
 	seen  uint64   // the pick (tick) that last saw the prefix
 	sites []site   // where the prefix is placed
+	// decided is when a decision (a placement made or dropped, here or by a router
+	// replica) last changed sites: replicas share placements, the latest decision wins.
+	decided time.Time
 }
 
 // site is one placement of a prefix on an endpoint: its home, or a replica or spill.
@@ -127,8 +131,11 @@ type tracked struct {
 func (p *Policy) prefix(key uint64, keys []uint64) *prefixEntry {
 	e := p.prefixes[key]
 	if e == nil {
-		e = &prefixEntry{blocks: len(keys), keys: append([]uint64(nil), keys[:min(len(keys), maxKeptKeys)]...)}
+		e = &prefixEntry{key: key, blocks: len(keys), keys: append([]uint64(nil), keys[:min(len(keys), maxKeptKeys)]...)}
 		p.prefixes[key] = e
+	} else if e.keys == nil {
+		// Placed by a router replica (MergePlacements), first seen here: keep its size.
+		e.keys = append([]uint64(nil), keys[:min(len(keys), maxKeptKeys)]...)
 	} else {
 		common := 0
 		for common < len(keys) && common < len(e.keys) && keys[common] == e.keys[common] {
@@ -172,6 +179,7 @@ func (p *Policy) drop(e *prefixEntry, addr string) {
 			return false
 		}
 		p.unplace(e, &pl)
+		p.decide(e)
 		return true
 	})
 }
@@ -229,6 +237,7 @@ func (p *Policy) place(e *prefixEntry, addr string, home bool) int {
 			if home && !e.sites[i].home {
 				e.sites[i].home = true
 				e.sites[i].ep.homeBlocks += e.weight()
+				p.decide(e)
 			}
 			return i
 		}
@@ -239,6 +248,7 @@ func (p *Policy) place(e *prefixEntry, addr string, home bool) int {
 		ep.homeBlocks += e.weight()
 	}
 	e.sites = append(e.sites, site{ep: ep, addr: addr, home: home, lastUsed: p.tick, placedAt: p.tick})
+	p.decide(e)
 	return len(e.sites) - 1
 }
 

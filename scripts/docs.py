@@ -409,6 +409,34 @@ def vs_kv_table(path, pol="placement"):
     return out + f"\nLosses against kv: {losses}.\n"
 
 
+def replicas_table(path, one, pol="placement"):
+    """Router replicas against issue 13's goal, per cell: the policy's cached-token ratio
+    within 1 point of one router's (the same grid in `one`), its TTFT p99 at most 5% over
+    kv's and its throughput not under kv's (both from `path`); and the sync's cost."""
+    ix, solo = by_cell(records(path)), by_cell(records(one))
+    rows, missed = [], 0
+    for (p, n, c), r in sorted(ix.items(), key=lambda x: (x[0][1], x[0][2])):
+        kv, o = ix.get(("kv", n, c)), solo.get((p, n, c))
+        if p != pol or kv is None or o is None:
+            continue
+        d = 100 * (r["cached_ratio"] - o["cached_ratio"])
+        lost = []
+        if d < -1:
+            lost.append("ratio")
+        if r["ttft_p99_ms"] > 1.05 * kv["ttft_p99_ms"]:
+            lost.append("p99")
+        if r["requests_per_s"] < kv["requests_per_s"]:
+            lost.append("req/s")
+        missed += bool(lost)
+        msgs, size = r.get("sync_messages_per_request"), r.get("sync_bytes_per_request")
+        rows.append([n, c, f"{r['cached_ratio']:.3f} / {o['cached_ratio']:.3f}", f"{d:+.1f}",
+                     f"{r['ttft_p99_ms']:.0f} / {kv['ttft_p99_ms']:.0f}", f"{r['requests_per_s']:.2f} / {kv['requests_per_s']:.2f}",
+                     "-" if msgs is None else f"{msgs:.2f}", "-" if size is None else f"{size:.0f}", ", ".join(lost) or "-"])
+    out = table(["N", "C", f"ratio {pol} / one router", "points", f"TTFT p99 ms {pol} / kv", f"req/s {pol} / kv",
+                 "messages / request", "bytes / request", "missed"], rows)
+    return out + f"\nCells missing the goal: {missed} of {len(rows)}.\n"
+
+
 def runs_table(before, after, pol="placement"):
     """One policy across two runs of the same grid (say, before and after a change of
     default): per N x C, the cached-token ratio and TTFT p99 of each, and the changes."""
@@ -694,6 +722,7 @@ RENDERERS = {
     "cells": cells_table,
     "goal": goal_table,
     "vs-kv": vs_kv_table,
+    "replicas": replicas_table,
     "runs": runs_table,
     "workload": workload_table,
     "workload-summary": workload_summary,

@@ -19,3 +19,7 @@ $kvb $common --replicas 2 --sync-interval 0 --json "$out/replicas2.json" > /dev/
 $kvb $common --replicas 4 --sync-interval 0 --json "$out/replicas4.json" > /dev/null
 $kvb $common --replicas 2 --json "$out/replicas2-sync.json" > /dev/null
 $kvb $common --replicas 4 --json "$out/replicas4-sync.json" > /dev/null
+# Issue 13's goal at 9 repetitions: one router, and 2 and 4 synced replicas.
+$kvb $common --reps 9 --json "$out/base-reps9.json" > /dev/null
+$kvb $common --replicas 2 --reps 9 --json "$out/replicas2-sync-reps9.json" > /dev/null
+$kvb $common --replicas 4 --reps 9 --json "$out/replicas4-sync-reps9.json" > /dev/null

@@ -15,6 +15,7 @@ import (
 	"github.com/kvrouter/kvrouter/discovery"
 	"github.com/kvrouter/kvrouter/fleet"
 	"github.com/kvrouter/kvrouter/internal/app"
+	"github.com/kvrouter/kvrouter/internal/freeport"
 	"github.com/kvrouter/kvrouter/internal/testwait"
 	"github.com/kvrouter/kvrouter/kvevents"
 	"github.com/kvrouter/kvrouter/testbench/sim/server"
@@ -29,12 +30,10 @@ func TestKVPathCentral(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 
-	bind, err := net.Listen("tcp", "127.0.0.1:0")
+	bindPort, err := freeport.Range(1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	bindPort := bind.Addr().(*net.TCPAddr).Port
-	bind.Close()
 	httpLn, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -6,8 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	mrand "math/rand/v2"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -25,6 +23,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/config"
 	"github.com/kvrouter/kvrouter/internal/app"
+	"github.com/kvrouter/kvrouter/internal/freeport"
 	"github.com/kvrouter/kvrouter/openai"
 	"github.com/kvrouter/kvrouter/prompt"
 	"github.com/kvrouter/kvrouter/testbench/fakeenvoy"
@@ -180,29 +179,6 @@ func mustRequest(body []byte) *openai.Request {
 	return r
 }
 
-// freePortRange finds n consecutive free loopback ports below Linux's ephemeral range
-// (so outgoing connections do not take them) and releases them for a child.
-func freePortRange(n int) (int, error) {
-	for range 100 {
-		base := 20000 + mrand.IntN(12000-n)
-		var lns []net.Listener
-		for p := base; p < base+n; p++ {
-			l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
-			if err != nil {
-				break
-			}
-			lns = append(lns, l)
-		}
-		for _, l := range lns {
-			l.Close()
-		}
-		if len(lns) == n {
-			return base, nil
-		}
-	}
-	return 0, fmt.Errorf("demo: no %d consecutive free ports", n)
-}
-
 // latencyStack is one fleet size's processes: vllm-sim (all servers), kvrouter and the
 // trivial ext_proc server.
 type latencyStack struct {
@@ -213,7 +189,7 @@ type latencyStack struct {
 }
 
 func startLatencyStack(o LatencyOptions, dir string, n int) (*latencyStack, error) {
-	base, err := freePortRange(2 * n)
+	base, err := freeport.Range(2 * n)
 	if err != nil {
 		return nil, err
 	}

@@ -15,6 +15,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/kvrouter/kvrouter/internal/freeport"
 )
 
 // ProcessOptions say where the binaries are and which gateway fronts kvrouter.
@@ -85,25 +87,10 @@ func (s *procStack) EngineMetricsURLs() []string { return s.metrics }
 func (s *procStack) RouterURL() string           { return s.routerURL }
 func (s *procStack) DebugURL() string            { return s.debugURL }
 
-// freePorts reserves n distinct free loopback ports and releases them for the children.
-func freePorts(n int) ([]int, error) {
-	var lns []net.Listener
-	defer func() {
-		for _, l := range lns {
-			l.Close()
-		}
-	}()
-	var ports []int
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, fmt.Errorf("demo: reserve a port: %w", err)
-		}
-		lns = append(lns, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
-}
+// freePorts returns n distinct free loopback ports for the children (freeport: below
+// the ephemeral range, so no connection of this process or a parallel test takes one
+// before the child binds it).
+func freePorts(n int) ([]int, error) { return freeport.List(n) }
 
 // spawn starts bin with args, its output in logPath and env added to this process's
 // environment.
