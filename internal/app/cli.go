@@ -9,7 +9,6 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"runtime/debug"
 	"syscall"
 
 	"go.uber.org/zap"
@@ -95,13 +94,6 @@ func MainIO(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		log.Error("cannot start", zap.Error(err))
 		return 1
 	}
-	// Loading the models left tens of MB of garbage (the tokenizer files and their
-	// parse). Collect it before serving: the collector's next goal is GOGC x the heap
-	// live at the last collection, and a collection that ran mid-load set it from the
-	// load's peak (66 MB live, a 330 MB goal with the chart's GOGC=400, against ~25 MB
-	// live once loaded), so the router ran its first hundreds of MB of requests on pages
-	// the kernel had to fault in, and kept them.
-	debug.FreeOSMemory()
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
 	// SIGHUP reloads the configuration (its default action would end the process
