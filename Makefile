@@ -33,9 +33,10 @@ models: ## Fetch the tokenizer files the tests use into .cache/models (sha256-ve
 	bash scripts/fetch-models.sh
 
 .PHONY: test
-test: models ## Run all tests with the race detector, then without it the full tokenizer golden proof and the peak-RSS test.
+test: models ## Run all tests with the race detector, then without it the full tokenizer golden proof, the parse-cost and the peak-RSS tests.
 	HELM=$(HELM) $(GO) test -race -count=1 ./...
 	$(GO) test -count=1 -run '^TestGolden$$' ./tokenizer/
+	$(GO) test -count=1 -run '^TestParseCostCoversPromptAllocations$$' ./extproc/
 	$(GO) test -count=1 -run '^TestPeakRSSUnderHugeBodies$$' ./internal/app/
 
 .PHONY: bench
