@@ -155,29 +155,21 @@ func RunFaults(ctx context.Context, fo FaultOptions) (_ []FaultResult, err error
 	if err != nil {
 		return nil, err
 	}
-	policy := o.Policies[0]
-	start := Processes(fo.Process)
-	st, err := startReady(ctx, func() (Stack, error) { return start(ctx, o, policy) },
-		func(st Stack) error { return waitReady(ctx, st, o.Workers, 60*time.Second) }, o.logf)
+	s, target, err := startFaultStack(ctx, o, fo.Process, o.Policies[0])
 	if err != nil {
 		return nil, err
 	}
 	defer func() {
-		if cerr := st.Close(); err == nil && cerr != nil {
+		if cerr := s.Close(); err == nil && cerr != nil {
 			err = cerr
 		}
 	}()
-	s := st.(*procStack)
-	target, err := kvbench.NewHTTPTarget(kvbench.HTTPConfig{URL: s.GatewayURL(), Model: o.Model, IgnoreEOS: true, Timeout: time.Minute})
-	if err != nil {
-		return nil, err
-	}
 	var out []FaultResult
 	for _, f := range faults(fo) {
 		// The stack as at start (the gateway reconnected to a restarted kvrouter, every
 		// server answering) before the next fault, so that no fault is charged with the
 		// previous one's recovery.
-		if err := waitReady(ctx, st, o.Workers, 60*time.Second); err != nil {
+		if err := waitReady(ctx, s, o.Workers, 60*time.Second); err != nil {
 			return out, fmt.Errorf("demo: before fault %s: %w", f.name, err)
 		}
 		if err := waitGateway(ctx, s.GatewayURL(), o.Model, 60*time.Second); err != nil {
@@ -198,6 +190,24 @@ func RunFaults(ctx context.Context, fo FaultOptions) (_ []FaultResult, err error
 		out = append(out, r)
 	}
 	return out, nil
+}
+
+// startFaultStack starts a stack of processes, waits until every server answers through
+// the gateway, and returns it with a kvbench target on the gateway; the caller closes it.
+func startFaultStack(ctx context.Context, o *Options, po ProcessOptions, policy string) (*procStack, *kvbench.HTTPTarget, error) {
+	start := Processes(po)
+	st, err := startReady(ctx, func() (Stack, error) { return start(ctx, o, policy) },
+		func(st Stack) error { return waitReady(ctx, st, o.Workers, 60*time.Second) }, o.logf)
+	if err != nil {
+		return nil, nil, err
+	}
+	s := st.(*procStack)
+	target, err := kvbench.NewHTTPTarget(kvbench.HTTPConfig{URL: s.GatewayURL(), Model: o.Model, IgnoreEOS: true, Timeout: time.Minute})
+	if err != nil {
+		s.Close()
+		return nil, nil, err
+	}
+	return s, target, nil
 }
 
 func runFault(ctx context.Context, s *procStack, target *kvbench.HTTPTarget, w *kvbench.Workload, conc int, f fault) (FaultResult, error) {

@@ -113,22 +113,15 @@ func RunReplicaFaults(ctx context.Context, fo ReplicaFaultOptions) (_ ReplicaFau
 	}
 	po := fo.Process
 	po.peerProxies = true
-	start := Processes(po)
-	st, err := startReady(ctx, func() (Stack, error) { return start(ctx, o, rep.Policy) },
-		func(st Stack) error { return waitReady(ctx, st, o.Workers, 60*time.Second) }, o.logf)
+	s, target, err := startFaultStack(ctx, o, po, rep.Policy)
 	if err != nil {
 		return rep, err
 	}
 	defer func() {
-		if cerr := st.Close(); err == nil && cerr != nil {
+		if cerr := s.Close(); err == nil && cerr != nil {
 			err = cerr
 		}
 	}()
-	s := st.(*procStack)
-	target, err := kvbench.NewHTTPTarget(kvbench.HTTPConfig{URL: s.GatewayURL(), Model: o.Model, IgnoreEOS: true, Timeout: time.Minute})
-	if err != nil {
-		return rep, err
-	}
 	victim := len(s.routers) - 1
 	seed := o.Seed
 	// load sends the next seed's workload (fresh prefixes) and summarises it.
@@ -174,7 +167,7 @@ func RunReplicaFaults(ctx context.Context, fo ReplicaFaultOptions) (_ ReplicaFau
 	}
 	for _, ph := range phases {
 		// Every replica ready and holding every other's state before each phase.
-		if err := waitReady(ctx, st, o.Workers, 60*time.Second); err != nil {
+		if err := waitReady(ctx, s, o.Workers, 60*time.Second); err != nil {
 			return rep, fmt.Errorf("demo: before %s: %w", ph.name, err)
 		}
 		o.logf("replica fault: %s", ph.name)

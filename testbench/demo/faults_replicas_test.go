@@ -3,8 +3,6 @@ package demo_test
 import (
 	"context"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -25,12 +23,7 @@ func TestReplicaFaultsShort(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the binaries and runs a stack of processes")
 	}
-	bin := t.TempDir()
-	build := exec.Command("go", "build", "-o", bin+string(filepath.Separator), "./cmd/kvrouter", "./testbench/cmd/vllm-sim", "./testbench/cmd/devgateway")
-	build.Dir = filepath.Join("..", "..")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	bin := buildStack(t)
 	fo := demo.ShortReplicaFaultOptions()
 	fo.TokenizerDir = testmodels.Dir(t, "qwen3")
 	fo.Process = demo.ProcessOptions{BinDir: bin, WorkDir: t.TempDir()}

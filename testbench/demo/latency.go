@@ -424,30 +424,25 @@ func WriteLatency(w io.Writer, o LatencyOptions, rounds []LatencyRound) error {
 			us(k.DecisionP50), us(k.DecisionP99), us(t.DecisionP50), us(t.DecisionP99), k.AchievedRatePerS, t.AchievedRatePerS)
 	}
 	if len(rounds) > 0 {
-		b.WriteString("\nCPU time per exchange by process (user + system; the server not measured in a round is idle)\n\n| endpoints | round | measured |")
-		for _, p := range rounds[0].CPU {
-			fmt.Fprintf(&b, " %s |", p.Process)
-		}
-		b.WriteString("\n|---|---|---|" + strings.Repeat("---|", len(rounds[0].CPU)) + "\n")
-		for i, r := range rounds {
-			fmt.Fprintf(&b, "| %d | %d | %s |", r.Endpoints, i/2%max(1, o.Rounds)+1, r.Server)
-			for _, p := range r.CPU {
-				fmt.Fprintf(&b, " %s |", us(p.PerExchange))
+		// perProcess writes one table of a per-process figure, a row per round.
+		perProcess := func(title string, cell func(ProcessCPU) string) {
+			b.WriteString("\n" + title + "\n\n| endpoints | round | measured |")
+			for _, p := range rounds[0].CPU {
+				fmt.Fprintf(&b, " %s |", p.Process)
 			}
-			b.WriteString("\n")
-		}
-		b.WriteString("\nMinor page faults per exchange by process (pages the kernel mapped for it)\n\n| endpoints | round | measured |")
-		for _, p := range rounds[0].CPU {
-			fmt.Fprintf(&b, " %s |", p.Process)
-		}
-		b.WriteString("\n|---|---|---|" + strings.Repeat("---|", len(rounds[0].CPU)) + "\n")
-		for i, r := range rounds {
-			fmt.Fprintf(&b, "| %d | %d | %s |", r.Endpoints, i/2%max(1, o.Rounds)+1, r.Server)
-			for _, p := range r.CPU {
-				fmt.Fprintf(&b, " %.1f |", p.MinorFaults)
+			b.WriteString("\n|---|---|---|" + strings.Repeat("---|", len(rounds[0].CPU)) + "\n")
+			for i, r := range rounds {
+				fmt.Fprintf(&b, "| %d | %d | %s |", r.Endpoints, i/2%max(1, o.Rounds)+1, r.Server)
+				for _, p := range r.CPU {
+					b.WriteString(" " + cell(p) + " |")
+				}
+				b.WriteString("\n")
 			}
-			b.WriteString("\n")
 		}
+		perProcess("CPU time per exchange by process (user + system; the server not measured in a round is idle)",
+			func(p ProcessCPU) string { return us(p.PerExchange) })
+		perProcess("Minor page faults per exchange by process (pages the kernel mapped for it)",
+			func(p ProcessCPU) string { return fmt.Sprintf("%.1f", p.MinorFaults) })
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
