@@ -66,8 +66,15 @@ func start(t *testing.T, mod func(*server.Config)) (*server.Server, *httptest.Se
 	if mod != nil {
 		mod(&cfg)
 	}
-	s, err := server.New(cfg, server.Options{Registry: prometheus.NewRegistry(), Tokenizer: fakeTokenizer{},
+	return startWith(t, cfg, server.Options{Registry: prometheus.NewRegistry(), Tokenizer: fakeTokenizer{},
 		Chat: fakeChat{}, Now: func() time.Time { return fixed }})
+}
+
+// startWith runs a server of cfg and opts behind an httptest server until the test ends;
+// Run must then return nil.
+func startWith(t *testing.T, cfg server.Config, opts server.Options) (*server.Server, *httptest.Server) {
+	t.Helper()
+	s, err := server.New(cfg, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -494,15 +501,7 @@ func TestGeneratedTextRetokenizesToTheCachedIDs(t *testing.T) {
 	cfg := server.DefaultConfig()
 	cfg.TimeScale = 1e6
 	cfg.EnablePromptTokensDetails = true
-	s, err := server.New(cfg, server.Options{Registry: prometheus.NewRegistry(), Tokenizer: b, Chat: b})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx) }()
-	hs := httptest.NewServer(s.Handler())
-	defer func() { hs.Close(); cancel(); <-done }()
+	_, hs := startWith(t, cfg, server.Options{Registry: prometheus.NewRegistry(), Tokenizer: b, Chat: b})
 
 	first := strings.Repeat(" the cache of a prefix", 30) // 150 one-token words
 	complete := func(p string) (text string, promptTokens, cached int) {
