@@ -583,30 +583,15 @@ func (a *memoAnalysis) expr(p *expr, nested bool) exprClass {
 		}
 	case *callExpr:
 		kids = append(kids, &e.fn)
-		for i := range e.args {
-			kids = append(kids, &e.args[i])
-		}
-		for i := range e.kwargs {
-			kids = append(kids, &e.kwargs[i].x)
-		}
+		kids = appendArgs(kids, e.args, e.kwargs)
 	case *filterExpr:
 		if e.arg != nil {
 			kids = append(kids, &e.arg)
 		}
-		for i := range e.args {
-			kids = append(kids, &e.args[i])
-		}
-		for i := range e.kwargs {
-			kids = append(kids, &e.kwargs[i].x)
-		}
+		kids = appendArgs(kids, e.args, e.kwargs)
 	case *testExpr:
 		kids = append(kids, &e.arg)
-		for i := range e.args {
-			kids = append(kids, &e.args[i])
-		}
-		for i := range e.kwargs {
-			kids = append(kids, &e.kwargs[i].x)
-		}
+		kids = appendArgs(kids, e.args, e.kwargs)
 	case *notExpr:
 		kids = []*expr{&e.x}
 	case *andExpr:
@@ -661,4 +646,15 @@ func (a *memoAnalysis) expr(p *expr, nested bool) exprClass {
 		}
 	}
 	return c
+}
+
+// appendArgs appends the addresses of a call's, filter's or test's arguments.
+func appendArgs(kids []*expr, args []expr, kwargs []kwExpr) []*expr {
+	for i := range args {
+		kids = append(kids, &args[i])
+	}
+	for i := range kwargs {
+		kids = append(kids, &kwargs[i].x)
+	}
+	return kids
 }
