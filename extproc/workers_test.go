@@ -37,11 +37,10 @@ func TestWorkersReuseGoroutines(t *testing.T) {
 	}
 }
 
-// TestWorkersConcurrentCalls checks that calls blocked at the same time each get a worker
-// (a busy worker never delays another call) and that goFunc does not wait.
-func TestWorkersConcurrentCalls(t *testing.T) {
-	w := newWorkers()
-	const n = 8
+// blockAll starts n calls through goFunc that block until released, waits until all n
+// run at once (a worker each: none waits for another), and returns the function that
+// releases them and waits until they have finished.
+func blockAll(w *workers, n int) (releaseAndWait func()) {
 	release := make(chan struct{})
 	var started, finished sync.WaitGroup
 	started.Add(n)
@@ -53,9 +52,19 @@ func TestWorkersConcurrentCalls(t *testing.T) {
 			finished.Done()
 		})
 	}
-	started.Wait() // all n run at once: a worker each
-	close(release)
-	finished.Wait()
+	started.Wait()
+	return func() {
+		close(release)
+		finished.Wait()
+	}
+}
+
+// TestWorkersConcurrentCalls checks that calls blocked at the same time each get a worker
+// (a busy worker never delays another call) and that goFunc does not wait.
+func TestWorkersConcurrentCalls(t *testing.T) {
+	w := newWorkers()
+	const n = 8
+	blockAll(w, n)() // all n run at once: a worker each
 }
 
 // TestWorkersEndWhenIdle checks that workers end once idle, so a burst leaves no
@@ -80,20 +89,7 @@ func TestWorkersKeepAtMostMaxIdle(t *testing.T) {
 	w.idle = time.Hour // only the bound ends them
 	w.maxIdle = 2
 	const n = 16
-	release := make(chan struct{})
-	var started, finished sync.WaitGroup
-	started.Add(n)
-	finished.Add(n)
-	for range n {
-		w.goFunc(func() {
-			started.Done()
-			<-release
-			finished.Done()
-		})
-	}
-	started.Wait()
-	close(release)
-	finished.Wait()
+	blockAll(w, n)()
 	testwait.For(t, "workers past the idle bound to end", func() bool { return runtime.NumGoroutine() <= before+2 })
 	if got := w.waiting.Load(); got > 2 {
 		t.Fatalf("%d workers waiting, want at most 2", got)
