@@ -266,15 +266,24 @@ func (s *forStmt) exec(st *state) (ctl, error) {
 	return ctlNone, nil
 }
 
+// enter starts iteration i of the loop over item it: the loop's scope as before the
+// loop, the target bound to it, and loop.index0 and the loop variable set.
+func (s *forStmt) enter(st *state, saved []Value, loop *loopState, i int, it Value) error {
+	s.scope.restore(st, saved)
+	if err := s.target.assign(st, it); err != nil {
+		return err
+	}
+	if loop != nil {
+		loop.index0 = i
+		st.slots(s.loopRef.local)[s.loopRef.slot] = Value{kind: KindLoop, ref: loop}
+	}
+	return nil
+}
+
 func (s *forStmt) execItems(st *state, items, saved []Value, loop *loopState) error {
 	for i, it := range items {
-		s.scope.restore(st, saved)
-		if err := s.target.assign(st, it); err != nil {
+		if err := s.enter(st, saved, loop, i, it); err != nil {
 			return err
-		}
-		if loop != nil {
-			loop.index0 = i
-			st.slots(s.loopRef.local)[s.loopRef.slot] = Value{kind: KindLoop, ref: loop}
 		}
 		c, err := execBody(st, s.body)
 		if err != nil {

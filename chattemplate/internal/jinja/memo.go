@@ -287,13 +287,8 @@ func (s *forStmt) execMemo(st *state, items []Value, saved []Value, loop *loopSt
 	}
 	reused := 0
 	for i, it := range items {
-		s.scope.restore(st, saved)
-		if err := s.target.assign(st, it); err != nil {
+		if err := s.enter(st, saved, loop, i, it); err != nil {
 			return err
-		}
-		if loop != nil {
-			loop.index0 = i
-			st.slots(s.loopRef.local)[s.loopRef.slot] = Value{kind: KindLoop, ref: loop}
 		}
 		item := it.Dict()
 		if item == nil || !entryOK {
