@@ -83,7 +83,10 @@ func (r *recordingSink) Apply(endpoint string, b *kvevents.Batch) error {
 	return nil
 }
 
+// testFleet records the policies and sinks it built. Sweeps build routers from parallel
+// runs, so the factory locks.
 type testFleet struct {
+	mu       sync.Mutex
 	policies []*sticky
 	sinks    []*recordingSink
 }
@@ -94,6 +97,8 @@ func (tf *testFleet) factory(env PolicyEnv) (Router, error) {
 	}
 	p := &sticky{}
 	s := &recordingSink{stored: map[string]int{}}
+	tf.mu.Lock()
+	defer tf.mu.Unlock()
 	tf.policies = append(tf.policies, p)
 	tf.sinks = append(tf.sinks, s)
 	return Router{Policy: p, Events: s}, nil
