@@ -398,6 +398,9 @@ func (a *App) updateHealth() {
 	a.extHealth.SetServingStatus("", st)
 	a.probeHlth.SetServingStatus(ReadinessService, st)
 	a.probeHlth.SetServingStatus("", st)
+	// The Inference Extension's endpoint picker answers the ext_proc service name on its
+	// health port too (a gateway or probe configured for it checks there).
+	a.probeHlth.SetServingStatus(ExtProcService, st)
 }
 
 func (a *App) serveReadyz(w http.ResponseWriter, _ *http.Request) {
