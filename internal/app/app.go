@@ -71,8 +71,8 @@ type Options struct {
 	KubeClients *kdisc.Clients
 	// Resolver resolves discovery.dns names. Nil: net.DefaultResolver.
 	Resolver discovery.Resolver
-	// Clock drives discovery's intervals and grace periods, and the configuration file's
-	// change checks. Nil: the real clock.
+	// Clock drives discovery's intervals and grace periods, the configuration file's
+	// change checks and the drain delay. Nil: the real clock.
 	Clock clock.WithTicker
 	// ConfigPath is the file the configuration was loaded from: Reload reads it again,
 	// and Run checks it for changes every ConfigCheckInterval. Empty: no reload.
@@ -117,7 +117,9 @@ type App struct {
 	reload *reloader
 	tok    extproc.Tokenizer
 	// now is the injected clock (time.Now when none is given).
-	now       func() time.Time
+	now func() time.Time
+	// clock times the drain delay (Options.Clock; the real clock when none is given).
+	clock     clock.WithTicker
 	discovery runner // nil without discovery
 	// replica and peers share in-flight state with other kvrouter replicas (nil
 	// without replicas.peers).
@@ -147,6 +149,9 @@ func New(cfg *config.Config, o Options) (*App, error) {
 	a.live.Store(cfg)
 	if a.now == nil {
 		a.now = time.Now
+	}
+	if a.clock = o.Clock; a.clock == nil {
+		a.clock = clock.RealClock{}
 	}
 	if a.log == nil {
 		a.log = zap.NewNop()
@@ -354,7 +359,7 @@ func (a *App) drain() {
 		// Health says NOT_SERVING; streams are still taken until the gateways have
 		// seen it (limits.drain_delay), so a rollout fails no request.
 		a.log.Info("draining: not serving; still taking streams", zap.Duration("drain_delay", delay))
-		time.Sleep(delay)
+		<-a.clock.After(delay)
 	}
 	a.extproc.Drain()
 	timeout := a.live.Load().Limits.DrainTimeout

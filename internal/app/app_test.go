@@ -3,6 +3,7 @@ package app_test
 import (
 	"context"
 	"io"
+	clocktesting "k8s.io/utils/clock/testing"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -393,8 +394,9 @@ func TestDrainDelayKeepsTakingStreams(t *testing.T) {
 	vllm := newFakeVLLM(t)
 	vllm.up.Store(true)
 	cfg := testConfig(t, vllm)
-	cfg.Limits.DrainDelay = 5 * time.Second // the cleanup waits out the rest of it
-	a := startApp(t, cfg, app.Options{Registry: prometheus.NewRegistry()})
+	cfg.Limits.DrainDelay = 5 * time.Second
+	clk := clocktesting.NewFakeClock(time.Now())
+	a := startApp(t, cfg, app.Options{Registry: prometheus.NewRegistry(), Clock: clk})
 	ext := dial(t, a.addrs.ExtProc)
 	waitHealth(t, ext, app.ExtProcService, healthpb.HealthCheckResponse_SERVING)
 	a.drain()
@@ -406,6 +408,24 @@ func TestDrainDelayKeepsTakingStreams(t *testing.T) {
 	defer x.Cancel()
 	if _, err := x.Request(fakeenvoy.Request{Headers: fakeenvoy.Headers{{Key: ":method", Value: "GET"}, {Key: ":path", Value: "/v1/models"}}}); err != nil {
 		t.Fatalf("a stream opened during drain_delay: %v, want it served", err)
+	}
+	select {
+	case <-a.done:
+		t.Fatal("Run returned before drain_delay had passed on its clock")
+	default:
+	}
+	x.Cancel() // the drain would wait for it (limits.drain_timeout)
+	// Once the delay has passed on the injected clock, the drain goes on and Run returns.
+	for stepped := time.Duration(0); ; stepped += time.Second {
+		select {
+		case <-a.done:
+			if stepped < cfg.Limits.DrainDelay {
+				t.Fatalf("Run returned after %v of a %v drain delay", stepped, cfg.Limits.DrainDelay)
+			}
+			return
+		case <-time.After(10 * time.Millisecond):
+			clk.Step(time.Second)
+		}
 	}
 }
 

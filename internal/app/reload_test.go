@@ -31,7 +31,7 @@ func reloadYAML(metrics, policy string, maxHold time.Duration, vllms ...*fakeVLL
 		fmt.Fprintf(&b, "  - address: %s\n    models: [%s]\n    metrics_url: %s/metrics\n", v.Listener.Addr(), model, v.URL)
 	}
 	fmt.Fprintf(&b, "policy:\n  name: %s\n", policy)
-	fmt.Fprintf(&b, "limits:\n  max_hold: %s\n", maxHold)
+	fmt.Fprintf(&b, "limits:\n  max_hold: %s\n  drain_delay: 0s\n", maxHold) // the tests stop at once
 	return b.String()
 }
 
