@@ -93,12 +93,15 @@ func (f *fakeFleet) counts() (begins, ends int) {
 	return f.begins, f.ends
 }
 
-// recordingPolicy wraps least-load and records the Observer calls it receives.
+// recordingPolicy wraps least-load (or answers fixed, when set) and records the
+// Observer calls it receives.
 type recordingPolicy struct {
 	scoring.LeastLoad
+	fixed    *scoring.Decision
 	mu       sync.Mutex
 	picks    []scoring.Request
 	routed   []string
+	moved    []string
 	first    []string
 	finished []string
 }
@@ -109,7 +112,22 @@ func (p *recordingPolicy) Pick(r *scoring.Request, c []scoring.Endpoint) (scorin
 	p.mu.Lock()
 	p.picks = append(p.picks, *r)
 	p.mu.Unlock()
+	if p.fixed != nil {
+		return *p.fixed, nil
+	}
 	return p.LeastLoad.Pick(r, c)
+}
+
+func (p *recordingPolicy) Moved(id, ep string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.moved = append(p.moved, id+"@"+ep)
+}
+
+func (p *recordingPolicy) movedCalls() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.moved)
 }
 
 func (p *recordingPolicy) Routed(r *scoring.Request, ep string) {
@@ -214,8 +232,9 @@ func (p *idCheckPolicy) Routed(r *scoring.Request, _ string) {
 	}
 }
 
-func (p *idCheckPolicy) FirstToken(string) {}
-func (p *idCheckPolicy) Finished(string)   {}
+func (p *idCheckPolicy) Moved(string, string) {} // checks ids at Routed only
+func (p *idCheckPolicy) FirstToken(string)    {}
+func (p *idCheckPolicy) Finished(string)      {}
 
 func idString(ids []uint32) string {
 	b := make([]byte, len(ids))

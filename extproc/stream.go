@@ -342,9 +342,8 @@ func (st *stream) upstreamFailed(kind string) {
 }
 
 // moveTo makes served, a listed fallback the proxy retried on, the request's endpoint:
-// the fleet counts it in flight there until it ends, and its response and token usage
-// are counted under it. (The policy's Observer keeps the endpoint it was told in
-// Routed: the Observer interface has no call to move a request.)
+// the fleet counts it in flight there until it ends, its response and token usage are
+// counted under it, and the policy's Observer is told (Moved).
 func (st *stream) moveTo(served string) {
 	if st.released {
 		return
@@ -352,6 +351,9 @@ func (st *stream) moveTo(served string) {
 	st.s.fleet.End(st.endpoint)
 	st.s.fleet.Begin(served)
 	st.endpoint = served
+	if st.observer != nil {
+		st.observer.Moved(st.reqID, served)
+	}
 }
 
 // listed reports whether addr is one of dest's comma-separated endpoints.

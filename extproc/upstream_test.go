@@ -2,10 +2,12 @@ package extproc_test
 
 import (
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/kvrouter/kvrouter/epp"
 	"github.com/kvrouter/kvrouter/extproc"
+	"github.com/kvrouter/kvrouter/scoring"
 	"github.com/kvrouter/kvrouter/testbench/fakeenvoy"
 )
 
@@ -74,7 +76,7 @@ func TestFallbackServedMovesTheRequest(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t, func(o *extproc.Options) {
-				o.Policy = fixedPolicy{endpoint: epA}
+				o.Policy.(*recordingPolicy).fixed = &scoring.Decision{Endpoint: epA, Fallbacks: []string{epC, epB}}
 				o.MaxFallbacks = 1
 			})
 			x := h.start(fakeenvoy.FullDuplex())
@@ -116,6 +118,19 @@ func TestFallbackServedMovesTheRequest(t *testing.T) {
 			}
 			if got := h.fleet.failures(); !slices.Equal(got, []string{epA}) {
 				t.Errorf("UpstreamFailed calls %v, want [%s]", got, epA)
+			}
+			// The policy's Observer follows the request to where it is counted.
+			_, routed, _, finished := h.policy.snapshot()
+			if len(routed) != 1 || len(finished) != 1 {
+				t.Fatalf("Routed %v, Finished %v: want one each", routed, finished)
+			}
+			id, _, _ := strings.Cut(routed[0], "@")
+			var want []string
+			if tc.counted != epA {
+				want = []string{id + "@" + tc.counted}
+			}
+			if got := h.policy.movedCalls(); !slices.Equal(got, want) {
+				t.Errorf("Moved calls %v, want %v", got, want)
 			}
 		})
 	}

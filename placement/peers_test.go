@@ -1,6 +1,7 @@
 package placement_test
 
 import (
+	"slices"
 	"testing"
 	"time"
 
@@ -81,6 +82,61 @@ func TestPlacementLocalSharesOwnLoad(t *testing.T) {
 	p.Finished(req.ID)
 	if loads := p.Local(nil); len(loads) != 0 {
 		t.Fatalf("Local after Finished = %+v, want none", loads)
+	}
+}
+
+// A request the proxy served on a listed fallback (Moved) counts at the served
+// endpoint, in what the policy weighs and what it shares with peers, and Finished
+// releases it there; its prefix is placed where its KV now is.
+func TestPlacementMovedFollowsTheRequest(t *testing.T) {
+	for _, tc := range []struct {
+		name            string
+		firstToken      bool // the first choice had answered before the move
+		prefill, misses int  // at the served endpoint after the move
+	}{
+		{name: "before the first token", prefill: len(prefixed(7, 0)), misses: 1},
+		{name: "after the first token", firstToken: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			now := time.Unix(100, 0)
+			p := clockedPlacement(t, &now)
+			p.SetPeers(&fakePeers{})
+			cs := fleet(3, nil)
+			req := plRequest(prefixed(7, 0))
+			d, err := p.Pick(req, cs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			p.Routed(req, d.Endpoint)
+			if tc.firstToken {
+				p.FirstToken(req.ID)
+			}
+			p.Placements(nil, false) // the home, already shared
+			served := d.Fallbacks[0]
+			p.Moved(req.ID, served)
+
+			loads := p.Local(nil)
+			if len(loads) != 1 || loads[0].Endpoint != served || loads[0].Requests != 1 || len(loads[0].Active) != 1 ||
+				loads[0].Prefill != tc.prefill || loads[0].Misses != tc.misses {
+				t.Fatalf("Local after Moved to %s = %+v, want only the request there (prefill %d, misses %d), nothing left on %s",
+					served, loads, tc.prefill, tc.misses, d.Endpoint)
+			}
+			changed := p.Placements(nil, false)
+			if len(changed) != 1 || !slices.ContainsFunc(changed[0].Sites, func(s placement.Site) bool { return s.Endpoint == served }) {
+				t.Fatalf("Placements after Moved = %+v, want the prefix placed on %s", changed, served)
+			}
+			p.Moved(req.ID, served) // again: nothing more to move
+			if !tc.firstToken {
+				p.FirstToken(req.ID)
+				if l := p.Local(nil); len(l) != 1 || l[0].Prefill != 0 || l[0].Misses != 0 {
+					t.Fatalf("Local after FirstToken = %+v, want the prefill and miss released at %s", l, served)
+				}
+			}
+			p.Finished(req.ID)
+			if loads := p.Local(nil); len(loads) != 0 {
+				t.Fatalf("Local after Finished = %+v, want none", loads)
+			}
+		})
 	}
 }
 

@@ -58,8 +58,8 @@ import (
 // go to the least-loaded candidate.
 //
 // Policy implements scoring.Observer (footprint, prefill backlog and decode timing; a request
-// routed elsewhere than picked places its prefix where it went). It is safe for
-// concurrent use.
+// routed elsewhere than picked, or moved to a fallback that served it, places its prefix
+// where it went). It is safe for concurrent use.
 type Policy struct {
 	cfg     Config
 	ix      scoring.PrefixIndex
@@ -340,26 +340,79 @@ func (p *Policy) Routed(req *scoring.Request, endpoint string) {
 		}
 	}
 	ep := p.endpoint(endpoint)
-	if ep.active == nil {
-		ep.active = make(map[uint64]*activePrefix)
-	}
-	a := ep.active[pd.key]
-	if a == nil {
-		a = &activePrefix{blocks: pd.pblocks}
-		ep.active[pd.key] = a
-		ep.footprint += a.blocks
-	}
-	a.requests++
-	r := tracked{ep: ep, key: pd.key, unique: max(0, pd.blocks-a.blocks) + p.cfg.OutputBlocks}
+	a := ep.activate(pd.key, pd.pblocks)
+	r := tracked{ep: ep, key: pd.key, unique: max(0, pd.blocks-a.blocks) + p.cfg.OutputBlocks, tokens: len(req.TokenIDs)}
 	if pd.addr == endpoint {
 		r.prefill = pd.prefill
 	} else {
-		r.prefill = len(req.TokenIDs)
+		r.prefill = r.tokens
 	}
+	p.join(&r)
+	p.reqs[req.ID] = r
+}
+
+// Moved moves a routed request to endpoint, where the proxy served it (a listed
+// fallback it retried on after the first choice failed): its footprint, its prefill
+// backlog (the whole prompt, as for a request routed elsewhere than picked) and its miss
+// leave the first choice for endpoint, and its prefix is placed there, as Routed does
+// for a request sent elsewhere than picked. Local and Placements, what peers see,
+// follow.
+func (p *Policy) Moved(reqID, endpoint string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	r, ok := p.reqs[reqID]
+	if !ok {
+		return
+	}
+	to := p.endpoint(endpoint)
+	if r.ep == to {
+		return
+	}
+	if e := p.prefixes[r.key]; e != nil {
+		p.touch(e, endpoint, false)
+	}
+	blocks := 0 // the prefix's blocks as counted at the first choice
+	if a := r.ep.active[r.key]; a != nil {
+		blocks = a.blocks
+	}
+	p.leave(&r)
+	r.ep = to
+	to.activate(r.key, blocks)
+	if r.first.IsZero() {
+		r.prefill = r.tokens
+	}
+	p.join(&r)
+	p.reqs[reqID] = r
+}
+
+// activate counts one more in-flight request of the prefix key on ep, the prefix's
+// blocks counted into its footprint once; p.mu must be held.
+func (ep *endpointState) activate(key uint64, blocks int) *activePrefix {
+	if ep.active == nil {
+		ep.active = make(map[uint64]*activePrefix)
+	}
+	a := ep.active[key]
+	if a == nil {
+		a = &activePrefix{blocks: blocks}
+		ep.active[key] = a
+		ep.footprint += a.blocks
+	}
+	a.requests++
+	return a
+}
+
+// join counts r, its prefix already activated, on r.ep: its own blocks, its place in
+// flight and, before its first token, its prefill and miss; p.mu must be held.
+func (p *Policy) join(r *tracked) {
+	ep := r.ep
 	ep.footprint += r.unique
 	ep.inflight++
 	if p.cfg.SharedLoad {
 		ep.record(p.now())
+	}
+	r.miss = false
+	if !r.first.IsZero() {
+		return
 	}
 	ep.prefill += r.prefill
 	if r.prefill >= p.cfg.HoldPrefillTokens {
@@ -367,7 +420,6 @@ func (p *Policy) Routed(req *scoring.Request, endpoint string) {
 		ep.missesInPrefill++
 		ep.lastMiss = p.now()
 	}
-	p.reqs[req.ID] = r
 }
 
 // FirstToken starts timing the request's decode.
@@ -415,6 +467,11 @@ func (p *Policy) release(id string) {
 		return
 	}
 	delete(p.reqs, id)
+	p.leave(&r)
+}
+
+// leave takes r's share off r.ep, undoing activate and join; p.mu must be held.
+func (p *Policy) leave(r *tracked) {
 	r.ep.inflight--
 	r.ep.footprint -= r.unique
 	if r.first.IsZero() {

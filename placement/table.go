@@ -124,6 +124,7 @@ type tracked struct {
 	key     uint64
 	unique  int
 	prefill int       // uncached tokens, released at the first token
+	tokens  int       // prompt tokens: the prefill where the request moves (Moved)
 	first   time.Time // zero until FirstToken
 	miss    bool      // counted in ep.missesInPrefill
 }

@@ -41,6 +41,9 @@ func (p *Approximate) Pick(req *Request, candidates []Endpoint) (Decision, error
 // Routed records the request's blocks as cached on endpoint and its load as on it.
 func (p *Approximate) Routed(req *Request, endpoint string) { p.core.routed(req, endpoint) }
 
+// Moved moves the request's load to endpoint and predicts its blocks cached there.
+func (p *Approximate) Moved(reqID, endpoint string) { p.core.moved(reqID, endpoint) }
+
 // FirstToken releases the request's prefill load.
 func (p *Approximate) FirstToken(reqID string) { p.core.firstToken(reqID) }
 

@@ -58,6 +58,9 @@ func (p *KV) Pick(req *Request, candidates []Endpoint) (Decision, error) {
 // Routed adds the request's load to endpoint.
 func (p *KV) Routed(req *Request, endpoint string) { p.core.routed(req, endpoint) }
 
+// Moved moves the request's load and its blocks in flight to endpoint.
+func (p *KV) Moved(reqID, endpoint string) { p.core.moved(reqID, endpoint) }
+
 // FirstToken releases the request's prefill load.
 func (p *KV) FirstToken(reqID string) { p.core.firstToken(reqID) }
 

@@ -647,3 +647,67 @@ func TestKVSharedPrefixInFlightOnSeveralEndpoints(t *testing.T) {
 		})
 	}
 }
+
+// A request the proxy served on a fallback (Moved) counts where it went: its load
+// leaves the first choice, and Finished releases it at the served endpoint.
+func TestKVMovedFollowsTheRequest(t *testing.T) {
+	newKV := func() kvPolicy {
+		p, err := scoring.NewKV(scoring.DefaultKVConfig(), testindex.New(), nil, rand.NewPCG(1, 2), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	newApprox := func() kvPolicy {
+		p, err := scoring.NewApproximate(scoring.DefaultKVConfig(), rand.NewPCG(1, 2), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	for _, tc := range []struct {
+		name      string
+		policy    func() kvPolicy
+		predicted int // blocks of the moved prompt predicted cached at the served endpoint
+	}{
+		{"kv", newKV, 0},
+		{"approximate", newApprox, 4},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := tc.policy()
+			r := kvReq(kvPrompt)
+			kvRoute(t, p, r, "A")
+			p.Moved(r.ID, "B")
+			terms := func(req *scoring.Request) map[string]scoring.CandidateScore {
+				ex, err := p.Explain(req, kvCands("A", "B"))
+				if err != nil {
+					t.Fatal(err)
+				}
+				out := map[string]scoring.CandidateScore{}
+				for _, c := range ex.Candidates {
+					out[c.Address] = c
+				}
+				return out
+			}
+			c := terms(kvReq(kvOther))
+			if c["A"].ActiveRequests != 0 || c["B"].ActiveRequests != 1 {
+				t.Fatalf("active requests A=%d B=%d after Moved, want 0 and 1", c["A"].ActiveRequests, c["B"].ActiveRequests)
+			}
+			// The unprefilled prompt (4 blocks) and its 4 blocks in flight moved too.
+			if c["A"].PrefillBlocks != 4 || c["B"].PrefillBlocks != 8 {
+				t.Errorf("prefill blocks A=%v B=%v, want 4 (the request's own) and 8 (plus the moved prompt's)", c["A"].PrefillBlocks, c["B"].PrefillBlocks)
+			}
+			if c["A"].DecodeBlocks != 4 || c["B"].DecodeBlocks != 8 {
+				t.Errorf("decode blocks A=%v B=%v, want 4 and 8 (the moved prompt's blocks in flight at B)", c["A"].DecodeBlocks, c["B"].DecodeBlocks)
+			}
+			if got := terms(kvReq(kvPrompt))["B"].OverlapBlocks; got != tc.predicted {
+				t.Errorf("overlap of the moved prompt at B = %d, want %d", got, tc.predicted)
+			}
+			p.Finished(r.ID)
+			c = terms(kvReq(kvOther))
+			if c["A"].ActiveRequests != 0 || c["B"].ActiveRequests != 0 || c["B"].PrefillBlocks != 4 || c["B"].DecodeBlocks != 4 {
+				t.Fatalf("after Finished: A %+v, B %+v, want no load left", c["A"], c["B"])
+			}
+		})
+	}
+}

@@ -598,6 +598,43 @@ func (c *kvCore) routed(req *Request, addr string) {
 	c.m.matched.Add(float64(overlap))
 }
 
+// moved moves a tracked request to addr: its request count, its prefill estimate (the
+// one made at Routed: the proxy retried it there before any first token) and its blocks
+// in flight, which also go into addr's predicted cache. Keys of another block size than
+// addr's are dropped: they name nothing there.
+func (c *kvCore) moved(id, addr string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	r := c.reqs[id]
+	if r == nil {
+		return
+	}
+	from, to := r.ep, c.endpoint(addr)
+	if from == to {
+		return
+	}
+	from.requests--
+	to.requests++
+	if !r.prefillDone {
+		from.prefillTokens -= r.prefill
+		to.prefillTokens += r.prefill
+	}
+	for _, k := range r.keys {
+		c.unhold(k, from)
+	}
+	if to.blockSize != from.blockSize {
+		c.keyBufs.put(r.keys)
+		r.keys = nil
+	}
+	for _, k := range r.keys {
+		c.hold(k, to)
+	}
+	if to.lru != nil {
+		to.lru.add(r.keys)
+	}
+	r.ep = to
+}
+
 func (c *kvCore) firstToken(id string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()

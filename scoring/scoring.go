@@ -99,10 +99,14 @@ type Policy interface {
 
 // Observer is implemented by policies that follow the requests they routed, for instance
 // to count the prefill and decode load already on an endpoint. The router calls Routed once
-// the decision is final, FirstToken when the endpoint's response starts, and Finished
-// exactly once when the request ends for any reason.
+// the decision is final, Moved when the proxy served the request on another endpoint than
+// the one Routed named (a listed fallback it retried on), FirstToken when the endpoint's
+// response starts, and Finished exactly once when the request ends for any reason. Moved
+// comes between Routed and Finished, at most once per request in practice; a policy that
+// tracks the request moves what it counts on the old endpoint to the new one.
 type Observer interface {
 	Routed(req *Request, endpoint string)
+	Moved(reqID, endpoint string)
 	FirstToken(reqID string)
 	Finished(reqID string)
 }

@@ -49,6 +49,9 @@ func (s *sticky) Routed(req *scoring.Request, _ string) {
 	s.open[req.ID] = true
 }
 
+// Moved is never called: the sim serves every request where it was routed.
+func (*sticky) Moved(string, string) {}
+
 func (s *sticky) FirstToken(id string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
