@@ -36,6 +36,9 @@ type scratch struct {
 	// decoding requests free, and when (soonestRoom).
 	epIndex map[*endpointState]int
 	frees   [][]freeing
+	// rank is this router's among its replicas, replicas their number (PeerView.Rank;
+	// 0 without peers).
+	rank, replicas int
 }
 
 // freeing is one decoding request's blocks, freed at seconds from now.
@@ -76,6 +79,9 @@ func (p *Policy) choose(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 		sc.eps[i] = p.endpoint(cands[i].Address)
 	}
 	p.shared(cands, sc)
+	if p.peers != nil {
+		sc.rank, sc.replicas = p.peers.Rank()
+	}
 	heldBlocks := e.held(p.cfg.HolderShare)
 	hasHome := false
 	for _, pl := range e.sites {
@@ -217,7 +223,8 @@ func (p *Policy) choose(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 			continue
 		}
 		if r < 0 || p.wait(sc, i) < p.wait(sc, r) ||
-			(p.wait(sc, i) == p.wait(sc, r) && p.fillOf(sc.eps[i], &cands[i]) < p.fillOf(sc.eps[r], &cands[r])) {
+			(p.wait(sc, i) == p.wait(sc, r) && (p.fillOf(sc.eps[i], &cands[i]) < p.fillOf(sc.eps[r], &cands[r]) ||
+				p.fillOf(sc.eps[i], &cands[i]) == p.fillOf(sc.eps[r], &cands[r]) && p.replicaOrder(sc, i, r))) {
 			r = i
 		}
 	}
@@ -395,13 +402,30 @@ func (p *Policy) newHome(e *prefixEntry, key uint64, cands []scoring.Endpoint, s
 		ok := sc.ok[i]
 		share := p.homeShare(sc, cands, i, e.weight())
 		better := best < 0 || (ok && !bestOK) ||
-			(ok == bestOK && (share < bestShare || (share == bestShare && p.wait(sc, i) < p.wait(sc, best))))
+			(ok == bestOK && (share < bestShare || (share == bestShare && (p.wait(sc, i) < p.wait(sc, best) ||
+				p.wait(sc, i) == p.wait(sc, best) && p.replicaOrder(sc, i, best)))))
 		if better {
 			best, bestShare, bestOK = i, share, ok
 		}
 	}
 	sc.pos[best] = p.place(e, cands[best].Address, true)
 	return best
+}
+
+// replicaOrder reports whether candidate i wins an exact tie against j (i after j in
+// cands) for a new home or replica. One router keeps the candidates' order, and its
+// consecutive picks take the first candidates in turn. Router replicas rotate the order
+// by their share of it (rank x candidates / replicas): replicas that place prefixes at
+// the same instant on the same view would otherwise all take the same first candidates
+// (kvbench --sim --replicas 4, N = 2: both prefixes homed on one endpoint and every
+// request sent there; at C = 16, two of six endpoints never used). p.mu must be held.
+func (p *Policy) replicaOrder(sc *scratch, i, j int) bool {
+	if p.peers == nil || sc.replicas < 2 {
+		return false
+	}
+	n := len(sc.eps)
+	r := sc.rank * n / sc.replicas
+	return (i-r+n)%n < (j-r+n)%n
 }
 
 // rendezvous returns the candidate of highest capacity-weighted rendezvous score for key
