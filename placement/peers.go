@@ -52,11 +52,6 @@ type PeerView interface {
 	PeerActive(endpoint string, key uint64) bool
 	// Self names this replica (unique among them): it salts the replica's tie-breaks.
 	Self() string
-	// Rank is this replica's position among the live replicas by name (0 for the
-	// first) and how many they are, itself included. Replicas that decide at the same
-	// instant on the same view spread by it as one router's consecutive decisions do
-	// (replicaOrder).
-	Rank() (rank, replicas int)
 }
 
 // SetPeers makes every later Pick add peers' load to its own view of each endpoint: to

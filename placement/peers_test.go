@@ -16,8 +16,7 @@ type fakePeers struct {
 
 func (f *fakePeers) PeerLoad(ep string, _ placement.ActiveSet) placement.Load { return f.load[ep] }
 
-func (*fakePeers) Self() string     { return "self" }
-func (*fakePeers) Rank() (int, int) { return 0, 1 }
+func (*fakePeers) Self() string { return "self" }
 
 func (f *fakePeers) PeerActive(ep string, key uint64) bool {
 	k, ok := f.active[ep]

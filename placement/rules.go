@@ -36,13 +36,6 @@ type scratch struct {
 	// decoding requests free, and when (soonestRoom).
 	epIndex map[*endpointState]int
 	frees   [][]freeing
-	// idle is idleTurn's scratch.
-	idle []int
-	// cold: no candidate's decode time is measured yet (a fleet starting).
-	cold bool
-	// rank is this router's among its replicas, replicas their number (PeerView.Rank;
-	// 0 without peers).
-	rank, replicas int
 }
 
 // freeing is one decoding request's blocks, freed at seconds from now.
@@ -83,9 +76,6 @@ func (p *Policy) choose(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 		sc.eps[i] = p.endpoint(cands[i].Address)
 	}
 	p.shared(cands, sc)
-	if p.peers != nil {
-		sc.rank, sc.replicas = p.peers.Rank()
-	}
 	heldBlocks := e.held(p.cfg.HolderShare)
 	hasHome := false
 	for _, pl := range e.sites {
@@ -164,7 +154,6 @@ func (p *Policy) choose(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 	} else {
 		sc.meanDecode = 1
 	}
-	sc.cold = measured == 0
 	sc.ok = slices.Grow(sc.ok[:0], n)[:n]
 	sc.room = slices.Grow(sc.room[:0], n)[:n]
 	for i := range cands {
@@ -176,7 +165,6 @@ func (p *Policy) choose(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 	}
 	// The least-loaded holder (h), and the least-loaded holder that can take it now (g).
 	h, g := -1, -1
-	turn := p.idleTurn(key, cands, sc, heldBlocks)
 	better := func(i, j int) bool {
 		if j < 0 {
 			return true
@@ -190,9 +178,6 @@ func (p *Policy) choose(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 		if p.cfg.StickyHolders && sc.loads[i] < p.cfg.ReplicaLoad && sc.loads[j] < p.cfg.ReplicaLoad {
 			// Both idle: the same holder for every router replica, so duplicate copies
 			// made by replicas' concurrent placements go unused and are evicted.
-			if turn >= 0 && (i == turn || j == turn) {
-				return i == turn
-			}
 			return p.score(key, sc.eps[i], &cands[i]) > p.score(key, sc.eps[j], &cands[j])
 		}
 		wi, wj := p.wait(sc, i), p.wait(sc, j)
@@ -232,8 +217,7 @@ func (p *Policy) choose(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 			continue
 		}
 		if r < 0 || p.wait(sc, i) < p.wait(sc, r) ||
-			(p.wait(sc, i) == p.wait(sc, r) && (p.fillOf(sc.eps[i], &cands[i]) < p.fillOf(sc.eps[r], &cands[r]) ||
-				p.fillOf(sc.eps[i], &cands[i]) == p.fillOf(sc.eps[r], &cands[r]) && p.replicaOrder(sc, i, r))) {
+			(p.wait(sc, i) == p.wait(sc, r) && p.fillOf(sc.eps[i], &cands[i]) < p.fillOf(sc.eps[r], &cands[r])) {
 			r = i
 		}
 	}
@@ -411,56 +395,13 @@ func (p *Policy) newHome(e *prefixEntry, key uint64, cands []scoring.Endpoint, s
 		ok := sc.ok[i]
 		share := p.homeShare(sc, cands, i, e.weight())
 		better := best < 0 || (ok && !bestOK) ||
-			(ok == bestOK && (share < bestShare || (share == bestShare && (p.wait(sc, i) < p.wait(sc, best) ||
-				p.wait(sc, i) == p.wait(sc, best) && p.replicaOrder(sc, i, best)))))
+			(ok == bestOK && (share < bestShare || (share == bestShare && p.wait(sc, i) < p.wait(sc, best))))
 		if better {
 			best, bestShare, bestOK = i, share, ok
 		}
 	}
 	sc.pos[best] = p.place(e, cands[best].Address, true)
 	return best
-}
-
-// idleTurn returns the idle holder this router replica takes when several are idle
-// (StickyHolders): the rank-th of them by rendezvous score, so that replicas picking at
-// the same instant on the same view spread over the idle holders as one router's
-// consecutive picks do, instead of all taking the first. -1 for one router, or with
-// fewer than two idle holders. p.mu must be held.
-func (p *Policy) idleTurn(key uint64, cands []scoring.Endpoint, sc *scratch, heldBlocks int) int {
-	if p.peers == nil || !p.cfg.StickyHolders || sc.replicas < 2 {
-		return -1
-	}
-	idle := sc.idle[:0]
-	for i := range cands {
-		if sc.pos[i] < 0 || sc.loads[i] >= p.cfg.ReplicaLoad || (p.cfg.PreferHeld && sc.lead[i] < max(heldBlocks, 1)) {
-			continue
-		}
-		idle = append(idle, i)
-	}
-	sc.idle = idle
-	if len(idle) < 2 {
-		return -1
-	}
-	slices.SortFunc(idle, func(a, b int) int {
-		return cmp.Compare(p.score(key, sc.eps[b], &cands[b]), p.score(key, sc.eps[a], &cands[a]))
-	})
-	return idle[sc.rank%len(idle)]
-}
-
-// replicaOrder reports whether candidate i wins an exact tie against j (i after j in
-// cands) for a new home or replica. One router keeps the candidates' order, and its
-// consecutive picks take the first candidates in turn. Router replicas rotate the order
-// by their share of it (rank x candidates / replicas): replicas that place prefixes at
-// the same instant on the same view would otherwise all take the same first candidates
-// (kvbench --sim --replicas 4, N = 2: both prefixes homed on one endpoint and every
-// request sent there; at C = 16, two of six endpoints never used). p.mu must be held.
-func (p *Policy) replicaOrder(sc *scratch, i, j int) bool {
-	if p.peers == nil || sc.replicas < 2 || !sc.cold {
-		return false
-	}
-	n := len(sc.eps)
-	r := sc.rank * n / sc.replicas
-	return (i-r+n)%n < (j-r+n)%n
 }
 
 // rendezvous returns the candidate of highest capacity-weighted rendezvous score for key
