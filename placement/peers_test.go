@@ -214,3 +214,33 @@ func BenchmarkMergePlacements(b *testing.B) {
 		p.MergePlacements(ps, false)
 	}
 }
+
+func TestPlacementRehomesPastPeersOtherRequests(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		computing bool // the peers' requests at the home use the prefix
+		wantMove  bool
+	}{
+		{"peers busy with other prefixes", false, true},
+		{"a peer computing it", true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := placement.DefaultConfig()
+			cfg.Fill = 0.01 // no replicas: only a re-home moves the prefix
+			cfg.DivertDeadline = false
+			p := newPlacement(t, cfg, testindex.New())
+			cs := fleet(2, nil)
+			toks := prefixed(0, 0)
+			home := place(t, p, toks, cs) // the index never shows it held: the home lost it
+			peers := &fakePeers{load: map[string]placement.Load{home: {Requests: 2}}}
+			if tc.computing {
+				peers.active = map[string]uint64{home: plKeysOf(toks)[cfg.PrefixDepth-1]}
+			}
+			p.SetPeers(peers)
+			got := place(t, p, prefixed(0, 1), cs)
+			if (got != home) != tc.wantMove {
+				t.Fatalf("went to %s, home %s, want moved: %v", got, home, tc.wantMove)
+			}
+		})
+	}
+}
