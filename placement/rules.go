@@ -313,7 +313,7 @@ func (p *Policy) rehome(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 	// computing the prefix now: leave the home alone. Router replicas' own requests
 	// (SetPeers) are not among them: each peer's in-flight prefixes are known
 	// (PeerActive, above), and counting any of their requests there stopped almost every
-	// rehome (kvbench --sim --replicas 2, N = 24, C = 16: 7 rehomes per replica against
+	// rehome (kvbench --sim --replicas 2, N = 24, C = 16: 7 rehomes by both replicas against
 	// one router's 68; docs/results-policy.md).
 	others := sc.others[old] > 0 && p.peers == nil
 	if m := cands[old].Metrics; others || (m.Valid && m.Running+m.Waiting > sc.loads[old]) {
