@@ -244,3 +244,19 @@ func TestPlacementRehomesPastPeersOtherRequests(t *testing.T) {
 		})
 	}
 }
+
+func TestPlacementDeadlineLeavesPeersPrefillOut(t *testing.T) {
+	cfg := placement.DefaultConfig()
+	cfg.Fill = 0.01 // no replicas: the request goes to the home or is diverted
+	ix := testindex.New()
+	p := newPlacement(t, cfg, ix)
+	cs := fleet(2, nil)
+	home := place(t, p, prefixed(0, 0), cs)
+	ix.Hold(home, plKeysOf(prefixed(0, 0))[:64])
+	// Peers last reported four misses in prefill there: the backlog that diverts this
+	// router's own requests (TestPlacementDivertsPastTheDeadline).
+	p.SetPeers(&fakePeers{load: map[string]placement.Load{home: {Requests: 4, Prefill: 4 * 72 * 16}}})
+	if got := place(t, p, prefixed(0, 9), cs); got != home {
+		t.Fatalf("went to %s, want the home %s that holds the prefix", got, home)
+	}
+}
