@@ -270,3 +270,49 @@ func BenchmarkMergePlacements(b *testing.B) {
 		p.MergePlacements(ps, false)
 	}
 }
+
+func TestPlacementRehomesPastPeersOtherRequests(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		computing bool // the peers' requests at the home use the prefix
+		wantMove  bool
+	}{
+		{"peers busy with other prefixes", false, true},
+		{"a peer computing it", true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := placement.DefaultConfig()
+			cfg.Fill = 0.01 // no replicas: only a re-home moves the prefix
+			cfg.DivertDeadline = false
+			p := newPlacement(t, cfg, testindex.New())
+			cs := fleet(2, nil)
+			toks := prefixed(0, 0)
+			home := place(t, p, toks, cs) // the index never shows it held: the home lost it
+			peers := &fakePeers{load: map[string]placement.Load{home: {Requests: 2}}}
+			if tc.computing {
+				peers.active = map[string]uint64{home: plKeysOf(toks)[cfg.PrefixDepth-1]}
+			}
+			p.SetPeers(peers)
+			got := place(t, p, prefixed(0, 1), cs)
+			if (got != home) != tc.wantMove {
+				t.Fatalf("went to %s, home %s, want moved: %v", got, home, tc.wantMove)
+			}
+		})
+	}
+}
+
+func TestPlacementDeadlineLeavesPeersPrefillOut(t *testing.T) {
+	cfg := placement.DefaultConfig()
+	cfg.Fill = 0.01 // no replicas: the request goes to the home or is diverted
+	ix := testindex.New()
+	p := newPlacement(t, cfg, ix)
+	cs := fleet(2, nil)
+	home := place(t, p, prefixed(0, 0), cs)
+	ix.Hold(home, plKeysOf(prefixed(0, 0))[:64])
+	// Peers last reported four misses in prefill there: the backlog that diverts this
+	// router's own requests (TestPlacementDivertsPastTheDeadline).
+	p.SetPeers(&fakePeers{load: map[string]placement.Load{home: {Requests: 4, Prefill: 4 * 72 * 16}}})
+	if got := place(t, p, prefixed(0, 9), cs); got != home {
+		t.Fatalf("went to %s, want the home %s that holds the prefix", got, home)
+	}
+}

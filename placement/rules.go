@@ -28,8 +28,8 @@ type scratch struct {
 	// the KV blocks they hold.
 	others  []int
 	otherKV []float64
-	// otherPrefill and otherMisses are peers' prefill backlog and misses in prefill on
-	// each candidate (SetPeers).
+	// otherPrefill and otherMisses are peers' prefill backlog (for rehoming; not for
+	// the divert deadline) and misses in prefill on each candidate (SetPeers).
 	otherPrefill []int
 	otherMisses  []int
 	// epIndex maps each candidate's state to its index and frees lists the blocks its
@@ -310,8 +310,13 @@ func (p *Policy) rehome(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 		return
 	}
 	// Requests other routers sent there (scraped, as stale as the scrape) may be
-	// computing the prefix now: leave the home alone.
-	if m := cands[old].Metrics; sc.others[old] > 0 || (m.Valid && m.Running+m.Waiting > sc.loads[old]) {
+	// computing the prefix now: leave the home alone. Router replicas' own requests
+	// (SetPeers) are not among them: each peer's in-flight prefixes are known
+	// (PeerActive, above), and counting any of their requests there stopped almost every
+	// rehome (kvbench --sim --replicas 2, N = 24, C = 16: 7 rehomes by both replicas against
+	// one router's 68; docs/results-policy.md).
+	others := sc.others[old] > 0 && p.peers == nil
+	if m := cands[old].Metrics; others || (m.Valid && m.Running+m.Waiting > sc.loads[old]) {
 		return
 	}
 	best, bestShare := old, p.homeShare(sc, cands, old, 0)
@@ -452,14 +457,18 @@ func mix64(x uint64) uint64 {
 // MaxNumBatchedTokens plus a block (the index counts a hit in whole blocks), i.e. the
 // request's prefill would not finish in the next step there. When best has no KV room
 // for the request and no candidate has any, the request goes where room comes soonest
-// (soonestRoom). A diverted request places nothing. p.mu must be held.
+// (soonestRoom). A diverted request places nothing. The backlog is this router's own:
+// router replicas' prefill, as last heard from them (SetPeers), is left out, which
+// diverted fewer hits away from their holders (kvbench --sim, 9 repetitions: N = 24,
+// C = 16 from 1.0 to 0.3 points under one router's cached-token ratio at 2 replicas,
+// from 2.7 to 1.0 at 4; docs/results-policy.md). p.mu must be held.
 func (p *Policy) divert(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc *scratch, best, tokens, bs int) int {
 	est := func(i int) float64 {
 		d := sc.decode[i]
 		if d == 0 {
 			d = sc.meanDecode
 		}
-		backlog := sc.eps[i].prefill + sc.otherPrefill[i] + max(0, tokens-sc.lead[i]*bs)
+		backlog := sc.eps[i].prefill + max(0, tokens-sc.lead[i]*bs)
 		return float64(backlog) * d / sc.meanDecode
 	}
 	eb := est(best)
