@@ -4,6 +4,7 @@ import (
 	"hash/maphash"
 	"slices"
 	"sync"
+	"sync/atomic"
 
 	"github.com/hashicorp/golang-lru/v2/simplelru"
 )
@@ -48,13 +49,43 @@ type prefixCache struct {
 }
 
 // span is the ids between a stored cut and the previous one; never changed once
-// stored.
+// stored, apart from the block keys a Prefix stores on it.
 type span struct {
 	parent uint64 // key of the previous stored cut; 0: this span starts the text
+	key    uint64 // the span's own cut's key
 	ids    []uint32
+	// keys are the block keys of the blocks ending in the span (see Prefix), at most
+	// maxSpanKeys sets, newest last: an immutable slice replaced under the cache's
+	// lock, read without it. Counted in size.
+	keys atomic.Pointer[[]spanKeys]
 }
 
-func (s *span) size() int64 { return spanOverhead + 4*int64(cap(s.ids)) }
+// spanKeys is one set of block keys: those of a root and block size.
+type spanKeys struct {
+	root      uint64
+	blockSize int
+	keys      []uint64
+}
+
+const (
+	// maxSpanKeys bounds the sets of block keys kept per span: a conversation has one
+	// root (model, adapter, cache_salt) and a fleet one block size, so two leave room
+	// for a second block size or a shared system prompt under two roots.
+	maxSpanKeys = 2
+	// spanKeysOverhead is a set's header and its share of the slice holding the sets.
+	spanKeysOverhead = 48
+)
+
+// size is the span's memory; read under the cache's lock (keys change under it).
+func (s *span) size() int64 {
+	n := spanOverhead + 4*int64(cap(s.ids))
+	if p := s.keys.Load(); p != nil {
+		for _, k := range *p {
+			n += spanKeysOverhead + 8*int64(cap(k.keys))
+		}
+	}
+	return n
+}
 
 func newPrefixCache(maxBytes int64, counters cacheCounters) *prefixCache {
 	if maxBytes <= 0 {
@@ -86,7 +117,10 @@ type cutPoint struct {
 //
 // It stops once out holds limit ids: only the cuts whose prefix was wholly encoded are
 // stored.
-func (t *Tokenizer) encodeCached(text string, pieces []piece, out []uint32, base int, add bool, limit int, sc *splitScratch) []uint32 {
+//
+// p, when not nil, is filled with the spans of the cached prefix the ids start with,
+// the ones found and the ones stored.
+func (t *Tokenizer) encodeCached(text string, pieces []piece, out []uint32, base int, add bool, limit int, sc *splitScratch, p *Prefix) []uint32 {
 	c := t.cache
 	cuts := sc.cuts[:0]
 	defer func() { sc.cuts = cuts[:0] }()
@@ -114,11 +148,20 @@ func (t *Tokenizer) encodeCached(text string, pieces []piece, out []uint32, base
 	if hit >= 0 {
 		out = out[:base]
 		for i := len(chain) - 1; i >= 0; i-- {
-			out = append(out, chain[i]...)
+			out = append(out, chain[i].ids...)
 		}
 		cached = len(out) - base
 		cuts[hit].n = len(out)
 		start = cuts[hit].piece
+		if p != nil {
+			p.c = c
+			n := 0
+			for i := len(chain) - 1; i >= 0; i-- {
+				n += len(chain[i].ids)
+				p.spans = append(p.spans, chain[i])
+				p.ends = append(p.ends, n)
+			}
+		}
 	}
 	next := hit + 1
 	for i := start; i < len(pieces); i++ {
@@ -137,13 +180,13 @@ func (t *Tokenizer) encodeCached(text string, pieces []piece, out []uint32, base
 		}
 	}
 	c.counters.lookup(hit >= 0, cached, len(out)-base-cached)
-	c.store(cuts, hit, out, base)
+	c.store(cuts, hit, out, base, p)
 	return out
 }
 
 // lookup returns the index of the longest cut whose prefix is cached with its whole
 // chain, and the chain's spans from that cut back to the text's start; -1 if none.
-func (c *prefixCache) lookup(cuts []cutPoint, chain [][]uint32) (int, [][]uint32) {
+func (c *prefixCache) lookup(cuts []cutPoint, chain []*span) (int, []*span) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	// Chains are complete (parents outlive children), so the first hit is normally
@@ -158,7 +201,7 @@ func (c *prefixCache) lookup(cuts []cutPoint, chain [][]uint32) (int, [][]uint32
 			if s, ok = c.lru.Peek(key); !ok {
 				break
 			}
-			chain = append(chain, s.ids)
+			chain = append(chain, s)
 			key = s.parent
 		}
 		if ok && key == 0 {
@@ -169,11 +212,13 @@ func (c *prefixCache) lookup(cuts []cutPoint, chain [][]uint32) (int, [][]uint32
 }
 
 // store adds the cuts after hit (filled in by encodeCached) and touches the chain they
-// extend, from its end to its root, then evicts down to the budget.
-func (c *prefixCache) store(cuts []cutPoint, hit int, out []uint32, base int) {
+// extend, from its end to its root, then evicts down to the budget. p, when not nil,
+// gets the spans the cache holds for those cuts.
+func (c *prefixCache) store(cuts []cutPoint, hit int, out []uint32, base int, p *Prefix) {
 	var newBuf [64]struct {
 		key uint64
 		s   *span
+		end int // cut's n
 	}
 	news := newBuf[:0]
 	parent, from := uint64(0), base
@@ -184,14 +229,15 @@ func (c *prefixCache) store(cuts []cutPoint, hit int, out []uint32, base int) {
 		if cuts[j].n-from < minSpanIDs && j < len(cuts)-lastCuts {
 			continue
 		}
-		s := &span{parent: parent, ids: slices.Clone(out[from:cuts[j].n])}
+		s := &span{parent: parent, key: cuts[j].key, ids: slices.Clone(out[from:cuts[j].n])}
 		if s.size() > c.maxBytes {
 			break // its children would have no parent
 		}
 		news = append(news, struct {
 			key uint64
 			s   *span
-		}{cuts[j].key, s})
+			end int
+		}{cuts[j].key, s, cuts[j].n})
 		parent, from = cuts[j].key, cuts[j].n
 	}
 	c.mu.Lock()
@@ -199,11 +245,21 @@ func (c *prefixCache) store(cuts []cutPoint, hit int, out []uint32, base int) {
 	// Deepest first, then the chain they extend: parents end up more recent than
 	// their children.
 	for i := len(news) - 1; i >= 0; i-- {
-		if c.lru.Contains(news[i].key) {
-			continue // the same prefix, so the same ids
+		if old, ok := c.lru.Peek(news[i].key); ok {
+			news[i].s = old // the same prefix, so the same ids
+			continue
 		}
 		c.lru.Add(news[i].key, news[i].s)
 		c.bytes += news[i].s.size()
+	}
+	if p != nil && len(news) > 0 {
+		// A span stored before for the same cut may start elsewhere (other cuts were
+		// skipped then): its end is the cut's either way.
+		p.c = c
+		for _, ns := range news {
+			p.spans = append(p.spans, ns.s)
+			p.ends = append(p.ends, ns.end-base)
+		}
 	}
 	if hit >= 0 {
 		for key := cuts[hit].key; key != 0; {
@@ -214,6 +270,81 @@ func (c *prefixCache) store(cuts []cutPoint, hit int, out []uint32, base int) {
 			key = s.parent
 		}
 	}
+	for c.bytes > c.maxBytes {
+		if _, _, ok := c.lru.RemoveOldest(); !ok {
+			break
+		}
+	}
+	c.counters.setBytes(c.bytes)
+}
+
+// Prefix describes the ids of an encode that the prefix cache holds: the spans they
+// start with, found or stored by the encode, as segments on which a caller stores what
+// it derives from those ids (the block keys of a KV cache index: Prefix implements
+// index.PrefixKeys), so that the next encode sharing the spans (the conversation's next
+// turn) finds it. What is stored counts in the cache's byte budget and is evicted with
+// its span. The zero value is ready to use; one Prefix is reused across encodes (each
+// resets it) and must not be used by two goroutines at once.
+type Prefix struct {
+	c     *prefixCache
+	spans []*span
+	ends  []int
+}
+
+// Reset empties p, dropping its references to the cache (an encode resets it too).
+func (p *Prefix) Reset() {
+	clear(p.spans)
+	p.c, p.spans, p.ends = nil, p.spans[:0], p.ends[:0]
+}
+
+// Ends returns where each span ends, in ids from the first id the encode appended
+// (the prefix special tokens included), increasing. Spans may end past an encode cut at
+// maxTokens.
+func (p *Prefix) Ends() []int { return p.ends }
+
+// SegmentKeys returns the block keys stored on span i for root and blockSize, or nil.
+func (p *Prefix) SegmentKeys(i int, root uint64, blockSize int) []uint64 {
+	if sets := p.spans[i].keys.Load(); sets != nil {
+		for _, k := range *sets {
+			if k.root == root && k.blockSize == blockSize {
+				return k.keys
+			}
+		}
+	}
+	return nil
+}
+
+// StoreSegmentKeys stores a copy of keys on span i for root and blockSize, unless the
+// span was evicted meanwhile, and evicts down to the budget.
+func (p *Prefix) StoreSegmentKeys(i int, root uint64, blockSize int, keys []uint64) {
+	p.c.storeKeys(p.spans[i], root, blockSize, keys)
+}
+
+func (c *prefixCache) storeKeys(s *span, root uint64, blockSize int, keys []uint64) {
+	set := spanKeys{root: root, blockSize: blockSize, keys: make([]uint64, len(keys))}
+	copy(set.keys, keys)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if cur, ok := c.lru.Peek(s.key); !ok || cur != s {
+		return // evicted: nothing would find the keys
+	}
+	var old []spanKeys
+	if p := s.keys.Load(); p != nil {
+		old = *p
+	}
+	sets := make([]spanKeys, 0, maxSpanKeys)
+	for _, k := range old {
+		if k.root != root || k.blockSize != blockSize {
+			sets = append(sets, k)
+		}
+	}
+	if len(sets) == maxSpanKeys {
+		sets = sets[1:]
+	}
+	sets = append(sets, set)
+	before := s.size()
+	s.keys.Store(&sets)
+	c.bytes += s.size() - before
 	for c.bytes > c.maxBytes {
 		if _, _, ok := c.lru.RemoveOldest(); !ok {
 			break

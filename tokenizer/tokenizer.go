@@ -113,6 +113,16 @@ func (t *Tokenizer) AppendEncode(dst []uint32, text string, addSpecialTokens boo
 // It keeps no reference to text once it returns, so text may alias a buffer the caller
 // reuses (prompt renders chat templates into one).
 func (t *Tokenizer) AppendEncodeMax(dst []uint32, text string, addSpecialTokens bool, maxTokens int) (out []uint32, complete bool) {
+	return t.AppendEncodePrefix(dst, text, addSpecialTokens, maxTokens, nil)
+}
+
+// AppendEncodePrefix is AppendEncodeMax that also fills p (when not nil) with the
+// prefix cache's spans the ids start with (see Prefix; none with the cache off), so
+// that the caller can keep what it derives from those ids with them.
+func (t *Tokenizer) AppendEncodePrefix(dst []uint32, text string, addSpecialTokens bool, maxTokens int, p *Prefix) (out []uint32, complete bool) {
+	if p != nil {
+		p.Reset()
+	}
 	if !utf8.ValidString(text) {
 		text = strings.ToValidUTF8(text, "\uFFFD")
 	}
@@ -134,7 +144,7 @@ func (t *Tokenizer) AppendEncodeMax(dst []uint32, text string, addSpecialTokens 
 	if t.cache == nil {
 		out = t.encodePieces(pieces, out, limit)
 	} else {
-		out = t.encodeCached(text, pieces, out, base, addSpecialTokens, limit, sc)
+		out = t.encodeCached(text, pieces, out, base, addSpecialTokens, limit, sc, p)
 	}
 	sc.put(pieces)
 	if addSpecialTokens {
@@ -153,7 +163,7 @@ type splitScratch struct {
 	pieces  []piece
 	matches []addedMatch
 	cuts    []cutPoint
-	chain   [][]uint32
+	chain   []*span
 }
 
 var splitScratches = sync.Pool{New: func() any { return new(splitScratch) }}
