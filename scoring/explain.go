@@ -1,7 +1,6 @@
 package scoring
 
-import (
-)
+import ()
 
 // CandidateScore is one candidate's terms in the kv and approximate policies' cost, as an
 // Explain call saw them.

@@ -8,7 +8,6 @@ import (
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
-
 )
 
 // kvCore is the state shared by the kv and approximate policies: the load each endpoint
