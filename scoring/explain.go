@@ -1,6 +1,5 @@
 package scoring
 
-
 // CandidateScore is one candidate's terms in the kv and approximate policies' cost, as an
 // Explain call saw them.
 type CandidateScore struct {
