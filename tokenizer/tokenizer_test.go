@@ -481,3 +481,78 @@ func TestAppendEncodeMax(t *testing.T) {
 		}
 	}
 }
+
+// TestPrefixSegmentKeys: an encode describes the cached spans its ids start with; keys
+// stored on them are found by the next encode sharing them, count in the cache's
+// bytes (at most two sets per span, replacing the oldest) and go with their span when
+// it is evicted, the cache staying within its budget.
+func TestPrefixSegmentKeys(t *testing.T) {
+	const budget = 8 << 10
+	reg := prometheus.NewPedanticRegistry()
+	tk := tiny(t, helloMerges, []string{"<|s|>", "<|e|>"}, nil, tokenizer.WithPrefixCache(budget), tokenizer.WithMetrics(tokenizer.NewMetrics(reg), "tiny"))
+	system := "<|s|>system " + strings.Repeat("hello world ", 40) + "<|e|>"
+	turn := func(i int) string { return fmt.Sprintf("%s<|s|>user %d %s<|e|><|s|>", system, i, strings.Repeat("aa ", 50)) }
+	var p tokenizer.Prefix
+	ids, _ := tk.AppendEncodePrefix(nil, turn(0), false, 0, &p)
+	ends := slices.Clone(p.Ends())
+	if len(ends) == 0 || !slices.IsSorted(ends) || ends[len(ends)-1] > len(ids) {
+		t.Fatalf("ends %v for %d ids", ends, len(ids))
+	}
+	before := gauge(t, reg)
+	p.StoreSegmentKeys(0, 1, 16, []uint64{10, 11})
+	if got := gauge(t, reg) - before; got != 48+16 {
+		t.Errorf("a set of 2 keys added %v bytes, want 64", got)
+	}
+	p.StoreSegmentKeys(0, 2, 16, []uint64{20})
+	p.StoreSegmentKeys(0, 3, 16, []uint64{30}) // replaces root 1's set
+	if got := gauge(t, reg) - before; got != 2*48+16 {
+		t.Errorf("two sets of one key hold %v bytes, want 112", got)
+	}
+	p.StoreSegmentKeys(0, 3, 16, []uint64{31, 32}) // replaces root 3's set in place
+	if got := gauge(t, reg) - before; got != 2*48+8+16 {
+		t.Errorf("after a replacement %v bytes, want 120", got)
+	}
+
+	// The next turn starts with the same spans and finds the keys.
+	_, _ = tk.AppendEncodePrefix(nil, turn(1), false, 0, &p)
+	if p.Ends()[0] != ends[0] {
+		t.Fatalf("next turn's first span ends at %d, was %d", p.Ends()[0], ends[0])
+	}
+	for _, c := range []struct {
+		root uint64
+		want []uint64
+	}{{1, nil}, {2, []uint64{20}}, {3, []uint64{31, 32}}} {
+		if got := p.SegmentKeys(0, c.root, 16); !slices.Equal(got, c.want) {
+			t.Errorf("root %d: keys %v, want %v", c.root, got, c.want)
+		}
+	}
+	if got := p.SegmentKeys(0, 2, 32); got != nil {
+		t.Errorf("another block size got keys %v", got)
+	}
+
+	// Other texts evict the spans; keys offered to an evicted span are dropped.
+	evicted := p
+	p = tokenizer.Prefix{}
+	for i := range 200 {
+		_, _ = tk.AppendEncodePrefix(nil, fmt.Sprintf("<|s|>other %d %s<|e|><|s|>", i, strings.Repeat("hello ", 30)), false, 0, &p)
+		for j := range p.Ends() {
+			p.StoreSegmentKeys(j, 1, 16, make([]uint64, 4))
+		}
+		if b := gauge(t, reg); b > budget || b <= 0 {
+			t.Fatalf("text %d: cache holds %v bytes, budget %d", i, b, budget)
+		}
+	}
+	b := gauge(t, reg)
+	evicted.StoreSegmentKeys(0, 9, 16, make([]uint64, 100))
+	if gauge(t, reg) != b {
+		t.Error("keys stored on an evicted span were counted")
+	}
+	_, _ = tk.AppendEncodePrefix(nil, turn(2), false, 0, &p)
+	if len(p.Ends()) > 0 && p.SegmentKeys(0, 2, 16) != nil {
+		t.Error("keys survived their span's eviction")
+	}
+	p.Reset()
+	if len(p.Ends()) != 0 {
+		t.Error("Reset left segments")
+	}
+}
