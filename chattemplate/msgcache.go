@@ -28,7 +28,7 @@ const (
 	// messageOverhead is what an entry costs beside its strings and values: the LRU's
 	// list element and map slot, the entry and the message dict's header (measured by
 	// BenchmarkMessageCacheMemory: accounted bytes match the live heap it adds).
-	messageOverhead = 304
+	messageOverhead = 320
 	// valueBytes is the size of a template value (jinja.Value) in a list or dict.
 	valueBytes = 48
 )
@@ -45,10 +45,15 @@ type messageCache struct {
 }
 
 type cachedMessage struct {
+	key    uint64 // its key in the LRU
 	raw    string
 	openai bool
 	msg    jinja.Value
-	size   int64 // the entry's memory, its iterations included; c.mu
+	// next is the key of the message that followed this one in the last request
+	// that had it (0: none): the conversation's chain, which the next turn walks
+	// instead of looking each message up (walk). A hint, checked before use.
+	next atomic.Uint64
+	size int64 // the entry's memory, its iterations included; c.mu
 	// iters are the message's rendered loop iterations (jinja's incremental
 	// rendering), at most maxIterations, newest last: an immutable slice replaced
 	// under c.mu, read without it.
@@ -125,11 +130,121 @@ func (c *messageCache) message(raw []byte, openai bool) (jinja.Value, *cachedMes
 		// another copy of itself for nothing.
 		return msg, nil, nil
 	}
-	e := &cachedMessage{raw: string(raw), openai: openai, msg: msg, size: size}
+	e := &cachedMessage{key: key, raw: string(raw), openai: openai, msg: msg, size: size}
 	if !c.add(key, e) {
 		e = nil
 	}
 	return msg, e, nil
+}
+
+// walkBatch is how many chained entries walk takes from the cache under one lock.
+const walkBatch = 64
+
+// walk converts the messages array raw as conversation does with the cache, but
+// follows the chain of cached messages the conversation's previous requests left
+// (cachedMessage.next): an element whose bytes are those of the entry the chain
+// predicts is that entry, with no hash or lookup of its own. A turn of a long
+// conversation re-sends hundreds of messages, and looking each up cost more than
+// comparing its bytes. An element off the chain is looked up as message does, and
+// links the chain. ok is false when raw is not a well-formed array or an element
+// fails to convert: conversation then does it all again, with its errors.
+//
+// Exact: a cached entry's raw is a whole JSON object, so an element that starts with
+// those bytes ends where they do, and the same bytes convert to the same message.
+func (c *messageCache) walk(raw []byte, openai bool) (conv []jinja.Value, entries []*cachedMessage, ok bool) {
+	i := skipSpace(raw, 0)
+	if i >= len(raw) || raw[i] != '[' {
+		return nil, nil, false
+	}
+	i = skipSpace(raw, i+1)
+	if i < len(raw) && raw[i] == ']' {
+		return []jinja.Value{}, nil, skipSpace(raw, i+1) == len(raw)
+	}
+	n := min(max(len(raw)/1024, 8), 8192) // a guess: messages of a long conversation are ~1 KB
+	conv = make([]jinja.Value, 0, n)
+	entries = make([]*cachedMessage, 0, n)
+	var predBuf [walkBatch]*cachedMessage
+	pred := predBuf[:0]
+	var prev *cachedMessage
+	chained := 0 // entries taken from the chain, touched at the end
+	defer func() {
+		clear(predBuf[:])
+		if ok {
+			c.touch(entries, chained)
+		}
+	}()
+	for {
+		if len(pred) == 0 && prev != nil {
+			pred = c.predict(prev, predBuf[:0])
+		}
+		var e *cachedMessage
+		var msg jinja.Value
+		var end int
+		if len(pred) > 0 && pred[0].openai == openai && len(raw)-i >= len(pred[0].raw) && string(raw[i:i+len(pred[0].raw)]) == pred[0].raw {
+			e, msg, end = pred[0], pred[0].msg, i+len(pred[0].raw)
+			pred = pred[1:]
+			chained++
+		} else {
+			pred = pred[:0]
+			var good bool
+			if end, good = skipValue(raw, i); !good {
+				return nil, nil, false
+			}
+			var err error
+			if msg, e, err = c.message(raw[i:end], openai); err != nil {
+				return nil, nil, false
+			}
+			if prev != nil && e != nil && prev.next.Load() != e.key {
+				prev.next.Store(e.key)
+			}
+		}
+		conv = append(conv, msg)
+		entries = append(entries, e)
+		prev = e
+		if i = skipSpace(raw, end); i >= len(raw) {
+			return nil, nil, false
+		}
+		switch raw[i] {
+		case ',':
+			i = skipSpace(raw, i+1)
+		case ']':
+			return conv, entries, skipSpace(raw, i+1) == len(raw)
+		default:
+			return nil, nil, false
+		}
+	}
+}
+
+// predict appends to pred the entries that followed prev last time, as far as the
+// cache holds them, at most walkBatch.
+func (c *messageCache) predict(prev *cachedMessage, pred []*cachedMessage) []*cachedMessage {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for key := prev.next.Load(); key != 0 && len(pred) < walkBatch; {
+		e, ok := c.lru.Peek(key)
+		if !ok {
+			break
+		}
+		pred = append(pred, e)
+		key = e.next.Load()
+	}
+	return pred
+}
+
+// touch marks the entries of a walked conversation as used, as message's lookups do,
+// and counts the chained ones (which had no lookup of their own) as hits.
+func (c *messageCache) touch(entries []*cachedMessage, chained int) {
+	if chained == 0 {
+		return
+	}
+	c.counters.hits(chained)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, e := range entries {
+		if e != nil {
+			c.lru.Get(e.key)
+		}
+	}
 }
 
 // add stores e unless it alone would take more than an eighth of the budget (one

@@ -74,9 +74,6 @@ func decodeField(name string, raw json.RawMessage) (jinja.Value, error) {
 	return v, nil
 }
 
-// conversation turns the request's messages into vLLM's ConversationMessage list;
-// openai selects vLLM's "openai" content format (content kept as a list of parts).
-// Long messages come from cache when it is not nil.
 // elemBufs pools the raw elements of a messages array (*[][]byte): a long
 // conversation has hundreds of messages, and growing the slice to hold them cost a
 // few allocations per request.
@@ -85,7 +82,16 @@ var elemBufs sync.Pool
 // maxPooledElems bounds the element slices kept for reuse.
 const maxPooledElems = 1 << 14
 
+// conversation turns the request's messages into vLLM's ConversationMessage list;
+// openai selects vLLM's "openai" content format (content kept as a list of parts).
+// Long messages come from cache when it is not nil, following the conversation's
+// chain of cached messages where it can (messageCache.walk).
 func conversation(raw json.RawMessage, openai bool, cache *messageCache) (jinja.Value, []*cachedMessage, error) {
+	if cache != nil {
+		if conv, entries, ok := cache.walk(raw, openai); ok {
+			return jinja.ListOf(conv), entries, nil
+		}
+	}
 	buf, _ := elemBufs.Get().(*[][]byte)
 	if buf == nil {
 		buf = new([][]byte)
