@@ -329,9 +329,9 @@ func BenchmarkTurnVsCold(b *testing.B) {
 }
 
 // BenchmarkConversationCacheMemory reports what the prefix cache holds per
-// conversation after one turn of each of many conversations of each size: the bytes
-// it accounts for (its metric) and the live heap it adds (after GC), per conversation
-// and per token.
+// conversation after one turn of each of many conversations of each size, with the
+// 16-token block keys the policies store on it: the bytes it accounts for (its
+// metric) and the live heap it adds (after GC), per conversation and per token.
 func BenchmarkConversationCacheMemory(b *testing.B) {
 	dir := testmodels.Dir(b, "qwen3")
 	for _, size := range []struct {
@@ -357,13 +357,19 @@ func BenchmarkConversationCacheMemory(b *testing.B) {
 				runtime.GC()
 				runtime.ReadMemStats(&before)
 				tokens = 0
+				var prefix tokenizer.Prefix
+				var keys []uint64
 				for _, req := range reqs {
-					ids, err := bl.PromptTokens(req)
+					ids, err := bl.AppendPromptTokensPrefix(nil, req, 0, &prefix)
 					if err != nil {
 						b.Fatal(err)
 					}
+					// The block keys the policies store with the prefix.
+					sreq := scoring.Request{Model: "qwen3", TokenIDs: ids, Prefix: &prefix}
+					keys = sreq.Keys(16, keys[:0])
 					tokens += float64(len(ids))
 				}
+				prefix.Reset()
 				runtime.GC()
 				runtime.ReadMemStats(&after)
 				heap = float64(after.HeapAlloc) - float64(before.HeapAlloc)

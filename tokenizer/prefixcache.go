@@ -72,16 +72,18 @@ const (
 	// root (model, adapter, cache_salt) and a fleet one block size, so two leave room
 	// for a second block size or a shared system prompt under two roots.
 	maxSpanKeys = 2
-	// spanKeysOverhead is a set's header and its share of the slice holding the sets.
-	spanKeysOverhead = 48
+	// spanKeysHeader is what a span holding keys pays beside them: the boxed slice
+	// header and the array of maxSpanKeys sets (root, block size, slice header).
+	spanKeysHeader = 24 + maxSpanKeys*40
 )
 
 // size is the span's memory; read under the cache's lock (keys change under it).
 func (s *span) size() int64 {
 	n := spanOverhead + 4*int64(cap(s.ids))
 	if p := s.keys.Load(); p != nil {
+		n += spanKeysHeader
 		for _, k := range *p {
-			n += spanKeysOverhead + 8*int64(cap(k.keys))
+			n += 8 * int64(cap(k.keys))
 		}
 	}
 	return n

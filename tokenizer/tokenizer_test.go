@@ -500,17 +500,17 @@ func TestPrefixSegmentKeys(t *testing.T) {
 	}
 	before := gauge(t, reg)
 	p.StoreSegmentKeys(0, 1, 16, []uint64{10, 11})
-	if got := gauge(t, reg) - before; got != 48+16 {
-		t.Errorf("a set of 2 keys added %v bytes, want 64", got)
+	if got := gauge(t, reg) - before; got != 104+16 {
+		t.Errorf("a set of 2 keys added %v bytes, want 120", got)
 	}
 	p.StoreSegmentKeys(0, 2, 16, []uint64{20})
 	p.StoreSegmentKeys(0, 3, 16, []uint64{30}) // replaces root 1's set
-	if got := gauge(t, reg) - before; got != 2*48+16 {
-		t.Errorf("two sets of one key hold %v bytes, want 112", got)
+	if got := gauge(t, reg) - before; got != 104+16 {
+		t.Errorf("two sets of one key hold %v bytes, want 120", got)
 	}
 	p.StoreSegmentKeys(0, 3, 16, []uint64{31, 32}) // replaces root 3's set in place
-	if got := gauge(t, reg) - before; got != 2*48+8+16 {
-		t.Errorf("after a replacement %v bytes, want 120", got)
+	if got := gauge(t, reg) - before; got != 104+8+16 {
+		t.Errorf("after a replacement %v bytes, want 128", got)
 	}
 
 	// The next turn starts with the same spans and finds the keys.
