@@ -491,7 +491,9 @@ func TestPrefixSegmentKeys(t *testing.T) {
 	reg := prometheus.NewPedanticRegistry()
 	tk := tiny(t, helloMerges, []string{"<|s|>", "<|e|>"}, nil, tokenizer.WithPrefixCache(budget), tokenizer.WithMetrics(tokenizer.NewMetrics(reg), "tiny"))
 	system := "<|s|>system " + strings.Repeat("hello world ", 40) + "<|e|>"
-	turn := func(i int) string { return fmt.Sprintf("%s<|s|>user %d %s<|e|><|s|>", system, i, strings.Repeat("aa ", 50)) }
+	turn := func(i int) string {
+		return fmt.Sprintf("%s<|s|>user %d %s<|e|><|s|>", system, i, strings.Repeat("aa ", 50))
+	}
 	var p tokenizer.Prefix
 	ids, _ := tk.AppendEncodePrefix(nil, turn(0), false, 0, &p)
 	ends := slices.Clone(p.Ends())
