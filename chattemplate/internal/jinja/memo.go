@@ -567,6 +567,37 @@ func (a *memoAnalysis) expr(p *expr, nested bool) exprClass {
 			return classOuter // length, last, revindex, previtem, nextitem, ...
 		}
 		kids = []*expr{&e.obj}
+	default:
+		var ok bool
+		if kids, ok = children(*p); !ok {
+			a.ok = false
+			return classLocal
+		}
+	}
+	classes := make([]exprClass, len(kids))
+	c := classConst
+	for i, k := range kids {
+		classes[i] = a.expr(k, nested)
+		c = max(c, classes[i])
+	}
+	if c == classLocal && a.wrap {
+		for i, k := range kids {
+			if classes[i] == classOuter {
+				*k = &recordExpr{x: *k}
+			}
+		}
+	}
+	return c
+}
+
+// children returns the addresses of an expression's operands, or false for a kind
+// of expression the analyses do not follow.
+func children(x expr) (kids []*expr, ok bool) {
+	switch e := x.(type) {
+	case *constExpr, *nameExpr:
+		return nil, true
+	case *attrExpr:
+		kids = []*expr{&e.obj}
 	case *itemExpr:
 		kids = []*expr{&e.obj, &e.key}
 	case *sliceExpr:
@@ -624,23 +655,9 @@ func (a *memoAnalysis) expr(p *expr, nested bool) exprClass {
 			kids = append(kids, &e.keys[i], &e.values[i])
 		}
 	default:
-		a.ok = false
-		return classLocal
+		return nil, false
 	}
-	classes := make([]exprClass, len(kids))
-	c := classConst
-	for i, k := range kids {
-		classes[i] = a.expr(k, nested)
-		c = max(c, classes[i])
-	}
-	if c == classLocal && a.wrap {
-		for i, k := range kids {
-			if classes[i] == classOuter {
-				*k = &recordExpr{x: *k}
-			}
-		}
-	}
-	return c
+	return kids, true
 }
 
 // appendArgs appends the addresses of a call's, filter's or test's arguments.
