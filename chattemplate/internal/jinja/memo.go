@@ -103,6 +103,9 @@ const (
 type RenderStats struct {
 	// Reused iterations came from the IterationCache; Rendered ones were executed.
 	Reused, Rendered int
+	// Settled iterations of loops without output were skipped after a quiet one
+	// (settle.go).
+	Settled int
 }
 
 // RenderCached appends to dst what Render renders, reusing the iterations of
@@ -411,6 +414,8 @@ func (t *Template) markMemoLoops(body []stmt, next *int) {
 			if analyseLoop(s) {
 				s.memo = &loopMemo{id: *next}
 				*next++
+			} else {
+				markSettled(s)
 			}
 		case *ifStmt:
 			for _, b := range s.bodies {
