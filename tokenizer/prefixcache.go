@@ -51,9 +51,13 @@ type prefixCache struct {
 // span is the ids between a stored cut and the previous one; never changed once
 // stored, apart from the block keys a Prefix stores on it.
 type span struct {
-	parent uint64 // key of the previous stored cut; 0: this span starts the text
-	key    uint64 // the span's own cut's key
-	ids    []uint32
+	parent  uint64 // key of the previous stored cut; 0: this span starts the text
+	key     uint64 // the span's own cut's key
+	textLen int    // bytes of text between the previous stored cut and this one
+	ids     []uint32
+	// next is the span that last followed this one in an encode (nil: none, or
+	// evicted): the chain an encode walks (see walk). Cleared when it is evicted.
+	next atomic.Pointer[span]
 	// keys are the block keys of the blocks ending in the span (see Prefix), at most
 	// maxSpanKeys sets, newest last: an immutable slice replaced under the cache's
 	// lock, read without it. Counted in size.
@@ -96,8 +100,14 @@ func newPrefixCache(maxBytes int64, counters cacheCounters) *prefixCache {
 	c := &prefixCache{seed: maphash.MakeSeed(), maxBytes: maxBytes, counters: counters}
 	// The byte budget is what bounds the cache; the count bound only has to be larger
 	// than the number of spans the budget can hold.
+	var l *simplelru.LRU[uint64, *span]
 	l, err := simplelru.NewLRU[uint64, *span](int(min(maxBytes/spanOverhead+1, 1<<30)), func(_ uint64, s *span) {
 		c.bytes -= s.size()
+		// No hint keeps an evicted span (and what it points to) alive.
+		s.next.Store(nil)
+		if p, ok := l.Peek(s.parent); ok {
+			p.next.CompareAndSwap(s, nil)
+		}
 	})
 	if err != nil {
 		return nil
@@ -109,23 +119,26 @@ func newPrefixCache(maxBytes int64, counters cacheCounters) *prefixCache {
 // cutPoint is a cut of the text being encoded.
 type cutPoint struct {
 	piece int    // index of the added-token piece that starts at the cut
+	at    int    // the cut's position in the text
 	key   uint64 // hash of the prefix before the cut, never 0
 	n     int    // len(out) before the cut token, once known
 }
 
-// encodeCached appends the ids of pieces (the raw split of text) to out, taking the
-// longest cached prefix from the cache and storing the cuts after it. base is len(out)
-// before the prefix special tokens, which the first span includes.
+// encodeCached appends the ids of text to out, taking the longest cached prefix from
+// the cache and storing the cuts after it. base is len(out) before the prefix special
+// tokens, which the first span includes.
+//
+// It first walks the chain of spans the previous encodes of the same text left (see
+// walk), then splits the rest of the text on its added tokens and looks its cuts up;
+// a conversation's next turn so scans and looks up only its new messages.
 //
 // It stops once out holds limit ids: only the cuts whose prefix was wholly encoded are
 // stored.
 //
 // p, when not nil, is filled with the spans of the cached prefix the ids start with,
 // the ones found and the ones stored.
-func (t *Tokenizer) encodeCached(text string, pieces []piece, out []uint32, base int, add bool, limit int, sc *splitScratch, p *Prefix) []uint32 {
+func (t *Tokenizer) encodeCached(text string, out []uint32, base int, add bool, limit int, sc *splitScratch, p *Prefix) []uint32 {
 	c := t.cache
-	cuts := sc.cuts[:0]
-	defer func() { sc.cuts = cuts[:0] }()
 	var h maphash.Hash
 	h.SetSeed(c.seed)
 	if add {
@@ -133,37 +146,49 @@ func (t *Tokenizer) encodeCached(text string, pieces []piece, out []uint32, base
 	} else {
 		h.WriteByte(0)
 	}
-	pos := 0
+	walked, pos := t.walk(text, &h, sc.chain[:0])
+	defer func() { clear(walked); sc.chain = walked[:0] }() // no reference to cached ids kept
+	rest := text[pos:]
+	pieces := t.rawMatcher.splitWith(rest, sc.pieces[:0], &sc.matches)
+	defer func() { sc.pieces = pieces }()
+	cuts := sc.cuts[:0]
+	defer func() { sc.cuts = cuts[:0] }()
+	prev := 0
 	for i, p := range pieces {
 		if p.tok >= 0 && p.at > 0 && t.cut[p.tok] {
-			h.WriteString(text[pos:p.at])
-			pos = p.at
-			cuts = append(cuts, cutPoint{piece: i, key: h.Sum64() | 1})
+			h.WriteString(rest[prev:p.at])
+			prev = p.at
+			cuts = append(cuts, cutPoint{piece: i, at: pos + p.at, key: h.Sum64() | 1})
 		}
 	}
-	if len(cuts) == 0 {
+	if len(cuts) == 0 && len(walked) == 0 {
 		return t.encodePieces(pieces, out, limit)
 	}
-	hit, chain := c.lookup(cuts, sc.chain[:0])
-	defer func() { clear(chain); sc.chain = chain[:0] }() // no reference to cached ids kept
+	hit, chain := -1, sc.found[:0]
+	if len(cuts) > 0 {
+		hit, chain = c.lookup(cuts, chain)
+	}
+	defer func() { clear(chain); sc.found = chain[:0] }()
 	start, cached := 0, 0
-	if hit >= 0 {
+	parent, from, fromAt := uint64(0), base, 0 // the cut the stored spans continue from
+	switch {
+	case hit >= 0: // a cut of the rest, whose chain runs through the walked spans or not
 		out = out[:base]
 		for i := len(chain) - 1; i >= 0; i-- {
 			out = append(out, chain[i].ids...)
 		}
-		cached = len(out) - base
-		cuts[hit].n = len(out)
 		start = cuts[hit].piece
-		if p != nil {
-			p.c = c
-			n := 0
-			for i := len(chain) - 1; i >= 0; i-- {
-				n += len(chain[i].ids)
-				p.spans = append(p.spans, chain[i])
-				p.ends = append(p.ends, n)
-			}
+		parent, from, fromAt = cuts[hit].key, len(out), cuts[hit].at
+		cached = len(out) - base
+		p.fill(c, chain, true)
+	case len(walked) > 0: // the walk's end
+		out = out[:base]
+		for _, s := range walked {
+			out = append(out, s.ids...)
 		}
+		parent, from, fromAt = walked[len(walked)-1].key, len(out), pos
+		cached = len(out) - base
+		p.fill(c, walked, false)
 	}
 	next := hit + 1
 	for i := start; i < len(pieces); i++ {
@@ -181,9 +206,107 @@ func (t *Tokenizer) encodeCached(text string, pieces []piece, out []uint32, base
 			out = t.encodeText(p.text, out, limit)
 		}
 	}
-	c.counters.lookup(hit >= 0, cached, len(out)-base-cached)
-	c.store(cuts, hit, out, base, p)
+	c.counters.lookup(cached > 0, cached, len(out)-base-cached)
+	c.store(cuts[hit+1:], parent, from, fromAt, out, base, p)
 	return out
+}
+
+// maxScanAhead bounds the cuts walk scans past the end of the chain it follows to find
+// where the text's stored chain continues (after a shared system prompt, another
+// conversation's next message is the hint; short messages' cuts are not stored).
+const maxScanAhead = 8
+
+// walk follows the cache's chain along text from its start: from each span it takes
+// the one that followed it last time (span.next) when the text has the same bytes up
+// to that span's cut (its key is the hash of the text before the cut: h, continued
+// over the span's text length) and the split of text has a cut there (walkCut), else
+// it scans up to maxScanAhead cuts ahead for a stored span continuing the chain, and
+// relinks the hint to it. It returns the spans walked, in order, and the position of
+// the last one's cut (0 when none), h then being the hash of the text before it.
+//
+// The ids are those a split of the whole text gives: a span is taken only where the
+// whole text's split has a cut, and the ids of the text before a cut are those of the
+// text the span was stored for.
+func (t *Tokenizer) walk(text string, h *maphash.Hash, spans []*span) ([]*span, int) {
+	if !t.walkable {
+		return spans, 0
+	}
+	pos := 0
+	var cur *span
+	for {
+		if cur != nil {
+			if nx := cur.next.Load(); nx != nil && nx.parent == cur.key && t.walkCut(text, pos+nx.textLen) {
+				h2 := *h
+				h2.WriteString(text[pos : pos+nx.textLen])
+				if h2.Sum64()|1 == nx.key {
+					*h, pos, cur = h2, pos+nx.textLen, nx
+					spans = append(spans, nx)
+					continue
+				}
+			}
+		}
+		var parent uint64
+		if cur != nil {
+			parent = cur.key
+		}
+		nx, end := t.scanAhead(text, pos, parent, h)
+		if nx == nil {
+			return spans, pos
+		}
+		if cur != nil && cur.next.Load() != nx {
+			cur.next.Store(nx)
+		}
+		pos, cur = end, nx
+		spans = append(spans, nx)
+	}
+}
+
+// walkCut reports whether the split of text has a cut at c: an added token whose
+// matches text splits exactly before (cutSafe) matches at c, and no added token
+// holds its first byte further in, so that no match starting before c can end after
+// it (and so the split before c is that of any text with the same bytes before c).
+func (t *Tokenizer) walkCut(text string, c int) bool {
+	if c <= 0 || c >= len(text) {
+		return false
+	}
+	tok, _ := t.rawMatcher.longestAt(text, c)
+	return tok >= 0 && t.cut[tok] && !t.inner[text[c]]
+}
+
+// scanAhead scans the split of text from pos (a cut, or 0) for the first stored span
+// of its next maxScanAhead cuts; it returns that span and its cut when the span
+// continues the chain at parent, h then being hashed up to the cut, else nil and h
+// unchanged.
+func (t *Tokenizer) scanAhead(text string, pos int, parent uint64, h *maphash.Hash) (*span, int) {
+	m := t.rawMatcher
+	h2 := *h
+	prev, from := pos, pos
+	for n := 0; n < maxScanAhead; {
+		tok, at, end := m.nextMatch(text, from)
+		if tok < 0 {
+			return nil, 0
+		}
+		from = end
+		if at <= pos || !t.cut[tok] {
+			continue
+		}
+		n++
+		h2.WriteString(text[prev:at])
+		prev = at
+		key := h2.Sum64() | 1
+		t.cache.mu.Lock()
+		s, ok := t.cache.lru.Peek(key)
+		t.cache.mu.Unlock()
+		switch {
+		case !ok:
+			continue // not stored (a short span), or the end of the cached prefix
+		case s.parent != parent:
+			return nil, 0 // stored with other cuts before it: lookup finds it
+		}
+		*h = h2
+		return s, at
+	}
+	return nil, 0
 }
 
 // lookup returns the index of the longest cut whose prefix is cached with its whole
@@ -213,25 +336,24 @@ func (c *prefixCache) lookup(cuts []cutPoint, chain []*span) (int, []*span) {
 	return -1, chain[:0]
 }
 
-// store adds the cuts after hit (filled in by encodeCached) and touches the chain they
-// extend, from its end to its root, then evicts down to the budget. p, when not nil,
+// store adds cuts (filled in by encodeCached), continuing the chain at the stored cut
+// parent (0: the text's start), whose ids end at out[from] and text at fromAt, and
+// touches the chain they extend, from its end to its root, linking each span's hint to
+// the span after it on this text; then it evicts down to the budget. p, when not nil,
 // gets the spans the cache holds for those cuts.
-func (c *prefixCache) store(cuts []cutPoint, hit int, out []uint32, base int, p *Prefix) {
+func (c *prefixCache) store(cuts []cutPoint, parent uint64, from, fromAt int, out []uint32, base int, p *Prefix) {
 	var newBuf [64]struct {
 		key uint64
 		s   *span
 		end int // cut's n
 	}
 	news := newBuf[:0]
-	parent, from := uint64(0), base
-	if hit >= 0 {
-		parent, from = cuts[hit].key, cuts[hit].n
-	}
-	for j := hit + 1; j < len(cuts); j++ {
+	extended := parent
+	for j := range cuts {
 		if cuts[j].n-from < minSpanIDs && j < len(cuts)-lastCuts {
 			continue
 		}
-		s := &span{parent: parent, key: cuts[j].key, ids: slices.Clone(out[from:cuts[j].n])}
+		s := &span{parent: parent, key: cuts[j].key, textLen: cuts[j].at - fromAt, ids: slices.Clone(out[from:cuts[j].n])}
 		if s.size() > c.maxBytes {
 			break // its children would have no parent
 		}
@@ -240,19 +362,34 @@ func (c *prefixCache) store(cuts []cutPoint, hit int, out []uint32, base int, p 
 			s   *span
 			end int
 		}{cuts[j].key, s, cuts[j].n})
-		parent, from = cuts[j].key, cuts[j].n
+		parent, from, fromAt = cuts[j].key, cuts[j].n, cuts[j].at
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	// Deepest first, then the chain they extend: parents end up more recent than
 	// their children.
+	var child *span // the span after the one being linked, on this text
 	for i := len(news) - 1; i >= 0; i-- {
 		if old, ok := c.lru.Peek(news[i].key); ok {
 			news[i].s = old // the same prefix, so the same ids
-			continue
+		} else {
+			c.lru.Add(news[i].key, news[i].s)
+			c.bytes += news[i].s.size()
 		}
-		c.lru.Add(news[i].key, news[i].s)
-		c.bytes += news[i].s.size()
+		if child != nil && child.parent == news[i].key {
+			news[i].s.next.Store(child)
+		}
+		child = news[i].s
+	}
+	for key := extended; key != 0; {
+		s, ok := c.lru.Get(key)
+		if !ok {
+			break
+		}
+		if child != nil && child.parent == key && s.next.Load() != child {
+			s.next.Store(child)
+		}
+		child, key = s, s.parent
 	}
 	if p != nil && len(news) > 0 {
 		// A span stored before for the same cut may start elsewhere (other cuts were
@@ -261,15 +398,6 @@ func (c *prefixCache) store(cuts []cutPoint, hit int, out []uint32, base int, p 
 		for _, ns := range news {
 			p.spans = append(p.spans, ns.s)
 			p.ends = append(p.ends, ns.end-base)
-		}
-	}
-	if hit >= 0 {
-		for key := cuts[hit].key; key != 0; {
-			s, ok := c.lru.Get(key)
-			if !ok {
-				break
-			}
-			key = s.parent
 		}
 	}
 	for c.bytes > c.maxBytes {
@@ -291,6 +419,25 @@ type Prefix struct {
 	c     *prefixCache
 	spans []*span
 	ends  []int
+}
+
+// fill sets p's spans to spans (deepest first when reversed), ending at their
+// cumulated ids; p may be nil.
+func (p *Prefix) fill(c *prefixCache, spans []*span, reversed bool) {
+	if p == nil {
+		return
+	}
+	p.c = c
+	n := 0
+	for i := range spans {
+		s := spans[i]
+		if reversed {
+			s = spans[len(spans)-1-i]
+		}
+		n += len(s.ids)
+		p.spans = append(p.spans, s)
+		p.ends = append(p.ends, n)
+	}
 }
 
 // Reset empties p, dropping its references to the cache (an encode resets it too).

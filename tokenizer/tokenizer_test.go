@@ -558,3 +558,57 @@ func TestPrefixSegmentKeys(t *testing.T) {
 		t.Error("Reset left segments")
 	}
 }
+
+// TestWalkedChain: an encode first walks the chain of cached spans the previous encodes
+// of the same text left, following each span's hint to the one after it. Conversations
+// interleaved after a shared system prompt (each hint then leads to another
+// conversation), edits in the middle of a history, a cut token replaced by another, a
+// cut straddled by a longer token in the new text (whose first byte another token
+// holds further in: "a<|s|>b" around "<|s|>"), and a cache small enough to evict on
+// every encode all give the ids of a tokenizer without a cache; the walk serves most
+// of the ids of later turns.
+func TestWalkedChain(t *testing.T) {
+	added := []string{"[s]", "[e]", "<|s|>", "a<|s|>b"}
+	reg := prometheus.NewPedanticRegistry()
+	cached := tiny(t, helloMerges, added, nil, tokenizer.WithPrefixCache(1<<20), tokenizer.WithMetrics(tokenizer.NewMetrics(reg), "tiny"))
+	small := tiny(t, helloMerges, added, nil, tokenizer.WithPrefixCache(2<<10))
+	plain := tiny(t, helloMerges, added, nil, tokenizer.WithPrefixCache(0))
+	system := "[s]system " + strings.Repeat("hello world ", 20) + "[e]"
+	msg := func(conv, i int) string {
+		return fmt.Sprintf("[s]user %d %d %s[e]", conv, i, strings.Repeat("aa hello ", 8+i%3))
+	}
+	turns := func(conv, n int) string {
+		var b strings.Builder
+		b.WriteString(system)
+		for i := range n {
+			b.WriteString(msg(conv, i))
+		}
+		return b.String() + "[s]"
+	}
+	var texts []string
+	for n := 1; n <= 8; n++ {
+		for conv := range 3 { // interleaved: the system span's hint changes every encode
+			texts = append(texts, turns(conv, n))
+		}
+	}
+	edited := turns(0, 8)
+	texts = append(texts,
+		strings.Replace(edited, msg(0, 3), msg(9, 3), 1),             // an edit in the middle
+		strings.Replace(edited, msg(0, 5)+"[s]", msg(0, 5)+"[e]", 1), // another cut token
+		edited[:len(edited)-3],                                       // the same text without its last cut
+		// A cut of the cached text straddled by a longer token in the new one.
+		system+"[s]user ha<|s|>c tail[e][s]", system+"[s]user ha<|s|>b tail[e][s]",
+		system+"[s]user ha<|s|>c tail[e][s]",
+	)
+	for i, text := range texts {
+		want := plain.Encode(text, false)
+		for name, tk := range map[string]*tokenizer.Tokenizer{"large": cached, "small": small} {
+			if got := tk.Encode(text, false); !slices.Equal(got, want) {
+				t.Fatalf("%s cache, text %d %q: ids %v, want %v", name, i, text, got, want)
+			}
+		}
+	}
+	if hits := lookups(t, reg, "hit"); hits < float64(len(texts)-4) {
+		t.Errorf("%v of %d encodes used a cached prefix", hits, len(texts))
+	}
+}
