@@ -56,7 +56,8 @@ type span struct {
 	textLen int    // bytes of text between the previous stored cut and this one
 	ids     []uint32
 	// next is the span that last followed this one in an encode (nil: none, or
-	// evicted): the chain an encode walks (see walk). Cleared when it is evicted.
+	// evicted): the chain an encode walks (see walk). Set by store and cleared by
+	// eviction, both under the cache's lock, so a span kept never keeps an evicted one.
 	next atomic.Pointer[span]
 	// keys are the block keys of the blocks ending in the span (see Prefix), at most
 	// maxSpanKeys sets, newest last: an immutable slice replaced under the cache's
@@ -220,8 +221,9 @@ const maxScanAhead = 8
 // the one that followed it last time (span.next) when the text has the same bytes up
 // to that span's cut (its key is the hash of the text before the cut: h, continued
 // over the span's text length) and the split of text has a cut there (walkCut), else
-// it scans up to maxScanAhead cuts ahead for a stored span continuing the chain, and
-// relinks the hint to it. It returns the spans walked, in order, and the position of
+// it scans up to maxScanAhead cuts ahead for a stored span continuing the chain (store
+// then relinks the hints along this text, under the cache's lock, so that no span
+// kept points to an evicted one). It returns the spans walked, in order, and the position of
 // the last one's cut (0 when none), h then being the hash of the text before it.
 //
 // The ids are those a split of the whole text gives: a span is taken only where the
@@ -252,9 +254,6 @@ func (t *Tokenizer) walk(text string, h *maphash.Hash, spans []*span) ([]*span, 
 		nx, end := t.scanAhead(text, pos, parent, h)
 		if nx == nil {
 			return spans, pos
-		}
-		if cur != nil && cur.next.Load() != nx {
-			cur.next.Store(nx)
 		}
 		pos, cur = end, nx
 		spans = append(spans, nx)
