@@ -27,7 +27,7 @@ import (
 const (
 	// spanOverhead is what a span costs beside its ids: the LRU's list element and
 	// map slot, the span header and the slice header (measured by BenchmarkPrefixCacheMemory).
-	spanOverhead = 160
+	spanOverhead = 176
 	// minSpanIDs: a cut is stored when at least this many ids follow the previous
 	// stored cut (or it is one of the text's last lastCuts cuts), so short spans such as
 	// "<|im_end|>\n" share an entry with their message instead of paying the overhead.

@@ -354,9 +354,9 @@ func TestMetricsGolden(t *testing.T) {
 	tk.Encode("hello world<|x|>there", false) // hit: 7 ids cached, 5 encoded
 	tk.Encode("hello world", false)           // no cut point: no lookup
 	want := `
-# HELP kvrouter_tokenizer_prefix_cache_bytes Memory the prefix cache accounts for (ids at 4 bytes plus a fixed overhead per span), bounded by its configured budget.
+# HELP kvrouter_tokenizer_prefix_cache_bytes Memory the prefix cache accounts for (ids at 4 bytes plus a fixed overhead per span, and the block keys stored on spans), bounded by its configured budget.
 # TYPE kvrouter_tokenizer_prefix_cache_bytes gauge
-kvrouter_tokenizer_prefix_cache_bytes{model="tiny"} 192
+kvrouter_tokenizer_prefix_cache_bytes{model="tiny"} 208
 # HELP kvrouter_tokenizer_prefix_cache_lookups_total Encodes of a text with a cut point (an added token such as <|im_start|>) that looked up the prefix cache, by result: hit when a cached prefix was used.
 # TYPE kvrouter_tokenizer_prefix_cache_lookups_total counter
 kvrouter_tokenizer_prefix_cache_lookups_total{model="tiny",result="hit"} 1
