@@ -119,6 +119,11 @@ func checkChart(t *testing.T, name string, objs []object) {
 		d.Spec.Template.Annotations["prometheus.io/port"] != "9090" {
 		t.Errorf("kvrouter Deployment: replicas %d, probe %+v, annotations %v", *d.Spec.Replicas, c.ReadinessProbe, d.Spec.Template.Annotations)
 	}
+	// The probe port opens after the tokenizers load: a startup probe keeps liveness from
+	// restarting a pod that is still loading its models.
+	if p := c.StartupProbe; p == nil || p.GRPC == nil || p.GRPC.Port != 9003 || p.PeriodSeconds*p.FailureThreshold < 30 {
+		t.Errorf("kvrouter Deployment: startup probe %+v, want gRPC on 9003 allowing at least 30 s", p)
+	}
 	checkNetworkPolicy(t, objs, central)
 	if f := cfg.Listen.TLS.CertFile; f != "" {
 		// The certificate comes from a Secret mounted where the configuration names it.

@@ -252,10 +252,14 @@ func TestKubernetesManifests(t *testing.T) {
 			}
 		}
 		c := pt.Spec.Containers[0]
-		for _, p := range []*corev1.Probe{c.LivenessProbe, c.ReadinessProbe} {
+		for _, p := range []*corev1.Probe{c.StartupProbe, c.LivenessProbe, c.ReadinessProbe} {
 			if p == nil || p.GRPC == nil || p.GRPC.Port != 9003 {
 				t.Errorf("probe %+v is not gRPC on 9003", p)
 			}
+		}
+		// The probe port opens after the tokenizers load: liveness must not count that time.
+		if p := c.StartupProbe; p != nil && p.PeriodSeconds*p.FailureThreshold < 30 {
+			t.Errorf("startup probe allows %d s, want at least 30 for the models to load", p.PeriodSeconds*p.FailureThreshold)
 		}
 		if pt.Spec.ServiceAccountName != "kvrouter" {
 			t.Errorf("service account %q", pt.Spec.ServiceAccountName)

@@ -127,7 +127,7 @@ func (st *stream) commit(c choice) {
 		s.m.fallbacks.WithLabelValues(c.fallback).Inc()
 	}
 	s.m.decisions.WithLabelValues(c.endpoint, c.policy).Inc()
-	st.routed, st.endpoint, st.reqID = true, c.endpoint, c.req.ID
+	st.routed, st.endpoint, st.dest, st.reqID = true, c.endpoint, c.dest, c.req.ID
 	st.tentative = nil
 	s.fleet.Begin(c.endpoint)
 	st.observer = c.observer

@@ -81,6 +81,12 @@ func (f *fakeFleet) End(addr string) {
 	f.ends++
 }
 
+func (f *fakeFleet) inFlight(addr string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.inflight[addr]
+}
+
 func (f *fakeFleet) counts() (begins, ends int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -64,7 +64,8 @@ type stream struct {
 
 	// decision
 	routed    bool
-	endpoint  string
+	endpoint  string           // the chosen endpoint; the listed fallback that served it, once known
+	dest      string           // the endpoints listed to the proxy: the chosen one, then any fallbacks
 	observer  scoring.Observer // told of this request's progress: the one in force when it was routed
 	reqID     string
 	tentative *choice // BUFFERED: named in the headers reply, committed if no body comes
@@ -306,7 +307,6 @@ func (st *stream) onResponseHeaders(msg *extprocv3.ProcessingRequest, h *extproc
 			upstreamTime = true
 		}
 	}
-	st.s.m.responses.WithLabelValues(st.endpoint, statusClass(code)).Inc()
 	served := st.endpoint
 	if v := metadataString(msg.GetMetadataContext(), epp.NamespaceLB, epp.HeaderServed); v != "" {
 		served = v
@@ -318,8 +318,12 @@ func (st *stream) onResponseHeaders(msg *extprocv3.ProcessingRequest, h *extproc
 			st.upstreamFailed("local_reply")
 		case served != st.endpoint:
 			st.upstreamFailed("fallback_served")
+			if listed(st.dest, served) {
+				st.moveTo(served)
+			}
 		}
 	}
+	st.s.m.responses.WithLabelValues(st.endpoint, statusClass(code)).Inc()
 	// Bookkeeping first, so that it is done by the time Envoy has the reply.
 	if h.GetEndOfStream() {
 		st.markFirstToken()
@@ -335,6 +339,31 @@ func (st *stream) upstreamFailed(kind string) {
 	if st.s.reporter != nil {
 		st.s.reporter.UpstreamFailed(st.endpoint)
 	}
+}
+
+// moveTo makes served, a listed fallback the proxy retried on, the request's endpoint:
+// the fleet counts it in flight there until it ends, and its response and token usage
+// are counted under it. (The policy's Observer keeps the endpoint it was told in
+// Routed: the Observer interface has no call to move a request.)
+func (st *stream) moveTo(served string) {
+	if st.released {
+		return
+	}
+	st.s.fleet.End(st.endpoint)
+	st.s.fleet.Begin(served)
+	st.endpoint = served
+}
+
+// listed reports whether addr is one of dest's comma-separated endpoints.
+func listed(dest, addr string) bool {
+	for dest != "" {
+		var e string
+		e, dest, _ = strings.Cut(dest, ",")
+		if e == addr {
+			return true
+		}
+	}
+	return false
 }
 
 // servedReply is the response-headers reply adding epp.HeaderServed.

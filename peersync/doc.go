@@ -9,6 +9,10 @@
 // membership, failure detection, push/pull state when a replica joins, and direct UDP
 // messages for the snapshots. kvbench's sim carries the same bytes on its virtual clock.
 //
+// Decode reads every wire version from 1 on (a newer one's known part, skipping its
+// sections), so replicas of different releases keep sharing state during a rolling
+// update; AppendEncode writes version 2.
+//
 // Concurrency: Replica is safe for concurrent use and its readers never wait on the
 // network; Node's Run owns its goroutines.
 package peersync

@@ -1,6 +1,8 @@
 package peersync
 
 import (
+	"errors"
+	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -9,6 +11,8 @@ import (
 // Metrics are peersync's Prometheus metrics; a nil *Metrics counts nothing.
 type Metrics struct {
 	messages *prometheus.CounterVec
+	versions *prometheus.CounterVec
+	refused  *prometheus.CounterVec
 	bytes    *prometheus.CounterVec
 	lagSec   prometheus.Histogram
 	peers    *prometheus.GaugeVec
@@ -20,8 +24,16 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		messages: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvrouter_peersync_messages_total",
-			Help: "Snapshots of in-flight state by direction: sent (built once, sent to every peer), received (applied), stale (older than the one held), malformed.",
+			Help: "Snapshots of in-flight state by direction: sent (built once, sent to every peer), received (applied), stale (older than the one held).",
 		}, []string{"direction"}),
+		versions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvrouter_peersync_snapshots_decoded_total",
+			Help: "Peers' snapshots decoded, by the wire version they were written in (several during a rolling upgrade).",
+		}, []string{"version"}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvrouter_peersync_snapshots_refused_total",
+			Help: "Peers' messages refused as malformed, by reason: magic, version, truncated, limit, invalid, trailing.",
+		}, []string{"reason"}),
 		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvrouter_peersync_bytes_total",
 			Help: "Bytes of snapshots built (sent, once per snapshot) and received.",
@@ -40,8 +52,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Attempts to join the configured peers, by result (ok, error).",
 		}, []string{"result"}),
 	}
-	for _, d := range []string{"sent", "received", "stale", "malformed"} {
+	for _, d := range []string{"sent", "received", "stale"} {
 		m.messages.WithLabelValues(d)
+	}
+	for v := minVersion; v <= version; v++ {
+		m.versions.WithLabelValues(strconv.Itoa(v))
+	}
+	for _, r := range reasons {
+		m.refused.WithLabelValues(r)
 	}
 	for _, d := range []string{"sent", "received"} {
 		m.bytes.WithLabelValues(d)
@@ -53,7 +71,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		m.joins.WithLabelValues(s)
 	}
 	if reg != nil {
-		reg.MustRegister(m.messages, m.bytes, m.lagSec, m.peers, m.joins)
+		reg.MustRegister(m.messages, m.versions, m.refused, m.bytes, m.lagSec, m.peers, m.joins)
 	}
 	return m
 }
@@ -78,9 +96,17 @@ func (m *Metrics) received(n int, applied bool) {
 	m.bytes.WithLabelValues("received").Add(float64(n))
 }
 
-func (m *Metrics) malformed() {
+func (m *Metrics) decoded(version int) {
 	if m != nil {
-		m.messages.WithLabelValues("malformed").Inc()
+		m.versions.WithLabelValues(strconv.Itoa(version)).Inc()
+	}
+}
+
+// refuse counts a refused message by its reason (a *MalformedError's).
+func (m *Metrics) refuse(err error) {
+	var me *MalformedError
+	if m != nil && errors.As(err, &me) {
+		m.refused.WithLabelValues(me.Reason).Inc()
 	}
 }
 

@@ -55,6 +55,7 @@ type Replica struct {
 // peer is the latest snapshot heard from one origin.
 type peer struct {
 	inc, seq uint64
+	version  int       // the wire version of its last snapshot
 	heard    time.Time // local clock
 	sent     time.Time // origin's clock
 	loads    map[string]placement.EndpointLoad
@@ -150,9 +151,10 @@ func (r *Replica) encodeLocked(now time.Time) []byte {
 func (r *Replica) Receive(b []byte) error {
 	s, err := Decode(b)
 	if err != nil {
-		r.m.malformed()
+		r.m.refuse(err)
 		return err
 	}
+	r.m.decoded(s.Version)
 	// Merged outside r.mu: the policy calls PeerLoad under its own lock.
 	if r.apply(&s, len(b)) && len(s.Placements) > 0 && r.src != nil {
 		r.src.MergePlacements(s.Placements, s.Origin < r.self)
@@ -177,7 +179,7 @@ func (r *Replica) apply(s *Snapshot, size int) bool {
 		r.m.received(size, false)
 		return false
 	}
-	p.inc, p.seq, p.heard, p.sent = s.Incarnation, s.Seq, now, s.Sent
+	p.inc, p.seq, p.version, p.heard, p.sent = s.Incarnation, s.Seq, s.Version, now, s.Sent
 	p.received++
 	clear(p.loads)
 	if p.loads == nil {
@@ -255,6 +257,7 @@ type PeerState struct {
 	Name        string                            `json:"name"`
 	Incarnation uint64                            `json:"incarnation"`
 	Seq         uint64                            `json:"seq"`
+	Version     int                               `json:"version"` // wire version of its last snapshot
 	Live        bool                              `json:"live"`
 	AgeMS       float64                           `json:"age_ms"` // since its last snapshot arrived
 	LagMS       float64                           `json:"lag_ms"` // its last snapshot's trip (both clocks)
@@ -270,7 +273,7 @@ func (r *Replica) Peers() []PeerState {
 	out := make([]PeerState, 0, len(r.peers))
 	for name, p := range r.peers {
 		age := now.Sub(p.heard)
-		out = append(out, PeerState{Name: name, Incarnation: p.inc, Seq: p.seq, Live: age <= r.expiry,
+		out = append(out, PeerState{Name: name, Incarnation: p.inc, Seq: p.seq, Version: p.version, Live: age <= r.expiry,
 			AgeMS: ms(age), LagMS: ms(p.heard.Sub(p.sent)), Received: p.received, Stale: p.stale,
 			Loads: maps(p.loads)})
 	}

@@ -1,8 +1,6 @@
 package peersync
 
 import (
-	"errors"
-	"slices"
 	"testing"
 	"time"
 
@@ -58,77 +56,6 @@ func contains(a []uint64, k uint64) bool {
 }
 
 type activeKeys []uint64
-
-func TestSnapshotRoundTrip(t *testing.T) {
-	s := Snapshot{Origin: "a", Incarnation: 7, Seq: 3, Sent: time.Unix(5, 6), Loads: []placement.EndpointLoad{
-		{Endpoint: "10.0.0.1:8000", Load: placement.Load{Requests: 2, KVBlocks: 40, Prefill: 900, Misses: 1},
-			Active: []placement.ActivePrefix{{Key: 1 << 63, Blocks: 9}, {Key: 5, Blocks: 1}}},
-		{Endpoint: "10.0.0.2:8000", Load: placement.Load{Requests: 1}},
-	}, Placements: []placement.Placement{
-		{Key: 9, Blocks: 127, Decided: time.Unix(4, 2), Sites: []placement.Site{
-			{Endpoint: "10.0.0.3:8000", Home: true}, {Endpoint: "10.0.0.1:8000"}}},
-		{Key: 1 << 62, Blocks: 30, Base: 127, Decided: time.Unix(5, 6)},
-		{Key: 11, Blocks: 3, Decided: time.Unix(3, 0), Sites: []placement.Site{{Endpoint: "10.0.0.1:8000", Home: true}}},
-	}}
-	got, err := Decode(s.AppendEncode(nil))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got.Origin != s.Origin || got.Incarnation != 7 || got.Seq != 3 || !got.Sent.Equal(s.Sent) || len(got.Loads) != 2 ||
-		got.Loads[0].Load != s.Loads[0].Load || len(got.Loads[0].Active) != 2 || got.Loads[0].Active[0] != s.Loads[0].Active[0] ||
-		got.Loads[1].Endpoint != "10.0.0.2:8000" || got.Loads[1].Active != nil {
-		t.Fatalf("round trip: got %+v, want %+v", got, s)
-	}
-	if len(got.Placements) != len(s.Placements) {
-		t.Fatalf("round trip: %d placements, want %d", len(got.Placements), len(s.Placements))
-	}
-	for i, want := range s.Placements {
-		g := got.Placements[i]
-		if g.Key != want.Key || g.Blocks != want.Blocks || g.Base != want.Base || !g.Decided.Equal(want.Decided) ||
-			!slices.Equal(g.Sites, want.Sites) {
-			t.Fatalf("placement %d: got %+v, want %+v", i, g, want)
-		}
-	}
-}
-
-func TestDecodeRejects(t *testing.T) {
-	good := (&Snapshot{Origin: "a", Loads: []placement.EndpointLoad{{Endpoint: "e"}}}).AppendEncode(nil)
-	for name, b := range map[string][]byte{
-		"empty":      nil,
-		"magic":      {0, 1},
-		"version":    {magic, 9},
-		"truncated":  good[:len(good)-1],
-		"trailing":   append(append([]byte(nil), good...), 0),
-		"no origin":  (&Snapshot{}).AppendEncode(nil),
-		"huge count": append([]byte{magic, version, 1, 'a', 0, 0, 0}, 0xff, 0xff, 0xff, 0xff, 0x0f),
-		// One placement endpoint "e", one placement of key 0 with one site at index 1.
-		"site out of table": append([]byte{magic, version, 1, 'a', 0, 0, 0, 0, 1, 1, 'e', 1, 0, 0, 0, 0, 0, 0, 0, 0}, 1, 0, 0, 1, 2),
-		"huge placements":   append([]byte{magic, version, 1, 'a', 0, 0, 0, 0, 0}, 0xff, 0xff, 0xff, 0xff, 0x0f),
-	} {
-		t.Run(name, func(t *testing.T) {
-			if _, err := Decode(b); !errors.Is(err, ErrMalformed) {
-				t.Fatalf("Decode = %v, want ErrMalformed", err)
-			}
-		})
-	}
-}
-
-func FuzzDecode(f *testing.F) {
-	f.Add((&Snapshot{Origin: "a", Seq: 1, Loads: []placement.EndpointLoad{{Endpoint: "e", Active: []placement.ActivePrefix{{Key: 1, Blocks: 2}}}}}).AppendEncode(nil))
-	f.Add((&Snapshot{Origin: "a", Seq: 2, Placements: []placement.Placement{{Key: 3, Blocks: 4, Sites: []placement.Site{{Endpoint: "e", Home: true}}}}}).AppendEncode(nil))
-	f.Add([]byte{magic, version})
-	f.Fuzz(func(t *testing.T, b []byte) {
-		s, err := Decode(b)
-		if err != nil {
-			return
-		}
-		again, err := Decode(s.AppendEncode(nil))
-		if err != nil || again.Origin != s.Origin || again.Seq != s.Seq || len(again.Loads) != len(s.Loads) ||
-			len(again.Placements) != len(s.Placements) {
-			t.Fatalf("re-decoding %+v: %+v, %v", s, again, err)
-		}
-	})
-}
 
 // pair returns two replicas a and b on one clock, sources set by the test.
 func pair(expiry time.Duration) (*fakeClock, *fakeSource, *Replica, *Replica) {

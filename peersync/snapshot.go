@@ -30,14 +30,29 @@ type Snapshot struct {
 	// snapshot, or (every expiry/4, and on join) all of them. Unlike loads they merge
 	// into the receiver's table, the latest decision per prefix winning.
 	Placements []placement.Placement
+	// Version is the wire version Decode read it in (AppendEncode writes the current one).
+	Version int
 }
 
-// Wire format, version 2 (1 had no placements): magic, version, then uvarints and
-// length-prefixed strings.
+// Wire format: magic, version, then the body of that version, in uvarints and
+// length-prefixed strings. Each version's body begins with the previous one's, so a
+// reader takes what it knows from any version and skips the rest:
+//
+//	v1: origin, incarnation, seq, sent, loads
+//	v2: v1's body, then placements (an endpoint table and the placements)
+//	v3 and later: v2's body, then sections, each a tag (uvarint), a length (uvarint)
+//	    and that many bytes; a reader skips the tags it does not know
+//
+// New fields go in a new section (and a new version), never inside an older body, so
+// a reader of this code shares the v2 part with any newer replica during a rolling
+// upgrade. AppendEncode writes version 2 exactly, which readers older than sections
+// (that refuse any other version and any trailing byte) accept too.
 const (
-	magic   = 0x6b // 'k'
-	version = 2
-	// maxEndpoints and maxString bound what a decoder accepts (memory per message).
+	magic = 0x6b // 'k'
+	// version is the one AppendEncode writes, minVersion the oldest Decode reads.
+	version    = 2
+	minVersion = 1
+	// The max* bound what a decoder accepts (memory per message).
 	maxEndpoints = 1 << 14
 	maxActive    = 1 << 14
 	maxPlaced    = 1 << 14
@@ -45,8 +60,36 @@ const (
 	maxString    = 512
 )
 
-// ErrMalformed is returned (wrapped) for a message that is not a valid snapshot.
+// ErrMalformed is returned (wrapped, as a *MalformedError) for a message that is not a
+// valid snapshot.
 var ErrMalformed = errors.New("peersync: malformed snapshot")
+
+// Reasons a snapshot is refused (MalformedError.Reason, the refused metric's label).
+const (
+	ReasonMagic     = "magic"     // not a snapshot: the first byte is not the magic
+	ReasonVersion   = "version"   // a version older than minVersion (0)
+	ReasonTruncated = "truncated" // ends inside a field or a section
+	ReasonLimit     = "limit"     // a count, string or value beyond the decoder's bounds
+	ReasonInvalid   = "invalid"   // fields that contradict each other, or no origin
+	ReasonTrailing  = "trailing"  // bytes after the body of a version without sections
+)
+
+var reasons = []string{ReasonMagic, ReasonVersion, ReasonTruncated, ReasonLimit, ReasonInvalid, ReasonTrailing}
+
+// MalformedError is a refused snapshot: the version it claims (0 when unread), why
+// (one of the Reason constants) and the detail. errors.Is(err, ErrMalformed) holds.
+type MalformedError struct {
+	Version int
+	Reason  string
+	Detail  string
+}
+
+func (e *MalformedError) Error() string {
+	return fmt.Sprintf("%v (version %d): %s: %s", ErrMalformed, e.Version, e.Reason, e.Detail)
+}
+
+// Is reports whether target is ErrMalformed.
+func (e *MalformedError) Is(target error) bool { return target == ErrMalformed }
 
 // AppendEncode appends s's encoding to dst.
 func (s *Snapshot) AppendEncode(dst []byte) []byte {
@@ -104,101 +147,140 @@ func appendString(dst []byte, s string) []byte {
 	return append(dst, s...)
 }
 
-// Decode parses a snapshot from b (which it does not retain).
+// Decode parses a snapshot of any version from minVersion on (which it does not
+// retain): of a newer version than it knows it keeps the v2 part and skips the
+// sections. A message it refuses is a *MalformedError.
 func Decode(b []byte) (Snapshot, error) {
-	d := decoder{b: b}
 	var s Snapshot
-	if len(b) < 2 || b[0] != magic {
-		return s, fmt.Errorf("%w: bad magic", ErrMalformed)
+	if len(b) < 1 || b[0] != magic {
+		return s, &MalformedError{Reason: ReasonMagic, Detail: "not a snapshot"}
 	}
-	if b[1] != version {
-		return s, fmt.Errorf("%w: version %d, want %d", ErrMalformed, b[1], version)
+	if len(b) < 2 {
+		return s, &MalformedError{Reason: ReasonTruncated, Detail: "no version"}
 	}
-	d.b = b[2:]
+	s.Version = int(b[1])
+	if s.Version < minVersion {
+		return Snapshot{}, &MalformedError{Version: s.Version, Reason: ReasonVersion,
+			Detail: fmt.Sprintf("version %d, the oldest read is %d", s.Version, minVersion)}
+	}
+	d := decoder{b: b[2:]}
 	s.Origin = d.str()
 	s.Incarnation = d.uvarint()
 	s.Seq = d.uvarint()
 	s.Sent = time.Unix(0, d.varint())
-	n := d.uvarint()
-	if n > maxEndpoints {
-		return Snapshot{}, fmt.Errorf("%w: %d endpoints, at most %d", ErrMalformed, n, maxEndpoints)
+	s.Loads = d.loads()
+	if s.Version >= 2 {
+		s.Placements = d.placements(s.Sent)
 	}
-	if d.err == nil && n > 0 {
-		s.Loads = make([]placement.EndpointLoad, 0, min(n, uint64(len(d.b)/6+1)))
+	if s.Version > version {
+		d.skipSections()
 	}
-	for i := uint64(0); i < n && d.err == nil; i++ {
-		l := placement.EndpointLoad{Endpoint: d.str()}
-		l.Requests, l.KVBlocks, l.Prefill, l.Misses = d.int(), d.int(), d.int(), d.int()
-		k := d.uvarint()
-		if k > maxActive {
-			d.err = fmt.Errorf("%d active prefixes, at most %d", k, maxActive)
-		}
-		if d.err == nil && k > 0 {
-			l.Active = make([]placement.ActivePrefix, 0, min(k, uint64(len(d.b)/9+1)))
-		}
-		for j := uint64(0); j < k && d.err == nil; j++ {
-			l.Active = append(l.Active, placement.ActivePrefix{Key: d.u64(), Blocks: d.int()})
-		}
-		s.Loads = append(s.Loads, l)
+	if d.reason == "" && len(d.b) != 0 {
+		d.fail(ReasonTrailing, "%d trailing bytes", len(d.b))
 	}
-	var eps []string
-	if n := d.uvarint(); n > maxEndpoints {
-		d.err = fmt.Errorf("%d placement endpoints, at most %d", n, maxEndpoints)
-	} else {
-		for i := uint64(0); i < n && d.err == nil; i++ {
-			eps = append(eps, d.str())
-		}
+	if d.reason == "" && s.Origin == "" {
+		d.fail(ReasonInvalid, "empty origin")
 	}
-	if n := d.uvarint(); n > maxPlaced {
-		d.err = fmt.Errorf("%d placements, at most %d", n, maxPlaced)
-	} else if d.err == nil && n > 0 {
-		s.Placements = make([]placement.Placement, 0, min(n, uint64(len(d.b)/12+1)))
-		for i := uint64(0); i < n && d.err == nil; i++ {
-			p := placement.Placement{Key: d.u64(), Blocks: d.int(), Base: d.int()}
-			p.Decided = time.Unix(0, s.Sent.UnixNano()-d.varint())
-			k := d.uvarint()
-			if k > maxSites {
-				d.err = fmt.Errorf("%d sites, at most %d", k, maxSites)
-			}
-			if d.err == nil && k > 0 {
-				p.Sites = make([]placement.Site, 0, min(k, uint64(len(d.b)+1)))
-			}
-			for j := uint64(0); j < k && d.err == nil; j++ {
-				v := d.uvarint()
-				if d.err == nil && v>>1 >= uint64(len(eps)) {
-					d.err = fmt.Errorf("site endpoint %d of %d", v>>1, len(eps))
-				}
-				if d.err == nil {
-					p.Sites = append(p.Sites, placement.Site{Endpoint: eps[v>>1], Home: v&1 == 1})
-				}
-			}
-			s.Placements = append(s.Placements, p)
-		}
-	}
-	if d.err == nil && len(d.b) != 0 {
-		d.err = fmt.Errorf("%d trailing bytes", len(d.b))
-	}
-	if d.err != nil {
-		return Snapshot{}, fmt.Errorf("%w: %v", ErrMalformed, d.err)
-	}
-	if s.Origin == "" {
-		return Snapshot{}, fmt.Errorf("%w: empty origin", ErrMalformed)
+	if d.reason != "" {
+		return Snapshot{}, &MalformedError{Version: s.Version, Reason: d.reason, Detail: d.detail}
 	}
 	return s, nil
 }
 
+func (d *decoder) loads() []placement.EndpointLoad {
+	n := d.count(maxEndpoints, "endpoints")
+	if d.reason != "" || n == 0 {
+		return nil
+	}
+	loads := make([]placement.EndpointLoad, 0, min(n, len(d.b)/6+1))
+	for i := 0; i < n && d.reason == ""; i++ {
+		l := placement.EndpointLoad{Endpoint: d.str()}
+		l.Requests, l.KVBlocks, l.Prefill, l.Misses = d.int(), d.int(), d.int(), d.int()
+		k := d.count(maxActive, "active prefixes")
+		if d.reason == "" && k > 0 {
+			l.Active = make([]placement.ActivePrefix, 0, min(k, len(d.b)/9+1))
+		}
+		for j := 0; j < k && d.reason == ""; j++ {
+			l.Active = append(l.Active, placement.ActivePrefix{Key: d.u64(), Blocks: d.int()})
+		}
+		loads = append(loads, l)
+	}
+	return loads
+}
+
+// placements reads v2's endpoint table and placements; decision times are relative to sent.
+func (d *decoder) placements(sent time.Time) []placement.Placement {
+	var eps []string
+	n := d.count(maxEndpoints, "placement endpoints")
+	for i := 0; i < n && d.reason == ""; i++ {
+		eps = append(eps, d.str())
+	}
+	n = d.count(maxPlaced, "placements")
+	if d.reason != "" || n == 0 {
+		return nil
+	}
+	ps := make([]placement.Placement, 0, min(n, len(d.b)/12+1))
+	for i := 0; i < n && d.reason == ""; i++ {
+		p := placement.Placement{Key: d.u64(), Blocks: d.int(), Base: d.int()}
+		p.Decided = time.Unix(0, sent.UnixNano()-d.varint())
+		k := d.count(maxSites, "sites")
+		if d.reason == "" && k > 0 {
+			p.Sites = make([]placement.Site, 0, min(k, len(d.b)+1))
+		}
+		for j := 0; j < k && d.reason == ""; j++ {
+			v := d.uvarint()
+			if d.reason == "" && v>>1 >= uint64(len(eps)) {
+				d.fail(ReasonInvalid, "site endpoint %d of %d", v>>1, len(eps))
+			}
+			if d.reason == "" {
+				p.Sites = append(p.Sites, placement.Site{Endpoint: eps[v>>1], Home: v&1 == 1})
+			}
+		}
+		ps = append(ps, p)
+	}
+	return ps
+}
+
+// skipSections reads the sections of a version newer than this code: none is known yet,
+// so each is skipped whole (a known tag would be decoded from its own bytes, so that
+// fields appended to a section are skipped the same way).
+func (d *decoder) skipSections() {
+	for len(d.b) > 0 && d.reason == "" {
+		d.uvarint() // tag
+		n := d.uvarint()
+		if d.reason == "" && n > uint64(len(d.b)) {
+			d.fail(ReasonTruncated, "section of %d bytes, %d left", n, len(d.b))
+		}
+		if d.reason == "" {
+			d.b = d.b[n:]
+		}
+	}
+}
+
+// decoder reads fields from b; the first failure sticks (reason and detail) and every
+// later read returns zero.
 type decoder struct {
-	b   []byte
-	err error
+	b              []byte
+	reason, detail string
+}
+
+func (d *decoder) fail(reason, format string, args ...any) {
+	if d.reason == "" {
+		d.reason, d.detail = reason, fmt.Sprintf(format, args...)
+	}
 }
 
 func (d *decoder) uvarint() uint64 {
-	if d.err != nil {
+	if d.reason != "" {
 		return 0
 	}
 	v, n := binary.Uvarint(d.b)
-	if n <= 0 {
-		d.err = errors.New("truncated varint")
+	if n == 0 {
+		d.fail(ReasonTruncated, "truncated varint")
+		return 0
+	}
+	if n < 0 {
+		d.fail(ReasonLimit, "varint overflows 64 bits")
 		return 0
 	}
 	d.b = d.b[n:]
@@ -206,11 +288,11 @@ func (d *decoder) uvarint() uint64 {
 }
 
 func (d *decoder) u64() uint64 {
-	if d.err != nil {
+	if d.reason != "" {
 		return 0
 	}
 	if len(d.b) < 8 {
-		d.err = errors.New("truncated key")
+		d.fail(ReasonTruncated, "truncated key")
 		return 0
 	}
 	v := binary.LittleEndian.Uint64(d.b)
@@ -219,12 +301,16 @@ func (d *decoder) u64() uint64 {
 }
 
 func (d *decoder) varint() int64 {
-	if d.err != nil {
+	if d.reason != "" {
 		return 0
 	}
 	v, n := binary.Varint(d.b)
-	if n <= 0 {
-		d.err = errors.New("truncated varint")
+	if n == 0 {
+		d.fail(ReasonTruncated, "truncated varint")
+		return 0
+	}
+	if n < 0 {
+		d.fail(ReasonLimit, "varint overflows 64 bits")
 		return 0
 	}
 	d.b = d.b[n:]
@@ -235,9 +321,17 @@ func (d *decoder) varint() int64 {
 func (d *decoder) int() int {
 	v := d.uvarint()
 	if v > 1<<31 {
-		if d.err == nil {
-			d.err = fmt.Errorf("count %d out of range", v)
-		}
+		d.fail(ReasonLimit, "count %d out of range", v)
+		return 0
+	}
+	return int(v)
+}
+
+// count reads the length of a list of what, at most limit.
+func (d *decoder) count(limit int, what string) int {
+	v := d.uvarint()
+	if v > uint64(limit) {
+		d.fail(ReasonLimit, "%d %s, at most %d", v, what, limit)
 		return 0
 	}
 	return int(v)
@@ -245,11 +339,15 @@ func (d *decoder) int() int {
 
 func (d *decoder) str() string {
 	n := d.uvarint()
-	if d.err != nil {
+	if d.reason != "" {
 		return ""
 	}
-	if n > maxString || n > uint64(len(d.b)) {
-		d.err = fmt.Errorf("string of %d bytes (%d left, at most %d)", n, len(d.b), maxString)
+	if n > maxString {
+		d.fail(ReasonLimit, "string of %d bytes, at most %d", n, maxString)
+		return ""
+	}
+	if n > uint64(len(d.b)) {
+		d.fail(ReasonTruncated, "string of %d bytes, %d left", n, len(d.b))
 		return ""
 	}
 	s := string(d.b[:n])

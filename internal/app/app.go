@@ -43,7 +43,9 @@ const (
 	// LivenessService is SERVING on the probe port for as long as the process runs.
 	LivenessService = "liveness"
 	// ReadinessService (and "") is SERVING on the probe port while at least one endpoint
-	// is eligible and the router is not draining.
+	// is eligible and the router is not draining. The port opens once New has loaded
+	// every configured model's tokenizer (or found it unsupported: routed by load), so
+	// readiness never precedes the tokenizers.
 	ReadinessService = "readiness"
 )
 
@@ -396,6 +398,9 @@ func (a *App) updateHealth() {
 	a.extHealth.SetServingStatus("", st)
 	a.probeHlth.SetServingStatus(ReadinessService, st)
 	a.probeHlth.SetServingStatus("", st)
+	// The Inference Extension's endpoint picker answers the ext_proc service name on its
+	// health port too (a gateway or probe configured for it checks there).
+	a.probeHlth.SetServingStatus(ExtProcService, st)
 }
 
 func (a *App) serveReadyz(w http.ResponseWriter, _ *http.Request) {

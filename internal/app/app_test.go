@@ -208,7 +208,7 @@ func TestServeAndDrain(t *testing.T) {
 		for _, s := range []string{app.ExtProcService, ""} {
 			checkHealth(t, ext, s, healthpb.HealthCheckResponse_NOT_SERVING)
 		}
-		for _, s := range []string{app.ReadinessService, ""} {
+		for _, s := range []string{app.ReadinessService, "", app.ExtProcService} {
 			checkHealth(t, probe, s, healthpb.HealthCheckResponse_NOT_SERVING)
 		}
 		checkHealth(t, probe, app.LivenessService, healthpb.HealthCheckResponse_SERVING)
@@ -235,6 +235,7 @@ func TestServeAndDrain(t *testing.T) {
 		waitHealth(t, probe, app.ReadinessService, healthpb.HealthCheckResponse_SERVING)
 		checkHealth(t, ext, "", healthpb.HealthCheckResponse_SERVING)
 		checkHealth(t, probe, "", healthpb.HealthCheckResponse_SERVING)
+		checkHealth(t, probe, app.ExtProcService, healthpb.HealthCheckResponse_SERVING)
 		if code, body := httpGet(t, metricsURL+"/readyz"); code != http.StatusOK {
 			t.Errorf("/readyz = %d %q, want 200", code, body)
 		}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -12,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/kvrouter/kvrouter/config"
 	"github.com/kvrouter/kvrouter/internal/app"
@@ -150,5 +152,53 @@ func TestChatTemplateRefusalCounted(t *testing.T) {
 	}
 	if want := []string{refusedModel + ":1"}; !slices.Equal(got, want) {
 		t.Errorf("kvrouter_chat_template_refusals_total: %v, want %v", got, want)
+	}
+}
+
+// TestReadyOnlyWithEveryTokenizerSettled: by the time readiness (the probe port's
+// readiness service, /readyz) first says SERVING, every configured model's tokenizer
+// has loaded, so the pod's first requests are routed by cache, or failed for good (an
+// unsupported tokenizer), which does not hold readiness: that model is routed by load.
+func TestReadyOnlyWithEveryTokenizerSettled(t *testing.T) {
+	const wordpiece = "other/wordpiece"
+	dir := t.TempDir()
+	for name, body := range map[string]string{
+		"tokenizer.json":        `{"model":{"type":"WordPiece","vocab":{"a":0}},"added_tokens":[]}`,
+		"tokenizer_config.json": `{}`,
+	} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	vllm := newFakeVLLM(t)
+	vllm.up.Store(true)
+	cfg := testConfig(t, vllm)
+	cfg.Endpoints[0].Models = append(cfg.Endpoints[0].Models, wordpiece)
+	cfg.Models = map[string]config.ModelConfig{
+		model:     {Tokenizer: testmodels.Dir(t, "qwen3"), BlockSize: 16},
+		wordpiece: {Tokenizer: dir, BlockSize: 16},
+	}
+	cfg.Policy.Name = "kv"
+	a := startApp(t, cfg, app.Options{Registry: prometheus.NewRegistry()})
+	waitHealth(t, dial(t, a.addrs.Health), app.ReadinessService, healthpb.HealthCheckResponse_SERVING)
+	if code, body := httpGet(t, "http://"+a.addrs.Metrics+"/readyz"); code != http.StatusOK {
+		t.Fatalf("/readyz = %d %q once readiness is SERVING", code, body)
+	}
+	metrics := metricsText(t, "http://"+a.addrs.Metrics)
+	for _, want := range []string{
+		`kvrouter_model_tokenizer_ready{model="` + model + `"} 1`,
+		`kvrouter_model_tokenizer_ready{model="` + wordpiece + `"} 0`,
+	} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("ready, but /metrics lacks %s", want)
+		}
+	}
+	x, err := a.ExplainRoute("", []byte(`{"model":"`+model+`","prompt":"hello world"}`))
+	if err != nil || x.Tokens == 0 || x.TokenizeError != "" {
+		t.Errorf("ready, but %s's prompt: %+v, %v; want its tokens", model, x, err)
+	}
+	x, err = a.ExplainRoute("", []byte(`{"model":"`+wordpiece+`","prompt":"hello"}`))
+	if err != nil || x.Tokens != 0 || !strings.Contains(x.TokenizeError, "unsupported") || x.Pick == "" {
+		t.Errorf("%s's prompt: %+v, %v; want no tokens, an unsupported-tokenizer error and a pick by load", wordpiece, x, err)
 	}
 }
