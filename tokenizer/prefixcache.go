@@ -27,7 +27,7 @@ import (
 const (
 	// spanOverhead is what a span costs beside its ids: the LRU's list element and
 	// map slot, the span header and the slice header (measured by BenchmarkPrefixCacheMemory).
-	spanOverhead = 176
+	spanOverhead = 200
 	// minSpanIDs: a cut is stored when at least this many ids follow the previous
 	// stored cut (or it is one of the text's last lastCuts cuts), so short spans such as
 	// "<|im_end|>\n" share an entry with their message instead of paying the overhead.
@@ -54,7 +54,11 @@ type span struct {
 	parent  uint64 // key of the previous stored cut; 0: this span starts the text
 	key     uint64 // the span's own cut's key
 	textLen int    // bytes of text between the previous stored cut and this one
-	ids     []uint32
+	// inner are the cuts between the previous stored cut and this one that were not
+	// stored (short spans), as offsets into the span's text: a cut's key chains
+	// through every cut before it (see chainKey), so a walk over the span needs them.
+	inner []int32
+	ids   []uint32
 	// next is the span that last followed this one in an encode (nil: none, or
 	// evicted): the chain an encode walks (see walk). Set by store and cleared by
 	// eviction, both under the cache's lock, so a span kept never keeps an evicted one.
@@ -84,7 +88,7 @@ const (
 
 // size is the span's memory; read under the cache's lock (keys change under it).
 func (s *span) size() int64 {
-	n := spanOverhead + 4*int64(cap(s.ids))
+	n := spanOverhead + 4*int64(cap(s.ids)) + 4*int64(cap(s.inner))
 	if p := s.keys.Load(); p != nil {
 		n += spanKeysHeader
 		for _, k := range *p {
@@ -140,14 +144,8 @@ type cutPoint struct {
 // the ones found and the ones stored.
 func (t *Tokenizer) encodeCached(text string, out []uint32, base int, add bool, limit int, sc *splitScratch, p *Prefix) []uint32 {
 	c := t.cache
-	var h maphash.Hash
-	h.SetSeed(c.seed)
-	if add {
-		h.WriteByte(1)
-	} else {
-		h.WriteByte(0)
-	}
-	walked, pos := t.walk(text, &h, sc.chain[:0])
+	key := startKey(add)
+	walked, pos := t.walk(text, &key, sc.chain[:0])
 	defer func() { clear(walked); sc.chain = walked[:0] }() // no reference to cached ids kept
 	rest := text[pos:]
 	pieces := t.rawMatcher.splitWith(rest, sc.pieces[:0], &sc.matches)
@@ -157,9 +155,9 @@ func (t *Tokenizer) encodeCached(text string, out []uint32, base int, add bool, 
 	prev := 0
 	for i, p := range pieces {
 		if p.tok >= 0 && p.at > 0 && t.cut[p.tok] {
-			h.WriteString(rest[prev:p.at])
+			key = c.chainKey(key, rest[prev:p.at])
 			prev = p.at
-			cuts = append(cuts, cutPoint{piece: i, at: pos + p.at, key: h.Sum64() | 1})
+			cuts = append(cuts, cutPoint{piece: i, at: pos + p.at, key: key})
 		}
 	}
 	if len(cuts) == 0 && len(walked) == 0 {
@@ -212,6 +210,33 @@ func (t *Tokenizer) encodeCached(text string, out []uint32, base int, add bool, 
 	return out
 }
 
+// startKey is the key a text's chain of cut keys starts from: whether special tokens
+// are added is part of every key.
+func startKey(add bool) uint64 {
+	if add {
+		return 0x6b76_726f_7574_6531
+	}
+	return 0x6b76_726f_7574_6530
+}
+
+// chainKey is the key of a cut: the previous cut's key (startKey for the first) mixed
+// with a seeded hash of the text between the two cuts. A cut's key thus stands for
+// the text before it and where its cuts are, which the split of that text decides; it
+// is never 0. One hash per segment, rather than a streaming hash of the whole text,
+// hashes a long conversation's text in one call per message instead of one per 128
+// bytes. For a given previous key the mixing is a bijection of the segment's hash
+// (before the low bit is set), so two texts' keys collide only where their segments'
+// seeded hashes nearly do.
+func (c *prefixCache) chainKey(prev uint64, segment string) uint64 {
+	x := prev*0x9e3779b97f4a7c15 ^ maphash.String(c.seed, segment)
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	x ^= x >> 31
+	return x | 1
+}
+
 // maxScanAhead bounds the cuts walk scans past the end of the chain it follows to find
 // where the text's stored chain continues (after a shared system prompt, another
 // conversation's next message is the hint; short messages' cuts are not stored).
@@ -219,29 +244,34 @@ const maxScanAhead = 8
 
 // walk follows the cache's chain along text from its start: from each span it takes
 // the one that followed it last time (span.next) when the text has the same bytes up
-// to that span's cut (its key is the hash of the text before the cut: h, continued
-// over the span's text length) and the split of text has a cut there (walkCut), else
+// to that span's cut (its key chains the text's segments between the cuts before it:
+// key, continued over the span's text and its inner cuts) and the split of text has a
+// cut there (walkCut), else
 // it scans up to maxScanAhead cuts ahead for a stored span continuing the chain (store
 // then relinks the hints along this text, under the cache's lock, so that no span
 // kept points to an evicted one). It returns the spans walked, in order, and the position of
-// the last one's cut (0 when none), h then being the hash of the text before it.
+// the last one's cut (0 when none), key then being its key.
 //
 // The ids are those a split of the whole text gives: a span is taken only where the
 // whole text's split has a cut, and the ids of the text before a cut are those of the
 // text the span was stored for.
-func (t *Tokenizer) walk(text string, h *maphash.Hash, spans []*span) ([]*span, int) {
+func (t *Tokenizer) walk(text string, key *uint64, spans []*span) ([]*span, int) {
 	if !t.walkable {
 		return spans, 0
 	}
+	c := t.cache
 	pos := 0
 	var cur *span
 	for {
 		if cur != nil {
 			if nx := cur.next.Load(); nx != nil && nx.parent == cur.key && t.walkCut(text, pos+nx.textLen) {
-				h2 := *h
-				h2.WriteString(text[pos : pos+nx.textLen])
-				if h2.Sum64()|1 == nx.key {
-					*h, pos, cur = h2, pos+nx.textLen, nx
+				k, from := *key, pos
+				for _, o := range nx.inner {
+					k = c.chainKey(k, text[from:pos+int(o)])
+					from = pos + int(o)
+				}
+				if k = c.chainKey(k, text[from:pos+nx.textLen]); k == nx.key {
+					*key, pos, cur = k, pos+nx.textLen, nx
 					spans = append(spans, nx)
 					continue
 				}
@@ -251,7 +281,7 @@ func (t *Tokenizer) walk(text string, h *maphash.Hash, spans []*span) ([]*span, 
 		if cur != nil {
 			parent = cur.key
 		}
-		nx, end := t.scanAhead(text, pos, parent, h)
+		nx, end := t.scanAhead(text, pos, parent, key)
 		if nx == nil {
 			return spans, pos
 		}
@@ -274,11 +304,11 @@ func (t *Tokenizer) walkCut(text string, c int) bool {
 
 // scanAhead scans the split of text from pos (a cut, or 0) for the first stored span
 // of its next maxScanAhead cuts; it returns that span and its cut when the span
-// continues the chain at parent, h then being hashed up to the cut, else nil and h
+// continues the chain at parent, key then being the cut's key, else nil and key
 // unchanged.
-func (t *Tokenizer) scanAhead(text string, pos int, parent uint64, h *maphash.Hash) (*span, int) {
+func (t *Tokenizer) scanAhead(text string, pos int, parent uint64, key *uint64) (*span, int) {
 	m := t.rawMatcher
-	h2 := *h
+	k := *key
 	prev, from := pos, pos
 	for n := 0; n < maxScanAhead; {
 		tok, at, end := m.nextMatch(text, from)
@@ -290,11 +320,10 @@ func (t *Tokenizer) scanAhead(text string, pos int, parent uint64, h *maphash.Ha
 			continue
 		}
 		n++
-		h2.WriteString(text[prev:at])
+		k = t.cache.chainKey(k, text[prev:at])
 		prev = at
-		key := h2.Sum64() | 1
 		t.cache.mu.Lock()
-		s, ok := t.cache.lru.Peek(key)
+		s, ok := t.cache.lru.Peek(k)
 		t.cache.mu.Unlock()
 		switch {
 		case !ok:
@@ -302,7 +331,7 @@ func (t *Tokenizer) scanAhead(text string, pos int, parent uint64, h *maphash.Ha
 		case s.parent != parent:
 			return nil, 0 // stored with other cuts before it: lookup finds it
 		}
-		*h = h2
+		*key = k
 		return s, at
 	}
 	return nil, 0
@@ -348,11 +377,20 @@ func (c *prefixCache) store(cuts []cutPoint, parent uint64, from, fromAt int, ou
 	}
 	news := newBuf[:0]
 	extended := parent
+	skipped := 0 // cuts since the last stored one, not stored
 	for j := range cuts {
 		if cuts[j].n-from < minSpanIDs && j < len(cuts)-lastCuts {
+			skipped++
 			continue
 		}
 		s := &span{parent: parent, key: cuts[j].key, textLen: cuts[j].at - fromAt, ids: slices.Clone(out[from:cuts[j].n])}
+		if skipped > 0 {
+			s.inner = make([]int32, skipped)
+			for i, cp := range cuts[j-skipped : j] {
+				s.inner[i] = int32(cp.at - fromAt)
+			}
+			skipped = 0
+		}
 		if s.size() > c.maxBytes {
 			break // its children would have no parent
 		}
