@@ -3,8 +3,10 @@ package tokenizer
 import (
 	"hash/maphash"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"unicode/utf8"
 
 	"github.com/hashicorp/golang-lru/v2/simplelru"
 )
@@ -147,6 +149,12 @@ func (t *Tokenizer) encodeCached(text string, out []uint32, base int, add bool, 
 	key := startKey(add)
 	walked, pos := t.walk(text, &key, sc.chain[:0])
 	defer func() { clear(walked); sc.chain = walked[:0] }() // no reference to cached ids kept
+	// Invalid UTF-8 is replaced before encoding (see AppendEncodeMax). The walked
+	// prefix has the bytes of a text stored before, which was valid, and ends before an
+	// added token, at a rune boundary: only the rest needs checking, and replacing.
+	if !utf8.ValidString(text[pos:]) {
+		text = text[:pos] + strings.ToValidUTF8(text[pos:], "\uFFFD")
+	}
 	rest := text[pos:]
 	pieces := t.rawMatcher.splitWith(rest, sc.pieces[:0], &sc.matches)
 	defer func() { sc.pieces = pieces }()

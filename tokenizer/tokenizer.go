@@ -135,7 +135,7 @@ func (t *Tokenizer) AppendEncodePrefix(dst []uint32, text string, addSpecialToke
 	if p != nil {
 		p.Reset()
 	}
-	if !utf8.ValidString(text) {
+	if t.cache == nil && !utf8.ValidString(text) { // with the cache, encodeCached checks
 		text = strings.ToValidUTF8(text, "\uFFFD")
 	}
 	// The encoders stop once out holds limit ids; limit is one past maxTokens, so that

@@ -596,6 +596,8 @@ func TestWalkedChain(t *testing.T) {
 		strings.Replace(edited, msg(0, 3), msg(9, 3), 1),             // an edit in the middle
 		strings.Replace(edited, msg(0, 5)+"[s]", msg(0, 5)+"[e]", 1), // another cut token
 		edited[:len(edited)-3],                                       // the same text without its last cut
+		edited+"user \xff\xfe tail [e][s]",                           // invalid UTF-8 after the walked prefix
+		strings.Replace(edited, msg(0, 4), "[s]user \xc3 x[e]", 1),   // and inside the history
 		// A cut of the cached text straddled by a longer token in the new one.
 		system+"[s]user ha<|s|>c tail[e][s]", system+"[s]user ha<|s|>b tail[e][s]",
 		system+"[s]user ha<|s|>c tail[e][s]",
