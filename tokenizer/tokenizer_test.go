@@ -564,9 +564,9 @@ func TestPrefixSegmentKeys(t *testing.T) {
 // interleaved after a shared system prompt (each hint then leads to another
 // conversation), edits in the middle of a history, a cut token replaced by another, a
 // cut straddled by a longer token in the new text (whose first byte another token
-// holds further in: "a<|s|>b" around "<|s|>"), and a cache small enough to evict on
-// every encode all give the ids of a tokenizer without a cache; the walk serves most
-// of the ids of later turns.
+// holds further in: "a<|s|>b" around "<|s|>"), invalid UTF-8 after the walked prefix
+// or inside it, and a cache small enough to evict on every encode all give the ids of
+// a tokenizer without a cache; the walk serves most of the ids of later turns.
 func TestWalkedChain(t *testing.T) {
 	added := []string{"[s]", "[e]", "<|s|>", "a<|s|>b"}
 	reg := prometheus.NewPedanticRegistry()
