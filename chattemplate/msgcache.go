@@ -28,7 +28,7 @@ const (
 	// messageOverhead is what an entry costs beside its strings and values: the LRU's
 	// list element and map slot, the entry and the message dict's header (measured by
 	// BenchmarkMessageCacheMemory: accounted bytes match the live heap it adds).
-	messageOverhead = 320
+	messageOverhead = 336
 	// valueBytes is the size of a template value (jinja.Value) in a list or dict.
 	valueBytes = 48
 )
@@ -42,6 +42,9 @@ type messageCache struct {
 	lru    *simplelru.LRU[uint64, *cachedMessage]
 	byDict map[*jinja.Dict]*cachedMessage // the entries by their converted message
 	bytes  int64
+	// clock counts the moves to the LRU's front: an entry moved at stamp s has at
+	// most clock-s entries before it (see touch).
+	clock uint64
 }
 
 type cachedMessage struct {
@@ -49,11 +52,17 @@ type cachedMessage struct {
 	raw    string
 	openai bool
 	msg    jinja.Value
-	// next is the key of the message that followed this one in the last request
-	// that had it (0: none): the conversation's chain, which the next turn walks
-	// instead of looking each message up (walk). A hint, checked before use.
-	next atomic.Uint64
-	size int64 // the entry's memory, its iterations included; c.mu
+	// next is the message that followed this one in the last request that had
+	// both (nil: none): the conversation's chain, which the next turn walks instead of
+	// looking each message up (walk). A hint, checked before use. Set under c.mu, and
+	// cleared there when either entry is evicted (prev is the entry whose next this
+	// is), so that an entry kept never keeps an evicted one.
+	next atomic.Pointer[cachedMessage]
+	prev *cachedMessage // c.mu
+	// stamp is c.clock when the entry was last moved to the LRU's front; c.mu.
+	stamp uint64
+	gone  bool  // evicted or replaced; c.mu
+	size  int64 // the entry's memory, its iterations included; c.mu
 	// iters are the message's rendered loop iterations (jinja's incremental
 	// rendering), at most maxIterations, newest last: an immutable slice replaced
 	// under c.mu, read without it.
@@ -102,6 +111,10 @@ func (c *messageCache) message(raw []byte, openai bool) (jinja.Value, *cachedMes
 		}
 		c.mu.Lock()
 		e, ok := c.lru.Get(key)
+		if ok {
+			e.stamp = c.clock
+			c.clock++
+		}
 		c.mu.Unlock()
 		if ok && e.openai == openai && e.raw == string(raw) {
 			c.counters.lookup(true)
@@ -194,9 +207,6 @@ func (c *messageCache) walk(raw []byte, openai bool) (conv []jinja.Value, entrie
 			if msg, e, err = c.message(raw[i:end], openai); err != nil {
 				return nil, nil, false
 			}
-			if prev != nil && e != nil && prev.next.Load() != e.key {
-				prev.next.Store(e.key)
-			}
 		}
 		conv = append(conv, msg)
 		entries = append(entries, e)
@@ -215,35 +225,45 @@ func (c *messageCache) walk(raw []byte, openai bool) (conv []jinja.Value, entrie
 	}
 }
 
-// predict appends to pred the entries that followed prev last time, as far as the
-// cache holds them, at most walkBatch.
+// predict appends to pred the entries that followed prev last time, at most
+// walkBatch (the chain may be a cycle: a message repeated).
 func (c *messageCache) predict(prev *cachedMessage, pred []*cachedMessage) []*cachedMessage {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for key := prev.next.Load(); key != 0 && len(pred) < walkBatch; {
-		e, ok := c.lru.Peek(key)
-		if !ok {
-			break
-		}
+	for e := prev.next.Load(); e != nil && len(pred) < walkBatch; e = e.next.Load() {
 		pred = append(pred, e)
-		key = e.next.Load()
 	}
 	return pred
 }
 
 // touch marks the entries of a walked conversation as used, as message's lookups do,
-// and counts the chained ones (which had no lookup of their own) as hits.
+// links each to the next in the chain, and counts the chained ones (which had no
+// lookup of their own) as hits. An entry moved to the LRU's front fewer than half the
+// LRU's length moves ago is in its front half, far from eviction: it is not moved
+// again, which spares a long conversation's turn hundreds of map lookups and list
+// moves and leaves the order of eviction least recently used but for that half.
 func (c *messageCache) touch(entries []*cachedMessage, chained int) {
-	if chained == 0 {
-		return
-	}
 	c.counters.hits(chained)
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	near := uint64(c.lru.Len() / 2)
+	var prev *cachedMessage
 	for _, e := range entries {
-		if e != nil {
-			c.lru.Get(e.key)
+		if e == nil || e.gone {
+			prev = nil // not cached (too large, or evicted meanwhile)
+			continue
 		}
+		if c.clock-e.stamp >= near {
+			c.lru.Get(e.key)
+			e.stamp = c.clock
+			c.clock++
+		}
+		if prev != nil && prev.next.Load() != e {
+			if old := prev.next.Load(); old != nil && old.prev == prev {
+				old.prev = nil
+			}
+			prev.next.Store(e)
+			e.prev = prev
+		}
+		prev = e
 	}
 }
 
@@ -261,6 +281,8 @@ func (c *messageCache) add(key uint64, e *cachedMessage) bool {
 		c.forget(old)
 	}
 	c.lru.Add(key, e)
+	e.stamp = c.clock
+	c.clock++
 	c.bytes += e.size
 	if d := e.msg.Dict(); d != nil {
 		c.byDict[d] = e
@@ -279,11 +301,20 @@ func (c *messageCache) evict() {
 	c.counters.setBytes(c.bytes)
 }
 
-// forget drops e from byDict. c.mu is held.
+// forget drops e from byDict and unlinks it from the conversation chain. c.mu is held.
 func (c *messageCache) forget(e *cachedMessage) {
 	if d := e.msg.Dict(); d != nil && c.byDict[d] == e {
 		delete(c.byDict, d)
 	}
+	e.gone = true
+	if p := e.prev; p != nil && p.next.Load() == e {
+		p.next.Store(nil)
+	}
+	if n := e.next.Load(); n != nil && n.prev == e {
+		n.prev = nil
+	}
+	e.next.Store(nil)
+	e.prev = nil
 }
 
 // renderIterations is the jinja.IterationCache of one render: the message cache,
