@@ -117,7 +117,10 @@ type Config struct {
 	// request's own uncached tokens there are fewer than HoldPrefillTokens, and the
 	// endpoint is prefilling a request of at least HoldPrefillTokens uncached tokens that
 	// has no first token yet. Joining would add the request's tokens to the miss's last
-	// prefill chunk and delay its first token; held, it starts after it. 0 disables.
+	// prefill chunk and delay its first token; held, it starts after it. A request that
+	// arrives less than HoldStep after the newest miss there was routed joins it instead
+	// when the endpoint has KV room for it: held, it would start up to a hold step after
+	// the miss's first token and become slower than the miss it protects. 0 disables.
 	// Default 120ms (N = 24, C = 8: p99 TTFT 189 -> 170 ms; docs/results-policy.md); the
 	// router bounds it again with limits.max_hold.
 	HoldMax time.Duration `yaml:"hold_max"`
@@ -126,8 +129,9 @@ type Config struct {
 	// HoldPrefillTokens is the uncached prompt tokens that make an in-flight request a
 	// miss worth waiting for, and a request short enough to hold (see HoldMax). Default
 	// 600, between the reference's 339-token hit and 2,371-token miss: the derivations
-	// measured (one step, the request's own tail, most of the prompt cached) each lose
-	// the reference grid at N = 24 (docs/results-workloads.md).
+	// measured (one step, the request's own tail, most of the prompt cached, a miss
+	// being any longer prefill than the held request's) each lose the reference grid at
+	// N = 24 (docs/results-workloads.md).
 	HoldPrefillTokens int `yaml:"hold_prefill_tokens"`
 	// MaxNumBatchedTokens is the engines' per-step token budget (vLLM's
 	// --max-num-batched-tokens; not in its /metrics, vllm-project/vllm#18900): a

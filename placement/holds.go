@@ -24,5 +24,16 @@ func (p *Policy) waitBehindMiss(req *scoring.Request, e *prefixEntry, key uint64
 	if have < e.held(p.cfg.HolderShare) || len(req.TokenIDs)-have*bs >= p.cfg.HoldPrefillTokens {
 		return 0
 	}
+	// Joined now, the request would share the miss's last prefill step; held, it starts
+	// up to a hold step after the miss's first token. When the newest miss there was
+	// routed less than a hold step before this request arrived (req.Held ago), the held
+	// request would become slower than the miss it protects: it joins instead (12
+	// servers, C = 16: p99 TTFT 153 -> 143 ms, kv 143; docs/results-workloads.md). Without
+	// KV room there, joined, it would wait in the engine for blocks anyway: it is held.
+	// Misses only a peer routed carry no time: held, as before.
+	ep := sc.eps[best]
+	if ep.missesInPrefill > 0 && sc.room[best] && p.now().Sub(ep.lastMiss) < req.Held+step {
+		return 0
+	}
 	return step
 }

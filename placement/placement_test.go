@@ -495,24 +495,31 @@ func TestPlacementPrefersAHeldPlacement(t *testing.T) {
 }
 
 // A request that hits at an endpoint prefilling a miss is held (re-picked after
-// HoldStep) until the miss's first token, within HoldMax; misses are never held.
+// HoldStep) until the miss's first token, within HoldMax, unless the miss was routed
+// less than a hold step before it arrived and the endpoint has KV room for it (held, it
+// would become slower than the miss); misses are never held.
 func TestPlacementHoldsBehindAMiss(t *testing.T) {
 	const ms = time.Millisecond
 	tests := []struct {
 		name     string
 		holdMax  time.Duration
-		req      []uint32 // the request picked while the miss prefills
+		req      []uint32      // the request picked while the miss prefills
+		since    time.Duration // from the miss's routing to the request's arrival
 		held     time.Duration
+		capacity int  // the endpoint's KV blocks (0: 1000)
 		firstTok bool // the miss has its first token by then
 		wantHold time.Duration
 		wantKind string
 	}{
-		{"hit behind a miss is held", 120 * ms, prefixed(0, 2), 0, false, 5 * ms, "hold"},
-		{"held again within the bound", 120 * ms, prefixed(0, 2), 115 * ms, false, 5 * ms, "hold"},
-		{"never past the bound", 120 * ms, prefixed(0, 2), 116 * ms, false, 0, "holder"},
-		{"released at the miss's first token", 120 * ms, prefixed(0, 2), 10 * ms, true, 0, "holder"},
-		{"a miss itself is not held", 120 * ms, prefixed(2, 2), 0, false, 0, "home"},
-		{"holds off", 0, prefixed(0, 2), 0, false, 0, "holder"},
+		{"hit behind a miss is held", 120 * ms, prefixed(0, 2), 10 * ms, 0, 0, false, 5 * ms, "hold"},
+		{"held again within the bound", 120 * ms, prefixed(0, 2), 10 * ms, 115 * ms, 0, false, 5 * ms, "hold"},
+		{"never past the bound", 120 * ms, prefixed(0, 2), 10 * ms, 116 * ms, 0, false, 0, "holder"},
+		{"released at the miss's first token", 120 * ms, prefixed(0, 2), 10 * ms, 10 * ms, 0, true, 0, "holder"},
+		{"a miss routed as it arrived: joined", 120 * ms, prefixed(0, 2), 4 * ms, 0, 0, false, 0, "holder"},
+		{"still joined after holds of its own", 120 * ms, prefixed(0, 2), 4 * ms, 20 * ms, 0, false, 0, "holder"},
+		{"no KV room: held even so", 120 * ms, prefixed(0, 2), 0, 0, 140, false, 5 * ms, "hold"},
+		{"a miss itself is not held", 120 * ms, prefixed(2, 2), 10 * ms, 0, 0, false, 0, "home"},
+		{"holds off", 0, prefixed(0, 2), 10 * ms, 0, 0, false, 0, "holder"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -520,11 +527,16 @@ func TestPlacementHoldsBehindAMiss(t *testing.T) {
 			cfg := placement.DefaultConfig()
 			cfg.HoldMax = tc.holdMax
 			reg := prometheus.NewRegistry()
-			p, err := placement.New(cfg, ix, func() time.Time { return time.Unix(0, 0) }, reg)
+			now := time.Unix(0, 0)
+			p, err := placement.New(cfg, ix, func() time.Time { return now }, reg)
 			if err != nil {
 				t.Fatal(err)
 			}
-			cs := fleet(1, nil)
+			var caps []int
+			if tc.capacity > 0 {
+				caps = []int{tc.capacity}
+			}
+			cs := fleet(1, caps)
 			ep := cs[0].Address
 			place(t, p, prefixed(0, 0), cs)
 			ix.Hold(ep, plKeysOf(prefixed(0, 0))[:64]) // the endpoint holds prefix 0
@@ -537,6 +549,7 @@ func TestPlacementHoldsBehindAMiss(t *testing.T) {
 				p.FirstToken(miss.ID)
 			}
 			cs[0].InFlight = 1
+			now = now.Add(tc.since + tc.held)
 			req := plRequest(tc.req)
 			req.Held = tc.held
 			before := decisionCount(t, reg, tc.wantKind)

@@ -364,6 +364,7 @@ func (p *Policy) Routed(req *scoring.Request, endpoint string) {
 	if r.prefill >= p.cfg.HoldPrefillTokens {
 		r.miss = true
 		ep.missesInPrefill++
+		ep.lastMiss = p.now()
 	}
 	p.reqs[req.ID] = r
 }

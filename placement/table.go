@@ -33,6 +33,8 @@ type endpointState struct {
 	// missesInPrefill counts in-flight requests with at least HoldPrefillTokens uncached
 	// tokens and no first token yet: while > 0, hits wait at the router (HoldMax).
 	missesInPrefill int
+	// lastMiss is when the newest miss was routed there (waitBehindMiss).
+	lastMiss time.Time
 	// inflight counts the requests this router routed there and has not seen finish;
 	// hist is a ring of its last histLen values with footprint and time, histN how many
 	// were ever recorded: SharedLoad reads this router's share of a scrape from them.
