@@ -290,26 +290,38 @@ func (s *forStmt) execMemo(st *state, items []Value, saved []Value, loop *loopSt
 	}
 	reused := 0
 	for i, it := range items {
+		item := it.Dict()
+		key := IterationKey{Template: st.t, Loop: s.memo.id, Index: i}
+		if item != nil && entryOK {
+			if prev := st.cache.Iteration(item, key); prev != nil {
+				// A replay reads outer state only (recorded expressions read no
+				// variable the loop assigns but loop), so the iteration's scope is
+				// set up only if it has to execute: the next iteration, or the loop's
+				// end, restores it anyway.
+				if loop != nil {
+					loop.index0 = i
+					st.slots(s.loopRef.local)[s.loopRef.slot] = Value{kind: KindLoop, ref: loop}
+				}
+				if s.replay(st, prev, saved) {
+					st.out.WriteString(prev.out)
+					st.stats.Reused++
+					reused++
+					if prev.brk {
+						break
+					}
+					continue
+				}
+			}
+		}
 		if err := s.enter(st, saved, loop, i, it); err != nil {
 			return err
 		}
-		item := it.Dict()
 		if item == nil || !entryOK {
 			c, err := execBody(st, s.body)
 			if err != nil {
 				return err
 			}
 			if c == ctlBreak {
-				break
-			}
-			continue
-		}
-		key := IterationKey{Template: st.t, Loop: s.memo.id, Index: i}
-		if prev := st.cache.Iteration(item, key); prev != nil && s.replay(st, prev, saved) {
-			st.out.WriteString(prev.out)
-			st.stats.Reused++
-			reused++
-			if prev.brk {
 				break
 			}
 			continue
