@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -232,4 +234,102 @@ func FuzzIncrementalRender(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestConversationChain: a turn's messages are found by following the chain of
+// cached messages its conversation's previous turn left, comparing bytes instead of
+// looking each one up. Whatever the chain predicts (another conversation's reply
+// after a shared system prompt, an edited or removed message, a repeated message that
+// makes the chain a cycle, a message whose JSON is a prefix of the sent one, other
+// white space, the other content format, a malformed array), every render equals
+// the uncached template's, and every message counts as one lookup.
+func TestConversationChain(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	cached := loadTemplateWith(t, "qwen3", chattemplate.Options{Metrics: chattemplate.NewMetrics(reg), Model: "m"})
+	plain := loadTemplateWith(t, "qwen3", chattemplate.Options{MessageCacheBytes: -1})
+	msg := func(role, content string) string {
+		raw, _ := json.Marshal(map[string]any{"role": role, "content": content})
+		return string(raw)
+	}
+	sys := msg("system", "Shared system prompt.")
+	conv := func(name string, turns int) []string {
+		out := []string{sys}
+		for i := range turns {
+			out = append(out, msg("user", fmt.Sprintf("%s question %d", name, i)), msg("assistant", fmt.Sprintf("%s answer %d", name, i)))
+		}
+		return out
+	}
+	a, b := conv("a", 6), conv("b", 6)
+	edited := slices.Clone(a)
+	edited[5] = msg("user", "a question 2, edited")
+	ok := msg("user", "ok")
+	steps := []struct {
+		name string
+		raw  string
+	}{
+		{"a, first turns", "[" + strings.Join(a[:5], ",") + "]"},
+		{"a, next turn", "[" + strings.Join(a[:9], ",") + "]"},
+		{"b after the shared system prompt", "[" + strings.Join(b[:9], ",") + "]"},
+		{"a again: the system prompt's chain leads to b", "[" + strings.Join(a, ",") + "]"},
+		{"a message edited in the middle", "[" + strings.Join(edited, ",") + "]"},
+		{"a message removed", "[" + strings.Join(append(slices.Clone(a[:3]), a[4:]...), ",") + "]"},
+		{"a repeated message: the chain is a cycle", "[" + strings.Join([]string{sys, ok, ok, ok, ok, ok}, ",") + "]"},
+		{"more repeats than the cycle held", "[" + strings.Join([]string{sys, ok, ok, ok, ok, ok, ok, ok, ok}, ",") + "]"},
+		{"a cached message's JSON is a prefix of the one sent", "[" + sys + "," + strings.TrimSuffix(a[1], "}") + `,"name":"x"}` + "]"},
+		{"white space between messages", "[ \n" + strings.Join(a[:7], " ,\n\t") + " \n]"},
+		{"the chain ends inside the array", "[" + strings.Join(a[:9], ",") + "," + msg("user", "new") + "]"},
+		{"malformed after chained messages", "[" + strings.Join(a[:5], ",") + ",}"},
+		{"trailing bytes after the array", "[" + strings.Join(a[:5], ",") + "]x"},
+		{"no separator", "[" + a[0] + a[1] + "]"},
+		{"empty", "[]"},
+	}
+	messages := 0.0
+	for _, s := range steps {
+		in := chattemplate.Input{Messages: json.RawMessage(s.raw), AddGenerationPrompt: true}
+		before := gathered(t, reg, "kvrouter_chattemplate_message_cache_lookups_total", "hit") + gathered(t, reg, "kvrouter_chattemplate_message_cache_lookups_total", "miss")
+		got, err := cached.Render(in)
+		want, wantErr := plain.Render(in)
+		sameRender(t, s.name, got, err, want, wantErr)
+		if err == nil {
+			n, _ := rawMessages(in.Messages)
+			after := gathered(t, reg, "kvrouter_chattemplate_message_cache_lookups_total", "hit") + gathered(t, reg, "kvrouter_chattemplate_message_cache_lookups_total", "miss")
+			if after-before != float64(len(n)) {
+				t.Errorf("%s: %v lookups counted for %d messages", s.name, after-before, len(n))
+			}
+			messages += float64(len(n))
+		}
+	}
+	if hits := gathered(t, reg, "kvrouter_chattemplate_message_cache_lookups_total", "hit"); hits < messages/2 {
+		t.Errorf("%v of %v messages hit the cache", hits, messages)
+	}
+
+	// The other content format: a model whose tool_use template loops over content
+	// gets the same messages as parts (requests with tools), cached apart from the
+	// string form its default template gets, in one message cache.
+	read := func(name string) string {
+		src, err := os.ReadFile(filepath.Join("testdata", "templates", name+".jinja"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(src)
+	}
+	cfg := &chattemplate.TokenizerConfig{Template: read("qwen3"), ToolUseTemplate: read("openai_content"), SpecialTokens: map[string]any{}}
+	mixed, err := chattemplate.CompileConfig(cfg, chattemplate.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mixedPlain, err := chattemplate.CompileConfig(cfg, chattemplate.Options{MessageCacheBytes: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tools := json.RawMessage(`[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}]`)
+	for i := range 6 {
+		in := chattemplate.Input{Messages: json.RawMessage("[" + strings.Join(a[:3+i], ",") + "]"), AddGenerationPrompt: true}
+		if i%2 == 1 {
+			in.Tools = tools
+		}
+		got, err := mixed.Render(in)
+		want, wantErr := mixedPlain.Render(in)
+		sameRender(t, fmt.Sprintf("mixed formats, turn %d", i), got, err, want, wantErr)
+	}
 }

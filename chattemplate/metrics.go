@@ -71,6 +71,13 @@ func (c *cacheMetrics) lookup(hit bool) {
 	}
 }
 
+// hits counts n lookups that hit.
+func (c *cacheMetrics) hits(n int) {
+	if c != nil && n > 0 {
+		c.hit.Add(float64(n))
+	}
+}
+
 func (c *cacheMetrics) setBytes(n int64) {
 	if c != nil {
 		c.bytes.Set(float64(n))

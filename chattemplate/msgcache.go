@@ -28,7 +28,7 @@ const (
 	// messageOverhead is what an entry costs beside its strings and values: the LRU's
 	// list element and map slot, the entry and the message dict's header (measured by
 	// BenchmarkMessageCacheMemory: accounted bytes match the live heap it adds).
-	messageOverhead = 304
+	messageOverhead = 336
 	// valueBytes is the size of a template value (jinja.Value) in a list or dict.
 	valueBytes = 48
 )
@@ -42,13 +42,27 @@ type messageCache struct {
 	lru    *simplelru.LRU[uint64, *cachedMessage]
 	byDict map[*jinja.Dict]*cachedMessage // the entries by their converted message
 	bytes  int64
+	// clock counts the moves to the LRU's front: an entry moved at stamp s has at
+	// most clock-s entries before it (see touch).
+	clock uint64
 }
 
 type cachedMessage struct {
+	key    uint64 // its key in the LRU
 	raw    string
 	openai bool
 	msg    jinja.Value
-	size   int64 // the entry's memory, its iterations included; c.mu
+	// next is the message that followed this one in the last request that had
+	// both (nil: none): the conversation's chain, which the next turn walks instead of
+	// looking each message up (walk). A hint, checked before use. Set under c.mu, and
+	// cleared there when either entry is evicted (prev is the entry whose next this
+	// is), so that an entry kept never keeps an evicted one.
+	next atomic.Pointer[cachedMessage]
+	prev *cachedMessage // c.mu
+	// stamp is c.clock when the entry was last moved to the LRU's front; c.mu.
+	stamp uint64
+	gone  bool  // evicted or replaced; c.mu
+	size  int64 // the entry's memory, its iterations included; c.mu
 	// iters are the message's rendered loop iterations (jinja's incremental
 	// rendering), at most maxIterations, newest last: an immutable slice replaced
 	// under c.mu, read without it.
@@ -97,6 +111,10 @@ func (c *messageCache) message(raw []byte, openai bool) (jinja.Value, *cachedMes
 		}
 		c.mu.Lock()
 		e, ok := c.lru.Get(key)
+		if ok {
+			e.stamp = c.clock
+			c.clock++
+		}
 		c.mu.Unlock()
 		if ok && e.openai == openai && e.raw == string(raw) {
 			c.counters.lookup(true)
@@ -125,11 +143,128 @@ func (c *messageCache) message(raw []byte, openai bool) (jinja.Value, *cachedMes
 		// another copy of itself for nothing.
 		return msg, nil, nil
 	}
-	e := &cachedMessage{raw: string(raw), openai: openai, msg: msg, size: size}
+	e := &cachedMessage{key: key, raw: string(raw), openai: openai, msg: msg, size: size}
 	if !c.add(key, e) {
 		e = nil
 	}
 	return msg, e, nil
+}
+
+// walkBatch is how many chained entries walk takes from the cache under one lock.
+const walkBatch = 64
+
+// walk converts the messages array raw as conversation does with the cache, but
+// follows the chain of cached messages the conversation's previous requests left
+// (cachedMessage.next): an element whose bytes are those of the entry the chain
+// predicts is that entry, with no hash or lookup of its own. A turn of a long
+// conversation re-sends hundreds of messages, and looking each up cost more than
+// comparing its bytes. An element off the chain is looked up as message does, and
+// links the chain. ok is false when raw is not a well-formed array or an element
+// fails to convert: conversation then does it all again, with its errors.
+//
+// Exact: a cached entry's raw is a whole JSON object, so an element that starts with
+// those bytes ends where they do, and the same bytes convert to the same message.
+func (c *messageCache) walk(raw []byte, openai bool) (conv []jinja.Value, entries []*cachedMessage, ok bool) {
+	i := skipSpace(raw, 0)
+	if i >= len(raw) || raw[i] != '[' {
+		return nil, nil, false
+	}
+	i = skipSpace(raw, i+1)
+	if i < len(raw) && raw[i] == ']' {
+		return []jinja.Value{}, nil, skipSpace(raw, i+1) == len(raw)
+	}
+	n := min(max(len(raw)/1024, 8), 8192) // a guess: messages of a long conversation are ~1 KB
+	conv = make([]jinja.Value, 0, n)
+	entries = make([]*cachedMessage, 0, n)
+	var predBuf [walkBatch]*cachedMessage
+	pred := predBuf[:0]
+	var prev *cachedMessage
+	chained := 0 // entries taken from the chain, touched at the end
+	defer func() {
+		clear(predBuf[:])
+		if ok {
+			c.touch(entries, chained)
+		}
+	}()
+	for {
+		if len(pred) == 0 && prev != nil {
+			pred = c.predict(prev, predBuf[:0])
+		}
+		var e *cachedMessage
+		var msg jinja.Value
+		var end int
+		if len(pred) > 0 && pred[0].openai == openai && len(raw)-i >= len(pred[0].raw) && string(raw[i:i+len(pred[0].raw)]) == pred[0].raw {
+			e, msg, end = pred[0], pred[0].msg, i+len(pred[0].raw)
+			pred = pred[1:]
+			chained++
+		} else {
+			pred = pred[:0]
+			var good bool
+			if end, good = skipValue(raw, i); !good {
+				return nil, nil, false
+			}
+			var err error
+			if msg, e, err = c.message(raw[i:end], openai); err != nil {
+				return nil, nil, false
+			}
+		}
+		conv = append(conv, msg)
+		entries = append(entries, e)
+		prev = e
+		if i = skipSpace(raw, end); i >= len(raw) {
+			return nil, nil, false
+		}
+		switch raw[i] {
+		case ',':
+			i = skipSpace(raw, i+1)
+		case ']':
+			return conv, entries, skipSpace(raw, i+1) == len(raw)
+		default:
+			return nil, nil, false
+		}
+	}
+}
+
+// predict appends to pred the entries that followed prev last time, at most
+// walkBatch (the chain may be a cycle: a message repeated).
+func (c *messageCache) predict(prev *cachedMessage, pred []*cachedMessage) []*cachedMessage {
+	for e := prev.next.Load(); e != nil && len(pred) < walkBatch; e = e.next.Load() {
+		pred = append(pred, e)
+	}
+	return pred
+}
+
+// touch marks the entries of a walked conversation as used, as message's lookups do,
+// links each to the next in the chain, and counts the chained ones (which had no
+// lookup of their own) as hits. An entry moved to the LRU's front fewer than half the
+// LRU's length moves ago is in its front half, far from eviction: it is not moved
+// again, which spares a long conversation's turn hundreds of map lookups and list
+// moves and leaves the order of eviction least recently used but for that half.
+func (c *messageCache) touch(entries []*cachedMessage, chained int) {
+	c.counters.hits(chained)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	near := uint64(c.lru.Len() / 2)
+	var prev *cachedMessage
+	for _, e := range entries {
+		if e == nil || e.gone {
+			prev = nil // not cached (too large, or evicted meanwhile)
+			continue
+		}
+		if c.clock-e.stamp >= near {
+			c.lru.Get(e.key)
+			e.stamp = c.clock
+			c.clock++
+		}
+		if prev != nil && prev.next.Load() != e {
+			if old := prev.next.Load(); old != nil && old.prev == prev {
+				old.prev = nil
+			}
+			prev.next.Store(e)
+			e.prev = prev
+		}
+		prev = e
+	}
 }
 
 // add stores e unless it alone would take more than an eighth of the budget (one
@@ -146,6 +281,8 @@ func (c *messageCache) add(key uint64, e *cachedMessage) bool {
 		c.forget(old)
 	}
 	c.lru.Add(key, e)
+	e.stamp = c.clock
+	c.clock++
 	c.bytes += e.size
 	if d := e.msg.Dict(); d != nil {
 		c.byDict[d] = e
@@ -164,11 +301,20 @@ func (c *messageCache) evict() {
 	c.counters.setBytes(c.bytes)
 }
 
-// forget drops e from byDict. c.mu is held.
+// forget drops e from byDict and unlinks it from the conversation chain. c.mu is held.
 func (c *messageCache) forget(e *cachedMessage) {
 	if d := e.msg.Dict(); d != nil && c.byDict[d] == e {
 		delete(c.byDict, d)
 	}
+	e.gone = true
+	if p := e.prev; p != nil && p.next.Load() == e {
+		p.next.Store(nil)
+	}
+	if n := e.next.Load(); n != nil && n.prev == e {
+		n.prev = nil
+	}
+	e.next.Store(nil)
+	e.prev = nil
 }
 
 // renderIterations is the jinja.IterationCache of one render: the message cache,

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+	"sync"
 
 	"github.com/kvrouter/kvrouter/chattemplate/internal/jinja"
 )
@@ -73,12 +74,36 @@ func decodeField(name string, raw json.RawMessage) (jinja.Value, error) {
 	return v, nil
 }
 
+// elemBufs pools the raw elements of a messages array (*[][]byte): a long
+// conversation has hundreds of messages, and growing the slice to hold them cost a
+// few allocations per request.
+var elemBufs sync.Pool
+
+// maxPooledElems bounds the element slices kept for reuse.
+const maxPooledElems = 1 << 14
+
 // conversation turns the request's messages into vLLM's ConversationMessage list;
 // openai selects vLLM's "openai" content format (content kept as a list of parts).
-// Long messages come from cache when it is not nil.
+// Long messages come from cache when it is not nil, following the conversation's
+// chain of cached messages where it can (messageCache.walk).
 func conversation(raw json.RawMessage, openai bool, cache *messageCache) (jinja.Value, []*cachedMessage, error) {
-	var buf [16][]byte
-	elems, ok := splitArray(raw, buf[:0])
+	if cache != nil {
+		if conv, entries, ok := cache.walk(raw, openai); ok {
+			return jinja.ListOf(conv), entries, nil
+		}
+	}
+	buf, _ := elemBufs.Get().(*[][]byte)
+	if buf == nil {
+		buf = new([][]byte)
+	}
+	elems, ok := splitArray(raw, (*buf)[:0])
+	defer func() {
+		if cap(elems) <= maxPooledElems {
+			clear(elems) // no reference to the request kept
+			*buf = elems[:0]
+			elemBufs.Put(buf)
+		}
+	}()
 	if !ok {
 		// Not a well-formed array: decode it whole for the error.
 		v, err := decodeField("messages", raw)

@@ -13,8 +13,10 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/kvrouter/kvrouter/epp"
+	"github.com/kvrouter/kvrouter/index"
 	"github.com/kvrouter/kvrouter/openai"
 	"github.com/kvrouter/kvrouter/scoring"
+	"github.com/kvrouter/kvrouter/tokenizer"
 )
 
 // Reasons a request is routed by the Fallback policy; they label
@@ -58,7 +60,7 @@ type choice struct {
 	policy   string
 	fallback string // fallback reason, "" when the configured policy chose
 	req      scoring.Request
-	ids      *[]uint32        // pooled buffer behind req.TokenIDs, returned once the choice is committed
+	ids      *promptBuf       // pooled buffer behind req.TokenIDs and req.Prefix, returned once the choice is committed
 	observer scoring.Observer // the configured policy's Observer when the choice was made, if any
 }
 
@@ -169,7 +171,7 @@ func (st *stream) choose(in decideInput, start time.Time) (c choice, noEndpointR
 	}
 	eps, base, lora, ok, buf := s.candidates(model)
 	defer func() { s.putCandidates(buf) }()
-	var ids *[]uint32 // pooled token ids; the returned choice owns them
+	var ids *promptBuf // pooled token ids; the returned choice owns them
 	defer func() {
 		if ids != c.ids {
 			s.putIDs(ids)
@@ -192,12 +194,13 @@ func (st *stream) choose(in decideInput, start time.Time) (c choice, noEndpointR
 	}
 	if fallback == "" && s.tok != nil {
 		var toks []uint32
+		var prefix index.PrefixKeys
 		var err error
-		toks, ids, err = s.promptTokens(parsed, base, s.maxPromptTokens(eps))
+		toks, prefix, ids, err = s.promptTokens(parsed, base, s.maxPromptTokens(eps))
 		if err != nil {
 			s.m.tokenizeErrors.Inc()
 		} else {
-			req.TokenIDs = toks
+			req.TokenIDs, req.Prefix = toks, prefix
 		}
 	}
 
@@ -364,31 +367,52 @@ func (s *Server) maxPromptTokens(eps []scoring.Endpoint) int {
 	return most
 }
 
+// prefixAppender is implemented by tokenAppenders that also describe the cached
+// prefix the ids start with (prompt.Registry does): the policies then take the block
+// keys of a conversation's history from the tokenizer's prefix cache
+// (scoring.Request.Prefix) instead of hashing it again each turn.
+type prefixAppender interface {
+	AppendPromptTokensPrefix(dst []uint32, req *openai.Request, baseModel string, maxTokens int, p *tokenizer.Prefix) ([]uint32, error)
+}
+
+// promptBuf is the pooled memory behind a request's token ids and their Prefix.
+type promptBuf struct {
+	ids    []uint32
+	prefix tokenizer.Prefix
+}
+
 // maxPooledIDs bounds the token-id buffers kept for reuse (1 MiB each).
 const maxPooledIDs = 1 << 18
 
 // promptTokens asks the Tokenizer for req's token ids, into a pooled buffer when it
-// supports it; buf (maybe nil) goes back with putIDs once no policy reads the ids.
-func (s *Server) promptTokens(req *openai.Request, base string, maxTokens int) (ids []uint32, buf *[]uint32, err error) {
+// supports it, with the Prefix when it has one; buf (maybe nil) goes back with putIDs
+// once no policy reads the ids.
+func (s *Server) promptTokens(req *openai.Request, base string, maxTokens int) (ids []uint32, prefix index.PrefixKeys, buf *promptBuf, err error) {
 	if s.tokApp == nil {
 		ids, err = s.tok.PromptTokens(req, base)
-		return ids, nil, err
+		return ids, nil, nil, err
 	}
-	buf, _ = s.idBufs.Get().(*[]uint32)
+	buf, _ = s.idBufs.Get().(*promptBuf)
 	if buf == nil {
-		buf = new([]uint32)
+		buf = new(promptBuf)
 	}
-	ids, err = s.tokApp.AppendPromptTokens((*buf)[:0], req, base, maxTokens)
-	if cap(ids) > cap(*buf) {
-		*buf = ids[:0]
+	if s.prefixApp != nil {
+		ids, err = s.prefixApp.AppendPromptTokensPrefix(buf.ids[:0], req, base, maxTokens, &buf.prefix)
+		prefix = &buf.prefix
+	} else {
+		ids, err = s.tokApp.AppendPromptTokens(buf.ids[:0], req, base, maxTokens)
 	}
-	return ids, buf, err
+	if cap(ids) > cap(buf.ids) {
+		buf.ids = ids[:0]
+	}
+	return ids, prefix, buf, err
 }
 
-func (s *Server) putIDs(buf *[]uint32) {
-	if buf == nil || cap(*buf) > maxPooledIDs {
+func (s *Server) putIDs(buf *promptBuf) {
+	if buf == nil || cap(buf.ids) > maxPooledIDs {
 		return
 	}
+	buf.prefix.Reset() // no reference to the tokenizer's cache kept while pooled
 	s.idBufs.Put(buf)
 }
 

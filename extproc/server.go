@@ -157,7 +157,8 @@ type Server struct {
 	appender  candidateAppender // fleet, when it can fill a reused buffer
 	reporter  upstreamReporter  // fleet, when it takes passive health signals
 	tok       Tokenizer
-	tokApp    tokenAppender // tok, when it can fill a reused buffer
+	tokApp    tokenAppender  // tok, when it can fill a reused buffer
+	prefixApp prefixAppender // tok, when it also describes the ids' cached prefix
 	maxBody   int
 	maxTokens int
 	budget    int64
@@ -172,7 +173,7 @@ type Server struct {
 	m         *metrics
 	// candidateBufs pools *[]scoring.Endpoint for fleets implementing candidateAppender.
 	candidateBufs sync.Pool
-	// idBufs pools *[]uint32 token-id buffers for tokenizers implementing tokenAppender.
+	// idBufs pools *promptBuf token-id buffers for tokenizers implementing tokenAppender.
 	idBufs sync.Pool
 	// Replies that depend only on an endpoint address: decisions in a headers reply or a
 	// body reply, and the response-headers reply naming the served endpoint.
@@ -221,6 +222,9 @@ func New(o Options) *Server {
 	}
 	if a, ok := o.Tokenizer.(tokenAppender); ok {
 		s.tokApp = a
+	}
+	if a, ok := o.Tokenizer.(prefixAppender); ok {
+		s.prefixApp = a
 	}
 	s.SetRouting(Routing{Policy: o.Policy, Fallback: o.Fallback, MaxHold: o.MaxHold, MaxFallbacks: o.MaxFallbacks, ShedWaiting: o.ShedWaiting})
 	if s.maxBody <= 0 {

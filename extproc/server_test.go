@@ -22,8 +22,11 @@ import (
 	"github.com/kvrouter/kvrouter/epp"
 	"github.com/kvrouter/kvrouter/extproc"
 	"github.com/kvrouter/kvrouter/fleet"
+	"github.com/kvrouter/kvrouter/index"
+	"github.com/kvrouter/kvrouter/prompt"
 	"github.com/kvrouter/kvrouter/scoring"
 	"github.com/kvrouter/kvrouter/testbench/fakeenvoy"
+	"github.com/kvrouter/kvrouter/tokenizer/testmodels"
 )
 
 const (
@@ -1099,5 +1102,59 @@ func TestPooledTokenIDs(t *testing.T) {
 	defer tok.mu.Unlock()
 	if tok.calls != 84 || tok.reused == 0 {
 		t.Fatalf("tokenizer calls %d, with a reused buffer %d; want 84 and some reused", tok.calls, tok.reused)
+	}
+}
+
+// keyCheckPolicy is least-load that checks, at each Pick, that the request carries
+// the tokenizer's Prefix and that the block keys the policies compute from it equal
+// those computed from scratch.
+type keyCheckPolicy struct {
+	scoring.LeastLoad
+	mu       sync.Mutex
+	picks    int
+	problems []string
+}
+
+func (p *keyCheckPolicy) Pick(r *scoring.Request, c []scoring.Endpoint) (scoring.Decision, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.picks++
+	switch {
+	case r.Prefix == nil || len(r.Prefix.Ends()) == 0:
+		p.problems = append(p.problems, r.ID+": no prefix")
+	case !slices.Equal(r.Keys(16, nil), index.Keys(r.Root(), r.TokenIDs, 16, nil)):
+		p.problems = append(p.problems, r.ID+": keys differ from index.Keys")
+	}
+	return p.LeastLoad.Pick(r, c)
+}
+
+// TestPrefixKeysReachPolicies: with prompt.Registry as the tokenizer, each turn of a
+// conversation reaches the policy with the tokenizer's Prefix, whose keys are exact.
+func TestPrefixKeysReachPolicies(t *testing.T) {
+	reg, err := prompt.NewRegistry(prompt.Config{Models: []prompt.ModelConfig{{Name: "m", Dir: testmodels.Dir(t, "qwen3")}}}, prompt.RegistryOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pol := &keyCheckPolicy{}
+	h := newHarness(t, func(o *extproc.Options) { o.Tokenizer, o.Policy = reg, pol })
+	msgs := `{"role":"system","content":"` + strings.Repeat("You route requests. ", 40) + `"}`
+	for turn := range 4 {
+		msgs += fmt.Sprintf(`,{"role":"user","content":"question %d %s"}`, turn, strings.Repeat("why? ", 30))
+		x, err := fakeenvoy.Start(context.Background(), h.conn.Client, fakeenvoy.FullDuplex())
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = x.Request(fakeenvoy.Request{Headers: postHeaders(), Body: [][]byte{[]byte(`{"model":"m","messages":[` + msgs + `]}`)}})
+		x.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		msgs += fmt.Sprintf(`,{"role":"assistant","content":"answer %d %s"}`, turn, strings.Repeat("because. ", 30))
+	}
+	h.waitIdle()
+	pol.mu.Lock()
+	defer pol.mu.Unlock()
+	if pol.picks != 4 || len(pol.problems) > 0 {
+		t.Fatalf("%d picks; problems: %v", pol.picks, pol.problems)
 	}
 }

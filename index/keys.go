@@ -47,6 +47,56 @@ func Keys(root uint64, tokens []uint32, blockSize int, dst []uint64) []uint64 {
 	return dst
 }
 
+// PrefixKeys describes the leading ids of a token sequence as segments that the
+// sequence's producer keeps across requests (a tokenizer's prefix cache: a
+// conversation's history is the same chain of segments turn after turn), on which the
+// keys of the blocks ending in each segment can be stored once computed. A block's key
+// depends only on the ids up to its end, so keys stored on a segment hold for every
+// later sequence that starts with the same segments. Implementations must be safe for
+// concurrent use.
+type PrefixKeys interface {
+	// Ends returns the end of each segment, as a count of ids from the sequence's
+	// start, increasing.
+	Ends() []int
+	// SegmentKeys returns the keys stored on segment i for root and blockSize (those of
+	// the blocks whose last id is in the segment), or nil.
+	SegmentKeys(i int, root uint64, blockSize int) []uint64
+	// StoreSegmentKeys offers keys as segment i's for root and blockSize; the
+	// implementation copies what it keeps.
+	StoreSegmentKeys(i int, root uint64, blockSize int, keys []uint64)
+}
+
+// PrefixedKeys is Keys(root, tokens, blockSize, dst) for tokens whose leading ids p
+// describes: the keys of each segment's blocks are taken from p where it stored them
+// and computed by Keys (then offered to p) otherwise, and the keys past p's segments are
+// computed. A nil p computes them all. The keys are those of Keys either way; what is
+// spared is hashing a history the previous turn already hashed.
+func PrefixedKeys(root uint64, tokens []uint32, blockSize int, p PrefixKeys, dst []uint64) []uint64 {
+	if blockSize <= 0 || p == nil {
+		return Keys(root, tokens, blockSize, dst)
+	}
+	start := len(dst)
+	prev, prevEnd := root, 0
+	for i, end := range p.Ends() {
+		if end > len(tokens) || end < prevEnd {
+			break
+		}
+		done := len(dst) - start // blocks keyed so far: those ending before prevEnd
+		n := end/blockSize - done
+		if n > 0 {
+			if ks := p.SegmentKeys(i, root, blockSize); len(ks) == n {
+				dst = append(dst, ks...)
+			} else {
+				dst = Keys(prev, tokens[done*blockSize:end/blockSize*blockSize], blockSize, dst)
+				p.StoreSegmentKeys(i, root, blockSize, dst[len(dst)-n:])
+			}
+			prev = dst[len(dst)-1]
+		}
+		prevEnd = end
+	}
+	return Keys(prev, tokens[(len(dst)-start)*blockSize:], blockSize, dst)
+}
+
 // chain hashes one block's token ids onto the previous key.
 func chain(prev uint64, block []uint32) uint64 {
 	if len(block) <= 32 { // the common sizes (16, 32) hash from a small buffer

@@ -2,6 +2,7 @@ package index_test
 
 import (
 	"encoding/binary"
+	"fmt"
 	"slices"
 	"testing"
 
@@ -76,4 +77,74 @@ func TestKeysProperties(t *testing.T) {
 			}
 		})
 	}
+}
+
+// fakePrefix is a PrefixKeys over fixed segment ends, storing keys in a map.
+type fakePrefix struct {
+	ends   []int
+	stored map[[3]uint64][]uint64
+	stores int
+}
+
+func (p *fakePrefix) Ends() []int { return p.ends }
+
+func (p *fakePrefix) SegmentKeys(i int, root uint64, bs int) []uint64 {
+	return p.stored[[3]uint64{uint64(i), root, uint64(bs)}]
+}
+
+func (p *fakePrefix) StoreSegmentKeys(i int, root uint64, bs int, keys []uint64) {
+	p.stores++
+	p.stored[[3]uint64{uint64(i), root, uint64(bs)}] = slices.Clone(keys)
+}
+
+func TestPrefixedKeys(t *testing.T) {
+	root := index.Root("m", "", "")
+	tokens := seq(3, 200)
+	tests := []struct {
+		name string
+		ends []int
+	}{
+		{"no segments", nil},
+		{"segments on block boundaries", []int{32, 64, 160}},
+		{"segments inside blocks", []int{5, 17, 18, 40, 111, 199}},
+		{"a segment shorter than a block", []int{3, 7, 9, 100}},
+		{"segments past the tokens are ignored", []int{50, 120, 260, 300}},
+		{"a segment ending with the tokens", []int{100, 200}},
+		{"decreasing ends stop the prefix", []int{40, 20, 90}},
+	}
+	for _, tc := range tests {
+		for _, bs := range []int{1, 16, 33} {
+			t.Run(fmt.Sprintf("%s/bs=%d", tc.name, bs), func(t *testing.T) {
+				want := index.Keys(root, tokens, bs, nil)
+				p := &fakePrefix{ends: tc.ends, stored: map[[3]uint64][]uint64{}}
+				if got := index.PrefixedKeys(root, tokens, bs, p, []uint64{7}); !slices.Equal(got[1:], want) || got[0] != 7 {
+					t.Fatalf("first call: %d keys differ from Keys' %d", len(got)-1, len(want))
+				}
+				first := p.stores
+				if got := index.PrefixedKeys(root, tokens, bs, p, nil); !slices.Equal(got, want) {
+					t.Fatal("keys taken from the stored segments differ from Keys'")
+				}
+				if p.stores != first {
+					t.Errorf("second call stored %d segments again, want none", p.stores-first)
+				}
+				if got := index.PrefixedKeys(index.Root("other", "", ""), tokens, bs, p, nil); slices.Equal(got, want) && len(want) > 0 {
+					t.Error("another root took this root's stored keys")
+				}
+			})
+		}
+	}
+	t.Run("stored keys of the wrong count are recomputed", func(t *testing.T) {
+		p := &fakePrefix{ends: []int{64, 128}, stored: map[[3]uint64][]uint64{{0, root, 16}: {1, 2, 3}}}
+		if got, want := index.PrefixedKeys(root, tokens, 16, p, nil), index.Keys(root, tokens, 16, nil); !slices.Equal(got, want) {
+			t.Fatal("keys differ")
+		}
+	})
+	t.Run("nil prefix and block size 0", func(t *testing.T) {
+		if got := index.PrefixedKeys(root, tokens, 16, nil, nil); !slices.Equal(got, index.Keys(root, tokens, 16, nil)) {
+			t.Error("nil prefix: keys differ")
+		}
+		if got := index.PrefixedKeys(root, tokens, 0, &fakePrefix{ends: []int{10}}, nil); len(got) != 0 {
+			t.Error("block size 0 gave keys")
+		}
+	})
 }

@@ -10,7 +10,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/kvrouter/kvrouter/index"
 	"github.com/kvrouter/kvrouter/scoring"
 )
 
@@ -150,7 +149,7 @@ func (p *Policy) Pick(req *scoring.Request, cands []scoring.Endpoint) (scoring.D
 	bs := p.blockSize(&cands[0])
 	sc.blockSize = bs
 	if req.TokenIDs != nil {
-		sc.keys = index.Keys(req.Root(), req.TokenIDs, bs, sc.keys[:0])
+		sc.keys = req.Keys(bs, sc.keys[:0])
 	} else {
 		sc.keys = sc.keys[:0]
 	}

@@ -14,11 +14,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvrouter/kvrouter/chattemplate"
-	"github.com/kvrouter/kvrouter/index"
 	"github.com/kvrouter/kvrouter/internal/cputime"
 	"github.com/kvrouter/kvrouter/internal/testtext"
 	"github.com/kvrouter/kvrouter/openai"
 	"github.com/kvrouter/kvrouter/prompt"
+	"github.com/kvrouter/kvrouter/scoring"
 	"github.com/kvrouter/kvrouter/tokenizer"
 	"github.com/kvrouter/kvrouter/tokenizer/testmodels"
 )
@@ -263,10 +263,11 @@ func BenchmarkConversationTurn(b *testing.B) {
 // 2x of a cold 2k-token request, with both under the same machine load: each
 // iteration computes the ids of the next turn of a 2k, 32k or 128k-token conversation
 // (default caches, warmed by the previous turn, as BenchmarkConversationTurn's warm
-// case) and of a cold 2,411-token request (as BenchmarkPromptTokensCold), and reports
-// the CPU of each and their ratio. keys-cpu-ns/op is what the policies add to a turn
-// after this package: the chained keys of its 16-token blocks (index.Keys), which no
-// cache spares yet.
+// case) and their 16-token block keys as the policies compute them after this package
+// (scoring.Request.Keys with the Prefix extproc passes, so the history's keys come from
+// the tokenizer's prefix cache), and the ids of a cold 2,411-token request (as
+// BenchmarkPromptTokensCold, whose keys are not counted). It reports the CPU of each
+// and turn/cold, the ratio of the turn with its keys to the cold request.
 func BenchmarkTurnVsCold(b *testing.B) {
 	dir := testmodels.Dir(b, "qwen3")
 	cold, err := prompt.LoadDir(dir, coldOptions)
@@ -284,23 +285,25 @@ func BenchmarkTurnVsCold(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
+			var prefix tokenizer.Prefix
+			req := scoring.Request{Model: "qwen3", Prefix: &prefix}
+			var keys []uint64
 			prev := &openai.Request{Kind: openai.KindChat, Messages: append(slices.Clone(hist), ']'), AddGenerationPrompt: true}
-			for _, req := range []*openai.Request{prev, nextTurn(hist, -1)} {
-				if _, err := warm.PromptTokens(req); err != nil {
+			for _, r := range []*openai.Request{prev, nextTurn(hist, -1)} {
+				if req.TokenIDs, err = warm.AppendPromptTokensPrefix(nil, r, 0, &prefix); err != nil {
 					b.Fatal(err)
 				}
+				keys = req.Keys(16, keys[:0])
 			}
 			var turnCPU, coldCPU, keysCPU time.Duration
 			var turnBuf, coldBuf []uint32
-			var keys []uint64
-			root := index.Root("qwen3", "", "")
 			n := 0
 			for b.Loop() {
 				b.StopTimer()
 				turn, one := nextTurn(hist, n), unique(n)
 				b.StartTimer()
 				t0 := cputime.Process()
-				if turnBuf, err = warm.AppendPromptTokens(turnBuf[:0], turn, 0); err != nil {
+				if turnBuf, err = warm.AppendPromptTokensPrefix(turnBuf[:0], turn, 0, &prefix); err != nil {
 					b.Fatal(err)
 				}
 				t1 := cputime.Process()
@@ -308,7 +311,8 @@ func BenchmarkTurnVsCold(b *testing.B) {
 					b.Fatal(err)
 				}
 				t2 := cputime.Process()
-				keys = index.Keys(root, turnBuf, 16, keys[:0])
+				req.TokenIDs = turnBuf
+				keys = req.Keys(16, keys[:0])
 				t3 := cputime.Process()
 				turnCPU += t1 - t0
 				coldCPU += t2 - t1
@@ -317,7 +321,7 @@ func BenchmarkTurnVsCold(b *testing.B) {
 			}
 			b.ReportMetric(float64(turnCPU)/float64(n), "turn-cpu-ns/op")
 			b.ReportMetric(float64(coldCPU)/float64(n), "cold2k-cpu-ns/op")
-			b.ReportMetric(float64(turnCPU)/float64(coldCPU), "turn/cold")
+			b.ReportMetric(float64(turnCPU+keysCPU)/float64(coldCPU), "turn/cold")
 			b.ReportMetric(float64(keysCPU)/float64(n), "keys-cpu-ns/op")
 			b.ReportMetric(float64(len(turnBuf)), "turn-tokens")
 		})
@@ -325,9 +329,9 @@ func BenchmarkTurnVsCold(b *testing.B) {
 }
 
 // BenchmarkConversationCacheMemory reports what the prefix cache holds per
-// conversation after one turn of each of many conversations of each size: the bytes
-// it accounts for (its metric) and the live heap it adds (after GC), per conversation
-// and per token.
+// conversation after one turn of each of many conversations of each size, with the
+// 16-token block keys the policies store on it: the bytes it accounts for (its
+// metric) and the live heap it adds (after GC), per conversation and per token.
 func BenchmarkConversationCacheMemory(b *testing.B) {
 	dir := testmodels.Dir(b, "qwen3")
 	for _, size := range []struct {
@@ -353,13 +357,19 @@ func BenchmarkConversationCacheMemory(b *testing.B) {
 				runtime.GC()
 				runtime.ReadMemStats(&before)
 				tokens = 0
+				var prefix tokenizer.Prefix
+				var keys []uint64
 				for _, req := range reqs {
-					ids, err := bl.PromptTokens(req)
+					ids, err := bl.AppendPromptTokensPrefix(nil, req, 0, &prefix)
 					if err != nil {
 						b.Fatal(err)
 					}
+					// The block keys the policies store with the prefix.
+					sreq := scoring.Request{Model: "qwen3", TokenIDs: ids, Prefix: &prefix}
+					keys = sreq.Keys(16, keys[:0])
 					tokens += float64(len(ids))
 				}
+				prefix.Reset()
 				runtime.GC()
 				runtime.ReadMemStats(&after)
 				heap = float64(after.HeapAlloc) - float64(before.HeapAlloc)

@@ -97,15 +97,29 @@ func (b *Builder) PromptTokens(req *openai.Request) ([]uint32, error) {
 // the first maxTokens ids (a router needs no more than a KV cache or a context holds)
 // and stops tokenizing there, so that a huge prompt costs what its prefix does.
 func (b *Builder) AppendPromptTokens(dst []uint32, req *openai.Request, maxTokens int) ([]uint32, error) {
-	ids, err := b.promptTokens(dst, req, maxTokens)
+	return b.AppendPromptTokensPrefix(dst, req, maxTokens, nil)
+}
+
+// AppendPromptTokensPrefix is AppendPromptTokens that also fills p (when not nil) with
+// the tokenizer's cached spans the appended ids start with (tokenizer.Prefix; empty when
+// none), on which the router's policies keep the ids' block keys across a
+// conversation's turns (index.PrefixedKeys).
+func (b *Builder) AppendPromptTokensPrefix(dst []uint32, req *openai.Request, maxTokens int, p *tokenizer.Prefix) ([]uint32, error) {
+	if p != nil {
+		p.Reset()
+	}
+	ids, err := b.promptTokens(dst, req, maxTokens, p)
 	if err != nil {
+		if p != nil {
+			p.Reset()
+		}
 		b.metrics.observe(err)
 		return nil, err
 	}
 	return ids, nil
 }
 
-func (b *Builder) promptTokens(dst []uint32, req *openai.Request, maxTokens int) ([]uint32, error) {
+func (b *Builder) promptTokens(dst []uint32, req *openai.Request, maxTokens int, p *tokenizer.Prefix) ([]uint32, error) {
 	if req == nil {
 		return nil, fmt.Errorf("%w: no request", ErrBadRequest)
 	}
@@ -114,9 +128,9 @@ func (b *Builder) promptTokens(dst []uint32, req *openai.Request, maxTokens int)
 	complete := true
 	switch req.Kind {
 	case openai.KindCompletions:
-		ids, complete, err = b.completion(dst, req, maxTokens)
+		ids, complete, err = b.completion(dst, req, maxTokens, p)
 	case openai.KindChat:
-		ids, complete, err = b.chat(dst, req, maxTokens)
+		ids, complete, err = b.chat(dst, req, maxTokens, p)
 	default:
 		return nil, &UnsupportedError{Reason: ReasonKind}
 	}
@@ -129,7 +143,7 @@ func (b *Builder) promptTokens(dst []uint32, req *openai.Request, maxTokens int)
 	return ids, err
 }
 
-func (b *Builder) chat(dst []uint32, req *openai.Request, maxTokens int) ([]uint32, bool, error) {
+func (b *Builder) chat(dst []uint32, req *openai.Request, maxTokens int, p *tokenizer.Prefix) ([]uint32, bool, error) {
 	if b.tmpl == nil {
 		if req.ChatTemplate != "" {
 			return nil, false, &UnsupportedError{Reason: chattemplate.ReasonRequestChatTemplate}
@@ -169,11 +183,11 @@ func (b *Builder) chat(dst []uint32, req *openai.Request, maxTokens int) ([]uint
 	*buf = rendered[:0]
 	// The tokenizer keeps no reference to the text, so it may alias the buffer.
 	text := unsafe.String(unsafe.SliceData(rendered), len(rendered))
-	ids, complete := b.tok.AppendEncodeMax(dst, text, req.AddSpecialTokens, maxTokens)
+	ids, complete := b.tok.AppendEncodePrefix(dst, text, req.AddSpecialTokens, maxTokens, p)
 	return ids, complete, nil
 }
 
-func (b *Builder) completion(dst []uint32, req *openai.Request, maxTokens int) ([]uint32, bool, error) {
+func (b *Builder) completion(dst []uint32, req *openai.Request, maxTokens int, p *tokenizer.Prefix) ([]uint32, bool, error) {
 	raw := bytes.TrimSpace(req.Prompt)
 	if len(raw) == 0 {
 		return nil, false, fmt.Errorf("%w: completions request without a prompt", ErrBadRequest)
@@ -184,7 +198,7 @@ func (b *Builder) completion(dst []uint32, req *openai.Request, maxTokens int) (
 		if err := json.Unmarshal(raw, &s); err != nil {
 			return nil, false, fmt.Errorf("%w: prompt: %w", ErrBadRequest, err)
 		}
-		ids, complete := b.tok.AppendEncodeMax(dst, s, req.AddSpecialTokens, maxTokens)
+		ids, complete := b.tok.AppendEncodePrefix(dst, s, req.AddSpecialTokens, maxTokens, p)
 		return ids, complete, nil
 	case '[':
 	default:
@@ -205,7 +219,7 @@ func (b *Builder) completion(dst []uint32, req *openai.Request, maxTokens int) (
 		}
 		one := *req
 		one.Prompt = items[0]
-		return b.completion(dst, &one, maxTokens)
+		return b.completion(dst, &one, maxTokens, p)
 	}
 	ids := slices.Grow(dst, len(items))
 	for i, it := range items {

@@ -268,10 +268,19 @@ func (r *Registry) PromptTokens(req *openai.Request, baseModel string) ([]uint32
 // AppendPromptTokens is PromptTokens appending to dst, a buffer the caller may reuse
 // across requests, at most maxTokens ids (0: all; see Builder.AppendPromptTokens).
 func (r *Registry) AppendPromptTokens(dst []uint32, req *openai.Request, baseModel string, maxTokens int) ([]uint32, error) {
+	return r.AppendPromptTokensPrefix(dst, req, baseModel, maxTokens, nil)
+}
+
+// AppendPromptTokensPrefix is AppendPromptTokens filling p as
+// Builder.AppendPromptTokensPrefix does (p is emptied on error).
+func (r *Registry) AppendPromptTokensPrefix(dst []uint32, req *openai.Request, baseModel string, maxTokens int, p *tokenizer.Prefix) ([]uint32, error) {
 	b, err := r.Load(baseModel)
 	if err != nil {
+		if p != nil {
+			p.Reset()
+		}
 		r.opts.Metrics.observe(err)
 		return nil, err
 	}
-	return b.AppendPromptTokens(dst, req, maxTokens)
+	return b.AppendPromptTokensPrefix(dst, req, maxTokens, p)
 }

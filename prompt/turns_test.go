@@ -11,8 +11,10 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvrouter/kvrouter/index"
 	"github.com/kvrouter/kvrouter/internal/testtext"
 	"github.com/kvrouter/kvrouter/prompt"
+	"github.com/kvrouter/kvrouter/scoring"
 	"github.com/kvrouter/kvrouter/tokenizer"
 	"github.com/kvrouter/kvrouter/tokenizer/testmodels"
 )
@@ -191,4 +193,95 @@ func lookups(t *testing.T, reg *prometheus.Registry, result string) float64 {
 		}
 	}
 	return sum
+}
+
+// countingPrefix counts the segments whose keys a policy had to compute and store.
+type countingPrefix struct {
+	*tokenizer.Prefix
+	stores int
+}
+
+func (p *countingPrefix) StoreSegmentKeys(i int, root uint64, bs int, keys []uint64) {
+	p.stores++
+	p.Prefix.StoreSegmentKeys(i, root, bs, keys)
+}
+
+// TestConversationKeysCached: the block keys of each turn, as the policies compute them
+// from the tokenizer's Prefix (scoring.Request.Keys), equal the keys computed from
+// scratch (index.Keys) for two roots with two block sizes, with a prefix cache large
+// enough to keep the history's keys (a turn then computes those of its new segments
+// only) and one so small it evicts on every request (and stays within its budget).
+func TestConversationKeysCached(t *testing.T) {
+	for _, model := range []string{"qwen3", "llama3"} {
+		t.Run(model, func(t *testing.T) {
+			for _, c := range []struct {
+				name   string
+				budget int64
+			}{{"large", 0}, {"small", 8 << 10}} {
+				t.Run(c.name, func(t *testing.T) {
+					reg := prometheus.NewPedanticRegistry()
+					opts := []tokenizer.Option{tokenizer.WithMetrics(tokenizer.NewMetrics(reg), model)}
+					if c.budget > 0 {
+						opts = append(opts, tokenizer.WithPrefixCache(c.budget))
+					}
+					b, err := prompt.LoadDir(testmodels.Dir(t, model), prompt.LoadOptions{Tokenizer: opts})
+					if err != nil {
+						t.Fatal(err)
+					}
+					var prefix tokenizer.Prefix
+					reused, computed := 0, 0
+					for seed := range uint64(20) {
+						for k, body := range conversation(seed, 6) {
+							req, err := prompt.RequestFromBody(body)
+							if err != nil {
+								t.Fatal(err)
+							}
+							ids, err := b.AppendPromptTokensPrefix(nil, req, 0, &prefix)
+							if err != nil {
+								t.Fatal(err)
+							}
+							// Two roots and block sizes: a span keeps two sets of keys.
+							for _, rk := range []struct {
+								salt string
+								bs   int
+							}{{"", 16}, {"s", 32}} {
+								p := &countingPrefix{Prefix: &prefix}
+								sreq := scoring.Request{Model: model, CacheSalt: rk.salt, TokenIDs: ids, Prefix: p}
+								want := index.Keys(index.Root(model, "", rk.salt), ids, rk.bs, nil)
+								if got := sreq.Keys(rk.bs, nil); !slices.Equal(got, want) {
+									t.Fatalf("seed %d turn %d salt %q block size %d: keys differ from index.Keys", seed, k, rk.salt, rk.bs)
+								}
+								if k > 0 {
+									computed += p.stores
+									reused += len(prefix.Ends()) - p.stores
+								}
+							}
+							if got := gauge(t, reg); c.budget > 0 && got > float64(c.budget) {
+								t.Fatalf("cache holds %v bytes, budget %d", got, c.budget)
+							}
+						}
+					}
+					t.Logf("later turns took %d segments' keys from the cache, computed %d", reused, computed)
+					if c.budget == 0 && reused <= computed {
+						t.Errorf("later turns took %d segments' keys from the cache and computed %d: want most taken", reused, computed)
+					}
+				})
+			}
+		})
+	}
+}
+
+// gauge returns kvrouter_tokenizer_prefix_cache_bytes in reg (one model).
+func gauge(t *testing.T, reg *prometheus.Registry) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == "kvrouter_tokenizer_prefix_cache_bytes" {
+			return mf.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	return 0
 }

@@ -1,9 +1,5 @@
 package scoring
 
-import (
-	"github.com/kvrouter/kvrouter/index"
-)
-
 // CandidateScore is one candidate's terms in the kv and approximate policies' cost, as an
 // Explain call saw them.
 type CandidateScore struct {
@@ -73,12 +69,11 @@ func (c *kvCore) explain(policy string, req *Request, cands []Endpoint) (Explana
 	predicted := make([]bool, n)
 	overlaps := make([]int, n)
 	if ex.Tokenized {
-		root := req.Root()
 		for i := range cands {
 			bs := c.blockSize(&cands[i])
 			ex.Candidates[i].BlockSize = bs
 			if keysFor(keys, bs) == nil {
-				keys = append(keys, kvKeys{bs, index.Keys(root, req.TokenIDs, bs, nil)})
+				keys = append(keys, kvKeys{bs, req.Keys(bs, nil)})
 			}
 		}
 		c.predicted(cands, predicted)

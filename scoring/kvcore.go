@@ -8,8 +8,6 @@ import (
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/kvrouter/kvrouter/index"
 )
 
 // kvCore is the state shared by the kv and approximate policies: the load each endpoint
@@ -313,12 +311,11 @@ func (c *kvCore) pick(req *Request, cands []Endpoint) (Decision, error) {
 	predicted := sc.predicted[:0]
 	if tokenized {
 		p = c.newPending(len(req.TokenIDs), n)
-		root := req.Root()
 		for i := range cands {
 			bs := c.blockSize(&cands[i])
 			sc.sizes[i] = bs
 			if !slices.ContainsFunc(p.keys, func(k kvKeys) bool { return k.blockSize == bs }) {
-				p.keys = append(p.keys, kvKeys{bs, index.Keys(root, req.TokenIDs, bs, c.keyBufs.get(len(req.TokenIDs)/bs))})
+				p.keys = append(p.keys, kvKeys{bs, req.Keys(bs, c.keyBufs.get(len(req.TokenIDs)/bs))})
 			}
 		}
 		predicted = slices.Grow(predicted, n)[:n]
@@ -563,7 +560,7 @@ func (c *kvCore) routed(req *Request, addr string) {
 		predicted = c.ix == nil || (c.health != nil && !c.health.EventsHealthy(addr))
 	}
 	if !known && req.TokenIDs != nil {
-		keys = index.Keys(req.Root(), req.TokenIDs, bs, nil)
+		keys = req.Keys(bs, nil)
 		if !predicted {
 			overlap = c.ix.LeadingBlocks(keys, []string{addr}, nil)[0]
 		}

@@ -50,6 +50,10 @@ type Request struct {
 	// borrowed: the ext_proc server reuses its buffer once Observer.Routed has returned,
 	// so a policy keeps what it derives (block keys, counts), never the slice.
 	TokenIDs []uint32
+	// Prefix, when not nil, holds the block keys of TokenIDs' leading ids that earlier
+	// requests computed (the tokenizer's prefix cache keeps them with those ids, so a
+	// conversation's turn hashes only its new blocks): see Keys. Borrowed like TokenIDs.
+	Prefix index.PrefixKeys
 	// Held is how long the router has already held the request at a policy's request
 	// (the sum of the Decision.Hold it honoured); 0 at the first Pick.
 	Held time.Duration
@@ -63,6 +67,13 @@ func (r *Request) Root() uint64 {
 		model = r.Model
 	}
 	return index.Root(model, r.LoRA, r.CacheSalt)
+}
+
+// Keys appends the chained keys of TokenIDs' full blocks of blockSize tokens under
+// Root to dst (index.Keys), taking those of the leading blocks from Prefix where it
+// has them: the one way policies key a request's blocks.
+func (r *Request) Keys(blockSize int, dst []uint64) []uint64 {
+	return index.PrefixedKeys(r.Root(), r.TokenIDs, blockSize, r.Prefix, dst)
 }
 
 // Decision is a policy's answer.

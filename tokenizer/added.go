@@ -27,8 +27,19 @@ type trieNode struct {
 	tok   int32
 }
 
-// child returns the node the edge labelled c leads to, or -1.
+// child returns the node the edge labelled c leads to, or -1. Small nodes (most of
+// a token's path) are searched with a plain loop: a call to IndexByte costs more than
+// the few comparisons, and a long conversation walks a token's whole path at every
+// added token it holds.
 func (n *trieNode) child(c byte) int32 {
+	if len(n.edges) <= 8 {
+		for k, e := range n.edges {
+			if e == c {
+				return n.next[k]
+			}
+		}
+		return -1
+	}
 	if k := bytes.IndexByte(n.edges, c); k >= 0 {
 		return n.next[k]
 	}

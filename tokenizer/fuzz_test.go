@@ -115,7 +115,8 @@ func FuzzEncodeModels(f *testing.F) {
 // character or a space, tokens containing another), give the same ids from a warm
 // prefix cache as without one.
 func FuzzPrefixCache(f *testing.F) {
-	for _, s := range [][2]string{{"hello <R>  ", "<|s|>y"}, {"hellox", "<|s|> wd>"}, {"he <sp>", "<L> x<W>"}, {"aa<|s|>bb", "<|s|>"}} {
+	for _, s := range [][2]string{{"hello <R>  ", "<|s|>y"}, {"hellox", "<|s|> wd>"}, {"he <sp>", "<L> x<W>"}, {"aa<|s|>bb", "<|s|>"},
+		{strings.Repeat("hello world ", 12), "ha"}, {"aa[e]" + strings.Repeat("hello ", 20), "[s]y b"}} {
 		f.Add(s[0], s[1])
 	}
 	added := []string{"<|s|>", "<L>", "<W>", "x<|s|>", "<|s|>y", " <sp>", "wd>", "<R>"}
@@ -133,10 +134,25 @@ func FuzzPrefixCache(f *testing.F) {
 	}
 	cached := tiny(f, helloMerges, added, flags, tokenizer.WithPrefixCache(1<<16))
 	plain := tiny(f, helloMerges, added, flags, tokenizer.WithPrefixCache(0))
+	// Tokens the cache walks its chain at ("[s]", "[e]": no token holds '[' further
+	// in), beside tokens it does not walk at and longer tokens around them.
+	walked := []string{"[s]", "[e]", "<|s|>", "a<|s|>b", "[s]y", "<W>"}
+	walkCached := tiny(f, helloMerges, walked, flags, tokenizer.WithPrefixCache(1<<16))
+	walkPlain := tiny(f, helloMerges, walked, flags, tokenizer.WithPrefixCache(0))
 	f.Fuzz(func(t *testing.T, prefix, tail string) {
 		for _, text := range []string{prefix + "<|s|>", prefix + tail, prefix + "<|s|>" + tail, prefix + tail + "<|s|>" + prefix} {
 			if got, want := cached.Encode(text, true), plain.Encode(text, true); !slices.Equal(got, want) {
 				t.Fatalf("%q: cached ids %v, want %v", text, got, want)
+			}
+		}
+		// A growing conversation: each text continues the previous one.
+		text := ""
+		for _, part := range []string{"[s]" + prefix + "[e]", "[s]" + tail + "[e]", "[s]" + prefix + tail + "[e]", "[s]" + tail} {
+			text += part
+			for _, tt := range []string{text, text + "[s]", text + "a<|s|>b"} {
+				if got, want := walkCached.Encode(tt, false), walkPlain.Encode(tt, false); !slices.Equal(got, want) {
+					t.Fatalf("%q: cached ids %v, want %v", tt, got, want)
+				}
 			}
 		}
 	})

@@ -28,7 +28,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"model", "source"}),
 		bytes: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "kvrouter_tokenizer_prefix_cache_bytes",
-			Help: "Memory the prefix cache accounts for (ids at 4 bytes plus a fixed overhead per span), bounded by its configured budget.",
+			Help: "Memory the prefix cache accounts for (ids at 4 bytes plus a fixed overhead per span, and the block keys stored on spans), bounded by its configured budget.",
 		}, []string{"model"}),
 	}
 	if reg != nil {

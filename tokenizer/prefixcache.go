@@ -3,7 +3,10 @@ package tokenizer
 import (
 	"hash/maphash"
 	"slices"
+	"strings"
 	"sync"
+	"sync/atomic"
+	"unicode/utf8"
 
 	"github.com/hashicorp/golang-lru/v2/simplelru"
 )
@@ -26,7 +29,7 @@ import (
 const (
 	// spanOverhead is what a span costs beside its ids: the LRU's list element and
 	// map slot, the span header and the slice header (measured by BenchmarkPrefixCacheMemory).
-	spanOverhead = 160
+	spanOverhead = 200
 	// minSpanIDs: a cut is stored when at least this many ids follow the previous
 	// stored cut (or it is one of the text's last lastCuts cuts), so short spans such as
 	// "<|im_end|>\n" share an entry with their message instead of paying the overhead.
@@ -48,13 +51,54 @@ type prefixCache struct {
 }
 
 // span is the ids between a stored cut and the previous one; never changed once
-// stored.
+// stored, apart from the block keys a Prefix stores on it.
 type span struct {
-	parent uint64 // key of the previous stored cut; 0: this span starts the text
-	ids    []uint32
+	parent  uint64 // key of the previous stored cut; 0: this span starts the text
+	key     uint64 // the span's own cut's key
+	textLen int    // bytes of text between the previous stored cut and this one
+	// inner are the cuts between the previous stored cut and this one that were not
+	// stored (short spans), as offsets into the span's text: a cut's key chains
+	// through every cut before it (see chainKey), so a walk over the span needs them.
+	inner []int32
+	ids   []uint32
+	// next is the span that last followed this one in an encode (nil: none, or
+	// evicted): the chain an encode walks (see walk). Set by store and cleared by
+	// eviction, both under the cache's lock, so a span kept never keeps an evicted one.
+	next atomic.Pointer[span]
+	// keys are the block keys of the blocks ending in the span (see Prefix), at most
+	// maxSpanKeys sets, newest last: an immutable slice replaced under the cache's
+	// lock, read without it. Counted in size.
+	keys atomic.Pointer[[]spanKeys]
 }
 
-func (s *span) size() int64 { return spanOverhead + 4*int64(cap(s.ids)) }
+// spanKeys is one set of block keys: those of a root and block size.
+type spanKeys struct {
+	root      uint64
+	blockSize int
+	keys      []uint64
+}
+
+const (
+	// maxSpanKeys bounds the sets of block keys kept per span: a conversation has one
+	// root (model, adapter, cache_salt) and a fleet one block size, so two leave room
+	// for a second block size or a shared system prompt under two roots.
+	maxSpanKeys = 2
+	// spanKeysHeader is what a span holding keys pays beside them: the boxed slice
+	// header and the array of maxSpanKeys sets (root, block size, slice header).
+	spanKeysHeader = 24 + maxSpanKeys*40
+)
+
+// size is the span's memory; read under the cache's lock (keys change under it).
+func (s *span) size() int64 {
+	n := spanOverhead + 4*int64(cap(s.ids)) + 4*int64(cap(s.inner))
+	if p := s.keys.Load(); p != nil {
+		n += spanKeysHeader
+		for _, k := range *p {
+			n += 8 * int64(cap(k.keys))
+		}
+	}
+	return n
+}
 
 func newPrefixCache(maxBytes int64, counters cacheCounters) *prefixCache {
 	if maxBytes <= 0 {
@@ -63,8 +107,14 @@ func newPrefixCache(maxBytes int64, counters cacheCounters) *prefixCache {
 	c := &prefixCache{seed: maphash.MakeSeed(), maxBytes: maxBytes, counters: counters}
 	// The byte budget is what bounds the cache; the count bound only has to be larger
 	// than the number of spans the budget can hold.
+	var l *simplelru.LRU[uint64, *span]
 	l, err := simplelru.NewLRU[uint64, *span](int(min(maxBytes/spanOverhead+1, 1<<30)), func(_ uint64, s *span) {
 		c.bytes -= s.size()
+		// No hint keeps an evicted span (and what it points to) alive.
+		s.next.Store(nil)
+		if p, ok := l.Peek(s.parent); ok {
+			p.next.CompareAndSwap(s, nil)
+		}
 	})
 	if err != nil {
 		return nil
@@ -76,49 +126,76 @@ func newPrefixCache(maxBytes int64, counters cacheCounters) *prefixCache {
 // cutPoint is a cut of the text being encoded.
 type cutPoint struct {
 	piece int    // index of the added-token piece that starts at the cut
+	at    int    // the cut's position in the text
 	key   uint64 // hash of the prefix before the cut, never 0
 	n     int    // len(out) before the cut token, once known
 }
 
-// encodeCached appends the ids of pieces (the raw split of text) to out, taking the
-// longest cached prefix from the cache and storing the cuts after it. base is len(out)
-// before the prefix special tokens, which the first span includes.
+// encodeCached appends the ids of text to out, taking the longest cached prefix from
+// the cache and storing the cuts after it. base is len(out) before the prefix special
+// tokens, which the first span includes.
+//
+// It first walks the chain of spans the previous encodes of the same text left (see
+// walk), then splits the rest of the text on its added tokens and looks its cuts up;
+// a conversation's next turn so scans and looks up only its new messages.
 //
 // It stops once out holds limit ids: only the cuts whose prefix was wholly encoded are
 // stored.
-func (t *Tokenizer) encodeCached(text string, pieces []piece, out []uint32, base int, add bool, limit int, sc *splitScratch) []uint32 {
+//
+// p, when not nil, is filled with the spans of the cached prefix the ids start with,
+// the ones found and the ones stored.
+func (t *Tokenizer) encodeCached(text string, out []uint32, base int, add bool, limit int, sc *splitScratch, p *Prefix) []uint32 {
 	c := t.cache
+	key := startKey(add)
+	walked, pos := t.walk(text, &key, sc.chain[:0])
+	defer func() { clear(walked); sc.chain = walked[:0] }() // no reference to cached ids kept
+	// Invalid UTF-8 is replaced before encoding (see AppendEncodeMax). The walked
+	// prefix has the bytes of a text stored before, which was valid, and ends before an
+	// added token, at a rune boundary: only the rest needs checking, and replacing.
+	if !utf8.ValidString(text[pos:]) {
+		text = text[:pos] + strings.ToValidUTF8(text[pos:], "\uFFFD")
+	}
+	rest := text[pos:]
+	pieces := t.rawMatcher.splitWith(rest, sc.pieces[:0], &sc.matches)
+	defer func() { sc.pieces = pieces }()
 	cuts := sc.cuts[:0]
 	defer func() { sc.cuts = cuts[:0] }()
-	var h maphash.Hash
-	h.SetSeed(c.seed)
-	if add {
-		h.WriteByte(1)
-	} else {
-		h.WriteByte(0)
-	}
-	pos := 0
+	prev := 0
 	for i, p := range pieces {
 		if p.tok >= 0 && p.at > 0 && t.cut[p.tok] {
-			h.WriteString(text[pos:p.at])
-			pos = p.at
-			cuts = append(cuts, cutPoint{piece: i, key: h.Sum64() | 1})
+			key = c.chainKey(key, rest[prev:p.at])
+			prev = p.at
+			cuts = append(cuts, cutPoint{piece: i, at: pos + p.at, key: key})
 		}
 	}
-	if len(cuts) == 0 {
+	if len(cuts) == 0 && len(walked) == 0 {
 		return t.encodePieces(pieces, out, limit)
 	}
-	hit, chain := c.lookup(cuts, sc.chain[:0])
-	defer func() { clear(chain); sc.chain = chain[:0] }() // no reference to cached ids kept
+	hit, chain := -1, sc.found[:0]
+	if len(cuts) > 0 {
+		hit, chain = c.lookup(cuts, chain)
+	}
+	defer func() { clear(chain); sc.found = chain[:0] }()
 	start, cached := 0, 0
-	if hit >= 0 {
+	parent, from, fromAt := uint64(0), base, 0 // the cut the stored spans continue from
+	switch {
+	case hit >= 0: // a cut of the rest, whose chain runs through the walked spans or not
 		out = out[:base]
 		for i := len(chain) - 1; i >= 0; i-- {
-			out = append(out, chain[i]...)
+			out = append(out, chain[i].ids...)
 		}
-		cached = len(out) - base
-		cuts[hit].n = len(out)
 		start = cuts[hit].piece
+		parent, from, fromAt = cuts[hit].key, len(out), cuts[hit].at
+		cached = len(out) - base
+		p.fill(c, chain, true)
+	case len(walked) > 0: // the walk's end
+		out = out[:base]
+		for _, s := range walked {
+			out = append(out, s.ids...)
+		}
+		parent, from, fromAt = walked[len(walked)-1].key, len(out), pos
+		cached = len(out) - base
+		p.fill(c, walked, false)
 	}
 	next := hit + 1
 	for i := start; i < len(pieces); i++ {
@@ -136,14 +213,141 @@ func (t *Tokenizer) encodeCached(text string, pieces []piece, out []uint32, base
 			out = t.encodeText(p.text, out, limit)
 		}
 	}
-	c.counters.lookup(hit >= 0, cached, len(out)-base-cached)
-	c.store(cuts, hit, out, base)
+	c.counters.lookup(cached > 0, cached, len(out)-base-cached)
+	c.store(cuts[hit+1:], parent, from, fromAt, out, base, p)
 	return out
+}
+
+// startKey is the key a text's chain of cut keys starts from: whether special tokens
+// are added is part of every key.
+func startKey(add bool) uint64 {
+	if add {
+		return 0x6b76_726f_7574_6531
+	}
+	return 0x6b76_726f_7574_6530
+}
+
+// chainKey is the key of a cut: the previous cut's key (startKey for the first) mixed
+// with a seeded hash of the text between the two cuts. A cut's key thus stands for
+// the text before it and where its cuts are, which the split of that text decides; it
+// is never 0. One hash per segment, rather than a streaming hash of the whole text,
+// hashes a long conversation's text in one call per message instead of one per 128
+// bytes. For a given previous key the mixing is a bijection of the segment's hash
+// (before the low bit is set), so two texts' keys collide only where their segments'
+// seeded hashes nearly do.
+func (c *prefixCache) chainKey(prev uint64, segment string) uint64 {
+	x := prev*0x9e3779b97f4a7c15 ^ maphash.String(c.seed, segment)
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	x ^= x >> 31
+	return x | 1
+}
+
+// maxScanAhead bounds the cuts walk scans past the end of the chain it follows to find
+// where the text's stored chain continues (after a shared system prompt, another
+// conversation's next message is the hint; short messages' cuts are not stored).
+const maxScanAhead = 8
+
+// walk follows the cache's chain along text from its start: from each span it takes
+// the one that followed it last time (span.next) when the text has the same bytes up
+// to that span's cut (its key chains the text's segments between the cuts before it:
+// key, continued over the span's text and its inner cuts) and the split of text has a
+// cut there (walkCut), else
+// it scans up to maxScanAhead cuts ahead for a stored span continuing the chain (store
+// then relinks the hints along this text, under the cache's lock, so that no span
+// kept points to an evicted one). It returns the spans walked, in order, and the position of
+// the last one's cut (0 when none), key then being its key.
+//
+// The ids are those a split of the whole text gives: a span is taken only where the
+// whole text's split has a cut, and the ids of the text before a cut are those of the
+// text the span was stored for.
+func (t *Tokenizer) walk(text string, key *uint64, spans []*span) ([]*span, int) {
+	if !t.walkable {
+		return spans, 0
+	}
+	c := t.cache
+	pos := 0
+	var cur *span
+	for {
+		if cur != nil {
+			if nx := cur.next.Load(); nx != nil && nx.parent == cur.key && t.walkCut(text, pos+nx.textLen) {
+				k, from := *key, pos
+				for _, o := range nx.inner {
+					k = c.chainKey(k, text[from:pos+int(o)])
+					from = pos + int(o)
+				}
+				if k = c.chainKey(k, text[from:pos+nx.textLen]); k == nx.key {
+					*key, pos, cur = k, pos+nx.textLen, nx
+					spans = append(spans, nx)
+					continue
+				}
+			}
+		}
+		var parent uint64
+		if cur != nil {
+			parent = cur.key
+		}
+		nx, end := t.scanAhead(text, pos, parent, key)
+		if nx == nil {
+			return spans, pos
+		}
+		pos, cur = end, nx
+		spans = append(spans, nx)
+	}
+}
+
+// walkCut reports whether the split of text has a cut at c: an added token whose
+// matches text splits exactly before (cutSafe) matches at c, and no added token
+// holds its first byte further in, so that no match starting before c can end after
+// it (and so the split before c is that of any text with the same bytes before c).
+func (t *Tokenizer) walkCut(text string, c int) bool {
+	if c <= 0 || c >= len(text) {
+		return false
+	}
+	tok, _ := t.rawMatcher.longestAt(text, c)
+	return tok >= 0 && t.cut[tok] && !t.inner[text[c]]
+}
+
+// scanAhead scans the split of text from pos (a cut, or 0) for the first stored span
+// of its next maxScanAhead cuts; it returns that span and its cut when the span
+// continues the chain at parent, key then being the cut's key, else nil and key
+// unchanged.
+func (t *Tokenizer) scanAhead(text string, pos int, parent uint64, key *uint64) (*span, int) {
+	m := t.rawMatcher
+	k := *key
+	prev, from := pos, pos
+	for n := 0; n < maxScanAhead; {
+		tok, at, end := m.nextMatch(text, from)
+		if tok < 0 {
+			return nil, 0
+		}
+		from = end
+		if at <= pos || !t.cut[tok] {
+			continue
+		}
+		n++
+		k = t.cache.chainKey(k, text[prev:at])
+		prev = at
+		t.cache.mu.Lock()
+		s, ok := t.cache.lru.Peek(k)
+		t.cache.mu.Unlock()
+		switch {
+		case !ok:
+			continue // not stored (a short span), or the end of the cached prefix
+		case s.parent != parent:
+			return nil, 0 // stored with other cuts before it: lookup finds it
+		}
+		*key = k
+		return s, at
+	}
+	return nil, 0
 }
 
 // lookup returns the index of the longest cut whose prefix is cached with its whole
 // chain, and the chain's spans from that cut back to the text's start; -1 if none.
-func (c *prefixCache) lookup(cuts []cutPoint, chain [][]uint32) (int, [][]uint32) {
+func (c *prefixCache) lookup(cuts []cutPoint, chain []*span) (int, []*span) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	// Chains are complete (parents outlive children), so the first hit is normally
@@ -158,7 +362,7 @@ func (c *prefixCache) lookup(cuts []cutPoint, chain [][]uint32) (int, [][]uint32
 			if s, ok = c.lru.Peek(key); !ok {
 				break
 			}
-			chain = append(chain, s.ids)
+			chain = append(chain, s)
 			key = s.parent
 		}
 		if ok && key == 0 {
@@ -168,52 +372,173 @@ func (c *prefixCache) lookup(cuts []cutPoint, chain [][]uint32) (int, [][]uint32
 	return -1, chain[:0]
 }
 
-// store adds the cuts after hit (filled in by encodeCached) and touches the chain they
-// extend, from its end to its root, then evicts down to the budget.
-func (c *prefixCache) store(cuts []cutPoint, hit int, out []uint32, base int) {
+// store adds cuts (filled in by encodeCached), continuing the chain at the stored cut
+// parent (0: the text's start), whose ids end at out[from] and text at fromAt, and
+// touches the chain they extend, from its end to its root, linking each span's hint to
+// the span after it on this text; then it evicts down to the budget. p, when not nil,
+// gets the spans the cache holds for those cuts.
+func (c *prefixCache) store(cuts []cutPoint, parent uint64, from, fromAt int, out []uint32, base int, p *Prefix) {
 	var newBuf [64]struct {
 		key uint64
 		s   *span
+		end int // cut's n
 	}
 	news := newBuf[:0]
-	parent, from := uint64(0), base
-	if hit >= 0 {
-		parent, from = cuts[hit].key, cuts[hit].n
-	}
-	for j := hit + 1; j < len(cuts); j++ {
+	extended := parent
+	skipped := 0 // cuts since the last stored one, not stored
+	for j := range cuts {
 		if cuts[j].n-from < minSpanIDs && j < len(cuts)-lastCuts {
+			skipped++
 			continue
 		}
-		s := &span{parent: parent, ids: slices.Clone(out[from:cuts[j].n])}
+		s := &span{parent: parent, key: cuts[j].key, textLen: cuts[j].at - fromAt, ids: slices.Clone(out[from:cuts[j].n])}
+		if skipped > 0 {
+			s.inner = make([]int32, skipped)
+			for i, cp := range cuts[j-skipped : j] {
+				s.inner[i] = int32(cp.at - fromAt)
+			}
+			skipped = 0
+		}
 		if s.size() > c.maxBytes {
 			break // its children would have no parent
 		}
 		news = append(news, struct {
 			key uint64
 			s   *span
-		}{cuts[j].key, s})
-		parent, from = cuts[j].key, cuts[j].n
+			end int
+		}{cuts[j].key, s, cuts[j].n})
+		parent, from, fromAt = cuts[j].key, cuts[j].n, cuts[j].at
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	// Deepest first, then the chain they extend: parents end up more recent than
 	// their children.
+	var child *span // the span after the one being linked, on this text
 	for i := len(news) - 1; i >= 0; i-- {
-		if c.lru.Contains(news[i].key) {
-			continue // the same prefix, so the same ids
+		if old, ok := c.lru.Peek(news[i].key); ok {
+			news[i].s = old // the same prefix, so the same ids
+		} else {
+			c.lru.Add(news[i].key, news[i].s)
+			c.bytes += news[i].s.size()
 		}
-		c.lru.Add(news[i].key, news[i].s)
-		c.bytes += news[i].s.size()
+		if child != nil && child.parent == news[i].key {
+			news[i].s.next.Store(child)
+		}
+		child = news[i].s
 	}
-	if hit >= 0 {
-		for key := cuts[hit].key; key != 0; {
-			s, ok := c.lru.Get(key)
-			if !ok {
-				break
+	for key := extended; key != 0; {
+		s, ok := c.lru.Get(key)
+		if !ok {
+			break
+		}
+		if child != nil && child.parent == key && s.next.Load() != child {
+			s.next.Store(child)
+		}
+		child, key = s, s.parent
+	}
+	if p != nil && len(news) > 0 {
+		// A span stored before for the same cut may start elsewhere (other cuts were
+		// skipped then): its end is the cut's either way.
+		p.c = c
+		for _, ns := range news {
+			p.spans = append(p.spans, ns.s)
+			p.ends = append(p.ends, ns.end-base)
+		}
+	}
+	for c.bytes > c.maxBytes {
+		if _, _, ok := c.lru.RemoveOldest(); !ok {
+			break
+		}
+	}
+	c.counters.setBytes(c.bytes)
+}
+
+// Prefix describes the ids of an encode that the prefix cache holds: the spans they
+// start with, found or stored by the encode, as segments on which a caller stores what
+// it derives from those ids (the block keys of a KV cache index: Prefix implements
+// index.PrefixKeys), so that the next encode sharing the spans (the conversation's next
+// turn) finds it. What is stored counts in the cache's byte budget and is evicted with
+// its span. The zero value is ready to use; one Prefix is reused across encodes (each
+// resets it) and must not be used by two goroutines at once.
+type Prefix struct {
+	c     *prefixCache
+	spans []*span
+	ends  []int
+}
+
+// fill sets p's spans to spans (deepest first when reversed), ending at their
+// cumulated ids; p may be nil.
+func (p *Prefix) fill(c *prefixCache, spans []*span, reversed bool) {
+	if p == nil {
+		return
+	}
+	p.c = c
+	n := 0
+	for i := range spans {
+		s := spans[i]
+		if reversed {
+			s = spans[len(spans)-1-i]
+		}
+		n += len(s.ids)
+		p.spans = append(p.spans, s)
+		p.ends = append(p.ends, n)
+	}
+}
+
+// Reset empties p, dropping its references to the cache (an encode resets it too).
+func (p *Prefix) Reset() {
+	clear(p.spans)
+	p.c, p.spans, p.ends = nil, p.spans[:0], p.ends[:0]
+}
+
+// Ends returns where each span ends, in ids from the first id the encode appended
+// (the prefix special tokens included), increasing. Spans may end past an encode cut at
+// maxTokens.
+func (p *Prefix) Ends() []int { return p.ends }
+
+// SegmentKeys returns the block keys stored on span i for root and blockSize, or nil.
+func (p *Prefix) SegmentKeys(i int, root uint64, blockSize int) []uint64 {
+	if sets := p.spans[i].keys.Load(); sets != nil {
+		for _, k := range *sets {
+			if k.root == root && k.blockSize == blockSize {
+				return k.keys
 			}
-			key = s.parent
 		}
 	}
+	return nil
+}
+
+// StoreSegmentKeys stores a copy of keys on span i for root and blockSize, unless the
+// span was evicted meanwhile, and evicts down to the budget.
+func (p *Prefix) StoreSegmentKeys(i int, root uint64, blockSize int, keys []uint64) {
+	p.c.storeKeys(p.spans[i], root, blockSize, keys)
+}
+
+func (c *prefixCache) storeKeys(s *span, root uint64, blockSize int, keys []uint64) {
+	set := spanKeys{root: root, blockSize: blockSize, keys: make([]uint64, len(keys))}
+	copy(set.keys, keys)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if cur, ok := c.lru.Peek(s.key); !ok || cur != s {
+		return // evicted: nothing would find the keys
+	}
+	var old []spanKeys
+	if p := s.keys.Load(); p != nil {
+		old = *p
+	}
+	sets := make([]spanKeys, 0, maxSpanKeys)
+	for _, k := range old {
+		if k.root != root || k.blockSize != blockSize {
+			sets = append(sets, k)
+		}
+	}
+	if len(sets) == maxSpanKeys {
+		sets = sets[1:]
+	}
+	sets = append(sets, set)
+	before := s.size()
+	s.keys.Store(&sets)
+	c.bytes += s.size() - before
 	for c.bytes > c.maxBytes {
 		if _, _, ok := c.lru.RemoveOldest(); !ok {
 			break

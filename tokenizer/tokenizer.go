@@ -26,8 +26,14 @@ type Tokenizer struct {
 
 	// cut marks the raw added tokens text splits exactly before (see cutSafe), by index
 	// in rawMatcher.tokens: where the prefix cache keys prefixes.
-	cut   []bool
-	cache *prefixCache // nil: off
+	cut []bool
+	// inner marks the bytes some raw added token holds past its first byte: a cut
+	// token starting with one of them could be straddled by a longer match, so the
+	// prefix cache's walk takes no cut there (see walkCut). walkable is false when every
+	// cut token starts with one.
+	inner    [256]bool
+	walkable bool
+	cache    *prefixCache // nil: off
 }
 
 // Option configures a Tokenizer at load time.
@@ -63,8 +69,14 @@ func (t *Tokenizer) initCache(o options) error {
 	}
 	if t.rawMatcher != nil {
 		t.cut = make([]bool, len(t.rawMatcher.tokens))
+		for _, tk := range t.rawMatcher.tokens {
+			for j := 1; j < len(tk.Content); j++ {
+				t.inner[tk.Content[j]] = true
+			}
+		}
 		for i, tk := range t.rawMatcher.tokens {
 			t.cut[i] = cutSafe(tk)
+			t.walkable = t.walkable || t.cut[i] && !t.inner[tk.Content[0]]
 		}
 	}
 	t.cache = newPrefixCache(o.cacheBytes, newCacheCounters(o.metrics, o.model))
@@ -113,7 +125,17 @@ func (t *Tokenizer) AppendEncode(dst []uint32, text string, addSpecialTokens boo
 // It keeps no reference to text once it returns, so text may alias a buffer the caller
 // reuses (prompt renders chat templates into one).
 func (t *Tokenizer) AppendEncodeMax(dst []uint32, text string, addSpecialTokens bool, maxTokens int) (out []uint32, complete bool) {
-	if !utf8.ValidString(text) {
+	return t.AppendEncodePrefix(dst, text, addSpecialTokens, maxTokens, nil)
+}
+
+// AppendEncodePrefix is AppendEncodeMax that also fills p (when not nil) with the
+// prefix cache's spans the ids start with (see Prefix; none with the cache off), so
+// that the caller can keep what it derives from those ids with them.
+func (t *Tokenizer) AppendEncodePrefix(dst []uint32, text string, addSpecialTokens bool, maxTokens int, p *Prefix) (out []uint32, complete bool) {
+	if p != nil {
+		p.Reset()
+	}
+	if t.cache == nil && !utf8.ValidString(text) { // with the cache, encodeCached checks
 		text = strings.ToValidUTF8(text, "\uFFFD")
 	}
 	// The encoders stop once out holds limit ids; limit is one past maxTokens, so that
@@ -130,13 +152,13 @@ func (t *Tokenizer) AppendEncodeMax(dst []uint32, text string, addSpecialTokens 
 		out = append(out, t.prefix...)
 	}
 	sc := splitScratches.Get().(*splitScratch)
-	pieces := t.rawMatcher.splitWith(text, sc.pieces[:0], &sc.matches)
 	if t.cache == nil {
-		out = t.encodePieces(pieces, out, limit)
+		sc.pieces = t.rawMatcher.splitWith(text, sc.pieces[:0], &sc.matches)
+		out = t.encodePieces(sc.pieces, out, limit)
 	} else {
-		out = t.encodeCached(text, pieces, out, base, addSpecialTokens, limit, sc)
+		out = t.encodeCached(text, out, base, addSpecialTokens, limit, sc, p)
 	}
-	sc.put(pieces)
+	sc.put(sc.pieces)
 	if addSpecialTokens {
 		out = append(out, t.suffix...)
 	}
@@ -153,7 +175,8 @@ type splitScratch struct {
 	pieces  []piece
 	matches []addedMatch
 	cuts    []cutPoint
-	chain   [][]uint32
+	chain   []*span // spans walked
+	found   []*span // spans looked up
 }
 
 var splitScratches = sync.Pool{New: func() any { return new(splitScratch) }}
@@ -163,7 +186,7 @@ const maxPooledPieces = 1 << 16
 
 // put returns the scratch to the pool, dropping its references to the text.
 func (sc *splitScratch) put(pieces []piece) {
-	if cap(pieces) > maxPooledPieces || cap(sc.matches) > maxPooledPieces || cap(sc.cuts) > maxPooledPieces || cap(sc.chain) > maxPooledPieces {
+	if cap(pieces) > maxPooledPieces || cap(sc.matches) > maxPooledPieces || cap(sc.cuts) > maxPooledPieces || cap(sc.chain) > maxPooledPieces || cap(sc.found) > maxPooledPieces {
 		return
 	}
 	clear(pieces)

@@ -354,9 +354,9 @@ func TestMetricsGolden(t *testing.T) {
 	tk.Encode("hello world<|x|>there", false) // hit: 7 ids cached, 5 encoded
 	tk.Encode("hello world", false)           // no cut point: no lookup
 	want := `
-# HELP kvrouter_tokenizer_prefix_cache_bytes Memory the prefix cache accounts for (ids at 4 bytes plus a fixed overhead per span), bounded by its configured budget.
+# HELP kvrouter_tokenizer_prefix_cache_bytes Memory the prefix cache accounts for (ids at 4 bytes plus a fixed overhead per span, and the block keys stored on spans), bounded by its configured budget.
 # TYPE kvrouter_tokenizer_prefix_cache_bytes gauge
-kvrouter_tokenizer_prefix_cache_bytes{model="tiny"} 192
+kvrouter_tokenizer_prefix_cache_bytes{model="tiny"} 232
 # HELP kvrouter_tokenizer_prefix_cache_lookups_total Encodes of a text with a cut point (an added token such as <|im_start|>) that looked up the prefix cache, by result: hit when a cached prefix was used.
 # TYPE kvrouter_tokenizer_prefix_cache_lookups_total counter
 kvrouter_tokenizer_prefix_cache_lookups_total{model="tiny",result="hit"} 1
@@ -479,5 +479,138 @@ func TestAppendEncodeMax(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestPrefixSegmentKeys: an encode describes the cached spans its ids start with; keys
+// stored on them are found by the next encode sharing them, count in the cache's
+// bytes (at most two sets per span, replacing the oldest) and go with their span when
+// it is evicted, the cache staying within its budget.
+func TestPrefixSegmentKeys(t *testing.T) {
+	const budget = 8 << 10
+	reg := prometheus.NewPedanticRegistry()
+	tk := tiny(t, helloMerges, []string{"<|s|>", "<|e|>"}, nil, tokenizer.WithPrefixCache(budget), tokenizer.WithMetrics(tokenizer.NewMetrics(reg), "tiny"))
+	system := "<|s|>system " + strings.Repeat("hello world ", 40) + "<|e|>"
+	turn := func(i int) string {
+		return fmt.Sprintf("%s<|s|>user %d %s<|e|><|s|>", system, i, strings.Repeat("aa ", 50))
+	}
+	var p tokenizer.Prefix
+	ids, _ := tk.AppendEncodePrefix(nil, turn(0), false, 0, &p)
+	ends := slices.Clone(p.Ends())
+	if len(ends) == 0 || !slices.IsSorted(ends) || ends[len(ends)-1] > len(ids) {
+		t.Fatalf("ends %v for %d ids", ends, len(ids))
+	}
+	before := gauge(t, reg)
+	p.StoreSegmentKeys(0, 1, 16, []uint64{10, 11})
+	if got := gauge(t, reg) - before; got != 104+16 {
+		t.Errorf("a set of 2 keys added %v bytes, want 120", got)
+	}
+	p.StoreSegmentKeys(0, 2, 16, []uint64{20})
+	p.StoreSegmentKeys(0, 3, 16, []uint64{30}) // replaces root 1's set
+	if got := gauge(t, reg) - before; got != 104+16 {
+		t.Errorf("two sets of one key hold %v bytes, want 120", got)
+	}
+	p.StoreSegmentKeys(0, 3, 16, []uint64{31, 32}) // replaces root 3's set in place
+	if got := gauge(t, reg) - before; got != 104+8+16 {
+		t.Errorf("after a replacement %v bytes, want 128", got)
+	}
+
+	// The next turn starts with the same spans and finds the keys.
+	_, _ = tk.AppendEncodePrefix(nil, turn(1), false, 0, &p)
+	if p.Ends()[0] != ends[0] {
+		t.Fatalf("next turn's first span ends at %d, was %d", p.Ends()[0], ends[0])
+	}
+	for _, c := range []struct {
+		root uint64
+		want []uint64
+	}{{1, nil}, {2, []uint64{20}}, {3, []uint64{31, 32}}} {
+		if got := p.SegmentKeys(0, c.root, 16); !slices.Equal(got, c.want) {
+			t.Errorf("root %d: keys %v, want %v", c.root, got, c.want)
+		}
+	}
+	if got := p.SegmentKeys(0, 2, 32); got != nil {
+		t.Errorf("another block size got keys %v", got)
+	}
+
+	// Other texts evict the spans; keys offered to an evicted span are dropped.
+	evicted := p
+	p = tokenizer.Prefix{}
+	for i := range 200 {
+		_, _ = tk.AppendEncodePrefix(nil, fmt.Sprintf("<|s|>other %d %s<|e|><|s|>", i, strings.Repeat("hello ", 30)), false, 0, &p)
+		for j := range p.Ends() {
+			p.StoreSegmentKeys(j, 1, 16, make([]uint64, 4))
+		}
+		if b := gauge(t, reg); b > budget || b <= 0 {
+			t.Fatalf("text %d: cache holds %v bytes, budget %d", i, b, budget)
+		}
+	}
+	b := gauge(t, reg)
+	evicted.StoreSegmentKeys(0, 9, 16, make([]uint64, 100))
+	if gauge(t, reg) != b {
+		t.Error("keys stored on an evicted span were counted")
+	}
+	_, _ = tk.AppendEncodePrefix(nil, turn(2), false, 0, &p)
+	if len(p.Ends()) > 0 && p.SegmentKeys(0, 2, 16) != nil {
+		t.Error("keys survived their span's eviction")
+	}
+	p.Reset()
+	if len(p.Ends()) != 0 {
+		t.Error("Reset left segments")
+	}
+}
+
+// TestWalkedChain: an encode first walks the chain of cached spans the previous encodes
+// of the same text left, following each span's hint to the one after it. Conversations
+// interleaved after a shared system prompt (each hint then leads to another
+// conversation), edits in the middle of a history, a cut token replaced by another, a
+// cut straddled by a longer token in the new text (whose first byte another token
+// holds further in: "a<|s|>b" around "<|s|>"), invalid UTF-8 after the walked prefix
+// or inside it, and a cache small enough to evict on every encode all give the ids of
+// a tokenizer without a cache; the walk serves most of the ids of later turns.
+func TestWalkedChain(t *testing.T) {
+	added := []string{"[s]", "[e]", "<|s|>", "a<|s|>b"}
+	reg := prometheus.NewPedanticRegistry()
+	cached := tiny(t, helloMerges, added, nil, tokenizer.WithPrefixCache(1<<20), tokenizer.WithMetrics(tokenizer.NewMetrics(reg), "tiny"))
+	small := tiny(t, helloMerges, added, nil, tokenizer.WithPrefixCache(2<<10))
+	plain := tiny(t, helloMerges, added, nil, tokenizer.WithPrefixCache(0))
+	system := "[s]system " + strings.Repeat("hello world ", 20) + "[e]"
+	msg := func(conv, i int) string {
+		return fmt.Sprintf("[s]user %d %d %s[e]", conv, i, strings.Repeat("aa hello ", 8+i%3))
+	}
+	turns := func(conv, n int) string {
+		var b strings.Builder
+		b.WriteString(system)
+		for i := range n {
+			b.WriteString(msg(conv, i))
+		}
+		return b.String() + "[s]"
+	}
+	var texts []string
+	for n := 1; n <= 8; n++ {
+		for conv := range 3 { // interleaved: the system span's hint changes every encode
+			texts = append(texts, turns(conv, n))
+		}
+	}
+	edited := turns(0, 8)
+	texts = append(texts,
+		strings.Replace(edited, msg(0, 3), msg(9, 3), 1),             // an edit in the middle
+		strings.Replace(edited, msg(0, 5)+"[s]", msg(0, 5)+"[e]", 1), // another cut token
+		edited[:len(edited)-3],                                       // the same text without its last cut
+		edited+"user \xff\xfe tail [e][s]",                           // invalid UTF-8 after the walked prefix
+		strings.Replace(edited, msg(0, 4), "[s]user \xc3 x[e]", 1),   // and inside the history
+		// A cut of the cached text straddled by a longer token in the new one.
+		system+"[s]user ha<|s|>c tail[e][s]", system+"[s]user ha<|s|>b tail[e][s]",
+		system+"[s]user ha<|s|>c tail[e][s]",
+	)
+	for i, text := range texts {
+		want := plain.Encode(text, false)
+		for name, tk := range map[string]*tokenizer.Tokenizer{"large": cached, "small": small} {
+			if got := tk.Encode(text, false); !slices.Equal(got, want) {
+				t.Fatalf("%s cache, text %d %q: ids %v, want %v", name, i, text, got, want)
+			}
+		}
+	}
+	if hits := lookups(t, reg, "hit"); hits < float64(len(texts)-4) {
+		t.Errorf("%v of %d encodes used a cached prefix", hits, len(texts))
 	}
 }

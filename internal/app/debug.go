@@ -9,7 +9,6 @@ import (
 	"slices"
 	"time"
 
-	"github.com/kvrouter/kvrouter/index"
 	"github.com/kvrouter/kvrouter/kvevents"
 	"github.com/kvrouter/kvrouter/openai"
 	"github.com/kvrouter/kvrouter/scoring"
@@ -234,7 +233,6 @@ func (a *App) ExplainRoute(path string, body []byte) (*RouteExplanation, error) 
 		}
 	}
 	bs := a.blockSize()
-	root := index.Root(base, lora, req.CacheSalt)
 	keys := map[int][]uint64{}
 	for _, e := range eps {
 		re := RouteEndpoint{Address: e.Address, InFlight: e.InFlight, Running: e.Metrics.Running, Waiting: e.Metrics.Waiting,
@@ -246,7 +244,7 @@ func (a *App) ExplainRoute(path string, body []byte) (*RouteExplanation, error) 
 		if sreq.TokenIDs != nil {
 			k, ok := keys[re.BlockSize]
 			if !ok {
-				k = index.Keys(root, sreq.TokenIDs, re.BlockSize, nil)
+				k = sreq.Keys(re.BlockSize, nil)
 				keys[re.BlockSize] = k
 			}
 			re.RequestBlocks = len(k)

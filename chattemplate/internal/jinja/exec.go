@@ -33,6 +33,8 @@ type state struct {
 	rec       *recorder
 	replaying bool
 	stats     RenderStats
+	// settle observes the iteration of a settled loop being executed (settle.go).
+	settle *settleProbe
 }
 
 const maxMacroDepth = 64
@@ -190,6 +192,7 @@ type forStmt struct {
 	els     []stmt
 	scope   scope
 	memo    *loopMemo // nil: not memoizable
+	settled bool      // stops after its first quiet iteration (settle.go)
 }
 
 // iterate returns the items a for loop visits.
@@ -281,9 +284,18 @@ func (s *forStmt) enter(st *state, saved []Value, loop *loopState, i int, it Val
 }
 
 func (s *forStmt) execItems(st *state, items, saved []Value, loop *loopState) error {
+	var probe *settleProbe
+	if s.settled && st.settle == nil && st.rec == nil {
+		probe = new(settleProbe)
+		st.settle = probe
+		defer func() { st.settle = nil }()
+	}
 	for i, it := range items {
 		if err := s.enter(st, saved, loop, i, it); err != nil {
 			return err
+		}
+		if probe != nil {
+			*probe = settleProbe{}
 		}
 		c, err := execBody(st, s.body)
 		if err != nil {
@@ -291,6 +303,10 @@ func (s *forStmt) execItems(st *state, items, saved []Value, loop *loopState) er
 		}
 		if c == ctlBreak {
 			break
+		}
+		if probe != nil && probe.quiet() {
+			st.stats.Settled += len(items) - i - 1
+			break // every later iteration would be quiet too
 		}
 	}
 	return nil
@@ -347,9 +363,16 @@ func (s *breakStmt) exec(*state) (ctl, error) { return s.c, nil }
 type setStmt struct {
 	target target
 	x      expr
+	// indexSet: in a settled loop, x is a sum of loop counters and outer values, whose
+	// reads of the iteration's variables leave the iteration quiet (settle.go).
+	indexSet bool
 }
 
 func (s *setStmt) exec(st *state) (ctl, error) {
+	if s.indexSet && st.settle != nil {
+		taint := st.settle.taint
+		defer func() { st.settle.taint = taint }()
+	}
 	v, err := s.x.eval(st)
 	if err != nil {
 		return ctlNone, err
@@ -367,6 +390,9 @@ type nsSetStmt struct {
 }
 
 func (s *nsSetStmt) exec(st *state) (ctl, error) {
+	if st.settle != nil {
+		st.settle.wrote = true
+	}
 	v, err := s.x.eval(st)
 	if err != nil {
 		return ctlNone, err

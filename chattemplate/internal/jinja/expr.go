@@ -908,6 +908,13 @@ func sliceIndices(lo, hi, step Value, length int) (start, stop, stp int, err err
 	return start, stop, stp, err
 }
 
+func sign(n int) int {
+	if n < 0 {
+		return -1
+	}
+	return 1
+}
+
 func slice(obj, lo, hi, step Value) (Value, error) {
 	switch obj.kind {
 	case KindList:
@@ -922,6 +929,10 @@ func slice(obj, lo, hi, step Value) (Value, error) {
 				out = items[start:stop:stop]
 			}
 		} else {
+			// Sized once: messages[::-1] over a long conversation would grow it ~10 times.
+			if n := (stop - start + stp - sign(stp)) / stp; n > 0 {
+				out = make([]Value, 0, n)
+			}
 			for i := start; (stp > 0 && i < stop) || (stp < 0 && i > stop); i += stp {
 				out = append(out, items[i])
 			}

@@ -103,6 +103,9 @@ const (
 type RenderStats struct {
 	// Reused iterations came from the IterationCache; Rendered ones were executed.
 	Reused, Rendered int
+	// Settled iterations of loops without output were skipped after a quiet one
+	// (settle.go).
+	Settled int
 }
 
 // RenderCached appends to dst what Render renders, reusing the iterations of
@@ -287,26 +290,38 @@ func (s *forStmt) execMemo(st *state, items []Value, saved []Value, loop *loopSt
 	}
 	reused := 0
 	for i, it := range items {
+		item := it.Dict()
+		key := IterationKey{Template: st.t, Loop: s.memo.id, Index: i}
+		if item != nil && entryOK {
+			if prev := st.cache.Iteration(item, key); prev != nil {
+				// A replay reads outer state only (recorded expressions read no
+				// variable the loop assigns but loop), so the iteration's scope is
+				// set up only if it has to execute: the next iteration, or the loop's
+				// end, restores it anyway.
+				if loop != nil {
+					loop.index0 = i
+					st.slots(s.loopRef.local)[s.loopRef.slot] = Value{kind: KindLoop, ref: loop}
+				}
+				if s.replay(st, prev, saved) {
+					st.out.WriteString(prev.out)
+					st.stats.Reused++
+					reused++
+					if prev.brk {
+						break
+					}
+					continue
+				}
+			}
+		}
 		if err := s.enter(st, saved, loop, i, it); err != nil {
 			return err
 		}
-		item := it.Dict()
 		if item == nil || !entryOK {
 			c, err := execBody(st, s.body)
 			if err != nil {
 				return err
 			}
 			if c == ctlBreak {
-				break
-			}
-			continue
-		}
-		key := IterationKey{Template: st.t, Loop: s.memo.id, Index: i}
-		if prev := st.cache.Iteration(item, key); prev != nil && s.replay(st, prev, saved) {
-			st.out.WriteString(prev.out)
-			st.stats.Reused++
-			reused++
-			if prev.brk {
 				break
 			}
 			continue
@@ -411,6 +426,8 @@ func (t *Template) markMemoLoops(body []stmt, next *int) {
 			if analyseLoop(s) {
 				s.memo = &loopMemo{id: *next}
 				*next++
+			} else {
+				markSettled(s)
 			}
 		case *ifStmt:
 			for _, b := range s.bodies {
@@ -567,6 +584,37 @@ func (a *memoAnalysis) expr(p *expr, nested bool) exprClass {
 			return classOuter // length, last, revindex, previtem, nextitem, ...
 		}
 		kids = []*expr{&e.obj}
+	default:
+		var ok bool
+		if kids, ok = children(*p); !ok {
+			a.ok = false
+			return classLocal
+		}
+	}
+	classes := make([]exprClass, len(kids))
+	c := classConst
+	for i, k := range kids {
+		classes[i] = a.expr(k, nested)
+		c = max(c, classes[i])
+	}
+	if c == classLocal && a.wrap {
+		for i, k := range kids {
+			if classes[i] == classOuter {
+				*k = &recordExpr{x: *k}
+			}
+		}
+	}
+	return c
+}
+
+// children returns the addresses of an expression's operands, or false for a kind
+// of expression the analyses do not follow.
+func children(x expr) (kids []*expr, ok bool) {
+	switch e := x.(type) {
+	case *constExpr, *nameExpr:
+		return nil, true
+	case *attrExpr:
+		kids = []*expr{&e.obj}
 	case *itemExpr:
 		kids = []*expr{&e.obj, &e.key}
 	case *sliceExpr:
@@ -624,23 +672,9 @@ func (a *memoAnalysis) expr(p *expr, nested bool) exprClass {
 			kids = append(kids, &e.keys[i], &e.values[i])
 		}
 	default:
-		a.ok = false
-		return classLocal
+		return nil, false
 	}
-	classes := make([]exprClass, len(kids))
-	c := classConst
-	for i, k := range kids {
-		classes[i] = a.expr(k, nested)
-		c = max(c, classes[i])
-	}
-	if c == classLocal && a.wrap {
-		for i, k := range kids {
-			if classes[i] == classOuter {
-				*k = &recordExpr{x: *k}
-			}
-		}
-	}
-	return c
+	return kids, true
 }
 
 // appendArgs appends the addresses of a call's, filter's or test's arguments.
