@@ -654,6 +654,8 @@ def replicas_fullstack_table(path):
             f"median of {len(seeds)} runs (seeds {', '.join(map(str, seeds))}), errors summed.\n")
     med = statistics.median
     rows = []
+    # Runs recorded before kvdemo read the hold counters have no holds columns.
+    with_holds = all("holds" in x for r in rep["runs"] for x in r["routers"])
     policies = list(dict.fromkeys(r["policy"] for r in rep["runs"]))
     for pol in policies:
         for su in rep["setups"]:
@@ -678,12 +680,20 @@ def replicas_fullstack_table(path):
             if lags:
                 lp99 = med(r["sync_lag_p99_le_ms"] for r in lags)
                 lag = f"{med(r['sync_lag_mean_ms'] for r in lags):.1f} / {'>1000' if lp99 < 0 else f'{lp99:g}'}"
-            rows.append([pol, su["name"], f"{sm('cached_ratio'):.3f}", f"{sm('ttft_p50_ms'):.0f} / {sm('ttft_p99_ms'):.0f}",
-                         f"{sm('requests_per_s'):.1f}", sum(r["summary"]["errors"] for r in runs), share, msgs, byts, lag,
-                         f"{cpu:.2f}", dec])
-    return head + table(["policy", "routers", "cached-token ratio", "TTFT p50 / p99 ms", "req/s", "errors",
-                         "share routed per replica", "snapshots sent / routed request", "bytes received / routed request",
-                         "sync lag mean / p99 <= ms", "router CPU ms / routed request", "decision mean / p99 <= us"], rows)
+            row = [pol, su["name"], f"{sm('cached_ratio'):.3f}", f"{sm('ttft_p50_ms'):.0f} / {sm('ttft_p99_ms'):.0f}",
+                   f"{sm('requests_per_s'):.1f}", sum(r["summary"]["errors"] for r in runs), share, msgs, byts, lag,
+                   f"{cpu:.2f}", dec]
+            if with_holds:
+                held = med(sum(x.get("holds", 0) for x in r["routers"]) / max(t, 1) for r, t in zip(runs, routed))
+                hold_ms = med(1000 * sum(x.get("hold_s", 0) for x in r["routers"]) / max(t, 1) for r, t in zip(runs, routed))
+                row += [f"{held:.2f}", f"{hold_ms:.2f}"]
+            rows.append(row)
+    cols = ["policy", "routers", "cached-token ratio", "TTFT p50 / p99 ms", "req/s", "errors",
+            "share routed per replica", "snapshots sent / routed request", "bytes received / routed request",
+            "sync lag mean / p99 <= ms", "router CPU ms / routed request", "decision mean / p99 <= us"]
+    if with_holds:
+        cols += ["holds / routed request", "hold ms / routed request"]
+    return head + table(cols, rows)
 
 
 def replicas_faults_table(path):

@@ -211,6 +211,11 @@ type RouterStats struct {
 	SyncStale         float64 `json:"sync_stale"`
 	SyncBytesSent     float64 `json:"sync_bytes_sent"`
 	SyncBytesReceived float64 `json:"sync_bytes_received"`
+	// Holds and HoldSeconds are kvrouter_routing_holds_total and
+	// kvrouter_routing_hold_seconds_total: decisions that waited behind a miss in
+	// progress (placement's holds), and the time they waited.
+	Holds       float64 `json:"holds"`
+	HoldSeconds float64 `json:"hold_s"`
 	// Decision is kvrouter_routing_decision_duration_seconds over the load, SyncLag
 	// kvrouter_peersync_lag_seconds (in JSON: ReplicaRun's figures).
 	Decision *LagHistogram `json:"-"`
@@ -225,8 +230,10 @@ type routerSample struct {
 }
 
 const (
-	decisionMetric = "kvrouter_routing_decision_duration_seconds"
-	syncLagMetric  = "kvrouter_peersync_lag_seconds"
+	decisionMetric    = "kvrouter_routing_decision_duration_seconds"
+	syncLagMetric     = "kvrouter_peersync_lag_seconds"
+	holdsMetric       = "kvrouter_routing_holds_total"
+	holdSecondsMetric = "kvrouter_routing_hold_seconds_total"
 )
 
 // sampleRouters reads every replica's counters and CPU time (a stack without replicas:
@@ -242,7 +249,7 @@ func sampleRouters(ctx context.Context, st Stack) []routerSample {
 		out[i].values = sumFamilies(body, "kvrouter_routing_decisions_total",
 			`kvrouter_peersync_messages_total{direction="sent"}`, `kvrouter_peersync_messages_total{direction="received"}`,
 			`kvrouter_peersync_messages_total{direction="stale"}`, `kvrouter_peersync_bytes_total{direction="sent"}`,
-			`kvrouter_peersync_bytes_total{direction="received"}`)
+			`kvrouter_peersync_bytes_total{direction="received"}`, holdsMetric, holdSecondsMetric)
 		out[i].decision, _ = parseHistogram(strings.NewReader(body), decisionMetric)
 		out[i].syncLag, _ = parseHistogram(strings.NewReader(body), syncLagMetric)
 		if u, err := s.usage(r.name)(); err == nil {
@@ -266,6 +273,7 @@ func routerStats(st Stack, before, after []routerSample) []RouterStats {
 			SyncSent:   d(`kvrouter_peersync_messages_total{direction="sent"}`), SyncReceived: d(`kvrouter_peersync_messages_total{direction="received"}`),
 			SyncStale:     d(`kvrouter_peersync_messages_total{direction="stale"}`),
 			SyncBytesSent: d(`kvrouter_peersync_bytes_total{direction="sent"}`), SyncBytesReceived: d(`kvrouter_peersync_bytes_total{direction="received"}`),
+			Holds: d(holdsMetric), HoldSeconds: d(holdSecondsMetric),
 			Decision: subHistogram(after[i].decision, before[i].decision), SyncLag: subHistogram(after[i].syncLag, before[i].syncLag)}
 	}
 	return out
@@ -447,6 +455,8 @@ func SumRouters(rs []RouterStats) RouterStats {
 		out.SyncStale += r.SyncStale
 		out.SyncBytesSent += r.SyncBytesSent
 		out.SyncBytesReceived += r.SyncBytesReceived
+		out.Holds += r.Holds
+		out.HoldSeconds += r.HoldSeconds
 		hs, lags = append(hs, r.Decision), append(lags, r.SyncLag)
 	}
 	out.Decision, out.SyncLag = addHistogram(hs...), addHistogram(lags...)
