@@ -7,8 +7,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"unicode/utf8"
-
-	"github.com/hashicorp/golang-lru/v2/simplelru"
 )
 
 // The prefix cache memoises the ids of text prefixes that end where tokenization
@@ -22,13 +20,14 @@ import (
 // stored cut and c and the key of that previous cut. A prefix's ids are the spans
 // along the chain of parents, so a conversation's history is stored once however
 // many turns share it. Entries are evicted least recently used first under a byte
-// budget; every lookup touches a chain from its end to its root, so a parent is
-// always used more recently than its children and eviction removes leaves first.
+// budget; every encode moves the chain it used and stored to the front of the recency
+// list, each parent just ahead of its child, so a parent is always used more recently
+// than its children and eviction removes leaves first.
 //
 // The hash is of the text the router rendered, never of anything a client names.
 const (
-	// spanOverhead is what a span costs beside its ids: the LRU's list element and
-	// map slot, the span header and the slice header (measured by BenchmarkPrefixCacheMemory).
+	// spanOverhead is what a span costs beside its ids: its map slot, the span
+	// header (with its recency list links) and the slice header (measured by BenchmarkPrefixCacheMemory).
 	spanOverhead = 200
 	// minSpanIDs: a cut is stored when at least this many ids follow the previous
 	// stored cut (or it is one of the text's last lastCuts cuts), so short spans such as
@@ -46,8 +45,11 @@ type prefixCache struct {
 	counters cacheCounters
 
 	mu    sync.Mutex
-	lru   *simplelru.LRU[uint64, *span]
-	bytes int64
+	spans map[uint64]*span // by key
+	// recent is the sentinel of the spans' recency list, a ring through it:
+	// recent.older is the most recently used span, recent.newer the least.
+	recent span
+	bytes  int64
 }
 
 // span is the ids between a stored cut and the previous one; never changed once
@@ -69,6 +71,11 @@ type span struct {
 	// maxSpanKeys sets, newest last: an immutable slice replaced under the cache's
 	// lock, read without it. Counted in size.
 	keys atomic.Pointer[[]spanKeys]
+	// older and newer link the span into the cache's recency list, under the cache's
+	// lock; nil once evicted. The list is the span's own fields rather than a map
+	// lookup away, so that touching a conversation's chain of hundreds of spans each
+	// turn follows pointers (see touch).
+	older, newer *span
 }
 
 // spanKeys is one set of block keys: those of a root and block size.
@@ -104,23 +111,51 @@ func newPrefixCache(maxBytes int64, counters cacheCounters) *prefixCache {
 	if maxBytes <= 0 {
 		return nil
 	}
-	c := &prefixCache{seed: maphash.MakeSeed(), maxBytes: maxBytes, counters: counters}
-	// The byte budget is what bounds the cache; the count bound only has to be larger
-	// than the number of spans the budget can hold.
-	var l *simplelru.LRU[uint64, *span]
-	l, err := simplelru.NewLRU[uint64, *span](int(min(maxBytes/spanOverhead+1, 1<<30)), func(_ uint64, s *span) {
-		c.bytes -= s.size()
-		// No hint keeps an evicted span (and what it points to) alive.
-		s.next.Store(nil)
-		if p, ok := l.Peek(s.parent); ok {
-			p.next.CompareAndSwap(s, nil)
-		}
-	})
-	if err != nil {
-		return nil
-	}
-	c.lru = l
+	c := &prefixCache{seed: maphash.MakeSeed(), maxBytes: maxBytes, counters: counters, spans: make(map[uint64]*span)}
+	c.recent.older, c.recent.newer = &c.recent, &c.recent
 	return c
+}
+
+// insertAfter links s, not in the list, as the span used just before at (at =
+// &c.recent: as the most recently used).
+func (c *prefixCache) insertAfter(at, s *span) {
+	s.newer, s.older = at, at.older
+	s.older.newer = s
+	at.older = s
+}
+
+// moveAfter moves s, in the list, to just after at; a no-op when it is there.
+func (c *prefixCache) moveAfter(at, s *span) {
+	if at.older == s {
+		return
+	}
+	s.older.newer, s.newer.older = s.newer, s.older
+	c.insertAfter(at, s)
+}
+
+// evictOldest removes the least recently used span; false if none.
+func (c *prefixCache) evictOldest() bool {
+	s := c.recent.newer
+	if s == &c.recent {
+		return false
+	}
+	s.older.newer, s.newer.older = s.newer, s.older
+	s.older, s.newer = nil, nil
+	delete(c.spans, s.key)
+	c.bytes -= s.size()
+	// No hint keeps an evicted span (and what it points to) alive.
+	s.next.Store(nil)
+	if p, ok := c.spans[s.parent]; ok {
+		p.next.CompareAndSwap(s, nil)
+	}
+	return true
+}
+
+// evict evicts down to the budget; under the cache's lock.
+func (c *prefixCache) evict() {
+	for c.bytes > c.maxBytes && c.evictOldest() {
+	}
+	c.counters.setBytes(c.bytes)
 }
 
 // cutPoint is a cut of the text being encoded.
@@ -214,7 +249,11 @@ func (t *Tokenizer) encodeCached(text string, out []uint32, base int, add bool, 
 		}
 	}
 	c.counters.lookup(cached > 0, cached, len(out)-base-cached)
-	c.store(cuts[hit+1:], parent, from, fromAt, out, base, p)
+	if hit >= 0 {
+		c.store(cuts[hit+1:], chain, true, parent, from, fromAt, out, base, p)
+	} else {
+		c.store(cuts, walked, false, parent, from, fromAt, out, base, p)
+	}
 	return out
 }
 
@@ -331,7 +370,7 @@ func (t *Tokenizer) scanAhead(text string, pos int, parent uint64, key *uint64) 
 		k = t.cache.chainKey(k, text[prev:at])
 		prev = at
 		t.cache.mu.Lock()
-		s, ok := t.cache.lru.Peek(k)
+		s, ok := t.cache.spans[k]
 		t.cache.mu.Unlock()
 		switch {
 		case !ok:
@@ -359,7 +398,7 @@ func (c *prefixCache) lookup(cuts []cutPoint, chain []*span) (int, []*span) {
 		for key != 0 && budget > 0 {
 			budget--
 			var s *span
-			if s, ok = c.lru.Peek(key); !ok {
+			if s, ok = c.spans[key]; !ok {
 				break
 			}
 			chain = append(chain, s)
@@ -374,17 +413,17 @@ func (c *prefixCache) lookup(cuts []cutPoint, chain []*span) (int, []*span) {
 
 // store adds cuts (filled in by encodeCached), continuing the chain at the stored cut
 // parent (0: the text's start), whose ids end at out[from] and text at fromAt, and
-// touches the chain they extend, from its end to its root, linking each span's hint to
-// the span after it on this text; then it evicts down to the budget. p, when not nil,
-// gets the spans the cache holds for those cuts.
-func (c *prefixCache) store(cuts []cutPoint, parent uint64, from, fromAt int, out []uint32, base int, p *Prefix) {
+// touches the chain they extend, prefix (the spans from the text's start to parent,
+// deepest first when reversed), linking each span's hint to the span after it on this
+// text; then it evicts down to the budget. p, when not nil, gets the spans the cache
+// holds for those cuts.
+func (c *prefixCache) store(cuts []cutPoint, prefix []*span, reversed bool, parent uint64, from, fromAt int, out []uint32, base int, p *Prefix) {
 	var newBuf [64]struct {
 		key uint64
 		s   *span
 		end int // cut's n
 	}
 	news := newBuf[:0]
-	extended := parent
 	skipped := 0 // cuts since the last stored one, not stored
 	for j := range cuts {
 		if cuts[j].n-from < minSpanIDs && j < len(cuts)-lastCuts {
@@ -411,30 +450,40 @@ func (c *prefixCache) store(cuts []cutPoint, parent uint64, from, fromAt int, ou
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	// Deepest first, then the chain they extend: parents end up more recent than
-	// their children.
-	var child *span // the span after the one being linked, on this text
-	for i := len(news) - 1; i >= 0; i-- {
-		if old, ok := c.lru.Peek(news[i].key); ok {
-			news[i].s = old // the same prefix, so the same ids
-		} else {
-			c.lru.Add(news[i].key, news[i].s)
-			c.bytes += news[i].s.size()
+	// The chain they extend, root first, then the new spans go to the front of the
+	// recency list in one block, each just more recent than the span after it on this
+	// text, so parents outlive their children; each span's hint is linked to the span
+	// after it. A conversation's next turn finds its chain already there in that
+	// order: touching it moves nothing and costs a pointer comparison per span.
+	at := &c.recent // the span the next one goes after
+	var prev *span  // the span before the one being linked, on this text
+	link := func(s *span) {
+		if prev != nil && s.parent == prev.key && prev.next.Load() != s {
+			prev.next.Store(s)
 		}
-		if child != nil && child.parent == news[i].key {
-			news[i].s.next.Store(child)
-		}
-		child = news[i].s
+		at, prev = s, s
 	}
-	for key := extended; key != 0; {
-		s, ok := c.lru.Get(key)
-		if !ok {
-			break
+	for i := range prefix {
+		s := prefix[i]
+		if reversed {
+			s = prefix[len(prefix)-1-i]
 		}
-		if child != nil && child.parent == key && s.next.Load() != child {
-			s.next.Store(child)
+		if s.older == nil {
+			break // evicted meanwhile: what follows it on this text is no chain
 		}
-		child, key = s, s.parent
+		c.moveAfter(at, s)
+		link(s)
+	}
+	for i := range news {
+		if old, ok := c.spans[news[i].key]; ok {
+			news[i].s = old // the same prefix, so the same ids
+			c.moveAfter(at, old)
+		} else {
+			c.spans[news[i].key] = news[i].s
+			c.bytes += news[i].s.size()
+			c.insertAfter(at, news[i].s)
+		}
+		link(news[i].s)
 	}
 	if p != nil && len(news) > 0 {
 		// A span stored before for the same cut may start elsewhere (other cuts were
@@ -445,12 +494,7 @@ func (c *prefixCache) store(cuts []cutPoint, parent uint64, from, fromAt int, ou
 			p.ends = append(p.ends, ns.end-base)
 		}
 	}
-	for c.bytes > c.maxBytes {
-		if _, _, ok := c.lru.RemoveOldest(); !ok {
-			break
-		}
-	}
-	c.counters.setBytes(c.bytes)
+	c.evict()
 }
 
 // Prefix describes the ids of an encode that the prefix cache holds: the spans they
@@ -519,7 +563,7 @@ func (c *prefixCache) storeKeys(s *span, root uint64, blockSize int, keys []uint
 	copy(set.keys, keys)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if cur, ok := c.lru.Peek(s.key); !ok || cur != s {
+	if cur, ok := c.spans[s.key]; !ok || cur != s {
 		return // evicted: nothing would find the keys
 	}
 	var old []spanKeys
@@ -539,10 +583,5 @@ func (c *prefixCache) storeKeys(s *span, root uint64, blockSize int, keys []uint
 	before := s.size()
 	s.keys.Store(&sets)
 	c.bytes += s.size() - before
-	for c.bytes > c.maxBytes {
-		if _, _, ok := c.lru.RemoveOldest(); !ok {
-			break
-		}
-	}
-	c.counters.setBytes(c.bytes)
+	c.evict()
 }
