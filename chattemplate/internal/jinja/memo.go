@@ -2,6 +2,7 @@ package jinja
 
 import (
 	"math/big"
+	"unsafe"
 )
 
 // Incremental rendering. A chat template renders a conversation with a loop over
@@ -289,11 +290,21 @@ func (s *forStmt) execMemo(st *state, items []Value, saved []Value, loop *loopSt
 		entrySize += valueHeader + n
 	}
 	reused := 0
+	// sameEntry is a stored entry found the same as saved since the last executed
+	// iteration: the iterations stored by one render share their entry, and only an
+	// executed iteration can change what the comparison reads (a replay writes
+	// namespace attributes, which compare as never the same), so a long conversation's
+	// replays compare the entry once rather than once each.
+	var sameEntry []Value
 	for i, it := range items {
 		item := it.Dict()
 		key := IterationKey{Template: st.t, Loop: s.memo.id, Index: i}
 		if item != nil && entryOK {
 			if prev := st.cache.Iteration(item, key); prev != nil {
+				same := len(sameEntry) > 0 && len(prev.entry) == len(sameEntry) && unsafe.SliceData(prev.entry) == unsafe.SliceData(sameEntry)
+				if !same && sameValues(prev.entry, saved) {
+					same, sameEntry = true, prev.entry
+				}
 				// A replay reads outer state only (recorded expressions read no
 				// variable the loop assigns but loop), so the iteration's scope is
 				// set up only if it has to execute: the next iteration, or the loop's
@@ -302,7 +313,7 @@ func (s *forStmt) execMemo(st *state, items []Value, saved []Value, loop *loopSt
 					loop.index0 = i
 					st.slots(s.loopRef.local)[s.loopRef.slot] = Value{kind: KindLoop, ref: loop}
 				}
-				if s.replay(st, prev, saved) {
+				if same && s.replay(st, prev) {
 					st.out.WriteString(prev.out)
 					st.stats.Reused++
 					reused++
@@ -313,6 +324,7 @@ func (s *forStmt) execMemo(st *state, items []Value, saved []Value, loop *loopSt
 				}
 			}
 		}
+		sameEntry = nil
 		if err := s.enter(st, saved, loop, i, it); err != nil {
 			return err
 		}
@@ -352,14 +364,12 @@ func (s *forStmt) execMemo(st *state, items []Value, saved []Value, loop *loopSt
 	return nil
 }
 
-// replay checks a stored iteration against the current render: the same starting
-// scope, and the same value for every recorded read, with the recorded namespace
-// writes applied in between. On success the writes stay applied (as executing the
-// iteration would have left them); otherwise they are undone.
-func (s *forStmt) replay(st *state, it *Iteration, saved []Value) bool {
-	if !sameValues(it.entry, saved) {
-		return false
-	}
+// replay checks a stored iteration, whose starting scope is the current one (see
+// execMemo), against the current render: the same value for every recorded read,
+// with the recorded namespace writes applied in between. On success the writes stay
+// applied (as executing the iteration would have left them); otherwise they are
+// undone.
+func (s *forStmt) replay(st *state, it *Iteration) bool {
 	type undo struct {
 		ns    *Namespace
 		attrs *Dict
