@@ -309,9 +309,13 @@ func (s *forStmt) execMemo(st *state, items []Value, saved []Value, loop *loopSt
 				// variable the loop assigns but loop), so the iteration's scope is
 				// set up only if it has to execute: the next iteration, or the loop's
 				// end, restores it anyway.
-				if loop != nil {
+				if same && loop != nil {
 					loop.index0 = i
-					st.slots(s.loopRef.local)[s.loopRef.slot] = Value{kind: KindLoop, ref: loop}
+					// After a replay the slot holds the loop already: writing it again
+					// would cost write barriers on every replayed iteration.
+					if v := &st.slots(s.loopRef.local)[s.loopRef.slot]; v.kind != KindLoop || v.ref != any(loop) || v.n != 0 || v.s != "" {
+						*v = Value{kind: KindLoop, ref: loop}
+					}
 				}
 				if same && s.replay(st, prev) {
 					st.out.WriteString(prev.out)
