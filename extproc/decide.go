@@ -2,6 +2,7 @@ package extproc
 
 import (
 	"errors"
+	"net"
 	"slices"
 	"strconv"
 	"strings"
@@ -428,14 +429,37 @@ func contains(eps []scoring.Endpoint, addr string) bool {
 	return false
 }
 
+// inSubset keeps the endpoints the proxy's subset hint names. The protocol's entries are
+// ip:port and must match an endpoint's address exactly; an entry without a port (which
+// the Inference Extension's reference picker also accepts, matching by IP) names every
+// endpoint at that IP. A hint only narrows the candidates: nothing outside eps is named.
 func inSubset(eps []scoring.Endpoint, subset []string) []scoring.Endpoint {
 	out := make([]scoring.Endpoint, 0, len(subset))
 	for _, e := range eps {
-		if slices.Contains(subset, e.Address) {
+		host, _, err := net.SplitHostPort(e.Address)
+		if err != nil {
+			host = ""
+		}
+		if slices.ContainsFunc(subset, func(h string) bool { return h == e.Address || (host != "" && hostOnly(h) == host) }) {
 			out = append(out, e)
 		}
 	}
 	return out
+}
+
+// hostOnly returns a hint entry's IP when the entry has no port ("10.0.0.1", "::1",
+// "[::1]"), and "" when it has one.
+func hostOnly(h string) string {
+	if _, _, err := net.SplitHostPort(h); err == nil {
+		return ""
+	}
+	if strings.HasPrefix(h, "[") && strings.HasSuffix(h, "]") {
+		h = h[1 : len(h)-1]
+	}
+	if net.ParseIP(h) == nil {
+		return ""
+	}
+	return h
 }
 
 func setHeader(key, value string) *corev3.HeaderValueOption {

@@ -424,6 +424,9 @@ func TestSubsetHint(t *testing.T) {
 		{"unknown addresses only", []string{"6.6.6.6:1"}, "m", "", "subset_excludes_all"},
 		{"empty hint", []string{}, "m", "", "subset_excludes_all"},
 		{"hint outside the model's endpoints", []string{epA}, "only-b", "", "subset_excludes_all"},
+		{"an IP without a port names that IP's endpoints", []string{"10.0.0.3"}, "m", epC, ""},
+		{"an IP with another port names nothing", []string{"10.0.0.3:9"}, "m", "", "subset_excludes_all"},
+		{"a hostname without a port names nothing", []string{"vllm-0"}, "m", "", "subset_excludes_all"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
