@@ -164,7 +164,26 @@ func (r *Registry) New(name string, c *Config, d Deps) (scoring.Policy, error) {
 	if err != nil {
 		return nil, fmt.Errorf("policy: %s: %w", name, err)
 	}
+	if _, observes := p.(scoring.Observer); !observes && partObserver(p) {
+		// The router finds observers by type assertion: a policy missing one of the
+		// calls would silently get none of them and keep stale per-request state.
+		return nil, fmt.Errorf("policy: %s implements part of scoring.Observer (Routed, Moved, FirstToken, Finished) but not all of it", name)
+	}
 	return p, nil
+}
+
+// partObserver reports whether p has any of scoring.Observer's methods.
+func partObserver(p scoring.Policy) bool {
+	switch p.(type) {
+	case interface {
+		Routed(*scoring.Request, string)
+	},
+		interface{ Moved(string, string) },
+		interface{ FirstToken(string) },
+		interface{ Finished(string) }:
+		return true
+	}
+	return false
 }
 
 // Builtin returns a new registry of every policy this build ships, in the order

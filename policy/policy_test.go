@@ -106,6 +106,44 @@ func TestUnknownAndInvalid(t *testing.T) {
 	}
 }
 
+// oldObserver is a policy written against the Observer before Moved was added.
+type oldObserver struct{ scoring.LeastLoad }
+
+func (oldObserver) Routed(*scoring.Request, string) {}
+func (oldObserver) FirstToken(string)               {}
+func (oldObserver) Finished(string)                 {}
+
+// fullObserver has every Observer call.
+type fullObserver struct{ oldObserver }
+
+func (fullObserver) Moved(string, string) {}
+
+// TestPartObserverRefused: the router finds observers by type assertion, so a policy with
+// only some of the calls would silently get none; New refuses it by name.
+func TestPartObserverRefused(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		p       scoring.Policy
+		wantErr bool
+	}{
+		{"no observer calls", &scoring.LeastLoad{}, false},
+		{"every call", &fullObserver{}, false},
+		{"Moved missing", &oldObserver{}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			build := func(*policy.Config, policy.Deps) (scoring.Policy, error) { return tc.p, nil }
+			r, err := policy.NewRegistry(policy.Spec{Name: "mine", New: build})
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = r.New("mine", nil, policy.Deps{})
+			if (err != nil) != tc.wantErr || (err != nil && !strings.Contains(err.Error(), "part of scoring.Observer")) {
+				t.Errorf("New = %v, want error %v", err, tc.wantErr)
+			}
+		})
+	}
+}
+
 // keyCounter answers that nothing is held and records how many block keys each lookup
 // asked about.
 type keyCounter struct{ asked []int }
