@@ -3,6 +3,7 @@ package extproc_test
 import (
 	"encoding/json"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -64,7 +65,12 @@ func placementHoldsWithinEnvoyMessageTimeout(t *testing.T) (int, string) {
 	cfg := placement.DefaultConfig()
 	cfg.HoldMax = 400 * time.Millisecond
 	ix := testindex.New()
-	pol, err := placement.New(cfg, ix, nil, prometheus.NewRegistry())
+	// The policy's clock runs ahead by skew: once the miss is routed it jumps two hold
+	// steps, so the hits find a miss routed earlier than one step before them (a hit
+	// arriving within a step joins the miss instead of being held).
+	var skew atomic.Int64
+	now := func() time.Time { return time.Now().Add(time.Duration(skew.Load())) }
+	pol, err := placement.New(cfg, ix, now, prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,6 +99,7 @@ func placementHoldsWithinEnvoyMessageTimeout(t *testing.T) (int, string) {
 	if _, err := miss.Request(completion(1, 1)); err != nil {
 		t.Fatal(err)
 	}
+	skew.Store(int64(2 * cfg.HoldStep))
 
 	// Hits on prefix 0 arrive: placement holds each behind the miss.
 	const hits = 6
