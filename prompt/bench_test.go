@@ -169,6 +169,13 @@ func BenchmarkPromptTokensHuge(b *testing.B) {
 // (Prose of n gives about 0.8n Qwen3 tokens).
 func history(tokens int) []byte { return conversationHistory(tokens, 0) }
 
+// historySizes are the conversation lengths the long-context benchmarks measure (issue
+// 14: turn k at 2k, 32k and 128k tokens).
+var historySizes = []struct {
+	name   string
+	tokens int
+}{{"2k", 2000}, {"32k", 32000}, {"128k", 128000}}
+
 // conversationHistory is history for conversation conv (conversations share nothing
 // but their system prompt).
 func conversationHistory(tokens int, conv uint64) []byte {
@@ -213,10 +220,7 @@ func nextTurn(hist []byte, n int) *openai.Request {
 // request's body is not counted).
 func BenchmarkConversationTurn(b *testing.B) {
 	dir := testmodels.Dir(b, "qwen3")
-	for _, size := range []struct {
-		name   string
-		tokens int
-	}{{"2k", 2000}, {"32k", 32000}, {"128k", 128000}} {
+	for _, size := range historySizes {
 		hist := history(size.tokens)
 		for _, mode := range []struct {
 			name string
@@ -275,10 +279,7 @@ func BenchmarkTurnVsCold(b *testing.B) {
 		b.Fatal(err)
 	}
 	unique := uniqueChat()
-	for _, size := range []struct {
-		name   string
-		tokens int
-	}{{"2k", 2000}, {"32k", 32000}, {"128k", 128000}} {
+	for _, size := range historySizes {
 		hist := history(size.tokens)
 		b.Run(size.name, func(b *testing.B) {
 			warm, err := prompt.LoadDir(dir, prompt.LoadOptions{})
@@ -334,10 +335,7 @@ func BenchmarkTurnVsCold(b *testing.B) {
 // metric) and the live heap it adds (after GC), per conversation and per token.
 func BenchmarkConversationCacheMemory(b *testing.B) {
 	dir := testmodels.Dir(b, "qwen3")
-	for _, size := range []struct {
-		name   string
-		tokens int
-	}{{"2k", 2000}, {"32k", 32000}, {"128k", 128000}} {
+	for _, size := range historySizes {
 		convs := max(4, 2_000_000/size.tokens)
 		reqs := make([]*openai.Request, convs)
 		for i := range reqs {
@@ -406,10 +404,7 @@ func BenchmarkConversationRender(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	for _, size := range []struct {
-		name   string
-		tokens int
-	}{{"2k", 2000}, {"32k", 32000}, {"128k", 128000}} {
+	for _, size := range historySizes {
 		hist := history(size.tokens)
 		b.Run(size.name, func(b *testing.B) {
 			tmpl, err := chattemplate.CompileConfig(cfg, chattemplate.Options{})
