@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvrouter/kvrouter/chattemplate"
+	"github.com/kvrouter/kvrouter/internal/testmetrics"
 )
 
 // Incremental rendering (the message cache keeps each message's rendered loop
@@ -118,7 +119,7 @@ func TestIncrementalGolden(t *testing.T) {
 		}
 	}
 	for key, p := range pairs {
-		reused := gathered(t, p.reg, "kvrouter_chattemplate_render_iterations_total", "reused")
+		reused := testmetrics.Value(t, p.reg, "kvrouter_chattemplate_render_iterations_total", "result", "reused")
 		model, _, _ := strings.Cut(key, "\x00")
 		if reused == 0 && rendered[model] > 0 {
 			t.Errorf("%s: no iteration reused over %d conversations", model, rendered[model])
@@ -177,13 +178,13 @@ func TestIncrementalFallback(t *testing.T) {
 		if s.kwargs != "" {
 			in.ChatTemplateKwargs = json.RawMessage(s.kwargs)
 		}
-		reused0 := gathered(t, reg, "kvrouter_chattemplate_render_iterations_total", "reused")
-		rendered0 := gathered(t, reg, "kvrouter_chattemplate_render_iterations_total", "rendered")
+		reused0 := testmetrics.Value(t, reg, "kvrouter_chattemplate_render_iterations_total", "result", "reused")
+		rendered0 := testmetrics.Value(t, reg, "kvrouter_chattemplate_render_iterations_total", "result", "rendered")
 		got, err := cached.Render(in)
 		want, wantErr := plain.Render(in)
 		sameRender(t, s.name, got, err, want, wantErr)
-		reused := gathered(t, reg, "kvrouter_chattemplate_render_iterations_total", "reused") - reused0
-		rendered := gathered(t, reg, "kvrouter_chattemplate_render_iterations_total", "rendered") - rendered0
+		reused := testmetrics.Value(t, reg, "kvrouter_chattemplate_render_iterations_total", "result", "reused") - reused0
+		rendered := testmetrics.Value(t, reg, "kvrouter_chattemplate_render_iterations_total", "result", "rendered") - rendered0
 		if reused != s.reused || rendered != s.rendered {
 			t.Errorf("%s: %v iterations reused, %v rendered; want %v, %v", s.name, reused, rendered, s.reused, s.rendered)
 		}
@@ -286,20 +287,20 @@ func TestConversationChain(t *testing.T) {
 	messages := 0.0
 	for _, s := range steps {
 		in := chattemplate.Input{Messages: json.RawMessage(s.raw), AddGenerationPrompt: true}
-		before := gathered(t, reg, "kvrouter_chattemplate_message_cache_lookups_total", "hit") + gathered(t, reg, "kvrouter_chattemplate_message_cache_lookups_total", "miss")
+		before := testmetrics.Value(t, reg, "kvrouter_chattemplate_message_cache_lookups_total", "result", "hit") + testmetrics.Value(t, reg, "kvrouter_chattemplate_message_cache_lookups_total", "result", "miss")
 		got, err := cached.Render(in)
 		want, wantErr := plain.Render(in)
 		sameRender(t, s.name, got, err, want, wantErr)
 		if err == nil {
 			n, _ := rawMessages(in.Messages)
-			after := gathered(t, reg, "kvrouter_chattemplate_message_cache_lookups_total", "hit") + gathered(t, reg, "kvrouter_chattemplate_message_cache_lookups_total", "miss")
+			after := testmetrics.Value(t, reg, "kvrouter_chattemplate_message_cache_lookups_total", "result", "hit") + testmetrics.Value(t, reg, "kvrouter_chattemplate_message_cache_lookups_total", "result", "miss")
 			if after-before != float64(len(n)) {
 				t.Errorf("%s: %v lookups counted for %d messages", s.name, after-before, len(n))
 			}
 			messages += float64(len(n))
 		}
 	}
-	if hits := gathered(t, reg, "kvrouter_chattemplate_message_cache_lookups_total", "hit"); hits < messages/2 {
+	if hits := testmetrics.Value(t, reg, "kvrouter_chattemplate_message_cache_lookups_total", "result", "hit"); hits < messages/2 {
 		t.Errorf("%v of %v messages hit the cache", hits, messages)
 	}
 

@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvrouter/kvrouter/chattemplate"
+	"github.com/kvrouter/kvrouter/internal/testmetrics"
 )
 
 // FuzzRender: rendering arbitrary messages, tools and kwargs never panics; it renders
@@ -306,7 +307,7 @@ func TestMessageCacheBudget(t *testing.T) {
 	reg := prometheus.NewPedanticRegistry()
 	cached := loadTemplateWith(t, "qwen3", chattemplate.Options{MessageCacheBytes: budget, Metrics: chattemplate.NewMetrics(reg), Model: "m"})
 	plain := loadTemplateWith(t, "qwen3", chattemplate.Options{MessageCacheBytes: -1})
-	metric := func(name, result string) float64 { return gathered(t, reg, name, result) }
+	metric := func(name string, labels ...string) float64 { return testmetrics.Value(t, reg, name, labels...) }
 	var msgs []map[string]string
 	for turn := range 40 {
 		// Short questions, answers of about 2 KiB: 40 turns are about 100 KiB, more
@@ -324,47 +325,21 @@ func TestMessageCacheBudget(t *testing.T) {
 		if err != nil || got != want {
 			t.Fatalf("turn %d: cached render differs (%v)", turn, err)
 		}
-		if b := metric("kvrouter_chattemplate_message_cache_bytes", ""); b <= 0 || b > budget {
+		if b := metric("kvrouter_chattemplate_message_cache_bytes"); b <= 0 || b > budget {
 			t.Fatalf("turn %d: cache accounts for %v bytes, want (0, %d]", turn, b, budget)
 		}
 	}
-	hits, misses := metric("kvrouter_chattemplate_message_cache_lookups_total", "hit"), metric("kvrouter_chattemplate_message_cache_lookups_total", "miss")
+	hits, misses := metric("kvrouter_chattemplate_message_cache_lookups_total", "result", "hit"), metric("kvrouter_chattemplate_message_cache_lookups_total", "result", "miss")
 	if hits == 0 || misses < 80 {
 		t.Fatalf("hits %v, misses %v: want hits for re-sent history and a miss per new message", hits, misses)
 	}
 	// The short first question is still cached one turn after it was sent.
-	before := metric("kvrouter_chattemplate_message_cache_lookups_total", "hit")
+	before := metric("kvrouter_chattemplate_message_cache_lookups_total", "result", "hit")
 	raw, _ := json.Marshal(msgs[len(msgs)-2:])
 	if _, err := cached.Render(chattemplate.Input{Messages: raw}); err != nil {
 		t.Fatal(err)
 	}
-	if got := metric("kvrouter_chattemplate_message_cache_lookups_total", "hit") - before; got != 2 {
+	if got := metric("kvrouter_chattemplate_message_cache_lookups_total", "result", "hit") - before; got != 2 {
 		t.Fatalf("re-sent short and long messages: %v hits, want 2", got)
 	}
-}
-
-// gathered returns the value of metric name in reg: a gauge's, or the counter of its
-// result="result" series.
-func gathered(t testing.TB, reg prometheus.Gatherer, name, result string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			if g := m.GetGauge(); g != nil {
-				return g.GetValue()
-			}
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "result" && l.GetValue() == result {
-					return m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return 0
 }

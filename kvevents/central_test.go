@@ -15,8 +15,8 @@ import (
 
 	"github.com/go-zeromq/zmq4"
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 
+	"github.com/kvrouter/kvrouter/internal/testmetrics"
 	"github.com/kvrouter/kvrouter/internal/testwait"
 	"github.com/kvrouter/kvrouter/kvevents"
 )
@@ -74,49 +74,12 @@ func central(name string, ranks int) kvevents.EndpointConfig {
 	return kvevents.EndpointConfig{Name: name, Central: true, DPRanks: ranks}
 }
 
-// metricValue reads a counter or gauge from reg; labels select one series.
-func metricValue(t *testing.T, reg *prometheus.Registry, name string, labels ...string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	series:
-		for _, m := range mf.GetMetric() {
-			for i := 0; i+1 < len(labels); i += 2 {
-				if !hasLabel(m, labels[i], labels[i+1]) {
-					continue series
-				}
-			}
-			if m.Counter != nil {
-				return m.Counter.GetValue()
-			}
-			return m.Gauge.GetValue()
-		}
-	}
-	t.Fatalf("no metric %s%v", name, labels)
-	return 0
-}
-
-func hasLabel(m *dto.Metric, k, v string) bool {
-	for _, l := range m.GetLabel() {
-		if l.GetName() == k && l.GetValue() == v {
-			return true
-		}
-	}
-	return false
-}
-
 func awaitMetric(t *testing.T, reg *prometheus.Registry, want float64, name string, labels ...string) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
-	for metricValue(t, reg, name, labels...) < want {
+	for testmetrics.Must(t, reg, name, labels...) < want {
 		if time.Now().After(deadline) {
-			t.Fatalf("%s%v = %v, want %v", name, labels, metricValue(t, reg, name, labels...), want)
+			t.Fatalf("%s%v = %v, want %v", name, labels, testmetrics.Must(t, reg, name, labels...), want)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -366,7 +329,7 @@ func TestCentralFaults(t *testing.T) {
 	if err := sub.Remove(a); err != nil {
 		t.Fatal(err)
 	}
-	before := metricValue(t, reg, "kvrouter_kv_events_bad_messages_total", "reason", "unknown_endpoint")
+	before := testmetrics.Must(t, reg, "kvrouter_kv_events_bad_messages_total", "reason", "unknown_endpoint")
 	p.send(topic, centralStored(8, 1))
 	awaitMetric(t, reg, before+1, "kvrouter_kv_events_bad_messages_total", "reason", "unknown_endpoint")
 	if got := sink.snapshot(a, 0); len(got) != 0 {

@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/kvrouter/kvrouter/internal/testmetrics"
 	"github.com/kvrouter/kvrouter/internal/testwait"
 	"github.com/kvrouter/kvrouter/kvevents"
 )
@@ -143,7 +144,7 @@ func TestSubscriberRebuildsOnConnect(t *testing.T) {
 				t.Errorf("clears %v gaps %d replays %d failures %d connected %v; want none, 0, 1, %d, true",
 					st.Clears, st.Gaps, st.Replays, st.ReplayFailures, st.Connected, tc.failures)
 			}
-			if got := metricValue(t, reg, "kvrouter_kv_events_replays_total", "result", "evicted"); got != tc.evictedLabel {
+			if got := testmetrics.Must(t, reg, "kvrouter_kv_events_replays_total", "result", "evicted"); got != tc.evictedLabel {
 				t.Errorf("replays_total{result=evicted} = %v, want %v", got, tc.evictedLabel)
 			}
 		})

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvrouter/kvrouter/index"
+	"github.com/kvrouter/kvrouter/internal/testmetrics"
 	"github.com/kvrouter/kvrouter/internal/testtext"
 	"github.com/kvrouter/kvrouter/prompt"
 	"github.com/kvrouter/kvrouter/scoring"
@@ -273,15 +274,5 @@ func TestConversationKeysCached(t *testing.T) {
 
 // gauge returns kvrouter_tokenizer_prefix_cache_bytes in reg (one model).
 func gauge(t *testing.T, reg *prometheus.Registry) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() == "kvrouter_tokenizer_prefix_cache_bytes" {
-			return mf.GetMetric()[0].GetGauge().GetValue()
-		}
-	}
-	return 0
+	return testmetrics.Value(t, reg, "kvrouter_tokenizer_prefix_cache_bytes")
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/kvrouter/kvrouter/internal/testmetrics"
 	"github.com/kvrouter/kvrouter/tokenizer"
 )
 
@@ -333,17 +334,7 @@ func lookups(t *testing.T, reg *prometheus.Registry, result string) float64 {
 
 // gauge returns kvrouter_tokenizer_prefix_cache_bytes in reg (one model).
 func gauge(t *testing.T, reg *prometheus.Registry) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() == "kvrouter_tokenizer_prefix_cache_bytes" {
-			return mf.GetMetric()[0].GetGauge().GetValue()
-		}
-	}
-	return 0
+	return testmetrics.Value(t, reg, "kvrouter_tokenizer_prefix_cache_bytes")
 }
 
 func TestMetricsGolden(t *testing.T) {

@@ -19,6 +19,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/config"
 	"github.com/kvrouter/kvrouter/internal/app"
+	"github.com/kvrouter/kvrouter/internal/testmetrics"
 	"github.com/kvrouter/kvrouter/internal/testwait"
 )
 
@@ -156,24 +157,9 @@ func TestReload(t *testing.T) {
 		})
 	}
 	// The last valid file asked for one restart-only change; the invalid one changed nothing.
-	if got := gauge(t, reg, "kvrouter_config_restart_required"); got != 1 {
+	if got := testmetrics.Must(t, reg, "kvrouter_config_restart_required"); got != 1 {
 		t.Fatalf("kvrouter_config_restart_required %v, want 1", got)
 	}
-}
-
-func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() == name {
-			return mf.GetMetric()[0].GetGauge().GetValue()
-		}
-	}
-	t.Fatalf("no metric %s", name)
-	return 0
 }
 
 func usedPolicy(t *testing.T, base string) string {

@@ -1,0 +1,66 @@
+package testmetrics
+
+import (
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+)
+
+// Value returns the value of the first series of counter or gauge name in g that carries
+// every label pair of labels (name, value, name, value, ...). A counter vector's series
+// appears at its first increment, so a missing series reads 0.
+func Value(tb testing.TB, g prometheus.Gatherer, name string, labels ...string) float64 {
+	tb.Helper()
+	v, _ := lookup(tb, g, name, labels)
+	return v
+}
+
+// Must is Value for a series that must exist: it fails tb when none does.
+func Must(tb testing.TB, g prometheus.Gatherer, name string, labels ...string) float64 {
+	tb.Helper()
+	v, ok := lookup(tb, g, name, labels)
+	if !ok {
+		tb.Fatalf("no metric %s%v", name, labels)
+	}
+	return v
+}
+
+func lookup(tb testing.TB, g prometheus.Gatherer, name string, labels []string) (float64, bool) {
+	tb.Helper()
+	mfs, err := g.Gather()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if !hasLabels(m, labels) {
+				continue
+			}
+			if c := m.GetCounter(); c != nil {
+				return c.GetValue(), true
+			}
+			return m.GetGauge().GetValue(), true
+		}
+	}
+	return 0, false
+}
+
+func hasLabels(m *dto.Metric, labels []string) bool {
+	for i := 0; i+1 < len(labels); i += 2 {
+		found := false
+		for _, l := range m.GetLabel() {
+			if l.GetName() == labels[i] && l.GetValue() == labels[i+1] {
+				found = true
+				break
+			}
+		}
+		if !found {
+			return false
+		}
+	}
+	return true
+}
