@@ -434,17 +434,27 @@ func contains(eps []scoring.Endpoint, addr string) bool {
 // the Inference Extension's reference picker also accepts, matching by IP) names every
 // endpoint at that IP. A hint only narrows the candidates: nothing outside eps is named.
 func inSubset(eps []scoring.Endpoint, subset []string) []scoring.Endpoint {
+	var hosts []string // the entries without a port, parsed once
+	for _, h := range subset {
+		if ip := hostOnly(h); ip != "" {
+			hosts = append(hosts, ip)
+		}
+	}
 	out := make([]scoring.Endpoint, 0, len(subset))
 	for _, e := range eps {
-		host, _, err := net.SplitHostPort(e.Address)
-		if err != nil {
-			host = ""
-		}
-		if slices.ContainsFunc(subset, func(h string) bool { return h == e.Address || (host != "" && hostOnly(h) == host) }) {
+		if slices.Contains(subset, e.Address) {
+			out = append(out, e)
+		} else if len(hosts) > 0 && hasHost(e.Address, hosts) {
 			out = append(out, e)
 		}
 	}
 	return out
+}
+
+// hasHost reports whether addr's host is one of hosts.
+func hasHost(addr string, hosts []string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	return err == nil && slices.Contains(hosts, host)
 }
 
 // hostOnly returns a hint entry's IP when the entry has no port ("10.0.0.1", "::1",
