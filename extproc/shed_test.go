@@ -68,7 +68,7 @@ func TestShedSheddableWhenEverythingIsSaturated(t *testing.T) {
 			metrics: map[string]scoring.Metrics{epA: waiting(9), epB: waiting(9)}},
 		{name: "only the subset counts", shed: 8, objectives: testObjectives, objective: []string{"batch"},
 			metrics: map[string]scoring.Metrics{epA: waiting(0), epB: waiting(9), epC: waiting(9)},
-			subset: []string{epB, epC}, wantShed: true, wantRetry: "1"},
+			subset:  []string{epB, epC}, wantShed: true, wantRetry: "1"},
 		{name: "a GET is never shed", shed: 8, objectives: testObjectives, objective: []string{"batch"},
 			metrics: map[string]scoring.Metrics{epA: waiting(9), epB: waiting(9), epC: waiting(9)}, get: true},
 	}
