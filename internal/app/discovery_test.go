@@ -3,6 +3,8 @@ package app_test
 import (
 	"context"
 	"net/netip"
+	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
 	"testing"
@@ -178,5 +180,32 @@ func TestInferenceObjectivesShed(t *testing.T) {
 	}
 	if got := testmetrics.Must(t, reg, "kvrouter_requests_shed_total", "objective", "batch"); got != 1 {
 		t.Fatalf("kvrouter_requests_shed_total{objective=batch} %v, want 1", got)
+	}
+}
+
+// TestReloadObjectivesInPoolMode: while an InferencePool's InferenceObjectives give the
+// priorities, a file that leaves inference_pool mode and lists objectives needs a
+// restart for both; the watched priorities stay in force.
+func TestReloadObjectivesInPoolMode(t *testing.T) {
+	head := "listen: {extproc: 127.0.0.1:0, health: 127.0.0.1:0, metrics: 127.0.0.1:0, debug: \"\", tls: {mode: disabled}}\n" +
+		"limits: {drain_delay: 0s, drain_timeout: 1s}\n"
+	path := filepath.Join(t.TempDir(), "kvrouter.yaml")
+	writeFile(t, path, head+"discovery: {kubernetes: {namespace: llm, inference_pool: vllm-pool, models: ["+model+"], metrics_path: \"-\"}}\n")
+	cfg, err := config.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dyn := dynfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), map[schema.GroupVersionResource]string{
+		kdisc.InferencePools: "InferencePoolList", kdisc.InferenceObjectives: "InferenceObjectiveList"})
+	a := startApp(t, cfg, app.Options{ConfigPath: path, ConfigCheckInterval: -1,
+		KubeClients: &kdisc.Clients{Core: clientset.New(fake.NewClientset()), Dynamic: dyn}})
+	writeFile(t, path, head+"discovery: {kubernetes: {namespace: llm, selector: {app: vllm}, port: 8000, models: ["+model+"], metrics_path: \"-\"}}\n"+
+		"objectives: {batch: -1}\n")
+	rep, err := a.Reload()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if slices.Contains(rep.Applied, "objectives") || !slices.Contains(rep.Restart, "objectives") {
+		t.Fatalf("applied %v restart %v: objectives must wait for the restart", rep.Applied, rep.Restart)
 	}
 }

@@ -180,12 +180,18 @@ func (a *App) reloadLocked() (ReloadReport, error) {
 	applied.Limits.DrainTimeout = next.Limits.DrainTimeout
 	applied.Limits.ShedQueueDepth = next.Limits.ShedQueueDepth
 	applied.Limits.MaxFallbacks = next.Limits.MaxFallbacks
-	applied.Objectives = next.Objectives
 	if !reflect.DeepEqual(run.Endpoints, next.Endpoints) {
 		rep.Applied = append(rep.Applied, "endpoints")
 	}
 	if !maps.Equal(run.Objectives, next.Objectives) {
-		rep.Applied = append(rep.Applied, "objectives")
+		if k := run.Discovery.Kubernetes; k != nil && k.InferencePool != "" {
+			// The running pool's InferenceObjectives give the priorities until a restart
+			// leaves inference_pool mode (the file's discovery change is listed already).
+			rep.Restart = append(rep.Restart, "objectives")
+		} else {
+			applied.Objectives = next.Objectives
+			rep.Applied = append(rep.Applied, "objectives")
+		}
 	}
 	rep.Applied = append(rep.Applied, diffFields("policy", run.Policy, applied.Policy)...)
 	rep.Applied = append(rep.Applied, diffFields("limits", run.Limits, applied.Limits)...)
