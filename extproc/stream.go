@@ -57,7 +57,7 @@ type stream struct {
 	spoofed   []string // client-sent x-gateway-destination-* header names
 	subset    []string
 	hasSubset bool
-	objective string // the x-gateway-inference-objective header (its first value), when one came
+	objective string // the x-gateway-inference-objective header: its first non-empty value of at most maxObjectiveName bytes
 	body      []byte
 	declared  int  // the content-length header, when it is at most maxBody (else 0)
 	held      int  // bytes of body reserved in the server's body budget
@@ -120,7 +120,10 @@ func (st *stream) onRequestHeaders(msg *extprocv3.ProcessingRequest, h *extprocv
 				st.declared = n
 			}
 		case key == epp.HeaderObjective:
-			if v := headerValue(hv); st.objective == "" && len(v) <= maxObjectiveName {
+			if st.objective != "" {
+				break // the first value counts
+			}
+			if v := headerValue(hv); len(v) <= maxObjectiveName {
 				st.objective = v
 			}
 		case strings.HasPrefix(key, epp.HeaderPrefix):
