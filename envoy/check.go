@@ -145,6 +145,16 @@ func Check(b *bootstrapv3.Bootstrap) error {
 	return errors.Join(errs...)
 }
 
+// CheckUpstream applies Check's rules for the cluster that kvrouter's picks go to, and
+// for the routes to it, to configuration that is not a whole bootstrap: an Istio
+// EnvoyFilter's cluster and route patches. It returns every violation.
+func CheckUpstream(c *clusterv3.Cluster, routes ...*routev3.Route) error {
+	errs := checkCluster(c)
+	rc := &routev3.RouteConfiguration{VirtualHosts: []*routev3.VirtualHost{{Name: "patch", Routes: routes}}}
+	errs = append(errs, checkRoutes("patch", rc, map[string]*clusterv3.Cluster{c.GetName(): c})...)
+	return errors.Join(errs...)
+}
+
 // overrideHost returns the cluster's override_host load-balancing policy, or nil.
 func overrideHost(c *clusterv3.Cluster) *overridehostv3.OverrideHost {
 	for _, p := range c.GetLoadBalancingPolicy().GetPolicies() {
