@@ -187,6 +187,11 @@ func checkCluster(c *clusterv3.Cluster) []error {
 		if !retries {
 			errs = append(errs, fmt.Errorf("cluster %s: override_host cluster needs circuit breaker max_retries >= %d (the default, 3 at once, leaves most requests to a dead pod unretried)", c.GetName(), minCircuitBreakerLimit))
 		}
+		// override_host picks only hosts the cluster knows: LOGICAL_DNS keeps one logical
+		// host (the first address of the answer), ORIGINAL_DST none ahead of a request.
+		if t := c.GetType(); c.GetClusterType() == nil && (t == clusterv3.Cluster_LOGICAL_DNS || t == clusterv3.Cluster_ORIGINAL_DST) {
+			errs = append(errs, fmt.Errorf("cluster %s: override_host only picks hosts the cluster knows, and a %v cluster does not know the pods: use STRICT_DNS over a headless Service, STATIC or EDS", c.GetName(), t))
+		}
 	}
 	if c.GetType() == clusterv3.Cluster_ORIGINAL_DST {
 		if c.GetLbPolicy() != clusterv3.Cluster_CLUSTER_PROVIDED {
