@@ -347,7 +347,7 @@ func TestMetricsGolden(t *testing.T) {
 	want := `
 # HELP kvrouter_tokenizer_prefix_cache_bytes Memory the prefix cache accounts for (ids at 4 bytes plus a fixed overhead per span, and the block keys stored on spans), bounded by its configured budget.
 # TYPE kvrouter_tokenizer_prefix_cache_bytes gauge
-kvrouter_tokenizer_prefix_cache_bytes{model="tiny"} 232
+kvrouter_tokenizer_prefix_cache_bytes{model="tiny"} 272
 # HELP kvrouter_tokenizer_prefix_cache_lookups_total Encodes of a text with a cut point (an added token such as <|im_start|>) that looked up the prefix cache, by result: hit when a cached prefix was used.
 # TYPE kvrouter_tokenizer_prefix_cache_lookups_total counter
 kvrouter_tokenizer_prefix_cache_lookups_total{model="tiny",result="hit"} 1

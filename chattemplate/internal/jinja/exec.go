@@ -35,6 +35,10 @@ type state struct {
 	stats     RenderStats
 	// settle observes the iteration of a settled loop being executed (settle.go).
 	settle *settleProbe
+	// main is the render's own output (out is another while a block is captured);
+	// prov, when not nil, is told which of it stored iterations wrote (memo.go).
+	main *output
+	prov *Provenance
 }
 
 const maxMacroDepth = 64
