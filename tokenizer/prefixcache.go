@@ -213,6 +213,7 @@ func (t *Tokenizer) encodeCached(text string, out []uint32, base int, add bool, 
 		walked, pos, from = t.resume(text, proofs, walked)
 		if pos > 0 {
 			key = walked[len(walked)-1].key
+			c.counters.resumed()
 		}
 		proofs = proofs[from:]
 	}
