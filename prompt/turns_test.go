@@ -344,3 +344,49 @@ func withMessages(t *testing.T, top map[string]any, msgs []any) []byte {
 	}
 	return raw
 }
+
+// TestConversationTurnsConcurrent runs conversations from several goroutines through
+// one Builder whose prefix cache is large and one whose cache evicts on almost every
+// request, so that encodes resume from provenance while others store, relink and
+// evict the spans they follow (run with -race): every turn gives the ids of a builder
+// without caches.
+func TestConversationTurnsConcurrent(t *testing.T) {
+	plain := plainBuilder(t, "qwen3")
+	for _, budget := range []int64{0, 16 << 10} {
+		t.Run(fmt.Sprint(budget), func(t *testing.T) {
+			var opts []tokenizer.Option
+			if budget > 0 {
+				opts = append(opts, tokenizer.WithPrefixCache(budget))
+			}
+			cached, err := prompt.LoadDir(testmodels.Dir(t, "qwen3"), prompt.LoadOptions{Tokenizer: opts})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var wg sync.WaitGroup
+			for g := range uint64(4) {
+				wg.Go(func() {
+					for seed := range uint64(4) {
+						bodies := conversation(seed, 6) // the same conversations in every goroutine
+						if seed%2 == 1 {
+							bodies = conversation(100*g+seed, 6) // and its own
+						}
+						for k, body := range bodies {
+							req, err := prompt.RequestFromBody(body)
+							if err != nil {
+								t.Error(err)
+								return
+							}
+							want, wantErr := plain.PromptTokens(req)
+							got, err := cached.PromptTokens(req)
+							if (err == nil) != (wantErr == nil) || !slices.Equal(got, want) {
+								t.Errorf("goroutine %d seed %d turn %d: ids differ from a builder without caches", g, seed, k)
+								return
+							}
+						}
+					}
+				})
+			}
+			wg.Wait()
+		})
+	}
+}
