@@ -207,8 +207,9 @@ func (t *Tokenizer) encodeCached(text string, out []uint32, base int, add bool, 
 	var proofs []proof // the provenance's boundaries past the one resumed from
 	walked, pos := sc.chain[:0], 0
 	if prov != nil && t.walkable && prov.valid(len(text)) {
-		proofs = c.provenKeys(text, add, prov, sc.proofs[:0])
-		defer func() { sc.proofs = proofs[:0] }()
+		all := c.provenKeys(text, add, prov, sc.proofs[:0])
+		defer func() { sc.proofs = all[:0] }()
+		proofs = all
 		var from int
 		walked, pos, from = t.resume(text, proofs, walked)
 		if pos > 0 {
