@@ -355,28 +355,10 @@ func BenchmarkConversationCacheMemory(b *testing.B) {
 				var before, after runtime.MemStats
 				runtime.GC()
 				runtime.ReadMemStats(&before)
-				// The message cache on, as in a router, for the provenance; it is
-				// garbage once bl is, before the heap is measured.
-				tmpl, err := chattemplate.CompileConfig(cfg, chattemplate.Options{MessageCacheBytes: 1 << 30})
-				if err != nil {
-					b.Fatal(err)
-				}
-				bl := prompt.New(tok, tmpl, nil)
-				tokens = 0
-				var prefix tokenizer.Prefix
-				var keys []uint64
-				for _, req := range reqs {
-					ids, err := bl.AppendPromptTokensPrefix(nil, req, 0, &prefix)
-					if err != nil {
-						b.Fatal(err)
-					}
-					// The block keys the policies store with the prefix.
-					sreq := scoring.Request{Model: "qwen3", TokenIDs: ids, Prefix: &prefix}
-					keys = sreq.Keys(16, keys[:0])
-					tokens += float64(len(ids))
-				}
-				prefix.Reset()
-				bl, tmpl = nil, nil //nolint:ineffassign,wastedassign // dropped before the GC
+				// The message cache on, as in a router, for the provenance; the
+				// template and the Builder are garbage once encodeAll returns, before the
+				// heap is measured.
+				tokens = encodeAll(b, tok, cfg, reqs)
 				// The Builder's pool is reachable from sync's list of pools until the
 				// second collection.
 				runtime.GC()
@@ -401,6 +383,31 @@ func BenchmarkConversationCacheMemory(b *testing.B) {
 			b.ReportMetric(heap/tokens, "heap-bytes/token")
 		})
 	}
+}
+
+// encodeAll computes the ids of reqs, and their block keys as the policies store them
+// with the prefix, with tok and a new chat template of cfg; it returns the ids'
+// count.
+func encodeAll(b *testing.B, tok *tokenizer.Tokenizer, cfg *chattemplate.TokenizerConfig, reqs []*openai.Request) float64 {
+	tmpl, err := chattemplate.CompileConfig(cfg, chattemplate.Options{MessageCacheBytes: 1 << 30})
+	if err != nil {
+		b.Fatal(err)
+	}
+	bl := prompt.New(tok, tmpl, nil)
+	tokens := 0.0
+	var prefix tokenizer.Prefix
+	var keys []uint64
+	for _, req := range reqs {
+		ids, err := bl.AppendPromptTokensPrefix(nil, req, 0, &prefix)
+		if err != nil {
+			b.Fatal(err)
+		}
+		sreq := scoring.Request{Model: "qwen3", TokenIDs: ids, Prefix: &prefix}
+		keys = sreq.Keys(16, keys[:0])
+		tokens += float64(len(ids))
+	}
+	prefix.Reset()
+	return tokens
 }
 
 // BenchmarkConversationRender is the chat template's share of
