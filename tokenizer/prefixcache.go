@@ -348,7 +348,14 @@ func (c *prefixCache) provenKeys(text string, add bool, prov *Provenance, proofs
 	return proofs
 }
 
-// resume finds the deepest boundary of proofs whose key the cache knows, and appends
+// maxResumeTries bounds the boundaries resume looks up, deepest first: a conversation's
+// next turn resumes from one of its last few, and a text with none known (a new
+// conversation, an edit far back) is then walked as without provenance rather than
+// looked up once per message under the cache's lock.
+const maxResumeTries = 64
+
+// resume finds the deepest boundary of proofs whose key the cache knows (among the
+// last maxResumeTries), and appends
 // to spans the chain of spans from the text's start to the span that key was proved
 // for (the deepest one stored whose cut is at or before the boundary), following
 // their up pointers: the bytes before the boundary are those of the text the chain
@@ -361,15 +368,18 @@ func (c *prefixCache) provenKeys(text string, add bool, prov *Provenance, proofs
 func (t *Tokenizer) resume(text string, proofs []proof, spans []*span) ([]*span, int, int) {
 	c := t.cache
 	var s *span
-	i := len(proofs) - 1
+	i, last := len(proofs)-1, max(len(proofs)-maxResumeTries, 0)
 	c.mu.Lock()
-	for ; i >= 0; i-- {
+	for ; i >= last; i-- {
 		if s = c.proven[proofs[i].key]; s != nil && s.at <= proofs[i].end {
 			break
 		}
 	}
 	c.mu.Unlock()
-	if i < 0 || !t.walkCut(text, s.at) {
+	if i < last {
+		return spans, 0, 0
+	}
+	if !t.walkCut(text, s.at) {
 		return spans, 0, 0
 	}
 	n := len(spans)

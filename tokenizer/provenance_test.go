@@ -145,3 +145,70 @@ func TestEncodeProvenanceTrusted(t *testing.T) {
 		t.Fatalf("ids %v, want those stored for the content claimed %v", got, stored)
 	}
 }
+
+// FuzzEncodeProvenance encodes sequences of texts made of a head, contents named by ids
+// (a content keeps its ids; an id names one content, as a render's iterations) and a
+// tail, with provenances true of them, through caches large and tiny, and requires the
+// ids of a tokenizer without cache. Contents are drawn from a small pool, so later texts
+// share prefixes, ids and spans with earlier ones; added tokens, partial tokens and
+// invalid UTF-8 fall anywhere.
+func FuzzEncodeProvenance(f *testing.F) {
+	f.Add([]byte{3, 1, 2, 3, 0, 1, 2, 3, 4, 5})
+	f.Add([]byte("conversation with edits\x00\x01\x02\x03\x04\x05\x06\x07\x08\x09"))
+	frags := []string{"hello", " world", "aa", "<|s|>", "<|e|>", "<|s", "|>", "\n", " ", "\xff", "é", "he", "<|s|>user ", "<|e|>\n"}
+	heads := []string{"", "<|s|>system hello<|e|>\n", "<|s|>system aa aa<|e|>\n", "hello"}
+	tails := []string{"<|s|>assistant\n", "", "<|s|>", " world"}
+	added := []string{"<|s|>", "<|e|>"}
+	plain := tiny(f, helloMerges, added, nil, tokenizer.WithPrefixCache(0))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		next := func() int {
+			if len(data) == 0 {
+				return 0
+			}
+			b := data[0]
+			data = data[1:]
+			return int(b)
+		}
+		var pool []string
+		for range 6 {
+			var b strings.Builder
+			b.WriteString("<|s|>user ")
+			for range 1 + next()%6 {
+				b.WriteString(frags[next()%len(frags)])
+			}
+			b.WriteString("<|e|>\n")
+			pool = append(pool, b.String())
+		}
+		ids := map[string][]uint64{} // a content's ids
+		newID := uint64(0)
+		tks := []*tokenizer.Tokenizer{
+			tiny(t, helloMerges, added, nil, tokenizer.WithPrefixCache(1<<20)),
+			tiny(t, helloMerges, added, nil, tokenizer.WithPrefixCache(1<<10)),
+		}
+		for step := 0; step < 12 && len(data) > 0; step++ {
+			n := next() % 10
+			contents := make([]string, n)
+			named := make([]uint64, n)
+			for i := range contents {
+				c := pool[(i+next()%2)%len(pool)]
+				if next()%5 == 0 { // rendered again: a new id for the same bytes
+					newID++
+					ids[c] = append(ids[c], newID)
+				} else if len(ids[c]) == 0 {
+					newID++
+					ids[c] = []uint64{newID}
+				}
+				contents[i] = c
+				named[i] = ids[c][len(ids[c])-1]
+			}
+			text, prov := provText(heads[next()%len(heads)], contents, named, tails[next()%len(tails)])
+			add := next()%4 == 0
+			want := plain.Encode(text, add)
+			for j, tk := range tks {
+				if got, _ := tk.AppendEncodeProvenance(nil, text, add, 0, nil, prov); !slices.Equal(got, want) {
+					t.Fatalf("step %d, cache %d: %q\n got %v\nwant %v", step, j, text, got, want)
+				}
+			}
+		}
+	})
+}
