@@ -27,8 +27,10 @@ import (
 // The hash is of the text the router rendered, never of anything a client names.
 const (
 	// spanOverhead is what a span costs beside its ids: its map slot, the span
-	// header (with its recency list links) and the slice header (an upper bound: BenchmarkConversationCacheMemory in
-	// prompt compares the accounted bytes with the live heap).
+	// header (with its recency list links, parent pointer and provenance key), the
+	// slice header and its slot in the proven map (an upper bound:
+	// BenchmarkConversationCacheMemory in prompt compares the accounted bytes with the
+	// live heap).
 	spanOverhead = 240
 	// minSpanIDs: a cut is stored when at least this many ids follow the previous
 	// stored cut (or it is one of the text's last lastCuts cuts), so short spans such as
