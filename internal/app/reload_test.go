@@ -301,25 +301,7 @@ func TestReloadObjectives(t *testing.T) {
 	client := extprocv3.NewExternalProcessorClient(dial(t, r.addrs.ExtProc))
 	// status is the status of kvrouter's own answer to a request naming objective (none
 	// when ""), 0 when the request was routed.
-	status := func(objective string) int32 {
-		t.Helper()
-		x, err := fakeenvoy.Start(context.Background(), client, fakeenvoy.FullDuplex())
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer x.Cancel()
-		h := fakeenvoy.Headers{{Key: ":method", Value: "POST"}, {Key: ":path", Value: "/v1/chat/completions"},
-			{Key: "content-type", Value: "application/json"}}
-		if objective != "" {
-			h = append(h, fakeenvoy.Header{Key: epp.HeaderObjective, Value: objective})
-		}
-		res, err := x.Request(fakeenvoy.Request{Headers: h,
-			Body: [][]byte{[]byte(`{"model":"` + model + `","messages":[{"role":"user","content":"hi"}]}`)}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return int32(res.Immediate.GetStatus().GetCode())
-	}
+	status := func(objective string) int32 { return objectiveStatus(t, client, objective) }
 	// send reports whether a request naming objective was shed (429).
 	send := func(objective string) bool {
 		t.Helper()
@@ -357,4 +339,26 @@ func TestReloadObjectives(t *testing.T) {
 	if got := testmetrics.Must(t, reg, "kvrouter_requests_shed_total", "objective", "batch"); got != 2 {
 		t.Fatalf("kvrouter_requests_shed_total{objective=batch} %v, want 2", got)
 	}
+}
+
+// objectiveStatus sends a chat request naming objective (none when "") and returns the
+// status of kvrouter's own answer to it, 0 when the request was routed.
+func objectiveStatus(t *testing.T, client extprocv3.ExternalProcessorClient, objective string) int32 {
+	t.Helper()
+	x, err := fakeenvoy.Start(context.Background(), client, fakeenvoy.FullDuplex())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer x.Cancel()
+	h := fakeenvoy.Headers{{Key: ":method", Value: "POST"}, {Key: ":path", Value: "/v1/chat/completions"},
+		{Key: "content-type", Value: "application/json"}}
+	if objective != "" {
+		h = append(h, fakeenvoy.Header{Key: epp.HeaderObjective, Value: objective})
+	}
+	res, err := x.Request(fakeenvoy.Request{Headers: h,
+		Body: [][]byte{[]byte(`{"model":"` + model + `","messages":[{"role":"user","content":"hi"}]}`)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return int32(res.Immediate.GetStatus().GetCode())
 }
