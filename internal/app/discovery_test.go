@@ -2,6 +2,7 @@ package app_test
 
 import (
 	"context"
+	"maps"
 	"net/netip"
 	"path/filepath"
 	"slices"
@@ -163,6 +164,10 @@ func TestInferenceObjectivesShed(t *testing.T) {
 	}
 	if got := testmetrics.Must(t, reg, "kvrouter_requests_shed_total", "objective", "batch"); got != 1 {
 		t.Fatalf("kvrouter_requests_shed_total{objective=batch} %v, want 1", got)
+	}
+	if got := getObjectives(t, a); got.Source != "inference_pool" || got.ShedQueueDepth != 5 ||
+		!maps.Equal(got.Objectives, map[string]int{"batch": -1, "chat": 10}) {
+		t.Fatalf("/debug/objectives %+v, want the pool's batch -1 and chat 10, shed past 5", got)
 	}
 }
 

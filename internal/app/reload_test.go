@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -325,6 +326,10 @@ func TestReloadObjectives(t *testing.T) {
 		}
 	}
 
+	if got := getObjectives(t, r); got.Source != "config" || !maps.Equal(got.Objectives, map[string]int{"batch": -1, "chat": 10}) {
+		t.Fatalf("/debug/objectives %+v, want the configured batch -1 and chat 10", got)
+	}
+
 	writeFile(t, path, yaml(0))
 	rep, err := r.Reload()
 	if err != nil {
@@ -339,6 +344,26 @@ func TestReloadObjectives(t *testing.T) {
 	if got := testmetrics.Must(t, reg, "kvrouter_requests_shed_total", "objective", "batch"); got != 2 {
 		t.Fatalf("kvrouter_requests_shed_total{objective=batch} %v, want 2", got)
 	}
+	if got := getObjectives(t, r); got.Objectives["batch"] != 0 {
+		t.Fatalf("/debug/objectives %+v after the reload, want batch 0", got)
+	}
+}
+
+// debugObjectives is GET /debug/objectives.
+type debugObjectives struct {
+	Source         string         `json:"source"`
+	ShedQueueDepth int            `json:"shed_queue_depth"`
+	Objectives     map[string]int `json:"objectives"`
+}
+
+func getObjectives(t *testing.T, a *runningApp) debugObjectives {
+	t.Helper()
+	code, body := httpGet(t, "http://"+a.addrs.Debug+"/debug/objectives")
+	var d debugObjectives
+	if code != 200 || json.Unmarshal([]byte(body), &d) != nil {
+		t.Fatalf("/debug/objectives: %d %s", code, body)
+	}
+	return d
 }
 
 // objectiveStatus sends a chat request naming objective (none when "") and returns the
