@@ -541,7 +541,7 @@ func (p *Policy) soonestRoom(key uint64, cands []scoring.Endpoint, sc *scratch, 
 			d = sc.meanDecode
 		}
 		b := r.unique
-		if a := r.ep.active[r.key]; a != nil && a.requests == 1 {
+		if a := r.ep.active[r.key]; a != nil && a.requests == 1 && r.key != key {
 			b += a.blocks
 		}
 		frees[i] = append(frees[i], freeing{at: max(0, d-now.Sub(r.first).Seconds()), blocks: b})
