@@ -510,7 +510,10 @@ func (p *Policy) divert(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 // now: the request waits in the engine for blocks wherever it goes, until requests
 // decoding there finish and free theirs (each expected to finish its measured decode
 // time after its first token). Requests still in prefill are not counted as freeing
-// anything. Where even every decoding request's blocks are not enough, requests not
+// anything, and a decoding request of the request's own prefix frees only its own
+// blocks: the prefix's stay, the request needs them (counted freed, a holder with a miss
+// queued for blocks looked as if room came after one decode, and the hit queued behind
+// the miss: tight memory, N = 24, C = 8, p99 TTFT 883 -> 627 ms, kv 830). Where even every decoding request's blocks are not enough, requests not
 // started yet are queued for blocks there, ahead of this one, and when they free cannot
 // be timed; their blocks beyond the capacity (queued) rank such candidates instead, and
 // the request leaves best only for a candidate queueing at least its own blocks less:
