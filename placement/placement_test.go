@@ -935,6 +935,48 @@ func TestPlacementOwnPrefixFreesNoRoom(t *testing.T) {
 	}
 }
 
+// TestPlacementSharedPrefixFreesWithItsLastRequest: two requests of one prefix on the
+// holder free the prefix's blocks when the later of them finishes, if both are decoding:
+// started before the other endpoint's request, room comes at the holder first. With one
+// of them not started, the prefix stays held there and room comes at the other first.
+func TestPlacementSharedPrefixFreesWithItsLastRequest(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		bothDecode bool
+		wantHolder bool
+	}{
+		{"both decoding", true, true},
+		{"one not started", false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, clock, cs, holder, other := holderAndOther(t)
+			route := func(toks []uint32, addr string, decoding bool) {
+				req := plRequest(toks)
+				if _, err := p.Pick(req, cs); err != nil {
+					t.Fatal(err)
+				}
+				p.Routed(req, addr)
+				if decoding {
+					p.FirstToken(req.ID)
+				}
+			}
+			// Two requests of prefix 1 on the holder (64 prefix blocks once, 12 each),
+			// then one of prefix 2 on the other endpoint, 100 ms later.
+			route(prefixed(1, 0), holder, true)
+			route(prefixed(1, 1), holder, tc.bothDecode)
+			*clock = clock.Add(100 * time.Millisecond)
+			route(prefixed(2, 0), other, true)
+			d, err := p.Pick(plRequest(prefixed(0, 1)), cs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if (d.Endpoint == holder) != tc.wantHolder {
+				t.Fatalf("went to %s (holder %s), want holder %v", d.Endpoint, holder, tc.wantHolder)
+			}
+		})
+	}
+}
+
 // TestPlacementDeadlineIsOneStep: a request is diverted when its prefill backlog at the
 // home (two 1,152-token misses ahead of its own 1,152) exceeds one engine step
 // (max_num_batched_tokens plus a block), and stays at the home when a step covers it.
