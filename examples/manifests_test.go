@@ -299,7 +299,7 @@ func TestKubernetesManifests(t *testing.T) {
 			t.Errorf("discovery port %d does not match the vllm Service", cfg.Discovery.Kubernetes.Port)
 		}
 	})
-	t.Run("envoy config is the repository's with kvrouter's Service name", func(t *testing.T) {
+	t.Run("envoy config is the repository's fallbacks file with the Services' names", func(t *testing.T) {
 		cm := find[*corev1.ConfigMap](t, objs, "envoy-config")
 		got := cm.Data["envoy.yaml"]
 		b, err := envoy.Parse([]byte(got))
@@ -309,21 +309,60 @@ func TestKubernetesManifests(t *testing.T) {
 		if err := envoy.Check(b); err != nil {
 			t.Error(err)
 		}
-		orig, err := os.ReadFile("../envoy/envoy.yaml")
+		orig, err := os.ReadFile("../envoy/envoy-fallbacks.yaml")
 		if err != nil {
 			t.Fatal(err)
 		}
-		want := strings.Replace(string(orig), "{address: kvrouter, port_value: 9002}",
-			"{address: kvrouter-headless.llm.svc.cluster.local, port_value: 9002}", 1)
+		want := string(orig)
+		for _, r := range [][2]string{
+			{"{address: kvrouter, port_value: 9002}", "{address: kvrouter-headless.llm.svc.cluster.local, port_value: 9002}"},
+			{"{address: vllm-pool, port_value: 8000}", "{address: " + manifestPool + ".llm.svc.cluster.local, port_value: 8000}"},
+		} {
+			if strings.Count(want, r[0]) != 1 {
+				t.Fatalf("envoy/envoy-fallbacks.yaml has %d %q, want 1", strings.Count(want, r[0]), r[0])
+			}
+			want = strings.Replace(want, r[0], r[1], 1)
+		}
 		if got != want {
-			t.Errorf("envoy.yaml in the ConfigMap differs from envoy/envoy.yaml beyond the kvrouter address: %s", firstDiff(got, want))
+			t.Errorf("envoy.yaml in the ConfigMap differs from envoy/envoy-fallbacks.yaml beyond the two Services' addresses: %s", firstDiff(got, want))
 		}
 		svc := find[*corev1.Service](t, objs, "kvrouter-headless")
 		if svc.Spec.ClusterIP != corev1.ClusterIPNone {
 			t.Errorf("kvrouter-headless is not headless")
 		}
+		// Envoy's retries, retry buffer and pool agree with kvrouter's configuration.
+		kcm := find[*corev1.ConfigMap](t, objs, "kvrouter-config")
+		cfg, err := config.Parse([]byte(kcm.Data["kvrouter.yaml"]), "kvrouter-config")
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, routes := bootstrapUpstream(t, b)
+		checkUpstream(t, objs, cfg, manifestPool, c, routes)
+	})
+	t.Run("envoy image is the chart's", func(t *testing.T) {
+		// The chart's envoy.image is the first release with what envoy-fallbacks.yaml uses
+		// (override_host's list, selected_host_key): Envoy 1.38.
+		data, err := os.ReadFile(filepath.Join(chartDir, "values.yaml"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var values struct {
+			Envoy struct {
+				Image string `json:"image"`
+			} `json:"envoy"`
+		}
+		if err := yaml.Unmarshal(data, &values); err != nil {
+			t.Fatal(err)
+		}
+		d := find[*appsv1.Deployment](t, objs, "envoy")
+		if got, want := d.Spec.Template.Spec.Containers[0].Image, values.Envoy.Image; want == "" || got != want {
+			t.Errorf("envoy image %q, the chart's envoy.image is %q", got, want)
+		}
 	})
 }
+
+// manifestPool is examples/kubernetes' headless Service over the vLLM pods.
+const manifestPool = "vllm-pool"
 
 // firstDiff describes the first line where got and want differ.
 func firstDiff(got, want string) string {
