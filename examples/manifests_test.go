@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -448,8 +449,57 @@ func TestIstioManifests(t *testing.T) {
 	objs := loadDir(t, "istio/*.yaml")
 	ef := find[*istionetv1alpha3.EnvoyFilter](t, objs, "kvrouter")
 	vs := find[*istionetv1.VirtualService](t, objs, "vllm")
-	checkEnvoyFilter(t, ef, vs.Spec.Http[0].Name)
+	c, r := checkEnvoyFilter(t, ef, vs.Spec.Http[0].Name)
 	checkIstioTLS(t, find[*istionetv1.DestinationRule](t, objs, "kvrouter-extproc"), "kvrouter.llm.svc.cluster.local")
+	// The EnvoyFilter's ORIGINAL_DST cluster takes one ip:port, and 20-kvrouter.yaml
+	// lists fallbacks for 30-envoy.yaml's retries: the README applies kvrouter for Istio
+	// through a sed that sets max_fallbacks to 0. Run that edit and check the result
+	// against the EnvoyFilter's cluster.
+	cfg := istioKvrouterConfig(t)
+	checkUpstream(t, objs, cfg, manifestPool, c, []*routev3.Route{r})
+}
+
+// istioSed is the README's command that applies 20-kvrouter.yaml for the Istio wiring.
+var istioSed = regexp.MustCompile(`sed 's/([^/']+)/([^/']*)/' examples/kubernetes/20-kvrouter\.yaml \| kubectl apply -f -`)
+
+// istioKvrouterConfig applies the README's sed to 20-kvrouter.yaml and returns the
+// kvrouter configuration it yields.
+func istioKvrouterConfig(t *testing.T) *config.Config {
+	t.Helper()
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, istio, _ := strings.Cut(string(readme), "\n## istio/\n")
+	m := istioSed.FindStringSubmatch(istio)
+	if m == nil {
+		t.Fatalf("README.md's istio/ section has no `%s`", istioSed)
+	}
+	data, err := os.ReadFile("kubernetes/20-kvrouter.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(data), m[1]); n != 1 {
+		t.Fatalf("README's sed replaces %q, which 20-kvrouter.yaml has %d times, want 1", m[1], n)
+	}
+	var cm *corev1.ConfigMap
+	for i, doc := range splitDocs([]byte(strings.Replace(string(data), m[1], m[2], 1))) {
+		o, err := parseStrict("20-kvrouter.yaml (sed)", doc)
+		if err != nil {
+			t.Fatalf("document %d after README's sed: %v", i+1, err)
+		}
+		if c, ok := o.obj.(*corev1.ConfigMap); ok && c.Name == "kvrouter-config" {
+			cm = c
+		}
+	}
+	if cm == nil {
+		t.Fatal("no kvrouter-config ConfigMap in 20-kvrouter.yaml")
+	}
+	cfg, err := config.Parse([]byte(cm.Data["kvrouter.yaml"]), "kvrouter-config (README's sed for Istio)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
 }
 
 // checkEnvoyFilter decodes every patch of kvrouter's EnvoyFilter into its Envoy type
