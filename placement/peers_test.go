@@ -7,12 +7,23 @@ import (
 
 	"github.com/kvrouter/kvrouter/internal/testindex"
 	"github.com/kvrouter/kvrouter/placement"
+	"github.com/kvrouter/kvrouter/scoring"
 )
 
 // fakePeers is other router replicas' state, set by the test.
 type fakePeers struct {
 	load   map[string]placement.Load
 	active map[string]uint64 // endpoint -> the one prefix key a peer has in flight there
+	// unheard peers were last heard from at heard.
+	unheard int
+	heard   time.Time
+}
+
+func (f *fakePeers) Unheard(t time.Time) int {
+	if f.heard.Before(t) {
+		return f.unheard
+	}
+	return 0
 }
 
 func (f *fakePeers) PeerLoad(ep string, _ placement.ActiveSet) placement.Load { return f.load[ep] }
@@ -46,6 +57,62 @@ func TestPlacementPeersLoadMovesRequests(t *testing.T) {
 	p.SetPeers(nil)
 	if got := place(t, p, prefixed(1, 3), cs); got != first {
 		t.Fatalf("without peers, picked %s, want %s again", got, first)
+	}
+}
+
+// A pick this router made since it last heard from its peers counts once per unheard
+// peer on its endpoint: replicas on the same view make the same pick at the same
+// instant, so the next simultaneous pick goes elsewhere. Once they are heard from
+// after it, the pick counts once.
+func TestPlacementCountsPeersLikelyPicks(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		unheard int
+		second  int // fleet index the second simultaneous pick goes to
+		third   int // after the peers are heard from
+	}{
+		// cs[0]: this router's pick, plus 9 unheard peers' likely ones; cs[1]: 5 peer requests.
+		{name: "nine peers unheard", unheard: 9, second: 1, third: 0},
+		{name: "all heard", unheard: 0, second: 0, third: 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			now := time.Unix(100, 0)
+			ix := testindex.New()
+			cs := fleet(2, nil)
+			toks := prefixed(9, 0)
+			ix.Hold(cs[0].Address, plKeysOf(toks))
+			ix.Hold(cs[1].Address, plKeysOf(toks))
+			p := clockedPlacement(t, &now)
+			p.SetPeers(&fakePeers{load: map[string]placement.Load{cs[1].Address: {Requests: 5}},
+				unheard: tc.unheard, heard: now.Add(-time.Millisecond)})
+			var reqs []*scoring.Request
+			pick := func(seq int) string {
+				req := plRequest(prefixed(9, seq))
+				d, err := p.Pick(req, cs)
+				if err != nil {
+					t.Fatal(err)
+				}
+				p.Routed(req, d.Endpoint)
+				p.FirstToken(req.ID) // decoding: no prefill backlog to divert from
+				reqs = append(reqs, req)
+				return d.Endpoint
+			}
+			if got := pick(1); got != cs[0].Address {
+				t.Fatalf("first pick %s, want the idle holder %s", got, cs[0].Address)
+			}
+			if got := pick(2); got != cs[tc.second].Address {
+				t.Fatalf("second pick at the same instant %s, want %s", got, cs[tc.second].Address)
+			}
+			for _, r := range reqs[1:] {
+				p.Finished(r.ID)
+			}
+			p.SetPeers(&fakePeers{load: map[string]placement.Load{cs[1].Address: {Requests: 5}},
+				unheard: tc.unheard, heard: now.Add(time.Millisecond)})
+			now = now.Add(2 * time.Millisecond)
+			if got := pick(3); got != cs[tc.third].Address {
+				t.Fatalf("pick after the peers were heard %s, want %s", got, cs[tc.third].Address)
+			}
+		})
 	}
 }
 

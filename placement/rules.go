@@ -268,7 +268,7 @@ func (p *Policy) shared(cands []scoring.Endpoint, sc *scratch) {
 			l := p.peers.PeerLoad(cands[i].Address, sc.eps[i])
 			sc.others[i], sc.otherKV[i] = l.Requests, float64(l.KVBlocks)
 			sc.otherPrefill[i], sc.otherMisses[i] = l.Prefill, l.Misses
-			sc.loads[i] += l.Requests
+			sc.loads[i] += l.Requests + p.unheardPicks(sc.eps[i])
 			continue
 		}
 		m := &cands[i].Metrics
