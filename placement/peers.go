@@ -219,38 +219,49 @@ func (p *Policy) decide(e *prefixEntry) {
 // than peers' picks within one sync interval on one endpoint add nothing.
 const maxUnheardPicks = 16
 
-// noteUnheardPick remembers that this router routed a request to ep now, for
-// unheardPicks; with peers only. p.mu must be held.
-func (p *Policy) noteUnheardPick(ep *endpointState) {
+// unheardPick is one of this router's picks: when, and the prefix it placed.
+type unheardPick struct {
+	at  time.Time
+	key uint64
+}
+
+// noteUnheardPick remembers that this router routed a request of the prefix key to ep
+// now, for unheardPicks; with peers only. p.mu must be held.
+func (p *Policy) noteUnheardPick(ep *endpointState, key uint64) {
 	if p.peers == nil {
 		return
 	}
 	if len(ep.picks) == maxUnheardPicks {
 		ep.picks = append(ep.picks[:0], ep.picks[1:]...)
 	}
-	ep.picks = append(ep.picks, p.now())
+	ep.picks = append(ep.picks, unheardPick{at: p.now(), key: key})
 }
 
-// unheardPicks is the requests router replicas are expected to have sent to ep
-// unseen: for each of this router's own picks there, one per live peer it has not heard
-// from since. Replicas on the same view pick alike, and none sees the others' picks
-// within a sync interval; in a closed loop, requests that finish in one engine step
-// come back at the same instant to different replicas, so a pick of this router is,
-// until its peers' next state arrives, the likely pick of each of them too (kvbench
-// --sim --replicas 2, N = 2, C = 16: the burst as measurement starts put 4 requests on
-// one slow endpoint, TTFT p99 121 ms against kv's 101; docs/results-policy.md). Picks
-// every live peer has been heard from since are dropped. p.mu must be held.
-func (p *Policy) unheardPicks(ep *endpointState) int {
+// unheardPicks is the requests of the prefix key that router replicas are expected to
+// have sent to ep unseen: for each of this router's own picks of that prefix there, one
+// per live peer it has not heard from since. Replicas on the same view pick a prefix
+// alike, and none sees the others' picks within a sync interval; in a closed loop,
+// requests that finish in one engine step come back at the same instant to different
+// replicas, so a pick of this router is, until its peers' next state arrives, the
+// likely pick of each of them for the same prefix (kvbench --sim --replicas 2, N = 2,
+// C = 16: the burst as measurement starts put 4 requests on one slow endpoint, TTFT p99
+// 121 ms against kv's 101; docs/results-policy.md). Picks of other prefixes are not
+// counted: a peer places those by their own holders (counted for every prefix, N = 24
+// lost up to 0.4 points of cached-token ratio at 2 replicas). Picks every live peer
+// has been heard from since are dropped. p.mu must be held.
+func (p *Policy) unheardPicks(ep *endpointState, key uint64) int {
 	n := 0
 	for k := len(ep.picks) - 1; k >= 0; k-- {
-		u := p.peers.Unheard(ep.picks[k])
+		u := p.peers.Unheard(ep.picks[k].at)
 		if u == 0 {
 			// Older picks are heard too: peers heard after a pick were heard after
 			// every earlier one.
 			ep.picks = append(ep.picks[:0], ep.picks[k+1:]...)
 			break
 		}
-		n += u
+		if ep.picks[k].key == key {
+			n += u
+		}
 	}
 	return n
 }
