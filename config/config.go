@@ -32,6 +32,10 @@ type Config struct {
 	// Discovery finds endpoints at run time (Kubernetes API or DNS), beside the static
 	// list.
 	Discovery discovery.Config `yaml:"discovery"`
+	// Objectives gives the priority of the InferenceObjectives requests name
+	// (x-gateway-inference-objective) outside Kubernetes; with an InferencePool the pool's
+	// InferenceObjectives are watched instead.
+	Objectives Objectives `yaml:"objectives"`
 	// Replicas is how kvrouter replicas find each other and share their in-flight
 	// requests, so that they route as one (off without peers).
 	Replicas peersync.Config `yaml:"replicas"`
@@ -92,5 +96,9 @@ func (c *Config) Validate() error {
 	errs.Nest("kv", c.KV.Validate())
 	errs.Nest("discovery", c.Discovery.Validate())
 	errs.Nest("replicas", c.Replicas.Validate())
+	errs.Nest("objectives", c.Objectives.Validate())
+	if len(c.Objectives) > 0 && c.Discovery.Kubernetes != nil && c.Discovery.Kubernetes.InferencePool != "" {
+		errs.Addf("objectives", "must be left unset with discovery.kubernetes.inference_pool: the pool's InferenceObjectives give the priorities")
+	}
 	return errs.Err()
 }

@@ -3,6 +3,7 @@ package config_test
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/kvrouter/kvrouter/config"
+	"github.com/kvrouter/kvrouter/extproc"
 )
 
 // wantProblems reads the "# want: LINE: path: message" lines of a fixture; {DIR} stands
@@ -162,6 +164,44 @@ policy: {name: kv, kv: {prefill_load_scale: 0.5}, placement: {prefix_depth: 3, s
 		t.Run(tc.name, func(t *testing.T) {
 			if tc.got != tc.want {
 				t.Errorf("got %v, want %v", tc.got, tc.want)
+			}
+		})
+	}
+}
+
+// The objectives map decodes onto names and priorities; shedding is on by default and
+// an explicit 0 turns it off.
+func TestObjectivesAndShedDefault(t *testing.T) {
+	tests := []struct {
+		name     string
+		doc      string
+		want     map[string]int
+		wantShed int
+	}{
+		{name: "none: shed sheddable past the default", doc: "", want: nil, wantShed: extproc.DefaultShedWaiting},
+		{name: "objectives", doc: "objectives: {batch: -1, chat: 10, default: 0}\n",
+			want: map[string]int{"batch": -1, "chat": 10, "default": 0}, wantShed: extproc.DefaultShedWaiting},
+		{name: "explicit 0 never sheds", doc: "limits: {shed_queue_depth: 0}\n", wantShed: 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, err := config.Parse([]byte("endpoints: [{address: \"127.0.0.1:1\", models: [m]}]\n"+tc.doc), "inline")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !maps.Equal(cfg.Objectives, tc.want) {
+				t.Errorf("objectives %v, want %v", cfg.Objectives, tc.want)
+			}
+			for name, p := range tc.want {
+				if got, ok := cfg.Objectives.Priority(name); !ok || got != p {
+					t.Errorf("Priority(%q) = %d, %v", name, got, ok)
+				}
+			}
+			if _, ok := cfg.Objectives.Priority("unknown"); ok {
+				t.Error("an unknown objective is known")
+			}
+			if cfg.Limits.ShedQueueDepth != tc.wantShed {
+				t.Errorf("shed_queue_depth %d, want %d", cfg.Limits.ShedQueueDepth, tc.wantShed)
 			}
 		})
 	}

@@ -61,9 +61,13 @@ type LimitsConfig struct {
 	// behind a proxy with Envoy's override_host load-balancing policy (envoy/envoy.yaml)
 	// or the dev gateway, which retry on the next listed endpoint.
 	MaxFallbacks int `yaml:"max_fallbacks"`
-	// ShedQueueDepth > 0 sheds load: a request is answered 429 (with Retry-After) when
-	// every endpoint eligible for it has more than this many requests waiting in its
-	// queue (vllm:num_requests_waiting, from fresh scrapes). Default 0: never shed.
+	// ShedQueueDepth > 0 sheds sheddable requests, as the Gateway API Inference
+	// Extension's picker does: a request whose InferenceObjective has a negative priority
+	// is answered 429 (with Retry-After) when every endpoint eligible for it has more
+	// than this many requests waiting in its queue (vllm:num_requests_waiting, from fresh
+	// scrapes). A request of priority 0 or more (no objective, an unknown one) is always
+	// routed. 0 never sheds. Default 5 (extproc.DefaultShedWaiting): the Inference
+	// Extension's default queue-depth threshold.
 	ShedQueueDepth int `yaml:"shed_queue_depth"`
 	// RetryAfter is the Retry-After of 429 and 503 answers, in whole seconds (rounded up).
 	// Default 1s (extproc.DefaultRetryAfter): one scrape interval, after which the
@@ -74,8 +78,8 @@ type LimitsConfig struct {
 }
 
 // DefaultLimitsConfig returns 16 MiB bodies, a 96 MiB body budget, 4096 connections,
-// 16384 streams, a 10s stream idle timeout, a 5s drain delay and a 30s drain, 120ms holds and the scrape
-// defaults.
+// 16384 streams, a 10s stream idle timeout, a 5s drain delay and a 30s drain, 120ms holds,
+// sheddable requests shed past 5 waiting and the scrape defaults.
 func DefaultLimitsConfig() LimitsConfig {
 	return LimitsConfig{
 		MaxBodyBytes:      16 << 20,
@@ -86,6 +90,7 @@ func DefaultLimitsConfig() LimitsConfig {
 		DrainTimeout:      30 * time.Second,
 		DrainDelay:        5 * time.Second,
 		MaxHold:           extproc.DefaultMaxHold,
+		ShedQueueDepth:    extproc.DefaultShedWaiting,
 		RetryAfter:        extproc.DefaultRetryAfter,
 		Scrape:            fleet.DefaultScrapeConfig(),
 	}

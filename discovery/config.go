@@ -152,6 +152,10 @@ var (
 	dnsSubdomai = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`)
 )
 
+// IsObjectName reports whether s is a Kubernetes object name (metadata.name: a DNS
+// subdomain of at most 253 characters).
+func IsObjectName(s string) bool { return len(s) <= 253 && dnsSubdomai.MatchString(s) }
+
 // Validate checks the mode and names.
 func (c *KubernetesConfig) Validate() error {
 	var errs field.Errors
@@ -180,7 +184,7 @@ func (c *KubernetesConfig) Validate() error {
 	}
 	if c.InferencePool != "" {
 		n++
-		if !dnsSubdomai.MatchString(c.InferencePool) || len(c.InferencePool) > 253 {
+		if !IsObjectName(c.InferencePool) {
 			errs.Addf("inference_pool", "%q is not an object name", c.InferencePool)
 		}
 	}

@@ -14,6 +14,11 @@ const (
 	HeaderServed = "x-gateway-destination-endpoint-served"
 	// HeaderPrefix starts every header the picker owns; client-sent ones are removed.
 	HeaderPrefix = "x-gateway-destination-"
+	// HeaderObjective names the InferenceObjective a request belongs to (its
+	// metadata.name, in the pool's namespace), whose spec.priority is the request's
+	// priority; the gateway or the client sets it (the Inference Extension's
+	// metadata.ObjectiveKey).
+	HeaderObjective = "x-gateway-inference-objective"
 	// NamespaceLB is the dynamic-metadata namespace of the decision and of the served endpoint.
 	NamespaceLB = "envoy.lb"
 	// NamespaceSubsetHint is the metadata namespace of the gateway's subset hint.

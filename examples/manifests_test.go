@@ -27,10 +27,12 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/kubernetes/scheme"
 	infv1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
+	infx "sigs.k8s.io/gateway-api-inference-extension/apix/v1alpha2"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 	"sigs.k8s.io/yaml"
 
 	"github.com/kvrouter/kvrouter/config"
+	kdisc "github.com/kvrouter/kvrouter/discovery/kubernetes"
 	"github.com/kvrouter/kvrouter/envoy"
 )
 
@@ -49,6 +51,8 @@ func newTyped(gvk schema.GroupVersionKind) any {
 	switch gvk {
 	case schema.GroupVersion(infv1.GroupVersion).WithKind("InferencePool"):
 		return &infv1.InferencePool{}
+	case kdisc.InferenceObjectives.GroupVersion().WithKind("InferenceObjective"):
+		return &infx.InferenceObjective{}
 	case schema.GroupVersion(gwv1.GroupVersion).WithKind("Gateway"):
 		return &gwv1.Gateway{}
 	case schema.GroupVersion(gwv1.GroupVersion).WithKind("HTTPRoute"):
@@ -274,6 +278,7 @@ func TestKubernetesManifests(t *testing.T) {
 			{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list", "watch"}},
 			{APIGroups: []string{"discovery.k8s.io"}, Resources: []string{"endpointslices"}, Verbs: []string{"get", "list", "watch"}},
 			{APIGroups: []string{"inference.networking.k8s.io"}, Resources: []string{"inferencepools"}, Verbs: []string{"get", "list", "watch"}},
+			{APIGroups: []string{kdisc.InferenceObjectives.Group}, Resources: []string{kdisc.InferenceObjectives.Resource}, Verbs: []string{"get", "list", "watch"}},
 		}
 		if !reflect.DeepEqual(role.Rules, want) {
 			t.Errorf("rules %+v", role.Rules)
@@ -378,6 +383,25 @@ func TestGatewayAPIManifests(t *testing.T) {
 	}
 	if cfg.Discovery.Kubernetes.InferencePool != pool.Name {
 		t.Errorf("kvrouter discovers pool %q, not %q", cfg.Discovery.Kubernetes.InferencePool, pool.Name)
+	}
+	// The objectives refer to the pool, one sheddable (priority < 0) and one not.
+	var sheddable, kept int
+	for _, o := range objs {
+		obj, ok := o.obj.(*infx.InferenceObjective)
+		if !ok {
+			continue
+		}
+		if string(obj.Spec.PoolRef.Name) != pool.Name || obj.Namespace != pool.Namespace {
+			t.Errorf("%s does not refer to the pool %s/%s", o, pool.Namespace, pool.Name)
+		}
+		if obj.Spec.Priority != nil && *obj.Spec.Priority < 0 {
+			sheddable++
+		} else {
+			kept++
+		}
+	}
+	if sheddable == 0 || kept == 0 {
+		t.Errorf("%d sheddable and %d other InferenceObjectives, want some of each", sheddable, kept)
 	}
 }
 

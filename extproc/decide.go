@@ -36,8 +36,9 @@ const (
 	noEndpointPolicy = "fallback_failed"
 )
 
-// shedOverloaded is the no-endpoint reason of a 429: every eligible endpoint's queue is
-// over Options.ShedWaiting (counted in kvrouter_requests_shed_total).
+// shedOverloaded is the no-endpoint reason of a 429: the request is sheddable (its
+// priority is negative) and every eligible endpoint's queue is over Options.ShedWaiting
+// (counted in kvrouter_requests_shed_total).
 const shedOverloaded = "overloaded"
 
 type decideInput struct {
@@ -100,7 +101,9 @@ func (st *stream) decisionReply(dest string, kind replyKind) *extprocv3.Processi
 // reply503 answers the client directly: 429 when the request is shed, 503 otherwise.
 func (st *stream) reply503(reason string) error {
 	if reason == shedOverloaded {
-		st.s.m.shed.Inc()
+		// Only a known objective has a negative priority: the label is one of the
+		// configured or watched objectives, never a name a client made up.
+		st.s.m.shed.WithLabelValues(st.objective).Inc()
 	} else {
 		st.s.m.noEndpoint.WithLabelValues(reason).Inc()
 	}
@@ -184,8 +187,8 @@ func (st *stream) choose(in decideInput, start time.Time) (c choice, noEndpointR
 	if reason := st.usable(&eps); reason != "" {
 		return c, reason, nil
 	}
-	rt := s.routing.Load()                                                       // this request's routing, even if SetRouting runs meanwhile
-	if rt.shed > 0 && in.fallback != fallbackNoBody && saturated(eps, rt.shed) { // a GET queues nothing
+	rt := s.routing.Load() // this request's routing, even if SetRouting runs meanwhile
+	if st.shed(rt, in, eps) {
 		return c, shedOverloaded, nil
 	}
 
@@ -281,6 +284,14 @@ func (st *stream) holdBound(start time.Time, held, d, maxHold time.Duration) str
 		return holdBoundDeadline
 	}
 	return ""
+}
+
+// shed reports whether the request is to be answered 429, as the Inference Extension's
+// picker sheds: it is sheddable (its objective's priority is negative) and the endpoints
+// that could serve it are saturated. A request of priority 0 or more is always routed; a
+// request without body (a GET) queues nothing and is never shed.
+func (st *stream) shed(rt *routing, in decideInput, eps []scoring.Endpoint) bool {
+	return rt.shed > 0 && in.fallback != fallbackNoBody && rt.priority(st.objective) < 0 && saturated(eps, rt.shed)
 }
 
 // saturated reports whether every endpoint in eps has valid metrics and more than
@@ -503,7 +514,7 @@ var errorBodies = map[string][]byte{
 	noEndpointNone:   errorBody("no healthy endpoint can serve this request", "service_unavailable", 503),
 	noEndpointSubset: errorBody("no endpoint in the proxy's subset hint can serve this request", "service_unavailable", 503),
 	noEndpointPolicy: errorBody("the router could not choose an endpoint", "service_unavailable", 503),
-	shedOverloaded:   errorBody("every endpoint that can serve this request is saturated; retry later", "rate_limit_exceeded", 429),
+	shedOverloaded:   errorBody("every endpoint that can serve this request is saturated and its objective is sheddable (priority < 0); retry later", "rate_limit_exceeded", 429),
 }
 
 func errorBody(msg, typ string, code int) []byte {

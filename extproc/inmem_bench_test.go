@@ -11,9 +11,11 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc/metadata"
 
+	"github.com/kvrouter/kvrouter/epp"
 	"github.com/kvrouter/kvrouter/extproc"
 	"github.com/kvrouter/kvrouter/internal/cputime"
 	"github.com/kvrouter/kvrouter/scoring"
+	"github.com/kvrouter/kvrouter/testbench/fakeenvoy"
 )
 
 // memStream is an in-memory ExternalProcessor_ProcessServer: it hands Process a fixed
@@ -44,9 +46,23 @@ func (m *memStream) RecvMsg(any) error                        { return nil }
 // (2,400-token chat body, least-load over the real endpoint registry) without any
 // transport: the router's own overhead.
 func BenchmarkServerExchange(b *testing.B) {
+	benchExchange(b, extproc.Options{}, postHeaders())
+}
+
+// BenchmarkServerExchangeSheddable is BenchmarkServerExchange for a request naming a
+// sheddable InferenceObjective with shedding on (limits.shed_queue_depth's default) and
+// the pool not saturated: what the priority lookup and the saturation check add.
+func BenchmarkServerExchangeSheddable(b *testing.B) {
+	benchExchange(b, extproc.Options{ShedWaiting: extproc.DefaultShedWaiting, Objectives: testObjectives},
+		postHeaders(fakeenvoy.Header{Key: epp.HeaderObjective, Value: "batch"}))
+}
+
+// benchExchange runs one exchange of hs and a 2,400-token chat body per iteration
+// against a least-load server over n endpoints, with o's other options.
+func benchExchange(b *testing.B, o extproc.Options, hs fakeenvoy.Headers) {
 	body := chat2400()
 	hdrs := &corev3.HeaderMap{}
-	for _, h := range postHeaders() {
+	for _, h := range hs {
 		hdrs.Headers = append(hdrs.Headers, &corev3.HeaderValue{Key: h.Key, RawValue: []byte(h.Value)})
 	}
 	msgs := []*extprocv3.ProcessingRequest{
@@ -59,7 +75,8 @@ func BenchmarkServerExchange(b *testing.B) {
 	}
 	for _, n := range []int{6, 64, 512} {
 		b.Run(fmt.Sprintf("endpoints=%d", n), func(b *testing.B) {
-			srv := extproc.New(extproc.Options{Policy: scoring.NewLeastLoad(), Fleet: newRegistryFleet(b, "model", n)})
+			o.Policy, o.Fleet = scoring.NewLeastLoad(), newRegistryFleet(b, "model", n)
+			srv := extproc.New(o)
 			b.SetBytes(int64(len(body)))
 			b.ReportAllocs()
 			cpu := cputime.Process()

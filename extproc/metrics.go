@@ -24,7 +24,7 @@ type metrics struct {
 	holds           prometheus.Counter
 	holdSeconds     prometheus.Counter
 	upstreamFailed  *prometheus.CounterVec
-	shed            prometheus.Counter
+	shed            *prometheus.CounterVec
 	holdsCut        *prometheus.CounterVec
 }
 
@@ -102,10 +102,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "kvrouter_routing_holds_cut_total",
 			Help: "Holds a policy asked for and the router did not honour, by the bound they would pass: max_hold, deadline (the stream's).",
 		}, []string{"bound"})),
-		shed: register(reg, prometheus.NewCounter(prometheus.CounterOpts{
+		shed: register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvrouter_requests_shed_total",
-			Help: "Requests answered 429 because every eligible endpoint's queue was over the shedding bound.",
-		})),
+			Help: "Sheddable requests (their InferenceObjective's priority < 0) answered 429 because every eligible endpoint's queue was over the shedding bound, by objective.",
+		}, []string{"objective"})),
 	}
 	return m
 }

@@ -136,14 +136,36 @@ type Options struct {
 	MaxHold time.Duration
 	// After is the timer holds wait on. Nil = time.After.
 	After func(time.Duration) <-chan time.Time
-	// ShedWaiting > 0 sheds load: a request is answered 429 when every endpoint eligible
+	// ShedWaiting > 0 sheds sheddable requests, as the Inference Extension's picker does:
+	// a request whose priority is negative is answered 429 when every endpoint eligible
 	// for it has valid metrics and more than ShedWaiting requests waiting in its queue
-	// (vllm:num_requests_waiting), instead of adding to a queue. 0 never sheds.
+	// (vllm:num_requests_waiting), instead of adding to a queue. A request of priority 0
+	// or more is always routed. 0 never sheds.
 	ShedWaiting int
+	// Objectives gives a request's priority from the InferenceObjective it names in the
+	// x-gateway-inference-objective header. Nil, no header or an unknown name: priority 0.
+	Objectives Objectives
 	// RetryAfter is the Retry-After of 429 and 503 answers, rounded up to whole seconds.
 	// 0 means DefaultRetryAfter.
 	RetryAfter time.Duration
 }
+
+// Objectives resolves the InferenceObjective a request names (epp.HeaderObjective) to
+// its priority. Implementations must be safe for concurrent use.
+type Objectives interface {
+	// Priority returns the objective's priority; ok is false for an unknown name.
+	Priority(name string) (priority int, ok bool)
+}
+
+// DefaultShedWaiting is the default ShedWaiting of kvrouter's configuration
+// (limits.shed_queue_depth): the Inference Extension's default queue-depth threshold, so
+// that sheddable requests are shed by default as its picker sheds them; vLLM queues a
+// request only when its running batch or its KV cache has no room for it.
+const DefaultShedWaiting = 5
+
+// maxObjectiveName bounds the objective names the router keeps from a request's header:
+// a Kubernetes object name has at most 253 characters, and a longer value names none.
+const maxObjectiveName = 253
 
 // DefaultRetryAfter is the default Options.RetryAfter: one scrape interval's worth, after
 // which the router's view of the endpoints' queues and health is new.
@@ -226,7 +248,8 @@ func New(o Options) *Server {
 	if a, ok := o.Tokenizer.(prefixAppender); ok {
 		s.prefixApp = a
 	}
-	s.SetRouting(Routing{Policy: o.Policy, Fallback: o.Fallback, MaxHold: o.MaxHold, MaxFallbacks: o.MaxFallbacks, ShedWaiting: o.ShedWaiting})
+	s.SetRouting(Routing{Policy: o.Policy, Fallback: o.Fallback, MaxHold: o.MaxHold, MaxFallbacks: o.MaxFallbacks, ShedWaiting: o.ShedWaiting,
+		Objectives: o.Objectives})
 	if s.maxBody <= 0 {
 		s.maxBody = DefaultMaxBodyBytes
 	}
@@ -253,6 +276,7 @@ type Routing struct {
 	MaxHold      time.Duration
 	MaxFallbacks int
 	ShedWaiting  int
+	Objectives   Objectives // nil: every request has priority 0
 }
 
 // routing is a Routing in force, with the policy's Observer found once.
@@ -262,6 +286,18 @@ type routing struct {
 	maxHold          time.Duration
 	maxFalls         int
 	shed             int
+	objectives       Objectives
+}
+
+// priority is the priority of the requests naming objective: its InferenceObjective's,
+// or 0 (the Inference Extension's default) without one, for an unknown name or without
+// Objectives.
+func (rt *routing) priority(objective string) int {
+	if objective == "" || rt.objectives == nil {
+		return 0
+	}
+	p, _ := rt.objectives.Priority(objective)
+	return p
 }
 
 // SetRouting puts r in force for the requests decided from now on. A request already
@@ -272,7 +308,8 @@ func (s *Server) SetRouting(r Routing) {
 	if r.Policy == nil {
 		panic("extproc: SetRouting needs a Policy")
 	}
-	rt := &routing{policy: r.Policy, fallback: r.Fallback, maxHold: r.MaxHold, maxFalls: r.MaxFallbacks, shed: r.ShedWaiting}
+	rt := &routing{policy: r.Policy, fallback: r.Fallback, maxHold: r.MaxHold, maxFalls: r.MaxFallbacks, shed: r.ShedWaiting,
+		objectives: r.Objectives}
 	if rt.fallback == nil {
 		rt.fallback = scoring.NewLeastLoad()
 	}

@@ -57,6 +57,7 @@ type stream struct {
 	spoofed   []string // client-sent x-gateway-destination-* header names
 	subset    []string
 	hasSubset bool
+	objective string // the x-gateway-inference-objective header: its first non-empty value of at most maxObjectiveName bytes
 	body      []byte
 	declared  int  // the content-length header, when it is at most maxBody (else 0)
 	held      int  // bytes of body reserved in the server's body budget
@@ -117,6 +118,13 @@ func (st *stream) onRequestHeaders(msg *extprocv3.ProcessingRequest, h *extprocv
 		case key == "content-length":
 			if n, err := strconv.Atoi(headerValue(hv)); err == nil && n > 0 && n <= st.s.maxBody {
 				st.declared = n
+			}
+		case key == epp.HeaderObjective:
+			if st.objective != "" {
+				break // the first value counts
+			}
+			if v := headerValue(hv); len(v) <= maxObjectiveName {
+				st.objective = v
 			}
 		case strings.HasPrefix(key, epp.HeaderPrefix):
 			st.spoofed = append(st.spoofed, key)

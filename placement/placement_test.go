@@ -833,6 +833,63 @@ func TestPlacementWaitsForKVRoomWhereItComesSoonest(t *testing.T) {
 	}
 }
 
+// TestPlacementWaitsForKVRoomBehindFewerQueued: with no KV room on any endpoint and
+// more requests on each than its decoding ones' blocks make room for, requests not
+// started yet are queued for blocks ahead of the new one: it leaves its prefix's holder
+// only for an endpoint where at least one whole request fewer is queued.
+func TestPlacementWaitsForKVRoomBehindFewerQueued(t *testing.T) {
+	for _, tc := range []struct {
+		name         string
+		holderQueued int // requests not started on the holder; one on the other endpoint
+		wantHolder   bool
+	}{
+		{"holder queues one more", 2, false},
+		{"as many queued", 1, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clock := time.Unix(100, 0)
+			p, err := placement.New(placement.DefaultConfig(), testindex.New(), func() time.Time { return clock }, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cs := fleet(2, []int{100, 100}) // one 72-block request (+4 output blocks) each
+			holder := place(t, p, prefixed(0, 0), cs)
+			other := cs[0].Address
+			if other == holder {
+				other = cs[1].Address
+			}
+			k := 1
+			route := func(addr string, decoding bool) {
+				req := plRequest(prefixed(k, 0))
+				k++
+				if _, err := p.Pick(req, cs); err != nil {
+					t.Fatal(err)
+				}
+				p.Routed(req, addr)
+				if decoding {
+					p.FirstToken(req.ID)
+				}
+			}
+			// The holder's decoding request started first: by time alone, room comes
+			// there first.
+			route(holder, true)
+			clock = clock.Add(100 * time.Millisecond)
+			route(other, true)
+			for range tc.holderQueued {
+				route(holder, false)
+			}
+			route(other, false)
+			d, err := p.Pick(plRequest(prefixed(0, 1)), cs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if (d.Endpoint == holder) != tc.wantHolder {
+				t.Fatalf("went to %s (holder %s), want holder %v", d.Endpoint, holder, tc.wantHolder)
+			}
+		})
+	}
+}
+
 // TestPlacementDeadlineIsOneStep: a request is diverted when its prefill backlog at the
 // home (two 1,152-token misses ahead of its own 1,152) exceeds one engine step
 // (max_num_batched_tokens plus a block), and stays at the home when a step covers it.

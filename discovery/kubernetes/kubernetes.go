@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -21,12 +22,18 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/tools/cache"
 	infv1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
+	infx "sigs.k8s.io/gateway-api-inference-extension/apix/v1alpha2"
 
 	"github.com/kvrouter/kvrouter/discovery"
 )
 
 // InferencePools is the InferencePool resource kvrouter watches.
 var InferencePools = schema.GroupVersionResource{Group: infv1.GroupName, Version: "v1", Resource: "inferencepools"}
+
+// InferenceObjectives is the InferenceObjective resource kvrouter watches with an
+// InferencePool: the priorities of the requests that name one (the Inference Extension's
+// v1.5.0 picker reads the same version).
+var InferenceObjectives = schema.GroupVersionResource{Group: infx.GroupName, Version: "v1alpha2", Resource: "inferenceobjectives"}
 
 // Source names, for metrics and logs.
 const (
@@ -46,6 +53,14 @@ type Source struct {
 	kick chan struct{}
 	snap func() ([]discovery.Target, error)
 	infs []cache.SharedIndexInformer // built by setup, run by Run
+	// side are informers Run runs without waiting for them to sync: the
+	// InferenceObjectives, whose absence (no CRD, no permission) must not keep the pool's
+	// pods out of the fleet.
+	side []cache.SharedIndexInformer
+	// objectives maps the names of the InferenceObjectives referring to the pool to their
+	// priorities; nil until the first list.
+	objectives atomic.Pointer[map[string]int]
+	objErr     string // the last objectives watch error logged (the reflector's goroutine only)
 }
 
 // New builds the source for cfg; it starts nothing (Run does).
@@ -151,21 +166,15 @@ func (s *Source) setup() error {
 			return s.sliceTargets(typed[*discoveryv1.EndpointSlice](store)), nil
 		}
 	case s.cfg.InferencePool != "":
-		pools := s.c.Dynamic.Resource(InferencePools).Namespace(ns)
-		poolLW := &cache.ListWatch{
-			ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-				return pools.List(ctx, o)
-			},
-			WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-				return pools.Watch(ctx, o)
-			},
-		}
 		podStore, err := s.watch(s.c.Core.ListWatch(Pods, ns, nil), &corev1.Pod{})
 		if err != nil {
 			return err
 		}
-		poolStore, err := s.watch(cache.ToListWatcherWithWatchListSemantics(poolLW, s.c.Dynamic), &unstructured.Unstructured{})
+		poolStore, err := s.watch(s.dynamicLW(InferencePools), &unstructured.Unstructured{})
 		if err != nil {
+			return err
+		}
+		if err := s.watchObjectives(); err != nil {
 			return err
 		}
 		s.snap = func() ([]discovery.Target, error) {
@@ -216,6 +225,100 @@ func (s *Source) setup() error {
 
 var errPoolNotFound = errors.New("InferencePool not found")
 
+// dynamicLW lists and watches r in the source's namespace with the dynamic client.
+func (s *Source) dynamicLW(r schema.GroupVersionResource) cache.ListerWatcher {
+	c := s.c.Dynamic.Resource(r).Namespace(s.cfg.Namespace)
+	lw := &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			return c.List(ctx, o)
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			return c.Watch(ctx, o)
+		},
+	}
+	return cache.ToListWatcherWithWatchListSemantics(lw, s.c.Dynamic)
+}
+
+// watchObjectives adds the side informer on the namespace's InferenceObjectives: after
+// every change the priorities of those referring to the pool are indexed again. A watch
+// that fails (no InferenceObjective CRD, no RBAC permission) is counted
+// (kvrouter_discovery_errors_total{reason="objectives_watch"}), logged once per distinct
+// error and retried by the informer; meanwhile every request has priority 0.
+func (s *Source) watchObjectives() error {
+	inf := cache.NewSharedIndexInformer(s.dynamicLW(InferenceObjectives), &unstructured.Unstructured{}, 0, cache.Indexers{})
+	st := inf.GetStore()
+	index := func(any) { s.objectives.Store(s.indexObjectives(st.List())) }
+	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: index, UpdateFunc: func(_, o any) { index(o) }, DeleteFunc: index,
+	}); err != nil {
+		return err
+	}
+	if err := inf.SetWatchErrorHandlerWithContext(func(ctx context.Context, r *cache.Reflector, err error) {
+		s.o.Metrics.Error(s.name, "objectives_watch")
+		if msg := err.Error(); msg != s.objErr {
+			s.objErr = msg
+			s.o.Logger.Warn("InferenceObjectives cannot be watched: every request has priority 0 until they can",
+				zap.String("namespace", s.cfg.Namespace), zap.Error(err))
+		}
+		cache.DefaultWatchErrorHandler(ctx, r, err)
+	}); err != nil {
+		return err
+	}
+	s.side = append(s.side, inf)
+	return nil
+}
+
+// indexObjectives maps the names of the objects that are InferenceObjectives referring
+// to the source's pool to their priorities (an unset priority is 0, as the Inference
+// Extension reads it). As its picker does, an objective whose poolRef names another pool
+// or another group is not the pool's; a kind left unset means InferencePool.
+func (s *Source) indexObjectives(objs []any) *map[string]int {
+	m := make(map[string]int, len(objs))
+	for _, obj := range objs {
+		o, err := toObjective(obj)
+		if err != nil {
+			s.o.Metrics.Error(s.name, "objective_invalid")
+			continue
+		}
+		ref := o.Spec.PoolRef
+		if string(ref.Name) != s.cfg.InferencePool || (ref.Group != "" && string(ref.Group) != infv1.GroupName) ||
+			(ref.Kind != "" && ref.Kind != "InferencePool") {
+			continue
+		}
+		p := 0
+		if o.Spec.Priority != nil {
+			p = *o.Spec.Priority
+		}
+		m[o.Name] = p
+	}
+	return &m
+}
+
+func toObjective(obj any) (*infx.InferenceObjective, error) {
+	u, ok := obj.(*unstructured.Unstructured)
+	if !ok {
+		return nil, fmt.Errorf("InferenceObjective informer returned %T", obj)
+	}
+	var o infx.InferenceObjective
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &o); err != nil {
+		return nil, fmt.Errorf("InferenceObjective %s/%s: %w", u.GetNamespace(), u.GetName(), err)
+	}
+	return &o, nil
+}
+
+// Priority implements extproc.Objectives: the priority of the InferenceObjective named
+// name in the pool's namespace, when it refers to the pool. It knows none before the
+// first list, outside inference_pool mode or while InferenceObjectives cannot be
+// watched. Safe for concurrent use.
+func (s *Source) Priority(name string) (int, bool) {
+	m := s.objectives.Load()
+	if m == nil {
+		return 0, false
+	}
+	p, ok := (*m)[name]
+	return p, ok
+}
+
 func toPool(obj any) (*infv1.InferencePool, error) {
 	u, ok := obj.(*unstructured.Unstructured)
 	if !ok {
@@ -243,6 +346,9 @@ func (s *Source) Run(ctx context.Context) error {
 	for _, inf := range s.infs {
 		wg.Go(func() { inf.Run(ctx.Done()) })
 		synced = append(synced, inf.HasSynced)
+	}
+	for _, inf := range s.side {
+		wg.Go(func() { inf.Run(ctx.Done()) })
 	}
 	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
 		if ctx.Err() != nil {

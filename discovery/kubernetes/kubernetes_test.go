@@ -2,27 +2,33 @@ package kubernetes_test
 
 import (
 	"context"
+	"maps"
 	"slices"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	dynfake "k8s.io/client-go/dynamic/fake"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 	clocktesting "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
 	infv1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
+	infx "sigs.k8s.io/gateway-api-inference-extension/apix/v1alpha2"
 
 	"github.com/kvrouter/kvrouter/discovery"
 	kdisc "github.com/kvrouter/kvrouter/discovery/kubernetes"
 	"github.com/kvrouter/kvrouter/discovery/kubernetes/clientset"
 	"github.com/kvrouter/kvrouter/fleet"
+	"github.com/kvrouter/kvrouter/internal/testmetrics"
 	"github.com/kvrouter/kvrouter/internal/testwait"
 )
 
@@ -294,11 +300,16 @@ func pool(ports ...int32) *unstructured.Unstructured {
 	return &unstructured.Unstructured{Object: obj}
 }
 
+// dynClient is a fake dynamic client serving InferencePools and InferenceObjectives.
+func dynClient(objs ...runtime.Object) *dynfake.FakeDynamicClient {
+	return dynfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), map[schema.GroupVersionResource]string{
+		kdisc.InferencePools: "InferencePoolList", kdisc.InferenceObjectives: "InferenceObjectiveList"}, objs...)
+}
+
 func TestInferencePool(t *testing.T) {
 	ctx := context.Background()
 	cs := fake.NewClientset(vllmPod("a", "10.0.0.1", true), vllmPod("b", "10.0.0.2", true))
-	dyn := dynfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
-		map[schema.GroupVersionResource]string{kdisc.InferencePools: "InferencePoolList"}, pool(8000))
+	dyn := dynClient(pool(8000))
 	f := newFleet(t)
 	cfg := selectorCfg()
 	cfg.Selector = nil
@@ -339,4 +350,117 @@ func TestInferencePool(t *testing.T) {
 		}
 		waitView(t, f, nil, nil)
 	})
+}
+
+// objective is an InferenceObjective in ns referring to pool (group "" stands for the
+// default the API server fills in); priority nil leaves spec.priority unset.
+func objective(name, pool, group string, priority *int) *unstructured.Unstructured {
+	o := &infx.InferenceObjective{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "inference.networking.x-k8s.io/v1alpha2", Kind: "InferenceObjective"},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec: infx.InferenceObjectiveSpec{Priority: priority,
+			PoolRef: infx.PoolObjectReference{Name: infx.ObjectName(pool), Group: infx.Group(group)}},
+	}
+	obj, err := runtime.DefaultUnstructuredConverter.ToUnstructured(o)
+	if err != nil {
+		panic(err)
+	}
+	return &unstructured.Unstructured{Object: obj}
+}
+
+// priorities is what the source knows of names: name -> priority, absent when unknown.
+func priorities(s *kdisc.Source, names ...string) map[string]int {
+	out := map[string]int{}
+	for _, n := range names {
+		if p, ok := s.Priority(n); ok {
+			out[n] = p
+		}
+	}
+	return out
+}
+
+// With an InferencePool the source keeps the priorities of the InferenceObjectives of
+// its namespace that refer to the pool, following their changes.
+func TestInferenceObjectives(t *testing.T) {
+	ctx := context.Background()
+	cs := fake.NewClientset(vllmPod("a", "10.0.0.1", true))
+	dyn := dynClient(pool(8000),
+		objective("batch", "vllm-pool", "", ptr.To(-1)),
+		objective("chat", "vllm-pool", infv1.GroupName, ptr.To(10)),
+		objective("unset", "vllm-pool", "", nil),
+		objective("other-pool", "another-pool", "", ptr.To(-3)),
+		objective("other-group", "vllm-pool", "example.com", ptr.To(-3)),
+	)
+	f := newFleet(t)
+	cfg := selectorCfg()
+	cfg.Selector, cfg.Port, cfg.InferencePool = nil, 0, "vllm-pool"
+	s, err := kdisc.New(cfg, discovery.DefaultKVEventsConfig(), kdisc.Clients{Core: clientset.New(cs), Dynamic: dyn}, f, discovery.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := priorities(s, "batch"); len(got) != 0 {
+		t.Fatalf("known before Run: %v", got)
+	}
+	start(t, s)
+	names := []string{"batch", "chat", "unset", "other-pool", "other-group", "new"}
+	waitPriorities := func(t *testing.T, want map[string]int) {
+		t.Helper()
+		testwait.For(t, "priorities", func() bool { return maps.Equal(priorities(s, names...), want) })
+	}
+	objs := dyn.Resource(kdisc.InferenceObjectives).Namespace(ns)
+	t.Run("the pool's objectives, unset priority 0", func(t *testing.T) {
+		waitPriorities(t, map[string]int{"batch": -1, "chat": 10, "unset": 0})
+		waitView(t, f, []string{"10.0.0.1:8000"}, nil)
+	})
+	t.Run("new objective", func(t *testing.T) {
+		if _, err := objs.Create(ctx, objective("new", "vllm-pool", "", ptr.To(-2)), metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		waitPriorities(t, map[string]int{"batch": -1, "chat": 10, "unset": 0, "new": -2})
+	})
+	t.Run("priority changed", func(t *testing.T) {
+		if _, err := objs.Update(ctx, objective("batch", "vllm-pool", "", ptr.To(5)), metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		waitPriorities(t, map[string]int{"batch": 5, "chat": 10, "unset": 0, "new": -2})
+	})
+	t.Run("moved to another pool: no longer ours", func(t *testing.T) {
+		if _, err := objs.Update(ctx, objective("chat", "another-pool", "", ptr.To(10)), metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		waitPriorities(t, map[string]int{"batch": 5, "unset": 0, "new": -2})
+	})
+	t.Run("deleted", func(t *testing.T) {
+		if err := objs.Delete(ctx, "new", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		waitPriorities(t, map[string]int{"batch": 5, "unset": 0})
+	})
+}
+
+// Without a watchable InferenceObjective resource (the CRD not installed: the list
+// fails) the pool's pods are still discovered, and no objective is known.
+func TestInferencePoolWithoutObjectives(t *testing.T) {
+	cs := fake.NewClientset(vllmPod("a", "10.0.0.1", true))
+	dyn := dynClient(pool(8000))
+	dyn.PrependReactor("list", "inferenceobjectives", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, apierrors.NewNotFound(schema.GroupResource{Group: kdisc.InferenceObjectives.Group, Resource: "inferenceobjectives"}, "")
+	})
+	reg := prometheus.NewRegistry()
+	f := newFleet(t)
+	cfg := selectorCfg()
+	cfg.Selector, cfg.Port, cfg.InferencePool = nil, 0, "vllm-pool"
+	s, err := kdisc.New(cfg, discovery.DefaultKVEventsConfig(), kdisc.Clients{Core: clientset.New(cs), Dynamic: dyn}, f,
+		discovery.Options{Metrics: discovery.NewMetrics(reg)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	start(t, s)
+	waitView(t, f, []string{"10.0.0.1:8000"}, nil)
+	testwait.For(t, "objectives watch error counted", func() bool {
+		return testmetrics.Value(t, reg, "kvrouter_discovery_errors_total", "reason", "objectives_watch") > 0
+	})
+	if got := priorities(s, "batch"); len(got) != 0 {
+		t.Fatalf("known without a watch: %v", got)
+	}
 }

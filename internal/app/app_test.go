@@ -2,6 +2,7 @@ package app_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	clocktesting "k8s.io/utils/clock/testing"
 	"net"
@@ -53,7 +54,8 @@ vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="585"} 1.0
 // fakeVLLM serves /metrics, failing with 503 until up is set.
 type fakeVLLM struct {
 	*httptest.Server
-	up atomic.Bool
+	up      atomic.Bool
+	waiting atomic.Int64 // vllm:num_requests_waiting it reports
 }
 
 func newFakeVLLM(t *testing.T) *fakeVLLM {
@@ -63,7 +65,8 @@ func newFakeVLLM(t *testing.T) *fakeVLLM {
 			http.Error(w, "not ready", http.StatusServiceUnavailable)
 			return
 		}
-		_, _ = io.WriteString(w, vllmMetrics)
+		_, _ = io.WriteString(w, strings.Replace(vllmMetrics, `model_name="Qwen/Qwen3-0.6B"} 0.0`,
+			fmt.Sprintf(`model_name="Qwen/Qwen3-0.6B"} %d`, f.waiting.Load()), 1))
 	}))
 	t.Cleanup(f.Close)
 	return f

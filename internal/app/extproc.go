@@ -115,6 +115,7 @@ func (a *App) registerExtProc(o Options) error {
 		MaxHold:           a.cfg.Limits.MaxHold,
 		MaxFallbacks:      a.cfg.Limits.MaxFallbacks,
 		ShedWaiting:       a.cfg.Limits.ShedQueueDepth,
+		Objectives:        a.objectives(a.cfg),
 		RetryAfter:        a.cfg.Limits.RetryAfter,
 		Logger:            a.log.Named("extproc"),
 		Registerer:        a.reg,
@@ -122,4 +123,19 @@ func (a *App) registerExtProc(o Options) error {
 	})
 	a.extproc.Register(a.extGRPC)
 	return nil
+}
+
+// objectives is where requests' priorities come from under cfg: the InferencePool's
+// InferenceObjectives, watched by Kubernetes discovery, or else the configuration's
+// objectives map (nil without one: every request has priority 0).
+func (a *App) objectives(cfg *config.Config) extproc.Objectives {
+	if k := cfg.Discovery.Kubernetes; k != nil && k.InferencePool != "" {
+		if o, ok := a.discovery.(extproc.Objectives); ok {
+			return o
+		}
+	}
+	if len(cfg.Objectives) == 0 {
+		return nil
+	}
+	return cfg.Objectives
 }

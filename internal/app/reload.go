@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"reflect"
 	"slices"
@@ -127,7 +128,7 @@ func (a *App) watchConfig(ctx context.Context) {
 // Reload reads the configuration file again (Options.ConfigPath) and puts in force what
 // can change while serving: the static endpoints, the policy and its sections
 // (policy.kv, policy.placement), the fallback, limits.max_hold, limits.max_fallbacks,
-// limits.shed_queue_depth and limits.drain_timeout.
+// limits.shed_queue_depth, limits.drain_timeout and the objectives map.
 // TLS certificate files are reloaded by the TLS source itself when they change. A file
 // that fails `kvrouter check-config` is logged with check-config's messages and changes
 // nothing. Settings that need a restart are logged and listed in the report. Requests
@@ -182,6 +183,16 @@ func (a *App) reloadLocked() (ReloadReport, error) {
 	if !reflect.DeepEqual(run.Endpoints, next.Endpoints) {
 		rep.Applied = append(rep.Applied, "endpoints")
 	}
+	if !maps.Equal(run.Objectives, next.Objectives) {
+		if k := run.Discovery.Kubernetes; k != nil && k.InferencePool != "" {
+			// The running pool's InferenceObjectives give the priorities until a restart
+			// leaves inference_pool mode (the file's discovery change is listed already).
+			rep.Restart = append(rep.Restart, "objectives")
+		} else {
+			applied.Objectives = next.Objectives
+			rep.Applied = append(rep.Applied, "objectives")
+		}
+	}
 	rep.Applied = append(rep.Applied, diffFields("policy", run.Policy, applied.Policy)...)
 	rep.Applied = append(rep.Applied, diffFields("limits", run.Limits, applied.Limits)...)
 	if len(rep.Applied) == 0 {
@@ -199,7 +210,7 @@ func (a *App) reloadLocked() (ReloadReport, error) {
 	}
 	a.applyEndpoints(run.Endpoints, next.Endpoints)
 	a.extproc.SetRouting(extproc.Routing{Policy: pols.policy, Fallback: pols.fallback, MaxHold: applied.Limits.MaxHold,
-		MaxFallbacks: applied.Limits.MaxFallbacks, ShedWaiting: applied.Limits.ShedQueueDepth})
+		MaxFallbacks: applied.Limits.MaxFallbacks, ShedWaiting: applied.Limits.ShedQueueDepth, Objectives: a.objectives(&applied)})
 	a.pols.Store(pols)
 	a.live.Store(&applied)
 	rep.Result = ReloadApplied

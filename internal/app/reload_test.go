@@ -2,6 +2,7 @@ package app_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -14,13 +15,16 @@ import (
 	"testing"
 	"time"
 
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/kvrouter/kvrouter/config"
+	"github.com/kvrouter/kvrouter/epp"
 	"github.com/kvrouter/kvrouter/internal/app"
 	"github.com/kvrouter/kvrouter/internal/testmetrics"
 	"github.com/kvrouter/kvrouter/internal/testwait"
+	"github.com/kvrouter/kvrouter/testbench/fakeenvoy"
 )
 
 // reloadYAML is a configuration file over the fake vLLMs at addrs.
@@ -270,4 +274,87 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// The objectives map reloads: an objective made sheddable (priority < 0) is shed while
+// every endpoint's queue is over limits.shed_queue_depth (its default, 5), one of
+// priority 0 and requests without an objective are routed all the same.
+func TestReloadObjectives(t *testing.T) {
+	v1, v2 := newFakeVLLM(t), newFakeVLLM(t)
+	for _, v := range []*fakeVLLM{v1, v2} {
+		v.waiting.Store(9)
+		v.up.Store(true)
+	}
+	path := filepath.Join(t.TempDir(), "kvrouter.yaml")
+	yaml := func(batch int) string {
+		// Plaintext ext_proc, so that the test dials it simply.
+		return strings.Replace(reloadYAML("127.0.0.1:0", "least-load", 50*time.Millisecond, v1, v2), "listen:\n", "listen:\n  tls: {mode: disabled}\n", 1) +
+			"  metrics_scrape_interval: 50ms\n  metrics_scrape_timeout: 50ms\n" + fmt.Sprintf("objectives:\n  batch: %d\n  chat: 10\n", batch)
+	}
+	writeFile(t, path, yaml(-1))
+	cfg, err := config.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	r := startApp(t, cfg, app.Options{Registry: reg, ConfigPath: path, ConfigCheckInterval: -1})
+	client := extprocv3.NewExternalProcessorClient(dial(t, r.addrs.ExtProc))
+	// status is the status of kvrouter's own answer to a request naming objective (none
+	// when ""), 0 when the request was routed.
+	status := func(objective string) int32 {
+		t.Helper()
+		x, err := fakeenvoy.Start(context.Background(), client, fakeenvoy.FullDuplex())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer x.Cancel()
+		h := fakeenvoy.Headers{{Key: ":method", Value: "POST"}, {Key: ":path", Value: "/v1/chat/completions"},
+			{Key: "content-type", Value: "application/json"}}
+		if objective != "" {
+			h = append(h, fakeenvoy.Header{Key: epp.HeaderObjective, Value: objective})
+		}
+		res, err := x.Request(fakeenvoy.Request{Headers: h,
+			Body: [][]byte{[]byte(`{"model":"` + model + `","messages":[{"role":"user","content":"hi"}]}`)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return int32(res.Immediate.GetStatus().GetCode())
+	}
+	// send reports whether a request naming objective was shed (429).
+	send := func(objective string) bool {
+		t.Helper()
+		switch code := status(objective); code {
+		case 0, 429:
+			return code == 429
+		default:
+			t.Fatalf("answered %d", code)
+			return false
+		}
+	}
+	// Shed once both queues are scraped: each request until then is routed (or finds no
+	// endpoint yet).
+	testwait.For(t, "a sheddable request shed", func() bool { return status("batch") == 429 })
+	for _, tc := range []struct {
+		objective string
+		shed      bool
+	}{{"chat", false}, {"", false}, {"made-up", false}, {"batch", true}} {
+		if got := send(tc.objective); got != tc.shed {
+			t.Errorf("objective %q: shed %v, want %v", tc.objective, got, tc.shed)
+		}
+	}
+
+	writeFile(t, path, yaml(0))
+	rep, err := r.Reload()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(rep.Applied, []string{"objectives"}) || len(rep.Restart) != 0 {
+		t.Fatalf("applied %v restart %v, want [objectives] and none", rep.Applied, rep.Restart)
+	}
+	if send("batch") {
+		t.Error("objective made priority 0 by the reload: shed")
+	}
+	if got := testmetrics.Must(t, reg, "kvrouter_requests_shed_total", "objective", "batch"); got != 2 {
+		t.Fatalf("kvrouter_requests_shed_total{objective=batch} %v, want 2", got)
+	}
 }

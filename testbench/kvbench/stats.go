@@ -61,6 +61,13 @@ type Summary struct {
 	// peers, per routed request over the whole run; nil without sync.
 	SyncMessagesPerRequest *float64 `json:"sync_messages_per_request,omitempty"`
 	SyncBytesPerRequest    *float64 `json:"sync_bytes_per_request,omitempty"`
+	// DecodeMs is the mean time from a successful request's first token to its end, and
+	// DecodeSharing the mean number of other requests on its server during that time
+	// (each weighted by the share of the decode it overlaps, warmup requests included):
+	// what decode steps shared with other requests cost (an engine's step time grows
+	// with its batch). Nil when the served endpoint was not reported.
+	DecodeMs      *float64 `json:"decode_ms,omitempty"`
+	DecodeSharing *float64 `json:"decode_sharing,omitempty"`
 	// BoundCachedRatio and BoundHitRate are the cell's theoretical bounds (see Bound).
 	BoundCachedRatio float64 `json:"bound_cached_ratio"`
 	BoundHitRate     float64 `json:"bound_hit_rate"`
@@ -206,6 +213,7 @@ func Summarize(results []Result, in SummaryInput) Summary {
 		p50, p99 := Percentile(decision, 50), Percentile(decision, 99)
 		s.DecisionP50Us, s.DecisionP99Us = &p50, &p99
 	}
+	s.DecodeMs, s.DecodeSharing = decodeSharing(results)
 	s.EngineHitRate = in.EngineHitRate
 	if in.SyncMessages > 0 && len(results) > 0 {
 		m, b := float64(in.SyncMessages)/float64(len(results)), float64(in.SyncBytes)/float64(len(results))
@@ -214,6 +222,47 @@ func Summarize(results []Result, in SummaryInput) Summary {
 	s.BoundCachedRatio = in.Bound.CachedRatio
 	s.BoundHitRate = in.Bound.HitRate
 	return s
+}
+
+// decodeSharing returns the mean decode time of the successful measured requests, ms,
+// and the mean number of other requests on the same server during it (each weighted by
+// the share of the decode it overlaps); nil, nil when no such request reports its server.
+func decodeSharing(results []Result) (decodeMs, sharing *float64) {
+	byServer := map[string][]int{}
+	for i := range results {
+		r := &results[i]
+		if r.Err == "" && r.Server != "" && r.End > r.Start {
+			byServer[r.Server] = append(byServer[r.Server], i)
+		}
+	}
+	var n int
+	var dec, shared float64
+	for _, idx := range byServer {
+		for _, i := range idx {
+			r := &results[i]
+			from := r.Start + r.TTFT
+			if r.Warmup || r.TTFT <= 0 || r.End <= from {
+				continue
+			}
+			d := r.End - from
+			n++
+			dec += float64(d) / float64(time.Millisecond)
+			for _, j := range idx {
+				if j == i {
+					continue
+				}
+				q := &results[j]
+				if ov := min(r.End, q.End) - max(from, q.Start); ov > 0 {
+					shared += float64(ov) / float64(d)
+				}
+			}
+		}
+	}
+	if n == 0 {
+		return nil, nil
+	}
+	dm, sh := dec/float64(n), shared/float64(n)
+	return &dm, &sh
 }
 
 func zeroNaN(x float64) float64 {
@@ -269,6 +318,8 @@ func Median(runs []Summary) Summary {
 		ServersPerPrefix:       medOpt(func(s Summary) *float64 { return s.ServersPerPrefix }),
 		DecisionP50Us:          medOpt(func(s Summary) *float64 { return s.DecisionP50Us }),
 		DecisionP99Us:          medOpt(func(s Summary) *float64 { return s.DecisionP99Us }),
+		DecodeMs:               medOpt(func(s Summary) *float64 { return s.DecodeMs }),
+		DecodeSharing:          medOpt(func(s Summary) *float64 { return s.DecodeSharing }),
 		EngineHitRate:          medOpt(func(s Summary) *float64 { return s.EngineHitRate }),
 		SyncMessagesPerRequest: medOpt(func(s Summary) *float64 { return s.SyncMessagesPerRequest }),
 		SyncBytesPerRequest:    medOpt(func(s Summary) *float64 { return s.SyncBytesPerRequest }),

@@ -103,6 +103,40 @@ func TestSummarize(t *testing.T) {
 	}
 }
 
+func TestSummarizeDecodeSharing(t *testing.T) {
+	ms := time.Millisecond
+	req := func(server string, start, ttft, end time.Duration, warmup bool) Result {
+		return Result{Server: server, Start: start * ms, TTFT: ttft * ms, End: end * ms, Warmup: warmup, PromptTokens: 1}
+	}
+	for _, tc := range []struct {
+		name            string
+		results         []Result
+		decode, sharing float64
+	}{
+		{"alone", []Result{req("a", 0, 100, 600, false)}, 500, 0},
+		{"other servers", []Result{req("a", 0, 100, 600, false), req("b", 0, 100, 600, false)}, 500, 0},
+		{"side by side", []Result{req("a", 0, 100, 600, false), req("a", 0, 100, 600, false)}, 500, 1},
+		// The first decodes 100..600 beside the second's 350..1000 (half of it); the
+		// second decodes 400..1000 beside the first's ..600 (a third of it).
+		{"half and a third", []Result{req("a", 0, 100, 600, false), req("a", 350, 50, 1000, false)}, 550, (0.5 + 1.0/3) / 2},
+		// A warmup request shares the server but is not measured itself.
+		{"beside a warmup request", []Result{req("a", 0, 100, 600, true), req("a", 100, 100, 700, false)}, 500, 0.8},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := Summarize(tc.results, SummaryInput{BlockSize: 16})
+			if s.DecodeMs == nil || s.DecodeSharing == nil {
+				t.Fatalf("decode figures missing: %+v", s)
+			}
+			if !near(*s.DecodeMs, tc.decode) || !near(*s.DecodeSharing, tc.sharing) {
+				t.Errorf("decode %v ms sharing %v, want %v and %v", *s.DecodeMs, *s.DecodeSharing, tc.decode, tc.sharing)
+			}
+		})
+	}
+	if s := Summarize([]Result{{Start: 0, End: ms, PromptTokens: 1, TTFT: ms / 2}}, SummaryInput{BlockSize: 16}); s.DecodeMs != nil || s.DecodeSharing != nil {
+		t.Errorf("without servers the decode figures are unknown: %+v", s)
+	}
+}
+
 func TestMedian(t *testing.T) {
 	one, three := 1.0, 3.0
 	runs := []Summary{
