@@ -16,13 +16,10 @@ func (p *Policy) waitBehindMiss(req *scoring.Request, e *prefixEntry, key uint64
 	if req.Held+step > p.cfg.HoldMax {
 		return 0
 	}
-	// The endpoint holds the prefix, or is computing it now (the index shows it later):
-	// for this router's request, or a peer's.
+	// The endpoint holds the prefix, or is computing it now (the index shows it later).
 	have := sc.lead[best]
 	if a := sc.eps[best].active[key]; a != nil {
 		have = max(have, a.blocks)
-	} else if p.peers != nil && p.peers.PeerActive(sc.names[best], key) {
-		have = max(have, e.blocks)
 	}
 	if have < e.held(p.cfg.HolderShare) || len(req.TokenIDs)-have*bs >= p.cfg.HoldPrefillTokens {
 		return 0
