@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -54,6 +55,52 @@ func joinMessages(msgs [][]byte) json.RawMessage {
 	return append(append([]byte("["), bytes.Join(msgs, []byte(","))...), ']')
 }
 
+// provenanceLog checks the provenance of renders (chattemplate.Provenance): it keeps
+// the output each iteration id named the first time it was seen, and fails a render
+// in which an id names other bytes, or whose offsets do not describe its output.
+type provenanceLog struct {
+	mu      sync.Mutex
+	named   map[uint64]string
+	covered int // bytes of output the provenances covered
+}
+
+// render renders in with tmpl, checking and logging its provenance.
+func (l *provenanceLog) render(t testing.TB, tmpl *chattemplate.Template, in chattemplate.Input) (string, error) {
+	t.Helper()
+	var prov chattemplate.Provenance
+	out, err := tmpl.AppendRenderTraced([]byte("dst"), in, &prov)
+	if err != nil {
+		if len(prov.IDs) != 0 || len(prov.Ends) != 0 {
+			t.Fatalf("a failed render reported a provenance %+v", prov)
+		}
+		return "", err
+	}
+	text := string(out[len("dst"):])
+	if len(prov.Ends) != len(prov.IDs) {
+		t.Fatalf("provenance with %d ends and %d ids", len(prov.Ends), len(prov.IDs))
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.named == nil {
+		l.named = map[uint64]string{}
+	}
+	prev := prov.Start
+	for i, end := range prov.Ends {
+		if prev < 0 || end < prev || end > len(text) {
+			t.Fatalf("provenance %+v does not describe a %d-byte output", prov, len(text))
+		}
+		seg := text[prev:end]
+		if named, ok := l.named[prov.IDs[i]]; !ok {
+			l.named[prov.IDs[i]] = seg
+		} else if named != seg {
+			t.Fatalf("iteration id %d named %q, now %q in %q", prov.IDs[i], named, seg, text)
+		}
+		l.covered += end - prev
+		prev = end
+	}
+	return text, nil
+}
+
 // sameRender fails unless the two outcomes are the same string or both errors.
 func sameRender(t testing.TB, what string, got string, gotErr error, want string, wantErr error) {
 	t.Helper()
@@ -91,6 +138,7 @@ func TestIncrementalGolden(t *testing.T) {
 	}
 	goldens := map[string]map[string]goldenResult{}
 	rendered := map[string]int{}
+	var log provenanceLog
 	for _, c := range cases {
 		for _, model := range c.Models {
 			if goldens[model] == nil {
@@ -104,12 +152,12 @@ func TestIncrementalGolden(t *testing.T) {
 				p := load(t, model, c.ServerDefaults)
 				in := inputFromBody(t, c.Body)
 				for i, turn := range earlierTurns(in) {
-					got, err := p.cached.Render(turn)
+					got, err := log.render(t, p.cached, turn)
 					full, fullErr := p.plain.Render(turn)
 					sameRender(t, fmt.Sprintf("turn %d", i+1), got, err, full, fullErr)
 				}
 				for range 2 { // after its earlier turns, then from its own stored iterations
-					got, err := p.cached.Render(in)
+					got, err := log.render(t, p.cached, in)
 					if err != nil || got != *want.Rendered {
 						t.Fatalf("cached render differs from Jinja2's (%v)\n got: %q\nwant: %q", err, got, *want.Rendered)
 					}
@@ -125,7 +173,10 @@ func TestIncrementalGolden(t *testing.T) {
 			t.Errorf("%s: no iteration reused over %d conversations", model, rendered[model])
 		}
 	}
-	t.Logf("conversations rendered turn by turn, identical to Jinja2: %v", rendered)
+	t.Logf("conversations rendered turn by turn, identical to Jinja2: %v; %d bytes described by provenance", rendered, log.covered)
+	if log.covered == 0 {
+		t.Error("no render reported a provenance")
+	}
 }
 
 // TestIncrementalFallback: Qwen3 renders an assistant turn after the last user query
@@ -210,6 +261,7 @@ func FuzzIncrementalRender(f *testing.F) {
 	for i := range fuzzCaseSeeds {
 		f.Add(fuzzSeed(i), fuzzSeed(i+1))
 	}
+	var log provenanceLog
 	f.Fuzz(func(t *testing.T, data, other []byte) {
 		in := inputFromBody(t, fuzzBody(data))
 		variant := inputFromBody(t, fuzzBody(other))
@@ -229,7 +281,7 @@ func FuzzIncrementalRender(f *testing.F) {
 		}
 		for _, p := range pairs {
 			for _, turn := range append(earlierTurns(long), long, changed) {
-				got, err := p.cached.Render(turn)
+				got, err := log.render(t, p.cached, turn)
 				want, wantErr := p.plain.Render(turn)
 				sameRender(t, "turn", got, err, want, wantErr)
 			}
@@ -285,10 +337,11 @@ func TestConversationChain(t *testing.T) {
 		{"empty", "[]"},
 	}
 	messages := 0.0
+	var log provenanceLog
 	for _, s := range steps {
 		in := chattemplate.Input{Messages: json.RawMessage(s.raw), AddGenerationPrompt: true}
 		before := testmetrics.Value(t, reg, "kvrouter_chattemplate_message_cache_lookups_total", "result", "hit") + testmetrics.Value(t, reg, "kvrouter_chattemplate_message_cache_lookups_total", "result", "miss")
-		got, err := cached.Render(in)
+		got, err := log.render(t, cached, in)
 		want, wantErr := plain.Render(in)
 		sameRender(t, s.name, got, err, want, wantErr)
 		if err == nil {
@@ -329,7 +382,7 @@ func TestConversationChain(t *testing.T) {
 		if i%2 == 1 {
 			in.Tools = tools
 		}
-		got, err := mixed.Render(in)
+		got, err := log.render(t, mixed, in)
 		want, wantErr := mixedPlain.Render(in)
 		sameRender(t, fmt.Sprintf("mixed formats, turn %d", i), got, err, want, wantErr)
 	}

@@ -279,6 +279,26 @@ func (t *Template) Render(in Input) (string, error) {
 // reuses across requests (a long conversation renders to hundreds of KB): nothing
 // keeps a reference to it. On error it returns nil.
 func (t *Template) AppendRender(dst []byte, in Input) ([]byte, error) {
+	return t.AppendRenderTraced(dst, in, nil)
+}
+
+// Provenance tells which of a render's output the template wrote from loop iterations
+// it stored (its message cache's): from Start, the outputs of the iterations named by
+// IDs, back to back, the i-th ending at Ends[i] (offsets from the start of what the
+// render appended). An id names one immutable output and is never reused, so a
+// render whose output agrees with an earlier one's up to Start and whose IDs agree with
+// its IDs up to i has the same output up to Ends[i]: the caller may take what it
+// derived from the earlier output's bytes up to there (prompt: the tokenizer's ids)
+// without comparing them again.
+type Provenance = jinja.Provenance
+
+// AppendRenderTraced is AppendRender that also fills prov (when not nil; it is reset
+// first, and left empty on error or with the message cache off) with the provenance of
+// the output.
+func (t *Template) AppendRenderTraced(dst []byte, in Input, prov *Provenance) ([]byte, error) {
+	if prov != nil {
+		prov.Reset()
+	}
 	if in.RequestTemplate {
 		return nil, &UnsupportedError{Reason: ReasonRequestChatTemplate}
 	}
@@ -303,7 +323,7 @@ func (t *Template) AppendRender(dst []byte, in Input) ([]byte, error) {
 	if t.messages != nil {
 		iterations = &renderIterations{c: t.messages, entries: vars.entries}
 	}
-	out, stats, err := c.tmpl.RenderCached(dst, vars, iterations)
+	out, stats, err := c.tmpl.RenderTraced(dst, vars, iterations, prov)
 	if t.messages != nil {
 		t.messages.counters.iterations(stats)
 	}

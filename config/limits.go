@@ -56,10 +56,11 @@ type LimitsConfig struct {
 	// MaxFallbacks is how many fallback endpoints the router lists after the chosen one
 	// in x-gateway-destination-endpoint (comma-separated, best first), for the proxy to
 	// retry on when the chosen endpoint cannot be connected to. Default 0: an
-	// ORIGINAL_DST cluster (the chart's and Istio's Envoy configs) takes a single
+	// ORIGINAL_DST cluster (envoy/envoy.yaml, the Istio EnvoyFilter) takes a single
 	// ip:port; set it (2 is enough for one dead pod at a time plus a second failure)
-	// behind a proxy with Envoy's override_host load-balancing policy (envoy/envoy.yaml)
-	// or the dev gateway, which retry on the next listed endpoint.
+	// behind a proxy with Envoy's override_host load-balancing policy
+	// (envoy/envoy-fallbacks.yaml; the Helm chart sets 2 with it) or the dev gateway,
+	// which retry on the next listed endpoint.
 	MaxFallbacks int `yaml:"max_fallbacks"`
 	// ShedQueueDepth > 0 sheds sheddable requests, as the Gateway API Inference
 	// Extension's picker does: a request whose InferenceObjective has a negative priority

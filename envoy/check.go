@@ -145,6 +145,16 @@ func Check(b *bootstrapv3.Bootstrap) error {
 	return errors.Join(errs...)
 }
 
+// CheckUpstream applies Check's rules for the cluster that kvrouter's picks go to, and
+// for the routes to it, to configuration that is not a whole bootstrap: an Istio
+// EnvoyFilter's cluster and route patches. It returns every violation.
+func CheckUpstream(c *clusterv3.Cluster, routes ...*routev3.Route) error {
+	errs := checkCluster(c)
+	rc := &routev3.RouteConfiguration{VirtualHosts: []*routev3.VirtualHost{{Name: "patch", Routes: routes}}}
+	errs = append(errs, checkRoutes("patch", rc, map[string]*clusterv3.Cluster{c.GetName(): c})...)
+	return errors.Join(errs...)
+}
+
 // overrideHost returns the cluster's override_host load-balancing policy, or nil.
 func overrideHost(c *clusterv3.Cluster) *overridehostv3.OverrideHost {
 	for _, p := range c.GetLoadBalancingPolicy().GetPolicies() {
@@ -176,6 +186,11 @@ func checkCluster(c *clusterv3.Cluster) []error {
 		}
 		if !retries {
 			errs = append(errs, fmt.Errorf("cluster %s: override_host cluster needs circuit breaker max_retries >= %d (the default, 3 at once, leaves most requests to a dead pod unretried)", c.GetName(), minCircuitBreakerLimit))
+		}
+		// override_host picks only hosts the cluster knows: LOGICAL_DNS keeps one logical
+		// host (the first address of the answer), ORIGINAL_DST none ahead of a request.
+		if t := c.GetType(); c.GetClusterType() == nil && (t == clusterv3.Cluster_LOGICAL_DNS || t == clusterv3.Cluster_ORIGINAL_DST) {
+			errs = append(errs, fmt.Errorf("cluster %s: override_host only picks hosts the cluster knows, and a %v cluster does not know the pods: use STRICT_DNS over a headless Service, STATIC or EDS", c.GetName(), t))
 		}
 	}
 	if c.GetType() == clusterv3.Cluster_ORIGINAL_DST {

@@ -13,7 +13,12 @@ import (
 	"strings"
 	"testing"
 
+	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	istionetv1 "istio.io/client-go/pkg/apis/networking/v1"
+	istionetv1alpha3 "istio.io/client-go/pkg/apis/networking/v1alpha3"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -53,15 +58,7 @@ func helmTemplate(helm, values string) *exec.Cmd {
 }
 
 func TestChartGoldenFresh(t *testing.T) {
-	helm, err := exec.LookPath(cmp.Or(os.Getenv("HELM"), "helm"))
-	if err != nil {
-		// CI=true is the one switch that turns every skip for a missing tool into a failure.
-		msg := fmt.Sprintf("no helm binary (%v; set HELM or put helm on PATH; `make tools` builds one): renderings not re-checked", err)
-		if os.Getenv("CI") == "true" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
-	}
+	helm := helmBinary(t)
 	for _, v := range chartValues(t) {
 		t.Run(filepath.Base(v), func(t *testing.T) {
 			out, err := helmTemplate(helm, v).Output()
@@ -74,6 +71,49 @@ func TestChartGoldenFresh(t *testing.T) {
 			}
 			if !bytes.Equal(out, want) {
 				t.Errorf("%s is stale: run `make chart-golden` (%s)", goldenFor(v), firstDiff(string(out), string(want)))
+			}
+		})
+	}
+}
+
+// helmBinary returns the helm to render with, or skips (fails under CI=true).
+func helmBinary(t *testing.T) string {
+	t.Helper()
+	helm, err := exec.LookPath(cmp.Or(os.Getenv("HELM"), "helm"))
+	if err != nil {
+		// CI=true is the one switch that turns every skip for a missing tool into a failure.
+		msg := fmt.Sprintf("no helm binary (%v; set HELM or put helm on PATH; `make tools` builds one): renderings not re-checked", err)
+		if os.Getenv("CI") == "true" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+	return helm
+}
+
+// TestChartRefusesUnsafeUpstreams: values that would make the gateway drop requests
+// (a list of endpoints to an ORIGINAL_DST cluster, an override_host cluster that knows
+// no pod, gateways that need different max_fallbacks) fail to render, with the reason.
+func TestChartRefusesUnsafeUpstreams(t *testing.T) {
+	helm := helmBinary(t)
+	for _, tc := range []struct {
+		name string
+		set  []string
+		want string
+	}{
+		{"override-host without the pods' labels", []string{"envoy.enabled=true"}, "set poolSelector"},
+		{"fallbacks to ORIGINAL_DST", []string{"envoy.enabled=true", "vllm.enabled=true", "envoy.upstream=original-dst", "config.limits.max_fallbacks=2"}, "ORIGINAL_DST cluster takes one ip:port"},
+		{"gateways disagree", []string{"envoy.enabled=true", "vllm.enabled=true", "istio.enabled=true"}, "envoy.upstream and istio.upstream differ"},
+		{"unknown upstream", []string{"envoy.enabled=true", "vllm.enabled=true", "envoy.upstream=round-robin"}, `upstream "round-robin"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := []string{"template", "kvrouter", chartDir, "--namespace", "llm", "--kube-version", "1.33.0"}
+			for _, s := range tc.set {
+				args = append(args, "--set", s)
+			}
+			out, err := exec.Command(helm, args...).CombinedOutput()
+			if err == nil || !strings.Contains(string(out), tc.want) {
+				t.Errorf("helm template (err %v):\n%s\nwant a failure naming %q", err, out, tc.want)
 			}
 		})
 	}
@@ -141,6 +181,8 @@ func checkChart(t *testing.T, name string, objs []object) {
 	}
 	if kinds["EnvoyFilter"] > 0 {
 		checkIstioTLS(t, find[*istionetv1.DestinationRule](t, objs, "kvrouter-extproc"), "kvrouter.llm.svc.cluster.local")
+		c, r := checkEnvoyFilter(t, find[*istionetv1alpha3.EnvoyFilter](t, objs, "kvrouter"), "vllm")
+		checkUpstream(t, objs, cfg, c, []*routev3.Route{r})
 	}
 	role := find[*rbacv1.Role](t, objs, "kvrouter-discovery")
 	for _, r := range role.Rules {
@@ -173,6 +215,8 @@ func checkChart(t *testing.T, name string, objs []object) {
 				if !strings.Contains(cm.Data["envoy.yaml"], "{address: kvrouter-headless.llm.svc.cluster.local, port_value: 9002}") {
 					t.Error("Envoy does not reach kvrouter through the headless Service")
 				}
+				c, routes := bootstrapUpstream(t, b)
+				checkUpstream(t, objs, cfg, c, routes)
 			}
 		}
 	}
@@ -198,9 +242,114 @@ func checkChart(t *testing.T, name string, objs []object) {
 	}
 }
 
+// bootstrapUpstream returns the cluster the bootstrap's ext_proc listener routes picked
+// requests to (vllm_pool) and the routes to it.
+func bootstrapUpstream(t *testing.T, b *bootstrapv3.Bootstrap) (*clusterv3.Cluster, []*routev3.Route) {
+	t.Helper()
+	var c *clusterv3.Cluster
+	for _, cl := range b.GetStaticResources().GetClusters() {
+		if cl.GetName() == "vllm_pool" {
+			c = cl
+		}
+	}
+	if c == nil {
+		t.Fatal("Envoy has no vllm_pool cluster")
+	}
+	var routes []*routev3.Route
+	for _, l := range b.GetStaticResources().GetListeners() {
+		for _, fc := range l.GetFilterChains() {
+			for _, f := range fc.GetFilters() {
+				hcm := &hcmv3.HttpConnectionManager{}
+				if f.GetTypedConfig().UnmarshalTo(hcm) != nil {
+					continue
+				}
+				for _, vh := range hcm.GetRouteConfig().GetVirtualHosts() {
+					for _, r := range vh.GetRoutes() {
+						if r.GetRoute().GetCluster() == c.GetName() {
+							routes = append(routes, r)
+						}
+					}
+				}
+			}
+		}
+	}
+	if len(routes) == 0 {
+		t.Fatal("no route to vllm_pool")
+	}
+	return c, routes
+}
+
+// checkUpstream: the gateway's cluster for kvrouter's picks and kvrouter's configuration
+// agree. With override_host: the cluster resolves the chart's headless pool Service on
+// the port kvrouter names the pods by, the Service selects the chart's vLLM pods, every
+// route to the cluster retries as many times as kvrouter lists fallbacks (2) and keeps
+// bodies up to kvrouter's max_body_bytes for it. With ORIGINAL_DST (one ip:port):
+// kvrouter lists no fallbacks.
+func checkUpstream(t *testing.T, objs []object, cfg *config.Config, c *clusterv3.Cluster, routes []*routev3.Route) {
+	t.Helper()
+	overrideHost := false
+	for _, p := range c.GetLoadBalancingPolicy().GetPolicies() {
+		overrideHost = overrideHost || p.GetTypedExtensionConfig().GetName() == "envoy.load_balancing_policies.override_host"
+	}
+	if !overrideHost {
+		if c.GetType() != clusterv3.Cluster_ORIGINAL_DST {
+			t.Fatalf("cluster %s is neither override_host nor ORIGINAL_DST", c.GetName())
+		}
+		if cfg.Limits.MaxFallbacks != 0 {
+			t.Errorf("limits.max_fallbacks %d behind an ORIGINAL_DST cluster, which takes one ip:port", cfg.Limits.MaxFallbacks)
+		}
+		for _, o := range objs {
+			if svc, ok := o.obj.(*corev1.Service); ok && svc.Name == "kvrouter-pool" {
+				t.Error("the pool's headless Service is rendered for an ORIGINAL_DST cluster")
+			}
+		}
+		return
+	}
+	if err := envoy.CheckUpstream(c, routes...); err != nil {
+		t.Error(err)
+	}
+	if cfg.Limits.MaxFallbacks != 2 {
+		t.Errorf("limits.max_fallbacks %d behind an override_host cluster, want 2", cfg.Limits.MaxFallbacks)
+	}
+	// One retry per fallback listed; at least one, which override_host sends where its
+	// fallback policy picks once the list is spent.
+	retries := max(cfg.Limits.MaxFallbacks, 1)
+	for _, r := range routes {
+		rp := r.GetRoute().GetRetryPolicy()
+		if got := int(rp.GetNumRetries().GetValue()); got != retries || !strings.Contains(rp.GetRetryOn(), "reset") {
+			t.Errorf("route %q: retry_on %q, num_retries %d; want connect-failure,reset and %d retries (max_fallbacks %d)", r.GetName(), rp.GetRetryOn(), got, retries, cfg.Limits.MaxFallbacks)
+		}
+		//lint:ignore SA1019 the shipped configs set the deprecated field, which Envoy still honours
+		if got := int(r.GetPerRequestBufferLimitBytes().GetValue()); got != cfg.Limits.MaxBodyBytes {
+			t.Errorf("route %q keeps %d bytes of body for retries, kvrouter reads %d", r.GetName(), got, cfg.Limits.MaxBodyBytes)
+		}
+	}
+	port := cfg.Discovery.Kubernetes.Port
+	if cfg.Discovery.Kubernetes.InferencePool != "" {
+		port = int(find[*infv1.InferencePool](t, objs, cfg.Discovery.Kubernetes.InferencePool).Spec.TargetPorts[0].Number)
+	}
+	eps := c.GetLoadAssignment().GetEndpoints()
+	if c.GetType() != clusterv3.Cluster_STRICT_DNS || len(eps) != 1 || len(eps[0].GetLbEndpoints()) != 1 {
+		t.Fatalf("cluster %s: type %v with %d localities, want STRICT_DNS over one address", c.GetName(), c.GetType(), len(eps))
+	}
+	sa := eps[0].GetLbEndpoints()[0].GetEndpoint().GetAddress().GetSocketAddress()
+	if sa.GetAddress() != "kvrouter-pool.llm.svc.cluster.local" || int(sa.GetPortValue()) != port {
+		t.Errorf("cluster %s resolves %s:%d, want kvrouter-pool.llm.svc.cluster.local:%d (the port kvrouter names pods by)", c.GetName(), sa.GetAddress(), sa.GetPortValue(), port)
+	}
+	svc := find[*corev1.Service](t, objs, "kvrouter-pool")
+	if svc.Spec.ClusterIP != corev1.ClusterIPNone || len(svc.Spec.Ports) != 1 || int(svc.Spec.Ports[0].Port) != port || svc.Spec.Ports[0].TargetPort.IntValue() != port {
+		t.Errorf("kvrouter-pool: clusterIP %q, ports %+v; want headless on %d", svc.Spec.ClusterIP, svc.Spec.Ports, port)
+	}
+	vllm := find[*appsv1.Deployment](t, objs, "vllm")
+	if len(svc.Spec.Selector) == 0 || !labels.SelectorFromSet(svc.Spec.Selector).Matches(labels.Set(vllm.Spec.Template.Labels)) {
+		t.Errorf("kvrouter-pool selects %v, not the vLLM pods %v", svc.Spec.Selector, vllm.Spec.Template.Labels)
+	}
+}
+
 func TestChartFilesMatchRepository(t *testing.T) {
 	for _, f := range []struct{ chart, repo string }{
 		{"files/envoy.yaml", "../envoy/envoy.yaml"},
+		{"files/envoy-fallbacks.yaml", "../envoy/envoy-fallbacks.yaml"},
 		{"files/grafana-dashboard.json", "grafana/kvrouter-dashboard.json"},
 	} {
 		t.Run(f.chart, func(t *testing.T) {

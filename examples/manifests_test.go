@@ -409,6 +409,17 @@ func TestIstioManifests(t *testing.T) {
 	objs := loadDir(t, "istio/*.yaml")
 	ef := find[*istionetv1alpha3.EnvoyFilter](t, objs, "kvrouter")
 	vs := find[*istionetv1.VirtualService](t, objs, "vllm")
+	checkEnvoyFilter(t, ef, vs.Spec.Http[0].Name)
+	checkIstioTLS(t, find[*istionetv1.DestinationRule](t, objs, "kvrouter-extproc"), "kvrouter.llm.svc.cluster.local")
+}
+
+// checkEnvoyFilter decodes every patch of kvrouter's EnvoyFilter into its Envoy type
+// (unknown fields and types fail) and validates it; it returns the cluster patch and the
+// route patch, which must target the VirtualService route named route.
+func checkEnvoyFilter(t *testing.T, ef *istionetv1alpha3.EnvoyFilter, route string) (*clusterv3.Cluster, *routev3.Route) {
+	t.Helper()
+	var cluster *clusterv3.Cluster
+	var merged *routev3.Route
 	applied := map[string]int{}
 	for i, p := range ef.Spec.ConfigPatches {
 		what := fmt.Sprintf("patch %d (%s)", i, p.ApplyTo)
@@ -421,11 +432,13 @@ func TestIstioManifests(t *testing.T) {
 		case "HTTP_FILTER":
 			m = &hcmv3.HttpFilter{}
 		case "CLUSTER":
-			m = &clusterv3.Cluster{}
+			cluster = &clusterv3.Cluster{}
+			m = cluster
 		case "HTTP_ROUTE":
-			m = &routev3.Route{}
-			if got := p.Match.GetRouteConfiguration().GetVhost().GetRoute().GetName(); got != vs.Spec.Http[0].Name {
-				t.Errorf("%s patches route %q, the VirtualService's is %q", what, got, vs.Spec.Http[0].Name)
+			merged = &routev3.Route{}
+			m = merged
+			if got := p.Match.GetRouteConfiguration().GetVhost().GetRoute().GetName(); got != route {
+				t.Errorf("%s patches route %q, the VirtualService's is %q", what, got, route)
 			}
 		default:
 			t.Fatalf("%s: unexpected target", what)
@@ -473,9 +486,12 @@ func TestIstioManifests(t *testing.T) {
 		}
 	}
 	if want := map[string]int{"HTTP_FILTER": 2, "CLUSTER": 1, "HTTP_ROUTE": 1}; !reflect.DeepEqual(applied, want) {
-		t.Errorf("patches %v, want %v", applied, want)
+		t.Fatalf("patches %v, want %v", applied, want)
 	}
-	checkIstioTLS(t, find[*istionetv1.DestinationRule](t, objs, "kvrouter-extproc"), "kvrouter.llm.svc.cluster.local")
+	if got := merged.GetRoute().GetCluster(); got != cluster.GetName() {
+		t.Errorf("the route patch sends to %q, the cluster patch adds %q", got, cluster.GetName())
+	}
+	return cluster, merged
 }
 
 // checkIstioTLS requires the DestinationRule to make the gateway speak TLS to kvrouter's

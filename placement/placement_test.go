@@ -786,6 +786,27 @@ func TestLongPrefixStaysAtBusyHolder(t *testing.T) {
 
 // TestPlacementWaitsForKVRoomWhereItComesSoonest: with no KV room on any endpoint, a
 // request goes where a decoding request started first and so frees its blocks soonest,
+
+// holderAndOther returns a policy on a settable clock over two endpoints with KV room
+// for one 72-block request (+4 output blocks) each, a prefix placed on one of them
+// (holder), and the other endpoint.
+func holderAndOther(t *testing.T) (p *placement.Policy, clock *time.Time, cs []scoring.Endpoint, holder, other string) {
+	t.Helper()
+	clock = new(time.Time)
+	*clock = time.Unix(100, 0)
+	p, err := placement.New(placement.DefaultConfig(), testindex.New(), func() time.Time { return *clock }, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs = fleet(2, []int{100, 100})
+	holder = place(t, p, prefixed(0, 0), cs)
+	other = cs[0].Address
+	if other == holder {
+		other = cs[1].Address
+	}
+	return p, clock, cs, holder, other
+}
+
 // its prefix's holder included.
 func TestPlacementWaitsForKVRoomWhereItComesSoonest(t *testing.T) {
 	for _, tc := range []struct {
@@ -797,17 +818,7 @@ func TestPlacementWaitsForKVRoomWhereItComesSoonest(t *testing.T) {
 		{"holder frees first", true, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			clock := time.Unix(100, 0)
-			p, err := placement.New(placement.DefaultConfig(), testindex.New(), func() time.Time { return clock }, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			cs := fleet(2, []int{100, 100}) // one 72-block request (+4 output blocks) each
-			holder := place(t, p, prefixed(0, 0), cs)
-			other := cs[0].Address
-			if other == holder {
-				other = cs[1].Address
-			}
+			p, clock, cs, holder, other := holderAndOther(t)
 			// One decoding request of another prefix on each, started 100 ms apart.
 			order := []string{other, holder}
 			if tc.holderFirst {
@@ -820,7 +831,7 @@ func TestPlacementWaitsForKVRoomWhereItComesSoonest(t *testing.T) {
 				}
 				p.Routed(req, addr)
 				p.FirstToken(req.ID)
-				clock = clock.Add(100 * time.Millisecond)
+				*clock = clock.Add(100 * time.Millisecond)
 			}
 			d, err := p.Pick(plRequest(prefixed(0, 1)), cs)
 			if err != nil {
@@ -847,17 +858,7 @@ func TestPlacementWaitsForKVRoomBehindFewerQueued(t *testing.T) {
 		{"as many queued", 1, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			clock := time.Unix(100, 0)
-			p, err := placement.New(placement.DefaultConfig(), testindex.New(), func() time.Time { return clock }, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			cs := fleet(2, []int{100, 100}) // one 72-block request (+4 output blocks) each
-			holder := place(t, p, prefixed(0, 0), cs)
-			other := cs[0].Address
-			if other == holder {
-				other = cs[1].Address
-			}
+			p, clock, cs, holder, other := holderAndOther(t)
 			k := 1
 			route := func(addr string, decoding bool) {
 				req := plRequest(prefixed(k, 0))
@@ -873,7 +874,7 @@ func TestPlacementWaitsForKVRoomBehindFewerQueued(t *testing.T) {
 			// The holder's decoding request started first: by time alone, room comes
 			// there first.
 			route(holder, true)
-			clock = clock.Add(100 * time.Millisecond)
+			*clock = clock.Add(100 * time.Millisecond)
 			route(other, true)
 			for range tc.holderQueued {
 				route(holder, false)

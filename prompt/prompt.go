@@ -66,10 +66,19 @@ type Builder struct {
 	tok     *tokenizer.Tokenizer
 	tmpl    *chattemplate.Template
 	metrics *Metrics
-	// texts holds buffers the chat template renders into (*[]byte): a 128k-token
+	// renders holds what a chat render reuses (*renderScratch): a 128k-token
 	// conversation renders to ~600 KB, and allocating that afresh per request cost
 	// about as much CPU as the whole incremental render.
-	texts sync.Pool
+	renders sync.Pool
+}
+
+// renderScratch is a render's buffer and the provenance of its text, which the
+// template reports and the tokenizer takes: the history a conversation's turn
+// re-sends is then checked once, by the message cache comparing its messages' bytes,
+// rather than hashed again by the tokenizer (see chattemplate.Provenance).
+type renderScratch struct {
+	text []byte
+	prov chattemplate.Provenance
 }
 
 // maxPooledText bounds the render buffers kept for reuse.
@@ -150,16 +159,16 @@ func (b *Builder) chat(dst []uint32, req *openai.Request, maxTokens int, p *toke
 		}
 		return nil, false, fmt.Errorf("%w: model has no chat template", ErrBadRequest)
 	}
-	buf, _ := b.texts.Get().(*[]byte)
-	if buf == nil {
-		buf = new([]byte)
+	sc, _ := b.renders.Get().(*renderScratch)
+	if sc == nil {
+		sc = new(renderScratch)
 	}
 	defer func() {
-		if cap(*buf) <= maxPooledText {
-			b.texts.Put(buf)
+		if cap(sc.text) <= maxPooledText && cap(sc.prov.Ends) <= maxPooledText/64 {
+			b.renders.Put(sc)
 		}
 	}()
-	rendered, err := b.tmpl.AppendRender((*buf)[:0], chattemplate.Input{
+	rendered, err := b.tmpl.AppendRenderTraced(sc.text[:0], chattemplate.Input{
 		Messages:             req.Messages,
 		Tools:                req.Tools,
 		ChatTemplateKwargs:   req.ChatTemplateKwargs,
@@ -168,7 +177,7 @@ func (b *Builder) chat(dst []uint32, req *openai.Request, maxTokens int, p *toke
 		AddGenerationPrompt:  req.AddGenerationPrompt,
 		ContinueFinalMessage: req.ContinueFinalMessage,
 		RequestTemplate:      req.ChatTemplate != "",
-	})
+	}, &sc.prov)
 	if err != nil {
 		var unsupported *chattemplate.UnsupportedError
 		var raised *chattemplate.TemplateError
@@ -180,10 +189,14 @@ func (b *Builder) chat(dst []uint32, req *openai.Request, maxTokens int, p *toke
 		}
 		return nil, false, fmt.Errorf("prompt: %w", err)
 	}
-	*buf = rendered[:0]
+	sc.text = rendered[:0]
 	// The tokenizer keeps no reference to the text, so it may alias the buffer.
 	text := unsafe.String(unsafe.SliceData(rendered), len(rendered))
-	ids, complete := b.tok.AppendEncodePrefix(dst, text, req.AddSpecialTokens, maxTokens, p)
+	var prov *tokenizer.Provenance
+	if len(sc.prov.IDs) > 0 {
+		prov = &tokenizer.Provenance{Start: sc.prov.Start, Ends: sc.prov.Ends, IDs: sc.prov.IDs}
+	}
+	ids, complete := b.tok.AppendEncodeProvenance(dst, text, req.AddSpecialTokens, maxTokens, p, prov)
 	return ids, complete, nil
 }
 

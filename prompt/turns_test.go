@@ -3,6 +3,7 @@ package prompt_test
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -275,4 +276,117 @@ func TestConversationKeysCached(t *testing.T) {
 // gauge returns kvrouter_tokenizer_prefix_cache_bytes in reg (one model).
 func gauge(t *testing.T, reg *prometheus.Registry) float64 {
 	return testmetrics.Value(t, reg, "kvrouter_tokenizer_prefix_cache_bytes")
+}
+
+// TestConversationEditedHistory: a turn's history is checked once, by the template's
+// message cache, whose provenance the tokenizer then takes instead of hashing the
+// text (chattemplate.Provenance). After each turn of random conversations, the turn is
+// sent again with one message changed by one byte (each message in turn, the system
+// prompt and the last included), cut back to an earlier turn, with tools (which change
+// what the template writes before the messages) and as is: every
+// request gives the ids of a builder without caches, and later turns do resume from
+// their provenance.
+func TestConversationEditedHistory(t *testing.T) {
+	for _, model := range []string{"qwen3", "llama3"} {
+		t.Run(model, func(t *testing.T) {
+			plain := plainBuilder(t, model)
+			reg := prometheus.NewPedanticRegistry()
+			cached, err := prompt.LoadDir(testmodels.Dir(t, model), prompt.LoadOptions{Tokenizer: []tokenizer.Option{
+				tokenizer.WithMetrics(tokenizer.NewMetrics(reg), model)}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for seed := range uint64(12) {
+				bodies := conversation(1000+seed, 5)
+				for k, body := range bodies {
+					var top map[string]any
+					if err := json.Unmarshal(body, &top); err != nil {
+						t.Fatal(err)
+					}
+					msgs := top["messages"].([]any)
+					variants := [][]byte{body}
+					for j := range msgs {
+						m := maps.Clone(msgs[j].(map[string]any))
+						content, _ := m["content"].(string)
+						m["content"] = content + "!"
+						edited := slices.Clone(msgs)
+						edited[j] = m
+						variants = append(variants, withMessages(t, top, edited))
+					}
+					if k > 1 {
+						variants = append(variants, bodies[k-2])
+					}
+					// Tools change the text before the messages' (Qwen3 renders them
+					// in its system turn), not the messages' iterations.
+					for _, name := range []string{"lookup", "search"} {
+						tools := maps.Clone(top)
+						tools["tools"] = []any{map[string]any{"type": "function", "function": map[string]any{"name": name, "parameters": map[string]any{"type": "object"}}}}
+						variants = append(variants, withMessages(t, tools, msgs))
+					}
+					checkTurns(t, cached, plain, append(variants, body))
+				}
+			}
+			if proven := testmetrics.Value(t, reg, "kvrouter_tokenizer_prefix_cache_proven_total"); proven < 12*4 {
+				t.Errorf("%v encodes resumed from their provenance over 12 five-turn conversations, want at least %d", proven, 12*4)
+			}
+		})
+	}
+}
+
+// withMessages returns the body top with its messages replaced.
+func withMessages(t *testing.T, top map[string]any, msgs []any) []byte {
+	t.Helper()
+	b := maps.Clone(top)
+	b["messages"] = msgs
+	raw, err := json.Marshal(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return raw
+}
+
+// TestConversationTurnsConcurrent runs conversations from several goroutines through
+// one Builder whose prefix cache is large and one whose cache evicts on almost every
+// request, so that encodes resume from provenance while others store, relink and
+// evict the spans they follow (run with -race): every turn gives the ids of a builder
+// without caches.
+func TestConversationTurnsConcurrent(t *testing.T) {
+	plain := plainBuilder(t, "qwen3")
+	for _, budget := range []int64{0, 16 << 10} {
+		t.Run(fmt.Sprint(budget), func(t *testing.T) {
+			var opts []tokenizer.Option
+			if budget > 0 {
+				opts = append(opts, tokenizer.WithPrefixCache(budget))
+			}
+			cached, err := prompt.LoadDir(testmodels.Dir(t, "qwen3"), prompt.LoadOptions{Tokenizer: opts})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var wg sync.WaitGroup
+			for g := range uint64(4) {
+				wg.Go(func() {
+					for seed := range uint64(4) {
+						bodies := conversation(seed, 6) // the same conversations in every goroutine
+						if seed%2 == 1 {
+							bodies = conversation(100*g+seed, 6) // and its own
+						}
+						for k, body := range bodies {
+							req, err := prompt.RequestFromBody(body)
+							if err != nil {
+								t.Error(err)
+								return
+							}
+							want, wantErr := plain.PromptTokens(req)
+							got, err := cached.PromptTokens(req)
+							if (err == nil) != (wantErr == nil) || !slices.Equal(got, want) {
+								t.Errorf("goroutine %d seed %d turn %d: ids differ from a builder without caches", g, seed, k)
+								return
+							}
+						}
+					}
+				})
+			}
+			wg.Wait()
+		})
+	}
 }

@@ -7,6 +7,7 @@ import "github.com/prometheus/client_golang/prometheus"
 type Metrics struct {
 	lookups *prometheus.CounterVec
 	tokens  *prometheus.CounterVec
+	proven  *prometheus.CounterVec
 	bytes   *prometheus.GaugeVec
 }
 
@@ -15,6 +16,7 @@ type Metrics struct {
 //
 //	kvrouter_tokenizer_prefix_cache_lookups_total{model, result="hit"|"miss"}
 //	kvrouter_tokenizer_prefix_cache_tokens_total{model, source="cached"|"encoded"}
+//	kvrouter_tokenizer_prefix_cache_proven_total{model}
 //	kvrouter_tokenizer_prefix_cache_bytes{model}
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
@@ -26,13 +28,17 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "kvrouter_tokenizer_prefix_cache_tokens_total",
 			Help: "Token ids of those encodes, by source: cached (copied from the prefix cache) or encoded.",
 		}, []string{"model", "source"}),
+		proven: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvrouter_tokenizer_prefix_cache_proven_total",
+			Help: "Encodes whose cached prefix was found from the caller's provenance of the text (a chat template's stored loop iterations) rather than by hashing the text.",
+		}, []string{"model"}),
 		bytes: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "kvrouter_tokenizer_prefix_cache_bytes",
 			Help: "Memory the prefix cache accounts for (ids at 4 bytes plus a fixed overhead per span, and the block keys stored on spans), bounded by its configured budget.",
 		}, []string{"model"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.lookups, m.tokens, m.bytes)
+		reg.MustRegister(m.lookups, m.tokens, m.proven, m.bytes)
 	}
 	return m
 }
@@ -44,8 +50,8 @@ func WithMetrics(m *Metrics, model string) Option {
 
 // cacheCounters are the resolved metrics of one tokenizer (zero: not counted).
 type cacheCounters struct {
-	hit, miss, cached, encoded prometheus.Counter
-	bytes                      prometheus.Gauge
+	hit, miss, cached, encoded, proven prometheus.Counter
+	bytes                              prometheus.Gauge
 }
 
 func newCacheCounters(m *Metrics, model string) cacheCounters {
@@ -57,6 +63,7 @@ func newCacheCounters(m *Metrics, model string) cacheCounters {
 		miss:    m.lookups.WithLabelValues(model, "miss"),
 		cached:  m.tokens.WithLabelValues(model, "cached"),
 		encoded: m.tokens.WithLabelValues(model, "encoded"),
+		proven:  m.proven.WithLabelValues(model),
 		bytes:   m.bytes.WithLabelValues(model),
 	}
 }
@@ -72,6 +79,12 @@ func (c cacheCounters) lookup(hit bool, cached, encoded int) {
 	}
 	c.cached.Add(float64(cached))
 	c.encoded.Add(float64(encoded))
+}
+
+func (c cacheCounters) resumed() {
+	if c.proven != nil {
+		c.proven.Inc()
+	}
 }
 
 func (c cacheCounters) setBytes(n int64) {

@@ -27,9 +27,11 @@ import (
 // The hash is of the text the router rendered, never of anything a client names.
 const (
 	// spanOverhead is what a span costs beside its ids: its map slot, the span
-	// header (with its recency list links) and the slice header (an upper bound: BenchmarkConversationCacheMemory in
-	// prompt compares the accounted bytes with the live heap).
-	spanOverhead = 200
+	// header (with its recency list links, parent pointer and provenance key), the
+	// slice header and its slot in the proven map (an upper bound:
+	// BenchmarkConversationCacheMemory in prompt compares the accounted bytes with the
+	// live heap).
+	spanOverhead = 240
 	// minSpanIDs: a cut is stored when at least this many ids follow the previous
 	// stored cut (or it is one of the text's last lastCuts cuts), so short spans such as
 	// "<|im_end|>\n" share an entry with their message instead of paying the overhead.
@@ -47,6 +49,12 @@ type prefixCache struct {
 
 	mu    sync.Mutex
 	spans map[uint64]*span // by key
+	// proven maps a provenance key (see Provenance) to the deepest span whose cut is at
+	// or before the end of the text that key names; each span is the value of at most
+	// its own proof.
+	proven map[uint64]*span
+	// idSeed mixes provenance ids into provenance keys.
+	idSeed uint64
 	// recent is the sentinel of the spans' recency list, a ring through it:
 	// recent.older is the most recently used span, recent.newer the least.
 	recent span
@@ -59,6 +67,16 @@ type span struct {
 	parent  uint64 // key of the previous stored cut; 0: this span starts the text
 	key     uint64 // the span's own cut's key
 	textLen int    // bytes of text between the previous stored cut and this one
+	at      int    // bytes of text before the cut (the key's text is that long)
+	// up is the span of parent, set when the span is stored (nil: the first span, or
+	// parent was evicted then) and cleared when it is evicted: a resumed encode (see
+	// resume) follows it to the text's start instead of looking each parent up.
+	// Parents outlive their children (see store), so a span kept normally keeps no
+	// evicted one through it, and an evicted one keeps nothing.
+	up atomic.Pointer[span]
+	// proof is the provenance key whose entry in the cache's proven map this span
+	// is, 0 when none; under the cache's lock.
+	proof uint64
 	// inner are the cuts between the previous stored cut and this one that were not
 	// stored (short spans), as offsets into the span's text: a cut's key chains
 	// through every cut before it (see chainKey), so a walk over the span needs them.
@@ -112,7 +130,8 @@ func newPrefixCache(maxBytes int64, counters cacheCounters) *prefixCache {
 	if maxBytes <= 0 {
 		return nil
 	}
-	c := &prefixCache{seed: maphash.MakeSeed(), maxBytes: maxBytes, counters: counters, spans: make(map[uint64]*span)}
+	c := &prefixCache{seed: maphash.MakeSeed(), maxBytes: maxBytes, counters: counters, spans: make(map[uint64]*span), proven: make(map[uint64]*span)}
+	c.idSeed = maphash.String(c.seed, "provenance")
 	c.recent.older, c.recent.newer = &c.recent, &c.recent
 	return c
 }
@@ -146,6 +165,10 @@ func (c *prefixCache) evictOldest() bool {
 	c.bytes -= s.size()
 	// No hint keeps an evicted span (and what it points to) alive.
 	s.next.Store(nil)
+	s.up.Store(nil)
+	if s.proof != 0 && c.proven[s.proof] == s {
+		delete(c.proven, s.proof)
+	}
 	if p, ok := c.spans[s.parent]; ok {
 		p.next.CompareAndSwap(s, nil)
 	}
@@ -180,16 +203,31 @@ type cutPoint struct {
 //
 // p, when not nil, is filled with the spans of the cached prefix the ids start with,
 // the ones found and the ones stored.
-func (t *Tokenizer) encodeCached(text string, out []uint32, base int, add bool, limit int, sc *splitScratch, p *Prefix) []uint32 {
+func (t *Tokenizer) encodeCached(text string, out []uint32, base int, add bool, limit int, sc *splitScratch, p *Prefix, prov *Provenance) []uint32 {
 	c := t.cache
 	key := startKey(add)
-	walked, pos := t.walk(text, &key, sc.chain[:0])
+	var proofs []proof // the provenance's boundaries past the one resumed from
+	walked, pos := sc.chain[:0], 0
+	if prov != nil && t.walkable && prov.valid(len(text)) {
+		all := c.provenKeys(text, add, prov, sc.proofs[:0])
+		defer func() { sc.proofs = all[:0] }()
+		proofs = all
+		var from int
+		walked, pos, from = t.resume(text, proofs, walked)
+		if pos > 0 {
+			key = walked[len(walked)-1].key
+			c.counters.resumed()
+		}
+		proofs = proofs[from:]
+	}
+	walked, pos = t.walk(text, &key, walked, pos)
 	defer func() { clear(walked); sc.chain = walked[:0] }() // no reference to cached ids kept
 	// Invalid UTF-8 is replaced before encoding (see AppendEncodeMax). The walked
 	// prefix has the bytes of a text stored before, which was valid, and ends before an
 	// added token, at a rune boundary: only the rest needs checking, and replacing.
 	if !utf8.ValidString(text[pos:]) {
 		text = text[:pos] + strings.ToValidUTF8(text[pos:], "\uFFFD")
+		proofs = nil // its offsets are those of the text before the replacement
 	}
 	rest := text[pos:]
 	pieces := t.rawMatcher.splitWith(rest, sc.pieces[:0], &sc.matches)
@@ -251,11 +289,114 @@ func (t *Tokenizer) encodeCached(text string, out []uint32, base int, add bool, 
 	}
 	c.counters.lookup(cached > 0, cached, len(out)-base-cached)
 	if hit >= 0 {
-		c.store(cuts[hit+1:], chain, true, parent, from, fromAt, out, base, p)
+		c.store(cuts[hit+1:], chain, true, parent, from, fromAt, out, base, p, proofs)
 	} else {
-		c.store(cuts, walked, false, parent, from, fromAt, out, base, p)
+		c.store(cuts, walked, false, parent, from, fromAt, out, base, p, proofs)
 	}
 	return out
+}
+
+// Provenance is what the caller knows of the text it encodes: from Start on, the text
+// is contents named by IDs, back to back, the i-th ending at Ends[i] (byte offsets
+// into the text). An id must name one content (one sequence of bytes) for the
+// process's life, as chattemplate.Provenance's loop iterations do: the prefix cache
+// then finds the ids of a prefix of the text that a previous encode with the same
+// bytes before Start and the same ids up to some i stored, without hashing or
+// comparing the text up to Ends[i] again. Whatever the provenance does not cover (the
+// text before Start, and after the last Ends[i] the cache knows) is checked as without
+// it.
+type Provenance struct {
+	Start int
+	Ends  []int
+	IDs   []uint64
+}
+
+// valid reports whether p describes a text of n bytes.
+func (p *Provenance) valid(n int) bool {
+	if len(p.IDs) == 0 || len(p.Ends) != len(p.IDs) || p.Start < 0 {
+		return false
+	}
+	prev := p.Start
+	for _, e := range p.Ends {
+		if e < prev {
+			return false
+		}
+		prev = e
+	}
+	return prev <= n
+}
+
+// proof is one boundary of a provenance: the end of the i-th content and its
+// provenance key, which stands for the text before it.
+type proof struct {
+	key uint64
+	end int
+}
+
+// provenKeys appends each boundary of prov with its provenance key: the text before
+// Start hashed as a cut key is (with whether special tokens are added), then each id
+// mixed in, in order. Two texts with the same key up to a boundary have the same bytes
+// up to it (bar a collision of the seeded 64-bit keys, as for the cut keys).
+func (c *prefixCache) provenKeys(text string, add bool, prov *Provenance, proofs []proof) []proof {
+	k := c.chainKey(^startKey(add), text[:prov.Start])
+	for i, id := range prov.IDs {
+		x := k*0x9e3779b97f4a7c15 ^ (id + c.idSeed)
+		x ^= x >> 29
+		x *= 0xbf58476d1ce4e5b9
+		x ^= x >> 32
+		k = x | 1
+		proofs = append(proofs, proof{key: k, end: prov.Ends[i]})
+	}
+	return proofs
+}
+
+// maxResumeTries bounds the boundaries resume looks up, deepest first: a conversation's
+// next turn resumes from one of its last few, and a text with none known (a new
+// conversation, an edit far back) is then walked as without provenance rather than
+// looked up once per message under the cache's lock.
+const maxResumeTries = 64
+
+// resume finds the deepest boundary of proofs whose key the cache knows (among the
+// last maxResumeTries), and appends
+// to spans the chain of spans from the text's start to the span that key was proved
+// for (the deepest one stored whose cut is at or before the boundary), following
+// their up pointers: the bytes before the boundary are those of the text the chain
+// was stored for, which the provenance proved, so neither are hashed. It returns the
+// spans, the position of the last one's cut and the index of the first boundary past
+// the one it resumed from; no spans, 0 and 0 when none can be resumed from.
+//
+// The ids are those a split of the whole text gives: the split of the stored text had
+// a cut at the span's, and walkCut checks that this text's split has one too.
+func (t *Tokenizer) resume(text string, proofs []proof, spans []*span) ([]*span, int, int) {
+	c := t.cache
+	var s *span
+	i, last := len(proofs)-1, max(len(proofs)-maxResumeTries, 0)
+	c.mu.Lock()
+	for ; i >= last; i-- {
+		if s = c.proven[proofs[i].key]; s != nil && s.at <= proofs[i].end {
+			break
+		}
+	}
+	c.mu.Unlock()
+	if i < last {
+		return spans, 0, 0
+	}
+	if !t.walkCut(text, s.at) {
+		return spans, 0, 0
+	}
+	n := len(spans)
+	for x := s; ; x = x.up.Load() {
+		if x == nil {
+			clear(spans[n:]) // a parent evicted meanwhile: the chain is broken
+			return spans[:n], 0, 0
+		}
+		spans = append(spans, x)
+		if x.parent == 0 {
+			break
+		}
+	}
+	slices.Reverse(spans[n:])
+	return spans, s.at, i + 1
 }
 
 // startKey is the key a text's chain of cut keys starts from: whether special tokens
@@ -297,19 +438,23 @@ const maxScanAhead = 8
 // cut there (walkCut), else
 // it scans up to maxScanAhead cuts ahead for a stored span continuing the chain (store
 // then relinks the hints along this text, under the cache's lock, so that no span
-// kept points to an evicted one). It returns the spans walked, in order, and the position of
-// the last one's cut (0 when none), key then being its key.
+// kept points to an evicted one). It continues from spans (walked or resumed before,
+// ending at pos, key then being the last one's key). It returns the spans walked, in
+// order, and the position of the last one's cut (0 when none), key then being its
+// key.
 //
 // The ids are those a split of the whole text gives: a span is taken only where the
 // whole text's split has a cut, and the ids of the text before a cut are those of the
 // text the span was stored for.
-func (t *Tokenizer) walk(text string, key *uint64, spans []*span) ([]*span, int) {
+func (t *Tokenizer) walk(text string, key *uint64, spans []*span, pos int) ([]*span, int) {
 	if !t.walkable {
-		return spans, 0
+		return spans, pos
 	}
 	c := t.cache
-	pos := 0
 	var cur *span
+	if len(spans) > 0 {
+		cur = spans[len(spans)-1]
+	}
 	for {
 		if cur != nil {
 			if nx := cur.next.Load(); nx != nil && nx.parent == cur.key && t.walkCut(text, pos+nx.textLen) {
@@ -418,7 +563,7 @@ func (c *prefixCache) lookup(cuts []cutPoint, chain []*span) (int, []*span) {
 // deepest first when reversed), linking each span's hint to the span after it on this
 // text; then it evicts down to the budget. p, when not nil, gets the spans the cache
 // holds for those cuts.
-func (c *prefixCache) store(cuts []cutPoint, prefix []*span, reversed bool, parent uint64, from, fromAt int, out []uint32, base int, p *Prefix) {
+func (c *prefixCache) store(cuts []cutPoint, prefix []*span, reversed bool, parent uint64, from, fromAt int, out []uint32, base int, p *Prefix, proofs []proof) {
 	var newBuf [64]struct {
 		key uint64
 		s   *span
@@ -431,7 +576,7 @@ func (c *prefixCache) store(cuts []cutPoint, prefix []*span, reversed bool, pare
 			skipped++
 			continue
 		}
-		s := &span{parent: parent, key: cuts[j].key, textLen: cuts[j].at - fromAt, ids: slices.Clone(out[from:cuts[j].n])}
+		s := &span{parent: parent, key: cuts[j].key, textLen: cuts[j].at - fromAt, at: cuts[j].at, ids: slices.Clone(out[from:cuts[j].n])}
 		if skipped > 0 {
 			s.inner = make([]int32, skipped)
 			for i, cp := range cuts[j-skipped : j] {
@@ -480,11 +625,18 @@ func (c *prefixCache) store(cuts []cutPoint, prefix []*span, reversed bool, pare
 			news[i].s = old // the same prefix, so the same ids
 			c.moveAfter(at, old)
 		} else {
-			c.spans[news[i].key] = news[i].s
-			c.bytes += news[i].s.size()
-			c.insertAfter(at, news[i].s)
+			s := news[i].s
+			if prev != nil && prev.key == s.parent {
+				s.up.Store(prev)
+			}
+			c.spans[news[i].key] = s
+			c.bytes += s.size()
+			c.insertAfter(at, s)
 		}
 		link(news[i].s)
+	}
+	if len(proofs) > 0 {
+		c.prove(proofs, prefix, reversed, news)
 	}
 	if p != nil && len(news) > 0 {
 		// A span stored before for the same cut may start elsewhere (other cuts were
@@ -496,6 +648,52 @@ func (c *prefixCache) store(cuts []cutPoint, prefix []*span, reversed bool, pare
 		}
 	}
 	c.evict()
+}
+
+// prove records the boundaries of an encode's provenance (see resume): each one's
+// key is the proof of the deepest span of the encode's chain (prefix, deepest first
+// when reversed, then news) whose cut is at or before it. Under the cache's lock.
+func (c *prefixCache) prove(proofs []proof, prefix []*span, reversed bool, news []struct {
+	key uint64
+	s   *span
+	end int
+}) {
+	n := len(prefix) + len(news)
+	at := func(j int) *span { // the chain's j-th span, root first
+		if j >= len(prefix) {
+			return news[j-len(prefix)].s
+		}
+		if reversed {
+			return prefix[len(prefix)-1-j]
+		}
+		return prefix[j]
+	}
+	j := n - 1
+	var last *span // the span given the last (deepest) boundary seen
+	for i := len(proofs) - 1; i >= 0; i-- {
+		for j >= 0 && at(j).at > proofs[i].end {
+			j--
+		}
+		if j < 0 {
+			return
+		}
+		s := at(j)
+		if s == last || s.older == nil {
+			continue // a deeper boundary has it; or evicted meanwhile
+		}
+		last = s
+		if s.proof == proofs[i].key {
+			continue
+		}
+		if s.proof != 0 && c.proven[s.proof] == s {
+			delete(c.proven, s.proof)
+		}
+		if old := c.proven[proofs[i].key]; old != nil {
+			old.proof = 0
+		}
+		s.proof = proofs[i].key
+		c.proven[s.proof] = s
+	}
 }
 
 // Prefix describes the ids of an encode that the prefix cache holds: the spans they

@@ -132,6 +132,15 @@ func (t *Tokenizer) AppendEncodeMax(dst []uint32, text string, addSpecialTokens 
 // prefix cache's spans the ids start with (see Prefix; none with the cache off), so
 // that the caller can keep what it derives from those ids with them.
 func (t *Tokenizer) AppendEncodePrefix(dst []uint32, text string, addSpecialTokens bool, maxTokens int, p *Prefix) (out []uint32, complete bool) {
+	return t.AppendEncodeProvenance(dst, text, addSpecialTokens, maxTokens, p, nil)
+}
+
+// AppendEncodeProvenance is AppendEncodePrefix for a text whose provenance the caller
+// knows (prov, when not nil: see Provenance), so that the prefix cache takes the ids of
+// the part a previous encode with the same provenance stored without checking its
+// bytes again. The ids are those AppendEncodePrefix returns whenever prov is true of
+// text.
+func (t *Tokenizer) AppendEncodeProvenance(dst []uint32, text string, addSpecialTokens bool, maxTokens int, p *Prefix, prov *Provenance) (out []uint32, complete bool) {
 	if p != nil {
 		p.Reset()
 	}
@@ -156,7 +165,7 @@ func (t *Tokenizer) AppendEncodePrefix(dst []uint32, text string, addSpecialToke
 		sc.pieces = t.rawMatcher.splitWith(text, sc.pieces[:0], &sc.matches)
 		out = t.encodePieces(sc.pieces, out, limit)
 	} else {
-		out = t.encodeCached(text, out, base, addSpecialTokens, limit, sc, p)
+		out = t.encodeCached(text, out, base, addSpecialTokens, limit, sc, p, prov)
 	}
 	sc.put(sc.pieces)
 	if addSpecialTokens {
@@ -177,6 +186,7 @@ type splitScratch struct {
 	cuts    []cutPoint
 	chain   []*span // spans walked
 	found   []*span // spans looked up
+	proofs  []proof // a provenance's boundaries
 }
 
 var splitScratches = sync.Pool{New: func() any { return new(splitScratch) }}
@@ -186,7 +196,7 @@ const maxPooledPieces = 1 << 16
 
 // put returns the scratch to the pool, dropping its references to the text.
 func (sc *splitScratch) put(pieces []piece) {
-	if cap(pieces) > maxPooledPieces || cap(sc.matches) > maxPooledPieces || cap(sc.cuts) > maxPooledPieces || cap(sc.chain) > maxPooledPieces || cap(sc.found) > maxPooledPieces {
+	if cap(pieces) > maxPooledPieces || cap(sc.matches) > maxPooledPieces || cap(sc.cuts) > maxPooledPieces || cap(sc.chain) > maxPooledPieces || cap(sc.found) > maxPooledPieces || cap(sc.proofs) > maxPooledPieces {
 		return
 	}
 	clear(pieces)

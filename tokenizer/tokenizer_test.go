@@ -344,18 +344,25 @@ func TestMetricsGolden(t *testing.T) {
 	tk.Encode("hello world<|x|>hi", false)    // miss: 10 ids encoded, the 7 before <|x|> stored
 	tk.Encode("hello world<|x|>there", false) // hit: 7 ids cached, 5 encoded
 	tk.Encode("hello world", false)           // no cut point: no lookup
+	// hits, 7 ids cached and 1 encoded each: the first by hashing, which records the
+	// provenance (its first 11 bytes are content 7), the second from it.
+	tk.AppendEncodeProvenance(nil, "hello world<|x|>!", false, 0, nil, &tokenizer.Provenance{Ends: []int{11}, IDs: []uint64{7}})
+	tk.AppendEncodeProvenance(nil, "hello world<|x|>?", false, 0, nil, &tokenizer.Provenance{Ends: []int{11}, IDs: []uint64{7}})
 	want := `
 # HELP kvrouter_tokenizer_prefix_cache_bytes Memory the prefix cache accounts for (ids at 4 bytes plus a fixed overhead per span, and the block keys stored on spans), bounded by its configured budget.
 # TYPE kvrouter_tokenizer_prefix_cache_bytes gauge
-kvrouter_tokenizer_prefix_cache_bytes{model="tiny"} 232
+kvrouter_tokenizer_prefix_cache_bytes{model="tiny"} 272
 # HELP kvrouter_tokenizer_prefix_cache_lookups_total Encodes of a text with a cut point (an added token such as <|im_start|>) that looked up the prefix cache, by result: hit when a cached prefix was used.
 # TYPE kvrouter_tokenizer_prefix_cache_lookups_total counter
-kvrouter_tokenizer_prefix_cache_lookups_total{model="tiny",result="hit"} 1
+kvrouter_tokenizer_prefix_cache_lookups_total{model="tiny",result="hit"} 3
 kvrouter_tokenizer_prefix_cache_lookups_total{model="tiny",result="miss"} 1
+# HELP kvrouter_tokenizer_prefix_cache_proven_total Encodes whose cached prefix was found from the caller's provenance of the text (a chat template's stored loop iterations) rather than by hashing the text.
+# TYPE kvrouter_tokenizer_prefix_cache_proven_total counter
+kvrouter_tokenizer_prefix_cache_proven_total{model="tiny"} 1
 # HELP kvrouter_tokenizer_prefix_cache_tokens_total Token ids of those encodes, by source: cached (copied from the prefix cache) or encoded.
 # TYPE kvrouter_tokenizer_prefix_cache_tokens_total counter
-kvrouter_tokenizer_prefix_cache_tokens_total{model="tiny",source="cached"} 7
-kvrouter_tokenizer_prefix_cache_tokens_total{model="tiny",source="encoded"} 15
+kvrouter_tokenizer_prefix_cache_tokens_total{model="tiny",source="cached"} 21
+kvrouter_tokenizer_prefix_cache_tokens_total{model="tiny",source="encoded"} 19
 `
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want)); err != nil {
 		t.Error(err)

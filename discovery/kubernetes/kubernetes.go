@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -317,6 +318,16 @@ func (s *Source) Priority(name string) (int, bool) {
 	}
 	p, ok := (*m)[name]
 	return p, ok
+}
+
+// Objectives returns a copy of the priorities Priority reads (nil before the first
+// list), for /debug/objectives. Safe for concurrent use.
+func (s *Source) Objectives() map[string]int {
+	m := s.objectives.Load()
+	if m == nil {
+		return nil
+	}
+	return maps.Clone(*m)
 }
 
 func toPool(obj any) (*infv1.InferencePool, error) {

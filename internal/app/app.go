@@ -233,6 +233,7 @@ func New(cfg *config.Config, o Options) (*App, error) {
 		dbg.HandleFunc("GET /debug/endpoints", a.serveEndpoints)
 		dbg.HandleFunc("GET /debug/kv", a.serveDebugKV)
 		dbg.HandleFunc("GET /debug/replicas", a.serveDebugReplicas)
+		dbg.HandleFunc("GET /debug/objectives", a.serveDebugObjectives)
 		dbg.HandleFunc("POST /debug/route", a.serveDebugRoute)
 		dbg.HandleFunc("GET /debug/pprof/", pprof.Index)
 		dbg.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)

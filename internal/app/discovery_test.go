@@ -2,6 +2,7 @@ package app_test
 
 import (
 	"context"
+	"maps"
 	"net/netip"
 	"path/filepath"
 	"slices"
@@ -27,11 +28,9 @@ import (
 	"github.com/kvrouter/kvrouter/discovery"
 	kdisc "github.com/kvrouter/kvrouter/discovery/kubernetes"
 	"github.com/kvrouter/kvrouter/discovery/kubernetes/clientset"
-	"github.com/kvrouter/kvrouter/epp"
 	"github.com/kvrouter/kvrouter/internal/app"
 	"github.com/kvrouter/kvrouter/internal/testmetrics"
 	"github.com/kvrouter/kvrouter/internal/testwait"
-	"github.com/kvrouter/kvrouter/testbench/fakeenvoy"
 )
 
 // staticResolver answers every question with its addresses.
@@ -158,28 +157,17 @@ func TestInferenceObjectivesShed(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	a := startApp(t, cfg, app.Options{Registry: reg, KubeClients: &kdisc.Clients{Core: clientset.New(cs), Dynamic: dyn}, HTTPClient: vllm.Client()})
 	client := extprocv3.NewExternalProcessorClient(dial(t, a.addrs.ExtProc))
-	status := func(objective string) int32 {
-		t.Helper()
-		x, err := fakeenvoy.Start(context.Background(), client, fakeenvoy.FullDuplex())
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer x.Cancel()
-		res, err := x.Request(fakeenvoy.Request{
-			Headers: fakeenvoy.Headers{{Key: ":method", Value: "POST"}, {Key: ":path", Value: "/v1/chat/completions"},
-				{Key: epp.HeaderObjective, Value: objective}},
-			Body: [][]byte{[]byte(`{"model":"` + model + `","messages":[{"role":"user","content":"hi"}]}`)}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return int32(res.Immediate.GetStatus().GetCode())
-	}
+	status := func(objective string) int32 { return objectiveStatus(t, client, objective) }
 	testwait.For(t, "the sheddable objective shed", func() bool { return status("batch") == 429 })
 	if code := status("chat"); code != 0 {
 		t.Fatalf("critical objective answered %d, want routed", code)
 	}
 	if got := testmetrics.Must(t, reg, "kvrouter_requests_shed_total", "objective", "batch"); got != 1 {
 		t.Fatalf("kvrouter_requests_shed_total{objective=batch} %v, want 1", got)
+	}
+	if got := getObjectives(t, a); got.Source != "inference_pool" || got.ShedQueueDepth != 5 ||
+		!maps.Equal(got.Objectives, map[string]int{"batch": -1, "chat": 10}) {
+		t.Fatalf("/debug/objectives %+v, want the pool's batch -1 and chat 10, shed past 5", got)
 	}
 }
 

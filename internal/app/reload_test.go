@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -301,25 +302,7 @@ func TestReloadObjectives(t *testing.T) {
 	client := extprocv3.NewExternalProcessorClient(dial(t, r.addrs.ExtProc))
 	// status is the status of kvrouter's own answer to a request naming objective (none
 	// when ""), 0 when the request was routed.
-	status := func(objective string) int32 {
-		t.Helper()
-		x, err := fakeenvoy.Start(context.Background(), client, fakeenvoy.FullDuplex())
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer x.Cancel()
-		h := fakeenvoy.Headers{{Key: ":method", Value: "POST"}, {Key: ":path", Value: "/v1/chat/completions"},
-			{Key: "content-type", Value: "application/json"}}
-		if objective != "" {
-			h = append(h, fakeenvoy.Header{Key: epp.HeaderObjective, Value: objective})
-		}
-		res, err := x.Request(fakeenvoy.Request{Headers: h,
-			Body: [][]byte{[]byte(`{"model":"` + model + `","messages":[{"role":"user","content":"hi"}]}`)}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return int32(res.Immediate.GetStatus().GetCode())
-	}
+	status := func(objective string) int32 { return objectiveStatus(t, client, objective) }
 	// send reports whether a request naming objective was shed (429).
 	send := func(objective string) bool {
 		t.Helper()
@@ -343,6 +326,10 @@ func TestReloadObjectives(t *testing.T) {
 		}
 	}
 
+	if got := getObjectives(t, r); got.Source != "config" || !maps.Equal(got.Objectives, map[string]int{"batch": -1, "chat": 10}) {
+		t.Fatalf("/debug/objectives %+v, want the configured batch -1 and chat 10", got)
+	}
+
 	writeFile(t, path, yaml(0))
 	rep, err := r.Reload()
 	if err != nil {
@@ -357,4 +344,46 @@ func TestReloadObjectives(t *testing.T) {
 	if got := testmetrics.Must(t, reg, "kvrouter_requests_shed_total", "objective", "batch"); got != 2 {
 		t.Fatalf("kvrouter_requests_shed_total{objective=batch} %v, want 2", got)
 	}
+	if got := getObjectives(t, r); got.Objectives["batch"] != 0 {
+		t.Fatalf("/debug/objectives %+v after the reload, want batch 0", got)
+	}
+}
+
+// debugObjectives is GET /debug/objectives.
+type debugObjectives struct {
+	Source         string         `json:"source"`
+	ShedQueueDepth int            `json:"shed_queue_depth"`
+	Objectives     map[string]int `json:"objectives"`
+}
+
+func getObjectives(t *testing.T, a *runningApp) debugObjectives {
+	t.Helper()
+	code, body := httpGet(t, "http://"+a.addrs.Debug+"/debug/objectives")
+	var d debugObjectives
+	if code != 200 || json.Unmarshal([]byte(body), &d) != nil {
+		t.Fatalf("/debug/objectives: %d %s", code, body)
+	}
+	return d
+}
+
+// objectiveStatus sends a chat request naming objective (none when "") and returns the
+// status of kvrouter's own answer to it, 0 when the request was routed.
+func objectiveStatus(t *testing.T, client extprocv3.ExternalProcessorClient, objective string) int32 {
+	t.Helper()
+	x, err := fakeenvoy.Start(context.Background(), client, fakeenvoy.FullDuplex())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer x.Cancel()
+	h := fakeenvoy.Headers{{Key: ":method", Value: "POST"}, {Key: ":path", Value: "/v1/chat/completions"},
+		{Key: "content-type", Value: "application/json"}}
+	if objective != "" {
+		h = append(h, fakeenvoy.Header{Key: epp.HeaderObjective, Value: objective})
+	}
+	res, err := x.Request(fakeenvoy.Request{Headers: h,
+		Body: [][]byte{[]byte(`{"model":"` + model + `","messages":[{"role":"user","content":"hi"}]}`)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return int32(res.Immediate.GetStatus().GetCode())
 }

@@ -59,6 +59,13 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- $_ := set $listen "tls" $tls -}}
 {{- $_ := set $cfg "listen" $listen -}}
 {{- end -}}
+{{- /* Behind an override-host gateway kvrouter lists fallbacks for its retries. */ -}}
+{{- $fallbacks := include "kvrouter.maxFallbacks" . -}}
+{{- if eq (include "kvrouter.upstream" .) "override-host" -}}
+{{- $limits := default dict $cfg.limits -}}
+{{- $_ := set $limits "max_fallbacks" (int $fallbacks) -}}
+{{- $_ := set $cfg "limits" $limits -}}
+{{- end -}}
 {{- toYaml $cfg -}}
 {{- end -}}
 
@@ -92,5 +99,83 @@ client_ca_file: /etc/kvrouter-tls/ca.crt
 {{- end }}
 {{- else if $t.requireClientCerts -}}
 {{- fail "tls.requireClientCerts needs tls.secretName (its ca.crt is the client CA)" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* How the chart's gateways (envoy.enabled, istio.enabled) reach the pod kvrouter
+     picks: "override-host", "original-dst", or "" without a gateway of the chart's.
+     kvrouter lists one set of fallbacks for every gateway, so both must agree. */}}
+{{- define "kvrouter.upstream" -}}
+{{- $ups := list -}}
+{{- if .Values.envoy.enabled -}}{{- $ups = append $ups (default "override-host" .Values.envoy.upstream) -}}{{- end -}}
+{{- if .Values.istio.enabled -}}{{- $ups = append $ups (default "original-dst" .Values.istio.upstream) -}}{{- end -}}
+{{- range $ups -}}
+{{- if not (has . (list "override-host" "original-dst")) -}}
+{{- fail (printf "upstream %q: want override-host or original-dst" .) -}}
+{{- end -}}
+{{- end -}}
+{{- $ups = uniq $ups -}}
+{{- if gt (len $ups) 1 -}}
+{{- fail "envoy.upstream and istio.upstream differ: kvrouter lists one set of fallbacks (limits.max_fallbacks) for every gateway" -}}
+{{- end -}}
+{{- if $ups -}}{{- first $ups -}}{{- end -}}
+{{- end -}}
+
+{{/* limits.max_fallbacks as kvrouter gets it: config's, else 2 behind an override-host
+     gateway (a dead pod plus one more failure), else kvrouter's default 0. */}}
+{{- define "kvrouter.maxFallbacks" -}}
+{{- $l := default dict .Values.config.limits -}}
+{{- $up := include "kvrouter.upstream" . -}}
+{{- if hasKey $l "max_fallbacks" -}}
+{{- $n := int $l.max_fallbacks -}}
+{{- if and (eq $up "original-dst") (gt $n 0) -}}
+{{- fail (printf "config.limits.max_fallbacks %d with upstream original-dst: an ORIGINAL_DST cluster takes one ip:port, so the list would fail every request; keep it 0 or use override-host" $n) -}}
+{{- end -}}
+{{- $n -}}
+{{- else if eq $up "override-host" -}}2
+{{- else -}}0
+{{- end -}}
+{{- end -}}
+
+{{/* The gateway's retries on the vLLM route: one per fallback kvrouter lists, at least
+     one (past the list, override_host picks by its fallback policy). */}}
+{{- define "kvrouter.retries" -}}
+{{- max 1 (int (include "kvrouter.maxFallbacks" .)) -}}
+{{- end -}}
+
+{{/* kvrouter's limits.max_body_bytes (default 16 MiB): the body Envoy keeps for
+     retries (per_request_buffer_limit_bytes). */}}
+{{- define "kvrouter.maxBodyBytes" -}}
+{{- (default dict .Values.config.limits).max_body_bytes | default 16777216 | int64 -}}
+{{- end -}}
+
+{{/* The headless Service over the vLLM pods that an override-host cluster resolves. */}}
+{{- define "kvrouter.poolName" -}}
+{{- printf "%s-pool" (include "kvrouter.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* The port kvrouter names the pods by: the pool's target port, else discovery's. */}}
+{{- define "kvrouter.poolPort" -}}
+{{- if .Values.inferencePool.enabled -}}
+{{- .Values.inferencePool.targetPort -}}
+{{- else -}}
+{{- (default dict (default dict .Values.config.discovery).kubernetes).port | default .Values.vllm.port -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The vLLM pods' labels: poolSelector, else the InferencePool's, discovery's or the
+     chart's own vLLM pods'. */}}
+{{- define "kvrouter.poolSelector" -}}
+{{- $k := default dict (default dict .Values.config.discovery).kubernetes -}}
+{{- if .Values.poolSelector -}}
+{{- toYaml .Values.poolSelector -}}
+{{- else if .Values.inferencePool.enabled -}}
+{{- toYaml .Values.inferencePool.selector -}}
+{{- else if $k.selector -}}
+{{- toYaml $k.selector -}}
+{{- else if .Values.vllm.enabled -}}
+app: {{ .Values.vllm.name }}
+{{- else -}}
+{{- fail "upstream override-host needs the vLLM pods' labels (override_host only picks hosts its cluster knows, so the chart renders a headless Service over them): set poolSelector, or use upstream original-dst" -}}
 {{- end -}}
 {{- end -}}

@@ -35,6 +35,10 @@ type state struct {
 	stats     RenderStats
 	// settle observes the iteration of a settled loop being executed (settle.go).
 	settle *settleProbe
+	// main is the render's own output (out is another while a block is captured);
+	// prov, when not nil, is told which of it stored iterations wrote (memo.go).
+	main *output
+	prov *Provenance
 }
 
 const maxMacroDepth = 64
@@ -222,8 +226,29 @@ func iterate(v Value) ([]Value, error) {
 }
 
 func (s *forStmt) exec(st *state) (ctl, error) {
-	seq, err := s.iter.eval(st)
-	if err != nil {
+	var seq Value
+	var err error
+	rev := false // items are visited last first
+	if se, ok := s.iter.(*sliceExpr); ok && se.lo == nil && se.hi == nil && se.step != nil && s.filter == nil && !s.memoized(st) {
+		// for x in seq[::-1] over a list visits it backwards without copying it
+		// reversed: Qwen3's scan for the last query copied a long conversation's
+		// messages each render to look at its last few.
+		var step Value
+		if seq, err = se.obj.eval(st); err == nil {
+			step, err = se.step.eval(st)
+		}
+		if err != nil {
+			return ctlNone, err
+		}
+		if rev = seq.kind == KindList && step.kind == KindInt && step.n == -1; !rev {
+			if seq.kind == KindUndefined {
+				return ctlNone, undefinedError(seq)
+			}
+			if seq, err = slice(seq, None(), None(), step); err != nil {
+				return ctlNone, err
+			}
+		}
+	} else if seq, err = s.iter.eval(st); err != nil {
 		return ctlNone, err
 	}
 	items, err := iterate(seq)
@@ -251,13 +276,13 @@ func (s *forStmt) exec(st *state) (ctl, error) {
 	}
 	var loop *loopState
 	if s.loopRef != nil {
-		loop = &loopState{items: items}
+		loop = &loopState{items: items, rev: rev}
 	}
-	if s.memo != nil && st.cache != nil && st.rec == nil {
+	if s.memoized(st) {
 		if err := s.execMemo(st, items, saved, loop); err != nil {
 			return ctlNone, err
 		}
-	} else if err := s.execItems(st, items, saved, loop); err != nil {
+	} else if err := s.execItems(st, items, rev, saved, loop); err != nil {
 		return ctlNone, err
 	}
 	if len(items) == 0 && s.els != nil {
@@ -283,7 +308,14 @@ func (s *forStmt) enter(st *state, saved []Value, loop *loopState, i int, it Val
 	return nil
 }
 
-func (s *forStmt) execItems(st *state, items, saved []Value, loop *loopState) error {
+// memoized reports whether the loop runs with the render's iteration cache
+// (execMemo).
+func (s *forStmt) memoized(st *state) bool {
+	return s.memo != nil && st.cache != nil && st.rec == nil
+}
+
+// execItems runs the loop over items, last first when rev.
+func (s *forStmt) execItems(st *state, items []Value, rev bool, saved []Value, loop *loopState) error {
 	var probe *settleProbe
 	if s.settled && st.settle == nil && st.rec == nil {
 		probe = new(settleProbe)
@@ -291,6 +323,9 @@ func (s *forStmt) execItems(st *state, items, saved []Value, loop *loopState) er
 		defer func() { st.settle = nil }()
 	}
 	for i, it := range items {
+		if rev {
+			it = items[len(items)-1-i]
+		}
 		if err := s.enter(st, saved, loop, i, it); err != nil {
 			return err
 		}
@@ -314,7 +349,16 @@ func (s *forStmt) execItems(st *state, items, saved []Value, loop *loopState) er
 
 type loopState struct {
 	items  []Value
+	rev    bool // the loop visits items last first
 	index0 int
+}
+
+// item returns the i-th item the loop visits.
+func (l *loopState) item(i int) Value {
+	if l.rev {
+		return l.items[len(l.items)-1-i]
+	}
+	return l.items[i]
 }
 
 func (l *loopState) attr(self Value, name string) (Value, error) {
@@ -340,12 +384,12 @@ func (l *loopState) attr(self Value, name string) (Value, error) {
 		return Int(0), nil
 	case "previtem":
 		if l.index0 > 0 {
-			return l.items[l.index0-1], nil
+			return l.item(l.index0 - 1), nil
 		}
 		return Undefined("previtem"), nil
 	case "nextitem":
 		if l.index0+1 < n {
-			return l.items[l.index0+1], nil
+			return l.item(l.index0 + 1), nil
 		}
 		return Undefined("nextitem"), nil
 	case "cycle":

@@ -2,6 +2,7 @@ package jinja
 
 import (
 	"math/big"
+	"sync/atomic"
 	"unsafe"
 )
 
@@ -62,6 +63,7 @@ type IterationKey struct {
 
 // Iteration is a rendered loop iteration and what it depended on. It is immutable.
 type Iteration struct {
+	id     uint64 // unique over the process's life (iterationIDs): names out
 	out    string
 	brk    bool
 	entry  []Value // the scope's values at the start of the iteration
@@ -100,6 +102,50 @@ const (
 	memoWarmup = 8
 )
 
+// iterationIDs numbers Iterations: an id is never given twice, so that it names the
+// (immutable) output of one Iteration (see Provenance).
+var iterationIDs atomic.Uint64
+
+// Provenance describes where a render's output is made of stored iterations: from
+// Start on (an offset into the output the render appended to dst), the output is the
+// outputs of the iterations IDs names (replayed from the cache or rendered and stored
+// by this render), back to back, the i-th ending at Ends[i]. An Iteration is
+// immutable and its id is never given to another, so two renders whose outputs agree
+// up to Start and whose IDs agree up to i have the same output up to Ends[i], a fact
+// the render proved by writing those outputs and that nothing needs to compare again.
+// Only the first run of back-to-back iterations written to the render's own output
+// (not to a captured block) is described.
+type Provenance struct {
+	Start int
+	Ends  []int
+	IDs   []uint64
+	base  int  // len(dst)
+	done  bool // the run ended: later iterations are not described
+}
+
+// Reset empties p for a render, keeping its memory.
+func (p *Provenance) Reset() {
+	*p = Provenance{Ends: p.Ends[:0], IDs: p.IDs[:0]}
+}
+
+// note records that the output from start to its end is it's output.
+func (st *state) note(start int, it *Iteration) {
+	p := st.prov
+	if p == nil || p.done || st.out != st.main {
+		return
+	}
+	start -= p.base
+	switch {
+	case len(p.IDs) == 0:
+		p.Start = start
+	case p.Ends[len(p.Ends)-1] != start: // output no iteration names came between
+		p.done = true
+		return
+	}
+	p.Ends = append(p.Ends, st.out.Len()-p.base)
+	p.IDs = append(p.IDs, it.id)
+}
+
 // RenderStats counts the memoizable loop iterations of one render.
 type RenderStats struct {
 	// Reused iterations came from the IterationCache; Rendered ones were executed.
@@ -113,7 +159,17 @@ type RenderStats struct {
 // memoizable loops that cache holds and storing the ones it renders. dst may be a
 // buffer the caller reuses: nothing of the render keeps a reference to it.
 func (t *Template) RenderCached(dst []byte, vars Vars, cache IterationCache) ([]byte, RenderStats, error) {
-	st := &state{t: t, top: make([]Value, len(t.names)), cache: cache}
+	return t.RenderTraced(dst, vars, cache, nil)
+}
+
+// RenderTraced is RenderCached that also fills prov (when not nil, after resetting
+// it) with where the output is made of stored iterations.
+func (t *Template) RenderTraced(dst []byte, vars Vars, cache IterationCache, prov *Provenance) ([]byte, RenderStats, error) {
+	if prov != nil {
+		prov.Reset()
+		prov.base = len(dst)
+	}
+	st := &state{t: t, top: make([]Value, len(t.names)), cache: cache, prov: prov}
 	for i, name := range t.names {
 		if v, ok := vars.Lookup(name); ok {
 			st.top[i] = v
@@ -122,7 +178,11 @@ func (t *Template) RenderCached(dst []byte, vars Vars, cache IterationCache) ([]
 		}
 	}
 	st.out = &output{b: dst}
+	st.main = st.out
 	if _, err := execBody(st, t.body); err != nil {
+		if prov != nil {
+			prov.Reset()
+		}
 		return nil, st.stats, err
 	}
 	return st.out.b, st.stats, nil
@@ -318,7 +378,9 @@ func (s *forStmt) execMemo(st *state, items []Value, saved []Value, loop *loopSt
 					}
 				}
 				if same && s.replay(st, prev) {
+					start := st.out.Len()
 					st.out.WriteString(prev.out)
+					st.note(start, prev)
 					st.stats.Reused++
 					reused++
 					if prev.brk {
@@ -356,10 +418,13 @@ func (s *forStmt) execMemo(st *state, items []Value, saved []Value, loop *loopSt
 		}
 		if record && !rec.tainted {
 			out := string(st.out.b[start:])
-			st.cache.StoreIteration(item, key, &Iteration{
+			it := &Iteration{
+				id:  iterationIDs.Add(1),
 				out: out, brk: c == ctlBreak, entry: saved, events: rec.events,
 				size: iterationOverhead + int64(len(out)) + entrySize + rec.size,
-			})
+			}
+			st.note(start, it)
+			st.cache.StoreIteration(item, key, it)
 		}
 		if c == ctlBreak {
 			break

@@ -101,6 +101,12 @@ CASES = [
     # loops
     "{% for i in items %}{{ loop.index }}{{ loop.index0 }}{{ loop.revindex }}{{ loop.revindex0 }}{{ loop.first }}{{ loop.last }}{{ loop.length }}{{ i }} {% endfor %}",
     "{% for i in items %}{{ loop.previtem }}-{{ loop.nextitem }}|{% endfor %}{% for i in items %}{{ loop.cycle('o', 'e') }}{% endfor %}",
+    # A loop over a list reversed runs backwards over the list, not over a reversed copy.
+    "{% for i in items[::-1] %}{{ loop.index0 }}{{ loop.revindex }}{{ loop.first }}{{ loop.last }}{{ loop.length }}{{ loop.previtem }}-{{ i }}-{{ loop.nextitem }}|{% endfor %}",
+    "{% for m in msgs[::-1] %}{% if m.role == 'user' %}{{ loop.index0 }}{% break %}{% endif %}{% endfor %}{% for i in e[::-1] %}x{% else %}empty{% endfor %}{% for i in s[::-1] %}{{ i }}{% endfor %}",
+    "{% for i in nums[::-2] %}{{ i }}{{ loop.nextitem }}{% endfor %}{% for i in nums[::x - 2] %}{{ i }}{{ loop.previtem }}{% endfor %}",
+    "{% for i in undefined_list[::-1] %}{{ i }}{% endfor %}",
+    "{% for i in nums[::y - 2] %}{% endfor %}",
     "{% for i in nums if i > 1 %}{{ loop.index }}:{{ i }}{{ ',' if not loop.last }}{% endfor %}",
     "{% for i in [] %}x{% else %}empty{% endfor %}{% for i in items if i == 'z' %}x{% else %}none{% endfor %}{% for i in q %}x{% else %}undef{% endfor %}",
     "{% for i in range(5) %}{% if i == 1 %}{% continue %}{% endif %}{% if i == 3 %}{% break %}{% endif %}{{ i }}{% endfor %}",
