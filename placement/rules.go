@@ -36,19 +36,14 @@ type scratch struct {
 	// decoding requests free, and when (soonestRoom).
 	epIndex map[*endpointState]int
 	frees   [][]freeing
-	// last is, per prefix active on a candidate, its decoding requests there and when
-	// the last of them frees (soonestRoom).
-	last map[prefixAt]lastFree
+	// prefixes lists the prefixes active on candidates that soonestRoom counted
+	// decoding requests of, with the candidate's index.
+	prefixes []activeOn
 }
 
-type prefixAt struct {
-	ep  *endpointState
-	key uint64
-}
-
-type lastFree struct {
-	decoding int
-	at       float64
+type activeOn struct {
+	a *activePrefix
+	i int
 }
 
 // freeing is one decoding request's blocks, freed at seconds from now.
@@ -549,10 +544,7 @@ func (p *Policy) soonestRoom(key uint64, cands []scoring.Endpoint, sc *scratch, 
 	for i := range frees {
 		frees[i] = frees[i][:0]
 	}
-	if sc.last == nil {
-		sc.last = make(map[prefixAt]lastFree)
-	}
-	clear(sc.last)
+	sc.prefixes = sc.prefixes[:0]
 	now := p.now()
 	for _, r := range p.reqs {
 		i, ok := idx[r.ep]
@@ -564,22 +556,28 @@ func (p *Policy) soonestRoom(key uint64, cands []scoring.Endpoint, sc *scratch, 
 			d = sc.meanDecode
 		}
 		at := max(0, d-now.Sub(r.first).Seconds())
-		frees[i] = append(frees[i], freeing{at: at, blocks: r.unique})
-		if r.key == key {
+		a := r.ep.active[r.key]
+		if r.key == key || a == nil {
+			frees[i] = append(frees[i], freeing{at: at, blocks: r.unique})
 			continue
 		}
-		pk := prefixAt{r.ep, r.key}
-		l := sc.last[pk]
-		l.decoding++
-		l.at = max(l.at, at)
-		sc.last[pk] = l
+		if a.requests == 1 { // the prefix's only request there: they free together
+			frees[i] = append(frees[i], freeing{at: at, blocks: r.unique + a.blocks})
+			continue
+		}
+		frees[i] = append(frees[i], freeing{at: at, blocks: r.unique})
+		if a.stamp != p.tick {
+			a.stamp, a.decoding, a.freeAt = p.tick, 0, 0
+			sc.prefixes = append(sc.prefixes, activeOn{a, i})
+		}
+		a.decoding++
+		a.freeAt = max(a.freeAt, at)
 	}
 	// A prefix's blocks free with the last of its requests there, when every one of them
 	// is decoding (one not started holds them further).
-	for pk, l := range sc.last {
-		if a := pk.ep.active[pk.key]; a != nil && a.requests == l.decoding {
-			i := idx[pk.ep]
-			frees[i] = append(frees[i], freeing{at: l.at, blocks: a.blocks})
+	for _, x := range sc.prefixes {
+		if x.a.requests == x.a.decoding {
+			frees[x.i] = append(frees[x.i], freeing{at: x.a.freeAt, blocks: x.a.blocks})
 		}
 	}
 	blocks := len(sc.keys)
