@@ -105,10 +105,12 @@ func Parse(path string, body []byte) (*Request, error) {
 	}
 	// Everything but the messages Request carries is validated here: the UTF-8 of the
 	// rest of the body, and any other delimited list (an earlier "messages").
-	valid := utf8.Valid(body)
+	var valid bool
 	if used >= 0 && members[used].delimited {
 		m := members[used]
 		valid = utf8.Valid(body[:m.start]) && utf8.Valid(body[m.start+len(m.raw):])
+	} else {
+		valid = utf8.Valid(body)
 	}
 	if !valid {
 		return nil, &ParseError{Reason: ReasonNonUTF8}
