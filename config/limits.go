@@ -59,7 +59,7 @@ type LimitsConfig struct {
 	// ORIGINAL_DST cluster (envoy/envoy.yaml, the Istio EnvoyFilter) takes a single
 	// ip:port; set it (2 is enough for one dead pod at a time plus a second failure)
 	// behind a proxy with Envoy's override_host load-balancing policy
-	// (envoy/envoy-fallbacks.yaml; the Helm chart sets 2 with it) or the dev gateway,
+	// (envoy/envoy-fallbacks.yaml; the Helm chart and examples/kubernetes set 2 with it) or the dev gateway,
 	// which retry on the next listed endpoint.
 	MaxFallbacks int `yaml:"max_fallbacks"`
 	// ShedQueueDepth > 0 sheds sheddable requests, as the Gateway API Inference

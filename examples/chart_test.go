@@ -182,7 +182,7 @@ func checkChart(t *testing.T, name string, objs []object) {
 	if kinds["EnvoyFilter"] > 0 {
 		checkIstioTLS(t, find[*istionetv1.DestinationRule](t, objs, "kvrouter-extproc"), "kvrouter.llm.svc.cluster.local")
 		c, r := checkEnvoyFilter(t, find[*istionetv1alpha3.EnvoyFilter](t, objs, "kvrouter"), "vllm")
-		checkUpstream(t, objs, cfg, c, []*routev3.Route{r})
+		checkUpstream(t, objs, cfg, chartPool, c, []*routev3.Route{r})
 	}
 	role := find[*rbacv1.Role](t, objs, "kvrouter-discovery")
 	for _, r := range role.Rules {
@@ -216,7 +216,7 @@ func checkChart(t *testing.T, name string, objs []object) {
 					t.Error("Envoy does not reach kvrouter through the headless Service")
 				}
 				c, routes := bootstrapUpstream(t, b)
-				checkUpstream(t, objs, cfg, c, routes)
+				checkUpstream(t, objs, cfg, chartPool, c, routes)
 			}
 		}
 	}
@@ -279,13 +279,18 @@ func bootstrapUpstream(t *testing.T, b *bootstrapv3.Bootstrap) (*clusterv3.Clust
 	return c, routes
 }
 
+// chartPool is the chart's headless Service over the vLLM pods (`<release>-pool`).
+const chartPool = "kvrouter-pool"
+
 // checkUpstream: the gateway's cluster for kvrouter's picks and kvrouter's configuration
-// agree. With override_host: the cluster resolves the chart's headless pool Service on
-// the port kvrouter names the pods by, the Service selects the chart's vLLM pods, every
-// route to the cluster retries as many times as kvrouter lists fallbacks (2) and keeps
-// bodies up to kvrouter's max_body_bytes for it. With ORIGINAL_DST (one ip:port):
-// kvrouter lists no fallbacks.
-func checkUpstream(t *testing.T, objs []object, cfg *config.Config, c *clusterv3.Cluster, routes []*routev3.Route) {
+// agree. With override_host: the cluster resolves the headless Service named pool (in
+// namespace llm) on the port kvrouter names the pods by, the Service is headless on that
+// port and selects every vLLM Deployment's pods, which listen on it, every route to the
+// cluster retries as many times as kvrouter lists fallbacks (2) and keeps bodies up to
+// kvrouter's max_body_bytes for it. With ORIGINAL_DST (one ip:port): kvrouter lists no
+// fallbacks and objs hold no pool Service. The chart's renderings and the
+// examples/kubernetes manifests both go through it.
+func checkUpstream(t *testing.T, objs []object, cfg *config.Config, pool string, c *clusterv3.Cluster, routes []*routev3.Route) {
 	t.Helper()
 	overrideHost := false
 	for _, p := range c.GetLoadBalancingPolicy().GetPolicies() {
@@ -299,7 +304,7 @@ func checkUpstream(t *testing.T, objs []object, cfg *config.Config, c *clusterv3
 			t.Errorf("limits.max_fallbacks %d behind an ORIGINAL_DST cluster, which takes one ip:port", cfg.Limits.MaxFallbacks)
 		}
 		for _, o := range objs {
-			if svc, ok := o.obj.(*corev1.Service); ok && svc.Name == "kvrouter-pool" {
+			if svc, ok := o.obj.(*corev1.Service); ok && svc.Name == pool {
 				t.Error("the pool's headless Service is rendered for an ORIGINAL_DST cluster")
 			}
 		}
@@ -333,16 +338,38 @@ func checkUpstream(t *testing.T, objs []object, cfg *config.Config, c *clusterv3
 		t.Fatalf("cluster %s: type %v with %d localities, want STRICT_DNS over one address", c.GetName(), c.GetType(), len(eps))
 	}
 	sa := eps[0].GetLbEndpoints()[0].GetEndpoint().GetAddress().GetSocketAddress()
-	if sa.GetAddress() != "kvrouter-pool.llm.svc.cluster.local" || int(sa.GetPortValue()) != port {
-		t.Errorf("cluster %s resolves %s:%d, want kvrouter-pool.llm.svc.cluster.local:%d (the port kvrouter names pods by)", c.GetName(), sa.GetAddress(), sa.GetPortValue(), port)
+	if host := pool + ".llm.svc.cluster.local"; sa.GetAddress() != host || int(sa.GetPortValue()) != port {
+		t.Errorf("cluster %s resolves %s:%d, want %s:%d (the port kvrouter names pods by)", c.GetName(), sa.GetAddress(), sa.GetPortValue(), host, port)
 	}
-	svc := find[*corev1.Service](t, objs, "kvrouter-pool")
+	svc := find[*corev1.Service](t, objs, pool)
 	if svc.Spec.ClusterIP != corev1.ClusterIPNone || len(svc.Spec.Ports) != 1 || int(svc.Spec.Ports[0].Port) != port || svc.Spec.Ports[0].TargetPort.IntValue() != port {
-		t.Errorf("kvrouter-pool: clusterIP %q, ports %+v; want headless on %d", svc.Spec.ClusterIP, svc.Spec.Ports, port)
+		t.Errorf("%s: clusterIP %q, ports %+v; want headless on %d", pool, svc.Spec.ClusterIP, svc.Spec.Ports, port)
 	}
-	vllm := find[*appsv1.Deployment](t, objs, "vllm")
-	if len(svc.Spec.Selector) == 0 || !labels.SelectorFromSet(svc.Spec.Selector).Matches(labels.Set(vllm.Spec.Template.Labels)) {
-		t.Errorf("kvrouter-pool selects %v, not the vLLM pods %v", svc.Spec.Selector, vllm.Spec.Template.Labels)
+	// Every vLLM Deployment (examples/kubernetes has the GPU one and the simulator's):
+	// the Service selects its pods and they listen on the port.
+	var vllms int
+	for _, o := range objs {
+		d, ok := o.obj.(*appsv1.Deployment)
+		if !ok || d.Name != "vllm" {
+			continue
+		}
+		vllms++
+		pt := d.Spec.Template
+		if len(svc.Spec.Selector) == 0 || !labels.SelectorFromSet(svc.Spec.Selector).Matches(labels.Set(pt.Labels)) {
+			t.Errorf("%s selects %v, not the vLLM pods of %s (%v)", pool, svc.Spec.Selector, o.file, pt.Labels)
+		}
+		listens := false
+		for _, ctr := range pt.Spec.Containers {
+			for _, p := range ctr.Ports {
+				listens = listens || int(p.ContainerPort) == port
+			}
+		}
+		if !listens {
+			t.Errorf("the vLLM pods of %s declare no container port %d, where %s sends", o.file, port, c.GetName())
+		}
+	}
+	if vllms == 0 {
+		t.Error("no vllm Deployment")
 	}
 }
 

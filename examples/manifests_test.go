@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -299,7 +300,7 @@ func TestKubernetesManifests(t *testing.T) {
 			t.Errorf("discovery port %d does not match the vllm Service", cfg.Discovery.Kubernetes.Port)
 		}
 	})
-	t.Run("envoy config is the repository's with kvrouter's Service name", func(t *testing.T) {
+	t.Run("envoy config is the repository's fallbacks file with the Services' names", func(t *testing.T) {
 		cm := find[*corev1.ConfigMap](t, objs, "envoy-config")
 		got := cm.Data["envoy.yaml"]
 		b, err := envoy.Parse([]byte(got))
@@ -309,21 +310,60 @@ func TestKubernetesManifests(t *testing.T) {
 		if err := envoy.Check(b); err != nil {
 			t.Error(err)
 		}
-		orig, err := os.ReadFile("../envoy/envoy.yaml")
+		orig, err := os.ReadFile("../envoy/envoy-fallbacks.yaml")
 		if err != nil {
 			t.Fatal(err)
 		}
-		want := strings.Replace(string(orig), "{address: kvrouter, port_value: 9002}",
-			"{address: kvrouter-headless.llm.svc.cluster.local, port_value: 9002}", 1)
+		want := string(orig)
+		for _, r := range [][2]string{
+			{"{address: kvrouter, port_value: 9002}", "{address: kvrouter-headless.llm.svc.cluster.local, port_value: 9002}"},
+			{"{address: vllm-pool, port_value: 8000}", "{address: " + manifestPool + ".llm.svc.cluster.local, port_value: 8000}"},
+		} {
+			if strings.Count(want, r[0]) != 1 {
+				t.Fatalf("envoy/envoy-fallbacks.yaml has %d %q, want 1", strings.Count(want, r[0]), r[0])
+			}
+			want = strings.Replace(want, r[0], r[1], 1)
+		}
 		if got != want {
-			t.Errorf("envoy.yaml in the ConfigMap differs from envoy/envoy.yaml beyond the kvrouter address: %s", firstDiff(got, want))
+			t.Errorf("envoy.yaml in the ConfigMap differs from envoy/envoy-fallbacks.yaml beyond the two Services' addresses: %s", firstDiff(got, want))
 		}
 		svc := find[*corev1.Service](t, objs, "kvrouter-headless")
 		if svc.Spec.ClusterIP != corev1.ClusterIPNone {
 			t.Errorf("kvrouter-headless is not headless")
 		}
+		// Envoy's retries, retry buffer and pool agree with kvrouter's configuration.
+		kcm := find[*corev1.ConfigMap](t, objs, "kvrouter-config")
+		cfg, err := config.Parse([]byte(kcm.Data["kvrouter.yaml"]), "kvrouter-config")
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, routes := bootstrapUpstream(t, b)
+		checkUpstream(t, objs, cfg, manifestPool, c, routes)
+	})
+	t.Run("envoy image is the chart's", func(t *testing.T) {
+		// The chart's envoy.image is the first release with what envoy-fallbacks.yaml uses
+		// (override_host's list, selected_host_key): Envoy 1.38.
+		data, err := os.ReadFile(filepath.Join(chartDir, "values.yaml"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var values struct {
+			Envoy struct {
+				Image string `json:"image"`
+			} `json:"envoy"`
+		}
+		if err := yaml.Unmarshal(data, &values); err != nil {
+			t.Fatal(err)
+		}
+		d := find[*appsv1.Deployment](t, objs, "envoy")
+		if got, want := d.Spec.Template.Spec.Containers[0].Image, values.Envoy.Image; want == "" || got != want {
+			t.Errorf("envoy image %q, the chart's envoy.image is %q", got, want)
+		}
 	})
 }
+
+// manifestPool is examples/kubernetes' headless Service over the vLLM pods.
+const manifestPool = "vllm-pool"
 
 // firstDiff describes the first line where got and want differ.
 func firstDiff(got, want string) string {
@@ -409,8 +449,57 @@ func TestIstioManifests(t *testing.T) {
 	objs := loadDir(t, "istio/*.yaml")
 	ef := find[*istionetv1alpha3.EnvoyFilter](t, objs, "kvrouter")
 	vs := find[*istionetv1.VirtualService](t, objs, "vllm")
-	checkEnvoyFilter(t, ef, vs.Spec.Http[0].Name)
+	c, r := checkEnvoyFilter(t, ef, vs.Spec.Http[0].Name)
 	checkIstioTLS(t, find[*istionetv1.DestinationRule](t, objs, "kvrouter-extproc"), "kvrouter.llm.svc.cluster.local")
+	// The EnvoyFilter's ORIGINAL_DST cluster takes one ip:port, and 20-kvrouter.yaml
+	// lists fallbacks for 30-envoy.yaml's retries: the README applies kvrouter for Istio
+	// through a sed that sets max_fallbacks to 0. Run that edit and check the result
+	// against the EnvoyFilter's cluster.
+	cfg := istioKvrouterConfig(t)
+	checkUpstream(t, objs, cfg, manifestPool, c, []*routev3.Route{r})
+}
+
+// istioSed is the README's command that applies 20-kvrouter.yaml for the Istio wiring.
+var istioSed = regexp.MustCompile(`sed 's/([^/']+)/([^/']*)/' examples/kubernetes/20-kvrouter\.yaml \| kubectl apply -f -`)
+
+// istioKvrouterConfig applies the README's sed to 20-kvrouter.yaml and returns the
+// kvrouter configuration it yields.
+func istioKvrouterConfig(t *testing.T) *config.Config {
+	t.Helper()
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, istio, _ := strings.Cut(string(readme), "\n## istio/\n")
+	m := istioSed.FindStringSubmatch(istio)
+	if m == nil {
+		t.Fatalf("README.md's istio/ section has no `%s`", istioSed)
+	}
+	data, err := os.ReadFile("kubernetes/20-kvrouter.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(data), m[1]); n != 1 {
+		t.Fatalf("README's sed replaces %q, which 20-kvrouter.yaml has %d times, want 1", m[1], n)
+	}
+	var cm *corev1.ConfigMap
+	for i, doc := range splitDocs([]byte(strings.Replace(string(data), m[1], m[2], 1))) {
+		o, err := parseStrict("20-kvrouter.yaml (sed)", doc)
+		if err != nil {
+			t.Fatalf("document %d after README's sed: %v", i+1, err)
+		}
+		if c, ok := o.obj.(*corev1.ConfigMap); ok && c.Name == "kvrouter-config" {
+			cm = c
+		}
+	}
+	if cm == nil {
+		t.Fatal("no kvrouter-config ConfigMap in 20-kvrouter.yaml")
+	}
+	cfg, err := config.Parse([]byte(cm.Data["kvrouter.yaml"]), "kvrouter-config (README's sed for Istio)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
 }
 
 // checkEnvoyFilter decodes every patch of kvrouter's EnvoyFilter into its Envoy type

@@ -4,8 +4,8 @@
 // route as one router.
 //
 // Replica is the state: this replica's snapshots out (Publish, State) and the latest
-// snapshot of every peer in (Receive), read by the placement policy through PeerLoad
-// and PeerActive (placement.PeerView). Node carries it over hashicorp/memberlist:
+// snapshot of every peer in (Receive), read by the placement policy through PeerLoad,
+// PeerActive and Unheard (placement.PeerView). Node carries it over hashicorp/memberlist:
 // membership, failure detection, push/pull state when a replica joins, and direct UDP
 // messages for the snapshots. kvbench's sim carries the same bytes on its virtual clock.
 //

@@ -233,6 +233,22 @@ func (r *Replica) PeerLoad(endpoint string, local placement.ActiveSet) placement
 	return sum
 }
 
+// Unheard returns how many live peers this replica last heard from before t
+// (placement.PeerView): their picks since are unknown to it, as its picks at t are to
+// them. Both times are this replica's clock.
+func (r *Replica) Unheard(t time.Time) int {
+	now := r.now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, p := range r.peers {
+		if now.Sub(p.heard) <= r.expiry && p.heard.Before(t) {
+			n++
+		}
+	}
+	return n
+}
+
 // PeerActive reports whether a live peer has a request using the prefix named key in
 // flight on endpoint (placement.PeerView).
 func (r *Replica) PeerActive(endpoint string, key uint64) bool {

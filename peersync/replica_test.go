@@ -106,6 +106,37 @@ func TestReplicaSharesLoad(t *testing.T) {
 	}
 }
 
+// Unheard counts the live peers last heard from before a time: a pick made after a
+// peer's last snapshot is unknown to that peer, until the next one.
+func TestReplicaUnheard(t *testing.T) {
+	c, _, a, b := pair(time.Second)
+	heard := c.now()
+	if got := b.Unheard(heard.Add(time.Millisecond)); got != 0 {
+		t.Fatalf("Unheard with no peer = %d, want 0", got)
+	}
+	if err := b.Receive(a.State()); err != nil {
+		t.Fatal(err)
+	}
+	c.add(5 * time.Millisecond)
+	for _, tc := range []struct {
+		name string
+		at   time.Time
+		want int
+	}{
+		{"a pick before a was heard", heard.Add(-time.Millisecond), 0},
+		{"a pick when a was heard", heard, 0},
+		{"a pick after a was heard", c.now(), 1},
+	} {
+		if got := b.Unheard(tc.at); got != tc.want {
+			t.Errorf("%s: Unheard = %d, want %d", tc.name, got, tc.want)
+		}
+	}
+	c.add(2 * time.Second) // a silent past the expiry counts for nothing
+	if got := b.Unheard(c.now()); got != 0 {
+		t.Fatalf("Unheard after a's expiry = %d, want 0", got)
+	}
+}
+
 func TestReplicaOrdersSnapshots(t *testing.T) {
 	_, src, a, b := pair(time.Second)
 	src.loads = []placement.EndpointLoad{{Endpoint: "e", Load: placement.Load{Requests: 1}}}

@@ -52,6 +52,9 @@ type PeerView interface {
 	PeerActive(endpoint string, key uint64) bool
 	// Self names this replica (unique among them): it salts the replica's tie-breaks.
 	Self() string
+	// Unheard returns how many live peers this replica last heard from before t: what
+	// they picked since is unknown to it, as its own picks at t are to them.
+	Unheard(t time.Time) int
 }
 
 // SetPeers makes every later Pick add peers' load to its own view of each endpoint: to
@@ -210,6 +213,57 @@ func (p *Policy) decide(e *prefixEntry) {
 	if len(p.changed) < maxShared {
 		p.changed[e.key] = struct{}{}
 	}
+}
+
+// maxUnheardPicks bounds the picks per endpoint remembered for unheardPicks: more
+// than peers' picks within one sync interval on one endpoint add nothing.
+const maxUnheardPicks = 16
+
+// unheardPick is one of this router's picks: when, and the prefix it placed.
+type unheardPick struct {
+	at  time.Time
+	key uint64
+}
+
+// noteUnheardPick remembers that this router routed a request of the prefix key to ep
+// now, for unheardPicks; with peers only. p.mu must be held.
+func (p *Policy) noteUnheardPick(ep *endpointState, key uint64) {
+	if p.peers == nil {
+		return
+	}
+	if len(ep.picks) == maxUnheardPicks {
+		ep.picks = append(ep.picks[:0], ep.picks[1:]...)
+	}
+	ep.picks = append(ep.picks, unheardPick{at: p.now(), key: key})
+}
+
+// unheardPicks is the requests of the prefix key that router replicas are expected to
+// have sent to ep unseen: for each of this router's own picks of that prefix there, one
+// per live peer it has not heard from since. Replicas on the same view pick a prefix
+// alike, and none sees the others' picks within a sync interval; in a closed loop,
+// requests that finish in one engine step come back at the same instant to different
+// replicas, so a pick of this router is, until its peers' next state arrives, the
+// likely pick of each of them for the same prefix (kvbench --sim --replicas 2, N = 2,
+// C = 16: the burst as measurement starts put 4 requests on one slow endpoint, TTFT p99
+// 121 ms against kv's 101; docs/results-policy.md). Picks of other prefixes are not
+// counted: a peer places those by their own holders (counted for every prefix, N = 24
+// lost up to 0.4 points of cached-token ratio at 2 replicas). Picks every live peer
+// has been heard from since are dropped. p.mu must be held.
+func (p *Policy) unheardPicks(ep *endpointState, key uint64) int {
+	n := 0
+	for k := len(ep.picks) - 1; k >= 0; k-- {
+		u := p.peers.Unheard(ep.picks[k].at)
+		if u == 0 {
+			// Older picks are heard too: peers heard after a pick were heard after
+			// every earlier one.
+			ep.picks = append(ep.picks[:0], ep.picks[k+1:]...)
+			break
+		}
+		if ep.picks[k].key == key {
+			n += u
+		}
+	}
+	return n
 }
 
 // replicaSpread is how close two holders' waits must be, as a share of the smaller, for

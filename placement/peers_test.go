@@ -13,6 +13,16 @@ import (
 type fakePeers struct {
 	load   map[string]placement.Load
 	active map[string]uint64 // endpoint -> the one prefix key a peer has in flight there
+	// unheard peers were last heard from at heard.
+	unheard int
+	heard   time.Time
+}
+
+func (f *fakePeers) Unheard(t time.Time) int {
+	if f.heard.Before(t) {
+		return f.unheard
+	}
+	return 0
 }
 
 func (f *fakePeers) PeerLoad(ep string, _ placement.ActiveSet) placement.Load { return f.load[ep] }
@@ -46,6 +56,69 @@ func TestPlacementPeersLoadMovesRequests(t *testing.T) {
 	p.SetPeers(nil)
 	if got := place(t, p, prefixed(1, 3), cs); got != first {
 		t.Fatalf("without peers, picked %s, want %s again", got, first)
+	}
+}
+
+// A pick this router made since it last heard from its peers counts once per unheard
+// peer on its endpoint for the next pick of the same prefix: replicas on the same view
+// place a prefix alike at the same instant, so the next simultaneous pick of it goes
+// elsewhere. A pick of another prefix, or one after the peers are heard from, counts
+// once.
+func TestPlacementCountsPeersLikelyPicks(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		unheard int
+		prefix  int // of the second pick (the first's is 9)
+		second  int // fleet index the second simultaneous pick goes to
+		third   int // after the peers are heard from
+	}{
+		// cs[0]: this router's pick, plus 9 unheard peers' likely ones; cs[1]: 5 peer requests.
+		{name: "nine peers unheard", unheard: 9, prefix: 9, second: 1, third: 0},
+		{name: "nine peers unheard, another prefix", unheard: 9, prefix: 10, second: 0, third: 0},
+		{name: "all heard", unheard: 0, prefix: 9, second: 0, third: 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			now := time.Unix(100, 0)
+			ix := testindex.New()
+			cs := fleet(2, nil)
+			for _, pr := range []int{9, 10} {
+				ix.Hold(cs[0].Address, plKeysOf(prefixed(pr, 0)))
+				ix.Hold(cs[1].Address, plKeysOf(prefixed(pr, 0)))
+			}
+			p, err := placement.New(placement.DefaultConfig(), ix, func() time.Time { return now }, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			p.SetPeers(&fakePeers{load: map[string]placement.Load{cs[1].Address: {Requests: 5}},
+				unheard: tc.unheard, heard: now.Add(-time.Millisecond)})
+			pick := func(prefix, seq int) string {
+				req := plRequest(prefixed(prefix, seq))
+				d, err := p.Pick(req, cs)
+				if err != nil {
+					t.Fatal(err)
+				}
+				p.Routed(req, d.Endpoint)
+				p.FirstToken(req.ID) // decoding: no prefill backlog to divert from
+				for i := range cs {
+					if cs[i].Address == d.Endpoint {
+						cs[i].InFlight++ // the router's count of its own requests
+					}
+				}
+				return d.Endpoint
+			}
+			if got := pick(9, 1); got != cs[0].Address {
+				t.Fatalf("first pick %s, want the idle holder %s", got, cs[0].Address)
+			}
+			if got := pick(tc.prefix, 2); got != cs[tc.second].Address {
+				t.Fatalf("second pick at the same instant %s, want %s", got, cs[tc.second].Address)
+			}
+			p.SetPeers(&fakePeers{load: map[string]placement.Load{cs[1].Address: {Requests: 5}},
+				unheard: tc.unheard, heard: now.Add(time.Millisecond)})
+			now = now.Add(2 * time.Millisecond)
+			if got := pick(9, 3); got != cs[tc.third].Address {
+				t.Fatalf("pick after the peers were heard %s, want %s", got, cs[tc.third].Address)
+			}
+		})
 	}
 }
 

@@ -339,6 +339,7 @@ func (p *Policy) Routed(req *scoring.Request, endpoint string) {
 		}
 	}
 	ep := p.endpoint(endpoint)
+	p.noteUnheardPick(ep, pd.key)
 	a := ep.activate(pd.key, pd.pblocks)
 	r := tracked{ep: ep, key: pd.key, unique: max(0, pd.blocks-a.blocks) + p.cfg.OutputBlocks, tokens: len(req.TokenIDs)}
 	if pd.addr == endpoint {

@@ -75,7 +75,7 @@ func (p *Policy) choose(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 	for i := range cands {
 		sc.eps[i] = p.endpoint(cands[i].Address)
 	}
-	p.shared(cands, sc)
+	p.shared(cands, sc, key)
 	heldBlocks := e.held(p.cfg.HolderShare)
 	hasHome := false
 	for _, pl := range e.sites {
@@ -256,7 +256,7 @@ func (p *Policy) choose(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 // plus waiting requests beyond this router's own in flight at the scrape (Metrics.At),
 // and their KV blocks the scraped usage beyond this router's footprint then. Without
 // a scrape time, or a history reaching back to it, there are none. p.mu must be held.
-func (p *Policy) shared(cands []scoring.Endpoint, sc *scratch) {
+func (p *Policy) shared(cands []scoring.Endpoint, sc *scratch, key uint64) {
 	n := len(cands)
 	sc.others = slices.Grow(sc.others[:0], n)[:n]
 	sc.otherKV = slices.Grow(sc.otherKV[:0], n)[:n]
@@ -268,7 +268,7 @@ func (p *Policy) shared(cands []scoring.Endpoint, sc *scratch) {
 			l := p.peers.PeerLoad(cands[i].Address, sc.eps[i])
 			sc.others[i], sc.otherKV[i] = l.Requests, float64(l.KVBlocks)
 			sc.otherPrefill[i], sc.otherMisses[i] = l.Prefill, l.Misses
-			sc.loads[i] += l.Requests
+			sc.loads[i] += l.Requests + p.unheardPicks(sc.eps[i], key)
 			continue
 		}
 		m := &cands[i].Metrics

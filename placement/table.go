@@ -35,6 +35,10 @@ type endpointState struct {
 	missesInPrefill int
 	// lastMiss is when the newest miss was routed there (waitBehindMiss).
 	lastMiss time.Time
+	// picks are this router's last picks of the endpoint (when, which prefix), with
+	// peers: until every live peer is heard from after one, it counts as each unheard
+	// peer's pick of that prefix too (unheardPicks).
+	picks []unheardPick
 	// inflight counts the requests this router routed there and has not seen finish;
 	// hist is a ring of its last histLen values with footprint and time, histN how many
 	// were ever recorded: SharedLoad reads this router's share of a scrape from them.

@@ -237,24 +237,24 @@ func decodeSharing(results []Result) (decodeMs, sharing *float64) {
 	}
 	var n int
 	var dec, shared float64
-	for _, idx := range byServer {
-		for _, i := range idx {
-			r := &results[i]
-			from := r.Start + r.TTFT
-			if r.Warmup || r.TTFT <= 0 || r.End <= from {
+	// In the results' order, not the map's: float sums in another order differ in their
+	// last digits, and two runs of the same code must write the same JSON.
+	for i := range results {
+		r := &results[i]
+		from := r.Start + r.TTFT
+		if r.Err != "" || r.Server == "" || r.Warmup || r.TTFT <= 0 || r.End <= from {
+			continue
+		}
+		d := r.End - from
+		n++
+		dec += float64(d) / float64(time.Millisecond)
+		for _, j := range byServer[r.Server] {
+			if j == i {
 				continue
 			}
-			d := r.End - from
-			n++
-			dec += float64(d) / float64(time.Millisecond)
-			for _, j := range idx {
-				if j == i {
-					continue
-				}
-				q := &results[j]
-				if ov := min(r.End, q.End) - max(from, q.Start); ov > 0 {
-					shared += float64(ov) / float64(d)
-				}
+			q := &results[j]
+			if ov := min(r.End, q.End) - max(from, q.Start); ov > 0 {
+				shared += float64(ov) / float64(d)
 			}
 		}
 	}
