@@ -1,7 +1,6 @@
 package chattemplate
 
 import (
-	"bytes"
 	"hash/maphash"
 	"sync"
 	"sync/atomic"
@@ -9,6 +8,8 @@ import (
 	"github.com/hashicorp/golang-lru/v2/simplelru"
 
 	"github.com/kvrouter/kvrouter/chattemplate/internal/jinja"
+	// Imported under another name: openai is a flag throughout this package.
+	openaijson "github.com/kvrouter/kvrouter/openai"
 )
 
 // Messages recur across requests: a conversation's whole history is re-sent with each
@@ -200,7 +201,7 @@ func (c *messageCache) walk(raw []byte, openai bool) (conv []jinja.Value, entrie
 		} else {
 			pred = pred[:0]
 			var good bool
-			if end, good = skipValue(raw, i); !good {
+			if end, good = openaijson.ValueEnd(raw, i); !good {
 				return nil, nil, false
 			}
 			var err error
@@ -443,7 +444,7 @@ func splitArray(raw []byte, elems [][]byte) ([][]byte, bool) {
 		return elems, skipSpace(raw, i+1) == len(raw)
 	}
 	for {
-		end, ok := skipValue(raw, i)
+		end, ok := openaijson.ValueEnd(raw, i)
 		if !ok {
 			return nil, false
 		}
@@ -468,60 +469,4 @@ func skipSpace(b []byte, i int) int {
 		i++
 	}
 	return i
-}
-
-// skipValue returns the end of the JSON value starting at i, tracking strings and
-// nesting only; the value is validated when it is decoded.
-func skipValue(b []byte, i int) (int, bool) {
-	depth := 0
-	for i < len(b) {
-		switch b[i] {
-		case '"':
-			end, ok := jsonStringEnd(b, i+1)
-			if !ok {
-				return 0, false
-			}
-			i = end
-			if depth == 0 {
-				return i, true
-			}
-			continue
-		case '{', '[':
-			depth++
-		case '}', ']':
-			depth--
-			if depth < 0 {
-				return 0, false
-			}
-			if depth == 0 {
-				return i + 1, true
-			}
-		case ',', ' ', '\t', '\n', '\r':
-			if depth == 0 {
-				return i, true
-			}
-		}
-		i++
-	}
-	return i, depth == 0
-}
-
-// jsonStringEnd returns the index after the closing quote of a JSON string whose body
-// starts at i, finding quotes with IndexByte (long message texts are most of a body).
-func jsonStringEnd(b []byte, i int) (int, bool) {
-	for {
-		q := bytes.IndexByte(b[i:], '"')
-		if q < 0 {
-			return 0, false
-		}
-		q += i
-		n := 0 // backslashes before the quote
-		for j := q - 1; j >= i && b[j] == '\\'; j-- {
-			n++
-		}
-		if n%2 == 0 {
-			return q + 1, true
-		}
-		i = q + 1
-	}
 }

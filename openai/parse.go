@@ -72,24 +72,59 @@ func KindOf(path string) Kind {
 // string is ignored). It never modifies body; the raw JSON fields of the returned Request
 // are sub-slices of body, so body must not be modified while the Request is in use.
 // Keys are matched exactly (case-sensitive), as vLLM's pydantic models do; a repeated key
-// counts once, its last value winning, as in Python's json module. Errors are always
-// *ParseError.
+// counts once, its last value winning, as in Python's json module. The body is validated
+// (RFC 8259, UTF-8) except the chat messages list it returns, which is only delimited
+// (see Request.Messages). Errors are always *ParseError.
 func Parse(path string, body []byte) (*Request, error) {
 	kind := KindOf(path)
 	if kind == KindUnknown {
 		return nil, &ParseError{Reason: ReasonUnsupportedPath}
 	}
-	if !utf8.Valid(body) {
-		return nil, &ParseError{Reason: ReasonNonUTF8}
+	// A chat body's messages list is delimited, not validated (see Request.Messages):
+	// it is most of a long conversation's body, and the chat template validates it as
+	// it reads it, mostly by comparing it with messages it decoded before.
+	delimitKey := ""
+	if kind == KindChat {
+		delimitKey = "messages"
 	}
 	var top [16]member
-	members, err := objectMembers(top[:0], body)
+	members, err := objectMembers(top[:0], body, delimitKey)
 	if err != nil {
+		if !utf8.Valid(body) {
+			return nil, &ParseError{Reason: ReasonNonUTF8}
+		}
 		return nil, &ParseError{Reason: ReasonMalformedJSON, Err: err}
 	}
 	var f fields
-	for _, m := range members {
+	used := -1 // the member Request.Messages is: the last "messages", which wins
+	for i, m := range members {
 		f.set(m.key, m.raw)
+		if delimitKey != "" && string(m.key) == delimitKey {
+			used = i
+		}
+	}
+	// Everything but the messages Request carries is validated here: the UTF-8 of the
+	// rest of the body, and any other delimited list (an earlier "messages").
+	var valid bool
+	if used >= 0 && members[used].delimited {
+		m := members[used]
+		valid = utf8.Valid(body[:m.start]) && utf8.Valid(body[m.start+len(m.raw):])
+	} else {
+		valid = utf8.Valid(body)
+	}
+	if !valid {
+		return nil, &ParseError{Reason: ReasonNonUTF8}
+	}
+	for i, m := range members {
+		if m.delimited && i != used {
+			e, err := skipValue(m.raw, 0, 1)
+			if err == nil && e != len(m.raw) {
+				err = syntaxErr(m.start+e, "want ',' or ']'")
+			}
+			if err != nil {
+				return nil, &ParseError{Reason: ReasonMalformedJSON, Field: "messages", Err: err}
+			}
+		}
 	}
 	req := &Request{Kind: kind, AddGenerationPrompt: true, AddSpecialTokens: kind == KindCompletions}
 
@@ -167,7 +202,7 @@ func Parse(path string, body []byte) (*Request, error) {
 	}
 	if f.streamOpts != nil {
 		var opts [4]member
-		so, err := objectMembers(opts[:0], f.streamOpts)
+		so, err := objectMembers(opts[:0], f.streamOpts, "")
 		if err != nil {
 			return nil, &ParseError{Reason: ReasonMalformedJSON, Field: "stream_options", Err: err}
 		}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -43,6 +44,14 @@ func TestParse(t *testing.T) {
 			path: "/v1/chat/completions",
 			body: `{"model":"m","messages":[],"tools":null,"add_generation_prompt":null,"stream_options":null,"cache_salt":null}`,
 			want: openai.Request{Model: "m", Kind: openai.KindChat, Messages: []byte(`[]`), AddGenerationPrompt: true},
+		},
+		{
+			// The chat template validates the messages as it decodes them.
+			name: "messages delimited, not validated",
+			path: "/v1/chat/completions",
+			body: "{\"model\":\"m\",\"messages\":[{\"content\":\"\xff\x01\\\"]\\\\\"} 1 2,],\"stream\":true}",
+			want: openai.Request{Model: "m", Kind: openai.KindChat, Messages: []byte("[{\"content\":\"\xff\x01\\\"]\\\\\"} 1 2,]"),
+				AddGenerationPrompt: true, Stream: true},
 		},
 		{
 			name: "escapes, duplicates and whitespace",
@@ -123,7 +132,14 @@ func TestParseErrors(t *testing.T) {
 		{"bad escape", "/v1/completions", `{"model":"m","prompt":"\x"}`, openai.ReasonMalformedJSON, ""},
 		{"control char", "/v1/completions", "{\"model\":\"m\",\"prompt\":\"a\tb\"}", openai.ReasonMalformedJSON, ""},
 		{"trailing comma", "/v1/completions", `{"model":"m","prompt":"x",}`, openai.ReasonMalformedJSON, ""},
-		{"too deep", "/v1/chat/completions", `{"model":"m","messages":` + strings.Repeat("[", 10001) + strings.Repeat("]", 10001) + `}`, openai.ReasonMalformedJSON, ""},
+		{"too deep", "/v1/chat/completions", `{"model":"m","messages":[],"tools":` + strings.Repeat("[", 10001) + strings.Repeat("]", 10001) + `}`, openai.ReasonMalformedJSON, ""},
+		{"unterminated messages", "/v1/chat/completions", `{"model":"m","messages":[{"a":"]}`, openai.ReasonMalformedJSON, ""},
+		{"bad earlier messages", "/v1/chat/completions", `{"model":"m","messages":[1,],"messages":[]}`, openai.ReasonMalformedJSON, "messages"},
+		{"bad messages replaced by null", "/v1/chat/completions", `{"model":"m","messages":[1 2],"messages":null}`, openai.ReasonMalformedJSON, "messages"},
+		{"not utf8 beside messages", "/v1/chat/completions", "{\"model\":\"m\",\"messages\":[],\"x\":\"\xff\"}", openai.ReasonNonUTF8, ""},
+		{"not utf8 in earlier messages", "/v1/chat/completions", "{\"model\":\"m\",\"messages\":[\"\xff\"],\"messages\":[]}", openai.ReasonNonUTF8, ""},
+		{"not utf8 and malformed", "/v1/chat/completions", "{\"model\":\"m\xff\",", openai.ReasonNonUTF8, ""},
+		{"messages of a completion validated", "/v1/completions", `{"model":"m","prompt":"x","messages":[1,]}`, openai.ReasonMalformedJSON, ""},
 		{"prompt id too big", "/v1/completions", `{"model":"m","prompt":[4294967296]}`, openai.ReasonMalformedJSON, "prompt"},
 		{"prompt float id", "/v1/completions", `{"model":"m","prompt":[1.0]}`, openai.ReasonMalformedJSON, "prompt"},
 		{"no model", "/v1/completions", `{"prompt":"x"}`, openai.ReasonMissingModel, "model"},
@@ -190,12 +206,21 @@ func FuzzParse(f *testing.F) {
 		if !bytes.Equal(orig, body) {
 			t.Fatal("body modified")
 		}
-		// Differential check against encoding/json's validator.
-		if utf8.Valid(body) && openai.KindOf(path) != openai.KindUnknown {
-			valid := json.Valid(body)
-			if err == nil && !valid {
+		// Differential check against encoding/json's validator. Parse delimits a chat
+		// body's messages without validating them: with that list replaced by a valid
+		// one, what Parse accepts must be valid.
+		if err == nil {
+			checked := body
+			if req.Messages != nil {
+				start := cap(body) - cap(req.Messages) // a sub-slice of body
+				checked = slices.Concat(body[:start], []byte("[]"), body[start+len(req.Messages):])
+			}
+			if !utf8.Valid(checked) || !json.Valid(checked) {
 				t.Fatalf("accepted invalid JSON %q", body)
 			}
+		}
+		if utf8.Valid(body) && openai.KindOf(path) != openai.KindUnknown {
+			valid := json.Valid(body)
 			var pe *openai.ParseError
 			isObject := len(bytes.TrimLeft(body, " \t\r\n")) > 0 && bytes.TrimLeft(body, " \t\r\n")[0] == '{'
 			if valid && isObject && errors.As(err, &pe) && pe.Reason == openai.ReasonMalformedJSON && pe.Field == "" {

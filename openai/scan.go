@@ -34,11 +34,18 @@ func skipWS(d []byte, i int) int {
 type member struct {
 	key []byte // decoded; a slice of the input unless the key has escapes
 	raw []byte
+	// start is raw's offset in the object's bytes.
+	start int
+	// delimited: raw is a list that was only delimited (ValueEnd), not validated.
+	delimited bool
 }
 
 // objectMembers validates d as one JSON object (surrounding whitespace allowed) and
-// appends its members in order to dst. Keys are decoded; values are left raw.
-func objectMembers(dst []member, d []byte) ([]member, error) {
+// appends its members in order to dst. Keys are decoded; values are left raw. A member
+// named delimitKey (none when "") whose value is a list is delimited by ValueEnd
+// instead of validated: the caller validates it, or leaves that to whoever decodes it
+// (see Parse).
+func objectMembers(dst []member, d []byte, delimitKey string) ([]member, error) {
 	i := skipWS(d, 0)
 	if i == len(d) || d[i] != '{' {
 		return nil, syntaxErr(i, "body is not a JSON object")
@@ -65,11 +72,18 @@ func objectMembers(dst []member, d []byte) ([]member, error) {
 				return nil, syntaxErr(i, "want ':'")
 			}
 			i = skipWS(d, i+1)
-			ve, err := skipValue(d, i, 1)
-			if err != nil {
+			delimited := delimitKey != "" && i < len(d) && d[i] == '[' && string(key) == delimitKey
+			var ve int
+			if delimited {
+				end, ok := ValueEnd(d, i)
+				if !ok {
+					return nil, syntaxErr(i, "unterminated list")
+				}
+				ve = end
+			} else if ve, err = skipValue(d, i, 1); err != nil {
 				return nil, err
 			}
-			members = append(members, member{key: key, raw: d[i:ve]})
+			members = append(members, member{key: key, raw: d[i:ve], start: i, delimited: delimited})
 			i = skipWS(d, ve)
 			if i == len(d) {
 				return nil, syntaxErr(i, "unterminated object")
@@ -151,6 +165,65 @@ func skipValue(d []byte, i, depth int) (int, error) {
 		return skipNumber(d, i)
 	default:
 		return i, syntaxErr(i, "unexpected character")
+	}
+}
+
+// ValueEnd returns the end of the JSON value starting at b[i], tracking only strings
+// and nesting: it does not validate the value (its decoder does, or Parse's scanner).
+// ok is false when the value does not end within b. A string's closing quote is found
+// with IndexByte, so a long message text costs about a memory scan, several times less
+// than validating it (see Request.Messages).
+func ValueEnd(b []byte, i int) (end int, ok bool) {
+	depth := 0
+	for i < len(b) {
+		switch b[i] {
+		case '"':
+			end, ok := stringEnd(b, i+1)
+			if !ok {
+				return 0, false
+			}
+			i = end
+			if depth == 0 {
+				return i, true
+			}
+			continue
+		case '{', '[':
+			depth++
+		case '}', ']':
+			depth--
+			if depth < 0 {
+				return 0, false
+			}
+			if depth == 0 {
+				return i + 1, true
+			}
+		case ',', ' ', '\t', '\n', '\r':
+			if depth == 0 {
+				return i, true
+			}
+		}
+		i++
+	}
+	return i, depth == 0
+}
+
+// stringEnd returns the index after the closing quote of a JSON string whose body
+// starts at i (not validated).
+func stringEnd(b []byte, i int) (int, bool) {
+	for {
+		q := bytes.IndexByte(b[i:], '"')
+		if q < 0 {
+			return 0, false
+		}
+		q += i
+		n := 0 // backslashes before the quote
+		for j := q - 1; j >= i && b[j] == '\\'; j-- {
+			n++
+		}
+		if n%2 == 0 {
+			return q + 1, true
+		}
+		i = q + 1
 	}
 }
 

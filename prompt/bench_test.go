@@ -265,13 +265,15 @@ func BenchmarkConversationTurn(b *testing.B) {
 
 // BenchmarkTurnVsCold measures issue 14's goal, turn k of a long conversation within
 // 2x of a cold 2k-token request, with both under the same machine load: each
-// iteration computes the ids of the next turn of a 2k, 32k or 128k-token conversation
-// (default caches, warmed by the previous turn, as BenchmarkConversationTurn's warm
-// case) and their 16-token block keys as the policies compute them after this package
-// (scoring.Request.Keys with the Prefix extproc passes, so the history's keys come from
-// the tokenizer's prefix cache), and the ids of a cold 2,411-token request (as
+// iteration parses the body of the next turn of a 2k, 32k or 128k-token conversation
+// (openai.Parse, as extproc does), computes its ids (default caches, warmed by the
+// previous turn, as BenchmarkConversationTurn's warm case) and their 16-token block
+// keys as the policies compute them after this package (scoring.Request.Keys with the
+// Prefix extproc passes, so the history's keys come from the tokenizer's prefix
+// cache), then parses a cold 2,411-token request's body and computes its ids (as
 // BenchmarkPromptTokensCold, whose keys are not counted). It reports the CPU of each
-// and turn/cold, the ratio of the turn with its keys to the cold request.
+// part, turn/cold, the ratio of the turn (parse, ids and keys) to the cold request
+// (parse and ids), and turn/cold-ids, the same without the two parses.
 func BenchmarkTurnVsCold(b *testing.B) {
 	dir := testmodels.Dir(b, "qwen3")
 	cold, err := prompt.LoadDir(dir, coldOptions)
@@ -296,37 +298,71 @@ func BenchmarkTurnVsCold(b *testing.B) {
 				}
 				keys = req.Keys(16, keys[:0])
 			}
-			var turnCPU, coldCPU, keysCPU time.Duration
+			if !bytes.Equal(turnRequestBody(hist, -1), chatRequestBody(nextTurn(hist, -1).Messages)) {
+				b.Fatal("turnRequestBody is not the next turn's body")
+			}
+			var turnParse, turnCPU, coldParse, coldCPU, keysCPU time.Duration
 			var turnBuf, coldBuf []uint32
 			n := 0
 			for b.Loop() {
 				b.StopTimer()
-				turn, one := nextTurn(hist, n), unique(n)
+				turnBody, oneBody := turnRequestBody(hist, n), chatRequestBody(unique(n).Messages)
 				b.StartTimer()
 				t0 := cputime.Process()
-				if turnBuf, err = warm.AppendPromptTokensPrefix(turnBuf[:0], turn, 0, &prefix); err != nil {
+				turn, err := openai.Parse(openai.PathChatCompletions, turnBody)
+				if err != nil {
 					b.Fatal(err)
 				}
 				t1 := cputime.Process()
-				if coldBuf, err = cold.AppendPromptTokens(coldBuf[:0], one, 0); err != nil {
+				if turnBuf, err = warm.AppendPromptTokensPrefix(turnBuf[:0], turn, 0, &prefix); err != nil {
 					b.Fatal(err)
 				}
 				t2 := cputime.Process()
+				one, err := openai.Parse(openai.PathChatCompletions, oneBody)
+				if err != nil {
+					b.Fatal(err)
+				}
+				t3 := cputime.Process()
+				if coldBuf, err = cold.AppendPromptTokens(coldBuf[:0], one, 0); err != nil {
+					b.Fatal(err)
+				}
+				t4 := cputime.Process()
 				req.TokenIDs = turnBuf
 				keys = req.Keys(16, keys[:0])
-				t3 := cputime.Process()
-				turnCPU += t1 - t0
-				coldCPU += t2 - t1
-				keysCPU += t3 - t2
+				t5 := cputime.Process()
+				turnParse += t1 - t0
+				turnCPU += t2 - t1
+				coldParse += t3 - t2
+				coldCPU += t4 - t3
+				keysCPU += t5 - t4
 				n++
 			}
+			b.ReportMetric(float64(turnParse)/float64(n), "parse-cpu-ns/op")
 			b.ReportMetric(float64(turnCPU)/float64(n), "turn-cpu-ns/op")
-			b.ReportMetric(float64(coldCPU)/float64(n), "cold2k-cpu-ns/op")
-			b.ReportMetric(float64(turnCPU+keysCPU)/float64(coldCPU), "turn/cold")
+			b.ReportMetric(float64(coldCPU+coldParse)/float64(n), "cold2k-cpu-ns/op")
+			b.ReportMetric(float64(turnParse+turnCPU+keysCPU)/float64(coldParse+coldCPU), "turn/cold")
+			b.ReportMetric(float64(turnCPU+keysCPU)/float64(coldCPU), "turn/cold-ids")
 			b.ReportMetric(float64(keysCPU)/float64(n), "keys-cpu-ns/op")
 			b.ReportMetric(float64(len(turnBuf)), "turn-tokens")
 		})
 	}
+}
+
+// chatRequestBody is the body of a chat request with these messages, as a client
+// sends it.
+func chatRequestBody(messages []byte) []byte {
+	return slices.Concat([]byte(bodyHead), messages, []byte(bodyTail))
+}
+
+const bodyHead, bodyTail = `{"model":"qwen3","messages":`, `,"stream":true,"max_tokens":256}`
+
+// turnRequestBody is chatRequestBody of nextTurn(hist, n) built in one allocation, as
+// extproc receives a body, so that the benchmark's own garbage does not add to the
+// collections the measured CPU pays for.
+func turnRequestBody(hist []byte, n int) []byte {
+	tail := nextTurn(nil, n).Messages[1:] // the two new messages after ','
+	body := make([]byte, 0, len(bodyHead)+len(hist)+1+len(tail)+len(bodyTail))
+	return append(append(append(append(append(body, bodyHead...), hist...), ','), tail...), bodyTail...)
 }
 
 // BenchmarkConversationCacheMemory reports what the prefix cache holds per
