@@ -784,9 +784,6 @@ func TestLongPrefixStaysAtBusyHolder(t *testing.T) {
 	}
 }
 
-// TestPlacementWaitsForKVRoomWhereItComesSoonest: with no KV room on any endpoint, a
-// request goes where a decoding request started first and so frees its blocks soonest,
-
 // holderAndOther returns a policy on a settable clock over two endpoints with KV room
 // for one 72-block request (+4 output blocks) each, a prefix placed on one of them
 // (holder), and the other endpoint.
@@ -807,6 +804,8 @@ func holderAndOther(t *testing.T) (p *placement.Policy, clock *time.Time, cs []s
 	return p, clock, cs, holder, other
 }
 
+// TestPlacementWaitsForKVRoomWhereItComesSoonest: with no KV room on any endpoint, a
+// request goes where a decoding request started first and so frees its blocks soonest,
 // its prefix's holder included.
 func TestPlacementWaitsForKVRoomWhereItComesSoonest(t *testing.T) {
 	for _, tc := range []struct {
@@ -880,6 +879,93 @@ func TestPlacementWaitsForKVRoomBehindFewerQueued(t *testing.T) {
 				route(holder, false)
 			}
 			route(other, false)
+			d, err := p.Pick(plRequest(prefixed(0, 1)), cs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if (d.Endpoint == holder) != tc.wantHolder {
+				t.Fatalf("went to %s (holder %s), want holder %v", d.Endpoint, holder, tc.wantHolder)
+			}
+		})
+	}
+}
+
+// TestPlacementOwnPrefixFreesNoRoom: the holder's decoding request of the new
+// request's own prefix frees only its own blocks when it finishes, not the prefix's (the
+// new request needs them): with a request of another prefix queued for blocks there, the
+// holder has no room after that decode either, and the request goes where a decoding
+// request of another prefix frees room. With nothing queued, the holder has room now.
+func TestPlacementOwnPrefixFreesNoRoom(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		queued     bool // a request of another prefix, not started, on the holder
+		wantHolder bool
+	}{
+		{"a miss queued for blocks at the holder", true, false},
+		{"nothing queued at the holder", false, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, clock, cs, holder, other := holderAndOther(t)
+			route := func(toks []uint32, addr string, decoding bool) {
+				req := plRequest(toks)
+				if _, err := p.Pick(req, cs); err != nil {
+					t.Fatal(err)
+				}
+				p.Routed(req, addr)
+				if decoding {
+					p.FirstToken(req.ID)
+				}
+			}
+			// The holder's decoding request, of the same prefix, started first: by time
+			// alone its blocks free first.
+			route(prefixed(0, 1), holder, true)
+			*clock = clock.Add(100 * time.Millisecond)
+			route(prefixed(1, 0), other, true)
+			if tc.queued {
+				route(prefixed(2, 0), holder, false)
+			}
+			d, err := p.Pick(plRequest(prefixed(0, 2)), cs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if (d.Endpoint == holder) != tc.wantHolder {
+				t.Fatalf("went to %s (holder %s), want holder %v", d.Endpoint, holder, tc.wantHolder)
+			}
+		})
+	}
+}
+
+// TestPlacementSharedPrefixFreesWithItsLastRequest: two requests of one prefix on the
+// holder free the prefix's blocks when the later of them finishes, if both are decoding:
+// started before the other endpoint's request, room comes at the holder first. With one
+// of them not started, the prefix stays held there and room comes at the other first.
+func TestPlacementSharedPrefixFreesWithItsLastRequest(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		bothDecode bool
+		wantHolder bool
+	}{
+		{"both decoding", true, true},
+		{"one not started", false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, clock, cs, holder, other := holderAndOther(t)
+			route := func(toks []uint32, addr string, decoding bool) {
+				req := plRequest(toks)
+				if _, err := p.Pick(req, cs); err != nil {
+					t.Fatal(err)
+				}
+				p.Routed(req, addr)
+				if decoding {
+					p.FirstToken(req.ID)
+				}
+			}
+			// Two requests of prefix 1 on the holder (64 prefix blocks once, 12 each),
+			// then one of prefix 2 on the other endpoint, 100 ms later.
+			route(prefixed(1, 0), holder, true)
+			route(prefixed(1, 1), holder, tc.bothDecode)
+			*clock = clock.Add(100 * time.Millisecond)
+			route(prefixed(2, 0), other, true)
 			d, err := p.Pick(plRequest(prefixed(0, 1)), cs)
 			if err != nil {
 				t.Fatal(err)

@@ -81,6 +81,11 @@ func (ep *endpointState) ownAt(t time.Time) (ownSnapshot, bool) {
 type activePrefix struct {
 	requests int
 	blocks   int // the prefix's blocks as counted into footprint
+	// soonestRoom's scratch, valid in the pick whose tick is stamp: the prefix's
+	// decoding requests there and when the last of them finishes.
+	stamp    uint64
+	decoding int
+	freeAt   float64
 }
 
 // prefixEntry is one row of the placement table: a prefix, its estimated size and the

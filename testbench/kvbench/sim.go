@@ -128,6 +128,8 @@ type SimConfig struct {
 	Prompts RequestTokenizer
 	// Policies builds the routers.
 	Policies PolicyFactory
+	// RouteLog, when set, receives every routing decision and first token (nil: none).
+	RouteLog *RouteLog
 }
 
 // DefaultMaxHold is the router's bound on holding one request (SimConfig.MaxHold):
@@ -219,6 +221,9 @@ type simRun struct {
 	pending  int
 	// syncMessages counts snapshots published (Sync), syncBytes the bytes delivered.
 	syncMessages, syncBytes int
+	// policy, rep and concurrency name the run in cfg.RouteLog.
+	policy           string
+	rep, concurrency int
 }
 
 // RunSim runs one repetition of one cell in the simulated fleet: the workload's warmup
@@ -239,6 +244,7 @@ func RunSim(ctx context.Context, cfg SimConfig, w *Workload, policy string, conc
 		return RunOutput{}, err
 	}
 	r.w = w
+	r.concurrency = concurrency
 	r.pending = len(w.Requests())
 	r.scrape()
 	reqs := w.Requests()
@@ -295,7 +301,7 @@ func newSimRun(ctx context.Context, cfg *SimConfig, policy string, rep int, voca
 	if err != nil {
 		return nil, nil, fmt.Errorf("kvbench: %w", err)
 	}
-	r := &simRun{ctx: ctx, cfg: cfg, f: f, prefix: map[int][]uint32{}}
+	r := &simRun{ctx: ctx, cfg: cfg, f: f, prefix: map[int][]uint32{}, policy: policy, rep: rep}
 	n := len(cfg.Servers)
 	for i := 0; i < n; i++ {
 		r.engines = append(r.engines, f.Engine(i))
@@ -477,6 +483,7 @@ func (r *simRun) pick(j simJob) {
 		return
 	}
 	res.Server = d.Endpoint
+	r.logRoute(res, server, replica, sreq.Held)
 	obs := r.obs[replica]
 	if obs != nil {
 		obs.Routed(sreq, d.Endpoint)
@@ -487,6 +494,11 @@ func (r *simRun) pick(j simJob) {
 		Token: j.onToken,
 		FirstToken: func(uint32, int) {
 			res.TTFT = secs(r.f.Now() + rtt2 - sent)
+			if r.cfg.RouteLog != nil {
+				r.cfg.RouteLog.write(&RouteEvent{Policy: r.policy, Rep: r.rep, Concurrency: r.concurrency,
+					Event: "first_token", T: r.f.Now(), Seq: res.Seq, Server: server, Prefix: res.Prefix,
+					TTFTMS: float64(res.TTFT) / float64(time.Millisecond)})
+			}
 			if obs != nil {
 				obs.FirstToken(sreq.ID)
 			}
@@ -520,6 +532,22 @@ func (r *simRun) pick(j simJob) {
 		return
 	}
 	r.kick(server)
+}
+
+// logRoute writes the routing of res to server to cfg.RouteLog, with every server's state.
+func (r *simRun) logRoute(res *Result, server, replica int, held time.Duration) {
+	if r.cfg.RouteLog == nil {
+		return
+	}
+	views := make([]ServerView, len(r.engines))
+	for i, e := range r.engines {
+		st := e.Stats()
+		views[i] = ServerView{InFlight: r.inflight[replica][i], Running: st.Running, Waiting: st.Waiting,
+			KVUsage: st.KVCacheUsage, ScrapedWaiting: r.metrics[i].Waiting}
+	}
+	r.cfg.RouteLog.write(&RouteEvent{Policy: r.policy, Rep: r.rep, Concurrency: r.concurrency,
+		Event: "route", T: r.f.Now(), Seq: res.Seq, Server: server, Prefix: res.Prefix,
+		HeldMS: float64(held) / float64(time.Millisecond), Servers: views})
 }
 
 // tokens is the router's tokenization: for chat, the whole body through the chat

@@ -93,6 +93,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		workload      = fs.String("workload", "", "an open-loop workload instead of the reference's closed loop: chat (multi-turn conversations), agent (long shared contexts, short steps) or mixed")
 		systemPrompts = fs.Int("system-prompts", kvbench.DefaultChatConfig().SystemPrompts, "chat workload: shared system prompts conversations draw from (0 = none)")
 		maxModelLen   = fs.Int("max-model-len", sc.Engine.MaxModelLen, "servers' max_model_len: longer prompt + output is refused with 400 (sim mode)")
+		routeLog      = fs.String("route-log", "", "write every routing decision (each server's state then) and first token as JSON lines to this file (sim mode)")
 	)
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "usage: kvbench (--sim | --url URL) [flags]\n\n")
@@ -232,6 +233,24 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	default:
 		return fmt.Errorf("--progress must be auto, always or never, got %q", *progress)
 	}
+	closeLog := func() error { return nil }
+	if *routeLog != "" {
+		if o.Sim == nil {
+			return errors.New("--route-log needs --sim")
+		}
+		f, err := os.Create(*routeLog)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		o.Sim.RouteLog = kvbench.NewRouteLog(f)
+		closeLog = func() error {
+			if err := o.Sim.RouteLog.Err(); err != nil {
+				return fmt.Errorf("--route-log: %w", err)
+			}
+			return f.Close()
+		}
+	}
 	start := time.Now()
 	if scripted {
 		s, err := buildScript(*traceFile, *traceReqs, *speedup, *workload, *seed, *systemPrompts, tok)
@@ -247,13 +266,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 		fmt.Fprintf(stderr, "kvbench: done in %s\n", time.Since(start).Round(time.Millisecond))
-		return nil
+		return closeLog()
 	}
 	if _, err := kvbench.Execute(ctx, o, stdout); err != nil {
 		return err
 	}
 	fmt.Fprintf(stderr, "kvbench: done in %s\n", time.Since(start).Round(time.Millisecond))
-	return nil
+	return closeLog()
 }
 
 // buildScript builds the open-loop workload the flags ask for.

@@ -88,6 +88,7 @@ func TestRun(t *testing.T) {
 		{"trace and workload", []string{"--sim", "--trace", "x", "--workload", "chat"}, "", "one of --trace and --workload"},
 		{"unknown workload", []string{"--sim", "--tokenizer", "none", "--workload", "poker"}, "", "--workload must be"},
 		{"chat workload needs the template", []string{"--sim", "--tokenizer", "none", "--workload", "chat"}, "", "need the model's tokenizer"},
+		{"route log needs sim", []string{"--url", "http://127.0.0.1:1", "--tokenizer", "none", "--route-log", "x.jsonl"}, "", "--route-log needs --sim"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -106,5 +107,23 @@ func TestRun(t *testing.T) {
 				t.Errorf("output lacks %q:\n%s", tt.wantOut, out.String())
 			}
 		})
+	}
+}
+
+// TestRunWritesRouteLog: --route-log gets a route and a first-token line per request.
+func TestRunWritesRouteLog(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "routes.jsonl")
+	var out, errOut strings.Builder
+	args := []string{"--sim", "--tokenizer", "none", "--policy", "placement", "--requests", "12", "--output-tokens", "10",
+		"--progress", "never", "--route-log", path}
+	if err := run(context.Background(), args, &out, &errOut); err != nil {
+		t.Fatalf("%v\n%s", err, errOut.String())
+	}
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, f := bytes.Count(raw, []byte(`"event":"route"`)), bytes.Count(raw, []byte(`"event":"first_token"`)); r != 12 || f != 12 {
+		t.Fatalf("route log has %d route and %d first_token lines, want 12 each", r, f)
 	}
 }

@@ -1,0 +1,69 @@
+package kvbench
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"testing"
+)
+
+// TestRouteLogMatchesResults: every request of a run is logged once routed, with every
+// server's state, and once at its first token, with the server and TTFT its result has.
+func TestRouteLogMatchesResults(t *testing.T) {
+	cfg := smallSim(&testFleet{})
+	var buf bytes.Buffer
+	cfg.RouteLog = NewRouteLog(&buf)
+	w := simWorkload(t, 4, 40, 0)
+	out, err := RunSim(context.Background(), cfg, w, "sticky", 4, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cfg.RouteLog.Err(); err != nil {
+		t.Fatal(err)
+	}
+	routed, first := map[int]RouteEvent{}, map[int]RouteEvent{}
+	sc := bufio.NewScanner(&buf)
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		var ev RouteEvent
+		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
+			t.Fatalf("line %q: %v", sc.Text(), err)
+		}
+		if ev.Policy != "sticky" || ev.Rep != 2 || ev.Concurrency != 4 {
+			t.Fatalf("line names run %s rep %d C %d, want sticky rep 2 C 4", ev.Policy, ev.Rep, ev.Concurrency)
+		}
+		switch ev.Event {
+		case "route":
+			if _, dup := routed[ev.Seq]; dup {
+				t.Fatalf("request %d routed twice", ev.Seq)
+			}
+			if len(ev.Servers) != len(cfg.Servers) {
+				t.Fatalf("request %d: %d server states, want %d", ev.Seq, len(ev.Servers), len(cfg.Servers))
+			}
+			routed[ev.Seq] = ev
+		case "first_token":
+			if _, ok := routed[ev.Seq]; !ok {
+				t.Fatalf("request %d: first token before it was routed", ev.Seq)
+			}
+			first[ev.Seq] = ev
+		default:
+			t.Fatalf("unknown event %q", ev.Event)
+		}
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if len(routed) != len(out.Results) || len(first) != len(out.Results) {
+		t.Fatalf("logged %d routed, %d first tokens, want %d each", len(routed), len(first), len(out.Results))
+	}
+	for _, r := range out.Results {
+		rt, ft := routed[r.Seq], first[r.Seq]
+		if cfg.Address(rt.Server) != r.Server || ft.Server != rt.Server || rt.Prefix != r.Prefix {
+			t.Errorf("request %d: logged server %d/%d prefix %d, result %s prefix %d", r.Seq, rt.Server, ft.Server, rt.Prefix, r.Server, r.Prefix)
+		}
+		if want := float64(r.TTFT.Microseconds()) / 1000; ft.TTFTMS < want-0.01 || ft.TTFTMS > want+0.01 || ft.T < rt.T {
+			t.Errorf("request %d: logged TTFT %.3f ms at %.3f s (routed %.3f s), result %v", r.Seq, ft.TTFTMS, ft.T, rt.T, r.TTFT)
+		}
+	}
+}
