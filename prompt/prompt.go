@@ -90,9 +90,10 @@ type renderScratch struct {
 	fill     func(from int)
 }
 
-// poisonDeferred, set by tests, fills the bytes a render deferred with invalid
-// UTF-8 before encoding: ids that depended on bytes never filled would then differ.
-var poisonDeferred bool
+// testHookDeferred, set by the package's tests (nil otherwise), sees each render
+// before it is encoded: they overwrite the deferred bytes, so that ids that depended
+// on bytes never filled would differ from a builder's without caches.
+var testHookDeferred func(rendered []byte, prov *chattemplate.Provenance)
 
 func (sc *renderScratch) fillFrom(from int) { sc.prov.Fill(sc.rendered, from) }
 
@@ -212,8 +213,8 @@ func (b *Builder) chat(dst []uint32, req *openai.Request, maxTokens int, p *toke
 	// deferred bytes it reads are written by sc.fill before it reads them.
 	text := unsafe.String(unsafe.SliceData(rendered), len(rendered))
 	sc.rendered = rendered
-	if poisonDeferred {
-		sc.prov.Poison(rendered, 0xff)
+	if testHookDeferred != nil {
+		testHookDeferred(rendered, &sc.prov)
 	}
 	var prov *tokenizer.Provenance
 	if len(sc.prov.IDs) > 0 {
