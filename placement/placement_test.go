@@ -1042,3 +1042,34 @@ func BenchmarkPlacementPickNoRoom(b *testing.B) {
 		}
 	}
 }
+
+// TestPlacementDivertBackTakesTheLeastLoadedHolder: a replica past one step is diverted
+// back to the prefix's holders, which all start the request in the next step; it goes
+// to the least-loaded of them (measured decode times alike), not the first listed.
+func TestPlacementDivertBackTakesTheLeastLoadedHolder(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		loads [3]int
+		want  int
+	}{
+		{"second", [3]int{3, 1, 2}, 1},
+		{"first", [3]int{1, 3, 2}, 0},
+		{"third", [3]int{2, 3, 1}, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := placement.DefaultConfig()
+			cfg.MaxNumBatchedTokens = 1024 // the replica's 1,152-token miss is past one step; the move adds 1,024
+			cfg.HoldMax = 0
+			ix := testindex.New()
+			p := newPlacement(t, cfg, ix)
+			cs := fleet(4, nil)
+			for i := range 3 {
+				ix.Hold(cs[i].Address, plKeysOf(prefixed(0, 0))[:64])
+				cs[i].InFlight = tc.loads[i] // every holder busy: a replica on the idle cs[3]
+			}
+			if got := place(t, p, prefixed(0, 1), cs); got != cs[tc.want].Address {
+				t.Fatalf("went to %s, want the least-loaded holder %s", got, cs[tc.want].Address)
+			}
+		})
+	}
+}

@@ -489,15 +489,18 @@ func (p *Policy) divert(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 	if !late && !full && !miss {
 		return -1
 	}
-	alt, ea := -1, 0.0
-	for i := range cands {
+	eligible := func(i int) bool {
 		if i == best || !sc.ok[i] {
-			continue
+			return false
 		}
 		if miss && !full && (sc.loads[i] > 0 || !(sc.decode[i] > 0 && sc.decode[i] < p.cfg.MissSpeedup*sc.decode[best])) {
-			continue
+			return false
 		}
-		if !full && !p.moveOK(sc, i, best) {
+		return full || p.moveOK(sc, i, best)
+	}
+	alt, ea := -1, 0.0
+	for i := range cands {
+		if !eligible(i) {
 			continue
 		}
 		if x := est(i); alt < 0 || x < ea {
@@ -509,6 +512,37 @@ func (p *Policy) divert(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 	}
 	if alt < 0 || (!full && !miss && 2*ea > eb) {
 		return -1
+	}
+	// Candidates whose backlog fits in one step start the request in the next step
+	// alike: their estimates differ by less than a step. Diverted to a holder of its
+	// prefix, the request goes to the least-loaded of those holders caching as much of
+	// it whose measured decode time is within noise (MissSpeedup) of the soonest one's:
+	// where its decode steps are shared least, as kv would choose, instead of one a few
+	// milliseconds faster in measured decode time running several requests
+	// (12 servers, N = 2, C = 16: throughput 28.25 -> 29.14 requests/s, kv 29.02).
+	step := float64(p.cfg.MaxNumBatchedTokens + bs)
+	if ea > step || sc.pos[alt] < 0 {
+		return alt
+	}
+	lead := sc.lead[alt]
+	same := func(i int) bool {
+		return sc.pos[i] >= 0 && sc.lead[i] >= lead && eligible(i) &&
+			est(i) <= step && (full || miss || 2*est(i) <= eb)
+	}
+	decode := func(i int) float64 {
+		if sc.decode[i] > 0 {
+			return sc.decode[i]
+		}
+		return sc.meanDecode
+	}
+	da := decode(alt)
+	for i := range cands {
+		if i == alt || !same(i) || decode(i)*p.cfg.MissSpeedup > da || da*p.cfg.MissSpeedup > decode(i) {
+			continue
+		}
+		if sc.loads[i] < sc.loads[alt] {
+			alt = i
+		}
 	}
 	return alt
 }
