@@ -66,7 +66,7 @@ func newMetrics(f *Fleet, reg prometheus.Registerer, pool string) *metrics {
 		metricsAge: prometheus.NewDesc("kvrouter_endpoint_metrics_age_seconds",
 			"Age of the endpoint's last good scrape.", []string{"endpoint"}, nil),
 		poolReady: prometheus.NewDesc("inference_pool_ready_pods",
-			"Inference Extension series: eligible endpoints whose last scrape is within fleet.scrape.staleness_limit.", []string{"name"}, nil),
+			"Inference Extension series: eligible endpoints whose last scrape is within the staleness limit (limits.metrics_staleness_limit).", []string{"name"}, nil),
 		poolKVUsage: prometheus.NewDesc("inference_pool_average_kv_cache_utilization",
 			"Inference Extension series: mean vllm:kv_cache_usage_perc (0..1) of the endpoints counted in inference_pool_ready_pods.", []string{"name"}, nil),
 		poolQueue: prometheus.NewDesc("inference_pool_average_queue_size",
