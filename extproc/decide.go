@@ -139,6 +139,7 @@ func (st *stream) commit(c choice) {
 	st.tentative = nil
 	s.fleet.Begin(c.endpoint)
 	s.m.gie.requests.WithLabelValues(st.model, st.model, strconv.Itoa(c.priority)).Inc()
+	s.m.gie.requestSize.WithLabelValues(st.model, st.model).Observe(float64(st.reqBytes))
 	s.m.gie.running.WithLabelValues(st.model).Inc()
 	st.observer = c.observer
 	if st.observer != nil {
@@ -191,7 +192,7 @@ func (st *stream) choose(in decideInput, start time.Time) (c choice, noEndpointR
 	if parsed != nil && !ok {
 		fallback = fallbackUnknownModel
 	}
-	st.model = ""
+	st.model, st.reqBytes = "", max(len(in.body), len(st.body))
 	if parsed != nil && ok {
 		st.model = model // served by the fleet: a bounded label value
 	}

@@ -109,7 +109,7 @@ func TestInferenceObjectiveSeries(t *testing.T) {
 			}
 			for _, o := range []obs{{"inference_objective_request_duration_seconds", -1},
 				{"inference_objective_input_tokens", 300}, {"inference_objective_output_tokens", 7},
-				{"inference_objective_prompt_cached_tokens", 256}} {
+				{"inference_objective_prompt_cached_tokens", 256}, {"inference_objective_response_sizes", float64(len(usage))}} {
 				n, sum := testmetrics.Histogram(t, h.reg, o.metric, model...)
 				switch {
 				case !tc.wantDone && n != 0:
@@ -121,6 +121,10 @@ func TestInferenceObjectiveSeries(t *testing.T) {
 				case tc.wantDone && o.sum < 0 && sum <= 0:
 					t.Errorf("%s sum = %v, want > 0", o.metric, sum)
 				}
+			}
+			n, sum := testmetrics.Histogram(t, h.reg, "inference_objective_request_sizes", model...)
+			if wantN := uint64(wantReq); n != wantN || (n == 1 && sum != float64(len(chatBody(tc.model)))) {
+				t.Errorf("request_sizes: %d observations of sum %v, want %d of the body's %d bytes", n, sum, wantN, len(chatBody(tc.model)))
 			}
 			for _, name := range []string{"inference_objective_request_total", "inference_objective_running_requests",
 				"inference_objective_input_tokens"} {

@@ -44,6 +44,8 @@ type gieMetrics struct {
 	outputTokens *prometheus.HistogramVec // inference_objective_output_tokens
 	cachedTokens *prometheus.HistogramVec // inference_objective_prompt_cached_tokens
 	running      *prometheus.GaugeVec     // inference_objective_running_requests
+	requestSize  *prometheus.HistogramVec // inference_objective_request_sizes
+	responseSize *prometheus.HistogramVec // inference_objective_response_sizes
 }
 
 // The picker's error codes (its pkg/common/error) that kvrouter's answers map to, in
@@ -66,6 +68,14 @@ var (
 	gieInputBuckets = []float64{1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32778, 65536, 131072, 262144, 524288, 1048576}
 	// gieOutputBuckets: outputs up to 8192 tokens.
 	gieOutputBuckets = []float64{1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192}
+	// gieRequestSizeBuckets: 64 bytes to 1 GiB.
+	gieRequestSizeBuckets = []float64{
+		64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536,
+		131072, 262144, 524288, 1048576, 2097152, 4194304, 8388608,
+		16777216, 33554432, 67108864, 134217728, 268435456, 536870912, 1073741824,
+	}
+	// gieResponseSizeBuckets: 1 byte to 64 KiB (32778, not 32768, is the picker's).
+	gieResponseSizeBuckets = []float64{1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32778, 65536}
 )
 
 func newGIEMetrics(reg prometheus.Registerer) gieMetrics {
@@ -103,6 +113,16 @@ func newGIEMetrics(reg prometheus.Registerer) gieMetrics {
 			Name: "inference_objective_running_requests",
 			Help: "Inference Extension series: requests routed whose response has not ended, by model.",
 		}, []string{"model_name"})),
+		requestSize: register(reg, prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "inference_objective_request_sizes",
+			Help:    "Inference Extension series: bytes of the routed request's body the router had read when it decided.",
+			Buckets: gieRequestSizeBuckets,
+		}, model)),
+		responseSize: register(reg, prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "inference_objective_response_sizes",
+			Help:    "Inference Extension series: bytes of the response body, at its end.",
+			Buckets: gieResponseSizeBuckets,
+		}, model)),
 	}
 }
 

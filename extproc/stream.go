@@ -65,6 +65,7 @@ type stream struct {
 	through   bool      // FDS: decided already; body chunks pass straight through
 	start     time.Time // when the request headers came (inference_objective_request_duration_seconds)
 	model     string    // the model_name of the Inference Extension series: the request's model when the fleet serves it, else ""
+	reqBytes  int       // the body bytes read when the decision was made (inference_objective_request_sizes)
 
 	// decision
 	routed    bool
@@ -80,6 +81,7 @@ type stream struct {
 	firstToken  bool
 	released    bool
 	usage       openai.UsageReader
+	respBytes   int // the response body's bytes so far (inference_objective_response_sizes)
 }
 
 // handle processes one message; done means the stream is over (an immediate response
@@ -395,6 +397,7 @@ func (st *stream) onResponseBody(b *extprocv3.HttpBody) error {
 		return err
 	}
 	st.markFirstToken()
+	st.respBytes += len(b.GetBody())
 	st.usage.Write(b.GetBody())
 	if b.GetEndOfStream() {
 		st.endResponse()
@@ -443,6 +446,7 @@ func (st *stream) endResponse() {
 		if d := st.s.now().Sub(st.start); d > 0 {
 			gie.duration.WithLabelValues(st.model, st.model).Observe(d.Seconds())
 		}
+		gie.responseSize.WithLabelValues(st.model, st.model).Observe(float64(st.respBytes))
 		if ok {
 			if u.PromptTokens > 0 {
 				gie.inputTokens.WithLabelValues(st.model, st.model).Observe(float64(u.PromptTokens))

@@ -56,6 +56,15 @@ func TestInferencePoolSeries(t *testing.T) {
 			if got := testmetrics.Must(t, reg, "inference_pool_ready_pods", name...); got != tc.ready {
 				t.Errorf("ready_pods = %v, want %v", got, tc.ready)
 			}
+			// Every scraped endpoint's queue, fresh or not, as the picker's per-pod series.
+			for addr, want := range map[string]float64{"127.0.0.1:8000": 2, "127.0.0.1:8001": 6} {
+				if got := testmetrics.Must(t, reg, "inference_pool_per_pod_queue_size", "name", tc.wantName, "model_server_pod", addr); got != want {
+					t.Errorf("per_pod_queue_size{%s} = %v, want %v", addr, got, want)
+				}
+			}
+			if testmetrics.Exists(t, reg, "inference_pool_per_pod_queue_size", "model_server_pod", "127.0.0.1:8003") {
+				t.Error("per_pod_queue_size for an endpoint never scraped")
+			}
 			avgs := map[string]float64{
 				"inference_pool_average_kv_cache_utilization": tc.kv,
 				"inference_pool_average_queue_size":           tc.q,

@@ -28,6 +28,7 @@ type metrics struct {
 	poolKVUsage *prometheus.Desc
 	poolQueue   *prometheus.Desc
 	poolRunning *prometheus.Desc
+	podQueue    *prometheus.Desc
 }
 
 func newMetrics(f *Fleet, reg prometheus.Registerer, pool string) *metrics {
@@ -71,6 +72,8 @@ func newMetrics(f *Fleet, reg prometheus.Registerer, pool string) *metrics {
 			"Inference Extension series: mean vllm:kv_cache_usage_perc (0..1) of the endpoints counted in inference_pool_ready_pods.", []string{"name"}, nil),
 		poolQueue: prometheus.NewDesc("inference_pool_average_queue_size",
 			"Inference Extension series: mean vllm:num_requests_waiting of the endpoints counted in inference_pool_ready_pods.", []string{"name"}, nil),
+		podQueue: prometheus.NewDesc("inference_pool_per_pod_queue_size",
+			"Inference Extension series: the endpoint's vllm:num_requests_waiting at the last good scrape; model_server_pod is its address.", []string{"name", "model_server_pod"}, nil),
 		poolRunning: prometheus.NewDesc("inference_pool_average_running_requests",
 			"Inference Extension series: mean vllm:num_requests_running of the endpoints counted in inference_pool_ready_pods.", []string{"name"}, nil),
 	}
@@ -87,7 +90,7 @@ func (m *metrics) forget(addr string) {
 // Describe implements prometheus.Collector for the per-endpoint gauges.
 func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{m.endpoints, m.inFlight, m.running, m.waiting, m.kvUsage, m.eligible, m.metricsAge,
-		m.poolReady, m.poolKVUsage, m.poolQueue, m.poolRunning} {
+		m.poolReady, m.poolKVUsage, m.poolQueue, m.poolRunning, m.podQueue} {
 		ch <- d
 	}
 }
@@ -119,6 +122,7 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 		if s := ep.last.Load(); s != nil {
 			ch <- prometheus.MustNewConstMetric(m.running, prometheus.GaugeValue, float64(s.m.Running), a)
 			ch <- prometheus.MustNewConstMetric(m.waiting, prometheus.GaugeValue, float64(s.m.Waiting), a)
+			ch <- prometheus.MustNewConstMetric(m.podQueue, prometheus.GaugeValue, float64(s.m.Waiting), m.pool, a)
 			ch <- prometheus.MustNewConstMetric(m.kvUsage, prometheus.GaugeValue, s.m.KVCacheUsage, a)
 			ch <- prometheus.MustNewConstMetric(m.metricsAge, prometheus.GaugeValue, now.Sub(s.at).Seconds(), a)
 		}
