@@ -138,9 +138,14 @@ func (st *stream) commit(c choice) {
 	st.routed, st.endpoint, st.dest, st.reqID = true, c.endpoint, c.dest, c.req.ID
 	st.tentative = nil
 	s.fleet.Begin(c.endpoint)
-	s.m.gie.requests.WithLabelValues(st.model, st.model, strconv.Itoa(c.priority)).Inc()
-	s.m.gie.requestSize.WithLabelValues(st.model, st.model).Observe(float64(st.reqBytes))
-	s.m.gie.running.WithLabelValues(st.model).Inc()
+	st.gie = s.m.gie.forModel(st.model)
+	if c.priority == 0 {
+		st.gie.requests0.Inc()
+	} else {
+		s.m.gie.requests.WithLabelValues(st.model, st.model, strconv.Itoa(c.priority)).Inc()
+	}
+	st.gie.requestSize.Observe(float64(st.reqBytes))
+	st.gie.running.Inc()
 	st.observer = c.observer
 	if st.observer != nil {
 		st.observer.Routed(&c.req, c.endpoint)

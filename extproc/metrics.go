@@ -2,6 +2,7 @@ package extproc
 
 import (
 	"errors"
+	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -27,7 +28,7 @@ type metrics struct {
 	shed            *prometheus.CounterVec
 	holdsCut        *prometheus.CounterVec
 
-	gie gieMetrics
+	gie *gieMetrics
 }
 
 // gieMetrics are the Gateway API Inference Extension endpoint picker's per-request series
@@ -46,6 +47,38 @@ type gieMetrics struct {
 	running      *prometheus.GaugeVec     // inference_objective_running_requests
 	requestSize  *prometheus.HistogramVec // inference_objective_request_sizes
 	responseSize *prometheus.HistogramVec // inference_objective_response_sizes
+
+	models sync.Map // model_name -> *gieModel
+}
+
+// gieModel is one model_name's series, looked up once: a request then costs one map load
+// instead of a label lookup per series.
+type gieModel struct {
+	requests0                  prometheus.Counter // priority "0", the usual case
+	duration, requestSize      prometheus.Observer
+	responseSize, inputTokens  prometheus.Observer
+	outputTokens, cachedTokens prometheus.Observer
+	running                    prometheus.Gauge
+}
+
+// forModel returns model's series. The keys are bounded as the labels are: a model the
+// fleet serves, or "".
+func (g *gieMetrics) forModel(model string) *gieModel {
+	if v, ok := g.models.Load(model); ok {
+		return v.(*gieModel)
+	}
+	gm := &gieModel{
+		requests0:    g.requests.WithLabelValues(model, model, "0"),
+		duration:     g.duration.WithLabelValues(model, model),
+		requestSize:  g.requestSize.WithLabelValues(model, model),
+		responseSize: g.responseSize.WithLabelValues(model, model),
+		inputTokens:  g.inputTokens.WithLabelValues(model, model),
+		outputTokens: g.outputTokens.WithLabelValues(model, model),
+		cachedTokens: g.cachedTokens.WithLabelValues(model, model),
+		running:      g.running.WithLabelValues(model),
+	}
+	v, _ := g.models.LoadOrStore(model, gm)
+	return v.(*gieModel)
 }
 
 // The picker's error codes (its pkg/common/error) that kvrouter's answers map to, in
@@ -78,9 +111,9 @@ var (
 	gieResponseSizeBuckets = []float64{1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32778, 65536}
 )
 
-func newGIEMetrics(reg prometheus.Registerer) gieMetrics {
+func newGIEMetrics(reg prometheus.Registerer) *gieMetrics {
 	model := []string{"model_name", "target_model_name"}
-	return gieMetrics{
+	return &gieMetrics{
 		requests: register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "inference_objective_request_total",
 			Help: "Inference Extension series: requests routed, by model and target model (the same: kvrouter rewrites no model) and the priority of the request's InferenceObjective.",

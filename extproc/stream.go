@@ -66,6 +66,7 @@ type stream struct {
 	start     time.Time // when the request headers came (inference_objective_request_duration_seconds)
 	model     string    // the model_name of the Inference Extension series: the request's model when the fleet serves it, else ""
 	reqBytes  int       // the body bytes read when the decision was made (inference_objective_request_sizes)
+	gie       *gieModel // st.model's series, once routed
 
 	// decision
 	routed    bool
@@ -442,20 +443,20 @@ func (st *stream) endResponse() {
 	}
 	if st.routed && !st.released {
 		// The picker's series of a finished request, recorded where it records them.
-		gie := &m.gie
+		gie := st.gie
 		if d := st.s.now().Sub(st.start); d > 0 {
-			gie.duration.WithLabelValues(st.model, st.model).Observe(d.Seconds())
+			gie.duration.Observe(d.Seconds())
 		}
-		gie.responseSize.WithLabelValues(st.model, st.model).Observe(float64(st.respBytes))
+		gie.responseSize.Observe(float64(st.respBytes))
 		if ok {
 			if u.PromptTokens > 0 {
-				gie.inputTokens.WithLabelValues(st.model, st.model).Observe(float64(u.PromptTokens))
+				gie.inputTokens.Observe(float64(u.PromptTokens))
 			}
 			if u.CompletionTokens > 0 {
-				gie.outputTokens.WithLabelValues(st.model, st.model).Observe(float64(u.CompletionTokens))
+				gie.outputTokens.Observe(float64(u.CompletionTokens))
 			}
 			if u.HasCached {
-				gie.cachedTokens.WithLabelValues(st.model, st.model).Observe(float64(u.CachedTokens))
+				gie.cachedTokens.Observe(float64(u.CachedTokens))
 			}
 		}
 	}
@@ -471,7 +472,7 @@ func (st *stream) release() {
 	}
 	st.released = true
 	st.s.fleet.End(st.endpoint)
-	st.s.m.gie.running.WithLabelValues(st.model).Dec()
+	st.gie.running.Dec()
 	if st.observer != nil {
 		st.observer.Finished(st.reqID)
 	}
