@@ -58,24 +58,39 @@ func joinMessages(msgs [][]byte) json.RawMessage {
 // provenanceLog checks the provenance of renders (chattemplate.Provenance): it keeps
 // the output each iteration id named the first time it was seen, and fails a render
 // in which an id names other bytes, or whose offsets do not describe its output.
+// Renders defer the bytes of the iterations they replay (Provenance.Deferred), which
+// it poisons before filling them back in two steps, from the output's middle then from
+// its start: the first must leave every byte past the middle as the whole render has
+// it, and the render returned is the filled one (which callers compare with an
+// uncached render).
 type provenanceLog struct {
-	mu      sync.Mutex
-	named   map[uint64]string
-	covered int // bytes of output the provenances covered
+	mu       sync.Mutex
+	named    map[uint64]string
+	covered  int // bytes of output the provenances covered
+	deferred int // bytes of output the renders deferred
 }
 
 // render renders in with tmpl, checking and logging its provenance.
 func (l *provenanceLog) render(t testing.TB, tmpl *chattemplate.Template, in chattemplate.Input) (string, error) {
 	t.Helper()
-	var prov chattemplate.Provenance
+	prov := chattemplate.Provenance{Deferred: true}
 	out, err := tmpl.AppendRenderTraced([]byte("dst"), in, &prov)
 	if err != nil {
-		if len(prov.IDs) != 0 || len(prov.Ends) != 0 {
+		if len(prov.IDs) != 0 || len(prov.Ends) != 0 || prov.DeferredBytes() != 0 {
 			t.Fatalf("a failed render reported a provenance %+v", prov)
 		}
 		return "", err
 	}
+	deferred := prov.DeferredBytes()
+	prov.Poison(out, 0xff)
+	half := (len(out) - len("dst")) / 2
+	prov.Fill(out, half)
+	late := string(out[len("dst")+half:])
+	prov.Fill(out, 0)
 	text := string(out[len("dst"):])
+	if late != text[half:] || prov.DeferredBytes() != 0 {
+		t.Fatalf("filled from %d: %q, then from 0: %q (%d bytes left deferred)", half, late, text, prov.DeferredBytes())
+	}
 	if len(prov.Ends) != len(prov.IDs) {
 		t.Fatalf("provenance with %d ends and %d ids", len(prov.Ends), len(prov.IDs))
 	}
@@ -98,6 +113,7 @@ func (l *provenanceLog) render(t testing.TB, tmpl *chattemplate.Template, in cha
 		l.covered += end - prev
 		prev = end
 	}
+	l.deferred += deferred
 	return text, nil
 }
 
@@ -173,7 +189,10 @@ func TestIncrementalGolden(t *testing.T) {
 			t.Errorf("%s: no iteration reused over %d conversations", model, rendered[model])
 		}
 	}
-	t.Logf("conversations rendered turn by turn, identical to Jinja2: %v; %d bytes described by provenance", rendered, log.covered)
+	t.Logf("conversations rendered turn by turn, identical to Jinja2: %v; %d bytes described by provenance, %d deferred", rendered, log.covered, log.deferred)
+	if log.deferred == 0 {
+		t.Error("no render deferred the bytes of an iteration it replayed")
+	}
 	if log.covered == 0 {
 		t.Error("no render reported a provenance")
 	}

@@ -76,10 +76,26 @@ type Builder struct {
 // template reports and the tokenizer takes: the history a conversation's turn
 // re-sends is then checked once, by the message cache comparing its messages' bytes,
 // rather than hashed again by the tokenizer (see chattemplate.Provenance).
+//
+// The render defers the bytes of the iterations it replays (prov.Deferred): the
+// tokenizer takes the ids of the history they render from its cache and reads only
+// what follows, so a long conversation's ~600 KB of history is not copied into text
+// each turn; fill writes what the tokenizer does read (tokenizer.Provenance.Fill).
 type renderScratch struct {
 	text []byte
 	prov chattemplate.Provenance
+	// rendered is the render being encoded, fill (sc.fillFrom, bound once per
+	// scratch rather than per request) writes its deferred bytes.
+	rendered []byte
+	fill     func(from int)
 }
+
+// testHookDeferred, set by the package's tests (nil otherwise), sees each render
+// before it is encoded: they overwrite the deferred bytes, so that ids that depended
+// on bytes never filled would differ from a builder's without caches.
+var testHookDeferred func(rendered []byte, prov *chattemplate.Provenance)
+
+func (sc *renderScratch) fillFrom(from int) { sc.prov.Fill(sc.rendered, from) }
 
 // maxPooledText bounds the render buffers kept for reuse.
 const maxPooledText = 8 << 20
@@ -161,9 +177,12 @@ func (b *Builder) chat(dst []uint32, req *openai.Request, maxTokens int, p *toke
 	}
 	sc, _ := b.renders.Get().(*renderScratch)
 	if sc == nil {
-		sc = new(renderScratch)
+		sc = &renderScratch{prov: chattemplate.Provenance{Deferred: true}}
+		sc.fill = sc.fillFrom
 	}
 	defer func() {
+		sc.rendered = nil
+		sc.prov.Reset() // drops its references to the stored iterations' outputs
 		if cap(sc.text) <= maxPooledText && cap(sc.prov.Ends) <= maxPooledText/64 {
 			b.renders.Put(sc)
 		}
@@ -190,11 +209,18 @@ func (b *Builder) chat(dst []uint32, req *openai.Request, maxTokens int, p *toke
 		return nil, false, fmt.Errorf("prompt: %w", err)
 	}
 	sc.text = rendered[:0]
-	// The tokenizer keeps no reference to the text, so it may alias the buffer.
+	// The tokenizer keeps no reference to the text, so it may alias the buffer; the
+	// deferred bytes it reads are written by sc.fill before it reads them.
 	text := unsafe.String(unsafe.SliceData(rendered), len(rendered))
+	sc.rendered = rendered
+	if testHookDeferred != nil {
+		testHookDeferred(rendered, &sc.prov)
+	}
 	var prov *tokenizer.Provenance
 	if len(sc.prov.IDs) > 0 {
-		prov = &tokenizer.Provenance{Start: sc.prov.Start, Ends: sc.prov.Ends, IDs: sc.prov.IDs}
+		prov = &tokenizer.Provenance{Start: sc.prov.Start, Ends: sc.prov.Ends, IDs: sc.prov.IDs, Fill: sc.fill}
+	} else {
+		sc.prov.Fill(rendered, 0) // (none deferred without ids)
 	}
 	ids, complete := b.tok.AppendEncodeProvenance(dst, text, req.AddSpecialTokens, maxTokens, p, prov)
 	return ids, complete, nil

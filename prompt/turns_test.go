@@ -390,3 +390,59 @@ func TestConversationTurnsConcurrent(t *testing.T) {
 		})
 	}
 }
+
+// TestConversationDeferredHistory: a render leaves the bytes of the iterations it
+// replays unwritten (chattemplate.Provenance's Deferred) and the tokenizer has filled
+// only what it reads. Every test of the package overwrites those bytes with invalid
+// UTF-8 before they are encoded (export_test.go), so a read of one never filled gives
+// ids that differ from a builder's without caches (unless benchmarks run); this one
+// checks it on the encodes that fill least and most: resumed from the tokenizer's cache (history never
+// filled), with the tokenizer's cache evicting on every request or off (all filled
+// back, while the message cache still replays), and cut at maxTokens; and that the
+// renders did defer bytes.
+func TestConversationDeferredHistory(t *testing.T) {
+	if !prompt.DeferredPoisoning() {
+		t.Skip("deferred bytes are not poisoned while benchmarks run")
+	}
+	for _, model := range []string{"qwen3", "llama3"} {
+		plain := plainBuilder(t, model)
+		for _, c := range []struct {
+			name string
+			opts []tokenizer.Option
+		}{
+			{"prefix cache", nil},
+			{"prefix cache evicting", []tokenizer.Option{tokenizer.WithPrefixCache(8 << 10)}},
+			{"prefix cache off", []tokenizer.Option{tokenizer.WithPrefixCache(0)}},
+		} {
+			t.Run(model+"/"+c.name, func(t *testing.T) {
+				cached, err := prompt.LoadDir(testmodels.Dir(t, model), prompt.LoadOptions{Tokenizer: c.opts})
+				if err != nil {
+					t.Fatal(err)
+				}
+				before := prompt.DeferredPoisoned()
+				for seed := range uint64(20) {
+					bodies := conversation(2000+seed, 6)
+					checkTurns(t, cached, plain, bodies)
+					for k, body := range bodies {
+						req, err := prompt.RequestFromBody(body)
+						if err != nil {
+							t.Fatal(err)
+						}
+						want, err := plain.PromptTokens(req)
+						if err != nil {
+							t.Fatal(err)
+						}
+						limit := 1 + len(want)*(k+1)/(len(bodies)+1)
+						got, err := cached.AppendPromptTokens(nil, req, limit)
+						if err != nil || !slices.Equal(got, want[:min(limit, len(want))]) {
+							t.Fatalf("turn %d cut at %d of %d ids: %v (%v), want %v", k, limit, len(want), got, err, want[:min(limit, len(want))])
+						}
+					}
+				}
+				if n := prompt.DeferredPoisoned() - before; n < 20*4*100 {
+					t.Errorf("renders deferred %d bytes over 20 six-turn conversations, want at least %d", n, 20*4*100)
+				}
+			})
+		}
+	}
+}

@@ -213,13 +213,15 @@ func (t *Tokenizer) encodeCached(text string, out []uint32, base int, add bool, 
 		defer func() { sc.proofs = all[:0] }()
 		proofs = all
 		var from int
-		walked, pos, from = t.resume(text, proofs, walked)
+		walked, pos, from = t.resume(text, proofs, walked, prov)
 		if pos > 0 {
 			key = walked[len(walked)-1].key
 			c.counters.resumed()
 		}
 		proofs = proofs[from:]
 	}
+	// Everything from pos on is read below (all of the text when nothing was resumed).
+	prov.fill(pos)
 	walked, pos = t.walk(text, &key, walked, pos)
 	defer func() { clear(walked); sc.chain = walked[:0] }() // no reference to cached ids kept
 	// Invalid UTF-8 is replaced before encoding (see AppendEncodeMax). The walked
@@ -305,10 +307,25 @@ func (t *Tokenizer) encodeCached(text string, out []uint32, base int, add bool, 
 // comparing the text up to Ends[i] again. Whatever the provenance does not cover (the
 // text before Start, and after the last Ends[i] the cache knows) is checked as without
 // it.
+//
+// Fill, when not nil, says that some of the text's bytes from Start on are not written
+// yet (the render deferred what it replayed: chattemplate.Provenance's Deferred): the
+// encoder calls Fill(from) before it reads any byte at or after Start, from the first
+// offset it will read, and Fill must then write every byte from there on into the
+// memory text aliases. With the cache's ids of a conversation's history, an encode
+// reads only what follows them, so the history's text need not be written at all.
 type Provenance struct {
 	Start int
 	Ends  []int
 	IDs   []uint64
+	Fill  func(from int)
+}
+
+// fill calls p.Fill(from) when p defers bytes.
+func (p *Provenance) fill(from int) {
+	if p != nil && p.Fill != nil {
+		p.Fill(from)
+	}
 }
 
 // valid reports whether p describes a text of n bytes.
@@ -367,7 +384,9 @@ const maxResumeTries = 64
 //
 // The ids are those a split of the whole text gives: the split of the stored text had
 // a cut at the span's, and walkCut checks that this text's split has one too.
-func (t *Tokenizer) resume(text string, proofs []proof, spans []*span) ([]*span, int, int) {
+//
+// The bytes it reads, from the span's cut on, are filled first (see Provenance.Fill).
+func (t *Tokenizer) resume(text string, proofs []proof, spans []*span, prov *Provenance) ([]*span, int, int) {
 	c := t.cache
 	var s *span
 	i, last := len(proofs)-1, max(len(proofs)-maxResumeTries, 0)
@@ -381,6 +400,7 @@ func (t *Tokenizer) resume(text string, proofs []proof, spans []*span) ([]*span,
 	if i < last {
 		return spans, 0, 0
 	}
+	prov.fill(s.at)
 	if !t.walkCut(text, s.at) {
 		return spans, 0, 0
 	}

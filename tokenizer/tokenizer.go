@@ -144,6 +144,9 @@ func (t *Tokenizer) AppendEncodeProvenance(dst []uint32, text string, addSpecial
 	if p != nil {
 		p.Reset()
 	}
+	if t.cache == nil {
+		prov.fill(0) // read from the start (encodeCached fills from where it reads)
+	}
 	if t.cache == nil && !utf8.ValidString(text) { // with the cache, encodeCached checks
 		text = strings.ToValidUTF8(text, "\uFFFD")
 	}

@@ -1,6 +1,7 @@
 package jinja
 
 import (
+	"slices"
 	"strconv"
 	"unsafe"
 )
@@ -79,6 +80,9 @@ func (o *output) WriteString(s string) { o.b = append(o.b, s...) }
 func (o *output) Write(p []byte) { o.b = append(o.b, p...) }
 
 func (o *output) Len() int { return len(o.b) }
+
+// skip extends the output by n bytes left unwritten (see Provenance.Deferred).
+func (o *output) skip(n int) { o.b = slices.Grow(o.b, n)[:len(o.b)+n] }
 
 // text returns the output as a string sharing its bytes: the output must not be
 // written to again.

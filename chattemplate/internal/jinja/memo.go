@@ -115,17 +115,93 @@ var iterationIDs atomic.Uint64
 // the render proved by writing those outputs and that nothing needs to compare again.
 // Only the first run of back-to-back iterations written to the render's own output
 // (not to a captured block) is described.
+//
+// With Deferred set, the render leaves the bytes of the described iterations it
+// replays from the cache unwritten (the output has their length, not their bytes):
+// a caller that derives what it needs of those bytes from the ids (prompt: the
+// tokenizer's cached ids) need not have them copied. Fill writes them.
 type Provenance struct {
 	Start int
 	Ends  []int
 	IDs   []uint64
-	base  int  // len(dst)
-	done  bool // the run ended: later iterations are not described
+	// Deferred, set by the caller and kept by Reset, defers the replayed
+	// iterations' bytes to Fill.
+	Deferred bool
+	base     int    // len(dst)
+	done     bool   // the run ended: later iterations are not described
+	holes    []hole // the deferred outputs, in order
 }
 
-// Reset empties p for a render, keeping its memory.
+// hole is a deferred iteration's output, at offset at (as Ends: from base).
+type hole struct {
+	at  int
+	out string
+}
+
+// Reset empties p for a render, keeping its memory and Deferred.
 func (p *Provenance) Reset() {
-	*p = Provenance{Ends: p.Ends[:0], IDs: p.IDs[:0]}
+	clear(p.holes) // no reference to stored iterations' outputs kept
+	*p = Provenance{Ends: p.Ends[:0], IDs: p.IDs[:0], Deferred: p.Deferred, holes: p.holes[:0]}
+}
+
+// Fill writes into out, the slice the render returned, the deferred bytes of every
+// iteration ending after from (an offset as Ends), so that out[base+from:] then holds
+// the render's output; the bytes before from that were deferred stay unwritten. Calls
+// with a lower from write what earlier ones left.
+func (p *Provenance) Fill(out []byte, from int) {
+	i := len(p.holes)
+	for i > 0 && p.holes[i-1].at+len(p.holes[i-1].out) > from {
+		i--
+	}
+	for _, h := range p.holes[i:] {
+		copy(out[p.base+h.at:], h.out)
+	}
+	clear(p.holes[i:])
+	p.holes = p.holes[:i]
+}
+
+// Poison writes b over the deferred bytes of out (the slice the render returned):
+// tests make a reader of bytes it never had filled fail.
+func (p *Provenance) Poison(out []byte, b byte) {
+	for _, h := range p.holes {
+		for i := range len(h.out) {
+			out[p.base+h.at+i] = b
+		}
+	}
+}
+
+// DeferredBytes returns the number of bytes of the render's output left unwritten.
+func (p *Provenance) DeferredBytes() int {
+	n := 0
+	for _, h := range p.holes {
+		n += len(h.out)
+	}
+	return n
+}
+
+// continues reports whether an iteration's output starting at start (in the
+// output) would be described: p is on, its run has not ended, and start is where the
+// run's last output ends.
+func (st *state) continues(start int) bool {
+	p := st.prov
+	if p == nil || p.done || st.out != st.main {
+		return false
+	}
+	return len(p.IDs) == 0 || p.Ends[len(p.Ends)-1] == start-p.base
+}
+
+// replayOut writes a replayed iteration's output, or with a deferred provenance
+// leaves room for it when nothing of the render reads it back (no enclosing
+// iteration is being recorded) and the provenance describes it.
+func (st *state) replayOut(it *Iteration) {
+	start := st.out.Len()
+	if st.rec == nil && st.prov != nil && st.prov.Deferred && st.continues(start) {
+		st.out.skip(len(it.out))
+		st.prov.holes = append(st.prov.holes, hole{at: start - st.prov.base, out: it.out})
+	} else {
+		st.out.WriteString(it.out)
+	}
+	st.note(start, it)
 }
 
 // note records that the output from start to its end is it's output.
@@ -134,13 +210,12 @@ func (st *state) note(start int, it *Iteration) {
 	if p == nil || p.done || st.out != st.main {
 		return
 	}
-	start -= p.base
-	switch {
-	case len(p.IDs) == 0:
-		p.Start = start
-	case p.Ends[len(p.Ends)-1] != start: // output no iteration names came between
+	if !st.continues(start) { // output no iteration names came between
 		p.done = true
 		return
+	}
+	if len(p.IDs) == 0 {
+		p.Start = start - p.base
 	}
 	p.Ends = append(p.Ends, st.out.Len()-p.base)
 	p.IDs = append(p.IDs, it.id)
@@ -378,9 +453,7 @@ func (s *forStmt) execMemo(st *state, items []Value, saved []Value, loop *loopSt
 					}
 				}
 				if same && s.replay(st, prev) {
-					start := st.out.Len()
-					st.out.WriteString(prev.out)
-					st.note(start, prev)
+					st.replayOut(prev)
 					st.stats.Reused++
 					reused++
 					if prev.brk {
