@@ -64,6 +64,7 @@ type choice struct {
 	req      scoring.Request
 	ids      *promptBuf       // pooled buffer behind req.TokenIDs and req.Prefix, returned once the choice is committed
 	observer scoring.Observer // the configured policy's Observer when the choice was made, if any
+	priority int              // the priority of the request's InferenceObjective
 }
 
 // decideAndReply picks the endpoint, commits it and sends the reply that carries the
@@ -100,12 +101,15 @@ func (st *stream) decisionReply(dest string, kind replyKind) *extprocv3.Processi
 
 // reply503 answers the client directly: 429 when the request is shed, 503 otherwise.
 func (st *stream) reply503(reason string) error {
+	m := st.s.m
 	if reason == shedOverloaded {
 		// Only a known objective has a negative priority: the label is one of the
 		// configured or watched objectives, never a name a client made up.
-		st.s.m.shed.WithLabelValues(st.objective).Inc()
+		m.shed.WithLabelValues(st.objective).Inc()
+		m.gie.errors.WithLabelValues(st.model, st.model, gieErrResourceExhausted).Inc()
 	} else {
-		st.s.m.noEndpoint.WithLabelValues(reason).Inc()
+		m.noEndpoint.WithLabelValues(reason).Inc()
+		m.gie.errors.WithLabelValues(st.model, st.model, gieErrServiceUnavailable).Inc()
 	}
 	st.phase = phaseDone
 	return st.send(immediateError(reason, st.s.retry))
@@ -134,6 +138,14 @@ func (st *stream) commit(c choice) {
 	st.routed, st.endpoint, st.dest, st.reqID = true, c.endpoint, c.dest, c.req.ID
 	st.tentative = nil
 	s.fleet.Begin(c.endpoint)
+	st.gie = s.m.gie.forModel(st.model)
+	if c.priority == 0 {
+		st.gie.requests0.Inc()
+	} else {
+		s.m.gie.requests.WithLabelValues(st.model, st.model, strconv.Itoa(c.priority)).Inc()
+	}
+	st.gie.requestSize.Observe(float64(st.reqBytes))
+	st.gie.running.Inc()
 	st.observer = c.observer
 	if st.observer != nil {
 		st.observer.Routed(&c.req, c.endpoint)
@@ -145,7 +157,8 @@ func (st *stream) commit(c choice) {
 var errHoldCancelled = errors.New("extproc: stream ended while the request was held")
 
 // choose picks the endpoint for the request, or returns a no-endpoint reason. It has no
-// effect beyond counting parse and tokenizer errors and holds. It holds the request
+// effect beyond counting parse and tokenizer errors and holds, and noting the request's
+// model for the Inference Extension series (st.model). It holds the request
 // (blocking the stream) while the policy asks and holdBound allows, start being when the
 // decision began; err is errHoldCancelled when the stream's context ends meanwhile.
 func (st *stream) choose(in decideInput, start time.Time) (c choice, noEndpointReason string, err error) {
@@ -183,6 +196,10 @@ func (st *stream) choose(in decideInput, start time.Time) (c choice, noEndpointR
 	}()
 	if parsed != nil && !ok {
 		fallback = fallbackUnknownModel
+	}
+	st.model, st.reqBytes = "", max(len(in.body), len(st.body))
+	if parsed != nil && ok {
+		st.model = model // served by the fleet: a bounded label value
 	}
 	if reason := st.usable(&eps); reason != "" {
 		return c, reason, nil
@@ -259,7 +276,7 @@ func (st *stream) choose(in decideInput, start time.Time) (c choice, noEndpointR
 		}
 		dest = b.String()
 	}
-	c = choice{dest: dest, endpoint: d.Endpoint, policy: policy.Name(), fallback: fallback, req: req, ids: ids}
+	c = choice{dest: dest, endpoint: d.Endpoint, policy: policy.Name(), fallback: fallback, req: req, ids: ids, priority: rt.priority(st.objective)}
 	c.observer = rt.observer // told of every request routed under rt, as the fallback's too
 	return c, "", nil
 }

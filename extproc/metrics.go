@@ -2,6 +2,7 @@ package extproc
 
 import (
 	"errors"
+	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -26,6 +27,136 @@ type metrics struct {
 	upstreamFailed  *prometheus.CounterVec
 	shed            *prometheus.CounterVec
 	holdsCut        *prometheus.CounterVec
+
+	gie *gieMetrics
+}
+
+// gieMetrics are the Gateway API Inference Extension endpoint picker's per-request series
+// (its pkg/epp/metrics, v1.x: names, labels, buckets and the moments they are recorded),
+// so that dashboards and alerts built on the picker work on kvrouter. They are fed where
+// kvrouter's own series are. Their model_name is the request's model when the fleet
+// serves it, else "": never a name a client made up. target_model_name equals it, as
+// kvrouter rewrites no model.
+type gieMetrics struct {
+	requests     *prometheus.CounterVec   // inference_objective_request_total
+	errors       *prometheus.CounterVec   // inference_objective_request_error_total
+	duration     *prometheus.HistogramVec // inference_objective_request_duration_seconds
+	inputTokens  *prometheus.HistogramVec // inference_objective_input_tokens
+	outputTokens *prometheus.HistogramVec // inference_objective_output_tokens
+	cachedTokens *prometheus.HistogramVec // inference_objective_prompt_cached_tokens
+	running      *prometheus.GaugeVec     // inference_objective_running_requests
+	requestSize  *prometheus.HistogramVec // inference_objective_request_sizes
+	responseSize *prometheus.HistogramVec // inference_objective_response_sizes
+
+	models sync.Map // model_name -> *gieModel
+}
+
+// gieModel is one model_name's series, looked up once: a request then costs one map load
+// instead of a label lookup per series.
+type gieModel struct {
+	requests0                  prometheus.Counter // priority "0", the usual case
+	duration, requestSize      prometheus.Observer
+	responseSize, inputTokens  prometheus.Observer
+	outputTokens, cachedTokens prometheus.Observer
+	running                    prometheus.Gauge
+}
+
+// forModel returns model's series. The keys are bounded as the labels are: a model the
+// fleet serves, or "".
+func (g *gieMetrics) forModel(model string) *gieModel {
+	if v, ok := g.models.Load(model); ok {
+		return v.(*gieModel)
+	}
+	gm := &gieModel{
+		requests0:    g.requests.WithLabelValues(model, model, "0"),
+		duration:     g.duration.WithLabelValues(model, model),
+		requestSize:  g.requestSize.WithLabelValues(model, model),
+		responseSize: g.responseSize.WithLabelValues(model, model),
+		inputTokens:  g.inputTokens.WithLabelValues(model, model),
+		outputTokens: g.outputTokens.WithLabelValues(model, model),
+		cachedTokens: g.cachedTokens.WithLabelValues(model, model),
+		running:      g.running.WithLabelValues(model),
+	}
+	v, _ := g.models.LoadOrStore(model, gm)
+	return v.(*gieModel)
+}
+
+// The picker's error codes (its pkg/common/error) that kvrouter's answers map to, in
+// inference_objective_request_error_total.
+const (
+	gieErrResourceExhausted  = "ResourceExhausted"  // a sheddable request answered 429
+	gieErrServiceUnavailable = "ServiceUnavailable" // no eligible endpoint: 503
+	gieErrModelServer        = "ModelServerError"   // the upstream answered other than 200
+)
+
+// The picker's buckets for the series above.
+var (
+	// gieLatencyBuckets: 5 ms to one hour, for long-running inference.
+	gieLatencyBuckets = []float64{
+		0.005, 0.025, 0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 1.25, 1.5, 2, 3, 4, 5, 6,
+		8, 10, 15, 20, 30, 45, 60, 120, 180, 240, 300, 360, 480, 600, 900, 1200,
+		1800, 2700, 3600,
+	}
+	// gieInputBuckets: prompts up to a million tokens (32778, not 32768, is the picker's).
+	gieInputBuckets = []float64{1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32778, 65536, 131072, 262144, 524288, 1048576}
+	// gieOutputBuckets: outputs up to 8192 tokens.
+	gieOutputBuckets = []float64{1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192}
+	// gieRequestSizeBuckets: 64 bytes to 1 GiB.
+	gieRequestSizeBuckets = []float64{
+		64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536,
+		131072, 262144, 524288, 1048576, 2097152, 4194304, 8388608,
+		16777216, 33554432, 67108864, 134217728, 268435456, 536870912, 1073741824,
+	}
+	// gieResponseSizeBuckets: 1 byte to 64 KiB (32778, not 32768, is the picker's).
+	gieResponseSizeBuckets = []float64{1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32778, 65536}
+)
+
+func newGIEMetrics(reg prometheus.Registerer) *gieMetrics {
+	model := []string{"model_name", "target_model_name"}
+	return &gieMetrics{
+		requests: register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "inference_objective_request_total",
+			Help: "Inference Extension series: requests routed, by model and target model (the same: kvrouter rewrites no model) and the priority of the request's InferenceObjective.",
+		}, []string{"model_name", "target_model_name", "priority"})),
+		errors: register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "inference_objective_request_error_total",
+			Help: "Inference Extension series: requests that failed, by error_code: ResourceExhausted (shed, 429), ServiceUnavailable (no eligible endpoint, 503), ModelServerError (the upstream answered other than 200).",
+		}, append(model, "error_code"))),
+		duration: register(reg, prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "inference_objective_request_duration_seconds",
+			Help:    "Inference Extension series: time from the request's headers to the end of its response, holds included.",
+			Buckets: gieLatencyBuckets,
+		}, model)),
+		inputTokens: register(reg, prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "inference_objective_input_tokens",
+			Help:    "Inference Extension series: usage.prompt_tokens of the responses that report usage.",
+			Buckets: gieInputBuckets,
+		}, model)),
+		outputTokens: register(reg, prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "inference_objective_output_tokens",
+			Help:    "Inference Extension series: usage.completion_tokens of the responses that report usage.",
+			Buckets: gieOutputBuckets,
+		}, model)),
+		cachedTokens: register(reg, prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "inference_objective_prompt_cached_tokens",
+			Help:    "Inference Extension series: usage.prompt_tokens_details.cached_tokens of the responses that report it.",
+			Buckets: gieInputBuckets,
+		}, model)),
+		running: register(reg, prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "inference_objective_running_requests",
+			Help: "Inference Extension series: requests routed whose response has not ended, by model.",
+		}, []string{"model_name"})),
+		requestSize: register(reg, prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "inference_objective_request_sizes",
+			Help:    "Inference Extension series: bytes of the routed request's body the router had read when it decided.",
+			Buckets: gieRequestSizeBuckets,
+		}, model)),
+		responseSize: register(reg, prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "inference_objective_response_sizes",
+			Help:    "Inference Extension series: bytes of the response body, at its end.",
+			Buckets: gieResponseSizeBuckets,
+		}, model)),
+	}
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -107,6 +238,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Sheddable requests (their InferenceObjective's priority < 0) answered 429 because every eligible endpoint's queue was over the shedding bound, by objective.",
 		}, []string{"objective"})),
 	}
+	m.gie = newGIEMetrics(reg)
 	return m
 }
 

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
@@ -59,9 +60,13 @@ type stream struct {
 	hasSubset bool
 	objective string // the x-gateway-inference-objective header: its first non-empty value of at most maxObjectiveName bytes
 	body      []byte
-	declared  int  // the content-length header, when it is at most maxBody (else 0)
-	held      int  // bytes of body reserved in the server's body budget
-	through   bool // FDS: decided already; body chunks pass straight through
+	declared  int       // the content-length header, when it is at most maxBody (else 0)
+	held      int       // bytes of body reserved in the server's body budget
+	through   bool      // FDS: decided already; body chunks pass straight through
+	start     time.Time // when the request headers came (inference_objective_request_duration_seconds)
+	model     string    // the model_name of the Inference Extension series: the request's model when the fleet serves it, else ""
+	reqBytes  int       // the body bytes read when the decision was made (inference_objective_request_sizes)
+	gie       *gieModel // st.model's series, once routed
 
 	// decision
 	routed    bool
@@ -77,6 +82,7 @@ type stream struct {
 	firstToken  bool
 	released    bool
 	usage       openai.UsageReader
+	respBytes   int // the response body's bytes so far (inference_objective_response_sizes)
 }
 
 // handle processes one message; done means the stream is over (an immediate response
@@ -110,6 +116,7 @@ func (st *stream) onRequestHeaders(msg *extprocv3.ProcessingRequest, h *extprocv
 	if st.phase != phaseStart {
 		return false, protocolErrorf("request_headers in phase %s", st.phase)
 	}
+	st.start = st.s.now()
 	for _, hv := range h.GetHeaders().GetHeaders() {
 		key := strings.ToLower(hv.GetKey())
 		switch {
@@ -332,6 +339,9 @@ func (st *stream) onResponseHeaders(msg *extprocv3.ProcessingRequest, h *extproc
 		}
 	}
 	st.s.m.responses.WithLabelValues(st.endpoint, statusClass(code)).Inc()
+	if st.routed && code != 200 {
+		st.s.m.gie.errors.WithLabelValues(st.model, st.model, gieErrModelServer).Inc()
+	}
 	// Bookkeeping first, so that it is done by the time Envoy has the reply.
 	if h.GetEndOfStream() {
 		st.markFirstToken()
@@ -388,6 +398,7 @@ func (st *stream) onResponseBody(b *extprocv3.HttpBody) error {
 		return err
 	}
 	st.markFirstToken()
+	st.respBytes += len(b.GetBody())
 	st.usage.Write(b.GetBody())
 	if b.GetEndOfStream() {
 		st.endResponse()
@@ -422,10 +433,31 @@ func (st *stream) markFirstToken() {
 // refused. Request messages may still come when the upstream answered before the
 // request body ended (FULL_DUPLEX_STREAMED passes such a body through).
 func (st *stream) endResponse() {
-	if u, ok := st.usage.Finish(); ok {
-		st.s.m.promptTokens.WithLabelValues(st.endpoint).Add(float64(u.PromptTokens))
+	m := st.s.m
+	u, ok := st.usage.Finish()
+	if ok {
+		m.promptTokens.WithLabelValues(st.endpoint).Add(float64(u.PromptTokens))
 		if u.HasCached {
-			st.s.m.cachedTokens.WithLabelValues(st.endpoint).Add(float64(u.CachedTokens))
+			m.cachedTokens.WithLabelValues(st.endpoint).Add(float64(u.CachedTokens))
+		}
+	}
+	if st.routed && !st.released {
+		// The picker's series of a finished request, recorded where it records them.
+		gie := st.gie
+		if d := st.s.now().Sub(st.start); d > 0 {
+			gie.duration.Observe(d.Seconds())
+		}
+		gie.responseSize.Observe(float64(st.respBytes))
+		if ok {
+			if u.PromptTokens > 0 {
+				gie.inputTokens.Observe(float64(u.PromptTokens))
+			}
+			if u.CompletionTokens > 0 {
+				gie.outputTokens.Observe(float64(u.CompletionTokens))
+			}
+			if u.HasCached {
+				gie.cachedTokens.Observe(float64(u.CachedTokens))
+			}
 		}
 	}
 	st.release()
@@ -440,6 +472,7 @@ func (st *stream) release() {
 	}
 	st.released = true
 	st.s.fleet.End(st.endpoint)
+	st.gie.running.Dec()
 	if st.observer != nil {
 		st.observer.Finished(st.reqID)
 	}

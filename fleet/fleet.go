@@ -108,7 +108,14 @@ type Options struct {
 	Client *http.Client
 	// ScrapeConcurrency bounds the scrapes in flight at once in ScrapeAll. Zero: 16.
 	ScrapeConcurrency int
+	// PoolName is the name label of the Inference Extension's inference_pool_* series
+	// the fleet exports (the InferencePool the endpoints come from). Empty: DefaultPoolName.
+	PoolName string
 }
+
+// DefaultPoolName names the pool in the inference_pool_* series when no InferencePool
+// gives the endpoints: the fleet is the one pool this router picks from.
+const DefaultPoolName = "kvrouter"
 
 // Fleet is the endpoint registry. See the package documentation for its concurrency
 // guarantees.
@@ -197,7 +204,11 @@ func New(cfg Config, o Options) (*Fleet, error) {
 			return nil, err
 		}
 	}
-	f.metrics = newMetrics(f, o.Registerer)
+	pool := o.PoolName
+	if pool == "" {
+		pool = DefaultPoolName
+	}
+	f.metrics = newMetrics(f, o.Registerer, pool)
 	return f, nil
 }
 

@@ -12,6 +12,8 @@ const DefaultUsageBufferBytes = 1 << 20
 // Usage is the part of a response's usage object the router counts.
 type Usage struct {
 	PromptTokens int
+	// CompletionTokens is usage.completion_tokens: the tokens the response generated.
+	CompletionTokens int
 	// CachedTokens is usage.prompt_tokens_details.cached_tokens; HasCached says whether
 	// the response reported it (vLLM does when prompt-token details are enabled).
 	CachedTokens int
@@ -128,6 +130,7 @@ func (u *UsageReader) scan(doc []byte) {
 	var v struct {
 		Usage *struct {
 			PromptTokens        int `json:"prompt_tokens"`
+			CompletionTokens    int `json:"completion_tokens"`
 			PromptTokensDetails *struct {
 				CachedTokens *int `json:"cached_tokens"`
 			} `json:"prompt_tokens_details"`
@@ -136,7 +139,7 @@ func (u *UsageReader) scan(doc []byte) {
 	if json.Unmarshal(doc, &v) != nil || v.Usage == nil {
 		return
 	}
-	got := Usage{PromptTokens: v.Usage.PromptTokens}
+	got := Usage{PromptTokens: v.Usage.PromptTokens, CompletionTokens: v.Usage.CompletionTokens}
 	if d := v.Usage.PromptTokensDetails; d != nil && d.CachedTokens != nil {
 		got.CachedTokens, got.HasCached = *d.CachedTokens, true
 	}

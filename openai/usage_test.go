@@ -20,8 +20,8 @@ func TestUsageReader(t *testing.T) {
 		want   openai.Usage
 		wantOK bool
 	}{
-		{"sse with usage", sseWithUsage, openai.Usage{PromptTokens: 2400, CachedTokens: 2384, HasCached: true}, true},
-		{"sse crlf", strings.ReplaceAll(sseWithUsage, "\n", "\r\n"), openai.Usage{PromptTokens: 2400, CachedTokens: 2384, HasCached: true}, true},
+		{"sse with usage", sseWithUsage, openai.Usage{PromptTokens: 2400, CompletionTokens: 10, CachedTokens: 2384, HasCached: true}, true},
+		{"sse crlf", strings.ReplaceAll(sseWithUsage, "\n", "\r\n"), openai.Usage{PromptTokens: 2400, CompletionTokens: 10, CachedTokens: 2384, HasCached: true}, true},
 		{"sse no usage", "data: {\"choices\":[]}\n\ndata: [DONE]\n\n", openai.Usage{}, false},
 		{"sse usage without details", "data: {\"usage\":{\"prompt_tokens\":7}}\n\n", openai.Usage{PromptTokens: 7}, true},
 		{"sse last event unterminated", "data: {\"usage\":{\"prompt_tokens\":7}}", openai.Usage{PromptTokens: 7}, true},

@@ -167,6 +167,7 @@ func New(cfg *config.Config, o Options) (*App, error) {
 		Registerer: a.reg,
 		Now:        o.Now,
 		Client:     o.HTTPClient,
+		PoolName:   poolName(cfg),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("app: %w", err)
@@ -178,7 +179,7 @@ func New(cfg *config.Config, o Options) (*App, error) {
 	if a.discovery, err = newDiscovery(cfg.Discovery, f, o, a.log, a.reg); err != nil {
 		return nil, err
 	}
-	a.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+	a.reg.MustRegister(newExtensionInfo(), prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "kvrouter_ready",
 		Help: "1 while at least one endpoint is eligible and the router is not draining.",
 	}, func() float64 {

@@ -64,3 +64,31 @@ func hasLabels(m *dto.Metric, labels []string) bool {
 	}
 	return true
 }
+
+// Histogram returns the sample count and sum of the first series of histogram name in g
+// that carries every label pair of labels; a missing series reads 0, 0.
+func Histogram(tb testing.TB, g prometheus.Gatherer, name string, labels ...string) (count uint64, sum float64) {
+	tb.Helper()
+	mfs, err := g.Gather()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if h := m.GetHistogram(); h != nil && hasLabels(m, labels) {
+				return h.GetSampleCount(), h.GetSampleSum()
+			}
+		}
+	}
+	return 0, 0
+}
+
+// Exists reports whether g has a series of name carrying every label pair of labels.
+func Exists(tb testing.TB, g prometheus.Gatherer, name string, labels ...string) bool {
+	tb.Helper()
+	_, ok := lookup(tb, g, name, labels)
+	return ok
+}

@@ -38,3 +38,32 @@ func TestValue(t *testing.T) {
 		t.Errorf("Must = %v, want 2", got)
 	}
 }
+
+func TestHistogram(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	h := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "h", Help: "h", Buckets: []float64{1, 10}}, []string{"model"})
+	reg.MustRegister(h)
+	h.WithLabelValues("a").Observe(2)
+	h.WithLabelValues("a").Observe(30)
+	h.WithLabelValues("b").Observe(5)
+	for _, tc := range []struct {
+		name      string
+		labels    []string
+		wantCount uint64
+		wantSum   float64
+	}{
+		{"series a", []string{"model", "a"}, 2, 32},
+		{"series b", []string{"model", "b"}, 1, 5},
+		{"no such series", []string{"model", "c"}, 0, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n, s := testmetrics.Histogram(t, reg, "h", tc.labels...)
+			if n != tc.wantCount || s != tc.wantSum {
+				t.Errorf("Histogram = %d, %v, want %d, %v", n, s, tc.wantCount, tc.wantSum)
+			}
+		})
+	}
+	if !testmetrics.Exists(t, reg, "h", "model", "a") || testmetrics.Exists(t, reg, "h", "model", "c") {
+		t.Error("Exists disagrees with the series registered")
+	}
+}
