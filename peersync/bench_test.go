@@ -24,9 +24,9 @@ func benchLoads(n, k int) []placement.EndpointLoad {
 // BenchmarkPeerLoad is what a pick adds per candidate: 3 peers, 6 endpoints, 8 active
 // prefixes each.
 func BenchmarkPeerLoad(b *testing.B) {
-	self := NewReplica("self", 1, nil, time.Minute, nil, nil)
+	self := NewReplica("self", 1, nil, time.Minute, 0, nil, nil)
 	for p := range 3 {
-		r := NewReplica(fmt.Sprint("peer", p), 1, &fakeSource{loads: benchLoads(6, 8)}, time.Minute, nil, nil)
+		r := NewReplica(fmt.Sprint("peer", p), 1, &fakeSource{loads: benchLoads(6, 8)}, time.Minute, 0, nil, nil)
 		if err := self.Receive(r.State()); err != nil {
 			b.Fatal(err)
 		}
@@ -41,8 +41,8 @@ func BenchmarkPeerLoad(b *testing.B) {
 // BenchmarkPublishReceive is one state change: build the snapshot, apply it at a peer.
 func BenchmarkPublishReceive(b *testing.B) {
 	src := &fakeSource{loads: benchLoads(6, 8)}
-	a := NewReplica("a", 1, src, time.Minute, nil, nil)
-	peer := NewReplica("b", 1, nil, time.Minute, nil, nil)
+	a := NewReplica("a", 1, src, time.Minute, 0, nil, nil)
+	peer := NewReplica("b", 1, nil, time.Minute, 0, nil, nil)
 	b.ReportAllocs()
 	for i := 0; b.Loop(); i++ {
 		src.loads[0].Requests = i // a change, so Publish sends

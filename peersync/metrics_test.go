@@ -14,8 +14,8 @@ func TestMetricsCountMessages(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	m := NewMetrics(reg)
 	src := &fakeSource{loads: []placement.EndpointLoad{{Endpoint: "e", Load: placement.Load{Requests: 1}}}}
-	a := NewReplica("a", 1, src, 0, nil, m)
-	b := NewReplica("b", 1, nil, 0, nil, m)
+	a := NewReplica("a", 1, src, 0, 0, nil, m)
+	b := NewReplica("b", 1, nil, 0, 0, nil, m)
 	msg := a.State()
 	if err := b.Receive(msg); err != nil {
 		t.Fatal(err)

@@ -101,7 +101,7 @@ func startNode(t *testing.T, name string, inc uint64, peers []string, f *faults)
 	cfg.Expiry = 400 * time.Millisecond
 	cfg.JoinInterval = time.Second
 	src := &fakeSource{}
-	rep := NewReplica(name, inc, src, cfg.Expiry, nil, nil)
+	rep := NewReplica(name, inc, src, cfg.Expiry, cfg.Interval, nil, nil)
 	n, err := NewNode(cfg, rep, nil, nil, NodeOptions{
 		Transport: &faultTransport{NetTransport: nt, self: addr, f: f},
 		Tune: func(c *memberlist.Config) { // fast failure detection for the test

@@ -16,7 +16,7 @@ import (
 type Source interface {
 	Local(dst []placement.EndpointLoad) []placement.EndpointLoad
 	Placements(dst []placement.Placement, all bool) []placement.Placement
-	MergePlacements(ps []placement.Placement, winsTie bool)
+	MergePlacements(ps []placement.Placement, winsTie bool, concurrent time.Duration)
 }
 
 // Replica is one router replica's side of the shared state: it publishes its own
@@ -29,8 +29,11 @@ type Replica struct {
 	inc    uint64
 	src    Source
 	expiry time.Duration
-	now    func() time.Time
-	m      *Metrics
+	// interval is how often replicas publish (Config.Interval): peers' placement
+	// decisions closer than it to this replica's are concurrent (MergePlacements).
+	interval time.Duration
+	now      func() time.Time
+	m        *Metrics
 
 	heartbeat time.Duration
 
@@ -67,12 +70,13 @@ type peer struct {
 // in its incarnation inc (e.g. its start time in nanoseconds: a restarted replica must
 // use a larger one). Another replica's load counts until expiry passes without a
 // snapshot from it; Publish repeats an unchanged state every expiry/4, so that a
-// silent replica is a dead one. now is the clock (nil: time.Now); m may be nil.
-func NewReplica(self string, inc uint64, src Source, expiry time.Duration, now func() time.Time, m *Metrics) *Replica {
+// silent replica is a dead one. interval is how often the replicas publish their
+// changes (Config.Interval). now is the clock (nil: time.Now); m may be nil.
+func NewReplica(self string, inc uint64, src Source, expiry, interval time.Duration, now func() time.Time, m *Metrics) *Replica {
 	if now == nil {
 		now = time.Now
 	}
-	return &Replica{self: self, inc: inc, src: src, expiry: expiry, heartbeat: expiry / 4, now: now, m: m,
+	return &Replica{self: self, inc: inc, src: src, expiry: expiry, interval: interval, heartbeat: expiry / 4, now: now, m: m,
 		peers: make(map[string]*peer)}
 }
 
@@ -157,7 +161,9 @@ func (r *Replica) Receive(b []byte) error {
 	r.m.decoded(s.Version)
 	// Merged outside r.mu: the policy calls PeerLoad under its own lock.
 	if r.apply(&s, len(b)) && len(s.Placements) > 0 && r.src != nil {
-		r.src.MergePlacements(s.Placements, s.Origin < r.self)
+		// Decisions this close were made without hearing of each other: the sender's
+		// was at most a publish interval old when sent, and took the lag to arrive.
+		r.src.MergePlacements(s.Placements, s.Origin < r.self, r.interval+max(r.now().Sub(s.Sent), 0))
 	}
 	return nil
 }

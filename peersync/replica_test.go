@@ -17,8 +17,9 @@ type fakeSource struct {
 }
 
 type merge struct {
-	ps      []placement.Placement
-	winsTie bool
+	ps         []placement.Placement
+	winsTie    bool
+	concurrent time.Duration
 }
 
 func (f *fakeSource) Local(dst []placement.EndpointLoad) []placement.EndpointLoad {
@@ -34,8 +35,8 @@ func (f *fakeSource) Placements(dst []placement.Placement, all bool) []placement
 	return dst
 }
 
-func (f *fakeSource) MergePlacements(ps []placement.Placement, winsTie bool) {
-	f.merged = append(f.merged, merge{ps: ps, winsTie: winsTie})
+func (f *fakeSource) MergePlacements(ps []placement.Placement, winsTie bool, concurrent time.Duration) {
+	f.merged = append(f.merged, merge{ps: ps, winsTie: winsTie, concurrent: concurrent})
 }
 
 // fakeClock is a settable clock.
@@ -57,11 +58,15 @@ func contains(a []uint64, k uint64) bool {
 
 type activeKeys []uint64
 
+// pairInterval is the publish interval of pair's replicas.
+const pairInterval = 10 * time.Millisecond
+
 // pair returns two replicas a and b on one clock, sources set by the test.
 func pair(expiry time.Duration) (*fakeClock, *fakeSource, *Replica, *Replica) {
 	c := newClock()
 	src := &fakeSource{}
-	return c, src, NewReplica("a", 1, src, expiry, c.now, nil), NewReplica("b", 1, &fakeSource{}, expiry, c.now, nil)
+	return c, src, NewReplica("a", 1, src, expiry, pairInterval, c.now, nil),
+		NewReplica("b", 1, &fakeSource{}, expiry, pairInterval, c.now, nil)
 }
 
 func TestReplicaSharesLoad(t *testing.T) {
@@ -152,7 +157,7 @@ func TestReplicaOrdersSnapshots(t *testing.T) {
 		t.Fatalf("requests = %d after a reordered older snapshot, want 2", got)
 	}
 	// a restarts: a new incarnation's first snapshot replaces the old one's later ones.
-	restarted := NewReplica("a", 2, &fakeSource{loads: []placement.EndpointLoad{{Endpoint: "e", Load: placement.Load{Requests: 5}}}}, time.Second, nil, nil)
+	restarted := NewReplica("a", 2, &fakeSource{loads: []placement.EndpointLoad{{Endpoint: "e", Load: placement.Load{Requests: 5}}}}, time.Second, 0, nil, nil)
 	if err := b.Receive(restarted.State()); err != nil {
 		t.Fatal(err)
 	}
@@ -205,12 +210,17 @@ func TestReplicaSharesPlacements(t *testing.T) {
 	if a.Publish() != nil {
 		t.Fatal("nothing changed, yet a snapshot was sent before the heartbeat")
 	}
+	c.add(time.Millisecond) // the message's lag
 	if err := b.Receive(msg); err != nil {
 		t.Fatal(err)
 	}
 	bsrc := b.src.(*fakeSource)
 	if len(bsrc.merged) != 1 || len(bsrc.merged[0].ps) != 1 || bsrc.merged[0].ps[0].Key != 8 || !bsrc.merged[0].winsTie {
 		t.Fatalf("b merged %+v, want a's decision on key 8, a winning ties (a < b)", bsrc.merged)
+	}
+	// Decisions closer than the interval plus the lag were made unheard of each other.
+	if got, want := bsrc.merged[0].concurrent, pairInterval+time.Millisecond; got != want {
+		t.Fatalf("b merged with concurrent = %v, want the interval plus the lag, %v", got, want)
 	}
 	// Every expiry/4 the heartbeat carries every placement (repairs lost decisions).
 	c.add(250 * time.Millisecond)
@@ -256,7 +266,7 @@ func (s *lockedSource) Placements(dst []placement.Placement, _ bool) []placement
 	return dst
 }
 
-func (*lockedSource) MergePlacements([]placement.Placement, bool) {}
+func (*lockedSource) MergePlacements([]placement.Placement, bool, time.Duration) {}
 
 func (s *lockedSource) pick() {
 	done := make(chan struct{})
@@ -277,7 +287,7 @@ func (s *lockedSource) pick() {
 // policy's lock cannot deadlock with a publish that reads the policy.
 func TestPublishDoesNotBlockPeerReads(t *testing.T) {
 	src := &lockedSource{}
-	rep := NewReplica("a", 1, src, time.Second, nil, nil)
+	rep := NewReplica("a", 1, src, time.Second, 0, nil, nil)
 	src.rep = rep
 	if rep.Publish() == nil {
 		t.Fatal("first Publish: nil, want the initial state")

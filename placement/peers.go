@@ -164,9 +164,12 @@ func (p *Policy) Placements(dst []Placement, all bool) []Placement {
 // MergePlacements applies placements a peer shared: each one decided after this
 // router's own decision for the prefix (or at the same time, when winsTie) replaces its
 // sites; a prefix not in the table gets an entry with the peer's size estimate.
-// Sites added here start unused (they expire after LiveWindow picks, as this router's
-// own do); nothing merged is shared again as a change.
-func (p *Policy) MergePlacements(ps []Placement, winsTie bool) {
+// Decisions less than concurrent apart (the sync interval plus the message's lag:
+// neither replica had heard of the other's) are not ordered by time but by their
+// homes (concurrentWins), the same way on both replicas. Sites added here start
+// unused (they expire after LiveWindow picks, as this router's own do); nothing merged
+// is shared again as a change.
+func (p *Policy) MergePlacements(ps []Placement, winsTie bool, concurrent time.Duration) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for i := range ps {
@@ -178,6 +181,10 @@ func (p *Policy) MergePlacements(ps []Placement, winsTie bool) {
 			}
 			e = &prefixEntry{key: pl.Key, blocks: pl.Blocks, base: pl.Base, seen: p.tick}
 			p.prefixes[pl.Key] = e
+		} else if len(pl.Sites) > 0 && len(e.sites) > 0 && absDuration(pl.Decided.Sub(e.decided)) < concurrent {
+			if !concurrentWins(pl, e) {
+				continue
+			}
 		} else if pl.Decided.Before(e.decided) || (pl.Decided.Equal(e.decided) && !winsTie) {
 			continue
 		}
@@ -198,6 +205,40 @@ func (p *Policy) MergePlacements(ps []Placement, winsTie bool) {
 		e.decided = pl.Decided
 		delete(p.changed, pl.Key)
 	}
+}
+
+// concurrentWins reports whether a peer's placement pl replaces this router's e when
+// both were decided within one sync interval, each without the other's: the one whose
+// home (its first site if none is marked) has the higher rendezvous score for the
+// prefix wins, on both replicas, so their tables converge on one copy and the other,
+// no longer used, is evicted. With the same home each keeps its own sites until a later
+// decision. Ordered by time instead, two replicas that rehome a lost prefix at once
+// keep the later decision whichever it is, after both have sent requests to their own
+// (kvbench --sim --replicas 2, N = 24, C = 8: cached-token ratio -1.4 points against
+// one router, -0.5 with this; docs/results-policy.md). p.mu must be held.
+func concurrentWins(pl *Placement, e *prefixEntry) bool {
+	theirs := pl.Sites[0].Endpoint
+	for _, s := range pl.Sites {
+		if s.Home {
+			theirs = s.Endpoint
+			break
+		}
+	}
+	ours := e.sites[0].ep.hash
+	for _, s := range e.sites {
+		if s.home {
+			ours = s.ep.hash
+			break
+		}
+	}
+	return mix64(pl.Key^xxhash.Sum64String(theirs)) > mix64(pl.Key^ours)
+}
+
+func absDuration(d time.Duration) time.Duration {
+	if d < 0 {
+		return -d
+	}
+	return d
 }
 
 // decide records that a decision of this router changed e's sites now, for its peers

@@ -7,6 +7,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/internal/testindex"
 	"github.com/kvrouter/kvrouter/placement"
+	"github.com/kvrouter/kvrouter/scoring"
 )
 
 // fakePeers is other router replicas' state, set by the test.
@@ -265,7 +266,7 @@ func TestPlacementMergesPeersDecisions(t *testing.T) {
 	}
 	p := clockedPlacement(t, &now)
 	p.SetPeers(&fakePeers{})
-	p.MergePlacements([]placement.Placement{at(peerHome, now.Add(-time.Second))}, false)
+	p.MergePlacements([]placement.Placement{at(peerHome, now.Add(-time.Second))}, false, 0)
 	if got := place(t, p, prefixed(5, 1), cs); got != peerHome {
 		t.Fatalf("a peer homed the idle prefix on %s: picked %s (alone: %s)", peerHome, got, own)
 	}
@@ -285,11 +286,84 @@ func TestPlacementMergesPeersDecisions(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			p.MergePlacements([]placement.Placement{tt.merge}, tt.winsTie)
+			p.MergePlacements([]placement.Placement{tt.merge}, tt.winsTie, 0)
 			if got := place(t, p, prefixed(5, 2), cs); got != tt.want {
 				t.Fatalf("picked %s, want %s", got, tt.want)
 			}
 		})
+	}
+}
+
+// TestPlacementConcurrentDecisionsConverge: two replicas that home one prefix on
+// different endpoints within a sync interval of each other keep the same home after
+// exchanging their decisions, whichever decided first; decisions further apart than
+// the window go to the later one, as before.
+func TestPlacementConcurrentDecisionsConverge(t *testing.T) {
+	cs := fleet(6, nil)
+	key := plKeysOf(prefixed(5, 0))[placement.DefaultConfig().PrefixDepth-1]
+	home := func(p *placement.Policy) string {
+		for _, pl := range p.Placements(nil, true) {
+			for _, s := range pl.Sites {
+				if pl.Key == key && s.Home {
+					return s.Endpoint
+				}
+			}
+		}
+		return ""
+	}
+	// Replica x sees the whole fleet, y all of it but x's choice: they home the
+	// prefix on different endpoints.
+	hx := place(t, newPlacement(t, placement.DefaultConfig(), testindex.New()), prefixed(5, 0), cs)
+	rest := slices.DeleteFunc(slices.Clone(cs), func(c scoring.Endpoint) bool { return c.Address == hx })
+	hy := place(t, newPlacement(t, placement.DefaultConfig(), testindex.New()), prefixed(5, 0), rest)
+	const window = 11 * time.Millisecond
+	// exchange has x decide, then y gap later (x gap later when gap < 0), then each
+	// merge the other's decision; it returns each one's home after.
+	exchange := func(t *testing.T, gap time.Duration) (x, y string) {
+		t.Helper()
+		now := time.Unix(100, 0)
+		px, py := clockedPlacement(t, &now), clockedPlacement(t, &now)
+		px.SetPeers(&fakePeers{})
+		py.SetPeers(&fakePeers{})
+		decide := func(p *placement.Policy, fleet []scoring.Endpoint, want string) {
+			if got := place(t, p, prefixed(5, 0), fleet); got != want {
+				t.Fatalf("homed on %s, want %s", got, want)
+			}
+		}
+		if gap >= 0 {
+			decide(px, cs, hx)
+			now = now.Add(gap)
+			decide(py, rest, hy)
+		} else {
+			decide(py, rest, hy)
+			now = now.Add(-gap)
+			decide(px, cs, hx)
+		}
+		dx, dy := px.Placements(nil, false), py.Placements(nil, false)
+		px.MergePlacements(dy, false, window)
+		py.MergePlacements(dx, true, window)
+		return home(px), home(py)
+	}
+	var won string
+	for _, gap := range []time.Duration{time.Millisecond, 0, -time.Millisecond, window - time.Nanosecond, -window + time.Nanosecond} {
+		x, y := exchange(t, gap)
+		if x != y || (x != hx && x != hy) {
+			t.Fatalf("homes %s and %s decided %v apart: replicas kept %s and %s, want one of them on both", hx, hy, gap, x, y)
+		}
+		if won == "" {
+			won = x
+		}
+		if x != won {
+			t.Fatalf("homes decided %v apart: kept %s, but %s in another order: the winner depends on who decided first", gap, x, won)
+		}
+	}
+	for _, tc := range []struct {
+		gap  time.Duration
+		want string
+	}{{window, hy}, {-window, hx}} {
+		if x, y := exchange(t, tc.gap); x != tc.want || y != tc.want {
+			t.Fatalf("homes decided %v apart: replicas kept %s and %s, want the later %s", tc.gap, x, y, tc.want)
+		}
 	}
 }
 
@@ -340,7 +414,7 @@ func BenchmarkMergePlacements(b *testing.B) {
 			ps[i] = placement.Placement{Key: uint64(i), Blocks: 100, Decided: at, Sites: []placement.Site{
 				{Endpoint: cs[i%6].Address, Home: true}, {Endpoint: cs[(i+1)%6].Address}, {Endpoint: cs[(i+2+int(at.Unix())%2)%6].Address}}}
 		}
-		p.MergePlacements(ps, false)
+		p.MergePlacements(ps, false, 0)
 	}
 }
 

@@ -39,7 +39,7 @@ func (a *App) newReplicas() error {
 		cfg.Name = h
 	}
 	m := peersync.NewMetrics(a.reg)
-	a.replica = peersync.NewReplica(cfg.Name, uint64(a.now().UnixNano()), sp, cfg.Expiry, a.now, m)
+	a.replica = peersync.NewReplica(cfg.Name, uint64(a.now().UnixNano()), sp, cfg.Expiry, cfg.Interval, a.now, m)
 	node, err := peersync.NewNode(cfg, a.replica, a.log.Named("peersync"), m, peersync.NodeOptions{})
 	if err != nil {
 		return fmt.Errorf("app: %w", err)

@@ -170,7 +170,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 		sc.Sync = kvbench.SyncConfig{Interval: *syncInterval, Delay: *syncDelay}
-		rs.sync, rs.expiry = *syncInterval > 0 && *replicas > 1, peersync.DefaultConfig().Expiry
+		rs.sync, rs.expiry, rs.interval = *syncInterval > 0 && *replicas > 1, peersync.DefaultConfig().Expiry, *syncInterval
 		sc.Policies = rs.router
 		o.Sim = &sc
 		switch {

@@ -42,9 +42,11 @@ type routers struct {
 	reg *policy.Registry
 	cfg policy.Config
 	// sync, when set, gives each replica of a policy that shares state (placement) a
-	// peersync.Replica with this expiry, which the sim carries between replicas.
-	sync   bool
-	expiry time.Duration
+	// peersync.Replica with this expiry and publish interval, which the sim carries
+	// between replicas.
+	sync     bool
+	expiry   time.Duration
+	interval time.Duration
 }
 
 // sharer is a policy whose load view takes peers' state (placement.Policy).
@@ -82,7 +84,7 @@ func (r *routers) router(env kvbench.PolicyEnv) (kvbench.Router, error) {
 	p, err := r.reg.New(s.Name, &r.cfg, d)
 	rt.Policy = p
 	if sp, ok := p.(sharer); ok && r.sync && err == nil {
-		rep := peersync.NewReplica("replica-"+strconv.Itoa(env.Replica), 1, sp, r.expiry, env.Now, nil)
+		rep := peersync.NewReplica("replica-"+strconv.Itoa(env.Replica), 1, sp, r.expiry, r.interval, env.Now, nil)
 		sp.SetPeers(rep)
 		rt.Sync = rep
 	}
