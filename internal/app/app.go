@@ -344,8 +344,11 @@ func (a *App) Run(ctx context.Context) error {
 	return g.Wait()
 }
 
+// serveGRPC serves s on l until the drain stops it. A drain that stops s before Serve
+// began (a shutdown right after the start) is a normal end too: Serve then closes l and
+// returns grpc.ErrServerStopped.
 func serveGRPC(s *grpc.Server, l net.Listener, name string) error {
-	if err := s.Serve(l); err != nil {
+	if err := s.Serve(l); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 		return fmt.Errorf("app: %s server: %w", name, err)
 	}
 	return nil

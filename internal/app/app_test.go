@@ -503,3 +503,25 @@ func TestBufferedLargeBody(t *testing.T) {
 	}
 	x.Cancel()
 }
+
+// TestStopRightAfterStart: a SIGTERM as the process starts (Run's context ends before
+// its servers began serving) is a clean shutdown, not an error: the drain may stop a
+// gRPC server before its Serve runs, which then reports it was stopped.
+func TestStopRightAfterStart(t *testing.T) {
+	cfg := testConfig(t, newFakeVLLM(t))
+	cfg.Limits.DrainTimeout = time.Second
+	for range 20 {
+		a, err := app.New(cfg, app.Options{Registry: prometheus.NewRegistry()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := a.Listen(); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		if err := a.Run(ctx); err != nil {
+			t.Fatalf("Run with its context already ended: %v", err)
+		}
+	}
+}
