@@ -784,6 +784,33 @@ func TestLongPrefixStaysAtBusyHolder(t *testing.T) {
 	}
 }
 
+// routeOn picks for a request of toks, routes it to addr whatever the pick, and when
+// decoding gives it its first token.
+func routeOn(t *testing.T, p *placement.Policy, cs []scoring.Endpoint, toks []uint32, addr string, decoding bool) {
+	t.Helper()
+	req := plRequest(toks)
+	if _, err := p.Pick(req, cs); err != nil {
+		t.Fatal(err)
+	}
+	p.Routed(req, addr)
+	if decoding {
+		p.FirstToken(req.ID)
+	}
+}
+
+// wantHolderPick fails the test unless a request of toks goes to holder exactly when
+// want says so.
+func wantHolderPick(t *testing.T, p *placement.Policy, cs []scoring.Endpoint, toks []uint32, holder string, want bool) {
+	t.Helper()
+	d, err := p.Pick(plRequest(toks), cs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if (d.Endpoint == holder) != want {
+		t.Fatalf("went to %s (holder %s), want holder %v", d.Endpoint, holder, want)
+	}
+}
+
 // holderAndOther returns a policy on a settable clock over two endpoints with KV room
 // for one 72-block request (+4 output blocks) each, a prefix placed on one of them
 // (holder), and the other endpoint.
@@ -824,21 +851,10 @@ func TestPlacementWaitsForKVRoomWhereItComesSoonest(t *testing.T) {
 				order = []string{holder, other}
 			}
 			for k, addr := range order {
-				req := plRequest(prefixed(k+1, 0))
-				if _, err := p.Pick(req, cs); err != nil {
-					t.Fatal(err)
-				}
-				p.Routed(req, addr)
-				p.FirstToken(req.ID)
+				routeOn(t, p, cs, prefixed(k+1, 0), addr, true)
 				*clock = clock.Add(100 * time.Millisecond)
 			}
-			d, err := p.Pick(plRequest(prefixed(0, 1)), cs)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if (d.Endpoint == holder) != tc.wantHolder {
-				t.Fatalf("went to %s (holder %s), want holder %v", d.Endpoint, holder, tc.wantHolder)
-			}
+			wantHolderPick(t, p, cs, prefixed(0, 1), holder, tc.wantHolder)
 		})
 	}
 }
@@ -860,15 +876,8 @@ func TestPlacementWaitsForKVRoomBehindFewerQueued(t *testing.T) {
 			p, clock, cs, holder, other := holderAndOther(t)
 			k := 1
 			route := func(addr string, decoding bool) {
-				req := plRequest(prefixed(k, 0))
+				routeOn(t, p, cs, prefixed(k, 0), addr, decoding)
 				k++
-				if _, err := p.Pick(req, cs); err != nil {
-					t.Fatal(err)
-				}
-				p.Routed(req, addr)
-				if decoding {
-					p.FirstToken(req.ID)
-				}
 			}
 			// The holder's decoding request started first: by time alone, room comes
 			// there first.
@@ -879,13 +888,7 @@ func TestPlacementWaitsForKVRoomBehindFewerQueued(t *testing.T) {
 				route(holder, false)
 			}
 			route(other, false)
-			d, err := p.Pick(plRequest(prefixed(0, 1)), cs)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if (d.Endpoint == holder) != tc.wantHolder {
-				t.Fatalf("went to %s (holder %s), want holder %v", d.Endpoint, holder, tc.wantHolder)
-			}
+			wantHolderPick(t, p, cs, prefixed(0, 1), holder, tc.wantHolder)
 		})
 	}
 }
@@ -906,16 +909,7 @@ func TestPlacementOwnPrefixFreesNoRoom(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p, clock, cs, holder, other := holderAndOther(t)
-			route := func(toks []uint32, addr string, decoding bool) {
-				req := plRequest(toks)
-				if _, err := p.Pick(req, cs); err != nil {
-					t.Fatal(err)
-				}
-				p.Routed(req, addr)
-				if decoding {
-					p.FirstToken(req.ID)
-				}
-			}
+			route := func(toks []uint32, addr string, decoding bool) { routeOn(t, p, cs, toks, addr, decoding) }
 			// The holder's decoding request, of the same prefix, started first: by time
 			// alone its blocks free first.
 			route(prefixed(0, 1), holder, true)
@@ -924,13 +918,7 @@ func TestPlacementOwnPrefixFreesNoRoom(t *testing.T) {
 			if tc.queued {
 				route(prefixed(2, 0), holder, false)
 			}
-			d, err := p.Pick(plRequest(prefixed(0, 2)), cs)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if (d.Endpoint == holder) != tc.wantHolder {
-				t.Fatalf("went to %s (holder %s), want holder %v", d.Endpoint, holder, tc.wantHolder)
-			}
+			wantHolderPick(t, p, cs, prefixed(0, 2), holder, tc.wantHolder)
 		})
 	}
 }
@@ -950,29 +938,14 @@ func TestPlacementSharedPrefixFreesWithItsLastRequest(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p, clock, cs, holder, other := holderAndOther(t)
-			route := func(toks []uint32, addr string, decoding bool) {
-				req := plRequest(toks)
-				if _, err := p.Pick(req, cs); err != nil {
-					t.Fatal(err)
-				}
-				p.Routed(req, addr)
-				if decoding {
-					p.FirstToken(req.ID)
-				}
-			}
+			route := func(toks []uint32, addr string, decoding bool) { routeOn(t, p, cs, toks, addr, decoding) }
 			// Two requests of prefix 1 on the holder (64 prefix blocks once, 12 each),
 			// then one of prefix 2 on the other endpoint, 100 ms later.
 			route(prefixed(1, 0), holder, true)
 			route(prefixed(1, 1), holder, tc.bothDecode)
 			*clock = clock.Add(100 * time.Millisecond)
 			route(prefixed(2, 0), other, true)
-			d, err := p.Pick(plRequest(prefixed(0, 1)), cs)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if (d.Endpoint == holder) != tc.wantHolder {
-				t.Fatalf("went to %s (holder %s), want holder %v", d.Endpoint, holder, tc.wantHolder)
-			}
+			wantHolderPick(t, p, cs, prefixed(0, 1), holder, tc.wantHolder)
 		})
 	}
 }

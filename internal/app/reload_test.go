@@ -358,12 +358,7 @@ type debugObjectives struct {
 
 func getObjectives(t *testing.T, a *runningApp) debugObjectives {
 	t.Helper()
-	code, body := httpGet(t, "http://"+a.addrs.Debug+"/debug/objectives")
-	var d debugObjectives
-	if code != 200 || json.Unmarshal([]byte(body), &d) != nil {
-		t.Fatalf("/debug/objectives: %d %s", code, body)
-	}
-	return d
+	return getJSON[debugObjectives](t, "http://"+a.addrs.Debug+"/debug/objectives")
 }
 
 // objectiveStatus sends a chat request naming objective (none when "") and returns the

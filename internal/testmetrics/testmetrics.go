@@ -28,6 +28,20 @@ func Must(tb testing.TB, g prometheus.Gatherer, name string, labels ...string) f
 
 func lookup(tb testing.TB, g prometheus.Gatherer, name string, labels []string) (float64, bool) {
 	tb.Helper()
+	m := series(tb, g, name, labels)
+	if m == nil {
+		return 0, false
+	}
+	if c := m.GetCounter(); c != nil {
+		return c.GetValue(), true
+	}
+	return m.GetGauge().GetValue(), true
+}
+
+// series returns the first series of name in g that carries every label pair of labels,
+// nil when there is none: the one Gather loop of this package.
+func series(tb testing.TB, g prometheus.Gatherer, name string, labels []string) *dto.Metric {
+	tb.Helper()
 	mfs, err := g.Gather()
 	if err != nil {
 		tb.Fatal(err)
@@ -37,16 +51,12 @@ func lookup(tb testing.TB, g prometheus.Gatherer, name string, labels []string) 
 			continue
 		}
 		for _, m := range mf.GetMetric() {
-			if !hasLabels(m, labels) {
-				continue
+			if hasLabels(m, labels) {
+				return m
 			}
-			if c := m.GetCounter(); c != nil {
-				return c.GetValue(), true
-			}
-			return m.GetGauge().GetValue(), true
 		}
 	}
-	return 0, false
+	return nil
 }
 
 func hasLabels(m *dto.Metric, labels []string) bool {
@@ -69,21 +79,8 @@ func hasLabels(m *dto.Metric, labels []string) bool {
 // that carries every label pair of labels; a missing series reads 0, 0.
 func Histogram(tb testing.TB, g prometheus.Gatherer, name string, labels ...string) (count uint64, sum float64) {
 	tb.Helper()
-	mfs, err := g.Gather()
-	if err != nil {
-		tb.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			if h := m.GetHistogram(); h != nil && hasLabels(m, labels) {
-				return h.GetSampleCount(), h.GetSampleSum()
-			}
-		}
-	}
-	return 0, 0
+	h := series(tb, g, name, labels).GetHistogram() // nil-safe: a missing series reads 0, 0
+	return h.GetSampleCount(), h.GetSampleSum()
 }
 
 // Exists reports whether g has a series of name carrying every label pair of labels.
