@@ -205,7 +205,8 @@ func (st *stream) choose(in decideInput, start time.Time) (c choice, noEndpointR
 		return c, reason, nil
 	}
 	rt := s.routing.Load() // this request's routing, even if SetRouting runs meanwhile
-	if st.shed(rt, in, eps) {
+	priority := rt.priority(st.objective)
+	if shed(rt, in, priority, eps) {
 		return c, shedOverloaded, nil
 	}
 
@@ -276,7 +277,7 @@ func (st *stream) choose(in decideInput, start time.Time) (c choice, noEndpointR
 		}
 		dest = b.String()
 	}
-	c = choice{dest: dest, endpoint: d.Endpoint, policy: policy.Name(), fallback: fallback, req: req, ids: ids, priority: rt.priority(st.objective)}
+	c = choice{dest: dest, endpoint: d.Endpoint, policy: policy.Name(), fallback: fallback, req: req, ids: ids, priority: priority}
 	c.observer = rt.observer // told of every request routed under rt, as the fallback's too
 	return c, "", nil
 }
@@ -307,8 +308,8 @@ func (st *stream) holdBound(start time.Time, held, d, maxHold time.Duration) str
 // picker sheds: it is sheddable (its objective's priority is negative) and the endpoints
 // that could serve it are saturated. A request of priority 0 or more is always routed; a
 // request without body (a GET) queues nothing and is never shed.
-func (st *stream) shed(rt *routing, in decideInput, eps []scoring.Endpoint) bool {
-	return rt.shed > 0 && in.fallback != fallbackNoBody && rt.priority(st.objective) < 0 && saturated(eps, rt.shed)
+func shed(rt *routing, in decideInput, priority int, eps []scoring.Endpoint) bool {
+	return rt.shed > 0 && in.fallback != fallbackNoBody && priority < 0 && saturated(eps, rt.shed)
 }
 
 // saturated reports whether every endpoint in eps has valid metrics and more than
