@@ -554,16 +554,17 @@ func (p *Policy) divert(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 // time after its first token). Requests still in prefill are not counted as freeing
 // anything. A decoding request frees its own blocks; its prefix's free with the last
 // of the prefix's requests there, once all of them decode, and never for a request of
-// that prefix, which needs them (counted freed, a holder with a miss queued for blocks
-// looked as if room came after one decode, and the hit queued behind the miss: tight
-// memory, N = 24, C = 8, p99 TTFT 883 -> 627 ms, kv 830; counted never freed when two
-// requests shared it, endpoints running two requests of one prefix looked short of
-// room for good: C = 16 ratio 0.230 -> 0.234, kv 0.231). Where even every decoding request's blocks are not enough, requests not
-// started yet are queued for blocks there, ahead of this one, and when they free cannot
-// be timed; their blocks beyond the capacity (queued) rank such candidates instead, and
-// the request leaves best only for a candidate queueing at least its own blocks less:
-// one whole request fewer ahead of it (tight memory, N = 24, C = 16: p99 TTFT 2,393 ->
-// 2,107 ms, kv 2,082; docs/results-workloads.md). p.mu must be held.
+// that prefix, which needs them. (Counted freed, a holder with a miss queued for blocks
+// looked as if room came after one decode, and the hit queued behind the miss; counted
+// never freed when two requests shared it, endpoints running two requests of one
+// prefix looked short of room for good. Both together: tight memory, N = 24, C = 8,
+// p99 TTFT 883 -> 674 ms, kv 830; C = 16 2,107 -> 1,736 ms, kv 2,082.) Where even
+// every decoding request's blocks are not enough, requests not started yet are queued
+// for blocks there, ahead of this one, and when they free cannot be timed; their blocks
+// beyond the capacity (queued) rank such candidates instead, and the request leaves
+// best only for a candidate queueing at least its own blocks less: one whole request
+// fewer ahead of it (tight memory, N = 24, C = 16: p99 TTFT 2,393 -> 2,107 ms, kv
+// 2,082, before the counting above; docs/results-workloads.md). p.mu must be held.
 func (p *Policy) soonestRoom(key uint64, cands []scoring.Endpoint, sc *scratch, best int) int {
 	if sc.epIndex == nil {
 		sc.epIndex = make(map[*endpointState]int, len(cands))
