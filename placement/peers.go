@@ -181,7 +181,7 @@ func (p *Policy) MergePlacements(ps []Placement, winsTie bool, concurrent time.D
 			}
 			e = &prefixEntry{key: pl.Key, blocks: pl.Blocks, base: pl.Base, seen: p.tick}
 			p.prefixes[pl.Key] = e
-		} else if len(pl.Sites) > 0 && len(e.sites) > 0 && absDuration(pl.Decided.Sub(e.decided)) < concurrent {
+		} else if len(pl.Sites) > 0 && len(e.sites) > 0 && pl.Decided.Sub(e.decided).Abs() < concurrent {
 			if !concurrentWins(pl, e) {
 				continue
 			}
@@ -232,13 +232,6 @@ func concurrentWins(pl *Placement, e *prefixEntry) bool {
 		}
 	}
 	return mix64(pl.Key^xxhash.Sum64String(theirs)) > mix64(pl.Key^ours)
-}
-
-func absDuration(d time.Duration) time.Duration {
-	if d < 0 {
-		return -d
-	}
-	return d
 }
 
 // decide records that a decision of this router changed e's sites now, for its peers
