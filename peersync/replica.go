@@ -217,7 +217,7 @@ func (r *Replica) PeerLoad(endpoint string, local placement.ActiveSet) placement
 	defer r.mu.Unlock()
 	r.seen = r.seen[:0]
 	for _, p := range r.peers {
-		if now.Sub(p.heard) > r.expiry {
+		if !r.live(p, now) {
 			continue
 		}
 		l, ok := p.loads[endpoint]
@@ -239,6 +239,10 @@ func (r *Replica) PeerLoad(endpoint string, local placement.ActiveSet) placement
 	return sum
 }
 
+// live reports whether p was heard from within the expiry before now: a peer silent
+// longer counts for nothing (its load, its requests, its picks). r.mu must be held.
+func (r *Replica) live(p *peer, now time.Time) bool { return now.Sub(p.heard) <= r.expiry }
+
 // Unheard returns how many live peers this replica last heard from before t
 // (placement.PeerView): their picks since are unknown to it, as its picks at t are to
 // them. Both times are this replica's clock.
@@ -248,7 +252,7 @@ func (r *Replica) Unheard(t time.Time) int {
 	defer r.mu.Unlock()
 	n := 0
 	for _, p := range r.peers {
-		if now.Sub(p.heard) <= r.expiry && p.heard.Before(t) {
+		if r.live(p, now) && p.heard.Before(t) {
 			n++
 		}
 	}
@@ -262,7 +266,7 @@ func (r *Replica) PeerActive(endpoint string, key uint64) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, p := range r.peers {
-		if now.Sub(p.heard) > r.expiry {
+		if !r.live(p, now) {
 			continue
 		}
 		for _, a := range p.loads[endpoint].Active {
@@ -295,7 +299,7 @@ func (r *Replica) Peers() []PeerState {
 	out := make([]PeerState, 0, len(r.peers))
 	for name, p := range r.peers {
 		age := now.Sub(p.heard)
-		out = append(out, PeerState{Name: name, Incarnation: p.inc, Seq: p.seq, Version: p.version, Live: age <= r.expiry,
+		out = append(out, PeerState{Name: name, Incarnation: p.inc, Seq: p.seq, Version: p.version, Live: r.live(p, now),
 			AgeMS: ms(age), LagMS: ms(p.heard.Sub(p.sent)), Received: p.received, Stale: p.stale,
 			Loads: maps(p.loads)})
 	}
