@@ -612,3 +612,43 @@ func TestWalkedChain(t *testing.T) {
 		t.Errorf("%v of %d encodes used a cached prefix", hits, len(texts))
 	}
 }
+
+// TestVocabulary checks the vocabulary's two directions on a tiny model: every token's
+// byte-level form finds its id and decodes to its bytes, a missing token is not found,
+// an id without a token decodes to nothing, and a vocabulary that gives one id to two
+// tokens is rejected (it could decode only one of them).
+func TestVocabulary(t *testing.T) {
+	tk := tiny(t, helloMerges, []string{"<s>"}, nil)
+	for b := 0; b < 256; b++ {
+		if id, ok := tk.TokenID(byteLevel(byte(b))); !ok || id != uint32(b) {
+			t.Errorf("byte %#x: id %d, %v", b, id, ok)
+		}
+		if got := tk.Decode([]uint32{uint32(b)}); b < 0x80 && got != string(rune(b)) {
+			t.Errorf("Decode(%d) = %q", b, got)
+		}
+	}
+	for i, m := range helloMerges {
+		tok := m[0] + m[1]
+		if id, ok := tk.TokenID(bl(tok)); !ok || id != uint32(256+i) {
+			t.Errorf("%q: id %d, %v, want %d", tok, id, ok, 256+i)
+		}
+		if got := tk.Decode([]uint32{uint32(256 + i)}); got != tok {
+			t.Errorf("Decode(%d) = %q, want %q", 256+i, got, tok)
+		}
+	}
+	if id, ok := tk.TokenID(bl("hellohello")); ok {
+		t.Errorf("a token missing from the vocabulary has id %d", id)
+	}
+	if got := tk.Decode([]uint32{500, 'h', 1000, 5000}); got != "h<s>" {
+		t.Errorf("Decode with ids that have no token = %q, want %q", got, "h<s>")
+	}
+	if got, want := tk.VocabSize(), 1001; got != want {
+		t.Errorf("VocabSize() = %d, want %d", got, want)
+	}
+	_, err := tokenizer.Parse(tinyJSON(t, helloMerges, nil, func(doc map[string]any) {
+		doc["model"].(map[string]any)["vocab"].(map[string]int)[bl("zz")] = 'a'
+	}), nil)
+	if err == nil || !strings.Contains(err.Error(), "id 97") {
+		t.Errorf("a vocabulary with id 97 twice: err = %v", err)
+	}
+}

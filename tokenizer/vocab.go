@@ -9,7 +9,7 @@ import (
 // each id. It holds one pointer (its text) and otherwise integers, so a garbage
 // collection marks it in constant time. A map[string]uint32 and a []string of its
 // tokens held a pointer per token, ~300k for Qwen3's 151k tokens, and a collection
-// spent ~7 ms of CPU per loaded tokenizer following them (TestVocabGCCost): more,
+// spent ~7 ms of CPU per loaded tokenizer following them (BenchmarkCollect): more,
 // every cycle, than a 2k-token request's whole decision.
 type vocab struct {
 	text string   // every token's bytes, in id order
