@@ -141,7 +141,9 @@ func (m *bpeModel) encodeWord(word string, out []uint32) []uint32 {
 	if len(word) == 1 {
 		return append(out, m.byteID[word[0]])
 	}
-	if id, ok := m.vocab.get(word); ok && (m.ignoreMerges || m.whole[id]) {
+	// whole[id] is about the bytes id decodes as: another token of the same id
+	// is merged.
+	if id, ok := m.vocab.get(word); ok && (m.ignoreMerges || m.whole[id] && m.vocab.decodes(id, word)) {
 		return append(out, id)
 	}
 	return m.merge(word, out)

@@ -169,9 +169,7 @@ func (t *Tokenizer) parseModel(raw json.RawMessage) error {
 		}
 		byBytes[string(b)] = id
 	}
-	if t.model.vocab, err = newVocab(byBytes); err != nil {
-		return fmt.Errorf("tokenizer: model vocab: %w", err)
-	}
+	t.model.vocab = newVocab(byBytes)
 	t.vocabSize = t.model.vocab.size()
 	for c := 0; c < 256; c++ {
 		id, ok := t.model.vocab.get(string([]byte{byte(c)}))

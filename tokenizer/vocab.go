@@ -1,9 +1,6 @@
 package tokenizer
 
-import (
-	"fmt"
-	"hash/maphash"
-)
+import "hash/maphash"
 
 // vocab is a BPE model's vocabulary: the id of each token's raw bytes, and the bytes of
 // each id. It holds one pointer (its text) and otherwise integers, so a garbage
@@ -21,6 +18,8 @@ type vocab struct {
 	slots []vocabSlot
 	shift uint8
 	seed  maphash.Seed
+	// shared: some id has several tokens (all found by get; bytes returns one).
+	shared bool
 }
 
 // vocabSlot is one token of vocab.slots; n == 0 marks an empty slot (no token is
@@ -29,9 +28,10 @@ type vocabSlot struct {
 	hash, off, n, id uint32
 }
 
-// newVocab builds the vocabulary from raw bytes -> id. Each id must be used once
-// (bytes is indexed by id; an id without a token has no bytes).
-func newVocab(byBytes map[string]uint32) (vocab, error) {
+// newVocab builds the vocabulary from raw bytes -> id. An id given to several tokens
+// finds each of them and decodes as the least of them (HF keeps one too); an empty
+// token is never looked up (a word has bytes) and is left out.
+func newVocab(byBytes map[string]uint32) vocab {
 	maxID := uint32(0)
 	for _, id := range byBytes {
 		maxID = max(maxID, id)
@@ -41,16 +41,21 @@ func newVocab(byBytes map[string]uint32) (vocab, error) {
 		n = int(maxID) + 1
 	}
 	byID := make([]string, n)
+	var extra []string // tokens of an id that decodes as another
 	size := 0
 	for tok, id := range byBytes {
-		if byID[id] != "" {
-			return vocab{}, fmt.Errorf("id %d is both %q and %q", id, byID[id], tok)
-		}
 		if tok == "" {
-			return vocab{}, fmt.Errorf("id %d has no bytes", id)
+			continue
 		}
-		byID[id] = tok
 		size += len(tok)
+		switch cur := byID[id]; {
+		case cur == "":
+			byID[id] = tok
+		case tok < cur:
+			byID[id], extra = tok, append(extra, cur)
+		default:
+			extra = append(extra, tok)
+		}
 	}
 	text := make([]byte, 0, size)
 	v := vocab{ends: make([]uint32, n), seed: maphash.MakeSeed()}
@@ -58,25 +63,36 @@ func newVocab(byBytes map[string]uint32) (vocab, error) {
 		text = append(text, tok...)
 		v.ends[id] = uint32(len(text))
 	}
+	for _, tok := range extra {
+		text = append(text, tok...)
+	}
 	v.text = string(text)
+	v.shared = len(extra) > 0
 	bits := uint8(4)
 	for 1<<bits < 3*len(byBytes)/2 {
 		bits++
 	}
 	v.slots, v.shift = make([]vocabSlot, 1<<bits), 64-bits
 	mask := uint64(len(v.slots) - 1)
-	for id, tok := range byID {
-		if tok == "" {
-			continue
-		}
+	off := uint32(0)
+	insert := func(tok string, id uint32) {
 		h := maphash.String(v.seed, tok)
 		i := v.index(h)
 		for v.slots[i].n != 0 {
 			i = (i + 1) & mask
 		}
-		v.slots[i] = vocabSlot{hash: uint32(h), off: v.ends[id] - uint32(len(tok)), n: uint32(len(tok)), id: uint32(id)}
+		v.slots[i] = vocabSlot{hash: uint32(h), off: off, n: uint32(len(tok)), id: id}
+		off += uint32(len(tok))
 	}
-	return v, nil
+	for id, tok := range byID {
+		if tok != "" {
+			insert(tok, uint32(id))
+		}
+	}
+	for _, tok := range extra {
+		insert(tok, byBytes[tok])
+	}
+	return v
 }
 
 // size is one more than the largest id.
@@ -97,6 +113,12 @@ func (v *vocab) bytes(id uint32) string {
 // index is the slot a hash starts probing at: its high bits (the slot keeps the low
 // ones).
 func (v *vocab) index(h uint64) uint64 { return h >> v.shift }
+
+// decodes reports whether token id's bytes are tok (false only for a token that
+// shares its id with another).
+func (v *vocab) decodes(id uint32, tok string) bool {
+	return !v.shared || v.bytes(id) == tok
+}
 
 // get returns the id of the token whose bytes are tok.
 func (v *vocab) get(tok string) (uint32, bool) {
