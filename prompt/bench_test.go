@@ -3,6 +3,7 @@ package prompt_test
 import (
 	"bytes"
 	"encoding/json"
+	"hash/maphash"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -358,6 +359,35 @@ func BenchmarkTurnVsCold(b *testing.B) {
 			b.ReportMetric(float64(turnCPU+keysCPU)/float64(coldCPU), "turn/cold-ids")
 			b.ReportMetric(float64(keysCPU)/float64(n), "keys-cpu-ns/op")
 			b.ReportMetric(float64(len(turnBuf)), "turn-tokens")
+		})
+	}
+}
+
+// BenchmarkHistoryPass is what one pass over a 128k-token conversation's messages
+// (604 KB of JSON) costs each way a turn could check them: delimiting them as the
+// parse does (openai.ValueEnd), comparing them with a copy as the message cache does,
+// and hashing them (hash/maphash, the runtime's AES hash), the alternative to the
+// comparison. It reports MB/s.
+func BenchmarkHistoryPass(b *testing.B) {
+	msgs := append(history(128000), ']')
+	cached := bytes.Clone(msgs)
+	seed := maphash.MakeSeed()
+	want := maphash.Bytes(seed, cached) // a hash stored with the cached messages
+	for _, pass := range []struct {
+		name string
+		run  func() bool
+	}{
+		{"delimit", func() bool { end, ok := openai.ValueEnd(msgs, 0); return ok && end == len(msgs) }},
+		{"compare", func() bool { return bytes.Equal(msgs, cached) }},
+		{"hash", func() bool { return maphash.Bytes(seed, msgs) == want }},
+	} {
+		b.Run(pass.name, func(b *testing.B) {
+			b.SetBytes(int64(len(msgs)))
+			for b.Loop() {
+				if !pass.run() {
+					b.Fatal("the pass did not find the messages whole or equal")
+				}
+			}
 		})
 	}
 }
