@@ -9,7 +9,8 @@ import (
 )
 
 // TestRouteLogMatchesResults: every request of a run is logged once routed, with every
-// server's state, and once at its first token, with the server and TTFT its result has.
+// server's state (where the request's blocks are cached included), and once at its first
+// token, with the server, TTFT and cached tokens its result has.
 func TestRouteLogMatchesResults(t *testing.T) {
 	cfg := smallSim(&testFleet{})
 	var buf bytes.Buffer
@@ -57,13 +58,29 @@ func TestRouteLogMatchesResults(t *testing.T) {
 	if len(routed) != len(out.Results) || len(first) != len(out.Results) {
 		t.Fatalf("logged %d routed, %d first tokens, want %d each", len(routed), len(first), len(out.Results))
 	}
+	hits, cachedSomewhere := 0, false
 	for _, r := range out.Results {
 		rt, ft := routed[r.Seq], first[r.Seq]
 		if cfg.Address(rt.Server) != r.Server || ft.Server != rt.Server || rt.Prefix != r.Prefix {
 			t.Errorf("request %d: logged server %d/%d prefix %d, result %s prefix %d", r.Seq, rt.Server, ft.Server, rt.Prefix, r.Server, r.Prefix)
 		}
+		if ft.CachedTokens != r.CachedTokens || rt.Warmup != r.Warmup || ft.Warmup != r.Warmup || rt.Replica != 0 {
+			t.Errorf("request %d: logged cached tokens %d, warmup %v/%v, replica %d; result %d, %v", r.Seq, ft.CachedTokens, rt.Warmup, ft.Warmup, rt.Replica, r.CachedTokens, r.Warmup)
+		}
+		if r.CachedTokens > 0 {
+			hits++
+		}
+		for i, s := range rt.Servers {
+			if s.CachedBlocks < 0 || s.CachedBlocks*cfg.Engine.BlockSize >= r.PromptTokens {
+				t.Errorf("request %d: server %d caches %d of its blocks, prompt %d tokens", r.Seq, i, s.CachedBlocks, r.PromptTokens)
+			}
+			cachedSomewhere = cachedSomewhere || s.CachedBlocks > 0
+		}
 		if want := float64(r.TTFT.Microseconds()) / 1000; ft.TTFTMS < want-0.01 || ft.TTFTMS > want+0.01 || ft.T < rt.T {
 			t.Errorf("request %d: logged TTFT %.3f ms at %.3f s (routed %.3f s), result %v", r.Seq, ft.TTFTMS, ft.T, rt.T, r.TTFT)
 		}
+	}
+	if hits == 0 || !cachedSomewhere {
+		t.Errorf("%d requests hit, a prefix logged cached somewhere: %v; the workload shares prefixes", hits, cachedSomewhere)
 	}
 }

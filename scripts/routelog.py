@@ -1,0 +1,115 @@
+#!/usr/bin/env python3
+"""Classify the measured misses of kvbench --route-log files (stdlib only).
+
+    go run ./testbench/cmd/kvbench --sim --sweep --warmup 100 --requests 600 \\
+        --progress never --policy placement --prefixes 24 --concurrency 4 --reps 9 \\
+        --replicas 2 --route-log F.jsonl > /dev/null
+    python3 scripts/routelog.py misses F.jsonl [G.jsonl ...]
+
+Per file, per policy and concurrency, summed over repetitions. A request's prefix is
+as many blocks as any request of that prefix found cached on any server at its route
+(the workload's tails are unique); a request misses when it was admitted with fewer
+of them cached. Where the prefix was cached when the request was routed is the
+simulated engines' own prefix caches (`cached_blocks`), not any router's view:
+
+- misses, by where the prefix was at the route: cached on the chosen server (evicted
+  before admission), cached elsewhere only, or nowhere; of those held nowhere, how many
+  went to the server the prefix's previous request went to ("its last server"), and of
+  those how many right after a miss of it there (that previous request missed too).
+- lost-prefix routes (every measured route of a prefix cached nowhere, with no earlier
+  request of it still before its first token anywhere): kept on the last server or
+  moved, and, with replicas, whether the previous request was the same replica's.
+"""
+import collections
+import json
+import sys
+
+
+def runs(path):
+    """Yields (run key, events in file order) per run of one route log."""
+    by = collections.OrderedDict()
+    with open(path) as f:
+        for line in f:
+            ev = json.loads(line)
+            by.setdefault((ev["policy"], ev.get("concurrency", 0), ev["rep"]), []).append(ev)
+    return by.items()
+
+
+def classify(events):
+    c = collections.Counter()
+    blocks = collections.Counter()
+    for ev in events:
+        if ev["event"] == "route":
+            p = ev["prefix"]
+            blocks[p] = max(blocks[p], max(s["cached_blocks"] for s in ev["servers"]))
+    bs = None
+    route, first = {}, {}
+    for ev in events:
+        (route if ev["event"] == "route" else first)[ev["seq"]] = ev
+    # Infer the block size from a full hit: cached tokens over cached blocks.
+    for seq, ev in first.items():
+        b = route[seq]["servers"][ev["server"]]["cached_blocks"]
+        if b and ev.get("cached_tokens", 0) and ev["cached_tokens"] % b == 0:
+            bs = ev["cached_tokens"] // b
+            break
+    bs = bs or 16
+    last = {}        # prefix -> (server, replica, missed) of its previous request
+    inprefill = collections.defaultdict(set)  # prefix -> seqs routed, no first token yet
+    for ev in events:
+        seq, p = ev["seq"], ev["prefix"]
+        if ev["event"] == "first_token":
+            inprefill[p].discard(seq)
+            continue
+        full = blocks[p]
+        missed = first.get(seq, {}).get("cached_tokens", 0) // bs < full
+        held = [i for i, s in enumerate(ev["servers"]) if full and s["cached_blocks"] >= full]
+        prev = last.get(p)
+        if not ev.get("warmup"):
+            if not held and not inprefill[p] and prev:
+                kept = ev["server"] == prev[0]
+                c["lost-prefix routes"] += 1
+                c["  kept on its last server" if kept else "  moved"] += 1
+                c["    previous request by the same replica" if prev[1] == ev["replica"]
+                  else "    previous request by another replica"] += kept
+            if missed:
+                c["misses"] += 1
+                if ev["server"] in held:
+                    c["  prefix on the chosen server, evicted before admission"] += 1
+                elif held:
+                    c["  prefix elsewhere only"] += 1
+                else:
+                    c["  prefix nowhere"] += 1
+                    if prev and ev["server"] == prev[0]:
+                        c["    on its last server"] += 1
+                        c["      right after a miss of it there"] += prev[2]
+        last[p] = (ev["server"], ev["replica"], missed)
+        inprefill[p].add(seq)
+    return c
+
+
+ORDER = ["misses", "  prefix on the chosen server, evicted before admission",
+         "  prefix elsewhere only", "  prefix nowhere", "    on its last server",
+         "      right after a miss of it there", "lost-prefix routes",
+         "  kept on its last server", "    previous request by the same replica",
+         "    previous request by another replica", "  moved"]
+
+
+def misses(paths):
+    for path in paths:
+        tot = collections.OrderedDict()
+        for (pol, conc, _rep), events in runs(path):
+            tot.setdefault((pol, conc), collections.Counter()).update(classify(events))
+        for (pol, conc), c in tot.items():
+            print(f"{path}: {pol}, C = {conc}")
+            for k in ORDER:
+                print(f"  {k:<60} {c[k]:>6}")
+
+
+def main(argv):
+    if len(argv) < 3 or argv[1] != "misses":
+        sys.exit(__doc__)
+    misses(argv[2:])
+
+
+if __name__ == "__main__":
+    main(sys.argv)
