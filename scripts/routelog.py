@@ -19,6 +19,10 @@ simulated engines' own prefix caches (`cached_blocks`), not any router's view:
 - lost-prefix routes (every measured route of a prefix cached nowhere, with no earlier
   request of it still before its first token anywhere): kept on the last server or
   moved, and, with replicas, whether the previous request was the same replica's.
+- misses and full hits per server.
+- survival: for each measured request sent to the server its prefix's previous request
+  went to, whether it found the whole prefix there, by how many other distinct prefixes
+  that server served in between (at most 4 shown; "4" is 4 or more).
 """
 import collections
 import json
@@ -55,6 +59,7 @@ def classify(events):
     bs = bs or 16
     last = {}        # prefix -> (server, replica, missed) of its previous request
     inprefill = collections.defaultdict(set)  # prefix -> seqs routed, no first token yet
+    since = {}       # prefix -> other prefixes its last server served since
     for ev in events:
         seq, p = ev["seq"], ev["prefix"]
         if ev["event"] == "first_token":
@@ -82,8 +87,18 @@ def classify(events):
                     if prev and ev["server"] == prev[0]:
                         c["    on its last server"] += 1
                         c["      right after a miss of it there"] += prev[2]
+            c[f"server {ev['server']}: {'misses' if missed else 'full hits'}"] += 1
+            if p in since and prev and prev[0] == ev["server"]:
+                k = min(len(since[p]), 4)
+                c[f"survival: {k} other prefixes between: requests"] += 1
+                c[f"survival: {k} other prefixes between: found the prefix"] += not missed
         last[p] = (ev["server"], ev["replica"], missed)
         inprefill[p].add(seq)
+        # Other prefixes the server served since each prefix's last request there.
+        for q, seen in since.items():
+            if last[q][0] == ev["server"] and q != p:
+                seen.add(p)
+        since[p] = set()
     return c
 
 
@@ -101,7 +116,8 @@ def misses(paths):
             tot.setdefault((pol, conc), collections.Counter()).update(classify(events))
         for (pol, conc), c in tot.items():
             print(f"{path}: {pol}, C = {conc}")
-            for k in ORDER:
+            for k in ORDER + sorted(k for k in c if k.startswith("server ")) + \
+                    sorted(k for k in c if k.startswith("survival")):
                 print(f"  {k:<60} {c[k]:>6}")
 
 
