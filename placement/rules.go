@@ -342,7 +342,7 @@ func (p *Policy) rehome(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 			if d == 0 {
 				d = sc.meanDecode
 			}
-			return float64(sc.eps[i].prefill+len(sc.keys)*sc.blockSize+p.cfg.RehomeLoadTokens*p.load(&cands[i])) * d
+			return float64(sc.eps[i].prefill+sc.otherPrefill[i]+len(sc.keys)*sc.blockSize+p.cfg.RehomeLoadTokens*sc.loads[i]) * d
 		}
 		bestEst := est(old)
 		if !sc.ok[old] {
