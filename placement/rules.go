@@ -306,7 +306,8 @@ func (p *Policy) rehome(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 		if sc.pos[i] < 0 {
 			continue
 		}
-		if sc.lead[i] >= max(heldBlocks, 1) || sc.eps[i].active[key] != nil {
+		if sc.lead[i] >= max(heldBlocks, 1) || sc.eps[i].active[key] != nil ||
+			(p.peers != nil && p.peers.PeerActive(cands[i].Address, key)) {
 			return // someone holds it, or is computing it
 		}
 		if e.sites[sc.pos[i]].home {
