@@ -9,7 +9,7 @@ import (
 // waitBehindMiss returns how long the request should wait at the router before it is
 // picked again (0: route it now): see Config.HoldMax. p.mu must be held.
 func (p *Policy) waitBehindMiss(req *scoring.Request, e *prefixEntry, key uint64, sc *scratch, best, bs int) time.Duration {
-	if p.cfg.HoldMax <= 0 || sc.eps[best].missesInPrefill == 0 {
+	if p.cfg.HoldMax <= 0 || sc.eps[best].missesInPrefill+sc.otherMisses[best] == 0 {
 		return 0
 	}
 	step := p.cfg.HoldStep
