@@ -18,14 +18,16 @@ simulated engines' own prefix caches (`cached_blocks`), not any router's view:
   those how many right after a miss of it there (that previous request missed too).
 - lost-prefix routes (every measured route of a prefix cached nowhere, with no earlier
   request of it still before its first token anywhere): kept on the last server or
-  moved, and, with replicas, whether the previous request was the same replica's.
-- misses and full hits per server.
+  moved, and, with replicas, whether the previous request was the same replica's; and
+  kept or moved by the requests the last server's engine had running or waiting then.
+- misses and full hits per server, and the spread of misses over repetitions.
 - survival: for each measured request sent to the server its prefix's previous request
   went to, whether it found the whole prefix there, by how many other distinct prefixes
   that server served in between (at most 4 shown; "4" is 4 or more).
 """
 import collections
 import json
+import statistics
 import sys
 
 
@@ -74,6 +76,9 @@ def classify(events):
                 kept = ev["server"] == prev[0]
                 c["lost-prefix routes"] += 1
                 c["  kept on its last server" if kept else "  moved"] += 1
+                busy = ev["servers"][prev[0]]["running"] + ev["servers"][prev[0]]["waiting"]
+                c[f"lost-prefix routes, last server running {min(busy, 2)}{'+' if busy >= 2 else ''}: "
+                  f"{'kept' if kept else 'moved'}"] += 1
                 c["    previous request by the same replica" if prev[1] == ev["replica"]
                   else "    previous request by another replica"] += kept
             if missed:
@@ -111,12 +116,17 @@ ORDER = ["misses", "  prefix on the chosen server, evicted before admission",
 
 def misses(paths):
     for path in paths:
-        tot = collections.OrderedDict()
+        tot, per = collections.OrderedDict(), collections.defaultdict(list)
         for (pol, conc, _rep), events in runs(path):
-            tot.setdefault((pol, conc), collections.Counter()).update(classify(events))
+            c = classify(events)
+            tot.setdefault((pol, conc), collections.Counter()).update(c)
+            per[(pol, conc)].append(c["misses"])
         for (pol, conc), c in tot.items():
-            print(f"{path}: {pol}, C = {conc}")
-            for k in ORDER + sorted(k for k in c if k.startswith("server ")) + \
+            m = sorted(per[(pol, conc)])
+            print(f"{path}: {pol}, C = {conc}; misses per repetition: min {m[0]}, "
+                  f"median {statistics.median(m)}, max {m[-1]}")
+            for k in ORDER + sorted(k for k in c if k.startswith("lost-prefix routes, ")) + \
+                    sorted(k for k in c if k.startswith("server ")) + \
                     sorted(k for k in c if k.startswith("survival")):
                 print(f"  {k:<60} {c[k]:>6}")
 
