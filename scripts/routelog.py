@@ -20,7 +20,9 @@ simulated engines' own prefix caches (`cached_blocks`), not any router's view:
   request of it still before its first token anywhere): kept on the last server or
   moved, and, with replicas, whether the previous request was the same replica's; and
   kept or moved by the requests the last server's engine had running or waiting then.
-- misses and full hits per server, and the spread of misses over repetitions.
+- misses and full hits per server, the spread of misses over repetitions, and per
+  server the prefixes whose latest request went there (its share of the partition),
+  averaged over the measured routes.
 - survival: for each measured request sent to the server its prefix's previous request
   went to, whether it found the whole prefix there, by how many other distinct prefixes
   that server served in between (at most 4 shown; "4" is 4 or more).
@@ -99,6 +101,10 @@ def classify(events):
                 c[f"survival: {k} other prefixes between: found the prefix"] += not missed
         last[p] = (ev["server"], ev["replica"], missed)
         inprefill[p].add(seq)
+        if not ev.get("warmup"):
+            c["routes"] += 1
+            for q in last.values():
+                c[f"server {q[0]}: prefixes x routes"] += 1
         # Other prefixes the server served since each prefix's last request there.
         for q, seen in since.items():
             if last[q][0] == ev["server"] and q != p:
@@ -126,9 +132,12 @@ def misses(paths):
             print(f"{path}: {pol}, C = {conc}; misses per repetition: min {m[0]}, "
                   f"median {statistics.median(m)}, max {m[-1]}")
             for k in ORDER + sorted(k for k in c if k.startswith("lost-prefix routes, ")) + \
-                    sorted(k for k in c if k.startswith("server ")) + \
+                    sorted(k for k in c if k.startswith("server ") and "x routes" not in k) + \
                     sorted(k for k in c if k.startswith("survival")):
                 print(f"  {k:<60} {c[k]:>6}")
+            for k in sorted(k for k in c if "x routes" in k):
+                name = k.replace("prefixes x routes", "prefixes served there last (mean)")
+                print(f"  {name:<60} {c[k] / c['routes']:>6.2f}")
 
 
 def main(argv):
