@@ -1,15 +1,25 @@
 #!/usr/bin/env python3
-"""Classify the measured misses of kvbench --route-log files (stdlib only).
+"""Summarize a kvbench --route-log per run (stdlib only).
 
-    go run ./testbench/cmd/kvbench --sim --sweep --warmup 100 --requests 600 \\
-        --progress never --policy placement --prefixes 24 --concurrency 4 --reps 9 \\
-        --replicas 2 --route-log F.jsonl > /dev/null
-    python3 scripts/routelog.py misses F.jsonl [G.jsonl ...]
+    python3 scripts/routelog.py F.jsonl
+    python3 scripts/routelog.py F.jsonl --trace testbench/kvbench/testdata/trace-small.jsonl
+    python3 scripts/routelog.py F.jsonl --misses
 
-Per file, per policy and concurrency, summed over repetitions. A request's prefix is
-as many blocks as any request of that prefix found cached on any server at its route
-(the workload's tails are unique); a request misses when it was admitted with fewer
-of them cached. Where the prefix was cached when the request was routed is the
+Per run (policy, repetition, concurrency): the cached-token ratio from the log's finish
+lines, the ratio without the requests of at least --long prompt tokens, those requests
+(sequence:server:cached tokens) and when the last request finished. With --trace (the
+Mooncake-format trace the run replayed, one record per sequence number), the turns that
+continue a conversation: a turn's history is the earlier request sharing most of its
+leading hash ids, when that is more than --shared-ids (a system prompt's); counted
+outside the long requests: how many turns, how many went to another server than their
+history's, and the history tokens (shared hash ids x 512, at most the prompt) against
+the tokens cached.
+
+With --misses instead, per policy and concurrency, summed over repetitions (a sim run of
+the reference workload: each route line carries the servers' cached blocks). A
+request's prefix is as many blocks as any request of that prefix found cached on any
+server at its route (the workload's tails are unique); a request misses when it was
+admitted with fewer of them cached. Where the prefix was cached when the request was routed is the
 simulated engines' own prefix caches (`cached_blocks`), not any router's view:
 
 - misses, by where the prefix was at the route: cached on the chosen server (evicted
@@ -27,10 +37,32 @@ simulated engines' own prefix caches (`cached_blocks`), not any router's view:
   went to, whether it found the whole prefix there, by how many other distinct prefixes
   that server served in between (at most 4 shown; "4" is 4 or more).
 """
+import argparse
 import collections
 import json
 import statistics
-import sys
+
+TRACE_BLOCK_TOKENS = 512  # kvbench's TraceBlockTokens
+
+
+def common(a, b):
+    n = 0
+    while n < len(a) and n < len(b) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def histories(trace, shared_ids):
+    """For each record, (its history's sequence, shared hash ids) or None."""
+    out = []
+    for j, rec in enumerate(trace):
+        best, n = None, shared_ids
+        for i in range(j):
+            c = common(trace[i]["hash_ids"], rec["hash_ids"])
+            if c > n or (c == n and best is not None):
+                best, n = i, c
+        out.append((best, n) if best is not None else None)
+    return out
 
 
 def runs(path):
@@ -51,11 +83,12 @@ def classify(events):
             p = ev["prefix"]
             blocks[p] = max(blocks[p], max(s["cached_blocks"] for s in ev["servers"]))
     bs = None
-    route, first = {}, {}
+    route, done = {}, {}
     for ev in events:
-        (route if ev["event"] == "route" else first)[ev["seq"]] = ev
+        if ev["event"] in ("route", "finish"):
+            (route if ev["event"] == "route" else done)[ev["seq"]] = ev
     # Infer the block size from a full hit: cached tokens over cached blocks.
-    for seq, ev in first.items():
+    for seq, ev in done.items():
         b = route[seq]["servers"][ev["server"]]["cached_blocks"]
         if b and ev.get("cached_tokens", 0) and ev["cached_tokens"] % b == 0:
             bs = ev["cached_tokens"] // b
@@ -68,9 +101,10 @@ def classify(events):
         seq, p = ev["seq"], ev["prefix"]
         if ev["event"] == "first_token":
             inprefill[p].discard(seq)
+        if ev["event"] != "route":
             continue
         full = blocks[p]
-        missed = first.get(seq, {}).get("cached_tokens", 0) // bs < full
+        missed = done.get(seq, {}).get("cached_tokens", 0) // bs < full
         held = [i for i, s in enumerate(ev["servers"]) if full and s["cached_blocks"] >= full]
         prev = last.get(p)
         if not ev.get("warmup"):
@@ -120,31 +154,69 @@ ORDER = ["misses", "  prefix on the chosen server, evicted before admission",
          "    previous request by another replica", "  moved"]
 
 
-def misses(paths):
-    for path in paths:
-        tot, per = collections.OrderedDict(), collections.defaultdict(list)
-        for (pol, conc, _rep), events in runs(path):
-            c = classify(events)
-            tot.setdefault((pol, conc), collections.Counter()).update(c)
-            per[(pol, conc)].append(c["misses"])
-        for (pol, conc), c in tot.items():
-            m = sorted(per[(pol, conc)])
-            print(f"{path}: {pol}, C = {conc}; misses per repetition: min {m[0]}, "
-                  f"median {statistics.median(m)}, max {m[-1]}")
-            for k in ORDER + sorted(k for k in c if k.startswith("lost-prefix routes, ")) + \
-                    sorted(k for k in c if k.startswith("server ") and "x routes" not in k) + \
-                    sorted(k for k in c if k.startswith("survival")):
-                print(f"  {k:<60} {c[k]:>6}")
-            for k in sorted(k for k in c if "x routes" in k):
-                name = k.replace("prefixes x routes", "prefixes served there last (mean)")
-                print(f"  {name:<60} {c[k] / c['routes']:>6.2f}")
+def misses(path):
+    tot, per = collections.OrderedDict(), collections.defaultdict(list)
+    for (pol, conc, _rep), events in runs(path):
+        c = classify(events)
+        tot.setdefault((pol, conc), collections.Counter()).update(c)
+        per[(pol, conc)].append(c["misses"])
+    for (pol, conc), c in tot.items():
+        m = sorted(per[(pol, conc)])
+        print(f"{path}: {pol}, C = {conc}; misses per repetition: min {m[0]}, "
+              f"median {statistics.median(m)}, max {m[-1]}")
+        for k in ORDER + sorted(k for k in c if k.startswith("lost-prefix routes, ")) + \
+                sorted(k for k in c if k.startswith("server ") and "x routes" not in k) + \
+                sorted(k for k in c if k.startswith("survival")):
+            print(f"  {k:<60} {c[k]:>6}")
+        for k in sorted(k for k in c if "x routes" in k):
+            name = k.replace("prefixes x routes", "prefixes served there last (mean)")
+            print(f"  {name:<60} {c[k] / c['routes']:>6.2f}")
 
 
-def main(argv):
-    if len(argv) < 3 or argv[1] != "misses":
-        sys.exit(__doc__)
-    misses(argv[2:])
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("log")
+    ap.add_argument("--trace")
+    ap.add_argument("--long", type=int, default=20000)
+    ap.add_argument("--shared-ids", type=int, default=2)
+    ap.add_argument("--misses", action="store_true", help="classify the measured misses instead")
+    args = ap.parse_args()
+    if args.misses:
+        misses(args.log)
+        return
+    runs = collections.defaultdict(dict)
+    for line in open(args.log):
+        ev = json.loads(line)
+        if ev["event"] == "finish":
+            run = (ev["policy"], ev["rep"], ev.get("concurrency", 0))
+            runs[run][ev["seq"]] = (ev["server"], ev.get("prompt_tokens", 0), ev.get("cached_tokens", 0), ev["t"])
+    hist = None
+    if args.trace:
+        hist = histories([json.loads(l) for l in open(args.trace) if l.strip()], args.shared_ids)
+    for run, reqs in sorted(runs.items()):
+        prompt = sum(r[1] for r in reqs.values())
+        cached = sum(r[2] for r in reqs.values())
+        long_ = sorted(s for s, r in reqs.items() if r[1] >= args.long)
+        rest_p = sum(r[1] for s, r in reqs.items() if s not in long_)
+        rest_c = sum(r[2] for s, r in reqs.items() if s not in long_)
+        line = "%s rep %d C %d: %d requests, ratio %.3f, without the %d of >= %d tokens %.3f; those %s; last done %.2f s" % (
+            run[0], run[1], run[2], len(reqs), cached / max(prompt, 1), len(long_), args.long,
+            rest_c / max(rest_p, 1), " ".join("%d:%d:%d" % (s, reqs[s][0], reqs[s][2]) for s in long_),
+            max(r[3] for r in reqs.values()))
+        if hist is not None:
+            turns = moved = hist_tokens = got = 0
+            for s, r in reqs.items():
+                h = hist[s] if s < len(hist) else None
+                if h is None or s in long_ or h[0] not in reqs:
+                    continue
+                turns += 1
+                moved += reqs[h[0]][0] != r[0]
+                hist_tokens += min(h[1] * TRACE_BLOCK_TOKENS, r[1])
+                got += r[2]
+            line += "; %d turns continue a conversation, %d on another server than their history, %d of %d history tokens cached" % (
+                turns, moved, got, hist_tokens)
+        print(line)
 
 
 if __name__ == "__main__":
-    main(sys.argv)
+    main()

@@ -492,12 +492,12 @@ func (r *simRun) pick(j simJob) {
 	finished := false
 	cb := sim.Callbacks{
 		Token: j.onToken,
-		FirstToken: func(_ uint32, cached int) {
+		FirstToken: func(uint32, int) {
 			res.TTFT = secs(r.f.Now() + rtt2 - sent)
 			if r.cfg.RouteLog != nil {
 				r.cfg.RouteLog.write(&RouteEvent{Policy: r.policy, Rep: r.rep, Concurrency: r.concurrency,
 					Event: "first_token", T: r.f.Now(), Seq: res.Seq, Server: server, Replica: replica, Prefix: res.Prefix,
-					Warmup: res.Warmup, TTFTMS: float64(res.TTFT) / float64(time.Millisecond), CachedTokens: cached})
+					Warmup: res.Warmup, TTFTMS: float64(res.TTFT) / float64(time.Millisecond)})
 			}
 			if obs != nil {
 				obs.FirstToken(sreq.ID)
@@ -514,6 +514,11 @@ func (r *simRun) pick(j simJob) {
 			}
 			res.End = secs(r.f.Now() + rtt2)
 			res.PromptTokens, res.CachedTokens, res.OutputTokens = o.PromptTokens, o.CachedTokens, o.OutputTokens
+			if r.cfg.RouteLog != nil {
+				r.cfg.RouteLog.write(&RouteEvent{Policy: r.policy, Rep: r.rep, Concurrency: r.concurrency,
+					Event: "finish", T: r.f.Now(), Seq: res.Seq, Server: server, Replica: replica, Prefix: res.Prefix,
+					Warmup: res.Warmup, PromptTokens: o.PromptTokens, CachedTokens: o.CachedTokens})
+			}
 			if o.Reason == "abort" || o.Reason == "error" {
 				res.Err = "server ended the request: " + o.Reason
 			}
