@@ -96,7 +96,7 @@ func Parse(path string, body []byte) (*Request, error) {
 		return nil, &ParseError{Reason: ReasonMalformedJSON, Err: err}
 	}
 	var f fields
-	used := -1 // the member Request.Messages is: the last "messages", which wins
+	used := -1                // the member Request.Messages is: the last "messages", which wins
 	modelAt, modelEnd := 0, 0 // the last "model" member's value: the one f.model holds
 	for i, m := range members {
 		f.set(m.key, m.raw)
