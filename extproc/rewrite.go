@@ -1,0 +1,91 @@
+package extproc
+
+import (
+	"strconv"
+
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+
+	"github.com/kvrouter/kvrouter/rewrite"
+)
+
+// maxModelName bounds the model names the router keeps from a request's
+// x-gateway-model-name-rewrite header; a longer value rewrites nothing.
+const maxModelName = 256
+
+// Sources of a rewrite not applied; they label kvrouter_model_rewrites_kept_total.
+const (
+	keptRule   = "rule"   // an InferenceModelRewrite rule
+	keptHeader = "header" // the x-gateway-model-name-rewrite header
+)
+
+// modelRewrite is what a request's model is rewritten to, if anything.
+type modelRewrite struct {
+	target string // the model the request is routed and forwarded for: its own when nothing rewrites it
+	rule   string // the InferenceModelRewrite whose rule chose target; "" for the header or none
+	exact  bool   // that rule names the model (false: a generic rule)
+	kept   string // the source of a rewrite not applied (keptRule, keptHeader), or ""
+}
+
+// rewriteModel decides the model the request is routed and forwarded for, before any
+// endpoint is scored, as the Inference Extension's picker does: the InferenceModelRewrite
+// rule for model (rt.rewrites), a weighted choice among its targets, else the
+// x-gateway-model-name-rewrite header; the rule wins over the header. The choice is among
+// the targets the fleet serves, so that the endpoint then picked serves the model it is
+// sent; when it serves none of them but serves model, the request keeps model (a rewrite
+// never makes a request fail); when it serves neither (say, before the fleet knows its
+// models), the rewrite is applied as written.
+func (st *stream) rewriteModel(rt *routing, model string) modelRewrite {
+	s := st.s
+	r := modelRewrite{target: model}
+	if model == "" {
+		return r
+	}
+	if rt.rewrites != nil {
+		if d, ok := rt.rewrites.Lookup(model); ok {
+			t, ok := rewrite.Choose(d.Targets, s.serves, s.intn)
+			if !ok {
+				if s.serves(model) {
+					r.kept = keptRule
+					return r
+				}
+				t, _ = rewrite.Choose(d.Targets, nil, s.intn)
+			}
+			r.target, r.rule, r.exact = t, d.Name, d.Exact
+			return r
+		}
+	}
+	if h := st.rewriteTo; h != "" && h != model {
+		if !s.serves(h) && s.serves(model) {
+			r.kept = keptHeader
+			return r
+		}
+		r.target = h
+	}
+	return r
+}
+
+// serves reports whether the fleet knows an endpoint serving model (a base model or a
+// LoRA adapter), eligible now or not.
+func (s *Server) serves(model string) bool {
+	_, _, _, ok, buf := s.candidates(model)
+	s.putCandidates(buf)
+	return ok
+}
+
+// rewriteReply is the decision reply of a request whose model was rewritten to body's: it
+// sets content-length to the new body's length (BUFFERED requires it; in the streamed
+// modes Envoy drops the header unless allow_content_length_header is set, and then needs
+// it right) and, in a body reply, carries the new body. In FULL_DUPLEX_STREAMED the
+// headers reply is this one and the new body follows as streamed chunks.
+func rewriteReply(dest string, spoofed []string, kind replyKind, body []byte) *extprocv3.ProcessingResponse {
+	r := decisionReply(dest, spoofed, kind)
+	var common *extprocv3.CommonResponse
+	if kind == replyHeaders {
+		common = r.GetRequestHeaders().GetResponse()
+	} else {
+		common = r.GetRequestBody().GetResponse()
+		common.BodyMutation = &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_Body{Body: body}}
+	}
+	common.HeaderMutation.SetHeaders = append(common.HeaderMutation.SetHeaders, setHeader("content-length", strconv.Itoa(len(body))))
+	return r
+}
