@@ -279,7 +279,8 @@ func TestKubernetesManifests(t *testing.T) {
 			{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list", "watch"}},
 			{APIGroups: []string{"discovery.k8s.io"}, Resources: []string{"endpointslices"}, Verbs: []string{"get", "list", "watch"}},
 			{APIGroups: []string{"inference.networking.k8s.io"}, Resources: []string{"inferencepools"}, Verbs: []string{"get", "list", "watch"}},
-			{APIGroups: []string{kdisc.InferenceObjectives.Group}, Resources: []string{kdisc.InferenceObjectives.Resource}, Verbs: []string{"get", "list", "watch"}},
+			{APIGroups: []string{kdisc.InferenceObjectives.Group}, Resources: []string{kdisc.InferenceObjectives.Resource, kdisc.InferenceModelRewrites.Resource},
+				Verbs: []string{"get", "list", "watch"}},
 		}
 		if !reflect.DeepEqual(role.Rules, want) {
 			t.Errorf("rules %+v", role.Rules)

@@ -152,7 +152,8 @@ func TestInferenceObjectivesShed(t *testing.T) {
 		})
 	}
 	dyn := dynfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), map[schema.GroupVersionResource]string{
-		kdisc.InferencePools: "InferencePoolList", kdisc.InferenceObjectives: "InferenceObjectiveList"},
+		kdisc.InferencePools: "InferencePoolList", kdisc.InferenceObjectives: "InferenceObjectiveList",
+		kdisc.InferenceModelRewrites: "InferenceModelRewriteList"},
 		toUnstructured(pool), objective("batch", -1), objective("chat", 10))
 	reg := prometheus.NewRegistry()
 	a := startApp(t, cfg, app.Options{Registry: reg, KubeClients: &kdisc.Clients{Core: clientset.New(cs), Dynamic: dyn}, HTTPClient: vllm.Client()})
@@ -184,7 +185,8 @@ func TestReloadObjectivesInPoolMode(t *testing.T) {
 		t.Fatal(err)
 	}
 	dyn := dynfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), map[schema.GroupVersionResource]string{
-		kdisc.InferencePools: "InferencePoolList", kdisc.InferenceObjectives: "InferenceObjectiveList"})
+		kdisc.InferencePools: "InferencePoolList", kdisc.InferenceObjectives: "InferenceObjectiveList",
+		kdisc.InferenceModelRewrites: "InferenceModelRewriteList"})
 	a := startApp(t, cfg, app.Options{ConfigPath: path, ConfigCheckInterval: -1,
 		KubeClients: &kdisc.Clients{Core: clientset.New(fake.NewClientset()), Dynamic: dyn}})
 	writeFile(t, path, head+"discovery: {kubernetes: {namespace: llm, selector: {app: vllm}, port: 8000, models: ["+model+"], metrics_path: \"-\"}}\n"+
