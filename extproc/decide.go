@@ -87,7 +87,7 @@ func (st *stream) decideAndReply(in decideInput, kind replyKind) (done bool, err
 		if kind == replyHeaders {
 			st.body = c.body // FULL_DUPLEX_STREAMED: the caller streams st.body on
 		}
-		return false, st.send(rewriteReply(c.dest, st.spoofed, kind, c.body))
+		return false, st.send(st.rewriteReply(c.dest, kind, c.body))
 	}
 	return false, st.send(st.decisionReply(c.dest, kind))
 }
@@ -229,9 +229,7 @@ func (st *stream) choose(in decideInput, start time.Time) (c choice, noEndpointR
 			st.target = rw.target
 		}
 	}
-	var body []byte // the body with the rewritten model
 	if rw.target != model {
-		body = parsed.WithModel(in.body, rw.target)
 		parsed.Model = rw.target
 	}
 	if reason := st.usable(&eps); reason != "" {
@@ -308,6 +306,10 @@ func (st *stream) choose(in decideInput, start time.Time) (c choice, noEndpointR
 			}
 		}
 		dest = b.String()
+	}
+	var body []byte // the body with the rewritten model, made once the request is known to be routed
+	if rw.target != model {
+		body = parsed.WithModel(in.body, rw.target)
 	}
 	c = choice{dest: dest, endpoint: d.Endpoint, policy: policy.Name(), fallback: fallback, req: req, ids: ids, priority: priority,
 		rewrite: rw, body: body}

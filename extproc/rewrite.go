@@ -3,6 +3,7 @@ package extproc
 import (
 	"strconv"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 
 	"github.com/kvrouter/kvrouter/rewrite"
@@ -64,9 +65,18 @@ func (st *stream) rewriteModel(rt *routing, model string) modelRewrite {
 	return r
 }
 
+// modelServer is implemented by fleets that tell whether they serve a model without
+// building its candidates (fleet.Fleet does).
+type modelServer interface {
+	Serves(model string) bool
+}
+
 // serves reports whether the fleet knows an endpoint serving model (a base model or a
-// LoRA adapter), eligible now or not.
+// LoRA adapter), eligible now or not: Candidates' ok.
 func (s *Server) serves(model string) bool {
+	if s.servesApp != nil {
+		return s.servesApp.Serves(model)
+	}
 	_, _, _, ok, buf := s.candidates(model)
 	s.putCandidates(buf)
 	return ok
@@ -76,16 +86,28 @@ func (s *Server) serves(model string) bool {
 // sets content-length to the new body's length (BUFFERED requires it; in the streamed
 // modes Envoy drops the header unless allow_content_length_header is set, and then needs
 // it right) and, in a body reply, carries the new body. In FULL_DUPLEX_STREAMED the
-// headers reply is this one and the new body follows as streamed chunks.
-func rewriteReply(dest string, spoofed []string, kind replyKind, body []byte) *extprocv3.ProcessingResponse {
-	r := decisionReply(dest, spoofed, kind)
-	var common *extprocv3.CommonResponse
+// headers reply is this one and the new body follows as streamed chunks. The parts that
+// depend only on dest (the destination header, the envoy.lb metadata) are those of the
+// decision reply the stream would send otherwise, shared and never modified.
+func (st *stream) rewriteReply(dest string, kind replyKind, body []byte) *extprocv3.ProcessingResponse {
+	base := st.decisionReply(dest, kind)
+	var bm *extprocv3.HeaderMutation
 	if kind == replyHeaders {
-		common = r.GetRequestHeaders().GetResponse()
+		bm = base.GetRequestHeaders().GetResponse().GetHeaderMutation()
 	} else {
-		common = r.GetRequestBody().GetResponse()
-		common.BodyMutation = &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_Body{Body: body}}
+		bm = base.GetRequestBody().GetResponse().GetHeaderMutation()
 	}
-	common.HeaderMutation.SetHeaders = append(common.HeaderMutation.SetHeaders, setHeader("content-length", strconv.Itoa(len(body))))
+	set := make([]*corev3.HeaderValueOption, 0, len(bm.GetSetHeaders())+1)
+	set = append(set, bm.GetSetHeaders()...)
+	set = append(set, setHeader("content-length", strconv.Itoa(len(body))))
+	common := &extprocv3.CommonResponse{ClearRouteCache: true,
+		HeaderMutation: &extprocv3.HeaderMutation{SetHeaders: set, RemoveHeaders: bm.GetRemoveHeaders()}}
+	r := &extprocv3.ProcessingResponse{DynamicMetadata: base.GetDynamicMetadata()}
+	if kind == replyHeaders {
+		r.Response = &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{Response: common}}
+	} else {
+		common.BodyMutation = &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_Body{Body: body}}
+		r.Response = &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{Response: common}}
+	}
 	return r
 }

@@ -194,6 +194,7 @@ type Server struct {
 	fleet     Fleet
 	appender  candidateAppender // fleet, when it can fill a reused buffer
 	reporter  upstreamReporter  // fleet, when it takes passive health signals
+	servesApp modelServer       // fleet, when it answers Serves without building candidates
 	tok       Tokenizer
 	tokApp    tokenAppender  // tok, when it can fill a reused buffer
 	prefixApp prefixAppender // tok, when it also describes the ids' cached prefix
@@ -259,6 +260,9 @@ func New(o Options) *Server {
 	}
 	if r, ok := o.Fleet.(upstreamReporter); ok {
 		s.reporter = r
+	}
+	if m, ok := o.Fleet.(modelServer); ok {
+		s.servesApp = m
 	}
 	if a, ok := o.Tokenizer.(tokenAppender); ok {
 		s.tokApp = a
