@@ -83,9 +83,10 @@ func (s *Server) serves(model string) bool {
 }
 
 // rewriteReply is the decision reply of a request whose model was rewritten to body's: it
-// sets content-length to the new body's length (BUFFERED requires it; in the streamed
-// modes Envoy drops the header unless allow_content_length_header is set, and then needs
-// it right) and, in a body reply, carries the new body. In FULL_DUPLEX_STREAMED the
+// sets content-length to the new body's length when the request has one (BUFFERED
+// requires it to match; in the streamed modes Envoy drops the header unless
+// allow_content_length_header is set, and then needs it right; a request without one,
+// chunked, stays without) and, in a body reply, carries the new body. In FULL_DUPLEX_STREAMED the
 // headers reply is this one and the new body follows as streamed chunks. The parts that
 // depend only on dest (the destination header, the envoy.lb metadata) are those of the
 // decision reply the stream would send otherwise, shared and never modified.
@@ -99,7 +100,9 @@ func (st *stream) rewriteReply(dest string, kind replyKind, body []byte) *extpro
 	}
 	set := make([]*corev3.HeaderValueOption, 0, len(bm.GetSetHeaders())+1)
 	set = append(set, bm.GetSetHeaders()...)
-	set = append(set, setHeader("content-length", strconv.Itoa(len(body))))
+	if st.hasLength {
+		set = append(set, setHeader("content-length", strconv.Itoa(len(body))))
+	}
 	common := &extprocv3.CommonResponse{ClearRouteCache: true,
 		HeaderMutation: &extprocv3.HeaderMutation{SetHeaders: set, RemoveHeaders: bm.GetRemoveHeaders()}}
 	r := &extprocv3.ProcessingResponse{DynamicMetadata: base.GetDynamicMetadata()}

@@ -63,6 +63,7 @@ func TestModelRewrite(t *testing.T) {
 		header     string // x-gateway-model-name-rewrite
 		byLoad     bool   // routed by the fallback policy: the fleet serves no target
 		trailers   bool   // the request has trailers (they end the body)
+		chunked    bool   // the request has no content-length
 		wantModel  string // the model the upstream gets
 		wantDest   string
 		wantRule   string // the model_rewrite_name counted; "": none
@@ -75,6 +76,10 @@ func TestModelRewrite(t *testing.T) {
 		{name: "alias, buffered", cfg: buffered, model: "m-alias", wantModel: "only-b", wantDest: epB,
 			wantRule: "alias", wantLabel: "m-alias", wantTarget: "only-b"},
 		{name: "alias, trailers end the body", cfg: mode(filterv3.ProcessingMode_FULL_DUPLEX_STREAMED, true), trailers: true,
+			model: "m-alias", wantModel: "only-b", wantDest: epB, wantRule: "alias", wantLabel: "m-alias", wantTarget: "only-b"},
+		{name: "alias, chunked: no content-length added", cfg: fds, chunked: true,
+			model: "m-alias", wantModel: "only-b", wantDest: epB, wantRule: "alias", wantLabel: "m-alias", wantTarget: "only-b"},
+		{name: "alias, buffered, chunked", cfg: buffered, chunked: true,
 			model: "m-alias", wantModel: "only-b", wantDest: epB, wantRule: "alias", wantLabel: "m-alias", wantTarget: "only-b"},
 		{name: "generic rule", cfg: fds, model: "made-up", wantModel: "only-b", wantDest: epB,
 			wantRule: "fallback", wantLabel: "", wantTarget: "only-b"},
@@ -108,7 +113,9 @@ func TestModelRewrite(t *testing.T) {
 				hs = append(hs, fakeenvoy.Header{Key: epp.HeaderModelRewrite, Value: tc.header})
 			}
 			body := chatBody(tc.model)
-			hs = append(hs, fakeenvoy.Header{Key: "content-length", Value: strconv.Itoa(len(body))})
+			if !tc.chunked {
+				hs = append(hs, fakeenvoy.Header{Key: "content-length", Value: strconv.Itoa(len(body))})
+			}
 			req := fakeenvoy.Request{Headers: postHeaders(hs...), Body: split(body, 3)}
 			if tc.trailers {
 				req.Trailers = fakeenvoy.Headers{{Key: "x-t", Value: "1"}}
@@ -128,7 +135,10 @@ func TestModelRewrite(t *testing.T) {
 			if tc.wantModel == tc.model && !bytes.Equal(res.Body, body) {
 				t.Errorf("body changed without a rewrite:\n%s", res.Body)
 			}
-			if cl, _ := res.Headers.Get("content-length"); cl != strconv.Itoa(len(res.Body)) {
+			switch cl, ok := res.Headers.Get("content-length"); {
+			case tc.chunked && ok:
+				t.Errorf("content-length %s added to a request without one", cl)
+			case !tc.chunked && cl != strconv.Itoa(len(res.Body)):
 				t.Errorf("content-length %s, body %d bytes", cl, len(res.Body))
 			}
 			picks, _, _, _ := h.policy.snapshot()

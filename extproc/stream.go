@@ -62,6 +62,7 @@ type stream struct {
 	rewriteTo string // the x-gateway-model-name-rewrite header: its first non-empty value of at most maxModelName bytes
 	body      []byte
 	declared  int       // the content-length header, when it is at most maxBody (else 0)
+	hasLength bool      // the request has a content-length header (a rewritten body's replaces it)
 	held      int       // bytes of body reserved in the server's body budget
 	through   bool      // FDS: decided already; body chunks pass straight through
 	start     time.Time // when the request headers came (inference_objective_request_duration_seconds)
@@ -125,6 +126,7 @@ func (st *stream) onRequestHeaders(msg *extprocv3.ProcessingRequest, h *extprocv
 		case key == ":path":
 			st.path = headerValue(hv)
 		case key == "content-length":
+			st.hasLength = true
 			if n, err := strconv.Atoi(headerValue(hv)); err == nil && n > 0 && n <= st.s.maxBody {
 				st.declared = n
 			}
