@@ -203,7 +203,7 @@ func (st *stream) choose(in decideInput, start time.Time) (c choice, noEndpointR
 		model = parsed.Model
 	}
 	rt := s.routing.Load() // this request's routing, even if SetRouting runs meanwhile
-	rw := st.rewriteModel(rt, model)
+	rw := s.rewriteModel(rt, model, st.rewriteTo)
 	eps, base, lora, ok, buf := s.candidates(rw.target)
 	defer func() { s.putCandidates(buf) }()
 	var ids *promptBuf // pooled token ids; the returned choice owns them

@@ -35,8 +35,7 @@ type modelRewrite struct {
 // sent; when it serves none of them but serves model, the request keeps model (a rewrite
 // never makes a request fail); when it serves neither (say, before the fleet knows its
 // models), the rewrite is applied as written.
-func (st *stream) rewriteModel(rt *routing, model string) modelRewrite {
-	s := st.s
+func (s *Server) rewriteModel(rt *routing, model, header string) modelRewrite {
 	r := modelRewrite{target: model}
 	if model == "" {
 		return r
@@ -55,7 +54,7 @@ func (st *stream) rewriteModel(rt *routing, model string) modelRewrite {
 			return r
 		}
 	}
-	if h := st.rewriteTo; h != "" && h != model {
+	if h := header; h != "" && h != model {
 		if !s.serves(h) && s.serves(model) {
 			r.kept = keptHeader
 			return r
@@ -69,6 +68,16 @@ func (st *stream) rewriteModel(rt *routing, model string) modelRewrite {
 // building its candidates (fleet.Fleet does).
 type modelServer interface {
 	Serves(model string) bool
+}
+
+// Rewrite returns the model a request for model, with header as its
+// x-gateway-model-name-rewrite header ("" for none), would be routed and forwarded for
+// now, and the name of the InferenceModelRewrite whose rule chose it ("" when the header
+// did or nothing rewrites it: target is then model or header). A weighted rule draws
+// anew at each call. It changes nothing and counts nothing, for POST /debug/route.
+func (s *Server) Rewrite(model, header string) (target, rule string) {
+	r := s.rewriteModel(s.routing.Load(), model, header)
+	return r.target, r.rule
 }
 
 // serves reports whether the fleet knows an endpoint serving model (a base model or a

@@ -443,4 +443,9 @@ func TestReloadModelRewrites(t *testing.T) {
 		"model_rewrite_name", "alias", "model_name", "small", "target_model", model); got != 1 {
 		t.Fatalf("rewrite decisions %v, want 1", got)
 	}
+	// /debug/route explains the request for the target, and says so.
+	code, x, raw := postRoute(t, "http://"+r.addrs.Debug, `{"model":"small","prompt":"hi"}`)
+	if code != 200 || x.Model != model || x.RewrittenFrom != "small" || x.Rewrite != "alias" || x.FallbackReason != "" {
+		t.Fatalf("/debug/route %d: %s", code, raw)
+	}
 }
