@@ -7,9 +7,11 @@ import (
 )
 
 // RouteLog writes one JSON line per routing event of sim mode: each request routed
-// (where, after how long held, and every server's state at that moment) and each first
-// token (its TTFT). It is how a run's slowest requests are traced to the decision that
-// made them. Safe for runs going at once (--parallel): every line names its run.
+// (where, after how long held, and every server's state at that moment), each first
+// token (its TTFT) and each finish (its prompt and cached tokens). It is how a run's
+// slowest requests, and the requests that lose its cached tokens, are traced to the
+// decision that made them. Safe for runs going at once (--parallel): every line names
+// its run.
 type RouteLog struct {
 	mu  sync.Mutex
 	enc *json.Encoder
@@ -32,7 +34,7 @@ type RouteEvent struct {
 	Policy      string `json:"policy"`
 	Rep         int    `json:"rep"`
 	Concurrency int    `json:"concurrency,omitempty"`
-	// Event is "route" or "first_token"; T its virtual time in seconds.
+	// Event is "route", "first_token" or "finish"; T its virtual time in seconds.
 	Event  string  `json:"event"`
 	T      float64 `json:"t"`
 	Seq    int     `json:"seq"`
@@ -45,6 +47,10 @@ type RouteEvent struct {
 	Servers []ServerView `json:"servers,omitempty"`
 	// First token only: the request's TTFT as its client sees it.
 	TTFTMS float64 `json:"ttft_ms,omitempty"`
+	// Finish only: the request's prompt tokens and how many of them the server had
+	// cached (absent: 0).
+	PromptTokens int `json:"prompt_tokens,omitempty"`
+	CachedTokens int `json:"cached_tokens,omitempty"`
 }
 
 // ServerView is one server's state at a routing decision: the routing replica's own

@@ -514,6 +514,11 @@ func (r *simRun) pick(j simJob) {
 			}
 			res.End = secs(r.f.Now() + rtt2)
 			res.PromptTokens, res.CachedTokens, res.OutputTokens = o.PromptTokens, o.CachedTokens, o.OutputTokens
+			if r.cfg.RouteLog != nil {
+				r.cfg.RouteLog.write(&RouteEvent{Policy: r.policy, Rep: r.rep, Concurrency: r.concurrency,
+					Event: "finish", T: r.f.Now(), Seq: res.Seq, Server: server, Prefix: res.Prefix,
+					PromptTokens: o.PromptTokens, CachedTokens: o.CachedTokens})
+			}
 			if o.Reason == "abort" || o.Reason == "error" {
 				res.Err = "server ended the request: " + o.Reason
 			}
