@@ -69,7 +69,7 @@ type stream struct {
 	model     string    // the model_name of the Inference Extension series: the request's model when the fleet serves it or a rewrite rule names it, else ""
 	target    string    // their target_model_name: the model routed for and forwarded, bounded as model is
 	reqBytes  int       // the body bytes read when the decision was made (inference_objective_request_sizes)
-	gie       *gieModel // st.model's series, once routed
+	gie       *gieModel // the series of (st.model, st.target), once routed
 
 	// decision
 	routed    bool
