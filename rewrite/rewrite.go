@@ -11,34 +11,34 @@ import (
 type Rewrite struct {
 	// Name is the resource's metadata.name; it labels
 	// inference_extension_model_rewrite_decisions_total.
-	Name string `yaml:"name"`
+	Name string `yaml:"name" json:"name"`
 	// Rules are tried in order; the first matching one is used (see Table for the
 	// precedence across rules and Rewrites).
-	Rules []Rule `yaml:"rules"`
+	Rules []Rule `yaml:"rules" json:"rules"`
 }
 
 // Rule is one rule: the models it matches and the targets it sends them to.
 type Rule struct {
 	// Matches lists the models the rule applies to (any of them). Empty: every model,
 	// a generic rule, used only when no rule matches the model exactly.
-	Matches []Match `yaml:"matches"`
+	Matches []Match `yaml:"matches" json:"matches,omitempty"`
 	// Targets are the models a matching request is sent to, one chosen per request in
 	// proportion to the weights.
-	Targets []Target `yaml:"targets"`
+	Targets []Target `yaml:"targets" json:"targets"`
 }
 
 // Match is one match criterion: the request body's "model".
 type Match struct {
-	Model ModelMatch `yaml:"model"`
+	Model ModelMatch `yaml:"model" json:"model"`
 }
 
 // ModelMatch matches the request body's "model".
 type ModelMatch struct {
 	// Type is the kind of match: MatchExact, the only one the resource defines, and the
 	// default when empty.
-	Type string `yaml:"type"`
+	Type string `yaml:"type" json:"type,omitempty"`
 	// Value is the model name to match.
-	Value string `yaml:"value"`
+	Value string `yaml:"value" json:"value"`
 }
 
 // MatchExact is the only match type: the model name equals Value.
@@ -47,10 +47,10 @@ const MatchExact = "Exact"
 // Target is a weighted model destination.
 type Target struct {
 	// ModelRewrite is the model name the request body is rewritten to.
-	ModelRewrite string `yaml:"model_rewrite"`
+	ModelRewrite string `yaml:"model_rewrite" json:"model_rewrite"`
 	// Weight is the target's share: weight / the sum of the rule's weights. Either every
 	// target of a rule has one (1 to MaxWeight) or none has, and then they share equally.
-	Weight int `yaml:"weight"`
+	Weight int `yaml:"weight" json:"weight,omitempty"`
 }
 
 // MaxWeight is the largest weight, the resource's bound.
@@ -106,6 +106,7 @@ func (r *Rewrite) Validate() error {
 type Table struct {
 	exact   map[string]Decision
 	generic *Decision
+	rws     []Rewrite // as given to NewTable
 }
 
 // Decision is the rule a model matched: the Rewrite it belongs to and its targets.
@@ -122,7 +123,7 @@ type Decision struct {
 // valid (Validate). A rule that Validate would refuse is an error here too, so that no
 // request meets it.
 func NewTable(rws []Rewrite) (*Table, error) {
-	t := &Table{exact: map[string]Decision{}}
+	t := &Table{exact: map[string]Decision{}, rws: rws}
 	for i := range rws {
 		r := &rws[i]
 		if err := r.Validate(); err != nil {
@@ -159,6 +160,15 @@ func (t *Table) Lookup(model string) (d Decision, ok bool) {
 		return *t.generic, true
 	}
 	return Decision{}, false
+}
+
+// Rewrites returns the rewrites the table was built from, in precedence order (shared:
+// not to be modified), for /debug/rewrites.
+func (t *Table) Rewrites() []Rewrite {
+	if t == nil {
+		return nil
+	}
+	return t.rws
 }
 
 // Empty reports whether the table has no rule.

@@ -26,7 +26,6 @@ import (
 	infx "sigs.k8s.io/gateway-api-inference-extension/apix/v1alpha2"
 
 	"github.com/kvrouter/kvrouter/discovery"
-	"github.com/kvrouter/kvrouter/rewrite"
 )
 
 // InferencePools is the InferencePool resource kvrouter watches.
@@ -67,12 +66,9 @@ type Source struct {
 	// objectives maps the names of the InferenceObjectives referring to the pool to their
 	// priorities; nil until the first list.
 	objectives atomic.Pointer[map[string]int]
-	// rewrites are the rules of the InferenceModelRewrites referring to the pool; nil
-	// until the first list.
-	rewrites atomic.Pointer[rewrite.Table]
-	// refused are the InferenceModelRewrites refused at the last indexing, with why
-	// (the rewrites informer's handler only): each is logged when it is first refused.
-	refused map[string]string
+	// rewrites are the rules of the InferenceModelRewrites referring to the pool and those
+	// refused; nil until the first list.
+	rewrites atomic.Pointer[poolRewrites]
 }
 
 // New builds the source for cfg; it starts nothing (Run does).
@@ -193,7 +189,7 @@ func (s *Source) setup() error {
 		}
 		if err := s.watchSide(InferenceModelRewrites, "rewrites_watch",
 			"InferenceModelRewrites cannot be watched: no model is rewritten by a rule until they can",
-			func(objs []any) { s.rewrites.Store(s.indexRewrites(objs)) }); err != nil {
+			func(objs []any) { s.rewrites.Store(s.indexRewrites(objs, s.rewrites.Load())) }); err != nil {
 			return err
 		}
 		s.snap = func() ([]discovery.Target, error) {

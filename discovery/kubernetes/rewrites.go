@@ -3,6 +3,7 @@ package kubernetes
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"slices"
 
 	"go.uber.org/zap"
@@ -13,14 +14,21 @@ import (
 	"github.com/kvrouter/kvrouter/rewrite"
 )
 
+// poolRewrites are the pool's InferenceModelRewrites as the source last indexed them.
+type poolRewrites struct {
+	table   *rewrite.Table
+	refused map[string]string // name -> why, of the rewrites refused
+}
+
 // indexRewrites builds the rule table of the objects that are InferenceModelRewrites
 // referring to the source's pool (ourPool), by the resource's precedence: the oldest
 // resource first (creationTimestamp, then name, so that ties have one order). A
 // rewrite with a rule the router could not apply (rewrite.Rewrite.Validate: no target,
 // weights on some targets only, a match type other than Exact, ...) is refused whole,
 // counted (kvrouter_discovery_errors_total{reason="model_rewrite_invalid"}) and logged
-// when first refused; the others apply. No request meets a refused rule.
-func (s *Source) indexRewrites(objs []any) *rewrite.Table {
+// when first refused (prev is the last indexing, nil before the first); the others
+// apply. No request meets a refused rule.
+func (s *Source) indexRewrites(objs []any, prev *poolRewrites) *poolRewrites {
 	type found struct {
 		rw  rewrite.Rewrite
 		obj *infx.InferenceModelRewrite
@@ -40,7 +48,7 @@ func (s *Source) indexRewrites(objs []any) *rewrite.Table {
 		if err := rw.Validate(); err != nil {
 			s.o.Metrics.Error(s.name, "model_rewrite_invalid")
 			refused[o.Name] = err.Error()
-			if s.refused[o.Name] != refused[o.Name] {
+			if prev == nil || prev.refused[o.Name] != refused[o.Name] {
 				s.o.Logger.Warn("InferenceModelRewrite refused: its rules are not applied",
 					zap.String("namespace", o.Namespace), zap.String("name", o.Name), zap.Error(err))
 			}
@@ -48,7 +56,6 @@ func (s *Source) indexRewrites(objs []any) *rewrite.Table {
 		}
 		ours = append(ours, found{rw, o})
 	}
-	s.refused = refused
 	slices.SortFunc(ours, func(a, b found) int {
 		if c := a.obj.CreationTimestamp.Compare(b.obj.CreationTimestamp.Time); c != 0 {
 			return c
@@ -62,9 +69,9 @@ func (s *Source) indexRewrites(objs []any) *rewrite.Table {
 	t, err := rewrite.NewTable(rws)
 	if err != nil { // each was validated above
 		s.o.Metrics.Error(s.name, "model_rewrite_invalid")
-		return s.rewrites.Load()
+		return prev
 	}
-	return t
+	return &poolRewrites{table: t, refused: refused}
 }
 
 // rewriteOf is o's spec as a rewrite.Rewrite; a match without a model becomes one with
@@ -107,5 +114,20 @@ func toRewrite(obj any) (*infx.InferenceModelRewrite, error) {
 // applies to model. It knows none before the first list, outside inference_pool mode or
 // while InferenceModelRewrites cannot be watched. Safe for concurrent use.
 func (s *Source) Lookup(model string) (rewrite.Decision, bool) {
-	return s.rewrites.Load().Lookup(model)
+	p := s.rewrites.Load()
+	if p == nil {
+		return rewrite.Decision{}, false
+	}
+	return p.table.Lookup(model)
+}
+
+// Rewrites returns the rules Lookup applies, in precedence order, and the rewrites
+// refused with why (both nil before the first list), for /debug/rewrites. Safe for
+// concurrent use; the rewrites are shared, not to be modified.
+func (s *Source) Rewrites() (rws []rewrite.Rewrite, refused map[string]string) {
+	p := s.rewrites.Load()
+	if p == nil {
+		return nil, nil
+	}
+	return p.table.Rewrites(), maps.Clone(p.refused)
 }

@@ -3,6 +3,7 @@ package kubernetes_test
 import (
 	"context"
 	"maps"
+	"strings"
 	"testing"
 	"time"
 
@@ -122,6 +123,11 @@ func TestInferenceModelRewrites(t *testing.T) {
 		wait(t, map[string]string{"small": "alias:small-v1", "big": "canary:v1", "anything": "canary:base", "new": "canary:base"})
 		if n := testmetrics.Value(t, reg, "kvrouter_discovery_errors_total", "reason", "model_rewrite_invalid"); n == 0 {
 			t.Error("the refused rewrite is not counted")
+		}
+		rws, refused := s.Rewrites()
+		if len(rws) != 2 || rws[0].Name != "alias" || rws[1].Name != "canary" ||
+			!strings.Contains(refused["new"], "1 of 2 targets have a weight") || len(refused) != 1 {
+			t.Errorf("Rewrites() = %+v, refused %v", rws, refused)
 		}
 	})
 	t.Run("deleted", func(t *testing.T) {

@@ -25,6 +25,7 @@ import (
 	"github.com/kvrouter/kvrouter/internal/app"
 	"github.com/kvrouter/kvrouter/internal/testmetrics"
 	"github.com/kvrouter/kvrouter/internal/testwait"
+	"github.com/kvrouter/kvrouter/rewrite"
 	"github.com/kvrouter/kvrouter/testbench/fakeenvoy"
 )
 
@@ -442,6 +443,15 @@ func TestReloadModelRewrites(t *testing.T) {
 	if got := testmetrics.Must(t, reg, "inference_extension_model_rewrite_decisions_total",
 		"model_rewrite_name", "alias", "model_name", "small", "target_model", model); got != 1 {
 		t.Fatalf("rewrite decisions %v, want 1", got)
+	}
+	type debugRewrites struct {
+		Source   string
+		Rewrites []rewrite.Rewrite
+	}
+	got := getJSON[debugRewrites](t, "http://"+r.addrs.Debug+"/debug/rewrites")
+	if got.Source != "config" || len(got.Rewrites) != 1 || got.Rewrites[0].Name != "alias" ||
+		got.Rewrites[0].Rules[0].Targets[0].ModelRewrite != model {
+		t.Fatalf("/debug/rewrites %+v, want the configured alias", got)
 	}
 	// /debug/route explains the request for the target, and says so.
 	code, x, raw := postRoute(t, "http://"+r.addrs.Debug, `{"model":"small","prompt":"hi"}`)
