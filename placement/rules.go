@@ -221,7 +221,7 @@ func (p *Policy) choose(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 			continue
 		}
 		c := p.capacity(&cands[i])
-		if float64(sc.eps[i].placedBlocks+e.weight()) > p.cfg.Fill*float64(c) {
+		if float64(sc.eps[i].placedBlocks+e.weight()) > p.cfg.Fill*float64(c) && !(sc.lead[h] >= max(heldBlocks, 1) && p.copyWorth(e, sc, i, h) && sc.eps[i].placedBlocks+sc.eps[i].footprint+p.need(sc.eps[i], key, &cands[i], len(sc.keys)) <= c) {
 			continue
 		}
 		if r < 0 || p.wait(sc, i) < p.wait(sc, r) ||
@@ -660,6 +660,17 @@ func (p *Policy) moveOK(sc *scratch, i, from int) bool {
 	n := len(sc.keys) * sc.blockSize
 	add := max(0, n-sc.lead[i]*sc.blockSize) - max(0, n-sc.lead[from]*sc.blockSize)
 	return add <= p.cfg.MaxNumBatchedTokens+sc.eps[from].prefill
+}
+
+// copyWorth reports whether a copy of the prefix at candidate i is worth its miss
+// against sending the request to the busy holder h: the prefill the copy adds (the
+// prefix's tokens i does not hold) is less than what the request's own prefill at h (its
+// tokens past the prefix) adds to the steps of the requests running there. p.mu must be held.
+func (p *Policy) copyWorth(e *prefixEntry, sc *scratch, i, h int) bool {
+	n := len(sc.keys) * sc.blockSize
+	prefix := min(n, e.blocks*sc.blockSize)
+	add := max(0, prefix-sc.lead[i]*sc.blockSize)
+	return add < (n-prefix)*sc.loads[h]
 }
 
 // wait ranks candidate i by the time its queue takes to drain past a new request: its
