@@ -672,7 +672,9 @@ func (p *Policy) moveOK(sc *scratch, i, from int) bool {
 // request running at h the request's own tokens past the prefix, prefilled in their
 // steps. So the larger the share of the prompt a hit saves, the busier its holder must
 // be: the reference's 2,032 of 2,371 tokens need seven requests there, long tails'
-// 1,024 of 2,024 two. p.mu must be held.
+// 1,024 of 2,024 two (long tails, N = 12: throughput 10.68 -> 10.87 requests/s, kv
+// 10.79; N = 24: 10.37 -> 10.73, kv 10.63; docs/results-workloads.md). p.mu must be
+// held.
 func (p *Policy) copyWorth(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc *scratch, i, h, heldBlocks int) bool {
 	if e.branch == 0 || e.blocks > e.branch || sc.loads[i] > 0 || sc.lead[h] < max(heldBlocks, 1) {
 		return false
