@@ -39,6 +39,10 @@ type RouteEvent struct {
 	T      float64 `json:"t"`
 	Seq    int     `json:"seq"`
 	Server int     `json:"server"`
+	// Replica is the router replica that routed the request (0-based; --replicas).
+	Replica int `json:"replica"`
+	// Warmup marks the warmup's requests (not measured).
+	Warmup bool `json:"warmup,omitempty"`
 	// Prefix is the request's shared prefix (the reference workload's).
 	Prefix int `json:"prefix"`
 	// Route only: the request's time held at the router, and every server's state as
@@ -55,13 +59,16 @@ type RouteEvent struct {
 
 // ServerView is one server's state at a routing decision: the routing replica's own
 // in-flight requests there, the engine's running and waiting requests and KV usage
-// now, and the waiting requests in the router's last scrape.
+// now, the waiting requests in the router's last scrape, and the request's leading
+// blocks its prefix cache holds now (where the prefix is cached, whatever the routers'
+// views of it).
 type ServerView struct {
 	InFlight       int     `json:"in_flight"`
 	Running        int     `json:"running"`
 	Waiting        int     `json:"waiting"`
 	KVUsage        float64 `json:"kv_usage"`
 	ScrapedWaiting int     `json:"scraped_waiting"`
+	CachedBlocks   int     `json:"cached_blocks"`
 }
 
 func (l *RouteLog) write(ev *RouteEvent) {
