@@ -39,12 +39,6 @@ type scratch struct {
 	// prefixes lists the prefixes active on candidates that soonestRoom counted
 	// decoding requests of, with the candidate's index.
 	prefixes []activeOn
-	// rank is this router's among its replicas, replicas their number (PeerView.Rank;
-	// 0 without peers); cold: no candidate's decode time is measured yet (a fleet
-	// starting); idle is holderTurn's scratch.
-	rank, replicas int
-	cold           bool
-	idle           []int
 }
 
 type activeOn struct {
@@ -90,10 +84,6 @@ func (p *Policy) choose(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 		sc.eps[i] = p.endpoint(cands[i].Address)
 	}
 	p.shared(cands, sc, key)
-	sc.rank, sc.replicas = 0, 0
-	if p.peers != nil {
-		sc.rank, sc.replicas = p.peers.Rank()
-	}
 	heldBlocks := e.held(p.cfg.HolderShare)
 	hasHome := false
 	for _, pl := range e.sites {
@@ -172,7 +162,6 @@ func (p *Policy) choose(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 	} else {
 		sc.meanDecode = 1
 	}
-	sc.cold = measured == 0
 	sc.ok = slices.Grow(sc.ok[:0], n)[:n]
 	sc.room = slices.Grow(sc.room[:0], n)[:n]
 	for i := range cands {
@@ -222,7 +211,7 @@ func (p *Policy) choose(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 		return p.newHome(e, key, cands, sc), kindHome
 	}
 	if g >= 0 && sc.loads[g] < p.cfg.ReplicaLoad {
-		return p.holderTurn(cands, sc, g, better), kindHolder
+		return g, kindHolder
 	}
 	// The holders are busy: a replica where it evicts nothing live, on an endpoint less
 	// loaded than every holder.
@@ -419,54 +408,13 @@ func (p *Policy) newHome(e *prefixEntry, key uint64, cands []scoring.Endpoint, s
 		ok := sc.ok[i]
 		share := p.homeShare(sc, cands, i, e.weight())
 		better := best < 0 || (ok && !bestOK) ||
-			(ok == bestOK && (share < bestShare || (share == bestShare && (p.wait(sc, i) < p.wait(sc, best) ||
-				p.wait(sc, i) == p.wait(sc, best) && p.homeOrder(sc, i, best)))))
+			(ok == bestOK && (share < bestShare || (share == bestShare && p.wait(sc, i) < p.wait(sc, best))))
 		if better {
 			best, bestShare, bestOK = i, share, ok
 		}
 	}
 	sc.pos[best] = p.place(e, cands[best].Address, true)
 	return best
-}
-
-// homeOrder reports whether candidate i wins an exact tie against j (i after j in
-// cands) for a new home. One router keeps the candidates' order, and its consecutive
-// picks take the first candidates in turn. Router replicas, while no decode time is
-// measured (a fleet starting), rotate the order by their rank: replicas that home
-// prefixes at the same instant on the same view would otherwise all take the first
-// candidate (kvbench --sim --replicas 4, N = 2: both prefixes homed on one endpoint
-// and every request sent there). p.mu must be held.
-func (p *Policy) homeOrder(sc *scratch, i, j int) bool {
-	if p.peers == nil || sc.replicas < 2 || !sc.cold {
-		return false
-	}
-	n := len(sc.eps)
-	r := sc.rank % n
-	return (i-r+n)%n < (j-r+n)%n
-}
-
-// holderTurn returns the holder this router replica takes when the best holder g is
-// idle: the (rank+1)-th of the picks one router would make in a row by better, each
-// counted as load on the holder it takes, so that replicas picking at the same instant
-// on the same view spread over the holders as one router's consecutive picks do,
-// instead of all taking the one idle holder. g for one router. p.mu must be held.
-func (p *Policy) holderTurn(cands []scoring.Endpoint, sc *scratch, g int, better func(i, j int) bool) int {
-	if p.peers == nil || sc.replicas < 2 || sc.rank == 0 {
-		return g
-	}
-	sc.idle = append(sc.idle[:0], sc.loads...)
-	pick := g
-	for k := 0; k <= sc.rank; k++ {
-		pick = -1
-		for i := range cands {
-			if sc.pos[i] >= 0 && sc.ok[i] && better(i, pick) {
-				pick = i
-			}
-		}
-		sc.loads[pick]++
-	}
-	copy(sc.loads, sc.idle)
-	return pick
 }
 
 // rendezvous returns the candidate of highest capacity-weighted rendezvous score for key
