@@ -1,6 +1,7 @@
 package config
 
 import (
+	"fmt"
 	"maps"
 	"slices"
 
@@ -36,6 +37,10 @@ type Config struct {
 	// (x-gateway-inference-objective) outside Kubernetes; with an InferencePool the pool's
 	// InferenceObjectives are watched instead.
 	Objectives Objectives `yaml:"objectives"`
+	// ModelRewrites rewrite the model requests name (model aliasing, a generic fallback,
+	// weighted traffic splitting) outside Kubernetes; with an InferencePool the pool's
+	// InferenceModelRewrites are watched instead.
+	ModelRewrites ModelRewrites `yaml:"model_rewrites"`
 	// Replicas is how kvrouter replicas find each other and share their in-flight
 	// requests, so that they route as one (off without peers).
 	Replicas peersync.Config `yaml:"replicas"`
@@ -99,6 +104,39 @@ func (c *Config) Validate() error {
 	errs.Nest("objectives", c.Objectives.Validate())
 	if len(c.Objectives) > 0 && c.Discovery.Kubernetes != nil && c.Discovery.Kubernetes.InferencePool != "" {
 		errs.Addf("objectives", "must be left unset with discovery.kubernetes.inference_pool: the pool's InferenceObjectives give the priorities")
+	}
+	errs.Nest("model_rewrites", c.ModelRewrites.Validate())
+	if len(c.ModelRewrites) > 0 && c.Discovery.Kubernetes != nil && c.Discovery.Kubernetes.InferencePool != "" {
+		errs.Addf("model_rewrites", "must be left unset with discovery.kubernetes.inference_pool: the pool's InferenceModelRewrites give the rules")
+	}
+	if c.Discovery.Kubernetes == nil {
+		// Every served name is in this file (pods' annotations can add others): a target
+		// none serves is a mistake a request would only meet later.
+		served := map[string]bool{}
+		add := func(models []string, adapters []fleet.LoRAAdapter) {
+			for _, m := range models {
+				served[m] = true
+			}
+			for _, a := range adapters {
+				served[a.Name] = true
+			}
+		}
+		for _, ep := range c.Endpoints {
+			add(ep.Models, ep.LoRAAdapters)
+		}
+		if d := c.Discovery.DNS; d != nil {
+			add(d.Models, d.LoRAAdapters)
+		}
+		for i, r := range c.ModelRewrites {
+			for j, rule := range r.Rules {
+				for k, t := range rule.Targets {
+					if t.ModelRewrite != "" && !served[t.ModelRewrite] {
+						errs.Addf(fmt.Sprintf("model_rewrites[%d].rules[%d].targets[%d].model_rewrite", i, j, k),
+							"%q is served by no endpoint (endpoints[].models or lora_adapters, discovery.dns.models or lora_adapters)", t.ModelRewrite)
+					}
+				}
+			}
+		}
 	}
 	return errs.Err()
 }

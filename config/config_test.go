@@ -233,6 +233,10 @@ func FuzzParse(f *testing.F) {
 			if verr := cfg.Validate(); verr != nil {
 				t.Fatalf("Parse accepted a config that fails Validate: %v", verr)
 			}
+			// A rewrite rule accepted at load is one a request can use.
+			if _, terr := cfg.ModelRewrites.Table(); terr != nil {
+				t.Fatalf("Parse accepted model_rewrites the table refuses: %v", terr)
+			}
 			return
 		}
 		var cerr *config.Error

@@ -19,6 +19,12 @@ const (
 	// priority; the gateway or the client sets it (the Inference Extension's
 	// metadata.ObjectiveKey).
 	HeaderObjective = "x-gateway-inference-objective"
+	// HeaderModelRewrite names the model a request is to be forwarded for instead of the
+	// one its body names, set by the gateway (an HTTPRoute's header filter, say): the
+	// picker writes it into the body's "model" unless an InferenceModelRewrite rule
+	// matches the request's model, which wins (the Inference Extension's
+	// metadata.ModelNameRewriteKey).
+	HeaderModelRewrite = "x-gateway-model-name-rewrite"
 	// NamespaceLB is the dynamic-metadata namespace of the decision and of the served endpoint.
 	NamespaceLB = "envoy.lb"
 	// NamespaceSubsetHint is the metadata namespace of the gateway's subset hint.

@@ -54,6 +54,8 @@ func newTyped(gvk schema.GroupVersionKind) any {
 		return &infv1.InferencePool{}
 	case kdisc.InferenceObjectives.GroupVersion().WithKind("InferenceObjective"):
 		return &infx.InferenceObjective{}
+	case kdisc.InferenceModelRewrites.GroupVersion().WithKind("InferenceModelRewrite"):
+		return &infx.InferenceModelRewrite{}
 	case schema.GroupVersion(gwv1.GroupVersion).WithKind("Gateway"):
 		return &gwv1.Gateway{}
 	case schema.GroupVersion(gwv1.GroupVersion).WithKind("HTTPRoute"):
@@ -279,7 +281,8 @@ func TestKubernetesManifests(t *testing.T) {
 			{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list", "watch"}},
 			{APIGroups: []string{"discovery.k8s.io"}, Resources: []string{"endpointslices"}, Verbs: []string{"get", "list", "watch"}},
 			{APIGroups: []string{"inference.networking.k8s.io"}, Resources: []string{"inferencepools"}, Verbs: []string{"get", "list", "watch"}},
-			{APIGroups: []string{kdisc.InferenceObjectives.Group}, Resources: []string{kdisc.InferenceObjectives.Resource}, Verbs: []string{"get", "list", "watch"}},
+			{APIGroups: []string{kdisc.InferenceObjectives.Group}, Resources: []string{kdisc.InferenceObjectives.Resource, kdisc.InferenceModelRewrites.Resource},
+				Verbs: []string{"get", "list", "watch"}},
 		}
 		if !reflect.DeepEqual(role.Rules, want) {
 			t.Errorf("rules %+v", role.Rules)
@@ -442,6 +445,31 @@ func TestGatewayAPIManifests(t *testing.T) {
 	}
 	if sheddable == 0 || kept == 0 {
 		t.Errorf("%d sheddable and %d other InferenceObjectives, want some of each", sheddable, kept)
+	}
+	// The rewrites refer to the pool and send requests to models its pods serve.
+	rewrites := 0
+	for _, o := range objs {
+		obj, ok := o.obj.(*infx.InferenceModelRewrite)
+		if !ok {
+			continue
+		}
+		rewrites++
+		if obj.Spec.PoolRef == nil || string(obj.Spec.PoolRef.Name) != pool.Name || obj.Namespace != pool.Namespace {
+			t.Errorf("%s does not refer to the pool %s/%s", o, pool.Namespace, pool.Name)
+		}
+		for _, r := range obj.Spec.Rules {
+			if len(r.Targets) == 0 {
+				t.Errorf("%s: a rule without targets", o)
+			}
+			for _, tm := range r.Targets {
+				if !slices.Contains(cfg.Discovery.Kubernetes.Models, tm.ModelRewrite) {
+					t.Errorf("%s: target %q is not a model the pool's pods serve (%v)", o, tm.ModelRewrite, cfg.Discovery.Kubernetes.Models)
+				}
+			}
+		}
+	}
+	if rewrites == 0 {
+		t.Error("no InferenceModelRewrite")
 	}
 }
 

@@ -65,6 +65,8 @@ type choice struct {
 	ids      *promptBuf       // pooled buffer behind req.TokenIDs and req.Prefix, returned once the choice is committed
 	observer scoring.Observer // the configured policy's Observer when the choice was made, if any
 	priority int              // the priority of the request's InferenceObjective
+	rewrite  modelRewrite     // the request's model rewrite, if any
+	body     []byte           // the request body with the rewritten model; nil when the model is not rewritten
 }
 
 // decideAndReply picks the endpoint, commits it and sends the reply that carries the
@@ -81,6 +83,12 @@ func (st *stream) decideAndReply(in decideInput, kind replyKind) (done bool, err
 		return true, st.reply503(reason)
 	}
 	st.commit(c)
+	if c.body != nil {
+		if kind == replyHeaders {
+			st.body = c.body // FULL_DUPLEX_STREAMED: the caller streams st.body on
+		}
+		return false, st.send(st.rewriteReply(c.dest, kind, c.body))
+	}
 	return false, st.send(st.decisionReply(c.dest, kind))
 }
 
@@ -106,10 +114,10 @@ func (st *stream) reply503(reason string) error {
 		// Only a known objective has a negative priority: the label is one of the
 		// configured or watched objectives, never a name a client made up.
 		m.shed.WithLabelValues(st.objective).Inc()
-		m.gie.errors.WithLabelValues(st.model, st.model, gieErrResourceExhausted).Inc()
+		m.gie.errors.WithLabelValues(st.model, st.target, gieErrResourceExhausted).Inc()
 	} else {
 		m.noEndpoint.WithLabelValues(reason).Inc()
-		m.gie.errors.WithLabelValues(st.model, st.model, gieErrServiceUnavailable).Inc()
+		m.gie.errors.WithLabelValues(st.model, st.target, gieErrServiceUnavailable).Inc()
 	}
 	st.phase = phaseDone
 	return st.send(immediateError(reason, st.s.retry))
@@ -138,11 +146,17 @@ func (st *stream) commit(c choice) {
 	st.routed, st.endpoint, st.dest, st.reqID = true, c.endpoint, c.dest, c.req.ID
 	st.tentative = nil
 	s.fleet.Begin(c.endpoint)
-	st.gie = s.m.gie.forModel(st.model)
+	st.gie = s.m.gie.forModel(st.model, st.target)
 	if c.priority == 0 {
 		st.gie.requests0.Inc()
 	} else {
-		s.m.gie.requests.WithLabelValues(st.model, st.model, strconv.Itoa(c.priority)).Inc()
+		s.m.gie.requests.WithLabelValues(st.model, st.target, strconv.Itoa(c.priority)).Inc()
+	}
+	switch {
+	case c.rewrite.rule != "":
+		s.m.rewrites.WithLabelValues(c.rewrite.rule, st.model, c.rewrite.target).Inc()
+	case c.rewrite.kept != "":
+		s.m.rewritesKept.WithLabelValues(c.rewrite.kept).Inc()
 	}
 	st.gie.requestSize.Observe(float64(st.reqBytes))
 	st.gie.running.Inc()
@@ -158,7 +172,9 @@ var errHoldCancelled = errors.New("extproc: stream ended while the request was h
 
 // choose picks the endpoint for the request, or returns a no-endpoint reason. It has no
 // effect beyond counting parse and tokenizer errors and holds, and noting the request's
-// model for the Inference Extension series (st.model). It holds the request
+// model and target model for the Inference Extension series (st.model, st.target). The
+// model is rewritten (rewriteModel) before the candidates are asked for: they serve the
+// target, and the choice carries the rewritten body. It holds the request
 // (blocking the stream) while the policy asks and holdBound allows, start being when the
 // decision began; err is errHoldCancelled when the stream's context ends meanwhile.
 func (st *stream) choose(in decideInput, start time.Time) (c choice, noEndpointReason string, err error) {
@@ -186,7 +202,9 @@ func (st *stream) choose(in decideInput, start time.Time) (c choice, noEndpointR
 	if parsed != nil {
 		model = parsed.Model
 	}
-	eps, base, lora, ok, buf := s.candidates(model)
+	rt := s.routing.Load() // this request's routing, even if SetRouting runs meanwhile
+	rw := s.rewriteModel(rt, model, st.rewriteTo)
+	eps, base, lora, ok, buf := s.candidates(rw.target)
 	defer func() { s.putCandidates(buf) }()
 	var ids *promptBuf // pooled token ids; the returned choice owns them
 	defer func() {
@@ -197,20 +215,32 @@ func (st *stream) choose(in decideInput, start time.Time) (c choice, noEndpointR
 	if parsed != nil && !ok {
 		fallback = fallbackUnknownModel
 	}
-	st.model, st.reqBytes = "", max(len(in.body), len(st.body))
-	if parsed != nil && ok {
-		st.model = model // served by the fleet: a bounded label value
+	st.model, st.target, st.reqBytes = "", "", max(len(in.body), len(st.body))
+	if parsed != nil {
+		// Bounded label values: models the fleet serves or a rewrite rule names.
+		servesModel := ok
+		if rw.target != model {
+			servesModel = s.serves(model)
+		}
+		if servesModel || rw.exact {
+			st.model = model
+		}
+		if ok || rw.rule != "" {
+			st.target = rw.target
+		}
+	}
+	if rw.target != model {
+		parsed.Model = rw.target
 	}
 	if reason := st.usable(&eps); reason != "" {
 		return c, reason, nil
 	}
-	rt := s.routing.Load() // this request's routing, even if SetRouting runs meanwhile
 	priority := rt.priority(st.objective)
 	if shed(rt, in, priority, eps) {
 		return c, shedOverloaded, nil
 	}
 
-	req := scoring.Request{ID: s.nextID(), Model: model, BaseModel: base, LoRA: lora}
+	req := scoring.Request{ID: s.nextID(), Model: rw.target, BaseModel: base, LoRA: lora}
 	if parsed != nil {
 		req.CacheSalt = parsed.CacheSalt
 	}
@@ -247,7 +277,7 @@ func (st *stream) choose(in decideInput, start time.Time) (c choice, noEndpointR
 		s.m.holds.Inc()
 		s.m.holdSeconds.Add(d.Hold.Seconds())
 		s.putCandidates(buf)
-		eps, _, _, _, buf = s.candidates(model)
+		eps, _, _, _, buf = s.candidates(rw.target)
 		if reason := st.usable(&eps); reason != "" {
 			return c, reason, nil
 		}
@@ -277,7 +307,12 @@ func (st *stream) choose(in decideInput, start time.Time) (c choice, noEndpointR
 		}
 		dest = b.String()
 	}
-	c = choice{dest: dest, endpoint: d.Endpoint, policy: policy.Name(), fallback: fallback, req: req, ids: ids, priority: priority}
+	var body []byte // the body with the rewritten model, made once the request is known to be routed
+	if rw.target != model {
+		body = parsed.WithModel(in.body, rw.target)
+	}
+	c = choice{dest: dest, endpoint: d.Endpoint, policy: policy.Name(), fallback: fallback, req: req, ids: ids, priority: priority,
+		rewrite: rw, body: body}
 	c.observer = rt.observer // told of every request routed under rt, as the fallback's too
 	return c, "", nil
 }

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/kvrouter/kvrouter/extproc"
+	"github.com/kvrouter/kvrouter/rewrite"
 )
 
 // FuzzProcess feeds the server arbitrary message sequences in arbitrary modes: it must
@@ -22,12 +23,22 @@ func FuzzProcess(f *testing.F) {
 	f.Add([]byte{0x03, 0x00, 0x02, 0x12, 0x04, 0x05, 0x15}, []byte("data: {\"usage\":{\"prompt_tokens\":1}}\n\n"))
 	modes := []filterv3.ProcessingMode_BodySendMode{filterv3.ProcessingMode_NONE, filterv3.ProcessingMode_STREAMED,
 		filterv3.ProcessingMode_BUFFERED, filterv3.ProcessingMode_FULL_DUPLEX_STREAMED, filterv3.ProcessingMode_BUFFERED_PARTIAL}
+	// Rewrites on: "m" split between two served models, every other model to "m".
+	rewrites, err := rewrite.NewTable([]rewrite.Rewrite{{Name: "r", Rules: []rewrite.Rule{
+		{Matches: []rewrite.Match{{Model: rewrite.ModelMatch{Value: "m"}}},
+			Targets: []rewrite.Target{{ModelRewrite: "only-b", Weight: 1}, {ModelRewrite: "m", Weight: 1}}},
+		{Targets: []rewrite.Target{{ModelRewrite: "m"}}}}}})
+	if err != nil {
+		f.Fatal(err)
+	}
 	f.Fuzz(func(t *testing.T, script []byte, payload []byte) {
 		if len(script) == 0 || len(script) > 64 {
 			return
 		}
 		fl := newFleet(epA, epB).serve("m", epA, epB).serve("only-b", epB)
-		srv := extproc.New(extproc.Options{Policy: &recordingPolicy{}, Fleet: fl, MaxBodyBytes: 64})
+		draw := 0
+		srv := extproc.New(extproc.Options{Policy: &recordingPolicy{}, Fleet: fl, MaxBodyBytes: 64, Rewrites: rewrites,
+			IntN: func(n int) int { draw++; return draw % n }})
 		pc := &extprocv3.ProtocolConfiguration{RequestBodyMode: modes[int(script[0])%len(modes)],
 			ResponseBodyMode: modes[int(script[0]>>4)%len(modes)]}
 		var msgs []*extprocv3.ProcessingRequest
@@ -38,7 +49,8 @@ func FuzzProcess(f *testing.F) {
 				chunk = payload[:n*len(payload)/8]
 			}
 			hdrs := &corev3.HeaderMap{Headers: []*corev3.HeaderValue{{Key: ":path", RawValue: []byte("/v1/chat/completions")},
-				{Key: ":status", RawValue: []byte("200")}, {Key: "x-gateway-destination-endpoint", RawValue: payload}}}
+				{Key: ":status", RawValue: []byte("200")}, {Key: "x-gateway-destination-endpoint", RawValue: payload},
+				{Key: "x-gateway-model-name-rewrite", RawValue: payload}}}
 			var m *extprocv3.ProcessingRequest
 			switch b & 0x0f % 7 {
 			case 0:

@@ -1,6 +1,7 @@
 package extproc_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -14,6 +15,7 @@ import (
 	"github.com/kvrouter/kvrouter/epp"
 	"github.com/kvrouter/kvrouter/extproc"
 	"github.com/kvrouter/kvrouter/internal/cputime"
+	"github.com/kvrouter/kvrouter/rewrite"
 	"github.com/kvrouter/kvrouter/scoring"
 	"github.com/kvrouter/kvrouter/testbench/fakeenvoy"
 )
@@ -57,10 +59,29 @@ func BenchmarkServerExchangeSheddable(b *testing.B) {
 		postHeaders(fakeenvoy.Header{Key: epp.HeaderObjective, Value: "batch"}))
 }
 
+// BenchmarkServerExchangeRewrite is BenchmarkServerExchange for a request whose model an
+// InferenceModelRewrite rule aliases to the served one: what the rule lookup, the check
+// that the fleet serves the target, the body's copy with the new model and the reply
+// that carries it add.
+func BenchmarkServerExchangeRewrite(b *testing.B) {
+	tab, err := rewrite.NewTable([]rewrite.Rewrite{{Name: "alias", Rules: []rewrite.Rule{{
+		Matches: []rewrite.Match{{Model: rewrite.ModelMatch{Value: "alias"}}},
+		Targets: []rewrite.Target{{ModelRewrite: "model"}}}}}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	body := bytes.Replace(chat2400(), []byte(`"model":"model"`), []byte(`"model":"alias"`), 1)
+	benchExchangeBody(b, extproc.Options{Rewrites: tab}, postHeaders(), body)
+}
+
 // benchExchange runs one exchange of hs and a 2,400-token chat body per iteration
 // against a least-load server over n endpoints, with o's other options.
 func benchExchange(b *testing.B, o extproc.Options, hs fakeenvoy.Headers) {
-	body := chat2400()
+	benchExchangeBody(b, o, hs, chat2400())
+}
+
+// benchExchangeBody is benchExchange with the request body given.
+func benchExchangeBody(b *testing.B, o extproc.Options, hs fakeenvoy.Headers, body []byte) {
 	hdrs := &corev3.HeaderMap{}
 	for _, h := range hs {
 		hdrs.Headers = append(hdrs.Headers, &corev3.HeaderValue{Key: h.Key, RawValue: []byte(h.Value)})

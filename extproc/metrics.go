@@ -27,6 +27,9 @@ type metrics struct {
 	upstreamFailed  *prometheus.CounterVec
 	shed            *prometheus.CounterVec
 	holdsCut        *prometheus.CounterVec
+	// rewrites is inference_extension_model_rewrite_decisions_total, the picker's.
+	rewrites     *prometheus.CounterVec
+	rewritesKept *prometheus.CounterVec
 
 	gie *gieMetrics
 }
@@ -35,8 +38,9 @@ type metrics struct {
 // (its pkg/epp/metrics, v1.x: names, labels, buckets and the moments they are recorded),
 // so that dashboards and alerts built on the picker work on kvrouter. They are fed where
 // kvrouter's own series are. Their model_name is the request's model when the fleet
-// serves it, else "": never a name a client made up. target_model_name equals it, as
-// kvrouter rewrites no model.
+// serves it or an InferenceModelRewrite rule names it, else "": never a name a client made
+// up; target_model_name is the model the request was routed and forwarded for (the
+// same unless a rewrite changed it), bounded the same way.
 type gieMetrics struct {
 	requests     *prometheus.CounterVec   // inference_objective_request_total
 	errors       *prometheus.CounterVec   // inference_objective_request_error_total
@@ -48,10 +52,13 @@ type gieMetrics struct {
 	requestSize  *prometheus.HistogramVec // inference_objective_request_sizes
 	responseSize *prometheus.HistogramVec // inference_objective_response_sizes
 
-	models sync.Map // model_name -> *gieModel
+	models sync.Map // gieKey -> *gieModel
 }
 
-// gieModel is one model_name's series, looked up once: a request then costs one map load
+// gieKey is the labels of one gieModel.
+type gieKey struct{ model, target string }
+
+// gieModel is one (model_name, target_model_name)'s series, looked up once: a request then costs one map load
 // instead of a label lookup per series.
 type gieModel struct {
 	requests0                  prometheus.Counter // priority "0", the usual case
@@ -61,23 +68,24 @@ type gieModel struct {
 	running                    prometheus.Gauge
 }
 
-// forModel returns model's series. The keys are bounded as the labels are: a model the
-// fleet serves, or "".
-func (g *gieMetrics) forModel(model string) *gieModel {
-	if v, ok := g.models.Load(model); ok {
+// forModel returns the series of requests for model routed for target. The keys are
+// bounded as the labels are: models the fleet serves or rewrite rules name, or "".
+func (g *gieMetrics) forModel(model, target string) *gieModel {
+	k := gieKey{model, target}
+	if v, ok := g.models.Load(k); ok {
 		return v.(*gieModel)
 	}
 	gm := &gieModel{
-		requests0:    g.requests.WithLabelValues(model, model, "0"),
-		duration:     g.duration.WithLabelValues(model, model),
-		requestSize:  g.requestSize.WithLabelValues(model, model),
-		responseSize: g.responseSize.WithLabelValues(model, model),
-		inputTokens:  g.inputTokens.WithLabelValues(model, model),
-		outputTokens: g.outputTokens.WithLabelValues(model, model),
-		cachedTokens: g.cachedTokens.WithLabelValues(model, model),
+		requests0:    g.requests.WithLabelValues(model, target, "0"),
+		duration:     g.duration.WithLabelValues(model, target),
+		requestSize:  g.requestSize.WithLabelValues(model, target),
+		responseSize: g.responseSize.WithLabelValues(model, target),
+		inputTokens:  g.inputTokens.WithLabelValues(model, target),
+		outputTokens: g.outputTokens.WithLabelValues(model, target),
+		cachedTokens: g.cachedTokens.WithLabelValues(model, target),
 		running:      g.running.WithLabelValues(model),
 	}
-	v, _ := g.models.LoadOrStore(model, gm)
+	v, _ := g.models.LoadOrStore(k, gm)
 	return v.(*gieModel)
 }
 
@@ -116,7 +124,7 @@ func newGIEMetrics(reg prometheus.Registerer) *gieMetrics {
 	return &gieMetrics{
 		requests: register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "inference_objective_request_total",
-			Help: "Inference Extension series: requests routed, by model and target model (the same: kvrouter rewrites no model) and the priority of the request's InferenceObjective.",
+			Help: "Inference Extension series: requests routed, by model, target model (the model forwarded: the same unless rewritten) and the priority of the request's InferenceObjective.",
 		}, []string{"model_name", "target_model_name", "priority"})),
 		errors: register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "inference_objective_request_error_total",
@@ -237,6 +245,14 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "kvrouter_requests_shed_total",
 			Help: "Sheddable requests (their InferenceObjective's priority < 0) answered 429 because every eligible endpoint's queue was over the shedding bound, by objective.",
 		}, []string{"objective"})),
+		rewrites: register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "inference_extension_model_rewrite_decisions_total",
+			Help: "Inference Extension series: requests routed whose model an InferenceModelRewrite rule rewrote, by the rewrite's name, the request's model (\"\" for a model neither served nor named by a rule) and the target model chosen.",
+		}, []string{"model_rewrite_name", "model_name", "target_model"})),
+		rewritesKept: register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvrouter_model_rewrites_kept_total",
+			Help: "Requests routed for their own model although a rewrite applied (source: rule, an InferenceModelRewrite; header, x-gateway-model-name-rewrite), because no endpoint serves a target and some serve the request's model.",
+		}, []string{"source"})),
 	}
 	m.gie = newGIEMetrics(reg)
 	return m

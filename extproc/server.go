@@ -3,6 +3,7 @@ package extproc
 import (
 	"errors"
 	"io"
+	"math/rand/v2"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -18,6 +19,7 @@ import (
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 
 	"github.com/kvrouter/kvrouter/openai"
+	"github.com/kvrouter/kvrouter/rewrite"
 	"github.com/kvrouter/kvrouter/scoring"
 )
 
@@ -145,6 +147,12 @@ type Options struct {
 	// Objectives gives a request's priority from the InferenceObjective it names in the
 	// x-gateway-inference-objective header. Nil, no header or an unknown name: priority 0.
 	Objectives Objectives
+	// Rewrites gives the InferenceModelRewrite rule for a request's model. Nil: no rule
+	// (the x-gateway-model-name-rewrite header still rewrites).
+	Rewrites Rewrites
+	// IntN is the random source of the rewrites' weighted choice: a uniform int in
+	// [0, n), safe for concurrent use. Nil = math/rand/v2.IntN.
+	IntN func(n int) int
 	// RetryAfter is the Retry-After of 429 and 503 answers, rounded up to whole seconds.
 	// 0 means DefaultRetryAfter.
 	RetryAfter time.Duration
@@ -155,6 +163,14 @@ type Options struct {
 type Objectives interface {
 	// Priority returns the objective's priority; ok is false for an unknown name.
 	Priority(name string) (priority int, ok bool)
+}
+
+// Rewrites resolves the InferenceModelRewrite rule that applies to a request's model
+// (*rewrite.Table implements it). Implementations must be safe for concurrent use.
+type Rewrites interface {
+	// Lookup returns the rule for model, by the resource's precedence; ok is false when
+	// none applies.
+	Lookup(model string) (d rewrite.Decision, ok bool)
 }
 
 // DefaultShedWaiting is the default ShedWaiting of kvrouter's configuration
@@ -178,6 +194,7 @@ type Server struct {
 	fleet     Fleet
 	appender  candidateAppender // fleet, when it can fill a reused buffer
 	reporter  upstreamReporter  // fleet, when it takes passive health signals
+	servesApp modelServer       // fleet, when it answers Serves without building candidates
 	tok       Tokenizer
 	tokApp    tokenAppender  // tok, when it can fill a reused buffer
 	prefixApp prefixAppender // tok, when it also describes the ids' cached prefix
@@ -191,7 +208,8 @@ type Server struct {
 	log       *zap.Logger
 	now       func() time.Time
 	after     func(time.Duration) <-chan time.Time
-	retry     string // Retry-After value of 429 and 503 answers, in seconds
+	intn      func(int) int // the rewrites' random source
+	retry     string        // Retry-After value of 429 and 503 answers, in seconds
 	m         *metrics
 	// candidateBufs pools *[]scoring.Endpoint for fleets implementing candidateAppender.
 	candidateBufs sync.Pool
@@ -232,6 +250,7 @@ func New(o Options) *Server {
 		log:       o.Logger,
 		now:       o.Now,
 		after:     o.After,
+		intn:      o.IntN,
 		retry:     retryAfterSeconds(o.RetryAfter),
 		m:         newMetrics(o.Registerer),
 		workers:   newWorkers(),
@@ -242,6 +261,9 @@ func New(o Options) *Server {
 	if r, ok := o.Fleet.(upstreamReporter); ok {
 		s.reporter = r
 	}
+	if m, ok := o.Fleet.(modelServer); ok {
+		s.servesApp = m
+	}
 	if a, ok := o.Tokenizer.(tokenAppender); ok {
 		s.tokApp = a
 	}
@@ -249,7 +271,7 @@ func New(o Options) *Server {
 		s.prefixApp = a
 	}
 	s.SetRouting(Routing{Policy: o.Policy, Fallback: o.Fallback, MaxHold: o.MaxHold, MaxFallbacks: o.MaxFallbacks, ShedWaiting: o.ShedWaiting,
-		Objectives: o.Objectives})
+		Objectives: o.Objectives, Rewrites: o.Rewrites})
 	if s.maxBody <= 0 {
 		s.maxBody = DefaultMaxBodyBytes
 	}
@@ -265,6 +287,9 @@ func New(o Options) *Server {
 	if s.after == nil {
 		s.after = time.After
 	}
+	if s.intn == nil {
+		s.intn = rand.IntN
+	}
 	return s
 }
 
@@ -277,6 +302,7 @@ type Routing struct {
 	MaxFallbacks int
 	ShedWaiting  int
 	Objectives   Objectives // nil: every request has priority 0
+	Rewrites     Rewrites   // nil: no InferenceModelRewrite rule
 }
 
 // routing is a Routing in force, with the policy's Observer found once.
@@ -287,6 +313,7 @@ type routing struct {
 	maxFalls         int
 	shed             int
 	objectives       Objectives
+	rewrites         Rewrites
 }
 
 // priority is the priority of the requests naming objective: its InferenceObjective's,
@@ -309,7 +336,7 @@ func (s *Server) SetRouting(r Routing) {
 		panic("extproc: SetRouting needs a Policy")
 	}
 	rt := &routing{policy: r.Policy, fallback: r.Fallback, maxHold: r.MaxHold, maxFalls: r.MaxFallbacks, shed: r.ShedWaiting,
-		objectives: r.Objectives}
+		objectives: r.Objectives, rewrites: r.Rewrites}
 	if rt.fallback == nil {
 		rt.fallback = scoring.NewLeastLoad()
 	}

@@ -59,14 +59,17 @@ type stream struct {
 	subset    []string
 	hasSubset bool
 	objective string // the x-gateway-inference-objective header: its first non-empty value of at most maxObjectiveName bytes
+	rewriteTo string // the x-gateway-model-name-rewrite header: its first non-empty value of at most maxModelName bytes
 	body      []byte
 	declared  int       // the content-length header, when it is at most maxBody (else 0)
+	hasLength bool      // the request has a content-length header (a rewritten body's replaces it)
 	held      int       // bytes of body reserved in the server's body budget
 	through   bool      // FDS: decided already; body chunks pass straight through
 	start     time.Time // when the request headers came (inference_objective_request_duration_seconds)
-	model     string    // the model_name of the Inference Extension series: the request's model when the fleet serves it, else ""
+	model     string    // the model_name of the Inference Extension series: the request's model when the fleet serves it or a rewrite rule names it, else ""
+	target    string    // their target_model_name: the model routed for and forwarded, bounded as model is
 	reqBytes  int       // the body bytes read when the decision was made (inference_objective_request_sizes)
-	gie       *gieModel // st.model's series, once routed
+	gie       *gieModel // the series of (st.model, st.target), once routed
 
 	// decision
 	routed    bool
@@ -123,6 +126,7 @@ func (st *stream) onRequestHeaders(msg *extprocv3.ProcessingRequest, h *extprocv
 		case key == ":path":
 			st.path = headerValue(hv)
 		case key == "content-length":
+			st.hasLength = true
 			if n, err := strconv.Atoi(headerValue(hv)); err == nil && n > 0 && n <= st.s.maxBody {
 				st.declared = n
 			}
@@ -132,6 +136,10 @@ func (st *stream) onRequestHeaders(msg *extprocv3.ProcessingRequest, h *extprocv
 			}
 			if v := headerValue(hv); len(v) <= maxObjectiveName {
 				st.objective = v
+			}
+		case key == epp.HeaderModelRewrite:
+			if v := headerValue(hv); st.rewriteTo == "" && len(v) <= maxModelName {
+				st.rewriteTo = v // the first value counts
 			}
 		case strings.HasPrefix(key, epp.HeaderPrefix):
 			st.spoofed = append(st.spoofed, key)
@@ -340,7 +348,7 @@ func (st *stream) onResponseHeaders(msg *extprocv3.ProcessingRequest, h *extproc
 	}
 	st.s.m.responses.WithLabelValues(st.endpoint, statusClass(code)).Inc()
 	if st.routed && code != 200 {
-		st.s.m.gie.errors.WithLabelValues(st.model, st.model, gieErrModelServer).Inc()
+		st.s.m.gie.errors.WithLabelValues(st.model, st.target, gieErrModelServer).Inc()
 	}
 	// Bookkeeping first, so that it is done by the time Envoy has the reply.
 	if h.GetEndOfStream() {

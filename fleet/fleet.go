@@ -400,6 +400,14 @@ func (f *Fleet) notify(c Change) {
 	}
 }
 
+// Serves reports whether some endpoint serves model (a base model or a LoRA adapter),
+// eligible now or not: Candidates' ok without building the candidates (one atomic load
+// and a map look-up), for the ext_proc server's model rewrites.
+func (f *Fleet) Serves(model string) bool {
+	_, _, _, ok := f.table.Load().resolve(model)
+	return ok
+}
+
 // Candidates returns the eligible endpoints serving model, ordered by address, with the
 // base model and LoRA adapter the name resolves to. For an adapter name, base is its base
 // model and lora the adapter; for a base model, lora is empty. ok is false when no

@@ -96,11 +96,15 @@ func Parse(path string, body []byte) (*Request, error) {
 		return nil, &ParseError{Reason: ReasonMalformedJSON, Err: err}
 	}
 	var f fields
-	used := -1 // the member Request.Messages is: the last "messages", which wins
+	used := -1                // the member Request.Messages is: the last "messages", which wins
+	modelAt, modelEnd := 0, 0 // the last "model" member's value: the one f.model holds
 	for i, m := range members {
 		f.set(m.key, m.raw)
 		if delimitKey != "" && string(m.key) == delimitKey {
 			used = i
+		}
+		if string(m.key) == "model" {
+			modelAt, modelEnd = m.start, m.start+len(m.raw)
 		}
 	}
 	// Everything but the messages Request carries is validated here: the UTF-8 of the
@@ -126,7 +130,8 @@ func Parse(path string, body []byte) (*Request, error) {
 			}
 		}
 	}
-	req := &Request{Kind: kind, AddGenerationPrompt: true, AddSpecialTokens: kind == KindCompletions}
+	req := &Request{Kind: kind, AddGenerationPrompt: true, AddSpecialTokens: kind == KindCompletions,
+		modelAt: modelAt, modelEnd: modelEnd}
 
 	if f.model == nil {
 		return nil, &ParseError{Reason: ReasonMissingModel, Field: "model"}

@@ -218,6 +218,13 @@ func FuzzParse(f *testing.F) {
 			if !utf8.Valid(checked) || !json.Valid(checked) {
 				t.Fatalf("accepted invalid JSON %q", body)
 			}
+			// A rewritten model parses back, the rest of the request unchanged.
+			const model = "rewritten\"/<model>"
+			again, err := openai.Parse(path, req.WithModel(body, model))
+			if err != nil || again.Model != model || again.Stream != req.Stream || again.CacheSalt != req.CacheSalt ||
+				!bytes.Equal(again.Messages, req.Messages) || !bytes.Equal(again.Prompt, req.Prompt) {
+				t.Fatalf("WithModel(%q): %+v, %v", body, again, err)
+			}
 		}
 		if utf8.Valid(body) && openai.KindOf(path) != openai.KindUnknown {
 			valid := json.Valid(body)

@@ -56,6 +56,22 @@ type Request struct {
 	// TruncatePromptTokens is vLLM's truncate_prompt_tokens (nil when absent): vLLM
 	// keeps only that many prompt tokens, which changes the ids the pod caches.
 	TruncatePromptTokens *int
+
+	// modelAt and modelEnd delimit, in the parsed body, the "model" value read into
+	// Model (the last "model" member, as vLLM's JSON decoder reads it): WithModel
+	// replaces it.
+	modelAt, modelEnd int
+}
+
+// WithModel returns a copy of body, the body r was parsed from, whose "model" is model:
+// the value Model was read from is replaced and every other byte kept, so that the
+// upstream reads model where the router read Model.
+func (r *Request) WithModel(body []byte, model string) []byte {
+	q, _ := json.Marshal(model) // a string always marshals
+	out := make([]byte, 0, len(body)-(r.modelEnd-r.modelAt)+len(q))
+	out = append(out, body[:r.modelAt]...)
+	out = append(out, q...)
+	return append(out, body[r.modelEnd:]...)
 }
 
 // Kind is the API a request body belongs to.

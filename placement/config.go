@@ -39,7 +39,9 @@ type Config struct {
 	// requests queue at the holder. Default 10.
 	SpillLoad int `yaml:"spill_load"`
 	// Fill is the share of an endpoint's KV capacity that live placements may take
-	// before an extra replica placed there would evict other live prefixes. Default 0.5.
+	// before an extra replica placed there would evict other live prefixes; an idle
+	// endpoint takes one past it when the copy is worth its miss (a hit saving a small
+	// share of the prompt at a busy holder; Policy, rule 5). Default 0.5.
 	Fill float64 `yaml:"fill"`
 	// Headroom is the share of an endpoint's KV capacity its in-flight requests may
 	// occupy (each active prefix once, plus every request's own blocks and OutputBlocks)

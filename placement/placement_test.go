@@ -3,6 +3,7 @@ package placement_test
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -144,8 +145,11 @@ func TestPlacementSpillsOnlyOnSaturation(t *testing.T) {
 	}{
 		{"idle home", 0, 0, true},
 		{"one-request imbalance", 1, 0, true},
-		{"below spill load", cfg.SpillLoad - 1, 0, true},
-		{"at spill load", cfg.SpillLoad, 0, false},
+		// The others run a request each: an idle one would take a copy past Fill, its
+		// 1,024-token prefill less than the 128-token tail's at nine running requests
+		// (TestPlacementCopiesWhereAHitSavesLittle).
+		{"below spill load", cfg.SpillLoad - 1, 1, true},
+		{"at spill load", cfg.SpillLoad, 1, false},
 		{"others saturated too", cfg.SpillLoad + 2, cfg.Saturated, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -1042,6 +1046,64 @@ func TestPlacementDivertBackTakesTheLeastLoadedHolder(t *testing.T) {
 			}
 			if got := place(t, p, prefixed(0, 1), cs); got != cs[tc.want].Address {
 				t.Fatalf("went to %s, want the least-loaded holder %s", got, cs[tc.want].Address)
+			}
+		})
+	}
+}
+
+// TestPlacementCopiesWhereAHitSavesLittle: past Fill, a busy holder's prefix gets a
+// replica on an idle endpoint when the copy's prefill (the prefix) is less than what the
+// request's own (its tail) adds to the steps of the requests running at the holder; a
+// hit that saves most of the prompt, or a holder running one request, keeps the hit, and
+// so does a prefix whose requests extend one another (a conversation's history).
+func TestPlacementCopiesWhereAHitSavesLittle(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		tailBlocks int
+		load       int
+		extends    bool // the first two requests extend one another instead of diverging
+		copies     bool
+	}{
+		{"long tail, two running: a copy", 64, 2, false, true},
+		{"long tail, one running: the hit", 64, 1, false, false},
+		{"short tail, two running: the hit", 8, 2, false, false},
+		{"short tail, nine running: a copy", 8, 9, false, true},
+		{"a growing history, two running: the hit", 64, 2, true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := placement.DefaultConfig()
+			cfg.Fill = 0.05 // no replica within Fill: 50 of 1,000 blocks, the prefix is 64
+			cfg.Saturated = 10
+			ix := testindex.New()
+			p := newPlacement(t, cfg, ix)
+			cs := fleet(2, nil)
+			prefix := plTokens(1_000_000, 64*16)
+			prompt := func(tail int) []uint32 {
+				return append(slices.Clip(prefix), plTokens(500_000_000+100_000*tail, tc.tailBlocks*16)...)
+			}
+			first := prompt(0)
+			if tc.extends {
+				first = prefix
+			}
+			holder := place(t, p, first, cs)
+			ix.Hold(holder, plKeysOf(prefix))
+			next := prompt(2)
+			if tc.extends {
+				// Each turn re-sends the last and adds to it: the holder has the history.
+				turn := append(slices.Clip(prefix), plTokens(600_000_000, 16)...)
+				place(t, p, turn, cs)
+				ix.Hold(holder, plKeysOf(turn))
+				next = append(slices.Clip(turn), plTokens(700_000_000, tc.tailBlocks*16)...)
+			} else {
+				place(t, p, prompt(1), cs)
+			}
+			for i := range cs {
+				if cs[i].Address == holder {
+					cs[i].InFlight = tc.load
+				}
+			}
+			if got := place(t, p, next, cs); (got != holder) != tc.copies {
+				t.Fatalf("went to %s (holder %s), want a copy elsewhere: %v", got, holder, tc.copies)
 			}
 		})
 	}

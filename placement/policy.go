@@ -37,7 +37,12 @@ import (
 //     StickyHolders, the idle holder of highest rendezvous score, so that router
 //     replicas agree; with PreferHeld, holders the index shows holding it first).
 //  5. Otherwise a less-loaded endpoint whose live placements leave room for the prefix
-//     within Fill of its capacity takes a replica (it evicts nothing live).
+//     within Fill of its capacity takes a replica (it evicts nothing live). Past Fill,
+//     an idle endpoint with room beside its live placements and requests takes one when
+//     the prefix is a shared one that stays put and its prefill (the tokens the copy
+//     adds) is less than the request's own tokens past the prefix times the requests
+//     running at the holder, whose steps the hit's prefill would join: the smaller the
+//     share of the prompt a hit saves, the sooner a copy pays.
 //  6. Otherwise the holder of least wait with KV room takes it; failing that, the
 //     request queues at the least-loaded holder until it reaches SpillLoad, where the
 //     prefix spills to the endpoint whose live placements it would overflow least.

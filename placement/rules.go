@@ -221,7 +221,7 @@ func (p *Policy) choose(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 			continue
 		}
 		c := p.capacity(&cands[i])
-		if float64(sc.eps[i].placedBlocks+e.weight()) > p.cfg.Fill*float64(c) {
+		if float64(sc.eps[i].placedBlocks+e.weight()) > p.cfg.Fill*float64(c) && !p.copyWorth(e, key, cands, sc, i, h, heldBlocks) {
 			continue
 		}
 		if r < 0 || p.wait(sc, i) < p.wait(sc, r) ||
@@ -660,6 +660,33 @@ func (p *Policy) moveOK(sc *scratch, i, from int) bool {
 	n := len(sc.keys) * sc.blockSize
 	add := max(0, n-sc.lead[i]*sc.blockSize) - max(0, n-sc.lead[from]*sc.blockSize)
 	return add <= p.cfg.MaxNumBatchedTokens+sc.eps[from].prefill
+}
+
+// copyWorth reports whether a replica on candidate i, past Fill, is worth its miss
+// against the request's hit at the busy holder h. The prefix must be a shared one that
+// stays put (its last two requests diverged right past it; a conversation's history
+// grows every turn, and a copy of it goes stale), h must hold it, and i must be idle
+// (the copy's prefill joins no other request's steps) with room for the copy and the
+// request beside its live placements and in-flight requests (it evicts nothing live).
+// Then the copy costs the request the prefix's tokens i lacks; the hit costs each
+// request running at h the request's own tokens past the prefix, prefilled in their
+// steps. So the larger the share of the prompt a hit saves, the busier its holder must
+// be: the reference's 2,032 of 2,371 tokens need seven requests there, long tails'
+// 1,024 of 2,024 two (long tails, N = 12: throughput 10.68 -> 10.87 requests/s, kv
+// 10.79; N = 24: 10.37 -> 10.73, kv 10.63; docs/results-workloads.md). p.mu must be
+// held.
+func (p *Policy) copyWorth(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc *scratch, i, h, heldBlocks int) bool {
+	if e.branch == 0 || e.blocks > e.branch || sc.loads[i] > 0 || sc.lead[h] < max(heldBlocks, 1) {
+		return false
+	}
+	ep := sc.eps[i]
+	if float64(ep.placedBlocks+ep.footprint+p.need(ep, key, &cands[i], len(sc.keys)))+sc.otherKV[i] > float64(p.capacity(&cands[i])) {
+		return false
+	}
+	n := len(sc.keys) * sc.blockSize
+	prefix := min(n, e.blocks*sc.blockSize)
+	add := max(0, prefix-sc.lead[i]*sc.blockSize)
+	return add < (n-prefix)*sc.loads[h]
 }
 
 // wait ranks candidate i by the time its queue takes to drain past a new request: its

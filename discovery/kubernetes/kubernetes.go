@@ -36,6 +36,11 @@ var InferencePools = schema.GroupVersionResource{Group: infv1.GroupName, Version
 // v1.5.0 picker reads the same version).
 var InferenceObjectives = schema.GroupVersionResource{Group: infx.GroupName, Version: "v1alpha2", Resource: "inferenceobjectives"}
 
+// InferenceModelRewrites is the InferenceModelRewrite resource kvrouter watches with an
+// InferencePool: the rules that rewrite the model requests name (the Inference
+// Extension's v1.5.0 picker reads the same version).
+var InferenceModelRewrites = schema.GroupVersionResource{Group: infx.GroupName, Version: "v1alpha2", Resource: "inferencemodelrewrites"}
+
 // Source names, for metrics and logs.
 const (
 	SourceService       = "kubernetes-service"
@@ -55,13 +60,15 @@ type Source struct {
 	snap func() ([]discovery.Target, error)
 	infs []cache.SharedIndexInformer // built by setup, run by Run
 	// side are informers Run runs without waiting for them to sync: the
-	// InferenceObjectives, whose absence (no CRD, no permission) must not keep the pool's
-	// pods out of the fleet.
+	// InferenceObjectives and InferenceModelRewrites, whose absence (no CRD, no
+	// permission) must not keep the pool's pods out of the fleet.
 	side []cache.SharedIndexInformer
 	// objectives maps the names of the InferenceObjectives referring to the pool to their
 	// priorities; nil until the first list.
 	objectives atomic.Pointer[map[string]int]
-	objErr     string // the last objectives watch error logged (the reflector's goroutine only)
+	// rewrites are the rules of the InferenceModelRewrites referring to the pool and those
+	// refused; nil until the first list.
+	rewrites atomic.Pointer[poolRewrites]
 }
 
 // New builds the source for cfg; it starts nothing (Run does).
@@ -175,7 +182,14 @@ func (s *Source) setup() error {
 		if err != nil {
 			return err
 		}
-		if err := s.watchObjectives(); err != nil {
+		if err := s.watchSide(InferenceObjectives, "objectives_watch",
+			"InferenceObjectives cannot be watched: every request has priority 0 until they can",
+			func(objs []any) { s.objectives.Store(s.indexObjectives(objs)) }); err != nil {
+			return err
+		}
+		if err := s.watchSide(InferenceModelRewrites, "rewrites_watch",
+			"InferenceModelRewrites cannot be watched: no model is rewritten by a rule until they can",
+			func(objs []any) { s.rewrites.Store(s.indexRewrites(objs, s.rewrites.Load())) }); err != nil {
 			return err
 		}
 		s.snap = func() ([]discovery.Target, error) {
@@ -240,28 +254,29 @@ func (s *Source) dynamicLW(r schema.GroupVersionResource) cache.ListerWatcher {
 	return cache.ToListWatcherWithWatchListSemantics(lw, s.c.Dynamic)
 }
 
-// watchObjectives adds the side informer on the namespace's InferenceObjectives: after
-// every change the priorities of those referring to the pool are indexed again. A watch
-// that fails (no InferenceObjective CRD, no RBAC permission) is counted
-// (kvrouter_discovery_errors_total{reason="objectives_watch"}), logged once per distinct
-// error and retried by the informer; meanwhile every request has priority 0.
-func (s *Source) watchObjectives() error {
-	inf := cache.NewSharedIndexInformer(s.dynamicLW(InferenceObjectives), &unstructured.Unstructured{}, 0, cache.Indexers{})
+// watchSide adds a side informer on the namespace's objects of resource r (the
+// InferenceObjectives, the InferenceModelRewrites): after every change index is given
+// all of them again, to keep those referring to the pool. A watch that fails (no CRD, no
+// RBAC permission) is counted (kvrouter_discovery_errors_total{reason=reason}), logged
+// with warning once per distinct error and retried by the informer; meanwhile index
+// keeps what it last had (nothing before the first list).
+func (s *Source) watchSide(r schema.GroupVersionResource, reason, warning string, index func(objs []any)) error {
+	inf := cache.NewSharedIndexInformer(s.dynamicLW(r), &unstructured.Unstructured{}, 0, cache.Indexers{})
 	st := inf.GetStore()
-	index := func(any) { s.objectives.Store(s.indexObjectives(st.List())) }
+	all := func(any) { index(st.List()) }
 	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: index, UpdateFunc: func(_, o any) { index(o) }, DeleteFunc: index,
+		AddFunc: all, UpdateFunc: func(_, o any) { all(o) }, DeleteFunc: all,
 	}); err != nil {
 		return err
 	}
-	if err := inf.SetWatchErrorHandlerWithContext(func(ctx context.Context, r *cache.Reflector, err error) {
-		s.o.Metrics.Error(s.name, "objectives_watch")
-		if msg := err.Error(); msg != s.objErr {
-			s.objErr = msg
-			s.o.Logger.Warn("InferenceObjectives cannot be watched: every request has priority 0 until they can",
-				zap.String("namespace", s.cfg.Namespace), zap.Error(err))
+	lastErr := "" // the last watch error logged (the reflector's goroutine only)
+	if err := inf.SetWatchErrorHandlerWithContext(func(ctx context.Context, rf *cache.Reflector, err error) {
+		s.o.Metrics.Error(s.name, reason)
+		if msg := err.Error(); msg != lastErr {
+			lastErr = msg
+			s.o.Logger.Warn(warning, zap.String("namespace", s.cfg.Namespace), zap.Error(err))
 		}
-		cache.DefaultWatchErrorHandler(ctx, r, err)
+		cache.DefaultWatchErrorHandler(ctx, rf, err)
 	}); err != nil {
 		return err
 	}
@@ -270,9 +285,8 @@ func (s *Source) watchObjectives() error {
 }
 
 // indexObjectives maps the names of the objects that are InferenceObjectives referring
-// to the source's pool to their priorities (an unset priority is 0, as the Inference
-// Extension reads it). As its picker does, an objective whose poolRef names another pool
-// or another group is not the pool's; a kind left unset means InferencePool.
+// to the source's pool (ourPool) to their priorities (an unset priority is 0, as the
+// Inference Extension reads it).
 func (s *Source) indexObjectives(objs []any) *map[string]int {
 	m := make(map[string]int, len(objs))
 	for _, obj := range objs {
@@ -281,9 +295,7 @@ func (s *Source) indexObjectives(objs []any) *map[string]int {
 			s.o.Metrics.Error(s.name, "objective_invalid")
 			continue
 		}
-		ref := o.Spec.PoolRef
-		if string(ref.Name) != s.cfg.InferencePool || (ref.Group != "" && string(ref.Group) != infv1.GroupName) ||
-			(ref.Kind != "" && ref.Kind != "InferencePool") {
+		if !s.ourPool(&o.Spec.PoolRef) {
 			continue
 		}
 		p := 0
@@ -293,6 +305,14 @@ func (s *Source) indexObjectives(objs []any) *map[string]int {
 		m[o.Name] = p
 	}
 	return &m
+}
+
+// ourPool reports whether ref names the source's pool. As the Inference Extension's
+// picker reads it, a reference naming another pool or another group is not the pool's; a
+// kind left unset means InferencePool.
+func (s *Source) ourPool(ref *infx.PoolObjectReference) bool {
+	return ref != nil && string(ref.Name) == s.cfg.InferencePool && (ref.Group == "" || string(ref.Group) == infv1.GroupName) &&
+		(ref.Kind == "" || ref.Kind == "InferencePool")
 }
 
 func toObjective(obj any) (*infx.InferenceObjective, error) {

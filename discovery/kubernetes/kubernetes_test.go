@@ -300,10 +300,12 @@ func pool(ports ...int32) *unstructured.Unstructured {
 	return &unstructured.Unstructured{Object: obj}
 }
 
-// dynClient is a fake dynamic client serving InferencePools and InferenceObjectives.
+// dynClient is a fake dynamic client serving InferencePools, InferenceObjectives and
+// InferenceModelRewrites.
 func dynClient(objs ...runtime.Object) *dynfake.FakeDynamicClient {
 	return dynfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), map[schema.GroupVersionResource]string{
-		kdisc.InferencePools: "InferencePoolList", kdisc.InferenceObjectives: "InferenceObjectiveList"}, objs...)
+		kdisc.InferencePools: "InferencePoolList", kdisc.InferenceObjectives: "InferenceObjectiveList",
+		kdisc.InferenceModelRewrites: "InferenceModelRewriteList"}, objs...)
 }
 
 func TestInferencePool(t *testing.T) {

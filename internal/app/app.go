@@ -235,6 +235,7 @@ func New(cfg *config.Config, o Options) (*App, error) {
 		dbg.HandleFunc("GET /debug/kv", a.serveDebugKV)
 		dbg.HandleFunc("GET /debug/replicas", a.serveDebugReplicas)
 		dbg.HandleFunc("GET /debug/objectives", a.serveDebugObjectives)
+		dbg.HandleFunc("GET /debug/rewrites", a.serveDebugRewrites)
 		dbg.HandleFunc("POST /debug/route", a.serveDebugRoute)
 		dbg.HandleFunc("GET /debug/pprof/", pprof.Index)
 		dbg.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)

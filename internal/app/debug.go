@@ -178,9 +178,13 @@ type PolicyView struct {
 
 // RouteExplanation answers POST /debug/route: why a request would go where it goes.
 type RouteExplanation struct {
-	Model     string `json:"model"`
-	BaseModel string `json:"base_model"`
-	LoRA      string `json:"lora,omitempty"`
+	// Model is the model the request is routed for: its own, or the target a model
+	// rewrite chose (RewrittenFrom then holds its own, Rewrite the InferenceModelRewrite).
+	Model         string `json:"model"`
+	RewrittenFrom string `json:"rewritten_from,omitempty"`
+	Rewrite       string `json:"rewrite,omitempty"`
+	BaseModel     string `json:"base_model"`
+	LoRA          string `json:"lora,omitempty"`
 	// Tokens is the prompt's token count; TokenizeError says why there is none.
 	Tokens        int    `json:"tokens"`
 	TokenizeError string `json:"tokenize_error,omitempty"`
@@ -198,7 +202,8 @@ type RouteExplanation struct {
 var errBadDebugRequest = errors.New("app: bad request")
 
 // ExplainRoute computes what the router would do with an OpenAI request body sent to path
-// ("" guesses chat when the body has messages): the token count, each candidate's
+// ("" guesses chat when the body has messages): the model rewrite that applies (a
+// weighted rule draws once), the token count, each candidate's
 // matched leading blocks in the index, and each policy's scores and pick. It changes no
 // routing state (no in-flight count, no policy bookkeeping, no round-robin turn).
 func (a *App) ExplainRoute(path string, body []byte) (*RouteExplanation, error) {
@@ -213,9 +218,16 @@ func (a *App) ExplainRoute(path string, body []byte) (*RouteExplanation, error) 
 	if err != nil {
 		return nil, errors.Join(errBadDebugRequest, err)
 	}
+	from, rule := "", ""
+	if a.extproc != nil {
+		if target, r := a.extproc.Rewrite(req.Model, ""); target != req.Model {
+			from, rule, req.Model = req.Model, r, target
+		}
+	}
 	eps, base, lora, ok := a.fleet.Candidates(req.Model)
 	pols := a.pols.Load()
-	x := &RouteExplanation{Model: req.Model, BaseModel: base, LoRA: lora, Used: pols.policy.Name(), Endpoints: []RouteEndpoint{}}
+	x := &RouteExplanation{Model: req.Model, RewrittenFrom: from, Rewrite: rule, BaseModel: base, LoRA: lora, Used: pols.policy.Name(),
+		Endpoints: []RouteEndpoint{}}
 	if !ok {
 		x.Used, x.FallbackReason = pols.fallback.Name(), "unknown_model"
 	}

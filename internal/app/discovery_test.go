@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -31,6 +32,7 @@ import (
 	"github.com/kvrouter/kvrouter/internal/app"
 	"github.com/kvrouter/kvrouter/internal/testmetrics"
 	"github.com/kvrouter/kvrouter/internal/testwait"
+	"github.com/kvrouter/kvrouter/rewrite"
 )
 
 // staticResolver answers every question with its addresses.
@@ -152,8 +154,23 @@ func TestInferenceObjectivesShed(t *testing.T) {
 		})
 	}
 	dyn := dynfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), map[schema.GroupVersionResource]string{
-		kdisc.InferencePools: "InferencePoolList", kdisc.InferenceObjectives: "InferenceObjectiveList"},
-		toUnstructured(pool), objective("batch", -1), objective("chat", 10))
+		kdisc.InferencePools: "InferencePoolList", kdisc.InferenceObjectives: "InferenceObjectiveList",
+		kdisc.InferenceModelRewrites: "InferenceModelRewriteList"},
+		toUnstructured(pool), objective("batch", -1), objective("chat", 10),
+		// The pool's rewrites are watched beside: one applies, one is refused.
+		toUnstructured(&infx.InferenceModelRewrite{
+			TypeMeta:   metav1.TypeMeta{APIVersion: "inference.networking.x-k8s.io/v1alpha2", Kind: "InferenceModelRewrite"},
+			ObjectMeta: metav1.ObjectMeta{Name: "alias", Namespace: "llm"},
+			Spec: infx.InferenceModelRewriteSpec{PoolRef: &infx.PoolObjectReference{Name: "vllm-pool"},
+				Rules: []infx.InferenceModelRewriteRule{{Matches: []infx.Match{{Model: &infx.ModelMatch{Value: "small"}}},
+					Targets: []infx.TargetModel{{ModelRewrite: model}}}}},
+		}),
+		toUnstructured(&infx.InferenceModelRewrite{
+			TypeMeta:   metav1.TypeMeta{APIVersion: "inference.networking.x-k8s.io/v1alpha2", Kind: "InferenceModelRewrite"},
+			ObjectMeta: metav1.ObjectMeta{Name: "no-target", Namespace: "llm"},
+			Spec: infx.InferenceModelRewriteSpec{PoolRef: &infx.PoolObjectReference{Name: "vllm-pool"},
+				Rules: []infx.InferenceModelRewriteRule{{}}},
+		}))
 	reg := prometheus.NewRegistry()
 	a := startApp(t, cfg, app.Options{Registry: reg, KubeClients: &kdisc.Clients{Core: clientset.New(cs), Dynamic: dyn}, HTTPClient: vllm.Client()})
 	client := extprocv3.NewExternalProcessorClient(dial(t, a.addrs.ExtProc))
@@ -168,6 +185,20 @@ func TestInferenceObjectivesShed(t *testing.T) {
 	if got := getObjectives(t, a); got.Source != "inference_pool" || got.ShedQueueDepth != 5 ||
 		!maps.Equal(got.Objectives, map[string]int{"batch": -1, "chat": 10}) {
 		t.Fatalf("/debug/objectives %+v, want the pool's batch -1 and chat 10, shed past 5", got)
+	}
+	type debugRewrites struct {
+		Source   string
+		Rewrites []rewrite.Rewrite
+		Refused  map[string]string
+	}
+	var rw debugRewrites
+	testwait.For(t, "the pool's rewrites", func() bool {
+		rw = getJSON[debugRewrites](t, "http://"+a.addrs.Debug+"/debug/rewrites")
+		return len(rw.Rewrites) > 0
+	})
+	if rw.Source != "inference_pool" || len(rw.Rewrites) != 1 || rw.Rewrites[0].Name != "alias" ||
+		!strings.Contains(rw.Refused["no-target"], "at least one target is required") {
+		t.Fatalf("/debug/rewrites %+v, want the pool's alias, no-target refused", rw)
 	}
 }
 
@@ -184,7 +215,8 @@ func TestReloadObjectivesInPoolMode(t *testing.T) {
 		t.Fatal(err)
 	}
 	dyn := dynfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), map[schema.GroupVersionResource]string{
-		kdisc.InferencePools: "InferencePoolList", kdisc.InferenceObjectives: "InferenceObjectiveList"})
+		kdisc.InferencePools: "InferencePoolList", kdisc.InferenceObjectives: "InferenceObjectiveList",
+		kdisc.InferenceModelRewrites: "InferenceModelRewriteList"})
 	a := startApp(t, cfg, app.Options{ConfigPath: path, ConfigCheckInterval: -1,
 		KubeClients: &kdisc.Clients{Core: clientset.New(fake.NewClientset()), Dynamic: dyn}})
 	writeFile(t, path, head+"discovery: {kubernetes: {namespace: llm, selector: {app: vllm}, port: 8000, models: ["+model+"], metrics_path: \"-\"}}\n"+

@@ -100,6 +100,10 @@ func (a *App) registerExtProc(o Options) error {
 		}
 	}
 	a.tok = tok
+	rewrites, err := a.rewrites(a.cfg)
+	if err != nil {
+		return err
+	}
 	// Until an endpoint's num_gpu_blocks is scraped, the prompt tokens that can matter
 	// are those of the KV capacity the policies assume for it.
 	a.extproc = extproc.New(extproc.Options{
@@ -116,6 +120,7 @@ func (a *App) registerExtProc(o Options) error {
 		MaxFallbacks:      a.cfg.Limits.MaxFallbacks,
 		ShedWaiting:       a.cfg.Limits.ShedQueueDepth,
 		Objectives:        a.objectives(a.cfg),
+		Rewrites:          rewrites,
 		RetryAfter:        a.cfg.Limits.RetryAfter,
 		Logger:            a.log.Named("extproc"),
 		Registerer:        a.reg,
@@ -138,4 +143,21 @@ func (a *App) objectives(cfg *config.Config) extproc.Objectives {
 		return nil
 	}
 	return cfg.Objectives
+}
+
+// rewrites is where requests' model rewrites come from under cfg: the InferencePool's
+// InferenceModelRewrites, watched by Kubernetes discovery, or else the configuration's
+// model_rewrites (nil without any: only the x-gateway-model-name-rewrite header
+// rewrites).
+func (a *App) rewrites(cfg *config.Config) (extproc.Rewrites, error) {
+	if k := cfg.Discovery.Kubernetes; k != nil && k.InferencePool != "" {
+		if r, ok := a.discovery.(extproc.Rewrites); ok {
+			return r, nil
+		}
+	}
+	t, err := cfg.ModelRewrites.Table()
+	if err != nil || t == nil {
+		return nil, err
+	}
+	return t, nil
 }

@@ -128,7 +128,7 @@ func (a *App) watchConfig(ctx context.Context) {
 // Reload reads the configuration file again (Options.ConfigPath) and puts in force what
 // can change while serving: the static endpoints, the policy and its sections
 // (policy.kv, policy.placement), the fallback, limits.max_hold, limits.max_fallbacks,
-// limits.shed_queue_depth, limits.drain_timeout and the objectives map.
+// limits.shed_queue_depth, limits.drain_timeout, the objectives map and model_rewrites.
 // TLS certificate files are reloaded by the TLS source itself when they change. A file
 // that fails `kvrouter check-config` is logged with check-config's messages and changes
 // nothing. Settings that need a restart are logged and listed in the report. Requests
@@ -193,6 +193,15 @@ func (a *App) reloadLocked() (ReloadReport, error) {
 			rep.Applied = append(rep.Applied, "objectives")
 		}
 	}
+	if !reflect.DeepEqual(run.ModelRewrites, next.ModelRewrites) {
+		if k := run.Discovery.Kubernetes; k != nil && k.InferencePool != "" {
+			// The running pool's InferenceModelRewrites give the rules until a restart.
+			rep.Restart = append(rep.Restart, "model_rewrites")
+		} else {
+			applied.ModelRewrites = next.ModelRewrites
+			rep.Applied = append(rep.Applied, "model_rewrites")
+		}
+	}
 	rep.Applied = append(rep.Applied, diffFields("policy", run.Policy, applied.Policy)...)
 	rep.Applied = append(rep.Applied, diffFields("limits", run.Limits, applied.Limits)...)
 	if len(rep.Applied) == 0 {
@@ -208,9 +217,14 @@ func (a *App) reloadLocked() (ReloadReport, error) {
 			return rep, err
 		}
 	}
+	rewrites, err := a.rewrites(&applied)
+	if err != nil {
+		return rep, err
+	}
 	a.applyEndpoints(run.Endpoints, next.Endpoints)
 	a.extproc.SetRouting(extproc.Routing{Policy: pols.policy, Fallback: pols.fallback, MaxHold: applied.Limits.MaxHold,
-		MaxFallbacks: applied.Limits.MaxFallbacks, ShedWaiting: applied.Limits.ShedQueueDepth, Objectives: a.objectives(&applied)})
+		MaxFallbacks: applied.Limits.MaxFallbacks, ShedWaiting: applied.Limits.ShedQueueDepth, Objectives: a.objectives(&applied),
+		Rewrites: rewrites})
 	a.pols.Store(pols)
 	a.live.Store(&applied)
 	rep.Result = ReloadApplied

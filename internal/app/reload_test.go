@@ -25,6 +25,7 @@ import (
 	"github.com/kvrouter/kvrouter/internal/app"
 	"github.com/kvrouter/kvrouter/internal/testmetrics"
 	"github.com/kvrouter/kvrouter/internal/testwait"
+	"github.com/kvrouter/kvrouter/rewrite"
 	"github.com/kvrouter/kvrouter/testbench/fakeenvoy"
 )
 
@@ -381,4 +382,80 @@ func objectiveStatus(t *testing.T, client extprocv3.ExternalProcessorClient, obj
 		t.Fatal(err)
 	}
 	return int32(res.Immediate.GetStatus().GetCode())
+}
+
+// model_rewrites reloads: a model no endpoint serves is routed as it came until a
+// reload adds the rule that aliases it to a served one; from then its body names the
+// served model, and the decision is counted with the rule's name.
+func TestReloadModelRewrites(t *testing.T) {
+	v1 := newFakeVLLM(t)
+	v1.up.Store(true)
+	path := filepath.Join(t.TempDir(), "kvrouter.yaml")
+	base := strings.Replace(reloadYAML("127.0.0.1:0", "least-load", 50*time.Millisecond, v1), "listen:\n", "listen:\n  tls: {mode: disabled}\n", 1)
+	writeFile(t, path, base)
+	cfg, err := config.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	r := startApp(t, cfg, app.Options{Registry: reg, ConfigPath: path, ConfigCheckInterval: -1})
+	client := extprocv3.NewExternalProcessorClient(dial(t, r.addrs.ExtProc))
+	// upstreamModel sends a chat request for model m and returns the model the upstream
+	// would get ("" when kvrouter answered itself).
+	upstreamModel := func(m string) string {
+		t.Helper()
+		x, err := fakeenvoy.Start(context.Background(), client, fakeenvoy.FullDuplex())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer x.Cancel()
+		res, err := x.Request(fakeenvoy.Request{Headers: fakeenvoy.Headers{{Key: ":method", Value: "POST"},
+			{Key: ":path", Value: "/v1/chat/completions"}, {Key: "content-type", Value: "application/json"}},
+			Body: [][]byte{[]byte(`{"model":"` + m + `","messages":[{"role":"user","content":"hi"}]}`)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Immediate != nil {
+			return ""
+		}
+		var body struct{ Model string }
+		if err := json.Unmarshal(res.Body, &body); err != nil {
+			t.Fatalf("upstream body %q: %v", res.Body, err)
+		}
+		return body.Model
+	}
+	testwait.For(t, "a request routed", func() bool { return upstreamModel("small") != "" })
+	if got := upstreamModel("small"); got != "small" {
+		t.Fatalf("without a rule the upstream gets %q, want small", got)
+	}
+
+	writeFile(t, path, base+"model_rewrites:\n  - name: alias\n    rules:\n      - matches: [{model: {value: small}}]\n        targets: [{model_rewrite: "+model+"}]\n")
+	rep, err := r.Reload()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(rep.Applied, []string{"model_rewrites"}) || len(rep.Restart) != 0 {
+		t.Fatalf("applied %v restart %v, want [model_rewrites] and none", rep.Applied, rep.Restart)
+	}
+	if got := upstreamModel("small"); got != model {
+		t.Fatalf("after the reload the upstream gets %q, want %q", got, model)
+	}
+	if got := testmetrics.Must(t, reg, "inference_extension_model_rewrite_decisions_total",
+		"model_rewrite_name", "alias", "model_name", "small", "target_model", model); got != 1 {
+		t.Fatalf("rewrite decisions %v, want 1", got)
+	}
+	type debugRewrites struct {
+		Source   string
+		Rewrites []rewrite.Rewrite
+	}
+	got := getJSON[debugRewrites](t, "http://"+r.addrs.Debug+"/debug/rewrites")
+	if got.Source != "config" || len(got.Rewrites) != 1 || got.Rewrites[0].Name != "alias" ||
+		got.Rewrites[0].Rules[0].Targets[0].ModelRewrite != model {
+		t.Fatalf("/debug/rewrites %+v, want the configured alias", got)
+	}
+	// /debug/route explains the request for the target, and says so.
+	code, x, raw := postRoute(t, "http://"+r.addrs.Debug, `{"model":"small","prompt":"hi"}`)
+	if code != 200 || x.Model != model || x.RewrittenFrom != "small" || x.Rewrite != "alias" || x.FallbackReason != "" {
+		t.Fatalf("/debug/route %d: %s", code, raw)
+	}
 }

@@ -9,7 +9,9 @@ import (
 )
 
 // TestRouteLogMatchesResults: every request of a run is logged once routed, with every
-// server's state, and once at its first token, with the server and TTFT its result has.
+// server's state (where the request's blocks are cached included), once at its first
+// token, with the server and TTFT its result has, and once at its finish, with its
+// result's prompt and cached tokens; every line names the routing replica and the warmup.
 func TestRouteLogMatchesResults(t *testing.T) {
 	cfg := smallSim(&testFleet{})
 	var buf bytes.Buffer
@@ -22,7 +24,7 @@ func TestRouteLogMatchesResults(t *testing.T) {
 	if err := cfg.RouteLog.Err(); err != nil {
 		t.Fatal(err)
 	}
-	routed, first := map[int]RouteEvent{}, map[int]RouteEvent{}
+	routed, first, finished := map[int]RouteEvent{}, map[int]RouteEvent{}, map[int]RouteEvent{}
 	sc := bufio.NewScanner(&buf)
 	sc.Buffer(nil, 1<<20)
 	for sc.Scan() {
@@ -47,6 +49,14 @@ func TestRouteLogMatchesResults(t *testing.T) {
 				t.Fatalf("request %d: first token before it was routed", ev.Seq)
 			}
 			first[ev.Seq] = ev
+		case "finish":
+			if _, ok := first[ev.Seq]; !ok {
+				t.Fatalf("request %d: finished before its first token", ev.Seq)
+			}
+			if _, dup := finished[ev.Seq]; dup {
+				t.Fatalf("request %d finished twice", ev.Seq)
+			}
+			finished[ev.Seq] = ev
 		default:
 			t.Fatalf("unknown event %q", ev.Event)
 		}
@@ -54,16 +64,34 @@ func TestRouteLogMatchesResults(t *testing.T) {
 	if err := sc.Err(); err != nil {
 		t.Fatal(err)
 	}
-	if len(routed) != len(out.Results) || len(first) != len(out.Results) {
-		t.Fatalf("logged %d routed, %d first tokens, want %d each", len(routed), len(first), len(out.Results))
+	if len(routed) != len(out.Results) || len(first) != len(out.Results) || len(finished) != len(out.Results) {
+		t.Fatalf("logged %d routed, %d first tokens, %d finished, want %d each", len(routed), len(first), len(finished), len(out.Results))
 	}
+	cached, cachedSomewhere := 0, false
 	for _, r := range out.Results {
-		rt, ft := routed[r.Seq], first[r.Seq]
+		rt, ft, fin := routed[r.Seq], first[r.Seq], finished[r.Seq]
+		if fin.Server != rt.Server || fin.PromptTokens != r.PromptTokens || fin.CachedTokens != r.CachedTokens || fin.T < ft.T {
+			t.Errorf("request %d: logged finish on %d with %d/%d cached at %.3f s, result on %s with %d/%d", r.Seq,
+				fin.Server, fin.CachedTokens, fin.PromptTokens, fin.T, r.Server, r.CachedTokens, r.PromptTokens)
+		}
+		cached += fin.CachedTokens
 		if cfg.Address(rt.Server) != r.Server || ft.Server != rt.Server || rt.Prefix != r.Prefix {
 			t.Errorf("request %d: logged server %d/%d prefix %d, result %s prefix %d", r.Seq, rt.Server, ft.Server, rt.Prefix, r.Server, r.Prefix)
+		}
+		if rt.Warmup != r.Warmup || ft.Warmup != r.Warmup || fin.Warmup != r.Warmup || rt.Replica != 0 {
+			t.Errorf("request %d: logged warmup %v/%v/%v, replica %d; result warmup %v", r.Seq, rt.Warmup, ft.Warmup, fin.Warmup, rt.Replica, r.Warmup)
+		}
+		for i, s := range rt.Servers {
+			if s.CachedBlocks < 0 || s.CachedBlocks*cfg.Engine.BlockSize >= r.PromptTokens {
+				t.Errorf("request %d: server %d caches %d of its blocks, prompt %d tokens", r.Seq, i, s.CachedBlocks, r.PromptTokens)
+			}
+			cachedSomewhere = cachedSomewhere || s.CachedBlocks > 0
 		}
 		if want := float64(r.TTFT.Microseconds()) / 1000; ft.TTFTMS < want-0.01 || ft.TTFTMS > want+0.01 || ft.T < rt.T {
 			t.Errorf("request %d: logged TTFT %.3f ms at %.3f s (routed %.3f s), result %v", r.Seq, ft.TTFTMS, ft.T, rt.T, r.TTFT)
 		}
+	}
+	if cached == 0 || !cachedSomewhere {
+		t.Errorf("finishes logged %d cached tokens, a prefix logged cached somewhere: %v; the run's requests share prefixes", cached, cachedSomewhere)
 	}
 }

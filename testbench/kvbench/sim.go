@@ -483,7 +483,7 @@ func (r *simRun) pick(j simJob) {
 		return
 	}
 	res.Server = d.Endpoint
-	r.logRoute(res, server, replica, sreq.Held)
+	r.logRoute(res, server, replica, sreq.Held, ids)
 	obs := r.obs[replica]
 	if obs != nil {
 		obs.Routed(sreq, d.Endpoint)
@@ -496,8 +496,8 @@ func (r *simRun) pick(j simJob) {
 			res.TTFT = secs(r.f.Now() + rtt2 - sent)
 			if r.cfg.RouteLog != nil {
 				r.cfg.RouteLog.write(&RouteEvent{Policy: r.policy, Rep: r.rep, Concurrency: r.concurrency,
-					Event: "first_token", T: r.f.Now(), Seq: res.Seq, Server: server, Prefix: res.Prefix,
-					TTFTMS: float64(res.TTFT) / float64(time.Millisecond)})
+					Event: "first_token", T: r.f.Now(), Seq: res.Seq, Server: server, Replica: replica, Prefix: res.Prefix,
+					Warmup: res.Warmup, TTFTMS: float64(res.TTFT) / float64(time.Millisecond)})
 			}
 			if obs != nil {
 				obs.FirstToken(sreq.ID)
@@ -514,6 +514,11 @@ func (r *simRun) pick(j simJob) {
 			}
 			res.End = secs(r.f.Now() + rtt2)
 			res.PromptTokens, res.CachedTokens, res.OutputTokens = o.PromptTokens, o.CachedTokens, o.OutputTokens
+			if r.cfg.RouteLog != nil {
+				r.cfg.RouteLog.write(&RouteEvent{Policy: r.policy, Rep: r.rep, Concurrency: r.concurrency,
+					Event: "finish", T: r.f.Now(), Seq: res.Seq, Server: server, Replica: replica, Prefix: res.Prefix,
+					Warmup: res.Warmup, PromptTokens: o.PromptTokens, CachedTokens: o.CachedTokens})
+			}
 			if o.Reason == "abort" || o.Reason == "error" {
 				res.Err = "server ended the request: " + o.Reason
 			}
@@ -534,8 +539,9 @@ func (r *simRun) pick(j simJob) {
 	r.kick(server)
 }
 
-// logRoute writes the routing of res to server to cfg.RouteLog, with every server's state.
-func (r *simRun) logRoute(res *Result, server, replica int, held time.Duration) {
+// logRoute writes the routing of res (prompt ids) to server to cfg.RouteLog, with every
+// server's state.
+func (r *simRun) logRoute(res *Result, server, replica int, held time.Duration, ids []uint32) {
 	if r.cfg.RouteLog == nil {
 		return
 	}
@@ -543,11 +549,11 @@ func (r *simRun) logRoute(res *Result, server, replica int, held time.Duration) 
 	for i, e := range r.engines {
 		st := e.Stats()
 		views[i] = ServerView{InFlight: r.inflight[replica][i], Running: st.Running, Waiting: st.Waiting,
-			KVUsage: st.KVCacheUsage, ScrapedWaiting: r.metrics[i].Waiting}
+			KVUsage: st.KVCacheUsage, ScrapedWaiting: r.metrics[i].Waiting, CachedBlocks: e.CachedBlocks(ids)}
 	}
 	r.cfg.RouteLog.write(&RouteEvent{Policy: r.policy, Rep: r.rep, Concurrency: r.concurrency,
-		Event: "route", T: r.f.Now(), Seq: res.Seq, Server: server, Prefix: res.Prefix,
-		HeldMS: float64(held) / float64(time.Millisecond), Servers: views})
+		Event: "route", T: r.f.Now(), Seq: res.Seq, Server: server, Replica: replica, Prefix: res.Prefix,
+		Warmup: res.Warmup, HeldMS: float64(held) / float64(time.Millisecond), Servers: views})
 }
 
 // tokens is the router's tokenization: for chat, the whole body through the chat

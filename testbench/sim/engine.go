@@ -187,6 +187,27 @@ func (e *Engine) Abort(id string) bool {
 	return true
 }
 
+// CachedBlocks returns how many leading blocks of an unsalted prompt the prefix cache
+// holds now, as admission would find them (never counting the last prompt token). It
+// changes nothing: a trace (kvbench's --route-log) reads where a prefix is cached when a
+// request is routed.
+func (e *Engine) CachedBlocks(prompt []uint32) int {
+	bs := e.cfg.BlockSize
+	var d [32]byte
+	n := 0
+	for ; n < (len(prompt)-1)/bs; n++ {
+		var parent *[32]byte
+		if n > 0 {
+			parent = &d
+		}
+		d = e.hasher.next(parent, prompt[n*bs:(n+1)*bs], "")
+		if _, ok := e.pool.lookup(handle(d)); !ok {
+			break
+		}
+	}
+	return n
+}
+
 // HasWork reports whether any request is waiting or running.
 func (e *Engine) HasWork() bool { return len(e.waiting)+len(e.running) > 0 }
 

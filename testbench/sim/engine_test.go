@@ -457,3 +457,42 @@ func TestBaselineCellsFromPublishedFigures(t *testing.T) {
 		}
 	}
 }
+
+// TestCachedBlocks: CachedBlocks finds the leading blocks admission would hit (never
+// the last prompt token's block), stops at the first block not cached, and changes
+// nothing: a prompt looked up twice, or then admitted, finds the same.
+func TestCachedBlocks(t *testing.T) {
+	e := small(t, 7, nil) // 6 usable blocks
+	tr := newTracker()
+	pA := seq(100, 9)
+	if got := e.CachedBlocks(pA); got != 0 {
+		t.Fatalf("empty cache: CachedBlocks = %d, want 0", got)
+	}
+	add(t, e, tr, "A", pA, 1)
+	drain(t, e)
+	tests := []struct {
+		name   string
+		prompt []uint32
+		want   int
+	}{
+		{"same prompt", pA, 2},
+		{"prompt extending it", append(seq(100, 8), seq(500, 8)...), 2},
+		{"last token in a cached block", seq(100, 8), 1},
+		{"first block only shared", append(seq(100, 4), seq(600, 8)...), 1},
+		{"other prompt", seq(200, 9), 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			for range 2 {
+				if got := e.CachedBlocks(tc.prompt); got != tc.want {
+					t.Fatalf("CachedBlocks = %d, want %d", got, tc.want)
+				}
+			}
+		})
+	}
+	add(t, e, tr, "B", append(seq(100, 8), seq(500, 8)...), 1)
+	drain(t, e)
+	if tr.first["B"] != 8 {
+		t.Errorf("B admitted with %d cached tokens, want the 8 CachedBlocks found", tr.first["B"])
+	}
+}

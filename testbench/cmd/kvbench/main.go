@@ -93,7 +93,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		workload      = fs.String("workload", "", "an open-loop workload instead of the reference's closed loop: chat (multi-turn conversations), agent (long shared contexts, short steps) or mixed")
 		systemPrompts = fs.Int("system-prompts", kvbench.DefaultChatConfig().SystemPrompts, "chat workload: shared system prompts conversations draw from (0 = none)")
 		maxModelLen   = fs.Int("max-model-len", sc.Engine.MaxModelLen, "servers' max_model_len: longer prompt + output is refused with 400 (sim mode)")
-		routeLog      = fs.String("route-log", "", "write every routing decision (each server's state then) and first token as JSON lines to this file (sim mode)")
+		routeLog      = fs.String("route-log", "", "write every routing decision (each server's state then), first token and finish (prompt and cached tokens) as JSON lines to this file (sim mode)")
 	)
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "usage: kvbench (--sim | --url URL) [flags]\n\n")

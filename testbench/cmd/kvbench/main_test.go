@@ -110,7 +110,7 @@ func TestRun(t *testing.T) {
 	}
 }
 
-// TestRunWritesRouteLog: --route-log gets a route and a first-token line per request.
+// TestRunWritesRouteLog: --route-log gets a route, a first-token and a finish line per request.
 func TestRunWritesRouteLog(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "routes.jsonl")
 	var out, errOut strings.Builder
@@ -123,7 +123,8 @@ func TestRunWritesRouteLog(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r, f := bytes.Count(raw, []byte(`"event":"route"`)), bytes.Count(raw, []byte(`"event":"first_token"`)); r != 12 || f != 12 {
-		t.Fatalf("route log has %d route and %d first_token lines, want 12 each", r, f)
+	r, f := bytes.Count(raw, []byte(`"event":"route"`)), bytes.Count(raw, []byte(`"event":"first_token"`))
+	if fin := bytes.Count(raw, []byte(`"event":"finish"`)); r != 12 || f != 12 || fin != 12 {
+		t.Fatalf("route log has %d route, %d first_token and %d finish lines, want 12 each", r, f, fin)
 	}
 }

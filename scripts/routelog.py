@@ -1,0 +1,222 @@
+#!/usr/bin/env python3
+"""Summarize a kvbench --route-log per run (stdlib only).
+
+    python3 scripts/routelog.py F.jsonl
+    python3 scripts/routelog.py F.jsonl --trace testbench/kvbench/testdata/trace-small.jsonl
+    python3 scripts/routelog.py F.jsonl --misses
+
+Per run (policy, repetition, concurrency): the cached-token ratio from the log's finish
+lines, the ratio without the requests of at least --long prompt tokens, those requests
+(sequence:server:cached tokens) and when the last request finished. With --trace (the
+Mooncake-format trace the run replayed, one record per sequence number), the turns that
+continue a conversation: a turn's history is the earlier request sharing most of its
+leading hash ids, when that is more than --shared-ids (a system prompt's); counted
+outside the long requests: how many turns, how many went to another server than their
+history's, and the history tokens (shared hash ids x 512, at most the prompt) against
+the tokens cached.
+
+With --misses instead, per policy and concurrency, summed over repetitions (a sim run of
+the reference workload: each route line carries the servers' cached blocks). A
+request's prefix is as many blocks as any request of that prefix found cached on any
+server at its route (the workload's tails are unique); a request misses when it was
+admitted with fewer of them cached. Where the prefix was cached when the request was routed is the
+simulated engines' own prefix caches (`cached_blocks`), not any router's view:
+
+- misses, by where the prefix was at the route: cached on the chosen server (evicted
+  before admission), cached elsewhere only, or nowhere; of those held nowhere, how many
+  went to the server the prefix's previous request went to ("its last server"), and of
+  those how many right after a miss of it there (that previous request missed too).
+- lost-prefix routes (every measured route of a prefix cached nowhere, with no earlier
+  request of it still before its first token anywhere): kept on the last server or
+  moved, and, with replicas, whether the previous request was the same replica's; and
+  kept or moved by the requests the last server's engine had running or waiting then.
+- misses and full hits per server, the spread of misses over repetitions, and per
+  server the prefixes whose latest request went there (its share of the partition),
+  averaged over the measured routes.
+- survival: for each measured request sent to the server its prefix's previous request
+  went to, whether it found the whole prefix there, by how many other distinct prefixes
+  that server served in between (at most 4 shown; "4" is 4 or more).
+"""
+import argparse
+import collections
+import json
+import statistics
+
+TRACE_BLOCK_TOKENS = 512  # kvbench's TraceBlockTokens
+
+
+def common(a, b):
+    n = 0
+    while n < len(a) and n < len(b) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def histories(trace, shared_ids):
+    """For each record, (its history's sequence, shared hash ids) or None."""
+    out = []
+    for j, rec in enumerate(trace):
+        best, n = None, shared_ids
+        for i in range(j):
+            c = common(trace[i]["hash_ids"], rec["hash_ids"])
+            if c > n or (c == n and best is not None):
+                best, n = i, c
+        out.append((best, n) if best is not None else None)
+    return out
+
+
+def runs(path):
+    """Yields (run key, events in file order) per run of one route log."""
+    by = collections.OrderedDict()
+    with open(path) as f:
+        for line in f:
+            ev = json.loads(line)
+            by.setdefault((ev["policy"], ev.get("concurrency", 0), ev["rep"]), []).append(ev)
+    return by.items()
+
+
+def classify(events):
+    c = collections.Counter()
+    blocks = collections.Counter()
+    for ev in events:
+        if ev["event"] == "route":
+            p = ev["prefix"]
+            blocks[p] = max(blocks[p], max(s["cached_blocks"] for s in ev["servers"]))
+    bs = None
+    route, done = {}, {}
+    for ev in events:
+        if ev["event"] in ("route", "finish"):
+            (route if ev["event"] == "route" else done)[ev["seq"]] = ev
+    # Infer the block size from a full hit: cached tokens over cached blocks.
+    for seq, ev in done.items():
+        b = route[seq]["servers"][ev["server"]]["cached_blocks"]
+        if b and ev.get("cached_tokens", 0) and ev["cached_tokens"] % b == 0:
+            bs = ev["cached_tokens"] // b
+            break
+    bs = bs or 16
+    last = {}        # prefix -> (server, replica, missed) of its previous request
+    inprefill = collections.defaultdict(set)  # prefix -> seqs routed, no first token yet
+    since = {}       # prefix -> other prefixes its last server served since
+    for ev in events:
+        seq, p = ev["seq"], ev["prefix"]
+        if ev["event"] == "first_token":
+            inprefill[p].discard(seq)
+        if ev["event"] != "route":
+            continue
+        full = blocks[p]
+        missed = done.get(seq, {}).get("cached_tokens", 0) // bs < full
+        held = [i for i, s in enumerate(ev["servers"]) if full and s["cached_blocks"] >= full]
+        prev = last.get(p)
+        if not ev.get("warmup"):
+            if not held and not inprefill[p] and prev:
+                kept = ev["server"] == prev[0]
+                c["lost-prefix routes"] += 1
+                c["  kept on its last server" if kept else "  moved"] += 1
+                busy = ev["servers"][prev[0]]["running"] + ev["servers"][prev[0]]["waiting"]
+                c[f"lost-prefix routes, last server running {min(busy, 2)}{'+' if busy >= 2 else ''}: "
+                  f"{'kept' if kept else 'moved'}"] += 1
+                c["    previous request by the same replica" if prev[1] == ev["replica"]
+                  else "    previous request by another replica"] += kept
+            if missed:
+                c["misses"] += 1
+                if ev["server"] in held:
+                    c["  prefix on the chosen server, evicted before admission"] += 1
+                elif held:
+                    c["  prefix elsewhere only"] += 1
+                else:
+                    c["  prefix nowhere"] += 1
+                    if prev and ev["server"] == prev[0]:
+                        c["    on its last server"] += 1
+                        c["      right after a miss of it there"] += prev[2]
+            c[f"server {ev['server']}: {'misses' if missed else 'full hits'}"] += 1
+            if p in since and prev and prev[0] == ev["server"]:
+                k = min(len(since[p]), 4)
+                c[f"survival: {k} other prefixes between: requests"] += 1
+                c[f"survival: {k} other prefixes between: found the prefix"] += not missed
+        last[p] = (ev["server"], ev["replica"], missed)
+        inprefill[p].add(seq)
+        if not ev.get("warmup"):
+            c["routes"] += 1
+            for q in last.values():
+                c[f"server {q[0]}: prefixes x routes"] += 1
+        # Other prefixes the server served since each prefix's last request there.
+        for q, seen in since.items():
+            if last[q][0] == ev["server"] and q != p:
+                seen.add(p)
+        since[p] = set()
+    return c
+
+
+ORDER = ["misses", "  prefix on the chosen server, evicted before admission",
+         "  prefix elsewhere only", "  prefix nowhere", "    on its last server",
+         "      right after a miss of it there", "lost-prefix routes",
+         "  kept on its last server", "    previous request by the same replica",
+         "    previous request by another replica", "  moved"]
+
+
+def misses(path):
+    tot, per = collections.OrderedDict(), collections.defaultdict(list)
+    for (pol, conc, _rep), events in runs(path):
+        c = classify(events)
+        tot.setdefault((pol, conc), collections.Counter()).update(c)
+        per[(pol, conc)].append(c["misses"])
+    for (pol, conc), c in tot.items():
+        m = sorted(per[(pol, conc)])
+        print(f"{path}: {pol}, C = {conc}; misses per repetition: min {m[0]}, "
+              f"median {statistics.median(m)}, max {m[-1]}")
+        for k in ORDER + sorted(k for k in c if k.startswith("lost-prefix routes, ")) + \
+                sorted(k for k in c if k.startswith("server ") and "x routes" not in k) + \
+                sorted(k for k in c if k.startswith("survival")):
+            print(f"  {k:<60} {c[k]:>6}")
+        for k in sorted(k for k in c if "x routes" in k):
+            name = k.replace("prefixes x routes", "prefixes served there last (mean)")
+            print(f"  {name:<60} {c[k] / c['routes']:>6.2f}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("log")
+    ap.add_argument("--trace")
+    ap.add_argument("--long", type=int, default=20000)
+    ap.add_argument("--shared-ids", type=int, default=2)
+    ap.add_argument("--misses", action="store_true", help="classify the measured misses instead")
+    args = ap.parse_args()
+    if args.misses:
+        misses(args.log)
+        return
+    runs = collections.defaultdict(dict)
+    for line in open(args.log):
+        ev = json.loads(line)
+        if ev["event"] == "finish":
+            run = (ev["policy"], ev["rep"], ev.get("concurrency", 0))
+            runs[run][ev["seq"]] = (ev["server"], ev.get("prompt_tokens", 0), ev.get("cached_tokens", 0), ev["t"])
+    hist = None
+    if args.trace:
+        hist = histories([json.loads(l) for l in open(args.trace) if l.strip()], args.shared_ids)
+    for run, reqs in sorted(runs.items()):
+        prompt = sum(r[1] for r in reqs.values())
+        cached = sum(r[2] for r in reqs.values())
+        long_ = sorted(s for s, r in reqs.items() if r[1] >= args.long)
+        rest_p = sum(r[1] for s, r in reqs.items() if s not in long_)
+        rest_c = sum(r[2] for s, r in reqs.items() if s not in long_)
+        line = "%s rep %d C %d: %d requests, ratio %.3f, without the %d of >= %d tokens %.3f; those %s; last done %.2f s" % (
+            run[0], run[1], run[2], len(reqs), cached / max(prompt, 1), len(long_), args.long,
+            rest_c / max(rest_p, 1), " ".join("%d:%d:%d" % (s, reqs[s][0], reqs[s][2]) for s in long_),
+            max(r[3] for r in reqs.values()))
+        if hist is not None:
+            turns = moved = hist_tokens = got = 0
+            for s, r in reqs.items():
+                h = hist[s] if s < len(hist) else None
+                if h is None or s in long_ or h[0] not in reqs:
+                    continue
+                turns += 1
+                moved += reqs[h[0]][0] != r[0]
+                hist_tokens += min(h[1] * TRACE_BLOCK_TOKENS, r[1])
+                got += r[2]
+            line += "; %d turns continue a conversation, %d on another server than their history, %d of %d history tokens cached" % (
+                turns, moved, got, hist_tokens)
+        print(line)
+
+
+if __name__ == "__main__":
+    main()
