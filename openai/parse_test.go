@@ -323,3 +323,69 @@ func BenchmarkParseEncodingJSON(b *testing.B) {
 		}
 	}
 }
+
+// refValueEnd is ValueEnd written byte by byte, the reference FuzzValueEnd checks it
+// against: in a string a backslash takes the next byte with it and a quote ends it.
+func refValueEnd(b []byte, i int) (int, bool) {
+	depth := 0
+	for i < len(b) {
+		switch b[i] {
+		case '"':
+			j := i + 1
+			for ; j < len(b) && b[j] != '"'; j++ {
+				if b[j] == '\\' {
+					j++
+				}
+			}
+			if j >= len(b) {
+				return 0, false
+			}
+			i = j + 1
+			if depth == 0 {
+				return i, true
+			}
+			continue
+		case '{', '[':
+			depth++
+		case '}', ']':
+			depth--
+			if depth < 0 {
+				return 0, false
+			}
+			if depth == 0 {
+				return i + 1, true
+			}
+		case ',', ' ', '\t', '\n', '\r':
+			if depth == 0 {
+				return i, true
+			}
+		}
+		i++
+	}
+	return i, depth == 0
+}
+
+// FuzzValueEnd checks ValueEnd (its strings' quotes found with IndexByte, the
+// backslashes before each counted) against refValueEnd from every offset of any
+// input, and that it delimits a valid JSON list, object or string whole (json.Valid
+// allows white space after it).
+func FuzzValueEnd(f *testing.F) {
+	f.Add([]byte(`[{"role":"user","content":"hi \"there\" \\"},{"a":[1,"]"]}]`))
+	f.Add([]byte(`"0123456789abcdef\"0123456789abcdef\\\"x"`))
+	f.Add([]byte(`["\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\\""]`))
+	f.Add([]byte(`{"k":"unterminated`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		for i := 0; i <= len(b); i++ {
+			end, ok := openai.ValueEnd(b, i)
+			wantEnd, wantOK := refValueEnd(b, i)
+			if ok != wantOK || (ok && end != wantEnd) {
+				t.Fatalf("ValueEnd(%q, %d) = %d, %v; want %d, %v", b, i, end, ok, wantEnd, wantOK)
+			}
+		}
+		if len(b) > 0 && (b[0] == '[' || b[0] == '{' || b[0] == '"') && json.Valid(b) {
+			if end, ok := openai.ValueEnd(b, 0); !ok || end != len(bytes.TrimRight(b, " \t\r\n")) {
+				t.Fatalf("ValueEnd(%q, 0) = %d, %v on valid JSON", b, end, ok)
+			}
+		}
+	})
+}

@@ -3,6 +3,7 @@ package prompt_test
 import (
 	"bytes"
 	"encoding/json"
+	"hash/maphash"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -303,8 +304,9 @@ func BenchmarkTurnVsCold(b *testing.B) {
 			}
 			var turnParse, turnCPU, coldParse, coldCPU, keysCPU time.Duration
 			var turnBuf, coldBuf []uint32
-			n := 0
-			for b.Loop() {
+			// step is one iteration: turn n of the conversation and a cold request,
+			// each timed.
+			step := func(n int) {
 				b.StopTimer()
 				turnBody, oneBody := turnRequestBody(hist, n), chatRequestBody(unique(n).Messages)
 				b.StartTimer()
@@ -335,6 +337,19 @@ func BenchmarkTurnVsCold(b *testing.B) {
 				coldParse += t3 - t2
 				coldCPU += t4 - t3
 				keysCPU += t5 - t4
+			}
+			// The router's steady state, not its start: a few turns first (their
+			// buffers grown, their memory faulted in), then the garbage of loading two
+			// tokenizers collected, which the measured turns would otherwise pay for
+			// (cputime counts the collector's CPU too).
+			for n := -2; n > -2-turnWarmup; n-- {
+				step(n)
+			}
+			turnParse, turnCPU, coldParse, coldCPU, keysCPU = 0, 0, 0, 0, 0
+			runtime.GC()
+			n := 0
+			for b.Loop() {
+				step(n)
 				n++
 			}
 			b.ReportMetric(float64(turnParse)/float64(n), "parse-cpu-ns/op")
@@ -347,6 +362,38 @@ func BenchmarkTurnVsCold(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkHistoryPass is what one pass over a 128k-token conversation's messages
+// (604 KB of JSON) costs each way a turn could check them: delimiting them as the
+// parse does (openai.ValueEnd), comparing them with a copy as the message cache does,
+// and hashing them (hash/maphash, the runtime's AES hash), the alternative to the
+// comparison. It reports MB/s.
+func BenchmarkHistoryPass(b *testing.B) {
+	msgs := append(history(128000), ']')
+	cached := bytes.Clone(msgs)
+	seed := maphash.MakeSeed()
+	want := maphash.Bytes(seed, cached) // a hash stored with the cached messages
+	for _, pass := range []struct {
+		name string
+		run  func() bool
+	}{
+		{"delimit", func() bool { end, ok := openai.ValueEnd(msgs, 0); return ok && end == len(msgs) }},
+		{"compare", func() bool { return bytes.Equal(msgs, cached) }},
+		{"hash", func() bool { return maphash.Bytes(seed, msgs) == want }},
+	} {
+		b.Run(pass.name, func(b *testing.B) {
+			b.SetBytes(int64(len(msgs)))
+			for b.Loop() {
+				if !pass.run() {
+					b.Fatal("the pass did not find the messages whole or equal")
+				}
+			}
+		})
+	}
+}
+
+// turnWarmup is how many iterations BenchmarkTurnVsCold runs before it measures.
+const turnWarmup = 3
 
 // chatRequestBody is the body of a chat request with these messages, as a client
 // sends it.

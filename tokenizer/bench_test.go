@@ -125,6 +125,31 @@ func BenchmarkLoad(b *testing.B) {
 	runtime.KeepAlive(tk)
 }
 
+// BenchmarkCollect is what a loaded tokenizer costs every garbage collection of the
+// process that holds it: the CPU of one full collection (runtime.GC) with nothing
+// loaded and with Qwen3's tokenizer loaded. A router pays it once per GC cycle, on
+// whichever requests are running (their allocations' assists and the collector's
+// share of the CPU), so it belongs to the decision cost (BenchmarkTurnVsCold in prompt).
+func BenchmarkCollect(b *testing.B) {
+	for _, loaded := range []string{"none", "qwen3"} {
+		b.Run(loaded, func(b *testing.B) {
+			var tk *tokenizer.Tokenizer
+			if loaded != "none" {
+				tk = loadBench(b, loaded)
+			}
+			runtime.GC()
+			var cpu time.Duration
+			for b.Loop() {
+				start := cputime.Process()
+				runtime.GC()
+				cpu += cputime.Process() - start
+			}
+			b.ReportMetric(float64(cpu)/float64(b.N), "gc-cpu-ns/op")
+			runtime.KeepAlive(tk)
+		})
+	}
+}
+
 // BenchmarkEncodeHuge tokenizes a ~15 MB chat prompt (~3.7M tokens), as one oversized
 // request brings: "whole" is every token (AppendEncode), "max=131072" stops at a context
 // length as the router does (AppendEncodeMax).

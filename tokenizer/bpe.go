@@ -52,10 +52,10 @@ type merge struct {
 
 // bpeModel is a byte-level BPE model: vocabulary keyed by raw bytes and merges by rank.
 type bpeModel struct {
-	vocab        map[string]uint32 // raw bytes -> id
-	byteID       [256]uint32       // id of each single-byte token
-	merges       mergeTable        // left<<32|right -> merge
-	ignoreMerges bool              // a word found whole in vocab is emitted as is
+	vocab        vocab       // raw bytes <-> id
+	byteID       [256]uint32 // id of each single-byte token
+	merges       mergeTable  // left<<32|right -> merge
+	ignoreMerges bool        // a word found whole in vocab is emitted as is
 	// whole[id] is true when BPE applied to the bytes of vocabulary token id yields
 	// exactly [id]: such words skip the merge loop (precomputed at load, so exact).
 	whole []bool
@@ -63,10 +63,12 @@ type bpeModel struct {
 
 // precomputeWhole runs BPE once over every multi-byte vocabulary token and records
 // those that merge back into themselves.
-func (m *bpeModel) precomputeWhole(size int) {
-	m.whole = make([]bool, size)
+func (m *bpeModel) precomputeWhole() {
+	m.whole = make([]bool, m.vocab.size())
 	var buf []uint32
-	for tok, id := range m.vocab {
+	for i := range m.whole {
+		id := uint32(i)
+		tok := m.vocab.bytes(id)
 		if len(tok) < 2 {
 			continue
 		}
@@ -139,7 +141,9 @@ func (m *bpeModel) encodeWord(word string, out []uint32) []uint32 {
 	if len(word) == 1 {
 		return append(out, m.byteID[word[0]])
 	}
-	if id, ok := m.vocab[word]; ok && (m.ignoreMerges || m.whole[id]) {
+	// whole[id] is about the bytes id decodes as: another token of the same id
+	// is merged.
+	if id, ok := m.vocab.get(word); ok && (m.ignoreMerges || m.whole[id] && m.vocab.decodes(id, word)) {
 		return append(out, id)
 	}
 	return m.merge(word, out)

@@ -160,20 +160,19 @@ func (t *Tokenizer) parseModel(raw json.RawMessage) error {
 	if len(vocab) > 0 && int(maxID) >= 4*len(vocab) {
 		return fmt.Errorf("tokenizer: model vocab: ids up to %d for %d tokens", maxID, len(vocab))
 	}
-	t.pieces = make([]string, int(maxID)+1)
-	t.model.vocab = make(map[string]uint32, len(vocab))
 	t.model.ignoreMerges = m.IgnoreMerges
+	byBytes := make(map[string]uint32, len(vocab))
 	for tok, id := range vocab {
 		b, ok := byteLevelDecode(tok)
 		if !ok {
 			return unsupported("model", "vocabulary token %q is not byte-level", tok)
 		}
-		raw := string(b) // shared by the map key and the id -> bytes table
-		t.model.vocab[raw] = id
-		t.pieces[id] = raw
+		byBytes[string(b)] = id
 	}
+	t.model.vocab = newVocab(byBytes)
+	t.vocabSize = t.model.vocab.size()
 	for c := 0; c < 256; c++ {
-		id, ok := t.model.vocab[string([]byte{byte(c)})]
+		id, ok := t.model.vocab.get(string([]byte{byte(c)}))
 		if !ok {
 			return unsupported("model", "vocabulary lacks the byte-level token for byte 0x%02x", c)
 		}
@@ -195,7 +194,7 @@ func (t *Tokenizer) parseModel(raw json.RawMessage) error {
 		t.model.merges.add(uint64(a)<<32|uint64(b), merge{rank: uint32(rank), id: ab})
 	}
 	if !t.model.ignoreMerges {
-		t.model.precomputeWhole(len(t.pieces))
+		t.model.precomputeWhole()
 	}
 	return nil
 }
@@ -206,8 +205,7 @@ func (t *Tokenizer) vocabID(tok string) (uint32, bool) {
 	if !ok {
 		return 0, false
 	}
-	id, ok := t.model.vocab[string(b)]
-	return id, ok
+	return t.model.vocab.get(string(b))
 }
 
 func (t *Tokenizer) parseNormalizer(raw json.RawMessage) error {
@@ -312,15 +310,14 @@ func (t *Tokenizer) parsePreTokenizer(raw json.RawMessage) error {
 func (t *Tokenizer) parseAdded(tokens []addedToken) error {
 	var raw, normalized []addedToken
 	t.added = make(map[string]uint32, len(tokens))
+	t.addedByID = make(map[uint32]string, len(tokens))
 	for _, a := range tokens {
 		if a.Content == "" {
 			return fmt.Errorf("tokenizer: added token %d has empty content", a.ID)
 		}
 		t.added[a.Content] = a.ID
-		if int(a.ID) >= len(t.pieces) {
-			t.pieces = append(t.pieces, make([]string, int(a.ID)+1-len(t.pieces))...)
-		}
-		t.pieces[a.ID] = a.Content
+		t.addedByID[a.ID] = a.Content
+		t.vocabSize = max(t.vocabSize, int(a.ID)+1)
 		if a.Normalized {
 			normalized = append(normalized, a)
 		} else {

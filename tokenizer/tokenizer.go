@@ -18,7 +18,8 @@ type Tokenizer struct {
 	rawMatcher  *matcher  // added tokens matched before normalisation
 	normMatcher *matcher  // added tokens with normalized=true, matched after it
 	added       map[string]uint32
-	pieces      []string // id -> raw bytes (vocabulary) or content (added token)
+	addedByID   map[uint32]string // an added token's content by id (Decode)
+	vocabSize   int               // one more than the largest id, added tokens included
 
 	prefix, suffix []uint32 // TemplateProcessing ids around the text
 
@@ -93,7 +94,7 @@ func (t *Tokenizer) Derive(opts ...Option) (*Tokenizer, error) {
 	}
 	d := &Tokenizer{
 		model: t.model, nfc: t.nfc, split: t.split, rawMatcher: t.rawMatcher, normMatcher: t.normMatcher,
-		added: t.added, pieces: t.pieces, prefix: t.prefix, suffix: t.suffix,
+		added: t.added, addedByID: t.addedByID, vocabSize: t.vocabSize, prefix: t.prefix, suffix: t.suffix,
 		bos: t.bos, eos: t.eos, chatTemplate: t.chatTemplate, cut: t.cut,
 	}
 	if err := d.initCache(o); err != nil {
@@ -275,8 +276,10 @@ func (t *Tokenizer) encodeWords(s string, out []uint32, limit int) []uint32 {
 func (t *Tokenizer) Decode(ids []uint32) string {
 	var b strings.Builder
 	for _, id := range ids {
-		if int(id) < len(t.pieces) {
-			b.WriteString(t.pieces[id])
+		if s, ok := t.addedByID[id]; ok {
+			b.WriteString(s)
+		} else {
+			b.WriteString(t.model.vocab.bytes(id))
 		}
 	}
 	return strings.ToValidUTF8(b.String(), "\uFFFD")
@@ -301,4 +304,4 @@ func (t *Tokenizer) BOS() string { return t.bos }
 func (t *Tokenizer) EOS() string { return t.eos }
 
 // VocabSize returns one more than the largest token id, added tokens included.
-func (t *Tokenizer) VocabSize() int { return len(t.pieces) }
+func (t *Tokenizer) VocabSize() int { return t.vocabSize }

@@ -612,3 +612,62 @@ func TestWalkedChain(t *testing.T) {
 		t.Errorf("%v of %d encodes used a cached prefix", hits, len(texts))
 	}
 }
+
+// TestVocabulary checks the vocabulary's two directions on a tiny model: every token's
+// byte-level form finds its id and decodes to its bytes, a missing token is not found,
+// an id without a token decodes to nothing, and two tokens given one id are both found.
+func TestVocabulary(t *testing.T) {
+	tk := tiny(t, helloMerges, []string{"<s>"}, nil)
+	for b := 0; b < 256; b++ {
+		if id, ok := tk.TokenID(byteLevel(byte(b))); !ok || id != uint32(b) {
+			t.Errorf("byte %#x: id %d, %v", b, id, ok)
+		}
+		if got := tk.Decode([]uint32{uint32(b)}); b < 0x80 && got != string(rune(b)) {
+			t.Errorf("Decode(%d) = %q", b, got)
+		}
+	}
+	for i, m := range helloMerges {
+		tok := m[0] + m[1]
+		if id, ok := tk.TokenID(bl(tok)); !ok || id != uint32(256+i) {
+			t.Errorf("%q: id %d, %v, want %d", tok, id, ok, 256+i)
+		}
+		if got := tk.Decode([]uint32{uint32(256 + i)}); got != tok {
+			t.Errorf("Decode(%d) = %q, want %q", 256+i, got, tok)
+		}
+	}
+	if id, ok := tk.TokenID(bl("hellohello")); ok {
+		t.Errorf("a token missing from the vocabulary has id %d", id)
+	}
+	if got := tk.Decode([]uint32{500, 'h', 1000, 5000}); got != "h<s>" {
+		t.Errorf("Decode with ids that have no token = %q, want %q", got, "h<s>")
+	}
+	if got, want := tk.VocabSize(), 1001; got != want {
+		t.Errorf("VocabSize() = %d, want %d", got, want)
+	}
+	// Two tokens with one id: each is found, and the id decodes as the lesser.
+	tk = tiny(t, helloMerges, nil, func(doc map[string]any) {
+		doc["model"].(map[string]any)["vocab"].(map[string]int)[bl("zz")] = 'a'
+	})
+	for _, tok := range []string{"a", "zz"} {
+		if id, ok := tk.TokenID(bl(tok)); !ok || id != 'a' {
+			t.Errorf("%q: id %d, %v, want %d", tok, id, ok, 'a')
+		}
+	}
+	if got := tk.Decode([]uint32{'a'}); got != "a" {
+		t.Errorf("Decode of an id with two tokens = %q, want %q", got, "a")
+	}
+	if got := tk.Encode("zz", false); !slices.Equal(got, []uint32{'z', 'z'}) {
+		t.Errorf(`Encode("zz") = %v: "zz" has no merge, so BPE never reaches it`, got)
+	}
+	// "he" merges to its own id, so it is emitted whole; "hx", a second token of
+	// that id, is not (BPE gives h, x).
+	tk = tiny(t, helloMerges, nil, func(doc map[string]any) {
+		doc["model"].(map[string]any)["vocab"].(map[string]int)[bl("hx")] = 256
+	})
+	if got := tk.Encode("he", false); !slices.Equal(got, []uint32{256}) {
+		t.Errorf(`Encode("he") = %v, want [256]`, got)
+	}
+	if got := tk.Encode("hx", false); !slices.Equal(got, []uint32{'h', 'x'}) {
+		t.Errorf(`Encode("hx") = %v, want [h x]: the id's whole-word mark is for "he"`, got)
+	}
+}
