@@ -19,6 +19,8 @@ type fakePeers struct {
 	heard   time.Time
 }
 
+func (*fakePeers) Rank() (int, int) { return 0, 1 }
+
 func (f *fakePeers) Unheard(t time.Time) int {
 	if f.heard.Before(t) {
 		return f.unheard
