@@ -259,6 +259,25 @@ func (r *Replica) Unheard(t time.Time) int {
 	return n
 }
 
+// Rank is the number of live peers whose names sort before this replica's, and the
+// number of live replicas, itself included (placement.PeerView).
+func (r *Replica) Rank() (rank, replicas int) {
+	now := r.now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	replicas = 1
+	for name, p := range r.peers {
+		if !r.live(p, now) {
+			continue
+		}
+		replicas++
+		if name < r.self {
+			rank++
+		}
+	}
+	return rank, replicas
+}
+
 // PeerActive reports whether a live peer has a request using the prefix named key in
 // flight on endpoint (placement.PeerView).
 func (r *Replica) PeerActive(endpoint string, key uint64) bool {

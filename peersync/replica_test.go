@@ -296,3 +296,20 @@ func TestPublishDoesNotBlockPeerReads(t *testing.T) {
 		t.Fatal("State: empty")
 	}
 }
+
+func TestReplicaRank(t *testing.T) {
+	c, _, a, b := pair(time.Second) // names "a" and "b"
+	if r, n := b.Rank(); r != 0 || n != 1 {
+		t.Fatalf("Rank alone = %d of %d, want 0 of 1", r, n)
+	}
+	if err := b.Receive(a.State()); err != nil {
+		t.Fatal(err)
+	}
+	if r, n := b.Rank(); r != 1 || n != 2 {
+		t.Fatalf("b's Rank beside a = %d of %d, want 1 of 2", r, n)
+	}
+	c.add(2 * time.Second) // a silent past the expiry is no longer counted
+	if r, n := b.Rank(); r != 0 || n != 1 {
+		t.Fatalf("b's Rank after a's expiry = %d of %d, want 0 of 1", r, n)
+	}
+}

@@ -55,6 +55,11 @@ type PeerView interface {
 	// Unheard returns how many live peers this replica last heard from before t: what
 	// they picked since is unknown to it, as its own picks at t are to them.
 	Unheard(t time.Time) int
+	// Rank is this replica's position among the live replicas by name (0 for the
+	// first) and how many they are, itself included: replicas that decide at the same
+	// instant on the same view spread by it as one router's consecutive decisions do
+	// (homeOrder, idleTurn).
+	Rank() (rank, replicas int)
 }
 
 // SetPeers makes every later Pick add peers' load to its own view of each endpoint: to

@@ -17,7 +17,11 @@ type fakePeers struct {
 	// unheard peers were last heard from at heard.
 	unheard int
 	heard   time.Time
+	// rank is this replica's among replicas (0 means one: Rank reports at least 1).
+	rank, replicas int
 }
+
+func (f *fakePeers) Rank() (int, int) { return f.rank, max(f.replicas, 1) }
 
 func (f *fakePeers) Unheard(t time.Time) int {
 	if f.heard.Before(t) {
@@ -461,5 +465,43 @@ func TestPlacementDeadlineLeavesPeersPrefillOut(t *testing.T) {
 	p.SetPeers(&fakePeers{load: map[string]placement.Load{home: {Requests: 4, Prefill: 4 * 72 * 16}}})
 	if got := place(t, p, prefixed(0, 9), cs); got != home {
 		t.Fatalf("went to %s, want the home %s that holds the prefix", got, home)
+	}
+}
+
+// Router replicas that decide at the same instant on the same cold view (no decode
+// time measured: a fleet starting) spread as one router's consecutive decisions do:
+// new homes by their rank, and a prefix's idle holders by rank too, instead of all
+// taking the first (kvbench --sim --replicas 4, N = 2: every request on one endpoint).
+func TestPlacementReplicasSpreadInLockStep(t *testing.T) {
+	cs := fleet(6, nil)
+	replica := func(ix *testindex.Index, rank int) *placement.Policy {
+		p := newPlacement(t, placement.DefaultConfig(), ix)
+		p.SetPeers(&fakePeers{rank: rank, replicas: 2})
+		return p
+	}
+	one := place(t, newPlacement(t, placement.DefaultConfig(), testindex.New()), prefixed(7, 0), cs)
+	h0 := place(t, replica(testindex.New(), 0), prefixed(7, 0), cs)
+	h1 := place(t, replica(testindex.New(), 1), prefixed(7, 0), cs)
+	if h0 != one {
+		t.Fatalf("replica 0 homed a new prefix on %s, one router on %s: the first replica must decide as one router", h0, one)
+	}
+	if h0 == h1 {
+		t.Fatalf("replicas 0 and 1 homed a new prefix on %s alike on one cold view: their simultaneous requests would share it", h0)
+	}
+
+	// Two idle holders of a prefix: the replicas take one each.
+	ix := testindex.New()
+	toks := prefixed(8, 0)
+	ix.Hold(cs[2].Address, plKeysOf(toks))
+	ix.Hold(cs[4].Address, plKeysOf(toks))
+	r0 := place(t, replica(ix, 0), prefixed(8, 1), cs)
+	r1 := place(t, replica(ix, 1), prefixed(8, 1), cs)
+	for _, got := range []string{r0, r1} {
+		if got != cs[2].Address && got != cs[4].Address {
+			t.Fatalf("picked %s, not an idle holder", got)
+		}
+	}
+	if r0 == r1 {
+		t.Fatalf("replicas 0 and 1 both took idle holder %s of two", r0)
 	}
 }

@@ -39,6 +39,12 @@ type scratch struct {
 	// prefixes lists the prefixes active on candidates that soonestRoom counted
 	// decoding requests of, with the candidate's index.
 	prefixes []activeOn
+	// rank is this router's among its replicas, replicas their number (PeerView.Rank;
+	// 0 without peers); cold: no candidate's decode time is measured yet (a fleet
+	// starting); idle is idleTurn's scratch.
+	rank, replicas int
+	cold           bool
+	idle           []int
 }
 
 type activeOn struct {
@@ -84,6 +90,10 @@ func (p *Policy) choose(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 		sc.eps[i] = p.endpoint(cands[i].Address)
 	}
 	p.shared(cands, sc, key)
+	sc.rank, sc.replicas = 0, 0
+	if p.peers != nil {
+		sc.rank, sc.replicas = p.peers.Rank()
+	}
 	heldBlocks := e.held(p.cfg.HolderShare)
 	hasHome := false
 	for _, pl := range e.sites {
@@ -162,6 +172,7 @@ func (p *Policy) choose(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 	} else {
 		sc.meanDecode = 1
 	}
+	sc.cold = measured == 0
 	sc.ok = slices.Grow(sc.ok[:0], n)[:n]
 	sc.room = slices.Grow(sc.room[:0], n)[:n]
 	for i := range cands {
@@ -173,6 +184,7 @@ func (p *Policy) choose(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 	}
 	// The least-loaded holder (h), and the least-loaded holder that can take it now (g).
 	h, g := -1, -1
+	turn := p.idleTurn(key, cands, sc, heldBlocks)
 	better := func(i, j int) bool {
 		if j < 0 {
 			return true
@@ -186,6 +198,9 @@ func (p *Policy) choose(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 		if p.cfg.StickyHolders && sc.loads[i] < p.cfg.ReplicaLoad && sc.loads[j] < p.cfg.ReplicaLoad {
 			// Both idle: the same holder for every router replica, so duplicate copies
 			// made by replicas' concurrent placements go unused and are evicted.
+			if turn >= 0 && (i == turn || j == turn) {
+				return i == turn
+			}
 			return p.score(key, sc.eps[i], &cands[i]) > p.score(key, sc.eps[j], &cands[j])
 		}
 		wi, wj := p.wait(sc, i), p.wait(sc, j)
@@ -408,13 +423,56 @@ func (p *Policy) newHome(e *prefixEntry, key uint64, cands []scoring.Endpoint, s
 		ok := sc.ok[i]
 		share := p.homeShare(sc, cands, i, e.weight())
 		better := best < 0 || (ok && !bestOK) ||
-			(ok == bestOK && (share < bestShare || (share == bestShare && p.wait(sc, i) < p.wait(sc, best))))
+			(ok == bestOK && (share < bestShare || (share == bestShare && (p.wait(sc, i) < p.wait(sc, best) ||
+				p.wait(sc, i) == p.wait(sc, best) && p.homeOrder(sc, i, best)))))
 		if better {
 			best, bestShare, bestOK = i, share, ok
 		}
 	}
 	sc.pos[best] = p.place(e, cands[best].Address, true)
 	return best
+}
+
+// homeOrder reports whether candidate i wins an exact tie against j (i after j in
+// cands) for a new home. One router keeps the candidates' order, and its consecutive
+// picks take the first candidates in turn. Router replicas, while no decode time is
+// measured (a fleet starting), rotate the order by their rank: replicas that home
+// prefixes at the same instant on the same view would otherwise all take the first
+// candidate (kvbench --sim --replicas 4, N = 2: both prefixes homed on one endpoint
+// and every request sent there). p.mu must be held.
+func (p *Policy) homeOrder(sc *scratch, i, j int) bool {
+	if p.peers == nil || sc.replicas < 2 || !sc.cold {
+		return false
+	}
+	n := len(sc.eps)
+	r := sc.rank % n
+	return (i-r+n)%n < (j-r+n)%n
+}
+
+// idleTurn returns the idle holder this router replica takes when several are idle
+// (StickyHolders): the rank-th of them by rendezvous score, so that replicas picking at
+// the same instant on the same view spread over the idle holders as one router's
+// consecutive picks do, instead of all taking the first. -1 for one router, or with
+// fewer than two idle holders. p.mu must be held.
+func (p *Policy) idleTurn(key uint64, cands []scoring.Endpoint, sc *scratch, heldBlocks int) int {
+	if p.peers == nil || !p.cfg.StickyHolders || sc.replicas < 2 {
+		return -1
+	}
+	idle := sc.idle[:0]
+	for i := range cands {
+		if sc.pos[i] < 0 || sc.loads[i] >= p.cfg.ReplicaLoad || (p.cfg.PreferHeld && sc.lead[i] < max(heldBlocks, 1)) {
+			continue
+		}
+		idle = append(idle, i)
+	}
+	sc.idle = idle
+	if len(idle) < 2 {
+		return -1
+	}
+	slices.SortFunc(idle, func(a, b int) int {
+		return cmp.Compare(p.score(key, sc.eps[b], &cands[b]), p.score(key, sc.eps[a], &cands[a]))
+	})
+	return idle[sc.rank%len(idle)]
 }
 
 // rendezvous returns the candidate of highest capacity-weighted rendezvous score for key

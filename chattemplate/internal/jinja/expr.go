@@ -970,8 +970,11 @@ func slice(obj, lo, hi, step Value) (Value, error) {
 			b.WriteRune(rs[i])
 		}
 		return String(b.String()), nil
+	case KindDict:
+		// Jinja2 compiles a slice to Python's obj[slice], not its forgiving getitem.
+		return Value{}, errorf("unhashable type: 'slice'")
 	}
-	return Undefined(""), nil
+	return Value{}, errorf("'%s' object is not subscriptable", obj.typeName())
 }
 
 func parseIntLiteral(s string) Value {

@@ -106,6 +106,9 @@ CASES = [
     "{% for m in msgs[::-1] %}{% if m.role == 'user' %}{{ loop.index0 }}{% break %}{% endif %}{% endfor %}{% for i in e[::-1] %}x{% else %}empty{% endfor %}{% for i in s[::-1] %}{{ i }}{% endfor %}",
     "{% for i in nums[::-2] %}{{ i }}{{ loop.nextitem }}{% endfor %}{% for i in nums[::x - 2] %}{{ i }}{{ loop.previtem }}{% endfor %}",
     "{% for i in undefined_list[::-1] %}{{ i }}{% endfor %}",
+    # slicing what is not a sequence raises (a dict: unhashable slice; the rest: not subscriptable)
+    "{{ d[::-1] }}", "{{ d[1:] | length }}", "{{ x[1:] }}", "{{ n[:1] }}", "{{ t[::-1] }}", "{{ f[1:] }}",
+    "{% set ns = namespace(a=1) %}{{ ns[1:] }}",
     "{% for i in nums[::y - 2] %}{% endfor %}",
     "{% for i in nums if i > 1 %}{{ loop.index }}:{{ i }}{{ ',' if not loop.last }}{% endfor %}",
     "{% for i in [] %}x{% else %}empty{% endfor %}{% for i in items if i == 'z' %}x{% else %}none{% endfor %}{% for i in q %}x{% else %}undef{% endfor %}",
