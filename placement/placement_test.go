@@ -1055,20 +1055,26 @@ func TestPlacementDivertBackTakesTheLeastLoadedHolder(t *testing.T) {
 // replica on an idle endpoint when the copy's prefill (the prefix) is less than what the
 // request's own (its tail) adds to the steps of the requests running at the holder; a
 // hit that saves most of the prompt, or a holder running one request, keeps the hit, and
-// so does a prefix whose requests extend one another (a conversation's history).
+// so does a prefix whose requests extend one another (a conversation's history). A
+// prefix the index shows held nowhere, whose home keeps it (rehoming it would leave the
+// homes unbalanced), gets a copy on the same terms as a held one.
 func TestPlacementCopiesWhereAHitSavesLittle(t *testing.T) {
 	for _, tc := range []struct {
 		name       string
 		tailBlocks int
 		load       int
 		extends    bool // the first two requests extend one another instead of diverging
+		lost       bool // the holder lost the prefix and no endpoint holds it
 		copies     bool
 	}{
-		{"long tail, two running: a copy", 64, 2, false, true},
-		{"long tail, one running: the hit", 64, 1, false, false},
-		{"short tail, two running: the hit", 8, 2, false, false},
-		{"short tail, nine running: a copy", 8, 9, false, true},
-		{"a growing history, two running: the hit", 64, 2, true, false},
+		{"long tail, two running: a copy", 64, 2, false, false, true},
+		{"long tail, one running: the hit", 64, 1, false, false, false},
+		{"short tail, two running: the hit", 8, 2, false, false, false},
+		{"short tail, nine running: a copy", 8, 9, false, false, true},
+		{"a growing history, two running: the hit", 64, 2, true, false, false},
+		{"held nowhere, long tail, two running: a copy", 64, 2, false, true, true},
+		{"held nowhere, long tail, one running: the home", 64, 1, false, true, false},
+		{"held nowhere, short tail, two running: the home", 8, 2, false, true, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := placement.DefaultConfig()
@@ -1096,6 +1102,15 @@ func TestPlacementCopiesWhereAHitSavesLittle(t *testing.T) {
 				next = append(slices.Clip(turn), plTokens(700_000_000, tc.tailBlocks*16)...)
 			} else {
 				place(t, p, prompt(1), cs)
+			}
+			if tc.lost {
+				// Another prefix homed on the other endpoint: moving the lost home there
+				// would give it twice the mean home share, past RehomeSlack.
+				other := plTokens(2_000_000, 64*16)
+				if got := place(t, p, append(other, plTokens(800_000_000, 16)...), cs); got == holder {
+					t.Fatalf("second prefix homed on %s too", got)
+				}
+				ix.Clear(holder)
 			}
 			for i := range cs {
 				if cs[i].Address == holder {

@@ -731,10 +731,19 @@ func (p *Policy) moveOK(sc *scratch, i, from int) bool {
 // steps. So the larger the share of the prompt a hit saves, the busier its holder must
 // be: the reference's 2,032 of 2,371 tokens need seven requests there, long tails'
 // 1,024 of 2,024 two (long tails, N = 12: throughput 10.68 -> 10.87 requests/s, kv
-// 10.79; N = 24: 10.37 -> 10.73, kv 10.63; docs/results-workloads.md). p.mu must be
+// 10.79; N = 24: 10.37 -> 10.73, kv 10.63; docs/results-workloads.md). h may also be a
+// home that lost a prefix the index shows held nowhere (heldNowhere): rehome keeps such
+// a home where moving it would push another endpoint's home share past RehomeSlack, and
+// its misses queued there behind running requests while endpoints were idle (long
+// tails, N = 12, seeds 3 and 4: p99 TTFT 184 -> 152 ms, kv 149). The copy is judged as
+// against a hit: judged against the miss h would be (worth it whenever h is busy), it
+// fired on the reference (N = 24, C = 16 0.951 -> 0.944 x the partition). p.mu must be
 // held.
 func (p *Policy) copyWorth(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc *scratch, i, h, heldBlocks int) bool {
-	if e.branch == 0 || e.blocks > e.branch || sc.loads[i] > 0 || sc.lead[h] < max(heldBlocks, 1) {
+	if e.branch == 0 || e.blocks > e.branch || sc.loads[i] > 0 {
+		return false
+	}
+	if sc.lead[h] < max(heldBlocks, 1) && !p.heldNowhere(key, cands, sc) {
 		return false
 	}
 	ep := sc.eps[i]
@@ -745,6 +754,19 @@ func (p *Policy) copyWorth(e *prefixEntry, key uint64, cands []scoring.Endpoint,
 	prefix := min(n, e.blocks*sc.blockSize)
 	add := max(0, prefix-sc.lead[i]*sc.blockSize)
 	return add < (n-prefix)*sc.loads[h]
+}
+
+// heldNowhere reports whether no candidate has a block of the prefix in the index and
+// no request is computing it on any (in flight from this router or a peer): the request
+// misses wherever it goes. p.mu must be held.
+func (p *Policy) heldNowhere(key uint64, cands []scoring.Endpoint, sc *scratch) bool {
+	for i := range cands {
+		if sc.lead[i] > 0 || sc.eps[i].active[key] != nil ||
+			(p.peers != nil && p.peers.PeerActive(cands[i].Address, key)) {
+			return false
+		}
+	}
+	return true
 }
 
 // wait ranks candidate i by the time its queue takes to drain past a new request: its
