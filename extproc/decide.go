@@ -46,6 +46,11 @@ type decideInput struct {
 	hasBody  bool
 	parseErr string // a parse-error reason known before parsing (too large, unsupported path)
 	fallback string // a fallback reason known before parsing (no body)
+	// partial: body may be only the start of the request's (BUFFERED_PARTIAL past Envoy's
+	// buffer limit, the rest going upstream unseen): it is routed by, never rewritten, as
+	// a new body would stand for the whole and its content-length leave the rest to be
+	// read upstream as another request.
+	partial bool
 }
 
 type replyKind int
@@ -203,7 +208,10 @@ func (st *stream) choose(in decideInput, start time.Time) (c choice, noEndpointR
 		model = parsed.Model
 	}
 	rt := s.routing.Load() // this request's routing, even if SetRouting runs meanwhile
-	rw := s.rewriteModel(rt, model, st.rewriteTo)
+	rw := modelRewrite{target: model}
+	if !in.partial {
+		rw = s.rewriteModel(rt, model, st.rewriteTo)
+	}
 	eps, base, lora, ok, buf := s.candidates(rw.target)
 	defer func() { s.putCandidates(buf) }()
 	var ids *promptBuf // pooled token ids; the returned choice owns them

@@ -2,11 +2,14 @@ package extproc_test
 
 import (
 	"bytes"
+	"context"
 	"os"
 	"strconv"
 	"testing"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/kvrouter/kvrouter/epp"
@@ -227,5 +230,78 @@ func TestModelRewriteNeedsTheBody(t *testing.T) {
 	}
 	if n := h.counter("inference_extension_model_rewrite_decisions_total"); n != 0 {
 		t.Errorf("%v rewrite decisions counted without a body", n)
+	}
+}
+
+// In BUFFERED_PARTIAL, a body message without end_of_stream may be only the start of the
+// body (Envoy's buffer limit was reached; the rest goes upstream without the server
+// seeing it). Even when that start parses, it is not rewritten: a new body with a
+// content-length of its own would leave the unseen rest to be read upstream as another
+// request. A body whose content-length says it is whole is rewritten.
+func TestModelRewritePartialBody(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		declared    int // the content-length header; 0 for none
+		eos         bool
+		wantRewrite bool
+	}{
+		{name: "prefix of a longer body", declared: 4096, wantRewrite: false},
+		{name: "chunked, no end of stream", wantRewrite: false},
+		{name: "end of stream", declared: -1, eos: true, wantRewrite: true},
+		{name: "content-length says whole", declared: -1, wantRewrite: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, func(o *extproc.Options) { o.Rewrites = testRewrites(t, false) })
+			st, err := h.conn.Client.Process(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			body := chatBody("m-alias")
+			hs := []*corev3.HeaderValue{{Key: ":method", RawValue: []byte("POST")}, {Key: ":path", RawValue: []byte("/v1/chat/completions")}}
+			switch {
+			case tc.declared > 0:
+				hs = append(hs, &corev3.HeaderValue{Key: "content-length", RawValue: []byte(strconv.Itoa(tc.declared))})
+			case tc.declared < 0:
+				hs = append(hs, &corev3.HeaderValue{Key: "content-length", RawValue: []byte(strconv.Itoa(len(body)))})
+			}
+			if err := st.Send(&extprocv3.ProcessingRequest{
+				ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: filterv3.ProcessingMode_BUFFERED_PARTIAL},
+				Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{
+					Headers: &corev3.HeaderMap{Headers: hs}}}}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := st.Recv(); err != nil {
+				t.Fatal(err)
+			}
+			if err := st.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{
+				RequestBody: &extprocv3.HttpBody{Body: body, EndOfStream: tc.eos}}}); err != nil {
+				t.Fatal(err)
+			}
+			r, err := st.Recv()
+			if err != nil {
+				t.Fatal(err)
+			}
+			common := r.GetRequestBody().GetResponse()
+			newBody := common.GetBodyMutation().GetBody()
+			length := ""
+			for _, h := range common.GetHeaderMutation().GetSetHeaders() {
+				if h.GetHeader().GetKey() == "content-length" {
+					length = string(h.GetHeader().GetRawValue())
+				}
+			}
+			if !tc.wantRewrite {
+				if newBody != nil || length != "" {
+					t.Fatalf("a body that may be partial was rewritten: body %q, content-length %q", newBody, length)
+				}
+				return
+			}
+			req, err := openai.Parse("/v1/chat/completions", newBody)
+			if err != nil || req.Model != "only-b" {
+				t.Fatalf("rewritten body %q: %v", newBody, err)
+			}
+			if tc.declared != 0 && length != strconv.Itoa(len(newBody)) {
+				t.Fatalf("content-length %q for %d bytes", length, len(newBody))
+			}
+		})
 	}
 }

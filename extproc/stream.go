@@ -246,7 +246,10 @@ func (st *stream) onRequestBody(b *extprocv3.HttpBody) (bool, error) {
 		} else {
 			st.phase = phaseRequestTrailers
 		}
-		in := decideInput{body: b.GetBody(), hasBody: true}
+		// BUFFERED sends the whole body (or answers 413); BUFFERED_PARTIAL sends a start
+		// of it without end_of_stream when its buffer is full.
+		whole := eos || st.reqMode == filterv3.ProcessingMode_BUFFERED || (st.declared > 0 && st.declared == len(b.GetBody()))
+		in := decideInput{body: b.GetBody(), hasBody: true, partial: !whole}
 		switch {
 		case len(in.body) > st.s.maxBody:
 			in = decideInput{parseErr: openai.ReasonTooLarge}
