@@ -45,6 +45,9 @@ type scratch struct {
 	rank, replicas int
 	cold           bool
 	idle           []int
+	// nowhere caches heldNowhere for this pick: 0 not known yet, 1 held nowhere, 2 held
+	// or being computed somewhere.
+	nowhere int8
 }
 
 type activeOn struct {
@@ -90,7 +93,7 @@ func (p *Policy) choose(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 		sc.eps[i] = p.endpoint(cands[i].Address)
 	}
 	p.shared(cands, sc, key)
-	sc.rank, sc.replicas = 0, 0
+	sc.rank, sc.replicas, sc.nowhere = 0, 0, 0
 	if p.peers != nil {
 		sc.rank, sc.replicas = p.peers.Rank()
 	}
@@ -759,14 +762,20 @@ func (p *Policy) copyWorth(e *prefixEntry, key uint64, cands []scoring.Endpoint,
 // heldNowhere reports whether no candidate has a block of the prefix in the index and
 // no request is computing it on any (in flight from this router or a peer): the request
 // misses wherever it goes. p.mu must be held.
+// Worked out once per pick (copyWorth asks for each idle candidate; with peers each
+// PeerActive takes the sync view's lock).
 func (p *Policy) heldNowhere(key uint64, cands []scoring.Endpoint, sc *scratch) bool {
-	for i := range cands {
-		if sc.lead[i] > 0 || sc.eps[i].active[key] != nil ||
-			(p.peers != nil && p.peers.PeerActive(cands[i].Address, key)) {
-			return false
+	if sc.nowhere == 0 {
+		sc.nowhere = 1
+		for i := range cands {
+			if sc.lead[i] > 0 || sc.eps[i].active[key] != nil ||
+				(p.peers != nil && p.peers.PeerActive(cands[i].Address, key)) {
+				sc.nowhere = 2
+				break
+			}
 		}
 	}
-	return true
+	return sc.nowhere == 1
 }
 
 // wait ranks candidate i by the time its queue takes to drain past a new request: its
