@@ -199,8 +199,10 @@ func (p *Policy) choose(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 			}
 		}
 		if p.cfg.StickyHolders && sc.loads[i] < p.cfg.ReplicaLoad && sc.loads[j] < p.cfg.ReplicaLoad {
-			// Both idle: the same holder for every router replica, so duplicate copies
-			// made by replicas' concurrent placements go unused and are evicted.
+			// Both idle: ranked by rendezvous score, the same for every router replica,
+			// so duplicate copies made by replicas' concurrent placements go unused and
+			// are evicted; but replicas picking at one instant take the idle holders in
+			// turn by rank (idleTurn), as one router's consecutive picks would.
 			if turn >= 0 && (i == turn || j == turn) {
 				return i == turn
 			}
@@ -761,9 +763,9 @@ func (p *Policy) copyWorth(e *prefixEntry, key uint64, cands []scoring.Endpoint,
 
 // heldNowhere reports whether no candidate has a block of the prefix in the index and
 // no request is computing it on any (in flight from this router or a peer): the request
-// misses wherever it goes. p.mu must be held.
-// Worked out once per pick (copyWorth asks for each idle candidate; with peers each
-// PeerActive takes the sync view's lock).
+// misses wherever it goes. It is worked out once per pick (copyWorth asks for each idle
+// candidate, and with peers each PeerActive takes the sync view's lock). p.mu must be
+// held.
 func (p *Policy) heldNowhere(key uint64, cands []scoring.Endpoint, sc *scratch) bool {
 	if sc.nowhere == 0 {
 		sc.nowhere = 1
