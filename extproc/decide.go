@@ -89,6 +89,7 @@ func (st *stream) decideAndReply(in decideInput, kind replyKind) (done bool, err
 	}
 	st.commit(c)
 	if c.body != nil {
+		st.respModel = newResponseModel(c.rewrite.target, c.rewrite.from)
 		if kind == replyHeaders {
 			st.body = c.body // FULL_DUPLEX_STREAMED: the caller streams st.body on
 		}

@@ -1,6 +1,8 @@
 package extproc
 
 import (
+	"bytes"
+	"encoding/json"
 	"strconv"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -22,6 +24,7 @@ const (
 // modelRewrite is what a request's model is rewritten to, if anything.
 type modelRewrite struct {
 	target string // the model the request is routed and forwarded for: its own when nothing rewrites it
+	from   string // the request's own model
 	rule   string // the InferenceModelRewrite whose rule chose target; "" for the header or none
 	exact  bool   // that rule names the model (false: a generic rule)
 	kept   string // the source of a rewrite not applied (keptRule, keptHeader), or ""
@@ -36,7 +39,7 @@ type modelRewrite struct {
 // never makes a request fail); when it serves neither (say, before the fleet knows its
 // models), the rewrite is applied as written.
 func (s *Server) rewriteModel(rt *routing, model, header string) modelRewrite {
-	r := modelRewrite{target: model}
+	r := modelRewrite{target: model, from: model}
 	if model == "" {
 		return r
 	}
@@ -122,4 +125,70 @@ func (st *stream) rewriteReply(dest string, kind replyKind, body []byte) *extpro
 		r.Response = &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{Response: common}}
 	}
 	return r
+}
+
+// responseModel names the request's own model again in the response of a request whose
+// model was rewritten, as the Inference Extension's picker does, so that a client reads
+// back the model it asked for: `"model":"<target>"` (also with a space after the colon,
+// as Python's json writes it) becomes `"model":"<from>"`. It edits the response body as
+// it streams through (FULL_DUPLEX_STREAMED); a name split between two chunks is held
+// back until the next one shows whether it completes, so at most a pattern's length
+// (bounded by the model names' length) is ever held, and all of it at the body's end.
+type responseModel struct {
+	pats, repls [2][]byte
+	held        []byte
+}
+
+func newResponseModel(target, from string) *responseModel {
+	t, f := jsonString(target), jsonString(from)
+	r := &responseModel{}
+	for i, sep := range []string{":", ": "} {
+		r.pats[i] = append([]byte(`"model"`+sep), t...)
+		r.repls[i] = append([]byte(`"model"`+sep), f...)
+	}
+	return r
+}
+
+// jsonString is s as a JSON string, as a model server writes it (no HTML escapes).
+func jsonString(s string) []byte {
+	var b bytes.Buffer
+	e := json.NewEncoder(&b)
+	e.SetEscapeHTML(false)
+	_ = e.Encode(s) // a string always encodes
+	return bytes.TrimSuffix(b.Bytes(), []byte("\n"))
+}
+
+// flush returns what edit held back, for a body that trailers end.
+func (r *responseModel) flush() []byte {
+	b := r.held
+	r.held = nil
+	return b
+}
+
+// edit returns chunk with the names replaced, less the end it holds back when the body
+// goes on (eos false) and that end may begin a name the next chunk completes.
+func (r *responseModel) edit(chunk []byte, eos bool) []byte {
+	b := append(r.held, chunk...)
+	r.held = nil
+	for i := range r.pats {
+		if bytes.Contains(b, r.pats[i]) {
+			b = bytes.ReplaceAll(b, r.pats[i], r.repls[i])
+		}
+	}
+	if eos {
+		return b
+	}
+	// The earliest start, within a pattern's length of the end, of an end of b that
+	// begins a pattern: every name cut there is held, whole.
+	longest := max(len(r.pats[0]), len(r.pats[1]))
+	for i := max(0, len(b)-longest+1); i < len(b); i++ {
+		if b[i] != '"' {
+			continue
+		}
+		if tail := b[i:]; bytes.HasPrefix(r.pats[0], tail) || bytes.HasPrefix(r.pats[1], tail) {
+			r.held = append([]byte(nil), tail...)
+			return b[:i]
+		}
+	}
+	return b
 }

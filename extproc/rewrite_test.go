@@ -305,3 +305,86 @@ func TestModelRewritePartialBody(t *testing.T) {
 		})
 	}
 }
+
+// The response of a rewritten request names the model the client asked for, as the
+// Inference Extension's picker writes it back, wherever the stream's chunks cut the
+// name (FULL_DUPLEX_STREAMED); what the response's trailers end is flushed before
+// them. A request whose model was not rewritten gets its response byte for byte.
+func TestModelRewriteResponseNamesTheRequestedModel(t *testing.T) {
+	const sse = `data: {"id":"c","model":"only-b","choices":[{"delta":{"content":"hi"}}]}` + "\n\n" +
+		`data: {"id":"c", "model": "only-b", "choices":[]}` + "\n\n" + `data: [DONE]` + "\n\n"
+	const want = `data: {"id":"c","model":"m-alias","choices":[{"delta":{"content":"hi"}}]}` + "\n\n" +
+		`data: {"id":"c", "model": "m-alias", "choices":[]}` + "\n\n" + `data: [DONE]` + "\n\n"
+	tests := []struct {
+		name     string
+		model    string // the request's
+		cuts     []int  // where the response body is cut into chunks
+		trailers bool   // trailers end the response body
+		tail     string // appended to the response body and to want
+		want     string
+	}{
+		{"one chunk", "m-alias", nil, false, "", want},
+		{"cut inside both names", "m-alias", []int{18, 30, 90, 100}, false, "", want},
+		{"cut at every byte of the first name", "m-alias", []int{12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27}, false, "", want},
+		{"cut inside a name, trailers end it", "m-alias", []int{20}, true, "", want},
+		{"a name last, trailers end it", "m-alias", []int{len(sse) - 3}, true, "", want},
+		{"not rewritten", "only-b", []int{18, 30}, false, "", sse},
+		// A body ending in what could begin a name: held, then flushed before the trailers.
+		{"held at the end, trailers end it", "m-alias", nil, true, `"model":"only`, want},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, func(o *extproc.Options) { o.Rewrites = testRewrites(t, false) })
+			cfg := fakeenvoy.FullDuplex()
+			x := h.start(cfg)
+			defer x.Cancel()
+			if _, err := x.Request(fakeenvoy.Request{Headers: postHeaders(), Body: [][]byte{chatBody(tc.model)}}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := x.ResponseHeaders(fakeenvoy.Headers{{Key: ":status", Value: "200"}}, false, nil); err != nil {
+				t.Fatal(err)
+			}
+			body := sse + tc.tail
+			var chunks []string
+			prev := 0
+			for _, c := range tc.cuts {
+				chunks = append(chunks, body[prev:c])
+				prev = c
+			}
+			chunks = append(chunks, body[prev:])
+			var got []byte
+			for i, c := range chunks {
+				eos := i == len(chunks)-1 && !tc.trailers
+				if err := x.ResponseBody([]byte(c), eos); err != nil {
+					t.Fatal(err)
+				}
+				b, _, err := x.ReadResponseBody()
+				if err != nil {
+					t.Fatal(err)
+				}
+				got = append(got, b...)
+			}
+			if tc.trailers {
+				if err := x.ResponseTrailers(fakeenvoy.Headers{{Key: "x-t", Value: "1"}}); err != nil {
+					t.Fatal(err)
+				}
+				for {
+					b, eos, err := x.ReadResponseBody()
+					if err != nil {
+						t.Fatal(err)
+					}
+					got = append(got, b...)
+					if eos {
+						break
+					}
+				}
+				if _, err := x.ReadResponseTrailers(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if string(got) != tc.want+tc.tail {
+				t.Errorf("the client reads\n%s\nwant\n%s", got, tc.want+tc.tail)
+			}
+		})
+	}
+}

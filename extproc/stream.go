@@ -60,6 +60,9 @@ type stream struct {
 	hasSubset bool
 	objective string // the x-gateway-inference-objective header: its first non-empty value of at most maxObjectiveName bytes
 	rewriteTo string // the x-gateway-model-name-rewrite header: its first non-empty value of at most maxModelName bytes
+	// respModel names the request's own model again in a rewritten request's response
+	// (FULL_DUPLEX_STREAMED); nil when the model was not rewritten.
+	respModel *responseModel
 	body      []byte
 	declared  int       // the content-length header, when it is at most maxBody (else 0)
 	hasLength bool      // the request has a content-length header (a rewritten body's replaces it)
@@ -415,7 +418,11 @@ func (st *stream) onResponseBody(b *extprocv3.HttpBody) error {
 		st.endResponse()
 	}
 	if st.respMode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
-		return st.sendChunks(b.GetBody(), b.GetEndOfStream(), false)
+		body := b.GetBody()
+		if st.respModel != nil {
+			body = st.respModel.edit(body, b.GetEndOfStream())
+		}
+		return st.sendChunks(body, b.GetEndOfStream(), false)
 	}
 	return st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{
 		ResponseBody: &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{}}}})
@@ -426,6 +433,13 @@ func (st *stream) onResponseTrailers() error {
 		return err
 	}
 	st.endResponse()
+	if st.respModel != nil && st.respMode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
+		if held := st.respModel.flush(); len(held) > 0 { // the trailers end the body
+			if err := st.sendChunks(held, false, false); err != nil {
+				return err
+			}
+		}
+	}
 	return st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseTrailers{
 		ResponseTrailers: &extprocv3.TrailersResponse{}}})
 }
