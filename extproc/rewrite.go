@@ -166,29 +166,49 @@ func (r *responseModel) flush() []byte {
 }
 
 // edit returns chunk with the names replaced, less the end it holds back when the body
-// goes on (eos false) and that end may begin a name the next chunk completes.
+// goes on (eos false) and that end may begin a name the next chunk completes. Only bytes
+// past the last name replaced are ever held, so the chunks read as one edit of the whole
+// body would (FuzzResponseModel).
 func (r *responseModel) edit(chunk []byte, eos bool) []byte {
-	b := append(r.held, chunk...)
+	b := chunk
+	if len(r.held) > 0 {
+		b = append(r.held, chunk...)
+	}
 	r.held = nil
-	for i := range r.pats {
-		if bytes.Contains(b, r.pats[i]) {
-			b = bytes.ReplaceAll(b, r.pats[i], r.repls[i])
+	var out []byte // nil until a name is replaced
+	scanned := 0
+	for {
+		j, k := r.next(b[scanned:])
+		if j < 0 {
+			break
+		}
+		out = append(append(out, b[scanned:scanned+j]...), r.repls[k]...)
+		scanned += j + len(r.pats[k])
+	}
+	end := len(b)
+	if !eos {
+		// The earliest start, within a pattern's length of the end, of an end of b that
+		// begins a pattern: a name cut there is held whole.
+		longest := max(len(r.pats[0]), len(r.pats[1]))
+		for i := max(scanned, len(b)-longest+1); i < len(b); i++ {
+			if b[i] == '"' && (bytes.HasPrefix(r.pats[0], b[i:]) || bytes.HasPrefix(r.pats[1], b[i:])) {
+				end = i
+				r.held = append([]byte(nil), b[i:]...)
+				break
+			}
 		}
 	}
-	if eos {
-		return b
+	if out == nil {
+		return b[:end]
 	}
-	// The earliest start, within a pattern's length of the end, of an end of b that
-	// begins a pattern: every name cut there is held, whole.
-	longest := max(len(r.pats[0]), len(r.pats[1]))
-	for i := max(0, len(b)-longest+1); i < len(b); i++ {
-		if b[i] != '"' {
-			continue
-		}
-		if tail := b[i:]; bytes.HasPrefix(r.pats[0], tail) || bytes.HasPrefix(r.pats[1], tail) {
-			r.held = append([]byte(nil), tail...)
-			return b[:i]
-		}
+	return append(out, b[scanned:end]...)
+}
+
+// next returns the index in b of the earliest name to replace and its pattern, or -1.
+func (r *responseModel) next(b []byte) (int, int) {
+	j, k := bytes.Index(b, r.pats[0]), 0
+	if j1 := bytes.Index(b, r.pats[1]); j1 >= 0 && (j < 0 || j1 < j) {
+		j, k = j1, 1
 	}
-	return b
+	return j, k
 }
