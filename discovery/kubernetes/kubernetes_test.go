@@ -440,29 +440,44 @@ func TestInferenceObjectives(t *testing.T) {
 	})
 }
 
-// Without a watchable InferenceObjective resource (the CRD not installed: the list
-// fails) the pool's pods are still discovered, and no objective is known.
-func TestInferencePoolWithoutObjectives(t *testing.T) {
-	cs := fake.NewClientset(vllmPod("a", "10.0.0.1", true))
-	dyn := dynClient(pool(8000))
-	dyn.PrependReactor("list", "inferenceobjectives", func(k8stesting.Action) (bool, runtime.Object, error) {
-		return true, nil, apierrors.NewNotFound(schema.GroupResource{Group: kdisc.InferenceObjectives.Group, Resource: "inferenceobjectives"}, "")
-	})
-	reg := prometheus.NewRegistry()
-	f := newFleet(t)
-	cfg := selectorCfg()
-	cfg.Selector, cfg.Port, cfg.InferencePool = nil, 0, "vllm-pool"
-	s, err := kdisc.New(cfg, discovery.DefaultKVEventsConfig(), kdisc.Clients{Core: clientset.New(cs), Dynamic: dyn}, f,
-		discovery.Options{Metrics: discovery.NewMetrics(reg)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	start(t, s)
-	waitView(t, f, []string{"10.0.0.1:8000"}, nil)
-	testwait.For(t, "objectives watch error counted", func() bool {
-		return testmetrics.Value(t, reg, "kvrouter_discovery_errors_total", "reason", "objectives_watch") > 0
-	})
-	if got := priorities(s, "batch"); len(got) != 0 {
-		t.Fatalf("known without a watch: %v", got)
+// Without a watchable InferenceObjective or InferenceModelRewrite resource (the CRD not
+// installed: the list fails) the pool's pods are still discovered, the failure is
+// counted, and nothing of that resource applies.
+func TestInferencePoolWithoutSideResources(t *testing.T) {
+	for _, tc := range []struct {
+		resource string
+		group    string
+		reason   string
+		none     func(s *kdisc.Source) int // what applies: none without the watch
+	}{
+		{"inferenceobjectives", kdisc.InferenceObjectives.Group, "objectives_watch",
+			func(s *kdisc.Source) int { return len(priorities(s, "batch")) }},
+		{"inferencemodelrewrites", kdisc.InferenceModelRewrites.Group, "rewrites_watch",
+			func(s *kdisc.Source) int { return len(lookups(s, "small")) }},
+	} {
+		t.Run(tc.resource, func(t *testing.T) {
+			cs := fake.NewClientset(vllmPod("a", "10.0.0.1", true))
+			dyn := dynClient(pool(8000))
+			dyn.PrependReactor("list", tc.resource, func(k8stesting.Action) (bool, runtime.Object, error) {
+				return true, nil, apierrors.NewNotFound(schema.GroupResource{Group: tc.group, Resource: tc.resource}, "")
+			})
+			reg := prometheus.NewRegistry()
+			f := newFleet(t)
+			cfg := selectorCfg()
+			cfg.Selector, cfg.Port, cfg.InferencePool = nil, 0, "vllm-pool"
+			s, err := kdisc.New(cfg, discovery.DefaultKVEventsConfig(), kdisc.Clients{Core: clientset.New(cs), Dynamic: dyn}, f,
+				discovery.Options{Metrics: discovery.NewMetrics(reg)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			start(t, s)
+			waitView(t, f, []string{"10.0.0.1:8000"}, nil)
+			testwait.For(t, tc.reason+" counted", func() bool {
+				return testmetrics.Value(t, reg, "kvrouter_discovery_errors_total", "reason", tc.reason) > 0
+			})
+			if n := tc.none(s); n != 0 {
+				t.Fatalf("%d known without a watch", n)
+			}
+		})
 	}
 }

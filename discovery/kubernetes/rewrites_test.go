@@ -8,13 +8,10 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/kubernetes/fake"
-	k8stesting "k8s.io/client-go/testing"
 	infv1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
 	infx "sigs.k8s.io/gateway-api-inference-extension/apix/v1alpha2"
 
@@ -138,31 +135,4 @@ func TestInferenceModelRewrites(t *testing.T) {
 		}
 		wait(t, map[string]string{"small": "canary:v1", "big": "canary:v1", "anything": "canary:base", "new": "canary:base"})
 	})
-}
-
-// Without a watchable InferenceModelRewrite resource (the CRD not installed) the pool's
-// pods are still discovered, the failure is counted, and no rule applies.
-func TestInferencePoolWithoutModelRewrites(t *testing.T) {
-	cs := fake.NewClientset(vllmPod("a", "10.0.0.1", true))
-	dyn := dynClient(pool(8000))
-	dyn.PrependReactor("list", "inferencemodelrewrites", func(k8stesting.Action) (bool, runtime.Object, error) {
-		return true, nil, apierrors.NewNotFound(schema.GroupResource{Group: kdisc.InferenceModelRewrites.Group, Resource: "inferencemodelrewrites"}, "")
-	})
-	reg := prometheus.NewRegistry()
-	f := newFleet(t)
-	cfg := selectorCfg()
-	cfg.Selector, cfg.Port, cfg.InferencePool = nil, 0, "vllm-pool"
-	s, err := kdisc.New(cfg, discovery.DefaultKVEventsConfig(), kdisc.Clients{Core: clientset.New(cs), Dynamic: dyn}, f,
-		discovery.Options{Metrics: discovery.NewMetrics(reg)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	start(t, s)
-	waitView(t, f, []string{"10.0.0.1:8000"}, nil)
-	testwait.For(t, "rewrites watch error counted", func() bool {
-		return testmetrics.Value(t, reg, "kvrouter_discovery_errors_total", "reason", "rewrites_watch") > 0
-	})
-	if got := lookups(s, "small"); len(got) != 0 {
-		t.Fatalf("a rule applies without a watch: %v", got)
-	}
 }
