@@ -183,25 +183,22 @@ func (a *App) reloadLocked() (ReloadReport, error) {
 	if !reflect.DeepEqual(run.Endpoints, next.Endpoints) {
 		rep.Applied = append(rep.Applied, "endpoints")
 	}
-	if !maps.Equal(run.Objectives, next.Objectives) {
-		if k := run.Discovery.Kubernetes; k != nil && k.InferencePool != "" {
-			// The running pool's InferenceObjectives give the priorities until a restart
-			// leaves inference_pool mode (the file's discovery change is listed already).
-			rep.Restart = append(rep.Restart, "objectives")
-		} else {
-			applied.Objectives = next.Objectives
-			rep.Applied = append(rep.Applied, "objectives")
+	// The running pool's InferenceObjectives and InferenceModelRewrites stand for the
+	// file's objectives and model_rewrites until a restart leaves inference_pool mode (the
+	// file's discovery change is listed already).
+	inPool := run.Discovery.Kubernetes != nil && run.Discovery.Kubernetes.InferencePool != ""
+	poolOwned := func(name string, changed bool, apply func()) {
+		switch {
+		case !changed:
+		case inPool:
+			rep.Restart = append(rep.Restart, name)
+		default:
+			apply()
+			rep.Applied = append(rep.Applied, name)
 		}
 	}
-	if !reflect.DeepEqual(run.ModelRewrites, next.ModelRewrites) {
-		if k := run.Discovery.Kubernetes; k != nil && k.InferencePool != "" {
-			// The running pool's InferenceModelRewrites give the rules until a restart.
-			rep.Restart = append(rep.Restart, "model_rewrites")
-		} else {
-			applied.ModelRewrites = next.ModelRewrites
-			rep.Applied = append(rep.Applied, "model_rewrites")
-		}
-	}
+	poolOwned("objectives", !maps.Equal(run.Objectives, next.Objectives), func() { applied.Objectives = next.Objectives })
+	poolOwned("model_rewrites", !reflect.DeepEqual(run.ModelRewrites, next.ModelRewrites), func() { applied.ModelRewrites = next.ModelRewrites })
 	rep.Applied = append(rep.Applied, diffFields("policy", run.Policy, applied.Policy)...)
 	rep.Applied = append(rep.Applied, diffFields("limits", run.Limits, applied.Limits)...)
 	if len(rep.Applied) == 0 {

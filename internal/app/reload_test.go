@@ -54,6 +54,25 @@ func writeFile(t *testing.T, path, text string) {
 	}
 }
 
+// plaintext is a reloadYAML configuration with a plaintext ext_proc listener, so that a
+// test dials it simply.
+func plaintext(yaml string) string {
+	return strings.Replace(yaml, "listen:\n", "listen:\n  tls: {mode: disabled}\n", 1)
+}
+
+// startReloadable writes yaml to path, loads it and starts kvrouter on it with reloads
+// made only by the test (ConfigCheckInterval -1), metrics in the returned registry.
+func startReloadable(t *testing.T, path, yaml string) (*runningApp, *prometheus.Registry) {
+	t.Helper()
+	writeFile(t, path, yaml)
+	cfg, err := config.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	return startApp(t, cfg, app.Options{Registry: reg, ConfigPath: path, ConfigCheckInterval: -1}), reg
+}
+
 func endpointAddrs(t *testing.T, base string) []string {
 	t.Helper()
 	_, body := httpGet(t, base+"/debug/endpoints")
@@ -95,13 +114,7 @@ func TestReload(t *testing.T) {
 	v1.up.Store(true)
 	v2.up.Store(true)
 	path := filepath.Join(t.TempDir(), "kvrouter.yaml")
-	writeFile(t, path, reloadYAML("127.0.0.1:0", "round-robin", 50*time.Millisecond, v1, v2))
-	cfg, err := config.Load(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	reg := prometheus.NewRegistry()
-	r := startApp(t, cfg, app.Options{Registry: reg, ConfigPath: path, ConfigCheckInterval: -1})
+	r, reg := startReloadable(t, path, reloadYAML("127.0.0.1:0", "round-robin", 50*time.Millisecond, v1, v2))
 	base := "http://" + r.addrs.Debug
 	if got := endpointAddrs(t, base); len(got) != 2 {
 		t.Fatalf("endpoints %v, want 2", got)
@@ -289,17 +302,10 @@ func TestReloadObjectives(t *testing.T) {
 	}
 	path := filepath.Join(t.TempDir(), "kvrouter.yaml")
 	yaml := func(batch int) string {
-		// Plaintext ext_proc, so that the test dials it simply.
-		return strings.Replace(reloadYAML("127.0.0.1:0", "least-load", 50*time.Millisecond, v1, v2), "listen:\n", "listen:\n  tls: {mode: disabled}\n", 1) +
+		return plaintext(reloadYAML("127.0.0.1:0", "least-load", 50*time.Millisecond, v1, v2)) +
 			"  metrics_scrape_interval: 50ms\n  metrics_scrape_timeout: 50ms\n" + fmt.Sprintf("objectives:\n  batch: %d\n  chat: 10\n", batch)
 	}
-	writeFile(t, path, yaml(-1))
-	cfg, err := config.Load(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	reg := prometheus.NewRegistry()
-	r := startApp(t, cfg, app.Options{Registry: reg, ConfigPath: path, ConfigCheckInterval: -1})
+	r, reg := startReloadable(t, path, yaml(-1))
 	client := extprocv3.NewExternalProcessorClient(dial(t, r.addrs.ExtProc))
 	// status is the status of kvrouter's own answer to a request naming objective (none
 	// when ""), 0 when the request was routed.
@@ -391,14 +397,8 @@ func TestReloadModelRewrites(t *testing.T) {
 	v1 := newFakeVLLM(t)
 	v1.up.Store(true)
 	path := filepath.Join(t.TempDir(), "kvrouter.yaml")
-	base := strings.Replace(reloadYAML("127.0.0.1:0", "least-load", 50*time.Millisecond, v1), "listen:\n", "listen:\n  tls: {mode: disabled}\n", 1)
-	writeFile(t, path, base)
-	cfg, err := config.Load(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	reg := prometheus.NewRegistry()
-	r := startApp(t, cfg, app.Options{Registry: reg, ConfigPath: path, ConfigCheckInterval: -1})
+	base := plaintext(reloadYAML("127.0.0.1:0", "least-load", 50*time.Millisecond, v1))
+	r, reg := startReloadable(t, path, base)
 	client := extprocv3.NewExternalProcessorClient(dial(t, r.addrs.ExtProc))
 	// upstreamModel sends a chat request for model m and returns the model the upstream
 	// would get ("" when kvrouter answered itself).
