@@ -200,7 +200,7 @@ func (s *Source) setup() error {
 			if !found {
 				return nil, errPoolNotFound
 			}
-			pool, err := toPool(obj)
+			pool, err := fromUnstructured[infv1.InferencePool]("InferencePool", obj)
 			if err != nil {
 				return nil, err
 			}
@@ -290,7 +290,7 @@ func (s *Source) watchSide(r schema.GroupVersionResource, reason, warning string
 func (s *Source) indexObjectives(objs []any) *map[string]int {
 	m := make(map[string]int, len(objs))
 	for _, obj := range objs {
-		o, err := toObjective(obj)
+		o, err := fromUnstructured[infx.InferenceObjective]("InferenceObjective", obj)
 		if err != nil {
 			s.o.Metrics.Error(s.name, "objective_invalid")
 			continue
@@ -313,18 +313,6 @@ func (s *Source) indexObjectives(objs []any) *map[string]int {
 func (s *Source) ourPool(ref *infx.PoolObjectReference) bool {
 	return ref != nil && string(ref.Name) == s.cfg.InferencePool && (ref.Group == "" || string(ref.Group) == infv1.GroupName) &&
 		(ref.Kind == "" || ref.Kind == "InferencePool")
-}
-
-func toObjective(obj any) (*infx.InferenceObjective, error) {
-	u, ok := obj.(*unstructured.Unstructured)
-	if !ok {
-		return nil, fmt.Errorf("InferenceObjective informer returned %T", obj)
-	}
-	var o infx.InferenceObjective
-	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &o); err != nil {
-		return nil, fmt.Errorf("InferenceObjective %s/%s: %w", u.GetNamespace(), u.GetName(), err)
-	}
-	return &o, nil
 }
 
 // Priority implements extproc.Objectives: the priority of the InferenceObjective named
@@ -350,16 +338,18 @@ func (s *Source) Objectives() map[string]int {
 	return maps.Clone(*m)
 }
 
-func toPool(obj any) (*infv1.InferencePool, error) {
+// fromUnstructured is an informer's object as the typed resource T (kind names it in
+// errors).
+func fromUnstructured[T any](kind string, obj any) (*T, error) {
 	u, ok := obj.(*unstructured.Unstructured)
 	if !ok {
-		return nil, fmt.Errorf("InferencePool informer returned %T", obj)
+		return nil, fmt.Errorf("%s informer returned %T", kind, obj)
 	}
-	var pool infv1.InferencePool
-	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &pool); err != nil {
-		return nil, fmt.Errorf("InferencePool %s/%s: %w", u.GetNamespace(), u.GetName(), err)
+	var o T
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &o); err != nil {
+		return nil, fmt.Errorf("%s %s/%s: %w", kind, u.GetNamespace(), u.GetName(), err)
 	}
-	return &pool, nil
+	return &o, nil
 }
 
 // Run starts the informers, waits for their caches, and then applies the complete set of

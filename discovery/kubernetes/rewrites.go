@@ -2,13 +2,10 @@ package kubernetes
 
 import (
 	"cmp"
-	"fmt"
 	"maps"
 	"slices"
 
 	"go.uber.org/zap"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime"
 	infx "sigs.k8s.io/gateway-api-inference-extension/apix/v1alpha2"
 
 	"github.com/kvrouter/kvrouter/rewrite"
@@ -36,7 +33,7 @@ func (s *Source) indexRewrites(objs []any, prev *poolRewrites) *poolRewrites {
 	var ours []found
 	refused := map[string]string{}
 	for _, obj := range objs {
-		o, err := toRewrite(obj)
+		o, err := fromUnstructured[infx.InferenceModelRewrite]("InferenceModelRewrite", obj)
 		if err != nil {
 			s.o.Metrics.Error(s.name, "model_rewrite_invalid")
 			continue
@@ -96,18 +93,6 @@ func rewriteOf(o *infx.InferenceModelRewrite) rewrite.Rewrite {
 		rw.Rules = append(rw.Rules, rule)
 	}
 	return rw
-}
-
-func toRewrite(obj any) (*infx.InferenceModelRewrite, error) {
-	u, ok := obj.(*unstructured.Unstructured)
-	if !ok {
-		return nil, fmt.Errorf("InferenceModelRewrite informer returned %T", obj)
-	}
-	var o infx.InferenceModelRewrite
-	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &o); err != nil {
-		return nil, fmt.Errorf("InferenceModelRewrite %s/%s: %w", u.GetNamespace(), u.GetName(), err)
-	}
-	return &o, nil
 }
 
 // Lookup implements extproc.Rewrites: the rule of the pool's InferenceModelRewrites that
