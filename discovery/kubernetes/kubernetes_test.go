@@ -308,19 +308,25 @@ func dynClient(objs ...runtime.Object) *dynfake.FakeDynamicClient {
 		kdisc.InferenceModelRewrites: "InferenceModelRewriteList"}, objs...)
 }
 
+// poolSource is a source in inference_pool mode for the pool "vllm-pool" (pool()), with
+// the clients' objects and opts.
+func poolSource(t *testing.T, cs *fake.Clientset, dyn *dynfake.FakeDynamicClient, f *fleet.Fleet, opts discovery.Options) *kdisc.Source {
+	t.Helper()
+	cfg := selectorCfg()
+	cfg.Selector, cfg.Port, cfg.InferencePool = nil, 0, "vllm-pool"
+	s, err := kdisc.New(cfg, discovery.DefaultKVEventsConfig(), kdisc.Clients{Core: clientset.New(cs), Dynamic: dyn}, f, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
 func TestInferencePool(t *testing.T) {
 	ctx := context.Background()
 	cs := fake.NewClientset(vllmPod("a", "10.0.0.1", true), vllmPod("b", "10.0.0.2", true))
 	dyn := dynClient(pool(8000))
 	f := newFleet(t)
-	cfg := selectorCfg()
-	cfg.Selector = nil
-	cfg.Port = 0
-	cfg.InferencePool = "vllm-pool"
-	s, err := kdisc.New(cfg, discovery.DefaultKVEventsConfig(), kdisc.Clients{Core: clientset.New(cs), Dynamic: dyn}, f, discovery.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := poolSource(t, cs, dyn, f, discovery.Options{})
 	start(t, s)
 	pools := dyn.Resource(kdisc.InferencePools).Namespace(ns)
 	t.Run("pool's pods on its target port", func(t *testing.T) {
@@ -394,12 +400,7 @@ func TestInferenceObjectives(t *testing.T) {
 		objective("other-group", "vllm-pool", "example.com", ptr.To(-3)),
 	)
 	f := newFleet(t)
-	cfg := selectorCfg()
-	cfg.Selector, cfg.Port, cfg.InferencePool = nil, 0, "vllm-pool"
-	s, err := kdisc.New(cfg, discovery.DefaultKVEventsConfig(), kdisc.Clients{Core: clientset.New(cs), Dynamic: dyn}, f, discovery.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := poolSource(t, cs, dyn, f, discovery.Options{})
 	if got := priorities(s, "batch"); len(got) != 0 {
 		t.Fatalf("known before Run: %v", got)
 	}
@@ -463,13 +464,7 @@ func TestInferencePoolWithoutSideResources(t *testing.T) {
 			})
 			reg := prometheus.NewRegistry()
 			f := newFleet(t)
-			cfg := selectorCfg()
-			cfg.Selector, cfg.Port, cfg.InferencePool = nil, 0, "vllm-pool"
-			s, err := kdisc.New(cfg, discovery.DefaultKVEventsConfig(), kdisc.Clients{Core: clientset.New(cs), Dynamic: dyn}, f,
-				discovery.Options{Metrics: discovery.NewMetrics(reg)})
-			if err != nil {
-				t.Fatal(err)
-			}
+			s := poolSource(t, cs, dyn, f, discovery.Options{Metrics: discovery.NewMetrics(reg)})
 			start(t, s)
 			waitView(t, f, []string{"10.0.0.1:8000"}, nil)
 			testwait.For(t, tc.reason+" counted", func() bool {

@@ -17,7 +17,6 @@ import (
 
 	"github.com/kvrouter/kvrouter/discovery"
 	kdisc "github.com/kvrouter/kvrouter/discovery/kubernetes"
-	"github.com/kvrouter/kvrouter/discovery/kubernetes/clientset"
 	"github.com/kvrouter/kvrouter/internal/testmetrics"
 	"github.com/kvrouter/kvrouter/internal/testwait"
 )
@@ -81,13 +80,7 @@ func TestInferenceModelRewrites(t *testing.T) {
 	)
 	reg := prometheus.NewRegistry()
 	f := newFleet(t)
-	cfg := selectorCfg()
-	cfg.Selector, cfg.Port, cfg.InferencePool = nil, 0, "vllm-pool"
-	s, err := kdisc.New(cfg, discovery.DefaultKVEventsConfig(), kdisc.Clients{Core: clientset.New(cs), Dynamic: dyn}, f,
-		discovery.Options{Metrics: discovery.NewMetrics(reg)})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := poolSource(t, cs, dyn, f, discovery.Options{Metrics: discovery.NewMetrics(reg)})
 	models := []string{"small", "big", "anything", "new"}
 	if got := lookups(s, models...); len(got) != 0 {
 		t.Fatalf("known before Run: %v", got)
