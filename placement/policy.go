@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"os"
 	"slices"
 	"sync"
 	"time"
@@ -458,27 +457,11 @@ func (p *Policy) Finished(reqID string) {
 			} else {
 				r.ep.decode += decodeAlpha * (d - r.ep.decode)
 			}
-			if dbgShare {
-				dbgMu.Lock()
-				k := fmt.Sprint(r.ep.hash)
-				g := dbgDecode[k]
-				if g == 0 {
-					g = d
-				} else {
-					g += decodeAlpha * (d - g)
-				}
-				dbgDecode[k] = g
-				dbgMu.Unlock()
-			}
 		}
 	}
 	p.release(reqID)
 	p.mu.Unlock()
 }
-
-var dbgShare = os.Getenv("PLSHARE") != ""
-var dbgMu sync.Mutex
-var dbgDecode = map[string]float64{}
 
 // decodeAlpha weighs the newest decode time in an endpoint's moving average.
 const decodeAlpha = 0.1

@@ -2,9 +2,7 @@ package placement
 
 import (
 	"cmp"
-	"fmt"
 	"math"
-	"os"
 	"slices"
 
 	"github.com/kvrouter/kvrouter/scoring"
@@ -167,11 +165,6 @@ func (p *Policy) choose(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 	var measured int
 	for i := range cands {
 		sc.decode[i] = sc.eps[i].decode
-		if dbgShare && p.peers != nil {
-			dbgMu.Lock()
-			sc.decode[i] = dbgDecode[fmt.Sprint(sc.eps[i].hash)]
-			dbgMu.Unlock()
-		}
 		if sc.decode[i] > 0 {
 			sc.meanDecode += sc.decode[i]
 			measured++
@@ -210,11 +203,6 @@ func (p *Policy) choose(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 			// so duplicate copies made by replicas' concurrent placements go unused and
 			// are evicted; but replicas picking at one instant take the idle holders in
 			// turn by rank (idleTurn), as one router's consecutive picks would.
-			if xFastH && (p.peers != nil || xFastAll) {
-				if di, dj := sc.decode[i], sc.decode[j]; di > 0 && dj > 0 && (di < p.cfg.MissSpeedup*dj || dj < p.cfg.MissSpeedup*di) {
-					return di < dj
-				}
-			}
 			if turn >= 0 && (i == turn || j == turn) {
 				return i == turn
 			}
@@ -243,12 +231,6 @@ func (p *Policy) choose(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 		return p.newHome(e, key, cands, sc), kindHome
 	}
 	if g >= 0 && sc.loads[g] < p.cfg.ReplicaLoad {
-		if xFast && (p.peers != nil || xFastAll) {
-			if f := p.fasterIdle(e, key, cands, sc, g); f >= 0 {
-				sc.pos[f] = p.place(e, cands[f].Address, false)
-				return f, kindReplica
-			}
-		}
 		return g, kindHolder
 	}
 	// The holders are busy: a replica where it evicts nothing live, on an endpoint less
@@ -445,10 +427,6 @@ func (p *Policy) newHome(e *prefixEntry, key uint64, cands []scoring.Endpoint, s
 	for i := range cands {
 		ok := sc.ok[i]
 		share := p.homeShare(sc, cands, i, e.weight())
-		if xHomeSpeed && (p.peers != nil || xFastAll) && sc.decode[i] > 0 &&
-			(!xCap || sc.eps[i].homeBlocks+e.weight()+p.need(sc.eps[i], key, &cands[i], len(sc.keys)) <= p.capacity(&cands[i])) {
-			share *= sc.decode[i] / sc.meanDecode
-		}
 		better := best < 0 || (ok && !bestOK) ||
 			(ok == bestOK && (share < bestShare || (share == bestShare && (p.wait(sc, i) < p.wait(sc, best) ||
 				p.wait(sc, i) == p.wait(sc, best) && p.homeOrder(sc, i, best)))))
@@ -837,30 +815,4 @@ func (p *Policy) need(ep *endpointState, key uint64, c *scoring.Endpoint, blocks
 		need -= min(p.prefixes[key].blocks, blocks)
 	}
 	return need
-}
-
-var xCap = os.Getenv("XCAP") != ""
-var xOne = os.Getenv("XONE") != ""
-var xHomeSpeed = os.Getenv("XHOMESPEED") != ""
-var xFast, xFastH, xFastAll = os.Getenv("XFAST") != "", os.Getenv("XFASTH") != "", os.Getenv("XFASTALL") != ""
-
-// fasterIdle: experiment.
-func (p *Policy) fasterIdle(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc *scratch, g int) int {
-	if sc.decode[g] == 0 || (xOne && len(e.sites) > 1) {
-		return -1
-	}
-	best := -1
-	for i := range cands {
-		if sc.pos[i] >= 0 || !sc.ok[i] || sc.loads[i] > 0 || sc.decode[i] == 0 || sc.decode[i] >= p.cfg.MissSpeedup*sc.decode[g] || !p.moveOK(sc, i, g) {
-			continue
-		}
-		ep := sc.eps[i]
-		if float64(ep.placedBlocks+ep.footprint+p.need(ep, key, &cands[i], len(sc.keys)))+sc.otherKV[i] > float64(p.capacity(&cands[i])) {
-			continue
-		}
-		if best < 0 || sc.decode[i] < sc.decode[best] {
-			best = i
-		}
-	}
-	return best
 }
