@@ -508,35 +508,33 @@ func (st *stream) release() {
 }
 
 // hold reserves n more body bytes for parsing in the server's budget for this stream.
-func (st *stream) hold(n int) bool {
-	if !st.s.reserve(int64(n) * ParseCost) {
-		return false
-	}
-	st.held += n
-	return true
-}
+func (st *stream) hold(n int) bool { return st.reserve(&st.held, n, ParseCost) }
 
 // unhold returns the stream's body bytes to the budget: once its decision is made, or
 // when the stream ends.
-func (st *stream) unhold() {
-	st.s.unreserve(int64(st.held) * ParseCost)
-	st.held = 0
-}
+func (st *stream) unhold() { st.unreserve(&st.held, ParseCost) }
 
 // holdCopy reserves the n bytes of a rewritten body's copy in the server's budget.
-func (st *stream) holdCopy(n int) bool {
-	if !st.s.reserve(int64(n) * RewriteCost) {
-		return false
-	}
-	st.copyHeld += n
-	return true
-}
+func (st *stream) holdCopy(n int) bool { return st.reserve(&st.copyHeld, n, RewriteCost) }
 
 // unholdCopy returns the rewritten body's copy to the budget: once it is passed on, once
 // the decision is known not to use it, or when the stream ends.
-func (st *stream) unholdCopy() {
-	st.s.unreserve(int64(st.copyHeld) * RewriteCost)
-	st.copyHeld = 0
+func (st *stream) unholdCopy() { st.unreserve(&st.copyHeld, RewriteCost) }
+
+// reserve takes n more bytes, charged cost each, in the server's budget and counts
+// them in *held.
+func (st *stream) reserve(held *int, n int, cost int64) bool {
+	if !st.s.reserve(int64(n) * cost) {
+		return false
+	}
+	*held += n
+	return true
+}
+
+// unreserve returns the *held bytes, charged cost each, to the server's budget.
+func (st *stream) unreserve(held *int, cost int64) {
+	st.s.unreserve(int64(*held) * cost)
+	*held = 0
 }
 
 func (st *stream) send(r *extprocv3.ProcessingResponse) error {
