@@ -191,7 +191,11 @@ func (p *Policy) Pick(req *scoring.Request, cands []scoring.Endpoint) (scoring.D
 	}
 	e := p.prefix(key, sc.keys)
 	best, kind := p.choose(e, key, cands, sc)
-	if d := p.divert(e, key, cands, sc, best, len(req.TokenIDs), bs); d >= 0 {
+	alt := p.divert(e, key, cands, sc, best, len(req.TokenIDs), bs)
+	if alt < 0 {
+		alt = p.keepHistories(cands, sc, best, len(req.TokenIDs), bs)
+	}
+	if d := alt; d >= 0 {
 		if p.cfg.UnplaceDiverted && (kind == kindReplica || kind == kindSpill) {
 			p.drop(e, cands[best].Address)
 			sc.pos[best] = -1
@@ -209,7 +213,7 @@ func (p *Policy) Pick(req *scoring.Request, cands []scoring.Endpoint) (scoring.D
 	}
 	if req.ID != "" {
 		p.pending[req.ID] = pendingPick{key: key, addr: addr, blocks: len(sc.keys), pblocks: e.blocks,
-			prefill: max(0, len(req.TokenIDs)-sc.lead[best]*bs)}
+			prefill: max(0, len(req.TokenIDs)-sc.lead[best]*bs), bs: bs}
 	}
 	var delay time.Duration
 	if kind != kindDivert {
@@ -355,6 +359,22 @@ func (p *Policy) Routed(req *scoring.Request, endpoint string) {
 	}
 	p.join(&r)
 	p.reqs[req.ID] = r
+	p.allocate(ep, req.ID, r.tokens, r.prefill, pd.bs)
+}
+
+// allocate counts a routed request's blocks into ep's turnover (sent) and remembers
+// its prompt as a history when its uncached part is longer than one engine step
+// (MaxNumBatchedTokens plus a block): evicted, it would cost more than a step to
+// recompute. p.mu must be held.
+func (p *Policy) allocate(ep *endpointState, id string, tokens, prefill, bs int) {
+	computed := (prefill + bs - 1) / bs
+	if prefill > p.cfg.MaxNumBatchedTokens+bs {
+		if len(ep.histories) >= maxHistories {
+			ep.histories = slices.Delete(ep.histories, 0, 1)
+		}
+		ep.histories = append(ep.histories, history{id: id, before: ep.sent, cached: (tokens - prefill) / bs, blocks: computed})
+	}
+	ep.sent += computed + p.cfg.OutputBlocks
 }
 
 // Moved moves a routed request to endpoint, where the proxy served it (a listed
@@ -382,6 +402,18 @@ func (p *Policy) Moved(reqID, endpoint string) {
 		blocks = a.blocks
 	}
 	p.leave(&r)
+	// Its prompt is computed where it was served: its history moves there.
+	for k, h := range r.ep.histories {
+		if h.id == reqID {
+			r.ep.histories = slices.Delete(r.ep.histories, k, k+1)
+			if len(to.histories) >= maxHistories {
+				to.histories = slices.Delete(to.histories, 0, 1)
+			}
+			to.histories = append(to.histories, history{id: reqID, before: to.sent, blocks: h.cached + h.blocks})
+			to.sent += h.cached + h.blocks + p.cfg.OutputBlocks
+			break
+		}
+	}
 	r.ep = to
 	to.activate(r.key, blocks)
 	if r.first.IsZero() {

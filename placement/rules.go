@@ -534,14 +534,7 @@ func mix64(x uint64) uint64 {
 // C = 16 from 1.0 to 0.3 points under one router's cached-token ratio at 2 replicas,
 // from 2.7 to 1.0 at 4; docs/results-policy.md). p.mu must be held.
 func (p *Policy) divert(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc *scratch, best, tokens, bs int) int {
-	est := func(i int) float64 {
-		d := sc.decode[i]
-		if d == 0 {
-			d = sc.meanDecode
-		}
-		backlog := sc.eps[i].prefill + max(0, tokens-sc.lead[i]*bs)
-		return float64(backlog) * d / sc.meanDecode
-	}
+	est := func(i int) float64 { return p.startEst(sc, i, tokens, bs) }
 	eb := est(best)
 	late := p.cfg.DivertDeadline && eb > float64(p.cfg.MaxNumBatchedTokens+bs)
 	full := p.cfg.DivertOnFull && !sc.room[best]
@@ -608,6 +601,72 @@ func (p *Policy) divert(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 		}
 	}
 	return alt
+}
+
+// startEst estimates when candidate i would start a request of tokens prompt tokens,
+// in tokens of prefill at the mean measured speed: its prefill backlog plus the
+// request's uncached tokens there, scaled by its measured decode time. p.mu must be
+// held.
+func (p *Policy) startEst(sc *scratch, i, tokens, bs int) float64 {
+	d := sc.decode[i]
+	if d == 0 {
+		d = sc.meanDecode
+	}
+	backlog := sc.eps[i].prefill + max(0, tokens-sc.lead[i]*bs)
+	return float64(backlog) * d / sc.meanDecode
+}
+
+// keepHistories returns the candidate a long miss (more than one engine step of
+// uncached tokens at best) should go to instead of best when, at best, it would evict
+// the recent long prompts (histories) still cached there, whose next turns would
+// recompute them: to the candidate where the blocks it evicts, plus the prefill the
+// move adds, are fewest and fewer than at best, among those with KV room below
+// Saturated that moveOK allows; ties go to the soonest start (startEst). -1 otherwise.
+// p.mu must be held.
+func (p *Policy) keepHistories(cands []scoring.Endpoint, sc *scratch, best, tokens, bs int) int {
+	if tokens-sc.lead[best]*bs <= p.cfg.MaxNumBatchedTokens+bs {
+		return -1
+	}
+	lost := p.evicts(cands, sc, best)
+	if lost == 0 {
+		return -1
+	}
+	alt, altCost := -1, 0
+	for i := range cands {
+		if i == best || !sc.ok[i] || !p.moveOK(sc, i, best) {
+			continue
+		}
+		cost := p.evicts(cands, sc, i) + max(0, sc.lead[best]-sc.lead[i])
+		if cost >= lost {
+			continue
+		}
+		if alt < 0 || cost < altCost || (cost == altCost && p.startEst(sc, i, tokens, bs) < p.startEst(sc, alt, tokens, bs)) {
+			alt, altCost = i, cost
+		}
+	}
+	return alt
+}
+
+// evicts returns the blocks of candidate i's histories the request would evict there.
+// vLLM evicts free blocks least recently used first, a request's tail first: a history
+// keeps its blocks while the blocks allocated there since it was routed (its own
+// included), plus its cached head, fit in the endpoint's capacity; the request's own
+// new blocks (uncached there, plus OutputBlocks) push out the part past it. Histories
+// already past it are forgotten. p.mu must be held.
+func (p *Policy) evicts(cands []scoring.Endpoint, sc *scratch, i int) int {
+	ep := sc.eps[i]
+	capacity := p.capacity(&cands[i])
+	ep.histories = slices.DeleteFunc(ep.histories, func(h history) bool {
+		return ep.sent-h.before+h.cached > capacity
+	})
+	add := len(sc.keys) - sc.lead[i] + p.cfg.OutputBlocks
+	lost := 0
+	for _, h := range ep.histories {
+		if over := ep.sent - h.before + h.cached + add - capacity; over > 0 {
+			lost += min(over, h.blocks)
+		}
+	}
+	return lost
 }
 
 // soonestRoom returns the candidate other than best where KV room for the request

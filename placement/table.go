@@ -35,6 +35,13 @@ type endpointState struct {
 	missesInPrefill int
 	// lastMiss is when the newest miss was routed there (waitBehindMiss).
 	lastMiss time.Time
+	// sent counts the KV blocks this router's requests allocated there: each one's
+	// uncached prompt blocks plus OutputBlocks. vLLM evicts its free blocks least
+	// recently used first, so a prompt's blocks stay cached until about the endpoint's
+	// capacity of blocks has been allocated after it: sent is how far its cache has
+	// turned over. histories are the recent long prompts (keepHistories), oldest first.
+	sent      int
+	histories []history
 	// picks are this router's last picks of the endpoint (when, which prefix), with
 	// peers: until every live peer is heard from after one, it counts as each unheard
 	// peer's pick of that prefix too (unheardPicks).
@@ -76,6 +83,19 @@ func (ep *endpointState) ownAt(t time.Time) (ownSnapshot, bool) {
 	// Nothing recorded at or before t: nothing had been routed then, unless the ring
 	// has overwritten it.
 	return ownSnapshot{}, ep.histN <= histLen
+}
+
+// maxHistories bounds the long prompts remembered per endpoint (each more than one
+// engine step of blocks: 64 cover 131k tokens of 2,048-token steps).
+const maxHistories = 64
+
+// history is a long prompt routed to an endpoint, kept while its blocks are likely
+// still cached there (keepHistories).
+type history struct {
+	id     string // the request's, to move it with Moved
+	before int    // the endpoint's sent before the prompt was routed
+	cached int    // its blocks cached there when routed (its head)
+	blocks int    // its blocks computed there (its tail)
 }
 
 type activePrefix struct {
@@ -125,6 +145,7 @@ type pendingPick struct {
 	blocks  int // the request's full blocks
 	pblocks int // its prefix's estimated blocks at the pick
 	prefill int // its uncached prompt tokens on addr, per the index at the pick
+	bs      int // the block size its keys were cut at
 }
 
 // tracked is an in-flight request's share of an endpoint's footprint.
