@@ -174,6 +174,11 @@ type Config struct {
 	// replica. Default true (churn: 3 losses against kv to 0 over 9 repetitions;
 	// docs/results-policy.md).
 	UnplaceDiverted bool `yaml:"unplace_diverted"`
+	// KeepHistories sends a long miss (more than one engine step uncached) alone, placing
+	// nothing, away from an endpoint where its blocks would evict a recent long prompt
+	// still cached there (each endpoint's turnover: the blocks the router sent there
+	// since, against its num_gpu_blocks), to where it evicts least. Default true.
+	KeepHistories bool `yaml:"keep_histories"`
 }
 
 // DefaultConfig returns the defaults measured in docs/results-policy.md.
@@ -208,6 +213,7 @@ func DefaultConfig() Config {
 		HoldStep:            5 * time.Millisecond,
 		HoldPrefillTokens:   600,
 		UnplaceDiverted:     true,
+		KeepHistories:       true,
 		MaxNumBatchedTokens: 2048,
 	}
 }

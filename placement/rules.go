@@ -618,30 +618,23 @@ func (p *Policy) startEst(sc *scratch, i, tokens, bs int) float64 {
 
 // keepHistories returns the candidate a long miss (more than one engine step of
 // uncached tokens at best) should go to instead of best when, at best, it would evict
-// the recent long prompts (histories) still cached there, whose next turns would
-// recompute them: to the candidate where the blocks it evicts, plus the prefill the
-// move adds, are fewest and fewer than at best, among those with KV room below
-// Saturated that moveOK allows; ties go to the soonest start (startEst). -1 otherwise.
-// p.mu must be held.
+// recent long prompts (histories) still cached there, whose next turns would then
+// recompute them: the candidate that would start it soonest (startEst) among those
+// where it evicts none, with KV room below Saturated, that moveOK allows. Where it
+// evicts some everywhere it stays: which histories a next turn needs is not known, and
+// moving then only trades one eviction for another, at the cost of the speed the
+// chosen endpoint was picked for. -1 otherwise. p.mu must be held.
 func (p *Policy) keepHistories(cands []scoring.Endpoint, sc *scratch, best, tokens, bs int) int {
-	if tokens-sc.lead[best]*bs <= p.cfg.MaxNumBatchedTokens+bs {
+	if !p.cfg.KeepHistories || tokens-sc.lead[best]*bs <= p.cfg.MaxNumBatchedTokens+bs || p.evicts(cands, sc, best) == 0 {
 		return -1
 	}
-	lost := p.evicts(cands, sc, best)
-	if lost == 0 {
-		return -1
-	}
-	alt, altCost := -1, 0
+	alt := -1
 	for i := range cands {
-		if i == best || !sc.ok[i] || !p.moveOK(sc, i, best) {
+		if i == best || !sc.ok[i] || !p.moveOK(sc, i, best) || p.evicts(cands, sc, i) > 0 {
 			continue
 		}
-		cost := p.evicts(cands, sc, i) + max(0, sc.lead[best]-sc.lead[i])
-		if cost >= lost {
-			continue
-		}
-		if alt < 0 || cost < altCost || (cost == altCost && p.startEst(sc, i, tokens, bs) < p.startEst(sc, alt, tokens, bs)) {
-			alt, altCost = i, cost
+		if alt < 0 || p.startEst(sc, i, tokens, bs) < p.startEst(sc, alt, tokens, bs) {
+			alt = i
 		}
 	}
 	return alt
