@@ -186,14 +186,28 @@ func (p *Policy) Pick(req *scoring.Request, cands []scoring.Endpoint) (scoring.D
 	if p.tick%uint64(p.cfg.LiveWindow) == 0 || len(p.prefixes) > p.cfg.MaxPrefixes {
 		p.sweep()
 	}
-	if base > 0 && p.followed(child, base, sc) {
-		key = child
+	var joins *endpointState
+	if base > 0 {
+		var follow bool
+		follow, joins = p.followed(child, base, sc)
+		if follow {
+			key = child
+		}
 	}
 	e := p.prefix(key, sc.keys)
 	best, kind := p.choose(e, key, cands, sc)
-	alt := p.divert(e, key, cands, sc, best, len(req.TokenIDs), bs)
-	if alt < 0 {
-		alt = p.keepHistories(cands, sc, best, len(req.TokenIDs), bs)
+	alt := -1
+	if j := p.joinHistory(joins, sc); j >= 0 {
+		if j != best && p.cfg.UnplaceDiverted && (kind == kindReplica || kind == kindSpill) {
+			p.drop(e, cands[best].Address)
+			sc.pos[best] = -1
+		}
+		best, kind = j, kindHolder
+	} else {
+		alt = p.divert(e, key, cands, sc, best, len(req.TokenIDs), bs)
+		if alt < 0 {
+			alt = p.keepHistories(cands, sc, best, len(req.TokenIDs), bs)
+		}
 	}
 	if d := alt; d >= 0 {
 		if p.cfg.UnplaceDiverted && (kind == kindReplica || kind == kindSpill) {
@@ -212,8 +226,12 @@ func (p *Policy) Pick(req *scoring.Request, cands []scoring.Endpoint) (scoring.D
 		}
 	}
 	if req.ID != "" {
-		p.pending[req.ID] = pendingPick{key: key, addr: addr, blocks: len(sc.keys), pblocks: e.blocks,
+		pp := pendingPick{key: key, addr: addr, blocks: len(sc.keys), pblocks: e.blocks,
 			prefill: max(0, len(req.TokenIDs)-sc.lead[best]*bs), bs: bs}
+		if base > 0 {
+			pp.conv = child
+		}
+		p.pending[req.ID] = pp
 	}
 	var delay time.Duration
 	if kind != kindDivert {
@@ -246,17 +264,16 @@ func (p *Policy) childName(key uint64, keys []uint64) (child uint64, base int) {
 // than by the branched prefix it extends: when the table has seen the conversation
 // before and it is placed somewhere, or the index shows an endpoint holding HolderShare
 // of it. A conversation seen for the first time gets an entry (no placement) and is
-// placed by its parent, so that its next turn finds it where this one went. p.mu must
-// be held.
-func (p *Policy) followed(child uint64, base int, sc *scratch) bool {
+// placed by its parent, so that its next turn finds it where this one went. When it is
+// not followed but the conversation's last request, sharing HolderShare of it, is still
+// in prefill (so the index does not show it yet), joins is that request's endpoint
+// (joinHistory). p.mu must be held.
+func (p *Policy) followed(child uint64, base int, sc *scratch) (follow bool, joins *endpointState) {
 	c := p.prefixes[child]
 	if c == nil {
 		p.prefixes[child] = &prefixEntry{key: child, base: base, blocks: len(sc.keys), seen: p.tick,
 			keys: append([]uint64(nil), sc.keys[:min(len(sc.keys), maxKeptKeys)]...)}
-		return false
-	}
-	if len(c.sites) > 0 {
-		return true
+		return false, nil
 	}
 	// Its size once this request is counted in: the blocks it shares with the last.
 	common := 0
@@ -264,15 +281,39 @@ func (p *Policy) followed(child uint64, base int, sc *scratch) bool {
 		common++
 	}
 	held := base + max(1, int(math.Ceil(p.cfg.HolderShare*float64(common-base))))
+	if r, ok := p.reqs[c.last]; ok && r.first.IsZero() && common >= held && p.cfg.KeepHistories {
+		joins = r.ep
+	}
+	if len(c.sites) > 0 {
+		return true, joins
+	}
 	for _, l := range sc.lead {
 		if l >= held {
-			return true
+			return true, joins
 		}
 	}
 	c.seen = p.tick
 	c.keys = append(c.keys[:0], sc.keys[:min(len(sc.keys), maxKeptKeys)]...)
 	c.blocks = common
-	return false
+	return false, joins
+}
+
+// joinHistory returns the candidate whose state is ep, where the request's history
+// (its conversation's last request) is in prefill, when it is below Saturated; -1
+// otherwise. There the request waits behind the history's prefill, as it would
+// recompute it anywhere else, and then hits it (trace-600 seed 2: the second and third
+// turns of a 35k-token document sent while its first was in prefill). p.mu must be
+// held.
+func (p *Policy) joinHistory(ep *endpointState, sc *scratch) int {
+	if ep == nil {
+		return -1
+	}
+	for i := range sc.eps {
+		if sc.eps[i] == ep && sc.loads[i] < p.cfg.Saturated {
+			return i
+		}
+	}
+	return -1
 }
 
 func argminLoad(loads []int, skip []bool) int {
@@ -360,6 +401,9 @@ func (p *Policy) Routed(req *scoring.Request, endpoint string) {
 	p.join(&r)
 	p.reqs[req.ID] = r
 	p.allocate(ep, req.ID, r.tokens, r.prefill, pd.bs)
+	if c := p.prefixes[pd.conv]; pd.conv != 0 && c != nil {
+		c.last = req.ID
+	}
 }
 
 // allocate counts a routed request's blocks into ep's turnover (sent) and remembers

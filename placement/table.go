@@ -125,6 +125,9 @@ type prefixEntry struct {
 	keys  []uint64 // the last request's keys, to estimate blocks
 	seen  uint64   // the pick (tick) that last saw the prefix
 	sites []site   // where the prefix is placed
+	// last is the ID of the conversation's last request routed (a conversation: base
+	// > 0), to join it while it is in prefill (joinHistory).
+	last string
 	// decided is when a decision (a placement made or dropped, here or by a router
 	// replica) last changed sites: replicas share placements, the latest decision wins.
 	decided time.Time
@@ -142,10 +145,11 @@ type site struct {
 type pendingPick struct {
 	key     uint64
 	addr    string
-	blocks  int // the request's full blocks
-	pblocks int // its prefix's estimated blocks at the pick
-	prefill int // its uncached prompt tokens on addr, per the index at the pick
-	bs      int // the block size its keys were cut at
+	blocks  int    // the request's full blocks
+	pblocks int    // its prefix's estimated blocks at the pick
+	prefill int    // its uncached prompt tokens on addr, per the index at the pick
+	bs      int    // the block size its keys were cut at
+	conv    uint64 // the conversation it continues past a branched prefix; 0: none
 }
 
 // tracked is an in-flight request's share of an endpoint's footprint.
