@@ -1123,3 +1123,94 @@ func TestPlacementCopiesWhereAHitSavesLittle(t *testing.T) {
 		})
 	}
 }
+
+// branchedSystemPrompt returns a policy over two endpoints of capacity blocks each, a
+// 64-block system prompt that two short conversations have branched and that the index
+// shows on its holder, the holder, the other endpoint and a builder of prompts: the
+// system prompt followed by n blocks of document d.
+func branchedSystemPrompt(t *testing.T, cfg placement.Config, capacity int) (p *placement.Policy, ix *testindex.Index, cs []scoring.Endpoint, holder, other string, doc func(d, n int) []uint32) {
+	t.Helper()
+	ix = testindex.New()
+	p = newPlacement(t, cfg, ix)
+	cs = fleet(2, []int{capacity, capacity})
+	system := plTokens(1_000_000, 64*16)
+	doc = func(d, n int) []uint32 {
+		return append(append([]uint32(nil), system...), plTokens(500_000_000+1_000_000*d, n*16)...)
+	}
+	holder = place(t, p, doc(100, 8), cs)
+	ix.Hold(holder, plKeysOf(system))
+	if got := place(t, p, doc(101, 8), cs); got != holder {
+		t.Fatalf("second short conversation went to %s, the system prompt is on %s", got, holder)
+	}
+	other = cs[0].Address
+	if other == holder {
+		other = cs[1].Address
+	}
+	return p, ix, cs, holder, other, doc
+}
+
+// TestPlacementKeepsALongHistory: a long document's first turn goes where its system
+// prompt is, and so does the next document's, unless that would evict the first (150 +
+// 150 blocks of documents and the 64-block system prompt on 300 blocks): then it goes
+// where it evicts nothing, if there is such an endpoint.
+func TestPlacementKeepsALongHistory(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		keep      bool
+		otherFull bool // the other endpoint holds a long prompt of its own
+		moves     bool
+	}{
+		{"second document goes where it evicts nothing", true, false, true},
+		{"without keep_histories it evicts the first", false, false, false},
+		{"evicting everywhere it stays", true, true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := placement.DefaultConfig()
+			cfg.KeepHistories = tc.keep
+			p, ix, cs, holder, other, doc := branchedSystemPrompt(t, cfg, 300)
+			if got := place(t, p, doc(1, 150), cs); got != holder {
+				t.Fatalf("first document went to %s, its system prompt is on %s", got, holder)
+			}
+			ix.Hold(holder, plKeysOf(doc(1, 150)))
+			if tc.otherFull {
+				req := plRequest(plTokens(900_000_000, 200*16))
+				if _, err := p.Pick(req, cs); err != nil {
+					t.Fatal(err)
+				}
+				p.Routed(req, other)
+				p.Finished(req.ID)
+			}
+			got := place(t, p, doc(2, 150), cs)
+			if moved := got != holder; moved != tc.moves {
+				t.Errorf("second document went to %s (system prompt's holder %s), want moved=%v", got, holder, tc.moves)
+			}
+		})
+	}
+}
+
+// TestPlacementTurnJoinsItsHistoryInPrefill: a conversation's second turn sent while
+// its first (routed to the other endpoint) is still in prefill, so the index does not
+// show it yet, goes where the first is: it waits behind that prefill instead of
+// recomputing the document where the system prompt is.
+func TestPlacementTurnJoinsItsHistoryInPrefill(t *testing.T) {
+	for _, keep := range []bool{true, false} {
+		t.Run(fmt.Sprint("keep_histories=", keep), func(t *testing.T) {
+			cfg := placement.DefaultConfig()
+			cfg.KeepHistories = keep
+			p, _, cs, holder, other, doc := branchedSystemPrompt(t, cfg, 1000)
+			first := plRequest(doc(1, 150))
+			if _, err := p.Pick(first, cs); err != nil {
+				t.Fatal(err)
+			}
+			p.Routed(first, other) // no first token: in prefill
+			second := append(doc(1, 150), plTokens(700_000_000, 8*16)...)
+			want := holder
+			if keep {
+				want = other
+			}
+			if got := place(t, p, second, cs); got != want {
+				t.Errorf("second turn went to %s, want %s (first turn in prefill on %s, system prompt on %s)", got, want, other, holder)
+			}
+		})
+	}
+}

@@ -180,6 +180,7 @@ func (p *Policy) Pick(req *scoring.Request, cands []scoring.Endpoint) (scoring.D
 	}
 	p.mu.Unlock()
 	sc.lead = p.ix.LeadingBlocks(sc.keys[:look], sc.names, sc.lead)
+	sc.looked = look
 
 	p.mu.Lock()
 	p.tick++
@@ -207,6 +208,14 @@ func (p *Policy) Pick(req *scoring.Request, cands []scoring.Endpoint) (scoring.D
 		alt = p.divert(e, key, cands, sc, best, len(req.TokenIDs), bs)
 		if alt < 0 {
 			alt = p.keepHistories(cands, sc, best, len(req.TokenIDs), bs)
+			if alt >= 0 && kind == kindHome {
+				// A new prefix: its home moves with it, or its next requests would
+				// miss at the home it was never computed on.
+				p.drop(e, cands[best].Address)
+				sc.pos[best] = -1
+				sc.pos[alt] = p.place(e, cands[alt].Address, true)
+				best, alt = alt, -1
+			}
 		}
 	}
 	if d := alt; d >= 0 {
@@ -227,7 +236,7 @@ func (p *Policy) Pick(req *scoring.Request, cands []scoring.Endpoint) (scoring.D
 	}
 	if req.ID != "" {
 		pp := pendingPick{key: key, addr: addr, blocks: len(sc.keys), pblocks: e.blocks,
-			prefill: max(0, len(req.TokenIDs)-sc.lead[best]*bs), bs: bs}
+			prefill: max(0, len(req.TokenIDs)-sc.lead[best]*bs), bs: bs, exact: sc.lead[best] < look}
 		if base > 0 {
 			pp.conv = child
 		}
@@ -400,19 +409,19 @@ func (p *Policy) Routed(req *scoring.Request, endpoint string) {
 	}
 	p.join(&r)
 	p.reqs[req.ID] = r
-	p.allocate(ep, req.ID, r.tokens, r.prefill, pd.bs)
+	p.allocate(ep, req.ID, r.tokens, r.prefill, pd.bs, pd.exact || pd.addr != endpoint)
 	if c := p.prefixes[pd.conv]; pd.conv != 0 && c != nil {
 		c.last = req.ID
 	}
 }
 
 // allocate counts a routed request's blocks into ep's turnover (sent) and remembers
-// its prompt as a history when its uncached part is longer than one engine step
-// (MaxNumBatchedTokens plus a block): evicted, it would cost more than a step to
-// recompute. p.mu must be held.
-func (p *Policy) allocate(ep *endpointState, id string, tokens, prefill, bs int) {
+// its prompt as a history when its uncached part is known (exact) and longer than one
+// engine step (MaxNumBatchedTokens plus a block): evicted, it would cost more than a
+// step to recompute. p.mu must be held.
+func (p *Policy) allocate(ep *endpointState, id string, tokens, prefill, bs int, exact bool) {
 	computed := (prefill + bs - 1) / bs
-	if prefill > p.cfg.MaxNumBatchedTokens+bs {
+	if exact && prefill > p.cfg.MaxNumBatchedTokens+bs {
 		if len(ep.histories) >= maxHistories {
 			ep.histories = slices.Delete(ep.histories, 0, 1)
 		}

@@ -48,6 +48,9 @@ type scratch struct {
 	// nowhere caches heldNowhere for this pick: 0 not known yet, 1 held nowhere, 2 held
 	// or being computed somewhere.
 	nowhere int8
+	// looked is how many of keys the index was asked about: a candidate's lead equal
+	// to it may hold more of the request (its uncached tokens there are not known).
+	looked int
 }
 
 type activeOn struct {
@@ -617,7 +620,9 @@ func (p *Policy) startEst(sc *scratch, i, tokens, bs int) float64 {
 }
 
 // keepHistories returns the candidate a long miss (more than one engine step of
-// uncached tokens at best) should go to instead of best when, at best, it would evict
+// uncached tokens at best, known: best holds less than the blocks the index was asked
+// about; the agent workload's 100k-token steps, asked about their 64k-token context
+// only, looked like 37k-token misses) should go to instead of best when, at best, it would evict
 // recent long prompts (histories) still cached there, whose next turns would then
 // recompute them: the candidate that would start it soonest (startEst) among those
 // where it evicts none, with KV room below Saturated, that moveOK allows. Where it
@@ -625,12 +630,17 @@ func (p *Policy) startEst(sc *scratch, i, tokens, bs int) float64 {
 // moving then only trades one eviction for another, at the cost of the speed the
 // chosen endpoint was picked for. -1 otherwise. p.mu must be held.
 func (p *Policy) keepHistories(cands []scoring.Endpoint, sc *scratch, best, tokens, bs int) int {
-	if !p.cfg.KeepHistories || tokens-sc.lead[best]*bs <= p.cfg.MaxNumBatchedTokens+bs || p.evicts(cands, sc, best) == 0 {
+	if !p.cfg.KeepHistories || sc.lead[best] >= sc.looked ||
+		tokens-sc.lead[best]*bs <= p.cfg.MaxNumBatchedTokens+bs {
+		return -1
+	}
+	lost := p.evicts(cands, sc, best)
+	if lost == 0 {
 		return -1
 	}
 	alt := -1
 	for i := range cands {
-		if i == best || !sc.ok[i] || !p.moveOK(sc, i, best) || p.evicts(cands, sc, i) > 0 {
+		if i == best || !sc.ok[i] || !p.moveOK(sc, i, best) || sc.lead[best]-sc.lead[i] >= lost || p.evicts(cands, sc, i) > 0 {
 			continue
 		}
 		if alt < 0 || p.startEst(sc, i, tokens, bs) < p.startEst(sc, alt, tokens, bs) {

@@ -150,6 +150,9 @@ type pendingPick struct {
 	prefill int    // its uncached prompt tokens on addr, per the index at the pick
 	bs      int    // the block size its keys were cut at
 	conv    uint64 // the conversation it continues past a branched prefix; 0: none
+	// exact: the index was asked past the blocks addr holds, so prefill is its
+	// uncached part (Pick asks only about the prefix's blocks and one more).
+	exact bool
 }
 
 // tracked is an in-flight request's share of an endpoint's footprint.
