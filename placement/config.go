@@ -174,11 +174,15 @@ type Config struct {
 	// replica. Default true (churn: 3 losses against kv to 0 over 9 repetitions;
 	// docs/results-policy.md).
 	UnplaceDiverted bool `yaml:"unplace_diverted"`
-	// KeepHistories sends a long miss (more than one engine step uncached) alone, placing
-	// nothing, away from an endpoint where its blocks would evict a recent long prompt
-	// still cached there (each endpoint's turnover: the blocks the router sent there
-	// since, against its num_gpu_blocks), to where it evicts least. Default true.
-	KeepHistories bool `yaml:"keep_histories"`
+	// LongContexts keeps long prompts' histories and ranks long misses by measured
+	// prefill speed: a long miss (more than one engine step uncached) goes, alone,
+	// placing nothing, where it evicts no recent long prompt still cached (each
+	// endpoint's turnover: the blocks the router sent there since, against its
+	// num_gpu_blocks) when at the chosen endpoint it would evict one, or where its
+	// prefill finishes sooner at the speed measured for prompts of its size; and a
+	// conversation's turn sent while its last request is still in prefill goes where
+	// that request is. Default true.
+	LongContexts bool `yaml:"long_contexts"`
 }
 
 // DefaultConfig returns the defaults measured in docs/results-policy.md.
@@ -213,7 +217,7 @@ func DefaultConfig() Config {
 		HoldStep:            5 * time.Millisecond,
 		HoldPrefillTokens:   600,
 		UnplaceDiverted:     true,
-		KeepHistories:       true,
+		LongContexts:        true,
 		MaxNumBatchedTokens: 2048,
 	}
 }

@@ -1161,12 +1161,12 @@ func TestPlacementKeepsALongHistory(t *testing.T) {
 		moves     bool
 	}{
 		{"second document goes where it evicts nothing", true, false, true},
-		{"without keep_histories it evicts the first", false, false, false},
+		{"without long_contexts it evicts the first", false, false, false},
 		{"evicting everywhere it stays", true, true, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := placement.DefaultConfig()
-			cfg.KeepHistories = tc.keep
+			cfg.LongContexts = tc.keep
 			p, ix, cs, holder, other, doc := branchedSystemPrompt(t, cfg, 300)
 			if got := place(t, p, doc(1, 150), cs); got != holder {
 				t.Fatalf("first document went to %s, its system prompt is on %s", got, holder)
@@ -1194,9 +1194,9 @@ func TestPlacementKeepsALongHistory(t *testing.T) {
 // recomputing the document where the system prompt is.
 func TestPlacementTurnJoinsItsHistoryInPrefill(t *testing.T) {
 	for _, keep := range []bool{true, false} {
-		t.Run(fmt.Sprint("keep_histories=", keep), func(t *testing.T) {
+		t.Run(fmt.Sprint("long_contexts=", keep), func(t *testing.T) {
 			cfg := placement.DefaultConfig()
-			cfg.KeepHistories = keep
+			cfg.LongContexts = keep
 			p, _, cs, holder, other, doc := branchedSystemPrompt(t, cfg, 1000)
 			first := plRequest(doc(1, 150))
 			if _, err := p.Pick(first, cs); err != nil {

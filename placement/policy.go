@@ -207,7 +207,7 @@ func (p *Policy) Pick(req *scoring.Request, cands []scoring.Endpoint) (scoring.D
 	} else {
 		alt = p.divert(e, key, cands, sc, best, len(req.TokenIDs), bs)
 		if alt < 0 {
-			alt = p.keepHistories(cands, sc, best, len(req.TokenIDs), bs)
+			alt = p.longMiss(cands, sc, best, len(req.TokenIDs), bs)
 			if alt >= 0 && kind == kindHome {
 				// A new prefix: its home moves with it, or its next requests would
 				// miss at the home it was never computed on.
@@ -290,7 +290,7 @@ func (p *Policy) followed(child uint64, base int, sc *scratch) (follow bool, joi
 		common++
 	}
 	held := base + max(1, int(math.Ceil(p.cfg.HolderShare*float64(common-base))))
-	if r, ok := p.reqs[c.last]; ok && r.first.IsZero() && common >= held && p.cfg.KeepHistories {
+	if r, ok := p.reqs[c.last]; ok && r.first.IsZero() && common >= held && p.cfg.LongContexts {
 		joins = r.ep
 	}
 	if len(c.sites) > 0 {
@@ -407,6 +407,7 @@ func (p *Policy) Routed(req *scoring.Request, endpoint string) {
 	} else {
 		r.prefill = r.tokens
 	}
+	r.routed, r.ahead = p.now(), ep.prefill
 	p.join(&r)
 	p.reqs[req.ID] = r
 	p.allocate(ep, req.ID, r.tokens, r.prefill, pd.bs, pd.exact || pd.addr != endpoint)
@@ -471,6 +472,7 @@ func (p *Policy) Moved(reqID, endpoint string) {
 	to.activate(r.key, blocks)
 	if r.first.IsZero() {
 		r.prefill = r.tokens
+		r.routed, r.ahead = p.now(), to.prefill
 	}
 	p.join(&r)
 	p.reqs[reqID] = r
@@ -519,6 +521,7 @@ func (p *Policy) FirstToken(reqID string) {
 	p.mu.Lock()
 	if r, ok := p.reqs[reqID]; ok && r.first.IsZero() {
 		r.first = t
+		p.measurePrefill(&r, t)
 		r.ep.prefill -= r.prefill
 		if r.miss {
 			r.miss = false
@@ -527,6 +530,26 @@ func (p *Policy) FirstToken(reqID string) {
 		p.reqs[reqID] = r
 	}
 	p.mu.Unlock()
+}
+
+// measurePrefill folds a long request's time to first token into its endpoint's
+// prefill speed for its size class: the seconds per token prefilled there meanwhile
+// (its own uncached tokens and the backlog it joined). Only a request of more than one
+// engine step counts: a shorter one's wait is mostly the step under way, or KV blocks.
+// Decode time does not tell speeds apart for long prefills (trace-600 seed 1: 1.319 s
+// at a 0.7-speed endpoint against 1.304 s at a full-speed one). p.mu must be held.
+func (p *Policy) measurePrefill(r *tracked, t time.Time) {
+	secs := t.Sub(r.routed).Seconds()
+	if r.routed.IsZero() || secs <= 0 || r.prefill <= p.cfg.MaxNumBatchedTokens+p.cfg.BlockSize {
+		return
+	}
+	m := &r.ep.prefillSpeed[prefillClass(r.prefill)]
+	if m.tokens == 0 {
+		m.secs, m.tokens = secs, float64(r.ahead+r.prefill)
+		return
+	}
+	m.secs += decodeAlpha * (secs - m.secs)
+	m.tokens += decodeAlpha * (float64(r.ahead+r.prefill) - m.tokens)
 }
 
 // Finished releases the request's footprint and folds its decode time into the

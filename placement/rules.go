@@ -619,32 +619,64 @@ func (p *Policy) startEst(sc *scratch, i, tokens, bs int) float64 {
 	return float64(backlog) * d / sc.meanDecode
 }
 
-// keepHistories returns the candidate a long miss (more than one engine step of
-// uncached tokens at best, known: best holds less than the blocks the index was asked
-// about; the agent workload's 100k-token steps, asked about their 64k-token context
-// only, looked like 37k-token misses) should go to instead of best when, at best, it would evict
-// recent long prompts (histories) still cached there, whose next turns would then
-// recompute them: the candidate that would start it soonest (startEst) among those
-// where it evicts none, with KV room below Saturated, that moveOK allows. Where it
-// evicts some everywhere it stays: which histories a next turn needs is not known, and
-// moving then only trades one eviction for another, at the cost of the speed the
-// chosen endpoint was picked for. -1 otherwise. p.mu must be held.
-func (p *Policy) keepHistories(cands []scoring.Endpoint, sc *scratch, best, tokens, bs int) int {
-	if !p.cfg.KeepHistories || sc.lead[best] >= sc.looked ||
+// longMiss returns the candidate a long miss should go to instead of best, or -1. A
+// long miss has more than one engine step of uncached tokens at best, and they are
+// known: best holds less than the blocks the index was asked about (the agent
+// workload's 100k-token steps, asked about their 64k-token context only, looked like
+// 37k-token misses and went to cold endpoints: throughput 2.19 -> 1.46 requests/s).
+// Among the candidates with KV room below Saturated that moveOK allows, where it evicts
+// no more of the recent long prompts (histories) than at best, it goes
+//
+//   - where it evicts none, when at best it would evict some (their next turns would
+//     recompute them) and the prefill the move adds is less than what it keeps, unless
+//     measured slower (beyond MissSpeedup) at prefills of its size;
+//   - or where, at measured prefill speeds for its size, its prefill (the backlog and
+//     its uncached tokens there) would finish within MissSpeedup of the time at best:
+//     decode time does not tell speeds apart for long prefills (trace-600 seed 1:
+//     1.319 s at a 0.7-speed endpoint against 1.304 s at a full-speed one).
+//
+// The soonest finish wins, by measured prefill speeds when both have one, else by
+// startEst. Where it evicts some everywhere and no endpoint is faster, it stays: which
+// histories a next turn needs is not known. p.mu must be held.
+func (p *Policy) longMiss(cands []scoring.Endpoint, sc *scratch, best, tokens, bs int) int {
+	if !p.cfg.LongContexts || sc.lead[best] >= sc.looked ||
 		tokens-sc.lead[best]*bs <= p.cfg.MaxNumBatchedTokens+bs {
 		return -1
 	}
 	lost := p.evicts(cands, sc, best)
-	if lost == 0 {
-		return -1
+	class := prefillClass(tokens - sc.lead[best]*bs)
+	// finish is when its prefill would finish at i, in seconds at i's measured speed
+	// for its size; 0 when not measured.
+	finish := func(i int) float64 {
+		m := sc.eps[i].prefillSpeed[class]
+		if m.tokens == 0 {
+			return 0
+		}
+		return float64(sc.eps[i].prefill+max(0, tokens-sc.lead[i]*bs)) * m.secs / m.tokens
 	}
-	alt := -1
+	fb := finish(best)
+	alt, altBy := -1, 0.0
 	for i := range cands {
-		if i == best || !sc.ok[i] || !p.moveOK(sc, i, best) || sc.lead[best]-sc.lead[i] >= lost || p.evicts(cands, sc, i) > 0 {
+		if i == best || !sc.ok[i] || !p.moveOK(sc, i, best) {
 			continue
 		}
-		if alt < 0 || p.startEst(sc, i, tokens, bs) < p.startEst(sc, alt, tokens, bs) {
-			alt = i
+		ev := p.evicts(cands, sc, i)
+		if ev > lost {
+			continue
+		}
+		fi := finish(i)
+		measured := fb > 0 && fi > 0
+		keeps := lost > 0 && ev == 0 && sc.lead[best]-sc.lead[i] < lost && !(measured && fi*p.cfg.MissSpeedup > fb)
+		faster := measured && fi < p.cfg.MissSpeedup*fb
+		if !keeps && !faster {
+			continue
+		}
+		by := p.startEst(sc, i, tokens, bs)
+		if measured {
+			by = fi
+		}
+		if alt < 0 || by < altBy {
+			alt, altBy = i, by
 		}
 	}
 	return alt

@@ -2,6 +2,7 @@ package placement
 
 import (
 	"math"
+	"math/bits"
 	"slices"
 	"time"
 
@@ -30,6 +31,11 @@ type endpointState struct {
 	// decode is a moving average of the time from first token to finish, seconds; 0
 	// until measured. It ranks endpoints by speed.
 	decode float64
+	// prefill is, per size class of long prefills (prefillClass), a moving average of
+	// the seconds to first token and of the tokens prefilled meanwhile (the request's
+	// uncached ones and the backlog it joined): their ratio is the endpoint's measured
+	// prefill time per token at that size, 0 until measured.
+	prefillSpeed [prefillClasses]struct{ secs, tokens float64 }
 	// missesInPrefill counts in-flight requests with at least HoldPrefillTokens uncached
 	// tokens and no first token yet: while > 0, hits wait at the router (HoldMax).
 	missesInPrefill int
@@ -39,7 +45,7 @@ type endpointState struct {
 	// uncached prompt blocks plus OutputBlocks. vLLM evicts its free blocks least
 	// recently used first, so a prompt's blocks stay cached until about the endpoint's
 	// capacity of blocks has been allocated after it: sent is how far its cache has
-	// turned over. histories are the recent long prompts (keepHistories), oldest first.
+	// turned over. histories are the recent long prompts (longMiss), oldest first.
 	sent      int
 	histories []history
 	// picks are this router's last picks of the endpoint (when, which prefix), with
@@ -85,12 +91,21 @@ func (ep *endpointState) ownAt(t time.Time) (ownSnapshot, bool) {
 	return ownSnapshot{}, ep.histN <= histLen
 }
 
+// prefillClasses bounds the size classes of measured prefill speed: a class per
+// power of two of uncached tokens, up to 2^31.
+const prefillClasses = 32
+
+// prefillClass is the size class of a prefill of n uncached tokens: attention makes a
+// token's prefill cost grow with the context before it, so speeds compare only
+// between prefills of about one size (within a factor of two).
+func prefillClass(n int) int { return min(bits.Len(uint(n)), prefillClasses-1) }
+
 // maxHistories bounds the long prompts remembered per endpoint (each more than one
 // engine step of blocks: 64 cover 131k tokens of 2,048-token steps).
 const maxHistories = 64
 
 // history is a long prompt routed to an endpoint, kept while its blocks are likely
-// still cached there (keepHistories).
+// still cached there (longMiss).
 type history struct {
 	id     string // the request's, to move it with Moved
 	before int    // the endpoint's sent before the prompt was routed
@@ -164,6 +179,10 @@ type tracked struct {
 	tokens  int       // prompt tokens: the prefill where the request moves (Moved)
 	first   time.Time // zero until FirstToken
 	miss    bool      // counted in ep.missesInPrefill
+	// routed is when it was routed, ahead the prefill backlog it joined there: a long
+	// prefill's time to first token measures the endpoint's prefill speed.
+	routed time.Time
+	ahead  int
 }
 
 // prefix returns key's entry, creating it, and refreshes its size estimate from keys;
