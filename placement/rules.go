@@ -624,59 +624,72 @@ func (p *Policy) startEst(sc *scratch, i, tokens, bs int) float64 {
 // known: best holds less than the blocks the index was asked about (the agent
 // workload's 100k-token steps, asked about their 64k-token context only, looked like
 // 37k-token misses and went to cold endpoints: throughput 2.19 -> 1.46 requests/s).
-// Among the candidates with KV room below Saturated that moveOK allows, where it evicts
-// no more of the recent long prompts (histories) than at best, it goes
+// Candidates are those with KV room below Saturated that moveOK allows, where it evicts
+// no more of the recent long prompts (histories) than at best.
 //
-//   - where it evicts none, when at best it would evict some (their next turns would
-//     recompute them) and the prefill the move adds is less than what it keeps, unless
-//     measured slower (beyond MissSpeedup) at prefills of its size;
-//   - or where, at measured prefill speeds for its size, its prefill (the backlog and
-//     its uncached tokens there) would finish within MissSpeedup of the time at best:
-//     decode time does not tell speeds apart for long prefills (trace-600 seed 1:
-//     1.319 s at a 0.7-speed endpoint against 1.304 s at a full-speed one).
+// A prefill timed to better than MissSpeedup (more than 1/(1-MissSpeedup) steps,
+// 13,653 tokens at 2,048 a step: a prefill of n steps is timed to within the step under
+// way when it comes) goes to the candidate of least cost, when less than MissSpeedup
+// times best's: its prefill there (the backlog and its uncached tokens) plus the
+// histories it evicts there (their next turns recompute them), in seconds at the
+// endpoint's measured prefill speed for prompts of its size (unmeasured: the mean of
+// the measured ones). Decode time does not tell speeds apart for long prefills
+// (trace-600 seed 1: 1.319 s at a 0.7-speed endpoint against 1.304 s at a full-speed
+// one), and shorter prefills' speeds moved the reference's 2,371-token misses by noise
+// (12 servers, N = 7, C = 16: throughput 27.81 -> 27.54 requests/s, kv 27.93).
 //
-// The soonest finish wins, by measured prefill speeds when both have one, else by
-// startEst. Where it evicts some everywhere and no endpoint is faster, it stays: which
-// histories a next turn needs is not known. p.mu must be held.
+// Otherwise (shorter, or no speed measured for its size), when at best it would evict
+// a history, it goes where it evicts none, when the prefill the move adds is less than
+// what it keeps, soonest start first (startEst); where it evicts some everywhere it
+// stays: which histories a next turn needs is not known. p.mu must be held.
 func (p *Policy) longMiss(cands []scoring.Endpoint, sc *scratch, best, tokens, bs int) int {
-	if !p.cfg.LongContexts || sc.lead[best] >= sc.looked ||
-		tokens-sc.lead[best]*bs <= p.cfg.MaxNumBatchedTokens+bs {
+	uncached := tokens - sc.lead[best]*bs
+	if !p.cfg.LongContexts || sc.lead[best] >= sc.looked || uncached <= p.cfg.MaxNumBatchedTokens+bs {
 		return -1
 	}
 	lost := p.evicts(cands, sc, best)
-	class := prefillClass(tokens - sc.lead[best]*bs)
-	// finish is when its prefill would finish at i, in seconds at i's measured speed
-	// for its size; 0 when not measured.
-	finish := func(i int) float64 {
-		m := sc.eps[i].prefillSpeed[class]
-		if m.tokens == 0 {
-			return 0
+	var mean float64
+	if float64(uncached)*(1-p.cfg.MissSpeedup) > float64(p.cfg.MaxNumBatchedTokens) {
+		class, n := prefillClass(uncached), 0
+		for i := range cands {
+			if m := sc.eps[i].prefillSpeed[class]; m.tokens > 0 {
+				mean += m.secs / m.tokens
+				n++
+			}
 		}
-		return float64(sc.eps[i].prefill+max(0, tokens-sc.lead[i]*bs)) * m.secs / m.tokens
+		if n > 0 {
+			mean /= float64(n)
+			cost := func(i, evicted int) float64 {
+				spt := mean
+				if m := sc.eps[i].prefillSpeed[class]; m.tokens > 0 {
+					spt = m.secs / m.tokens
+				}
+				return float64(sc.eps[i].prefill+max(0, tokens-sc.lead[i]*bs)+evicted*bs) * spt
+			}
+			alt, limit := -1, p.cfg.MissSpeedup*cost(best, lost)
+			for i := range cands {
+				if i == best || !sc.ok[i] || !p.moveOK(sc, i, best) {
+					continue
+				}
+				if ev := p.evicts(cands, sc, i); ev <= lost {
+					if c := cost(i, ev); c < limit {
+						alt, limit = i, c
+					}
+				}
+			}
+			return alt
+		}
 	}
-	fb := finish(best)
-	alt, altBy := -1, 0.0
+	if lost == 0 {
+		return -1
+	}
+	alt := -1
 	for i := range cands {
-		if i == best || !sc.ok[i] || !p.moveOK(sc, i, best) {
+		if i == best || !sc.ok[i] || !p.moveOK(sc, i, best) || sc.lead[best]-sc.lead[i] >= lost || p.evicts(cands, sc, i) > 0 {
 			continue
 		}
-		ev := p.evicts(cands, sc, i)
-		if ev > lost {
-			continue
-		}
-		fi := finish(i)
-		measured := fb > 0 && fi > 0
-		keeps := lost > 0 && ev == 0 && sc.lead[best]-sc.lead[i] < lost && !(measured && fi*p.cfg.MissSpeedup > fb)
-		faster := measured && fi < p.cfg.MissSpeedup*fb
-		if !keeps && !faster {
-			continue
-		}
-		by := p.startEst(sc, i, tokens, bs)
-		if measured {
-			by = fi
-		}
-		if alt < 0 || by < altBy {
-			alt, altBy = i, by
+		if alt < 0 || p.startEst(sc, i, tokens, bs) < p.startEst(sc, alt, tokens, bs) {
+			alt = i
 		}
 	}
 	return alt
