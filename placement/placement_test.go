@@ -1124,14 +1124,20 @@ func TestPlacementCopiesWhereAHitSavesLittle(t *testing.T) {
 	}
 }
 
-// branchedSystemPrompt returns a policy over two endpoints of capacity blocks each, a
+// branchedSystemPrompt returns a policy on the clock now (nil: a fixed one) over two endpoints of capacity blocks each, a
 // 64-block system prompt that two short conversations have branched and that the index
 // shows on its holder, the holder, the other endpoint and a builder of prompts: the
 // system prompt followed by n blocks of document d.
-func branchedSystemPrompt(t *testing.T, cfg placement.Config, capacity int) (p *placement.Policy, ix *testindex.Index, cs []scoring.Endpoint, holder, other string, doc func(d, n int) []uint32) {
+func branchedSystemPrompt(t *testing.T, cfg placement.Config, capacity int, now func() time.Time) (p *placement.Policy, ix *testindex.Index, cs []scoring.Endpoint, holder, other string, doc func(d, n int) []uint32) {
 	t.Helper()
 	ix = testindex.New()
-	p = newPlacement(t, cfg, ix)
+	if now == nil {
+		now = func() time.Time { return time.Unix(0, 0) }
+	}
+	p, err := placement.New(cfg, ix, now, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
 	cs = fleet(2, []int{capacity, capacity})
 	system := plTokens(1_000_000, 64*16)
 	doc = func(d, n int) []uint32 {
@@ -1167,7 +1173,7 @@ func TestPlacementKeepsALongHistory(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := placement.DefaultConfig()
 			cfg.LongContexts = tc.keep
-			p, ix, cs, holder, other, doc := branchedSystemPrompt(t, cfg, 300)
+			p, ix, cs, holder, other, doc := branchedSystemPrompt(t, cfg, 300, nil)
 			if got := place(t, p, doc(1, 150), cs); got != holder {
 				t.Fatalf("first document went to %s, its system prompt is on %s", got, holder)
 			}
@@ -1197,7 +1203,7 @@ func TestPlacementTurnJoinsItsHistoryInPrefill(t *testing.T) {
 		t.Run(fmt.Sprint("long_contexts=", keep), func(t *testing.T) {
 			cfg := placement.DefaultConfig()
 			cfg.LongContexts = keep
-			p, _, cs, holder, other, doc := branchedSystemPrompt(t, cfg, 1000)
+			p, _, cs, holder, other, doc := branchedSystemPrompt(t, cfg, 1000, nil)
 			first := plRequest(doc(1, 150))
 			if _, err := p.Pick(first, cs); err != nil {
 				t.Fatal(err)
@@ -1210,6 +1216,42 @@ func TestPlacementTurnJoinsItsHistoryInPrefill(t *testing.T) {
 			}
 			if got := place(t, p, second, cs); got != want {
 				t.Errorf("second turn went to %s, want %s (first turn in prefill on %s, system prompt on %s)", got, want, other, holder)
+			}
+		})
+	}
+}
+
+// TestPlacementLongMissGoesToTheFasterPrefill: a 16k-token document's first turn goes
+// where its system prompt is, unless the other endpoint was measured prefilling prompts
+// of its size twice as fast: there it starts sooner, recomputing the system prompt too.
+func TestPlacementLongMissGoesToTheFasterPrefill(t *testing.T) {
+	for _, long := range []bool{true, false} {
+		t.Run(fmt.Sprint("long_contexts=", long), func(t *testing.T) {
+			cfg := placement.DefaultConfig()
+			cfg.LongContexts = long
+			clock := time.Unix(100, 0)
+			p, _, cs, holder, other, doc := branchedSystemPrompt(t, cfg, 100_000, func() time.Time { return clock })
+			// One unrelated 16k-token prompt on each endpoint: 2 s to its first token on
+			// the holder, 1 s on the other.
+			for k, m := range []struct {
+				addr string
+				secs time.Duration
+			}{{holder, 2}, {other, 1}} {
+				req := plRequest(plTokens(900_000_000+10_000_000*k, 1000*16))
+				if _, err := p.Pick(req, cs); err != nil {
+					t.Fatal(err)
+				}
+				p.Routed(req, m.addr)
+				clock = clock.Add(m.secs * time.Second)
+				p.FirstToken(req.ID)
+				p.Finished(req.ID)
+			}
+			want := holder
+			if long {
+				want = other
+			}
+			if got := place(t, p, doc(1, 1000), cs); got != want {
+				t.Errorf("document went to %s, want %s (system prompt on %s, measured slower)", got, want, holder)
 			}
 		})
 	}
