@@ -56,6 +56,11 @@ import (
 // the prefix to hit, and an idle faster endpoint exists (DivertMisses). A replica or
 // spill placement made by that pick is then dropped (UnplaceDiverted): no request fills it.
 //
+// With LongContexts, a conversation's turn sent while its last request is still in
+// prefill goes where that request is (joinHistory), ahead of those overrides; and a
+// long miss with none of them moves where it evicts fewer recent long prompts or its
+// prefill finishes sooner at measured prefill speed (longMiss).
+//
 // KV room is each endpoint's footprint, tracked from Routed to Finished: every active
 // prefix once plus each request's own blocks, against Headroom of its capacity.
 // Placements not used for LiveWindow picks expire; a departed endpoint (Forget) loses
@@ -207,14 +212,10 @@ func (p *Policy) Pick(req *scoring.Request, cands []scoring.Endpoint) (scoring.D
 	} else {
 		alt = p.divert(e, key, cands, sc, best, len(req.TokenIDs), bs)
 		if alt < 0 {
-			alt = p.longMiss(cands, sc, best, len(req.TokenIDs), bs)
-			if alt >= 0 && kind == kindHome {
-				// A new prefix: its home moves with it, or its next requests would
-				// miss at the home it was never computed on.
-				p.drop(e, cands[best].Address)
-				sc.pos[best] = -1
-				sc.pos[alt] = p.place(e, cands[alt].Address, true)
-				best, alt = alt, -1
+			if kind != kindHome {
+				// A new prefix's home is the partition's choice: moved, the agent
+				// workload's contexts lost reuse (cached-token ratio 0.954 -> 0.938).
+				alt = p.longMiss(cands, sc, best, len(req.TokenIDs), bs)
 			}
 		}
 	}
@@ -533,23 +534,26 @@ func (p *Policy) FirstToken(reqID string) {
 }
 
 // measurePrefill folds a long request's time to first token into its endpoint's
-// prefill speed for its size class: the seconds per token prefilled there meanwhile
-// (its own uncached tokens and the backlog it joined). Only a request of more than one
-// engine step counts: a shorter one's wait is mostly the step under way, or KV blocks.
+// prefill speed for its size class: the seconds per uncached token. Only a request of
+// more than one engine step counts (a shorter one's wait is mostly the step under way,
+// or KV blocks), and only one routed with no prefill backlog there: the backlog's
+// tokens are the router's estimate, and requests of one prefix routed together each
+// count it though the engine computes it once (the agent workload's endpoints looked
+// up to 2.5 times as fast as they were).
 // Decode time does not tell speeds apart for long prefills (trace-600 seed 1: 1.319 s
 // at a 0.7-speed endpoint against 1.304 s at a full-speed one). p.mu must be held.
 func (p *Policy) measurePrefill(r *tracked, t time.Time) {
 	secs := t.Sub(r.routed).Seconds()
-	if r.routed.IsZero() || secs <= 0 || r.prefill <= p.cfg.MaxNumBatchedTokens+p.cfg.BlockSize {
+	if r.routed.IsZero() || r.ahead > 0 || secs <= 0 || r.prefill <= p.cfg.MaxNumBatchedTokens+p.cfg.BlockSize {
 		return
 	}
 	m := &r.ep.prefillSpeed[prefillClass(r.prefill)]
 	if m.tokens == 0 {
-		m.secs, m.tokens = secs, float64(r.ahead+r.prefill)
+		m.secs, m.tokens = secs, float64(r.prefill)
 		return
 	}
 	m.secs += decodeAlpha * (secs - m.secs)
-	m.tokens += decodeAlpha * (float64(r.ahead+r.prefill) - m.tokens)
+	m.tokens += decodeAlpha * (float64(r.prefill) - m.tokens)
 }
 
 // Finished releases the request's footprint and folds its decode time into the

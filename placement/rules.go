@@ -630,7 +630,8 @@ func (p *Policy) startEst(sc *scratch, i, tokens, bs int) float64 {
 // A prefill timed to better than MissSpeedup (more than 1/(1-MissSpeedup) steps,
 // 13,653 tokens at 2,048 a step: a prefill of n steps is timed to within the step under
 // way when it comes) goes to the candidate of least cost, when less than MissSpeedup
-// times best's: its prefill there (the backlog and its uncached tokens) plus the
+// times best's: its prefill there (its uncached tokens; backlogs are the divert rules'
+// to weigh, and agents' long steps, asked about their context only, inflate them) plus the
 // histories it evicts there (their next turns recompute them), in seconds at the
 // endpoint's measured prefill speed for prompts of its size (unmeasured: the mean of
 // the measured ones). Decode time does not tell speeds apart for long prefills
@@ -664,7 +665,7 @@ func (p *Policy) longMiss(cands []scoring.Endpoint, sc *scratch, best, tokens, b
 				if m := sc.eps[i].prefillSpeed[class]; m.tokens > 0 {
 					spt = m.secs / m.tokens
 				}
-				return float64(sc.eps[i].prefill+max(0, tokens-sc.lead[i]*bs)+evicted*bs) * spt
+				return float64(max(0, tokens-sc.lead[i]*bs)+evicted*bs) * spt
 			}
 			alt, limit := -1, p.cfg.MissSpeedup*cost(best, lost)
 			for i := range cands {

@@ -31,10 +31,10 @@ type endpointState struct {
 	// decode is a moving average of the time from first token to finish, seconds; 0
 	// until measured. It ranks endpoints by speed.
 	decode float64
-	// prefill is, per size class of long prefills (prefillClass), a moving average of
-	// the seconds to first token and of the tokens prefilled meanwhile (the request's
-	// uncached ones and the backlog it joined): their ratio is the endpoint's measured
-	// prefill time per token at that size, 0 until measured.
+	// prefillSpeed is, per size class of long prefills (prefillClass), moving averages
+	// of the seconds to first token and of the uncached tokens of long requests routed
+	// with no prefill backlog there (measurePrefill): their ratio is the endpoint's
+	// measured prefill time per token at that size; unmeasured while tokens is 0.
 	prefillSpeed [prefillClasses]struct{ secs, tokens float64 }
 	// missesInPrefill counts in-flight requests with at least HoldPrefillTokens uncached
 	// tokens and no first token yet: while > 0, hits wait at the router (HoldMax).
@@ -180,7 +180,8 @@ type tracked struct {
 	first   time.Time // zero until FirstToken
 	miss    bool      // counted in ep.missesInPrefill
 	// routed is when it was routed, ahead the prefill backlog it joined there: a long
-	// prefill's time to first token measures the endpoint's prefill speed.
+	// prefill's time to first token measures the endpoint's prefill speed when ahead
+	// is 0.
 	routed time.Time
 	ahead  int
 }
