@@ -645,12 +645,12 @@ func (p *Policy) startEst(sc *scratch, i, tokens, bs int) float64 {
 // stays: which histories a next turn needs is not known. p.mu must be held.
 func (p *Policy) longMiss(cands []scoring.Endpoint, sc *scratch, best, tokens, bs int) int {
 	uncached := tokens - sc.lead[best]*bs
-	if !p.cfg.LongContexts || sc.lead[best] >= sc.looked || uncached <= p.cfg.MaxNumBatchedTokens+bs {
+	if !p.cfg.LongContexts || sc.lead[best] >= sc.looked || !p.long(uncached) {
 		return -1
 	}
 	lost := p.evicts(cands, sc, best)
 	var mean float64
-	if float64(uncached)*(1-p.cfg.MissSpeedup) > float64(p.cfg.MaxNumBatchedTokens) {
+	{
 		class, n := prefillClass(uncached), 0
 		for i := range cands {
 			if m := sc.eps[i].prefillSpeed[class]; m.tokens > 0 {
@@ -694,6 +694,14 @@ func (p *Policy) longMiss(cands []scoring.Endpoint, sc *scratch, best, tokens, b
 		}
 	}
 	return alt
+}
+
+// long reports whether a prefill of n uncached tokens is long: more than
+// 1/(1-MissSpeedup) engine steps (13,653 tokens at 2,048 a step). A prefill of n steps
+// is timed to within the step under way when it comes, so only past that are speeds
+// MissSpeedup apart told apart.
+func (p *Policy) long(n int) bool {
+	return float64(n)*(1-p.cfg.MissSpeedup) > float64(p.cfg.MaxNumBatchedTokens)
 }
 
 // evicts returns the blocks of candidate i's histories the request would evict there.
