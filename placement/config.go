@@ -175,11 +175,10 @@ type Config struct {
 	// docs/results-policy.md).
 	UnplaceDiverted bool `yaml:"unplace_diverted"`
 	// LongContexts keeps long prompts' histories and ranks long misses by measured
-	// prefill speed: a long miss (more than one engine step uncached) goes, alone,
-	// placing nothing, where it evicts no recent long prompt still cached (each
-	// endpoint's turnover: the blocks the router sent there since, against its
-	// num_gpu_blocks) when at the chosen endpoint it would evict one, or where its
-	// prefill finishes sooner at the speed measured for prompts of its size; and a
+	// prefill speed: a long miss (more than 1/(1-MissSpeedup) engine steps uncached)
+	// goes, alone, placing nothing, where its prefill plus the recent long prompts it
+	// evicts take least time at measured prefill speed (each endpoint's turnover: the
+	// blocks the router sent there since, against its num_gpu_blocks); and a
 	// conversation's turn sent while its last request is still in prefill goes where
 	// that request is. Default true.
 	LongContexts bool `yaml:"long_contexts"`

@@ -1155,10 +1155,10 @@ func branchedSystemPrompt(t *testing.T, cfg placement.Config, capacity int, now 
 	return p, ix, cs, holder, other, doc
 }
 
-// TestPlacementKeepsALongHistory: a long document's first turn goes where its system
-// prompt is, and so does the next document's, unless that would evict the first (150 +
-// 150 blocks of documents and the 64-block system prompt on 300 blocks): then it goes
-// where it evicts nothing, if there is such an endpoint.
+// TestPlacementKeepsALongHistory: a 16k-token document's first turn goes where its
+// system prompt is, and so does the next document's, unless that would evict the first
+// (1,000 + 1,000 blocks of documents and the 64-block system prompt on 2,000 blocks):
+// then it goes where it evicts nothing, if there is such an endpoint.
 func TestPlacementKeepsALongHistory(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
@@ -1173,20 +1173,20 @@ func TestPlacementKeepsALongHistory(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := placement.DefaultConfig()
 			cfg.LongContexts = tc.keep
-			p, ix, cs, holder, other, doc := branchedSystemPrompt(t, cfg, 300, nil)
-			if got := place(t, p, doc(1, 150), cs); got != holder {
+			p, ix, cs, holder, other, doc := branchedSystemPrompt(t, cfg, 2000, nil)
+			if got := place(t, p, doc(1, 1000), cs); got != holder {
 				t.Fatalf("first document went to %s, its system prompt is on %s", got, holder)
 			}
-			ix.Hold(holder, plKeysOf(doc(1, 150)))
+			ix.Hold(holder, plKeysOf(doc(1, 1000)))
 			if tc.otherFull {
-				req := plRequest(plTokens(900_000_000, 200*16))
+				req := plRequest(plTokens(900_000_000, 1200*16))
 				if _, err := p.Pick(req, cs); err != nil {
 					t.Fatal(err)
 				}
 				p.Routed(req, other)
 				p.Finished(req.ID)
 			}
-			got := place(t, p, doc(2, 150), cs)
+			got := place(t, p, doc(2, 1000), cs)
 			if moved := got != holder; moved != tc.moves {
 				t.Errorf("second document went to %s (system prompt's holder %s), want moved=%v", got, holder, tc.moves)
 			}
