@@ -211,12 +211,10 @@ func (p *Policy) Pick(req *scoring.Request, cands []scoring.Endpoint) (scoring.D
 		best, kind = j, kindHolder
 	} else {
 		alt = p.divert(e, key, cands, sc, best, len(req.TokenIDs), bs)
-		if alt < 0 {
-			if kind != kindHome {
-				// A new prefix's home is the partition's choice: moved, the agent
-				// workload's contexts lost reuse (cached-token ratio 0.954 -> 0.938).
-				alt = p.longMiss(cands, sc, best, len(req.TokenIDs), bs)
-			}
+		if alt < 0 && kind != kindHome {
+			// A new prefix's home is the partition's choice: moved with its first
+			// request, the agent workload's contexts lost reuse (ratio 0.954 -> 0.938).
+			alt = p.longMiss(cands, sc, best, len(req.TokenIDs), bs)
 		}
 	}
 	if d := alt; d >= 0 {
@@ -408,10 +406,10 @@ func (p *Policy) Routed(req *scoring.Request, endpoint string) {
 	} else {
 		r.prefill = r.tokens
 	}
-	r.routed, r.ahead = p.now(), ep.prefill
+	r.routed, r.ahead, r.exact = p.now(), ep.prefill, pd.exact || pd.addr != endpoint
 	p.join(&r)
 	p.reqs[req.ID] = r
-	p.allocate(ep, req.ID, r.tokens, r.prefill, pd.bs, pd.exact || pd.addr != endpoint)
+	p.allocate(ep, req.ID, r.tokens, r.prefill, pd.bs, r.exact)
 	if c := p.prefixes[pd.conv]; pd.conv != 0 && c != nil {
 		c.last = req.ID
 	}
@@ -473,7 +471,7 @@ func (p *Policy) Moved(reqID, endpoint string) {
 	to.activate(r.key, blocks)
 	if r.first.IsZero() {
 		r.prefill = r.tokens
-		r.routed, r.ahead = p.now(), to.prefill
+		r.routed, r.ahead, r.exact = p.now(), to.prefill, true
 	}
 	p.join(&r)
 	p.reqs[reqID] = r
@@ -536,15 +534,15 @@ func (p *Policy) FirstToken(reqID string) {
 // measurePrefill folds a long request's time to first token into its endpoint's
 // prefill speed for its size class: the seconds per uncached token. Only a request of
 // more than one engine step counts (a shorter one's wait is mostly the step under way,
-// or KV blocks), and only one routed with no prefill backlog there: the backlog's
-// tokens are the router's estimate, and requests of one prefix routed together each
-// count it though the engine computes it once (the agent workload's endpoints looked
-// up to 2.5 times as fast as they were).
-// Decode time does not tell speeds apart for long prefills (trace-600 seed 1: 1.319 s
-// at a 0.7-speed endpoint against 1.304 s at a full-speed one). p.mu must be held.
+// or KV blocks), whose uncached tokens are known (exact), routed with no prefill
+// backlog there: the backlog's tokens are the router's estimate, and requests of one
+// prefix routed together each count it though the engine computes it once (the agent
+// workload's endpoints looked up to 2.5 times as fast as they were). Decode time does
+// not tell speeds apart for long prefills (trace-600 seed 1: 1.319 s at a 0.7-speed
+// endpoint against 1.304 s at a full-speed one). p.mu must be held.
 func (p *Policy) measurePrefill(r *tracked, t time.Time) {
 	secs := t.Sub(r.routed).Seconds()
-	if r.routed.IsZero() || r.ahead > 0 || secs <= 0 || r.prefill <= p.cfg.MaxNumBatchedTokens+p.cfg.BlockSize {
+	if r.routed.IsZero() || !r.exact || r.ahead > 0 || secs <= 0 || r.prefill <= p.cfg.MaxNumBatchedTokens+p.cfg.BlockSize {
 		return
 	}
 	m := &r.ep.prefillSpeed[prefillClass(r.prefill)]

@@ -184,6 +184,7 @@ type tracked struct {
 	// is 0.
 	routed time.Time
 	ahead  int
+	exact  bool // prefill is known, not estimated from a lookup cut short (pendingPick)
 }
 
 // prefix returns key's entry, creating it, and refreshes its size estimate from keys;
