@@ -283,14 +283,19 @@ func (p *Policy) followed(child uint64, base int, sc *scratch) (follow bool, joi
 			keys: append([]uint64(nil), sc.keys[:min(len(sc.keys), maxKeptKeys)]...)}
 		return false, nil
 	}
+	last, prefilling := p.reqs[c.last]
+	prefilling = prefilling && last.first.IsZero() && p.cfg.LongContexts
+	if len(c.sites) > 0 && !prefilling {
+		return true, nil
+	}
 	// Its size once this request is counted in: the blocks it shares with the last.
 	common := 0
 	for common < len(sc.keys) && common < len(c.keys) && sc.keys[common] == c.keys[common] {
 		common++
 	}
 	held := base + max(1, int(math.Ceil(p.cfg.HolderShare*float64(common-base))))
-	if r, ok := p.reqs[c.last]; ok && r.first.IsZero() && common >= held && p.cfg.LongContexts {
-		joins = r.ep
+	if prefilling && common >= held {
+		joins = last.ep
 	}
 	if len(c.sites) > 0 {
 		return true, joins
