@@ -21,6 +21,7 @@ type endpointState struct {
 	hash         uint64 // of the address, for rendezvous hashing
 	placedBlocks int    // blocks of the live placements (sites) on it
 	homeBlocks   int    // of those, the blocks of the sites that are homes
+	placed       int    // how many live placements it has
 	// footprint is the KV blocks the endpoint's in-flight requests (routed by this
 	// router) occupy: each active prefix's blocks once, plus each request's own.
 	footprint int
@@ -198,6 +199,7 @@ func (p *Policy) drop(e *prefixEntry, addr string) {
 
 func (p *Policy) unplace(e *prefixEntry, pl *site) {
 	pl.ep.placedBlocks -= e.weight()
+	pl.ep.placed--
 	if pl.home {
 		pl.ep.homeBlocks -= e.weight()
 	}
@@ -256,6 +258,7 @@ func (p *Policy) place(e *prefixEntry, addr string, home bool) int {
 	}
 	ep := p.endpoint(addr)
 	ep.placedBlocks += e.weight()
+	ep.placed++
 	if home {
 		ep.homeBlocks += e.weight()
 	}
