@@ -41,10 +41,10 @@ type scratch struct {
 	prefixes []activeOn
 	// rank is this router's among its replicas, replicas their number (PeerView.Rank;
 	// 0 without peers); cold: no candidate's decode time is measured yet (a fleet
-	// starting); saved is holderTurn's scratch.
+	// starting); turnLoads keeps loads while holderTurn counts one router's picks.
 	rank, replicas int
 	cold           bool
-	saved          []int
+	turnLoads      []int
 	// nowhere caches heldNowhere for this pick: 0 not known yet, 1 held nowhere, 2 held
 	// or being computed somewhere.
 	nowhere int8
@@ -203,8 +203,8 @@ func (p *Policy) choose(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 		if p.cfg.StickyHolders && sc.loads[i] < p.cfg.ReplicaLoad && sc.loads[j] < p.cfg.ReplicaLoad {
 			// Both idle: ranked by rendezvous score, the same for every router replica,
 			// so duplicate copies made by replicas' concurrent placements go unused and
-			// are evicted; replicas picking at one instant take the holders in turn by
-			// rank (holderTurn), as one router's consecutive picks would.
+			// are evicted (replicas picking at one instant then take their turns by
+			// rank: holderTurn).
 			return p.score(key, sc.eps[i], &cands[i]) > p.score(key, sc.eps[j], &cands[j])
 		}
 		wi, wj := p.wait(sc, i), p.wait(sc, j)
@@ -249,7 +249,7 @@ func (p *Policy) choose(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 		}
 		if r < 0 || p.wait(sc, i) < p.wait(sc, r) ||
 			(p.wait(sc, i) == p.wait(sc, r) && (p.fillOf(sc.eps[i], &cands[i]) < p.fillOf(sc.eps[r], &cands[r]) ||
-				p.fillOf(sc.eps[i], &cands[i]) == p.fillOf(sc.eps[r], &cands[r]) && p.homeOrder(sc, i, r))) {
+				p.fillOf(sc.eps[i], &cands[i]) == p.fillOf(sc.eps[r], &cands[r]) && p.coldTie(sc, i, r))) {
 			r = i
 		}
 	}
@@ -433,7 +433,7 @@ func (p *Policy) newHome(e *prefixEntry, key uint64, cands []scoring.Endpoint, s
 		share := p.homeShare(sc, cands, i, e.weight())
 		better := best < 0 || (ok && !bestOK) ||
 			(ok == bestOK && (share < bestShare || (share == bestShare && (p.wait(sc, i) < p.wait(sc, best) ||
-				p.wait(sc, i) == p.wait(sc, best) && p.homeOrder(sc, i, best)))))
+				p.wait(sc, i) == p.wait(sc, best) && p.coldTie(sc, i, best)))))
 		if better {
 			best, bestShare, bestOK = i, share, ok
 		}
@@ -442,15 +442,16 @@ func (p *Policy) newHome(e *prefixEntry, key uint64, cands []scoring.Endpoint, s
 	return best
 }
 
-// homeOrder reports whether candidate i wins an exact tie against j (i after j in
-// cands) for a new home or a copy. One router keeps the candidates' order, and its
-// consecutive picks take the first candidates in turn. Router replicas, while no decode
-// time is measured (a fleet starting), rotate the order by their rank: replicas that
-// home or copy prefixes at the same instant on the same view would otherwise all take
-// the first candidates (kvbench --sim --replicas 4, N = 2: both prefixes homed on one
-// endpoint and every request sent there; with homes rotated, C = 16's copies all on
-// the first four endpoints, the last two never used). p.mu must be held.
-func (p *Policy) homeOrder(sc *scratch, i, j int) bool {
+// coldTie reports whether candidate i wins an exact tie against j (i after j in cands)
+// for a new home or a copy. One router keeps the candidates' order, and its consecutive
+// picks take the first candidates in turn. Router replicas, while no decode time is
+// measured (a fleet starting), rotate the order by their rank: replicas that home or
+// copy prefixes at the same instant on the same view would otherwise all take the first
+// candidates (kvbench --sim --replicas 4, N = 2: both prefixes homed on one endpoint and
+// every request sent there; with only homes rotated, C = 16's first burst copied the
+// prefixes onto the first four endpoints alone and left two unused). Rank 0 and one
+// router keep the order. p.mu must be held.
+func (p *Policy) coldTie(sc *scratch, i, j int) bool {
 	if p.peers == nil || sc.replicas < 2 || !sc.cold {
 		return false
 	}
@@ -461,31 +462,28 @@ func (p *Policy) homeOrder(sc *scratch, i, j int) bool {
 
 // holderTurn returns the holder this router replica takes when the best holder g is
 // idle: the (rank+1)-th of the picks one router would make in a row by better, each
-// counted as load on the holder it takes, so that replicas picking at the same instant
-// on the same view spread over the holders as one router's consecutive picks do,
-// instead of all taking the one idle holder (kvbench --sim --replicas 4, N = 2, C = 16:
-// 2 to 5 requests of one instant on one slow endpoint). g for one router and for rank
-// 0. p.mu must be held.
+// counted as load on the holder it took. Replicas picking at the same instant on the
+// same view see the same idle holder g; taking their turns by rank they spread over a
+// prefix's holders as one router's consecutive picks do, instead of all joining g
+// (kvbench --sim --replicas 4, N = 2, C = 16: 2 to 5 requests of one instant on one
+// slow endpoint, TTFT p99 121 ms against kv's 101). Rank 0 and one router take g.
+// p.mu must be held.
 func (p *Policy) holderTurn(cands []scoring.Endpoint, sc *scratch, g int, better func(i, j int) bool) int {
 	if p.peers == nil || sc.replicas < 2 || sc.rank == 0 {
 		return g
 	}
-	sc.saved = append(sc.saved[:0], sc.loads...)
+	sc.turnLoads = append(sc.turnLoads[:0], sc.loads...)
 	pick := g
-	for range sc.rank + 1 {
+	for range sc.rank {
+		sc.loads[pick]++
 		pick = -1
 		for i := range cands {
 			if sc.pos[i] >= 0 && sc.ok[i] && better(i, pick) {
 				pick = i
 			}
 		}
-		if pick < 0 {
-			pick = g
-			break
-		}
-		sc.loads[pick]++
 	}
-	copy(sc.loads, sc.saved)
+	copy(sc.loads, sc.turnLoads)
 	return pick
 }
 
