@@ -44,9 +44,10 @@ import (
 //     the prefix is a shared one that stays put and its prefill (the tokens the copy
 //     adds) is less than the request's own tokens past the prefix times the requests
 //     running at the holder, whose steps the hit's prefill would join: the smaller the
-//     share of the prompt a hit saves, the sooner a copy pays. Router replicas break
-//     exact ties between copies by rank while the fleet is cold (coldTie), as new homes. The holder may be a home
-//     that lost a prefix held nowhere (one rule 3 keeps), judged the same way.
+//     share of the prompt a hit saves, the sooner a copy pays. The holder may be a home
+//     that lost a prefix held nowhere (one rule 3 keeps), judged the same way. Router
+//     replicas break exact ties between copies by rank while the fleet is cold, as
+//     between new homes (coldTie).
 //  6. Otherwise the holder of least wait with KV room takes it; failing that, the
 //     request queues at the least-loaded holder until it reaches SpillLoad, where the
 //     prefix spills to the endpoint whose live placements it would overflow least.
