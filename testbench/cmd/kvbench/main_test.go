@@ -128,3 +128,32 @@ func TestRunWritesRouteLog(t *testing.T) {
 		t.Fatalf("route log has %d route, %d first_token and %d finish lines, want 12 each", r, f, fin)
 	}
 }
+
+// The default --tokenizer is qwen3 in $KVROUTER_MODELS_DIR when set, as `make models`
+// and the Makefile's demo targets decide.
+func TestDefaultTokenizerFollowsModelsDir(t *testing.T) {
+	// --progress maybe fails the run right after the tokenizer is loaded, before any sim.
+	args := []string{"--sim", "--progress", "maybe"}
+	t.Run("empty models dir", func(t *testing.T) {
+		models := t.TempDir()
+		t.Setenv(testmodels.EnvDir, models)
+		var out, errOut strings.Builder
+		if err := run(context.Background(), args, &out, &errOut); err == nil || !strings.Contains(err.Error(), "--progress") {
+			t.Fatalf("err %v, want the --progress error", err)
+		}
+		if want := "no tokenizer in " + filepath.Join(models, "qwen3") + " "; !strings.Contains(errOut.String(), want) {
+			t.Errorf("stderr %q lacks %q", errOut.String(), want)
+		}
+	})
+	t.Run("models dir with qwen3", func(t *testing.T) {
+		models := filepath.Dir(testmodels.Dir(t, "qwen3"))
+		t.Setenv(testmodels.EnvDir, models)
+		var out, errOut strings.Builder
+		if err := run(context.Background(), args, &out, &errOut); err == nil || !strings.Contains(err.Error(), "--progress") {
+			t.Fatalf("err %v, want the --progress error", err)
+		}
+		if strings.Contains(errOut.String(), "no tokenizer") {
+			t.Errorf("the tokenizer in %s was not loaded: %s", models, errOut.String())
+		}
+	})
+}
