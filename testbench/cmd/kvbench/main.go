@@ -28,12 +28,20 @@ import (
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
-	defer stop()
-	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
-		if !errors.Is(err, flag.ErrHelp) {
-			fmt.Fprintln(os.Stderr, "kvbench:", strings.TrimPrefix(err.Error(), "kvbench: "))
-		}
-		os.Exit(2)
+	code := exitCode(run(ctx, os.Args[1:], os.Stdout, os.Stderr), os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// exitCode is kvbench's exit status for run's error, which it prints: 0 for none and
+// for -h/--help (the usage is printed already), 2 otherwise.
+func exitCode(err error, stderr io.Writer) int {
+	switch {
+	case err == nil, errors.Is(err, flag.ErrHelp):
+		return 0
+	default:
+		fmt.Fprintln(stderr, "kvbench:", strings.TrimPrefix(err.Error(), "kvbench: "))
+		return 2
 	}
 }
 

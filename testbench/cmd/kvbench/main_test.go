@@ -157,3 +157,29 @@ func TestDefaultTokenizerFollowsModelsDir(t *testing.T) {
 		}
 	})
 }
+
+// -h and --help print the usage and exit 0; an error exits 2 with its message.
+func TestExitCode(t *testing.T) {
+	tests := []struct {
+		name   string
+		args   []string
+		code   int
+		stderr string // substring
+	}{
+		{"-h", []string{"-h"}, 0, "usage: kvbench (--sim | --url URL) [flags]"},
+		{"--help", []string{"--help"}, 0, "usage: kvbench (--sim | --url URL) [flags]"},
+		{"unknown flag", []string{"--nope"}, 2, "flag provided but not defined: -nope"},
+		{"no target", nil, 2, "kvbench: choose --url URL or --sim"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var out, errOut strings.Builder
+			if code := exitCode(run(context.Background(), tt.args, &out, &errOut), &errOut); code != tt.code {
+				t.Errorf("exit %d, want %d (stderr %q)", code, tt.code, errOut.String())
+			}
+			if !strings.Contains(errOut.String(), tt.stderr) {
+				t.Errorf("stderr %q lacks %q", errOut.String(), tt.stderr)
+			}
+		})
+	}
+}
