@@ -83,6 +83,9 @@ type Policy struct {
 	// changed since Placements last reported them (only while peers are set).
 	salt    uint64
 	changed map[uint64]struct{}
+	// learnedBlocks sums the sizes learned from prefixes' first two requests, learnedN
+	// counts them: their mean is the guessed size of a prefix seen once (newHome).
+	learnedBlocks, learnedN int
 }
 
 type metrics struct {
@@ -189,7 +192,7 @@ func (p *Policy) Pick(req *scoring.Request, cands []scoring.Endpoint) (scoring.D
 	if base > 0 && p.followed(child, base, sc) {
 		key = child
 	}
-	e := p.prefix(key, sc.keys)
+	e := p.prefix(key, sc.keys, bs)
 	best, kind := p.choose(e, key, cands, sc)
 	if d := p.divert(e, key, cands, sc, best, len(req.TokenIDs), bs); d >= 0 {
 		if p.cfg.UnplaceDiverted && (kind == kindReplica || kind == kindSpill) {
