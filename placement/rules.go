@@ -630,9 +630,9 @@ func (p *Policy) divert(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 // that have room for it and its prefix beside their live placements and requests (the
 // copy evicts nothing live, spare), the one of least estimate, if sooner than best's
 // (eb); -1 otherwise. At best the request's prefill would join the prefill in progress
-// and finish a step later: long tails' hit (a 1,000-token tail) behind a miss in prefill
-// took 166 to 203 ms where an endpoint only decoding would start it as a miss in 143
-// (long tails, N = 24: TTFT p99 174 -> 149 ms with the guessed size of newHome, kv 149;
+// and finish a step later: long tails' hits (1,000-token tails) behind a miss in
+// prefill took 166 and 194 ms where an idle endpoint would have started them as misses
+// in 110 and 143 (long tails, N = 24: TTFT p99 174 -> 149 ms with the guessed size of newHome, kv 149;
 // docs/results-workloads.md). A prompt longer than a step (the reference's 2,371 tokens,
 // long contexts) is left to the twice-as-soon rule. p.mu must be held.
 func (p *Policy) besidePrefill(key uint64, cands []scoring.Endpoint, sc *scratch, eligible func(int) bool, est func(int) float64, eb float64, tokens, bs int) int {
