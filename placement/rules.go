@@ -581,8 +581,14 @@ func (p *Policy) divert(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 	if alt < 0 && full {
 		return p.soonestRoom(key, cands, sc, best)
 	}
-	if late && !full && !miss && (alt < 0 || 2*ea > eb) && sc.eps[best].prefill > 0 {
-		if r := p.besidePrefill(key, cands, sc, eligible, est, eb, tokens, bs); r >= 0 {
+	if late && !full && (alt < 0 || 2*ea > eb) && sc.eps[best].prefill > 0 && (!miss || (alt < 0 && p.heldNowhere(key, cands, sc))) {
+		// A miss of a prefix held nowhere misses wherever it goes: any endpoint that
+		// may take it, not only an idle faster one.
+		el := eligible
+		if miss {
+			el = func(i int) bool { return i != best && sc.ok[i] && p.moveOK(sc, i, best) }
+		}
+		if r := p.besidePrefill(key, cands, sc, el, est, eb, tokens, bs); r >= 0 {
 			return r
 		}
 	}
@@ -632,9 +638,14 @@ func (p *Policy) divert(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 // (eb); -1 otherwise. At best the request's prefill would join the prefill in progress
 // and finish a step later: long tails' hits (1,000-token tails) behind a miss in
 // prefill took 166 and 194 ms where an idle endpoint would have started them as misses
-// in 110 and 143 (long tails, N = 24: TTFT p99 174 -> 149 ms with the guessed size of newHome, kv 149;
-// docs/results-workloads.md). A prompt longer than a step (the reference's 2,371 tokens,
-// long contexts) is left to the twice-as-soon rule. p.mu must be held.
+// in 110 and 143, and a new prefix's first request homed beside a prefill as clients
+// finished together 203 ms (long tails, N = 24: TTFT p99 at workload seeds 1 to 4 174,
+// 157, 157, 150 -> 149, 150, 150, 149 ms with the guessed size of newHome, kv 149, 150,
+// 149, 149; docs/results-workloads.md). A miss goes so only when the prefix is held
+// nowhere (a new prefix's first request) and no idle faster candidate takes it
+// (DivertMisses): for any miss, the reference grid lost N = 24, C = 16 (0.951 -> 0.940
+// x the partition). A prompt longer than a step (the reference's 2,371 tokens, long
+// contexts) is left to the twice-as-soon rule. p.mu must be held.
 func (p *Policy) besidePrefill(key uint64, cands []scoring.Endpoint, sc *scratch, eligible func(int) bool, est func(int) float64, eb float64, tokens, bs int) int {
 	r, er := -1, 0.0
 	for i := range cands {
