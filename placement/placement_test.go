@@ -1170,7 +1170,8 @@ func TestPlacementHomesPrefixesSeenOnceByTheLearnedSize(t *testing.T) {
 // TestPlacementLeavesAPrefillInProgress: a hit whose prefill would join a miss in
 // prefill at its holder (so finish a step later) goes to an endpoint with no prefill in
 // progress where it starts in the next step and its copy fits beside the live
-// placements, though that endpoint would not start it twice as soon; not when the
+// placements, though that endpoint would not start it twice as soon; so does a miss of a
+// prefix held nowhere (its home lost it), though the endpoint is busy; not when the
 // endpoint prefills too, when the prompt is longer than a step, or when the copy would
 // evict a live placement.
 func TestPlacementLeavesAPrefillInProgress(t *testing.T) {
@@ -1179,12 +1180,14 @@ func TestPlacementLeavesAPrefillInProgress(t *testing.T) {
 		tailBlocks  int
 		otherCap    int
 		otherFilled bool // a miss in prefill on the other endpoint too
+		nowhere     bool // the holder lost the prefix: held nowhere, the request a miss
 		leaves      bool
 	}{
-		{"one-step prompt, other endpoint only decoding: leaves", 62, 1000, false, true},
-		{"other endpoint prefilling too: stays", 62, 1000, true, false},
-		{"prompt longer than a step: stays", 100, 1000, false, false},
-		{"no room for the copy beside the live placements: stays", 62, 200, false, false},
+		{"one-step prompt, other endpoint only decoding: leaves", 62, 1000, false, false, true},
+		{"other endpoint prefilling too: stays", 62, 1000, true, false, false},
+		{"prompt longer than a step: stays", 100, 1000, false, false, false},
+		{"no room for the copy beside the live placements: stays", 62, 200, false, false, false},
+		{"held nowhere, other endpoint only decoding: leaves", 62, 1000, false, true, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := placement.DefaultConfig()
@@ -1221,6 +1224,11 @@ func TestPlacementLeavesAPrefillInProgress(t *testing.T) {
 			// The holder runs the miss and a decoding request, the other endpoint one
 			// request (decoding, or the second miss): it takes no replica, and a copy
 			// is not worth its miss (copyWorth wants it idle).
+			if tc.nowhere {
+				// The home stays: moving it would give the other endpoint more than
+				// RehomeSlack x the mean home share.
+				ix.Clear(holder)
+			}
 			cs[0].InFlight, cs[1].InFlight = 2, 1
 			d, err := p.Pick(plRequest(prompt(0, 1)), cs)
 			if err != nil {
