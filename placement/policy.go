@@ -56,10 +56,10 @@ import (
 // soonest), when its prefill backlog exceeds one engine step (DivertDeadline) and the
 // other would start it twice as soon (failing that, behind a prefill in progress, to
 // the soonest endpoint with no prefill in progress whose next step fits the request's
-// prefill and whose live placements leave room for its copy), or when it is busy,
-// holds too little of the prefix to hit, and an idle faster endpoint exists
-// (DivertMisses). A replica or
-// spill placement made by that pick is then dropped (UnplaceDiverted): no request fills it.
+// prefill and whose live placements leave room for its copy; a miss only of a prefix
+// held nowhere), or when it is busy, holds too little of the prefix to hit, and an idle
+// faster endpoint exists (DivertMisses). A replica or spill placement made by that pick
+// is then dropped (UnplaceDiverted): no request fills it.
 //
 // KV room is each endpoint's footprint, tracked from Routed to Finished: every active
 // prefix once plus each request's own blocks, against Headroom of its capacity.
