@@ -5,6 +5,10 @@ FUZZTIME ?= 20s
 
 .DEFAULT_GOAL := help
 
+# Where `make models` puts the tokenizer files (scripts/fetch-models.sh reads the same
+# variable) and where demo and faults take them from.
+MODELS   ?= $(or $(KVROUTER_MODELS_DIR),.cache/models)
+
 .PHONY: help
 help: ## List the targets.
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -18,19 +22,19 @@ build: ## Build every command into ./bin.
 demo: models ## Run kvrouter on a local simulated fleet behind a gateway; compare round-robin, kv and placement.
 	@mkdir -p $(BIN)
 	$(GO) build -o $(BIN)/ ./cmd/kvrouter ./testbench/cmd/vllm-sim ./testbench/cmd/devgateway ./testbench/cmd/kvdemo
-	$(BIN)/kvdemo --bin $(BIN)
+	$(BIN)/kvdemo --bin $(BIN) --tokenizer $(MODELS)/qwen3
 
 .PHONY: faults
 faults: models ## Run the fault suite on a local stack, then the replica faults (about 3 minutes); write docs/data/faults.json, docs/data/replicas/faults.json and render docs/faults.md.
 	@mkdir -p $(BIN)
 	$(GO) build -o $(BIN)/ ./cmd/kvrouter ./testbench/cmd/vllm-sim ./testbench/cmd/devgateway ./testbench/cmd/kvdemo
-	$(BIN)/kvdemo faults --bin $(BIN) --json docs/data/faults.json
-	$(BIN)/kvdemo faults --replicas --bin $(BIN) --json docs/data/replicas/faults.json
+	$(BIN)/kvdemo faults --bin $(BIN) --tokenizer $(MODELS)/qwen3 --json docs/data/faults.json
+	$(BIN)/kvdemo faults --replicas --bin $(BIN) --tokenizer $(MODELS)/qwen3 --json docs/data/replicas/faults.json
 	python3 scripts/docs.py
 
 .PHONY: models
-models: ## Fetch the tokenizer files the tests use into .cache/models (sha256-verified).
-	bash scripts/fetch-models.sh
+models: ## Fetch the tokenizer files the tests use into .cache/models, or $KVROUTER_MODELS_DIR (sha256-verified).
+	KVROUTER_MODELS_DIR=$(MODELS) bash scripts/fetch-models.sh
 
 .PHONY: test
 test: models ## Run all tests with the race detector, then without it the full tokenizer golden proof, the parse-cost and the peak-RSS tests.

@@ -33,11 +33,13 @@ type LimitsConfig struct {
 	// BodyBudgetBytes bounds the memory all ext_proc streams together hold for parsing
 	// request bodies, each charged extproc.ParseCost (6) times its bytes: the body, its
 	// decoded strings, the rendered prompt and the chat template's own strings
-	// (tokenization is bounded by the token limit instead). A body that would pass it is routed by load, streamed through
-	// unparsed and counted (kvrouter_request_parse_errors_total{reason="body_budget"}),
-	// so memory per request is bounded by config rather than by clients. Default 96 MiB:
-	// one body of the default max_body_bytes with its parse (the least Validate accepts),
-	// or some 4,000 typical 4 KiB chat bodies, at once.
+	// (tokenization is bounded by the token limit instead); a body whose model is
+	// rewritten is charged its copy too (extproc.RewriteCost, 1x). A body that would pass
+	// it is routed by load, streamed through unparsed and unrewritten, and counted
+	// (kvrouter_request_parse_errors_total{reason="body_budget"}), so memory per request
+	// is bounded by config rather than by clients. Default 112 MiB: one body of the
+	// default max_body_bytes with its parse and its rewritten copy (the least Validate
+	// accepts), or some 4,000 typical 4 KiB chat bodies, at once.
 	BodyBudgetBytes int64 `yaml:"body_budget_bytes"`
 	// MaxConnections bounds the ext_proc port's accepted connections; more wait in the
 	// kernel's backlog, so file descriptors stay for the admin port, KV events and
@@ -78,13 +80,13 @@ type LimitsConfig struct {
 	Scrape fleet.ScrapeConfig `yaml:",inline"`
 }
 
-// DefaultLimitsConfig returns 16 MiB bodies, a 96 MiB body budget, 4096 connections,
+// DefaultLimitsConfig returns 16 MiB bodies, a 112 MiB body budget, 4096 connections,
 // 16384 streams, a 10s stream idle timeout, a 5s drain delay and a 30s drain, 120ms holds,
 // sheddable requests shed past 5 waiting and the scrape defaults.
 func DefaultLimitsConfig() LimitsConfig {
 	return LimitsConfig{
 		MaxBodyBytes:      16 << 20,
-		BodyBudgetBytes:   extproc.ParseCost * (16 << 20),
+		BodyBudgetBytes:   (extproc.ParseCost + extproc.RewriteCost) * (16 << 20),
 		MaxConnections:    4096,
 		MaxStreams:        16384,
 		StreamIdleTimeout: 10 * time.Second,
@@ -103,8 +105,9 @@ func (c *LimitsConfig) Validate() error {
 	if c.MaxBodyBytes < 1<<10 || c.MaxBodyBytes > 1<<30 {
 		errs.Addf("max_body_bytes", "%d is out of range [1 KiB, 1 GiB]", c.MaxBodyBytes)
 	}
-	if least := int64(c.MaxBodyBytes) * extproc.ParseCost; c.BodyBudgetBytes < least || c.BodyBudgetBytes > 64<<30 {
-		errs.Addf("body_budget_bytes", "%d is out of range [%d x max_body_bytes (%d), 64 GiB] (a body of max_body_bytes must fit with its parse)", c.BodyBudgetBytes, extproc.ParseCost, least)
+	if least := int64(c.MaxBodyBytes) * (extproc.ParseCost + extproc.RewriteCost); c.BodyBudgetBytes < least || c.BodyBudgetBytes > 64<<30 {
+		errs.Addf("body_budget_bytes", "%d is out of range [%d x max_body_bytes (%d), 64 GiB] (a body of max_body_bytes must fit with its parse and its rewritten copy)",
+			c.BodyBudgetBytes, extproc.ParseCost+extproc.RewriteCost, least)
 	}
 	if c.MaxConnections < 1 || c.MaxConnections > 1<<20 {
 		errs.Addf("max_connections", "%d is out of range [1, 1048576]", c.MaxConnections)

@@ -20,10 +20,11 @@ const (
 	// metadata.ObjectiveKey).
 	HeaderObjective = "x-gateway-inference-objective"
 	// HeaderModelRewrite names the model a request is to be forwarded for instead of the
-	// one its body names, set by the gateway (an HTTPRoute's header filter, say): the
-	// picker writes it into the body's "model" unless an InferenceModelRewrite rule
-	// matches the request's model, which wins (the Inference Extension's
-	// metadata.ModelNameRewriteKey).
+	// one its body names, set by the gateway (an HTTPRoute's header filter, say) or by the
+	// client: as the Inference Extension's picker (metadata.ModelNameRewriteKey, read in
+	// HandleRequestHeaders), the value is taken as sent and written into the body's
+	// "model" unless an InferenceModelRewrite rule matches the request's model, which
+	// wins. It names a model, never an endpoint.
 	HeaderModelRewrite = "x-gateway-model-name-rewrite"
 	// NamespaceLB is the dynamic-metadata namespace of the decision and of the served endpoint.
 	NamespaceLB = "envoy.lb"

@@ -81,18 +81,24 @@ func (st *stream) decideAndReply(in decideInput, kind replyKind) (done bool, err
 	start := s.now()
 	c, reason, err := st.choose(in, start)
 	if err != nil {
+		st.unholdCopy()
 		return true, err
 	}
 	s.m.decisionLatency.Observe(s.now().Sub(start).Seconds() - c.req.Held.Seconds())
 	if reason != "" {
+		st.unholdCopy()
 		return true, st.reply503(reason)
 	}
 	st.commit(c)
 	if c.body != nil {
 		st.respModel = newResponseModel(c.rewrite.target, c.rewrite.from)
 		if kind == replyHeaders {
-			st.body = c.body // FULL_DUPLEX_STREAMED: the caller streams st.body on
+			// FULL_DUPLEX_STREAMED: the caller streams st.body on, then returns its copy's
+			// reservation.
+			st.body = c.body
+			return false, st.send(st.rewriteReply(c.dest, kind, c.body))
 		}
+		defer st.unholdCopy() // the body reply carries the copy: passed on once sent
 		return false, st.send(st.rewriteReply(c.dest, kind, c.body))
 	}
 	return false, st.send(st.decisionReply(c.dest, kind))
@@ -212,6 +218,12 @@ func (st *stream) choose(in decideInput, start time.Time) (c choice, noEndpointR
 	rw := modelRewrite{target: model}
 	if !in.partial {
 		rw = s.rewriteModel(rt, model, st.rewriteTo)
+	}
+	if rw.target != model && !st.holdCopy(parsed.WithModelLen(len(in.body), rw.target)) {
+		// The rewritten copy would pass the body budget: the request is routed by load as
+		// the client sent it, as a body over the budget is.
+		s.m.parseErrors.WithLabelValues(ReasonBodyBudget).Inc()
+		fallback, rw = fallbackParseError, modelRewrite{target: model}
 	}
 	eps, base, lora, ok, buf := s.candidates(rw.target)
 	defer func() { s.putCandidates(buf) }()

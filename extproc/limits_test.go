@@ -269,3 +269,67 @@ func TestBodyBudgetDeclaredLength(t *testing.T) {
 	}
 	_ = holder.CloseSend()
 }
+
+// TestBodyBudgetRewriteCopy checks that the copy of a body whose model is rewritten is
+// charged in the body budget (RewriteCost x its bytes) beside the body's parse: when it
+// would pass the budget the request is routed by load as the client sent it and
+// counted, when it fits the request is rewritten, and either way the whole charge is
+// returned once the body is passed on.
+func TestBodyBudgetRewriteCopy(t *testing.T) {
+	body := chatBody("m-alias")                           // the rule rewrites it to only-b, which B serves; by load: A
+	copyLen := len(body) - len("m-alias") + len("only-b") // the rewritten body's bytes
+	parse := extproc.ParseCost * int64(len(body))
+	modes := map[string]fakeenvoy.Config{
+		"full duplex":           fakeenvoy.FullDuplex(),
+		"full duplex, trailers": mode(filterv3.ProcessingMode_FULL_DUPLEX_STREAMED, true),
+		"buffered":              mode(filterv3.ProcessingMode_BUFFERED, false),
+	}
+	for name, cfg := range modes {
+		for _, tc := range []struct {
+			name      string
+			budget    int64
+			rewritten bool
+		}{
+			{"the copy does not fit", parse + extproc.RewriteCost*int64(copyLen) - 1, false},
+			{"the copy fits", parse + extproc.RewriteCost*int64(copyLen), true},
+		} {
+			t.Run(name+"/"+tc.name, func(t *testing.T) {
+				h := newHarness(t, func(o *extproc.Options) {
+					o.BodyBudgetBytes = tc.budget
+					o.Rewrites = testRewrites(t, false)
+				})
+				x := h.start(cfg)
+				defer x.Cancel()
+				req := fakeenvoy.Request{Headers: postHeaders(fakeenvoy.Header{Key: "content-length", Value: strconv.Itoa(len(body))}),
+					Body: split(body, 3)}
+				if cfg.SendRequestTrailers {
+					req.Trailers = fakeenvoy.Headers{{Key: "x-t", Value: "1"}}
+				}
+				res, err := x.Request(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				budgetErrs := h.counter("kvrouter_request_parse_errors_total", "reason", extproc.ReasonBodyBudget)
+				if tc.rewritten {
+					checkDecision(t, res, epB)
+					if want := strings.Replace(string(body), "m-alias", "only-b", 1); string(res.Body) != want {
+						t.Fatalf("upstream body %s, want %s", res.Body, want)
+					}
+					if budgetErrs != 0 {
+						t.Fatalf("body_budget parse errors = %v, want 0", budgetErrs)
+					}
+				} else {
+					checkDecision(t, res, epA)
+					if string(res.Body) != string(body) {
+						t.Fatalf("upstream body %s, want the client's %s", res.Body, body)
+					}
+					if budgetErrs != 1 {
+						t.Fatalf("body_budget parse errors = %v, want 1", budgetErrs)
+					}
+				}
+				_ = x.Close()
+				waitFor(t, "the budget to be returned", func() bool { return h.counter("kvrouter_extproc_body_bytes_held") == 0 })
+			})
+		}
+	}
+}

@@ -211,7 +211,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"reason"})),
 		bodyBytesHeld: register(reg, prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "kvrouter_extproc_body_bytes_held",
-			Help: "Memory reserved for parsing the request bodies all streams hold: ParseCost (6) x their bytes (the body, its decoded strings, the rendered prompt, the template's strings), bounded by limits.body_budget_bytes.",
+			Help: "Memory reserved for the request bodies all streams hold: ParseCost (6) x their bytes (the body, its decoded strings, the rendered prompt, the template's strings) while parsed, RewriteCost (1) x a rewritten copy's bytes until passed on, bounded by limits.body_budget_bytes.",
 		})),
 		streamErrors: register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvrouter_extproc_stream_errors_total",

@@ -100,6 +100,8 @@ func TestModelRewrite(t *testing.T) {
 			wantRule: "alias", wantLabel: "m-alias", wantTarget: "only-b"},
 		{name: "header target not served: kept", cfg: fds, model: "only-b", noGeneric: true, header: "ghost", wantModel: "only-b", wantDest: epB,
 			wantLabel: "only-b", wantTarget: "only-b", wantKept: "header"},
+		{name: "a client's header naming an endpoint names no model: kept", cfg: fds, model: "only-b", noGeneric: true, header: epC,
+			wantModel: "only-b", wantDest: epB, wantLabel: "only-b", wantTarget: "only-b", wantKept: "header"},
 		{name: "no rule, no header", cfg: fds, model: "only-b", noGeneric: true, wantModel: "only-b", wantDest: epB,
 			wantLabel: "only-b", wantTarget: "only-b"},
 	}

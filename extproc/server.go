@@ -36,13 +36,18 @@ const (
 	// TestParseCostCoversPromptAllocations measures it for every test model with a
 	// tokenizer and fails when a body allocates more.
 	ParseCost = 6
+	// RewriteCost is what a request whose model is rewritten is charged in
+	// BodyBudgetBytes beside its parse, per byte of the rewritten body: the copy that
+	// carries the new model name, held from the decision until it is passed on.
+	RewriteCost = 1
 )
 
 // Reasons a body is not parsed, beside openai's; they label
 // kvrouter_request_parse_errors_total.
 const (
-	// ReasonBodyBudget: the bodies held for parsing by all streams would pass
-	// Options.BodyBudgetBytes; the request is routed by load and its body streamed through.
+	// ReasonBodyBudget: the bodies held for parsing by all streams, or the copy of a
+	// body whose model is rewritten, would pass Options.BodyBudgetBytes; the request is
+	// routed by load and its body streamed through as the client sent it.
 	ReasonBodyBudget = "body_budget"
 )
 
@@ -105,8 +110,9 @@ type Options struct {
 	MaxBodyBytes int
 	// BodyBudgetBytes bounds the memory all streams together hold for parsing request
 	// bodies, charged ParseCost times each body's bytes from its first chunk until the
-	// decision is made; a body that would pass it is routed by load and streamed through
-	// unparsed. 0 means no bound.
+	// decision is made, and RewriteCost times the bytes of a rewritten body's copy until
+	// it is passed on; a body that would pass it is routed by load and streamed through
+	// unparsed (unrewritten). 0 means no bound.
 	BodyBudgetBytes int64
 	// MaxStreams bounds the open ext_proc streams; one more is refused with
 	// codes.ResourceExhausted (ErrTooManyStreams). 0 means no bound.
@@ -224,7 +230,7 @@ type Server struct {
 	draining atomic.Bool
 	drainCh  chan struct{} // closed by Drain
 	drainOne sync.Once
-	held     atomic.Int64 // parse charge of the bodies held (ParseCost x bytes), bounded by budget
+	held     atomic.Int64 // charge of the bodies held (ParseCost x bytes, RewriteCost x a rewritten copy's), bounded by budget
 	// workers serve the streams, and the first Recv of each, on goroutines whose stacks
 	// stay grown (see workers).
 	workers *workers
@@ -404,6 +410,7 @@ func (s *Server) process(srv extprocv3.ExternalProcessor_ProcessServer) error {
 	st := stream{s: s, srv: srv, reqMode: s.reqMode, respMode: s.respMode}
 	defer st.release()
 	defer st.unhold()
+	defer st.unholdCopy()
 	for {
 		var msg *extprocv3.ProcessingRequest
 		var err error
@@ -475,13 +482,11 @@ func (s *Server) recvFirst(srv extprocv3.ExternalProcessor_ProcessServer) (*extp
 	}
 }
 
-// hold reserves the budget for parsing n body bytes (ParseCost x n); false means the
-// budget is spent.
-func (s *Server) hold(n int) bool {
+// reserve takes charge bytes of the body budget; false means the budget is spent.
+func (s *Server) reserve(charge int64) bool {
 	if s.budget <= 0 {
 		return true
 	}
-	charge := int64(n) * ParseCost
 	if s.held.Add(charge) > s.budget {
 		s.held.Add(-charge)
 		return false
@@ -490,12 +495,11 @@ func (s *Server) hold(n int) bool {
 	return true
 }
 
-// unhold returns the budget reserved for parsing n body bytes.
-func (s *Server) unhold(n int) {
-	if s.budget <= 0 || n == 0 {
+// unreserve returns charge bytes to the body budget.
+func (s *Server) unreserve(charge int64) {
+	if s.budget <= 0 || charge == 0 {
 		return
 	}
-	charge := int64(n) * ParseCost
 	s.held.Add(-charge)
 	s.m.bodyBytesHeld.Sub(float64(charge))
 }

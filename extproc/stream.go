@@ -66,7 +66,8 @@ type stream struct {
 	body      []byte
 	declared  int       // the content-length header, when it is at most maxBody (else 0)
 	hasLength bool      // the request has a content-length header (a rewritten body's replaces it)
-	held      int       // bytes of body reserved in the server's body budget
+	held      int       // bytes of body reserved for parsing in the server's body budget
+	copyHeld  int       // bytes of a rewritten body's copy reserved in the server's body budget
 	through   bool      // FDS: decided already; body chunks pass straight through
 	start     time.Time // when the request headers came (inference_objective_request_duration_seconds)
 	model     string    // the model_name of the Inference Extension series: the request's model when the fleet serves it or a rewrite rule names it, else ""
@@ -239,6 +240,7 @@ func (st *stream) onRequestBody(b *extprocv3.HttpBody) (bool, error) {
 		}
 		body := st.body
 		st.body = nil
+		defer st.unholdCopy() // a rewritten body is held until passed on
 		return false, st.sendBody(body, true)
 	case filterv3.ProcessingMode_BUFFERED, filterv3.ProcessingMode_BUFFERED_PARTIAL:
 		if st.routed {
@@ -288,7 +290,9 @@ func (st *stream) onRequestTrailers() (bool, error) {
 		body := st.body
 		st.body = nil
 		if len(body) > 0 {
-			if err := st.sendBody(body, false); err != nil {
+			err := st.sendBody(body, false)
+			st.unholdCopy() // a rewritten body is held until passed on
+			if err != nil {
 				return false, err
 			}
 		}
@@ -503,20 +507,34 @@ func (st *stream) release() {
 	}
 }
 
-// hold reserves n more body bytes in the server's budget for this stream.
-func (st *stream) hold(n int) bool {
-	if !st.s.hold(n) {
-		return false
-	}
-	st.held += n
-	return true
-}
+// hold reserves n more body bytes for parsing in the server's budget for this stream.
+func (st *stream) hold(n int) bool { return st.reserve(&st.held, n, ParseCost) }
 
 // unhold returns the stream's body bytes to the budget: once its decision is made, or
 // when the stream ends.
-func (st *stream) unhold() {
-	st.s.unhold(st.held)
-	st.held = 0
+func (st *stream) unhold() { st.unreserve(&st.held, ParseCost) }
+
+// holdCopy reserves the n bytes of a rewritten body's copy in the server's budget.
+func (st *stream) holdCopy(n int) bool { return st.reserve(&st.copyHeld, n, RewriteCost) }
+
+// unholdCopy returns the rewritten body's copy to the budget: once it is passed on, once
+// the decision is known not to use it, or when the stream ends.
+func (st *stream) unholdCopy() { st.unreserve(&st.copyHeld, RewriteCost) }
+
+// reserve takes n more bytes, charged cost each, in the server's budget and counts
+// them in *held.
+func (st *stream) reserve(held *int, n int, cost int64) bool {
+	if !st.s.reserve(int64(n) * cost) {
+		return false
+	}
+	*held += n
+	return true
+}
+
+// unreserve returns the *held bytes, charged cost each, to the server's budget.
+func (st *stream) unreserve(held *int, cost int64) {
+	st.s.unreserve(int64(*held) * cost)
+	*held = 0
 }
 
 func (st *stream) send(r *extprocv3.ProcessingResponse) error {

@@ -68,10 +68,21 @@ type Request struct {
 // upstream reads model where the router read Model.
 func (r *Request) WithModel(body []byte, model string) []byte {
 	q, _ := json.Marshal(model) // a string always marshals
-	out := make([]byte, 0, len(body)-(r.modelEnd-r.modelAt)+len(q))
+	out := make([]byte, 0, r.withModelLen(len(body), q))
 	out = append(out, body[:r.modelAt]...)
 	out = append(out, q...)
 	return append(out, body[r.modelEnd:]...)
+}
+
+// WithModelLen is the length of WithModel(body, model) for a body of bodyLen bytes, known
+// before the copy is made (the router reserves it in its body budget first).
+func (r *Request) WithModelLen(bodyLen int, model string) int {
+	q, _ := json.Marshal(model) // a string always marshals
+	return r.withModelLen(bodyLen, q)
+}
+
+func (r *Request) withModelLen(bodyLen int, quoted []byte) int {
+	return bodyLen - (r.modelEnd - r.modelAt) + len(quoted)
 }
 
 // Kind is the API a request body belongs to.

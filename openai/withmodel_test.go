@@ -35,6 +35,9 @@ func TestWithModel(t *testing.T) {
 			if string(got) != tc.want {
 				t.Fatalf("WithModel:\n got %s\nwant %s", got, tc.want)
 			}
+			if n := req.WithModelLen(len(tc.body), tc.model); n != len(got) {
+				t.Errorf("WithModelLen = %d, the copy has %d bytes", n, len(got))
+			}
 			again, err := openai.Parse(tc.path, got)
 			if err != nil {
 				t.Fatalf("the rewritten body does not parse: %v", err)

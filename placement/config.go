@@ -69,6 +69,12 @@ type Config struct {
 	// recompute the prefix behind other requests) and the idle one is faster (see
 	// MissSpeedup). Default true.
 	DivertMisses bool `yaml:"divert_misses"`
+	// FasterCopies, with router replicas (SetPeers), gives a request whose chosen
+	// holder is idle and holds its prefix to an idle endpoint without it that is faster
+	// beyond noise (MissSpeedup), which takes a copy: one per prefix and one per
+	// endpoint beyond its homes, where it leaves room for a request of each prefix
+	// placed there. Default true.
+	FasterCopies bool `yaml:"faster_copies"`
 	// MissSpeedup is how much shorter an idle candidate's measured decode time must be,
 	// as a share of the chosen endpoint's, to take a diverted miss. Default 0.85.
 	MissSpeedup float64 `yaml:"miss_speedup"`
@@ -190,6 +196,7 @@ func DefaultConfig() Config {
 		DivertDeadline:      true,
 		DivertOnFull:        true,
 		DivertMisses:        true,
+		FasterCopies:        true,
 		HolderShare:         0.5,
 		LiveWindow:          1024,
 		ConfirmPicks:        32,

@@ -231,6 +231,10 @@ func (p *Policy) choose(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 		return p.newHome(e, key, cands, sc), kindHome
 	}
 	if g >= 0 && sc.loads[g] < p.cfg.ReplicaLoad {
+		if f := p.fasterCopy(e, key, cands, sc, g, heldBlocks); f >= 0 {
+			sc.pos[f] = p.place(e, cands[f].Address, false)
+			return f, kindReplica
+		}
 		return g, kindHolder
 	}
 	// The holders are busy: a replica where it evicts nothing live, on an endpoint less
@@ -816,6 +820,57 @@ func (p *Policy) copyWorth(e *prefixEntry, key uint64, cands []scoring.Endpoint,
 func (p *Policy) spare(key uint64, cands []scoring.Endpoint, sc *scratch, i int) bool {
 	ep := sc.eps[i]
 	return float64(ep.placedBlocks+ep.footprint+p.need(ep, key, &cands[i], len(sc.keys)))+sc.otherKV[i] <= float64(p.capacity(&cands[i]))
+}
+
+// fasterCopy returns the idle candidate that takes a copy of the prefix and the
+// request instead of the idle holder g, or -1; router replicas only. In a fleet of
+// unequal speeds a request's time is mostly its decode, and an idle holder takes its
+// prefix's requests however slow it is: with replicas, homes partition evenly over
+// fast and slow endpoints (the cold-start rotation; one router's ties and rehomes go to
+// the endpoints it has measured fastest), and the fast ones idle (kvbench --sim
+// --replicas 4, N = 12, C = 4: the two fast endpoints of six took 36% of the requests,
+// kv's replicas 40%; throughput 5.90 requests/s against kv's 5.94; with this 6.04;
+// docs/results-policy.md). A candidate qualifies when g holds the prefix (the copy
+// trades a hit for a miss; a prefix held nowhere misses anywhere, and rehoming places
+// it), no holder is faster than g beyond noise (one fast copy per prefix), the prefix
+// is a shared one that stays put (as for copyWorth: a conversation's copy goes stale),
+// and the candidate is idle, does not hold it, is faster than g beyond noise (measured
+// decode time under MissSpeedup of g's), holds no copy beyond its homes, would add a
+// prefill that fits in one step (moveOK), and has room for the copy beside its
+// placements with a request of each, the copy's included (its request's blocks past
+// the prefix and OutputBlocks), beside peers' blocks. A copy past that room, or a
+// second one, is evicted by the requests of the endpoint's other prefixes and made
+// again: one endpoint took five prefixes, ten misses a repetition, and N = 7, C = 4's
+// TTFT p99 became a miss's (69 -> 115 ms, kv 83). Of those candidates, the fastest.
+// p.mu must be held.
+func (p *Policy) fasterCopy(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc *scratch, g, heldBlocks int) int {
+	if !p.cfg.FasterCopies || p.peers == nil || sc.decode[g] == 0 || e.branch == 0 || e.blocks > e.branch || sc.lead[g] < max(heldBlocks, 1) {
+		return -1
+	}
+	for i := range cands {
+		if sc.pos[i] >= 0 && sc.decode[i] > 0 && sc.decode[i] < p.cfg.MissSpeedup*sc.decode[g] {
+			return -1 // a faster holder has it already
+		}
+	}
+	tail := max(0, len(sc.keys)-e.blocks) + p.cfg.OutputBlocks
+	best := -1
+	for i := range cands {
+		if sc.pos[i] >= 0 || !sc.ok[i] || sc.loads[i] > 0 || sc.decode[i] == 0 ||
+			sc.decode[i] >= p.cfg.MissSpeedup*sc.decode[g] || !p.moveOK(sc, i, g) {
+			continue
+		}
+		ep := sc.eps[i]
+		if ep.placedBlocks > ep.homeBlocks {
+			continue
+		}
+		if float64(ep.placedBlocks+e.weight()+(ep.placed+1)*tail)+sc.otherKV[i] > float64(p.capacity(&cands[i])) {
+			continue
+		}
+		if best < 0 || sc.decode[i] < sc.decode[best] {
+			best = i
+		}
+	}
+	return best
 }
 
 // heldNowhere reports whether no candidate has a block of the prefix in the index and

@@ -21,6 +21,7 @@ type endpointState struct {
 	hash         uint64 // of the address, for rendezvous hashing
 	placedBlocks int    // blocks of the live placements (sites) on it
 	homeBlocks   int    // of those, the blocks of the sites that are homes
+	placed       int    // how many live placements it has
 	// homeGuessed is homeBlocks with each prefix seen once counted at its guessed size
 	// (prefixEntry.guess): what newHome ranks endpoints by.
 	homeGuessed int
@@ -217,6 +218,7 @@ func (p *Policy) drop(e *prefixEntry, addr string) {
 
 func (p *Policy) unplace(e *prefixEntry, pl *site) {
 	pl.ep.placedBlocks -= e.weight()
+	pl.ep.placed--
 	if pl.home {
 		pl.ep.homeBlocks -= e.weight()
 		pl.ep.homeGuessed -= e.guessed()
@@ -285,6 +287,7 @@ func (p *Policy) place(e *prefixEntry, addr string, home bool) int {
 	}
 	ep := p.endpoint(addr)
 	ep.placedBlocks += e.weight()
+	ep.placed++
 	if home {
 		ep.homeBlocks += e.weight()
 		ep.homeGuessed += e.guessed()

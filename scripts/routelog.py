@@ -15,6 +15,13 @@ outside the long requests: how many turns, how many went to another server than 
 history's, and the history tokens (shared hash ids x 512, at most the prompt) against
 the tokens cached.
 
+With --servers instead, per policy and concurrency, summed over repetitions: per server
+the measured requests and their share, mean decode time (first token to finish) and
+time to first token, the share of the measured time with a request running there, and
+the prefixes it served; and the servers per prefix. In a fleet of unequal speeds a
+closed loop's throughput is the clients over the mean request time, so it follows the
+share of requests on the fast servers.
+
 With --misses instead, per policy and concurrency, summed over repetitions (a sim run of
 the reference workload: each route line carries the servers' cached blocks). A
 request's prefix is as many blocks as any request of that prefix found cached on any
@@ -173,6 +180,60 @@ def misses(path):
             print(f"  {name:<60} {c[k] / c['routes']:>6.2f}")
 
 
+def servers(path):
+    """Per policy and concurrency, summed over repetitions: per server the measured
+    requests, their mean decode time (first token to finish) and time to first token, the
+    share of the measured span with a request on it, and the prefixes it served; then
+    the servers per prefix (per repetition, averaged)."""
+    tot = collections.OrderedDict()
+    for (pol, conc, _rep), events in runs(path):
+        reqs = collections.defaultdict(dict)
+        for ev in events:
+            if ev["event"] in ("route", "first_token", "finish"):
+                reqs[ev["seq"]][ev["event"]] = ev
+        meas = [r for r in reqs.values() if len(r) == 3 and not r["route"].get("warmup")]
+        if not meas:
+            continue
+        span = max(r["finish"]["t"] for r in meas) - min(r["route"]["t"] for r in meas)
+        t = tot.setdefault((pol, conc), {"span": 0.0, "spp": [], "srv": collections.defaultdict(lambda: collections.defaultdict(float))})
+        t["span"] += span
+        sites = collections.defaultdict(set)
+        spans = collections.defaultdict(list)
+        for r in meas:
+            s, rt = r["route"]["server"], r["route"]
+            sites[rt["prefix"]].add(s)
+            spans[s].append((rt["t"], r["finish"]["t"]))
+            c = t["srv"][s]
+            c["requests"] += 1
+            c["decode"] += r["finish"]["t"] - r["first_token"]["t"]
+            c["ttft"] += r["first_token"]["ttft_ms"] / 1000
+            c["prefixes"] += 0
+        for s, iv in spans.items():
+            busy, end = 0.0, None
+            for a, b in sorted(iv):
+                if end is None or a > end:
+                    busy += b - a
+                    end = b
+                elif b > end:
+                    busy += b - end
+                    end = b
+            t["srv"][s]["busy"] += busy
+        for s in {x for v in sites.values() for x in v}:
+            t["srv"][s]["prefixes"] += sum(s in v for v in sites.values())
+        t["spp"].append(statistics.mean(len(v) for v in sites.values()))
+    for (pol, conc), t in tot.items():
+        n = sum(c["requests"] for c in t["srv"].values())
+        reps = len(t["spp"])
+        print(f"{path}: {pol}, C = {conc}; {int(n)} measured requests in {reps} repetitions, "
+              f"{statistics.mean(t['spp']):.2f} servers per prefix")
+        print("  server  requests  share  decode ms  ttft ms  busy  prefixes served")
+        for s in sorted(t["srv"]):
+            c = t["srv"][s]
+            k = c["requests"]
+            print(f"  {s:>6}  {int(k):>8}  {k / n:>5.3f}  {1000 * c['decode'] / k:>9.0f}  "
+                  f"{1000 * c['ttft'] / k:>7.0f}  {c['busy'] / t['span']:>4.2f}  {c['prefixes'] / reps:>15.2f}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("log")
@@ -180,9 +241,13 @@ def main():
     ap.add_argument("--long", type=int, default=20000)
     ap.add_argument("--shared-ids", type=int, default=2)
     ap.add_argument("--misses", action="store_true", help="classify the measured misses instead")
+    ap.add_argument("--servers", action="store_true", help="per server: requests, decode time, busy share, prefixes")
     args = ap.parse_args()
     if args.misses:
         misses(args.log)
+        return
+    if args.servers:
+        servers(args.log)
         return
     runs = collections.defaultdict(dict)
     for line in open(args.log):

@@ -32,8 +32,8 @@ const memLimitWindow = 60
 // live heap whatever the body budget says: 24 parallel 15 MB bodies streamed through
 // leave 360 MB of gRPC chunks behind, and the peak RSS passed 2x the idle RSS + the
 // budget (issue 12). The limit lets GOGC=400 keep its fewer collections while the heap
-// stays under it (a heap of ~24 MiB with the default 96 MiB budget: 5x is well under
-// 2x + 96 MiB) and makes the collector run sooner only when garbage would pass what
+// stays under it (a heap of ~24 MiB with the default 112 MiB budget: 5x is well under
+// 2x + 112 MiB) and makes the collector run sooner only when garbage would pass what
 // the budget allows. It follows the live heap (the index and caches grow after start):
 // with own the router's live heap (below), the live heap is at most own + budget, so
 // the limit, 2 x own + budget, never sits under it and the collector never thrashes.

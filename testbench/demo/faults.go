@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -756,11 +757,21 @@ func waitKVAware(ctx context.Context, s *procStack, bound time.Duration) bool {
 	return false
 }
 
-// divergence compares kvrouter's index with the servers' caches, waiting (at most bound)
-// for the events in flight to arrive: the sum of the per-server block-count differences,
-// and each server's (index minus cache).
+// divergenceSettled ends divergence's wait once no server's difference has changed for
+// this long: it is called after the load has ended, so the caches no longer change and
+// the index only takes the events already in flight, which arrive within milliseconds.
+// A difference that stays (a server without a replay socket that missed events) is then
+// final, and waiting out the whole bound for it only made the suite slower.
+const divergenceSettled = time.Second
+
+// divergence compares kvrouter's index with the servers' caches, waiting (at most bound,
+// and no longer than divergenceSettled once nothing changes) for the events in flight to
+// arrive: the sum of the per-server block-count differences, and each server's (index
+// minus cache).
 func divergence(ctx context.Context, s *procStack, bound time.Duration) (int, []int, bool) {
 	start := time.Now()
+	var last []int
+	changed := start
 	for {
 		var view kvView
 		if json.Unmarshal([]byte(get(ctx, s.DebugURL()+"/debug/kv")), &view) != nil {
@@ -779,7 +790,10 @@ func divergence(ctx context.Context, s *procStack, bound time.Duration) (int, []
 			by[i] = indexed[strings.TrimSuffix(strings.TrimPrefix(m, "http://"), "/metrics")] - *c.Cached
 			total += max(by[i], -by[i])
 		}
-		if total == 0 || time.Since(start) > bound || ctx.Err() != nil {
+		if !slices.Equal(by, last) {
+			last, changed = by, time.Now()
+		}
+		if total == 0 || time.Since(start) > bound || time.Since(changed) > divergenceSettled || ctx.Err() != nil {
 			return total, by, true
 		}
 		sleep(ctx, 50*time.Millisecond)
