@@ -180,6 +180,14 @@ type Config struct {
 	// replica. Default true (churn: 3 losses against kv to 0 over 9 repetitions;
 	// docs/results-policy.md).
 	UnplaceDiverted bool `yaml:"unplace_diverted"`
+	// LongContexts keeps long prompts' histories and ranks long misses by measured
+	// prefill speed: a long miss (more than 1/(1-MissSpeedup) engine steps uncached)
+	// goes, alone, placing nothing, where its prefill plus the recent long prompts it
+	// evicts take least time at measured prefill speed (each endpoint's turnover: the
+	// blocks the router sent there since, against its num_gpu_blocks); and a
+	// conversation's turn sent while its last request is still in prefill goes where
+	// that request is. Default true.
+	LongContexts bool `yaml:"long_contexts"`
 }
 
 // DefaultConfig returns the defaults measured in docs/results-policy.md.
@@ -215,6 +223,7 @@ func DefaultConfig() Config {
 		HoldStep:            5 * time.Millisecond,
 		HoldPrefillTokens:   600,
 		UnplaceDiverted:     true,
+		LongContexts:        true,
 		MaxNumBatchedTokens: 2048,
 	}
 }

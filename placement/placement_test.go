@@ -1240,3 +1240,136 @@ func TestPlacementLeavesAPrefillInProgress(t *testing.T) {
 		})
 	}
 }
+
+// branchedSystemPrompt returns a policy on the clock now (nil: a fixed one) over two endpoints of capacity blocks each, a
+// 64-block system prompt that two short conversations have branched and that the index
+// shows on its holder, the holder, the other endpoint and a builder of prompts: the
+// system prompt followed by n blocks of document d.
+func branchedSystemPrompt(t *testing.T, cfg placement.Config, capacity int, now func() time.Time) (p *placement.Policy, ix *testindex.Index, cs []scoring.Endpoint, holder, other string, doc func(d, n int) []uint32) {
+	t.Helper()
+	ix = testindex.New()
+	if now == nil {
+		now = func() time.Time { return time.Unix(0, 0) }
+	}
+	p, err := placement.New(cfg, ix, now, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs = fleet(2, []int{capacity, capacity})
+	system := plTokens(1_000_000, 64*16)
+	doc = func(d, n int) []uint32 {
+		return append(append([]uint32(nil), system...), plTokens(500_000_000+1_000_000*d, n*16)...)
+	}
+	holder = place(t, p, doc(100, 8), cs)
+	ix.Hold(holder, plKeysOf(system))
+	if got := place(t, p, doc(101, 8), cs); got != holder {
+		t.Fatalf("second short conversation went to %s, the system prompt is on %s", got, holder)
+	}
+	other = cs[0].Address
+	if other == holder {
+		other = cs[1].Address
+	}
+	return p, ix, cs, holder, other, doc
+}
+
+// TestPlacementKeepsALongHistory: a 16k-token document's first turn goes where its
+// system prompt is, and so does the next document's, unless that would evict the first
+// (1,000 + 1,000 blocks of documents and the 64-block system prompt on 2,000 blocks):
+// then it goes where it evicts nothing, if there is such an endpoint.
+func TestPlacementKeepsALongHistory(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		keep      bool
+		otherFull bool // the other endpoint holds a long prompt of its own
+		moves     bool
+	}{
+		{"second document goes where it evicts nothing", true, false, true},
+		{"without long_contexts it evicts the first", false, false, false},
+		{"evicting everywhere it stays", true, true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := placement.DefaultConfig()
+			cfg.LongContexts = tc.keep
+			p, ix, cs, holder, other, doc := branchedSystemPrompt(t, cfg, 2000, nil)
+			if got := place(t, p, doc(1, 1000), cs); got != holder {
+				t.Fatalf("first document went to %s, its system prompt is on %s", got, holder)
+			}
+			ix.Hold(holder, plKeysOf(doc(1, 1000)))
+			if tc.otherFull {
+				req := plRequest(plTokens(900_000_000, 1200*16))
+				if _, err := p.Pick(req, cs); err != nil {
+					t.Fatal(err)
+				}
+				p.Routed(req, other)
+				p.Finished(req.ID)
+			}
+			got := place(t, p, doc(2, 1000), cs)
+			if moved := got != holder; moved != tc.moves {
+				t.Errorf("second document went to %s (system prompt's holder %s), want moved=%v", got, holder, tc.moves)
+			}
+		})
+	}
+}
+
+// TestPlacementTurnJoinsItsHistoryInPrefill: a conversation's second turn sent while
+// its first (routed to the other endpoint) is still in prefill, so the index does not
+// show it yet, goes where the first is: it waits behind that prefill instead of
+// recomputing the document where the system prompt is.
+func TestPlacementTurnJoinsItsHistoryInPrefill(t *testing.T) {
+	for _, keep := range []bool{true, false} {
+		t.Run(fmt.Sprint("long_contexts=", keep), func(t *testing.T) {
+			cfg := placement.DefaultConfig()
+			cfg.LongContexts = keep
+			p, _, cs, holder, other, doc := branchedSystemPrompt(t, cfg, 1000, nil)
+			first := plRequest(doc(1, 150))
+			if _, err := p.Pick(first, cs); err != nil {
+				t.Fatal(err)
+			}
+			p.Routed(first, other) // no first token: in prefill
+			second := append(doc(1, 150), plTokens(700_000_000, 8*16)...)
+			want := holder
+			if keep {
+				want = other
+			}
+			if got := place(t, p, second, cs); got != want {
+				t.Errorf("second turn went to %s, want %s (first turn in prefill on %s, system prompt on %s)", got, want, other, holder)
+			}
+		})
+	}
+}
+
+// TestPlacementLongMissGoesToTheFasterPrefill: a 16k-token document's first turn goes
+// where its system prompt is, unless the other endpoint was measured prefilling prompts
+// of its size twice as fast: there it starts sooner, recomputing the system prompt too.
+func TestPlacementLongMissGoesToTheFasterPrefill(t *testing.T) {
+	for _, long := range []bool{true, false} {
+		t.Run(fmt.Sprint("long_contexts=", long), func(t *testing.T) {
+			cfg := placement.DefaultConfig()
+			cfg.LongContexts = long
+			clock := time.Unix(100, 0)
+			p, _, cs, holder, other, doc := branchedSystemPrompt(t, cfg, 100_000, func() time.Time { return clock })
+			// One unrelated 16k-token prompt on each endpoint: 2 s to its first token on
+			// the holder, 1 s on the other.
+			for k, m := range []struct {
+				addr string
+				secs time.Duration
+			}{{holder, 2}, {other, 1}} {
+				req := plRequest(plTokens(900_000_000+10_000_000*k, 1000*16))
+				if _, err := p.Pick(req, cs); err != nil {
+					t.Fatal(err)
+				}
+				p.Routed(req, m.addr)
+				clock = clock.Add(m.secs * time.Second)
+				p.FirstToken(req.ID)
+				p.Finished(req.ID)
+			}
+			want := holder
+			if long {
+				want = other
+			}
+			if got := place(t, p, doc(1, 1000), cs); got != want {
+				t.Errorf("document went to %s, want %s (system prompt on %s, measured slower)", got, want, holder)
+			}
+		})
+	}
+}

@@ -61,6 +61,11 @@ import (
 // faster endpoint exists (DivertMisses). A replica or spill placement made by that pick
 // is then dropped (UnplaceDiverted): no request fills it.
 //
+// With LongContexts, a conversation's turn sent while its last request is still in
+// prefill goes where that request is (joinHistory), ahead of those overrides; and a
+// long miss with none of them moves where it evicts fewer recent long prompts or its
+// prefill finishes sooner at measured prefill speed (longMiss).
+//
 // KV room is each endpoint's footprint, tracked from Routed to Finished: every active
 // prefix once plus each request's own blocks, against Headroom of its capacity.
 // Placements not used for LiveWindow picks expire; a departed endpoint (Forget) loses
@@ -188,18 +193,39 @@ func (p *Policy) Pick(req *scoring.Request, cands []scoring.Endpoint) (scoring.D
 	}
 	p.mu.Unlock()
 	sc.lead = p.ix.LeadingBlocks(sc.keys[:look], sc.names, sc.lead)
+	sc.looked = look
 
 	p.mu.Lock()
 	p.tick++
 	if p.tick%uint64(p.cfg.LiveWindow) == 0 || len(p.prefixes) > p.cfg.MaxPrefixes {
 		p.sweep()
 	}
-	if base > 0 && p.followed(child, base, sc) {
-		key = child
+	var joins *endpointState
+	if base > 0 {
+		var follow bool
+		follow, joins = p.followed(child, base, sc)
+		if follow {
+			key = child
+		}
 	}
 	e := p.prefix(key, sc.keys, bs)
 	best, kind := p.choose(e, key, cands, sc)
-	if d := p.divert(e, key, cands, sc, best, len(req.TokenIDs), bs); d >= 0 {
+	alt := -1
+	if j := p.joinHistory(joins, sc); j >= 0 {
+		if j != best && p.cfg.UnplaceDiverted && (kind == kindReplica || kind == kindSpill) {
+			p.drop(e, cands[best].Address)
+			sc.pos[best] = -1
+		}
+		best, kind = j, kindHolder
+	} else {
+		alt = p.divert(e, key, cands, sc, best, len(req.TokenIDs), bs)
+		if alt < 0 && kind != kindHome {
+			// A new prefix's home is the partition's choice: moved with its first
+			// request, the agent workload's contexts lost reuse (ratio 0.954 -> 0.938).
+			alt = p.longMiss(cands, sc, best, len(req.TokenIDs), bs)
+		}
+	}
+	if d := alt; d >= 0 {
 		if p.cfg.UnplaceDiverted && (kind == kindReplica || kind == kindSpill) {
 			p.drop(e, cands[best].Address)
 			sc.pos[best] = -1
@@ -216,8 +242,12 @@ func (p *Policy) Pick(req *scoring.Request, cands []scoring.Endpoint) (scoring.D
 		}
 	}
 	if req.ID != "" {
-		p.pending[req.ID] = pendingPick{key: key, addr: addr, blocks: len(sc.keys), pblocks: e.blocks,
-			prefill: max(0, len(req.TokenIDs)-sc.lead[best]*bs)}
+		pp := pendingPick{key: key, addr: addr, blocks: len(sc.keys), pblocks: e.blocks,
+			prefill: max(0, len(req.TokenIDs)-sc.lead[best]*bs), bs: bs, exact: sc.lead[best] < look}
+		if base > 0 {
+			pp.conv = child
+		}
+		p.pending[req.ID] = pp
 	}
 	var delay time.Duration
 	if kind != kindDivert {
@@ -250,17 +280,21 @@ func (p *Policy) childName(key uint64, keys []uint64) (child uint64, base int) {
 // than by the branched prefix it extends: when the table has seen the conversation
 // before and it is placed somewhere, or the index shows an endpoint holding HolderShare
 // of it. A conversation seen for the first time gets an entry (no placement) and is
-// placed by its parent, so that its next turn finds it where this one went. p.mu must
-// be held.
-func (p *Policy) followed(child uint64, base int, sc *scratch) bool {
+// placed by its parent, so that its next turn finds it where this one went. When it is
+// not followed but the conversation's last request, sharing HolderShare of it, is still
+// in prefill (so the index does not show it yet), joins is that request's endpoint
+// (joinHistory). p.mu must be held.
+func (p *Policy) followed(child uint64, base int, sc *scratch) (follow bool, joins *endpointState) {
 	c := p.prefixes[child]
 	if c == nil {
 		p.prefixes[child] = &prefixEntry{key: child, base: base, blocks: len(sc.keys), seen: p.tick,
 			keys: append([]uint64(nil), sc.keys[:min(len(sc.keys), maxKeptKeys)]...)}
-		return false
+		return false, nil
 	}
-	if len(c.sites) > 0 {
-		return true
+	last, prefilling := p.reqs[c.last]
+	prefilling = prefilling && last.first.IsZero() && p.cfg.LongContexts
+	if len(c.sites) > 0 && !prefilling {
+		return true, nil
 	}
 	// Its size once this request is counted in: the blocks it shares with the last.
 	common := 0
@@ -268,15 +302,39 @@ func (p *Policy) followed(child uint64, base int, sc *scratch) bool {
 		common++
 	}
 	held := base + max(1, int(math.Ceil(p.cfg.HolderShare*float64(common-base))))
+	if prefilling && common >= held {
+		joins = last.ep
+	}
+	if len(c.sites) > 0 {
+		return true, joins
+	}
 	for _, l := range sc.lead {
 		if l >= held {
-			return true
+			return true, joins
 		}
 	}
 	c.seen = p.tick
 	c.keys = append(c.keys[:0], sc.keys[:min(len(sc.keys), maxKeptKeys)]...)
 	c.blocks = common
-	return false
+	return false, joins
+}
+
+// joinHistory returns the candidate whose state is ep, where the request's history
+// (its conversation's last request) is in prefill, when it is below Saturated; -1
+// otherwise. There the request waits behind the history's prefill, as it would
+// recompute it anywhere else, and then hits it (trace-600 seed 2: the second and third
+// turns of a 35k-token document sent while its first was in prefill). p.mu must be
+// held.
+func (p *Policy) joinHistory(ep *endpointState, sc *scratch) int {
+	if ep == nil {
+		return -1
+	}
+	for i := range sc.eps {
+		if sc.eps[i] == ep && sc.loads[i] < p.cfg.Saturated {
+			return i
+		}
+	}
+	return -1
 }
 
 func argminLoad(loads []int, skip []bool) int {
@@ -361,8 +419,28 @@ func (p *Policy) Routed(req *scoring.Request, endpoint string) {
 	} else {
 		r.prefill = r.tokens
 	}
+	r.routed, r.ahead, r.exact = p.now(), ep.prefill, pd.exact || pd.addr != endpoint
 	p.join(&r)
 	p.reqs[req.ID] = r
+	p.allocate(ep, req.ID, r.tokens, r.prefill, pd.bs, r.exact)
+	if c := p.prefixes[pd.conv]; pd.conv != 0 && c != nil {
+		c.last = req.ID
+	}
+}
+
+// allocate counts a routed request's blocks into ep's turnover (sent) and remembers
+// its prompt as a history when its uncached part is known (exact) and longer than one
+// engine step (MaxNumBatchedTokens plus a block): evicted, it would cost more than a
+// step to recompute. p.mu must be held.
+func (p *Policy) allocate(ep *endpointState, id string, tokens, prefill, bs int, exact bool) {
+	computed := (prefill + bs - 1) / bs
+	if exact && prefill > p.cfg.MaxNumBatchedTokens+bs {
+		if len(ep.histories) >= maxHistories {
+			ep.histories = slices.Delete(ep.histories, 0, 1)
+		}
+		ep.histories = append(ep.histories, history{id: id, before: ep.sent, cached: (tokens - prefill) / bs, blocks: computed})
+	}
+	ep.sent += computed + p.cfg.OutputBlocks
 }
 
 // Moved moves a routed request to endpoint, where the proxy served it (a listed
@@ -390,10 +468,23 @@ func (p *Policy) Moved(reqID, endpoint string) {
 		blocks = a.blocks
 	}
 	p.leave(&r)
+	// Its prompt is computed where it was served: its history moves there.
+	for k, h := range r.ep.histories {
+		if h.id == reqID {
+			r.ep.histories = slices.Delete(r.ep.histories, k, k+1)
+			if len(to.histories) >= maxHistories {
+				to.histories = slices.Delete(to.histories, 0, 1)
+			}
+			to.histories = append(to.histories, history{id: reqID, before: to.sent, blocks: h.cached + h.blocks})
+			to.sent += h.cached + h.blocks + p.cfg.OutputBlocks
+			break
+		}
+	}
 	r.ep = to
 	to.activate(r.key, blocks)
 	if r.first.IsZero() {
 		r.prefill = r.tokens
+		r.routed, r.ahead, r.exact = p.now(), to.prefill, true
 	}
 	p.join(&r)
 	p.reqs[reqID] = r
@@ -442,6 +533,7 @@ func (p *Policy) FirstToken(reqID string) {
 	p.mu.Lock()
 	if r, ok := p.reqs[reqID]; ok && r.first.IsZero() {
 		r.first = t
+		p.measurePrefill(&r, t)
 		r.ep.prefill -= r.prefill
 		if r.miss {
 			r.miss = false
@@ -450,6 +542,29 @@ func (p *Policy) FirstToken(reqID string) {
 		p.reqs[reqID] = r
 	}
 	p.mu.Unlock()
+}
+
+// measurePrefill folds a long request's time to first token into its endpoint's
+// prefill speed for its size class: the seconds per uncached token. Only a request of
+// more than one engine step counts (a shorter one's wait is mostly the step under way,
+// or KV blocks), whose uncached tokens are known (exact), routed with no prefill
+// backlog there: the backlog's tokens are the router's estimate, and requests of one
+// prefix routed together each count it though the engine computes it once (the agent
+// workload's endpoints looked up to 2.5 times as fast as they were). Decode time does
+// not tell speeds apart for long prefills (trace-600 seed 1: 1.319 s at a 0.7-speed
+// endpoint against 1.304 s at a full-speed one). p.mu must be held.
+func (p *Policy) measurePrefill(r *tracked, t time.Time) {
+	secs := t.Sub(r.routed).Seconds()
+	if r.routed.IsZero() || !r.exact || r.ahead > 0 || secs <= 0 || r.prefill <= p.cfg.MaxNumBatchedTokens+p.cfg.BlockSize {
+		return
+	}
+	m := &r.ep.prefillSpeed[prefillClass(r.prefill)]
+	if m.tokens == 0 {
+		m.secs, m.tokens = secs, float64(r.prefill)
+		return
+	}
+	m.secs += decodeAlpha * (secs - m.secs)
+	m.tokens += decodeAlpha * (float64(r.prefill) - m.tokens)
 }
 
 // Finished releases the request's footprint and folds its decode time into the

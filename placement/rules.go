@@ -48,6 +48,9 @@ type scratch struct {
 	// nowhere caches heldNowhere for this pick: 0 not known yet, 1 held nowhere, 2 held
 	// or being computed somewhere.
 	nowhere int8
+	// looked is how many of keys the index was asked about: a candidate's lead equal
+	// to it may hold more of the request (its uncached tokens there are not known).
+	looked int
 }
 
 type activeOn struct {
@@ -546,14 +549,7 @@ func mix64(x uint64) uint64 {
 // C = 16 from 1.0 to 0.3 points under one router's cached-token ratio at 2 replicas,
 // from 2.7 to 1.0 at 4; docs/results-policy.md). p.mu must be held.
 func (p *Policy) divert(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc *scratch, best, tokens, bs int) int {
-	est := func(i int) float64 {
-		d := sc.decode[i]
-		if d == 0 {
-			d = sc.meanDecode
-		}
-		backlog := sc.eps[i].prefill + max(0, tokens-sc.lead[i]*bs)
-		return float64(backlog) * d / sc.meanDecode
-	}
+	est := func(i int) float64 { return p.startEst(sc, i, tokens, bs) }
 	eb := est(best)
 	late := p.cfg.DivertDeadline && eb > float64(p.cfg.MaxNumBatchedTokens+bs)
 	full := p.cfg.DivertOnFull && !sc.room[best]
@@ -662,6 +658,126 @@ func (p *Policy) besidePrefill(key uint64, cands []scoring.Endpoint, sc *scratch
 		}
 	}
 	return r
+}
+
+// startEst estimates when candidate i would start a request of tokens prompt tokens,
+// in tokens of prefill at the mean measured speed: its prefill backlog plus the
+// request's uncached tokens there, scaled by its measured decode time. p.mu must be
+// held.
+func (p *Policy) startEst(sc *scratch, i, tokens, bs int) float64 {
+	d := sc.decode[i]
+	if d == 0 {
+		d = sc.meanDecode
+	}
+	backlog := sc.eps[i].prefill + max(0, tokens-sc.lead[i]*bs)
+	return float64(backlog) * d / sc.meanDecode
+}
+
+// longMiss returns the candidate a long miss should go to instead of best, or -1. A
+// long miss has more than one engine step of uncached tokens at best, and they are
+// known: best holds less than the blocks the index was asked about (the agent
+// workload's 100k-token steps, asked about their 64k-token context only, looked like
+// 37k-token misses and went to cold endpoints: throughput 2.19 -> 1.46 requests/s).
+// Candidates are those with KV room below Saturated that moveOK allows, where it evicts
+// no more of the recent long prompts (histories) than at best.
+//
+// A prefill timed to better than MissSpeedup (more than 1/(1-MissSpeedup) steps,
+// 13,653 tokens at 2,048 a step: a prefill of n steps is timed to within the step under
+// way when it comes) goes to the candidate of least cost, when less than MissSpeedup
+// times best's: its prefill there (its uncached tokens; backlogs are the divert rules'
+// to weigh, and agents' long steps, asked about their context only, inflate them) plus the
+// histories it evicts there (their next turns recompute them), in seconds at the
+// endpoint's measured prefill speed for prompts of its size (unmeasured: the mean of
+// the measured ones). Decode time does not tell speeds apart for long prefills
+// (trace-600 seed 1: 1.319 s at a 0.7-speed endpoint against 1.304 s at a full-speed
+// one), and shorter prefills' speeds moved the reference's 2,371-token misses by noise
+// (12 servers, N = 7, C = 16: throughput 27.81 -> 27.54 requests/s, kv 27.93).
+//
+// Otherwise (shorter, or no speed measured for its size), when at best it would evict
+// a history, it goes where it evicts none, when the prefill the move adds is less than
+// what it keeps, soonest start first (startEst); where it evicts some everywhere it
+// stays: which histories a next turn needs is not known. p.mu must be held.
+func (p *Policy) longMiss(cands []scoring.Endpoint, sc *scratch, best, tokens, bs int) int {
+	uncached := tokens - sc.lead[best]*bs
+	if !p.cfg.LongContexts || sc.lead[best] >= sc.looked || !p.long(uncached) {
+		return -1
+	}
+	lost := p.evicts(cands, sc, best)
+	var mean float64
+	{
+		class, n := prefillClass(uncached), 0
+		for i := range cands {
+			if m := sc.eps[i].prefillSpeed[class]; m.tokens > 0 {
+				mean += m.secs / m.tokens
+				n++
+			}
+		}
+		if n > 0 {
+			mean /= float64(n)
+			cost := func(i, evicted int) float64 {
+				spt := mean
+				if m := sc.eps[i].prefillSpeed[class]; m.tokens > 0 {
+					spt = m.secs / m.tokens
+				}
+				return float64(max(0, tokens-sc.lead[i]*bs)+evicted*bs) * spt
+			}
+			alt, limit := -1, p.cfg.MissSpeedup*cost(best, lost)
+			for i := range cands {
+				if i == best || !sc.ok[i] || !p.moveOK(sc, i, best) {
+					continue
+				}
+				if ev := p.evicts(cands, sc, i); ev <= lost {
+					if c := cost(i, ev); c < limit {
+						alt, limit = i, c
+					}
+				}
+			}
+			return alt
+		}
+	}
+	if lost == 0 {
+		return -1
+	}
+	alt := -1
+	for i := range cands {
+		if i == best || !sc.ok[i] || !p.moveOK(sc, i, best) || sc.lead[best]-sc.lead[i] >= lost || p.evicts(cands, sc, i) > 0 {
+			continue
+		}
+		if alt < 0 || p.startEst(sc, i, tokens, bs) < p.startEst(sc, alt, tokens, bs) {
+			alt = i
+		}
+	}
+	return alt
+}
+
+// long reports whether a prefill of n uncached tokens is long: more than
+// 1/(1-MissSpeedup) engine steps (13,653 tokens at 2,048 a step). A prefill of n steps
+// is timed to within the step under way when it comes, so only past that are speeds
+// MissSpeedup apart told apart.
+func (p *Policy) long(n int) bool {
+	return float64(n)*(1-p.cfg.MissSpeedup) > float64(p.cfg.MaxNumBatchedTokens)
+}
+
+// evicts returns the blocks of candidate i's histories the request would evict there.
+// vLLM evicts free blocks least recently used first, a request's tail first: a history
+// keeps its blocks while the blocks allocated there since it was routed (its own
+// included), plus its cached head, fit in the endpoint's capacity; the request's own
+// new blocks (uncached there, plus OutputBlocks) push out the part past it. Histories
+// already past it are forgotten. p.mu must be held.
+func (p *Policy) evicts(cands []scoring.Endpoint, sc *scratch, i int) int {
+	ep := sc.eps[i]
+	capacity := p.capacity(&cands[i])
+	ep.histories = slices.DeleteFunc(ep.histories, func(h history) bool {
+		return ep.sent-h.before+h.cached > capacity
+	})
+	add := len(sc.keys) - sc.lead[i] + p.cfg.OutputBlocks
+	lost := 0
+	for _, h := range ep.histories {
+		if over := ep.sent - h.before + h.cached + add - capacity; over > 0 {
+			lost += min(over, h.blocks)
+		}
+	}
+	return lost
 }
 
 // soonestRoom returns the candidate other than best where KV room for the request

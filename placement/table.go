@@ -2,6 +2,7 @@ package placement
 
 import (
 	"math"
+	"math/bits"
 	"slices"
 	"time"
 
@@ -34,11 +35,23 @@ type endpointState struct {
 	// decode is a moving average of the time from first token to finish, seconds; 0
 	// until measured. It ranks endpoints by speed.
 	decode float64
+	// prefillSpeed is, per size class of long prefills (prefillClass), moving averages
+	// of the seconds to first token and of the uncached tokens of long requests routed
+	// with no prefill backlog there (measurePrefill): their ratio is the endpoint's
+	// measured prefill time per token at that size; unmeasured while tokens is 0.
+	prefillSpeed [prefillClasses]struct{ secs, tokens float64 }
 	// missesInPrefill counts in-flight requests with at least HoldPrefillTokens uncached
 	// tokens and no first token yet: while > 0, hits wait at the router (HoldMax).
 	missesInPrefill int
 	// lastMiss is when the newest miss was routed there (waitBehindMiss).
 	lastMiss time.Time
+	// sent counts the KV blocks this router's requests allocated there: each one's
+	// uncached prompt blocks plus OutputBlocks. vLLM evicts its free blocks least
+	// recently used first, so a prompt's blocks stay cached until about the endpoint's
+	// capacity of blocks has been allocated after it: sent is how far its cache has
+	// turned over. histories are the recent long prompts (longMiss), oldest first.
+	sent      int
+	histories []history
 	// picks are this router's last picks of the endpoint (when, which prefix), with
 	// peers: until every live peer is heard from after one, it counts as each unheard
 	// peer's pick of that prefix too (unheardPicks).
@@ -82,6 +95,28 @@ func (ep *endpointState) ownAt(t time.Time) (ownSnapshot, bool) {
 	return ownSnapshot{}, ep.histN <= histLen
 }
 
+// prefillClasses bounds the size classes of measured prefill speed: a class per
+// power of two of uncached tokens, up to 2^31.
+const prefillClasses = 32
+
+// prefillClass is the size class of a prefill of n uncached tokens: attention makes a
+// token's prefill cost grow with the context before it, so speeds compare only
+// between prefills of about one size (within a factor of two).
+func prefillClass(n int) int { return min(bits.Len(uint(n)), prefillClasses-1) }
+
+// maxHistories bounds the long prompts remembered per endpoint (each more than one
+// engine step of blocks: 64 cover 131k tokens of 2,048-token steps).
+const maxHistories = 64
+
+// history is a long prompt routed to an endpoint, kept while its blocks are likely
+// still cached there (longMiss).
+type history struct {
+	id     string // the request's, to move it with Moved
+	before int    // the endpoint's sent before the prompt was routed
+	cached int    // its blocks cached there when routed (its head)
+	blocks int    // its blocks computed there (its tail)
+}
+
 type activePrefix struct {
 	requests int
 	blocks   int // the prefix's blocks as counted into footprint
@@ -115,6 +150,9 @@ type prefixEntry struct {
 	keys  []uint64 // the last request's keys, to estimate blocks
 	seen  uint64   // the pick (tick) that last saw the prefix
 	sites []site   // where the prefix is placed
+	// last is the ID of the conversation's last request routed (a conversation: base
+	// > 0), to join it while it is in prefill (joinHistory).
+	last string
 	// decided is when a decision (a placement made or dropped, here or by a router
 	// replica) last changed sites: replicas share placements, the latest decision wins.
 	decided time.Time
@@ -132,9 +170,14 @@ type site struct {
 type pendingPick struct {
 	key     uint64
 	addr    string
-	blocks  int // the request's full blocks
-	pblocks int // its prefix's estimated blocks at the pick
-	prefill int // its uncached prompt tokens on addr, per the index at the pick
+	blocks  int    // the request's full blocks
+	pblocks int    // its prefix's estimated blocks at the pick
+	prefill int    // its uncached prompt tokens on addr, per the index at the pick
+	bs      int    // the block size its keys were cut at
+	conv    uint64 // the conversation it continues past a branched prefix; 0: none
+	// exact: the index was asked past the blocks addr holds, so prefill is its
+	// uncached part (Pick asks only about the prefix's blocks and one more).
+	exact bool
 }
 
 // tracked is an in-flight request's share of an endpoint's footprint.
@@ -146,6 +189,12 @@ type tracked struct {
 	tokens  int       // prompt tokens: the prefill where the request moves (Moved)
 	first   time.Time // zero until FirstToken
 	miss    bool      // counted in ep.missesInPrefill
+	// routed is when it was routed, ahead the prefill backlog it joined there: a long
+	// prefill's time to first token measures the endpoint's prefill speed when ahead
+	// is 0.
+	routed time.Time
+	ahead  int
+	exact  bool // prefill is known, not estimated from a lookup cut short (pendingPick)
 }
 
 // prefix returns key's entry, creating it, and refreshes its size estimate from keys
