@@ -113,7 +113,7 @@ func (c *KVConfig) Validate() error {
 		{"replay_idle", c.Events.ReplayIdle}, {"replay_timeout", c.Events.ReplayTimeout},
 		{"handshake_timeout", c.Events.HandshakeTimeout}} {
 		if d.v <= 0 || d.v > time.Hour {
-			errs.Addf("events."+d.name, "%v is out of range (0, 1h]", d.v)
+			errs.Addf(field.Join("events", d.name), "%v is out of range (0, 1h]", d.v)
 		}
 	}
 	if c.Events.BackoffMin > c.Events.BackoffMax {

@@ -52,7 +52,7 @@ func (c *Config) Validate() error {
 	var errs field.Errors
 	for i, p := range c.Peers {
 		if _, err := hostPort(p); err != nil {
-			errs.Addf("peers["+strconv.Itoa(i)+"]", "%q: %v", p, err)
+			errs.Addf(field.Index("peers", i), "%q: %v", p, err)
 		}
 	}
 	if _, err := hostPort(c.Bind); err != nil {

@@ -26,6 +26,7 @@ Usage:
   kvrouter check-config FILE                   report every problem in FILE, exit 1 if any
   kvrouter tokenize --model-dir DIR            read request bodies (JSON lines) on stdin, print
                                                {"ids":[...]} or {"error":...} per line, as vLLM's /tokenize
+  kvrouter COMMAND --help                      a command's usage
 
 Flags:
 `
@@ -37,6 +38,36 @@ func subcommands(stdin io.Reader, stdout, stderr io.Writer) map[string]func(args
 		"check-config": func(args []string) int { return checkConfig(args, stdout, stderr) },
 		"tokenize":     func(args []string) int { return tokenize(args, stdin, stdout, stderr) },
 	}
+}
+
+// newFlagSet returns the flag set of one kvrouter command: errors and usage go to
+// stderr, the usage text first, then the flags' defaults.
+func newFlagSet(usage string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet("kvrouter", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(stderr, usage)
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+// parseFlags is every command's parse: it parses args with fs and wants nargs
+// positional arguments. When ok is false the command ends with code: 0 after -h or
+// --help (usage printed), 2 after a bad flag or a wrong number of arguments (usage
+// printed). A file named like a flag goes after "--".
+func parseFlags(fs *flag.FlagSet, args []string, nargs int) (code int, ok bool) {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0, false
+		}
+		return 2, false
+	}
+	if fs.NArg() != nargs {
+		fs.Usage()
+		return 2, false
+	}
+	return 0, true
 }
 
 // Main is the kvrouter command line; cmd/kvrouter calls it with os.Args[1:]. It
@@ -53,23 +84,15 @@ func MainIO(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 			return cmd(args[1:])
 		}
 	}
-	fs := flag.NewFlagSet("kvrouter", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprint(stderr, usage)
-		fs.PrintDefaults()
-	}
+	fs := newFlagSet(usage, stderr)
 	cfgPath := fs.String("config", "", "path of the YAML configuration file (required); reloaded on SIGHUP and when it changes")
 	checkEvery := fs.Duration("config-check-interval", DefaultConfigCheckInterval, "how often to look for a change of the configuration file (0: only on SIGHUP)")
 	level := zapcore.InfoLevel
 	fs.Var(&level, "log-level", "log level: debug, info, warn, error")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
+	if code, ok := parseFlags(fs, args, 0); !ok {
+		return code
 	}
-	if *cfgPath == "" || fs.NArg() > 0 {
+	if *cfgPath == "" {
 		fs.Usage()
 		return 2
 	}
@@ -129,16 +152,17 @@ func newLogger(level zapcore.Level, w io.Writer) (*zap.Logger, error) {
 
 // checkConfig implements `kvrouter check-config FILE`.
 func checkConfig(args []string, stdout, stderr io.Writer) int {
-	if len(args) != 1 {
-		fmt.Fprintln(stderr, "usage: kvrouter check-config FILE")
-		return 2
+	fs := newFlagSet("usage: kvrouter check-config FILE\n", stderr)
+	if code, ok := parseFlags(fs, args, 1); !ok {
+		return code
 	}
-	cfg, err := loadChecked(args[0], stdout)
+	path := fs.Arg(0)
+	cfg, err := loadChecked(path, stdout)
 	if err != nil {
 		fmt.Fprintln(stderr, err)
 		return 1
 	}
-	fmt.Fprintf(stdout, "%s: ok\n", args[0])
+	fmt.Fprintf(stdout, "%s: ok\n", path)
 	if ev := cfg.Discovery.KVEvents; ev.Mode == discovery.ModeCentral {
 		fmt.Fprintf(stdout, "kv events: central mode: pods connect to %s (rank r to port + r) and publish on kv@<pod-ip:port>@<model>; "+
 			"run ONE kvrouter replica: a pod's events reach only the replica it connected to (see discovery/README.md)\n", ev.Bind)
@@ -182,21 +206,13 @@ func newCheckLogger(w io.Writer) *zap.Logger {
 
 // tokenize implements `kvrouter tokenize --model-dir DIR`.
 func tokenize(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("kvrouter tokenize", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("usage: kvrouter tokenize --model-dir DIR [--default-chat-template-kwargs JSON] < bodies.jsonl\n", stderr)
 	dir := fs.String("model-dir", "", "directory with tokenizer.json, tokenizer_config.json (and chat_template.jinja when the model has one)")
 	kwargs := fs.String("default-chat-template-kwargs", "", "JSON object merged under every request's chat_template_kwargs, as vLLM's flag")
-	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: kvrouter tokenize --model-dir DIR [--default-chat-template-kwargs JSON] < bodies.jsonl")
-		fs.PrintDefaults()
+	if code, ok := parseFlags(fs, args, 0); !ok {
+		return code
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
-	}
-	if *dir == "" || fs.NArg() > 0 {
+	if *dir == "" {
 		fs.Usage()
 		return 2
 	}

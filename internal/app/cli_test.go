@@ -31,7 +31,17 @@ func TestMain_CommandLine(t *testing.T) {
 		{"bad log level", []string{"--config", "x.yaml", "--log-level", "loud"}, 2, "", ""},
 		{"invalid config file", []string{"--config", "../../config/testdata/invalid/no-endpoints.yaml"}, 1, "",
 			"../../config/testdata/invalid/no-endpoints.yaml:2: endpoints: at least one endpoint is required (or configure discovery)"},
-		{"help", []string{"--help"}, 0, "", ""},
+		{"help", []string{"--help"}, 0, "", "kvrouter: a KV-cache-aware router for vLLM fleets, serving Envoy's ext_proc."},
+		{"-h", []string{"-h"}, 0, "", "kvrouter: a KV-cache-aware router for vLLM fleets, serving Envoy's ext_proc."},
+		{"check-config --help", []string{"check-config", "--help"}, 0, "", "usage: kvrouter check-config FILE"},
+		{"check-config -h", []string{"check-config", "-h"}, 0, "", "usage: kvrouter check-config FILE"},
+		{"check-config unknown flag", []string{"check-config", "--strict", "x.yaml"}, 2, "", "flag provided but not defined: -strict"},
+		{"check-config two files", []string{"check-config", "a.yaml", "b.yaml"}, 2, "", "usage: kvrouter check-config FILE"},
+		{"check-config file after --", []string{"check-config", "--", "--help"}, 1, "", "config: open --help: no such file or directory"},
+		{"tokenize --help", []string{"tokenize", "--help"}, 0, "",
+			"usage: kvrouter tokenize --model-dir DIR [--default-chat-template-kwargs JSON] < bodies.jsonl"},
+		{"tokenize -h", []string{"tokenize", "-h"}, 0, "",
+			"usage: kvrouter tokenize --model-dir DIR [--default-chat-template-kwargs JSON] < bodies.jsonl"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

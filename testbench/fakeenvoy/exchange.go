@@ -17,8 +17,9 @@ import (
 	"github.com/kvrouter/kvrouter/epp"
 )
 
-// MaxChunkBytes is the largest streamed_response chunk the fake accepts.
-const MaxChunkBytes = 62000
+// MaxChunkBytes is the largest streamed_response chunk the fake accepts: the protocol's
+// one copy, epp.MaxChunkBytes.
+const MaxChunkBytes = epp.MaxChunkBytes
 
 // Config is the ext_proc filter configuration the fake Envoy applies.
 type Config struct {
@@ -874,7 +875,7 @@ func SubsetHint(addrs ...string) *corev3.Metadata {
 		vals[i] = a
 	}
 	s, _ := structpb.NewStruct(map[string]any{epp.KeySubset: vals})
-	return &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{"envoy.lb.subset_hint": s}}
+	return &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{epp.NamespaceSubsetHint: s}}
 }
 
 // ServedMetadata builds the response-path metadata_context naming the endpoint that
@@ -884,5 +885,5 @@ func ServedMetadata(addr string) *corev3.Metadata {
 		return nil
 	}
 	s, _ := structpb.NewStruct(map[string]any{epp.HeaderServed: addr})
-	return &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{"envoy.lb": s}}
+	return &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{epp.NamespaceLB: s}}
 }

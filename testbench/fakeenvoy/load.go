@@ -9,6 +9,7 @@ import (
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 
+	"github.com/kvrouter/kvrouter/epp"
 	"github.com/kvrouter/kvrouter/internal/cputime"
 )
 
@@ -84,7 +85,7 @@ func Compare(ctx context.Context, clients []extprocv3.ExternalProcessorClient, c
 				err = fmt.Errorf("fakeenvoy: immediate response %d", rr.Immediate.GetStatus().GetCode())
 			}
 			if err == nil {
-				dest, _ = rr.Headers.Get("x-gateway-destination-endpoint")
+				dest, _ = rr.Headers.Get(epp.HeaderDestination)
 				_, err = x.Response(200, nil, nil, nil, nil)
 			}
 			if cerr := x.Close(); err == nil {

@@ -10,6 +10,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/kvrouter/kvrouter/epp"
 )
 
 // Trivial is the least an ext_proc endpoint picker can do in FULL_DUPLEX_STREAMED mode:
@@ -31,16 +33,16 @@ func NewTrivial(endpoint string) *Trivial {
 		return &corev3.HeaderValueOption{Header: &corev3.HeaderValue{Key: k, RawValue: []byte(v)},
 			AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD}
 	}
-	md, _ := structpb.NewStruct(map[string]any{"envoy.lb": map[string]any{"x-gateway-destination-endpoint": endpoint}})
+	md, _ := structpb.NewStruct(map[string]any{epp.NamespaceLB: map[string]any{epp.HeaderDestination: endpoint}})
 	return &Trivial{
 		decision: &extprocv3.ProcessingResponse{DynamicMetadata: md, Response: &extprocv3.ProcessingResponse_RequestHeaders{
 			RequestHeaders: &extprocv3.HeadersResponse{Response: &extprocv3.CommonResponse{ClearRouteCache: true,
 				HeaderMutation: &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{
-					set("x-gateway-destination-endpoint", endpoint)}}}}}},
+					set(epp.HeaderDestination, endpoint)}}}}}},
 		respHdrs: &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{
 			ResponseHeaders: &extprocv3.HeadersResponse{Response: &extprocv3.CommonResponse{
 				HeaderMutation: &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{
-					set("x-gateway-destination-endpoint-served", endpoint)}}}}}},
+					set(epp.HeaderServed, endpoint)}}}}}},
 		trailers: map[bool]*extprocv3.ProcessingResponse{
 			true: {Response: &extprocv3.ProcessingResponse_RequestTrailers{RequestTrailers: &extprocv3.TrailersResponse{}}},
 			false: {Response: &extprocv3.ProcessingResponse_ResponseTrailers{

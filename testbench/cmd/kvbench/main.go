@@ -23,21 +23,32 @@ import (
 	"github.com/kvrouter/kvrouter/prompt"
 	"github.com/kvrouter/kvrouter/testbench/kvbench"
 	"github.com/kvrouter/kvrouter/tokenizer"
+	"github.com/kvrouter/kvrouter/tokenizer/testmodels"
 )
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
-	defer stop()
-	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
-		if !errors.Is(err, flag.ErrHelp) {
-			fmt.Fprintln(os.Stderr, "kvbench:", strings.TrimPrefix(err.Error(), "kvbench: "))
-		}
-		os.Exit(2)
+	code := exitCode(run(ctx, os.Args[1:], os.Stdout, os.Stderr), os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// exitCode is kvbench's exit status for run's error, which it prints: 0 for none and
+// for -h/--help (the usage is printed already), 2 otherwise.
+func exitCode(err error, stderr io.Writer) int {
+	switch {
+	case err == nil, errors.Is(err, flag.ErrHelp):
+		return 0
+	default:
+		fmt.Fprintln(stderr, "kvbench:", strings.TrimPrefix(err.Error(), "kvbench: "))
+		return 2
 	}
 }
 
-// defaultTokenizerDir is where `make models` puts the Qwen3 tokenizer files.
-const defaultTokenizerDir = ".cache/models/qwen3"
+// defaultTokenizerDir is where `make models` puts the Qwen3 tokenizer files: under
+// $KVROUTER_MODELS_DIR, else .cache/models at the repository root, as the Makefile and
+// scripts/fetch-models.sh decide (testmodels.Root is that rule).
+func defaultTokenizerDir() string { return filepath.Join(testmodels.Root(), "qwen3") }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("kvbench", flag.ContinueOnError)
@@ -76,7 +87,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		scrape        = fs.Duration("scrape-interval", sc.ScrapeInterval, "how stale the router's view of server metrics may be (sim mode; 0 = live)")
 		maxHold       = fs.Duration("max-hold", sc.MaxHold, "longest the router holds a request when its policy asks (sim mode; 0 = never hold)")
 		rtt           = fs.Duration("rtt", sc.RTT, "client round trip to the fleet (sim mode)")
-		tokDir        = fs.String("tokenizer", defaultTokenizerDir, "directory with the model's tokenizer.json and tokenizer_config.json; none = the embedded Qwen3 ids")
+		tokDir        = fs.String("tokenizer", "", "directory with the model's tokenizer.json and tokenizer_config.json (default: qwen3 in $KVROUTER_MODELS_DIR, else in .cache/models at the repository root); none = the embedded Qwen3 ids")
 		metricsURLs   = fs.String("metrics-urls", "", "engines' /metrics URLs, comma list (URL mode)")
 		kvBlocks      = fs.Int("kv-blocks", 585, "KV blocks per server for the bound when /metrics does not say (URL mode)")
 		blockSize     = fs.Int("block-size", 16, "tokens per KV block (URL mode, for hit_full and the bound)")
@@ -193,7 +204,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 
 	var tok kvbench.Tokenizer
 	if !set["tokenizer"] {
-		*tokDir = findUp(*tokDir)
+		*tokDir = defaultTokenizerDir()
 	}
 	var prompts kvbench.RequestTokenizer
 	if *tokDir != "none" { // none: the embedded Qwen3 ids, on request
@@ -409,26 +420,6 @@ func intList(s, name string) ([]int, error) {
 		out = append(out, n)
 	}
 	return out, nil
-}
-
-// findUp returns rel under the nearest directory, from the working directory up, that has
-// it (so the repository's model cache is found from any subdirectory); rel otherwise.
-func findUp(rel string) string {
-	dir, err := os.Getwd()
-	if err != nil {
-		return rel
-	}
-	for {
-		p := filepath.Join(dir, rel)
-		if _, err := os.Stat(p); err == nil {
-			return p
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return rel
-		}
-		dir = parent
-	}
 }
 
 func or(s, def string) string {

@@ -128,3 +128,58 @@ func TestRunWritesRouteLog(t *testing.T) {
 		t.Fatalf("route log has %d route, %d first_token and %d finish lines, want 12 each", r, f, fin)
 	}
 }
+
+// The default --tokenizer is qwen3 in $KVROUTER_MODELS_DIR when set, as `make models`
+// and the Makefile's demo targets decide.
+func TestDefaultTokenizerFollowsModelsDir(t *testing.T) {
+	// --progress maybe fails the run right after the tokenizer is loaded, before any sim.
+	args := []string{"--sim", "--progress", "maybe"}
+	t.Run("empty models dir", func(t *testing.T) {
+		models := t.TempDir()
+		t.Setenv(testmodels.EnvDir, models)
+		var out, errOut strings.Builder
+		if err := run(context.Background(), args, &out, &errOut); err == nil || !strings.Contains(err.Error(), "--progress") {
+			t.Fatalf("err %v, want the --progress error", err)
+		}
+		if want := "no tokenizer in " + filepath.Join(models, "qwen3") + " "; !strings.Contains(errOut.String(), want) {
+			t.Errorf("stderr %q lacks %q", errOut.String(), want)
+		}
+	})
+	t.Run("models dir with qwen3", func(t *testing.T) {
+		models := filepath.Dir(testmodels.Dir(t, "qwen3"))
+		t.Setenv(testmodels.EnvDir, models)
+		var out, errOut strings.Builder
+		if err := run(context.Background(), args, &out, &errOut); err == nil || !strings.Contains(err.Error(), "--progress") {
+			t.Fatalf("err %v, want the --progress error", err)
+		}
+		if strings.Contains(errOut.String(), "no tokenizer") {
+			t.Errorf("the tokenizer in %s was not loaded: %s", models, errOut.String())
+		}
+	})
+}
+
+// -h and --help print the usage and exit 0; an error exits 2 with its message.
+func TestExitCode(t *testing.T) {
+	tests := []struct {
+		name   string
+		args   []string
+		code   int
+		stderr string // substring
+	}{
+		{"-h", []string{"-h"}, 0, "usage: kvbench (--sim | --url URL) [flags]"},
+		{"--help", []string{"--help"}, 0, "usage: kvbench (--sim | --url URL) [flags]"},
+		{"unknown flag", []string{"--nope"}, 2, "flag provided but not defined: -nope"},
+		{"no target", nil, 2, "kvbench: choose --url URL or --sim"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var out, errOut strings.Builder
+			if code := exitCode(run(context.Background(), tt.args, &out, &errOut), &errOut); code != tt.code {
+				t.Errorf("exit %d, want %d (stderr %q)", code, tt.code, errOut.String())
+			}
+			if !strings.Contains(errOut.String(), tt.stderr) {
+				t.Errorf("stderr %q lacks %q", errOut.String(), tt.stderr)
+			}
+		})
+	}
+}
