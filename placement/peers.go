@@ -205,6 +205,7 @@ func (p *Policy) MergePlacements(ps []Placement, winsTie bool, concurrent time.D
 			if s := &e.sites[j]; s.home && !r.Home {
 				s.home = false
 				s.ep.homeBlocks -= e.weight()
+				s.ep.homeGuessed -= e.guessed()
 			}
 		}
 		e.decided = pl.Decided

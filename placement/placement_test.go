@@ -1124,6 +1124,123 @@ func TestPlacementCopiesWhereAHitSavesLittle(t *testing.T) {
 	}
 }
 
+// TestPlacementHomesPrefixesSeenOnceByTheLearnedSize: a prefix seen once is counted in
+// the home shares at the mean size learned from other prefixes when its prompt fits one
+// engine step (its whole prompt only bounds its size), so a second prefix seen once ties
+// with a learned one and the tie goes to the idle endpoint; a longer prompt counts whole.
+func TestPlacementHomesPrefixesSeenOnceByTheLearnedSize(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		tailBlocks int
+		want       int // endpoint index the third prefix is homed on
+	}{
+		{"one-step prompt: guessed as learned, the idle endpoint", 62, 1},
+		{"prompt longer than a step: counted whole, the fewer home blocks", 100, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ix := testindex.New()
+			p := newPlacement(t, placement.DefaultConfig(), ix)
+			cs := fleet(2, nil)
+			prompt := func(prefix, tail int) []uint32 {
+				return append(plTokens(1_000_000*(prefix+1), 64*16), plTokens(500_000_000+100_000*tail, tc.tailBlocks*16)...)
+			}
+			// Prefix 0 is seen twice (its size, 64 blocks, learned) on the first endpoint.
+			home := place(t, p, prompt(0, 0), cs)
+			ix.Hold(home, plKeysOf(prompt(0, 0)))
+			if got := place(t, p, prompt(0, 1), cs); got != home {
+				t.Fatalf("second request of prefix 0 went to %s, home %s", got, home)
+			}
+			if home != cs[0].Address {
+				t.Fatalf("prefix 0 homed on %s, want the first endpoint", home)
+			}
+			// Prefix 1, seen once, is homed on the other endpoint.
+			if got := place(t, p, prompt(1, 0), cs); got != cs[1].Address {
+				t.Fatalf("prefix 1 homed on %s, want %s", got, cs[1].Address)
+			}
+			// The first endpoint is busy: prefix 2 goes there only if prefix 1 counts
+			// more home blocks than prefix 0.
+			cs[0].InFlight = 1
+			if got := place(t, p, prompt(2, 0), cs); got != cs[tc.want].Address {
+				t.Fatalf("prefix 2 homed on %s, want %s", got, cs[tc.want].Address)
+			}
+		})
+	}
+}
+
+// TestPlacementLeavesAPrefillInProgress: a hit whose prefill would join a miss in
+// prefill at its holder (so finish a step later) goes to an endpoint with no prefill in
+// progress where it starts in the next step and its copy fits beside the live
+// placements, though that endpoint would not start it twice as soon; so does a miss of a
+// prefix held nowhere (its home lost it), though the endpoint is busy; not when the
+// endpoint prefills too, when the prompt is longer than a step, or when the copy would
+// evict a live placement.
+func TestPlacementLeavesAPrefillInProgress(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		tailBlocks  int
+		otherCap    int
+		otherFilled bool // a miss in prefill on the other endpoint too
+		nowhere     bool // the holder lost the prefix: held nowhere, the request a miss
+		leaves      bool
+	}{
+		{"one-step prompt, other endpoint only decoding: leaves", 62, 1000, false, false, true},
+		{"other endpoint prefilling too: stays", 62, 1000, true, false, false},
+		{"prompt longer than a step: stays", 100, 1000, false, false, false},
+		{"no room for the copy beside the live placements: stays", 62, 200, false, false, false},
+		{"held nowhere, other endpoint only decoding: leaves", 62, 1000, false, true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := placement.DefaultConfig()
+			cfg.Fill = 0.01 // no replica within Fill
+			ix := testindex.New()
+			p := newPlacement(t, cfg, ix)
+			cs := fleet(2, []int{1000, tc.otherCap})
+			prompt := func(prefix, tail int) []uint32 {
+				return append(plTokens(1_000_000*(prefix+1), 64*16), plTokens(500_000_000+100_000*tail, tc.tailBlocks*16)...)
+			}
+			holder := place(t, p, prompt(0, 0), cs)
+			ix.Hold(holder, plKeysOf(prompt(0, 0)))
+			other := cs[1].Address
+			if holder != cs[0].Address {
+				t.Fatalf("prefix 0 homed on %s, want the first endpoint", holder)
+			}
+			// A miss of another prefix in prefill (routed, no first token) at the holder,
+			// and, in one case, one at the other endpoint.
+			miss := func(prefix int, at string) {
+				req := plRequest(prompt(prefix, 0))
+				if _, err := p.Pick(req, cs); err != nil {
+					t.Fatal(err)
+				}
+				p.Routed(req, at)
+			}
+			miss(1, holder)
+			if tc.otherFilled {
+				miss(2, other)
+			}
+			if tc.otherCap < 1000 {
+				// A prefix homed on the other endpoint alone: live there.
+				place(t, p, prompt(3, 0), cs[1:])
+			}
+			// The holder runs the miss and a decoding request, the other endpoint one
+			// request (decoding, or the second miss): it takes no replica, and a copy
+			// is not worth its miss (copyWorth wants it idle).
+			if tc.nowhere {
+				// The home stays: moving it would give the other endpoint more than
+				// RehomeSlack x the mean home share.
+				ix.Clear(holder)
+			}
+			cs[0].InFlight, cs[1].InFlight = 2, 1
+			d, err := p.Pick(plRequest(prompt(0, 1)), cs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if (d.Endpoint == other) != tc.leaves {
+				t.Fatalf("went to %s (holder %s), want to leave the holder: %v", d.Endpoint, holder, tc.leaves)
+			}
+		})
+	}
+}
+
 // branchedSystemPrompt returns a policy on the clock now (nil: a fixed one) over two endpoints of capacity blocks each, a
 // 64-block system prompt that two short conversations have branched and that the index
 // shows on its holder, the holder, the other endpoint and a builder of prompts: the

@@ -28,7 +28,9 @@ import (
 //     placements). A replica the index does not confirm within ConfirmPicks is dropped.
 //  2. A prefix with no holder gets a home: the endpoint with the least home-placed
 //     blocks per block of KV capacity (a capacity-weighted partition), preferring those
-//     below Saturated with KV room.
+//     below Saturated with KV room. A prefix seen once whose prompt fits one engine step
+//     counts there as the mean size learned from other prefixes (its prompt only bounds
+//     its size).
 //  3. When the index shows that the home lost the prefix (no request for it in flight
 //     there) and no holder has it, the request missesInPrefill wherever it goes: with RehomeLost
 //     the home moves to the endpoint with KV room that would start the miss soonest
@@ -56,9 +58,12 @@ import (
 // toward the candidate with KV room that would start it soonest: when the chosen one
 // has no KV room for it (DivertOnFull; with no room anywhere, to where room comes
 // soonest), when its prefill backlog exceeds one engine step (DivertDeadline) and the
-// other would start it twice as soon, or when it is busy, holds too little of
-// the prefix to hit, and an idle faster endpoint exists (DivertMisses). A replica or
-// spill placement made by that pick is then dropped (UnplaceDiverted): no request fills it.
+// other would start it twice as soon (failing that, behind a prefill in progress, to
+// the soonest endpoint with no prefill in progress whose next step fits the request's
+// prefill and whose live placements leave room for its copy; a miss only of a prefix
+// held nowhere), or when it is busy, holds too little of the prefix to hit, and an idle
+// faster endpoint exists (DivertMisses). A replica or spill placement made by that pick
+// is then dropped (UnplaceDiverted): no request fills it.
 //
 // With LongContexts, a conversation's turn sent while its last request is still in
 // prefill goes where that request is (joinHistory), ahead of those overrides; and a
@@ -92,6 +97,9 @@ type Policy struct {
 	// changed since Placements last reported them (only while peers are set).
 	salt    uint64
 	changed map[uint64]struct{}
+	// learnedBlocks sums the sizes learned from prefixes' first two requests, learnedN
+	// counts them: their mean is the guessed size of a prefix seen once (newHome).
+	learnedBlocks, learnedN int
 }
 
 type metrics struct {
@@ -204,7 +212,7 @@ func (p *Policy) Pick(req *scoring.Request, cands []scoring.Endpoint) (scoring.D
 			key = child
 		}
 	}
-	e := p.prefix(key, sc.keys)
+	e := p.prefix(key, sc.keys, bs)
 	best, kind := p.choose(e, key, cands, sc)
 	alt := -1
 	if j := p.joinHistory(joins, sc); j >= 0 {

@@ -419,7 +419,15 @@ func (p *Policy) fillOf(ep *endpointState, c *scoring.Endpoint) float64 {
 }
 
 // newHome places a prefix no candidate holds on the candidate with the least home
-// blocks per block of capacity, among those below SpillLoad if any.
+// blocks per block of capacity, among those below SpillLoad if any. A prefix seen once
+// has an unknown size, its prompt only bounding it; where its prompt fits one engine
+// step, it counts, here and in the endpoints' shares, as the mean size learned so far
+// (prefixEntry.guess). Counted as its whole prompt, long tails' 1,024-token prefixes
+// seen once (2,024-token prompts) weighed twice their size, and a new prefix went to an
+// endpoint prefilling a miss while another, homing as many blocks, idled (long tails,
+// N = 24: TTFT p99 174 -> 168 ms alone, 149 with the divert behind a prefill, kv 149;
+// docs/results-workloads.md). On longer prompts (tight memory's 2,371 tokens, mixed's
+// contexts) the guess cost ratio and throughput there and is not made.
 func (p *Policy) newHome(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc *scratch) int {
 	if p.cfg.Balance > 0 {
 		if i := p.rendezvous(e, key, cands, sc); i >= 0 {
@@ -430,7 +438,7 @@ func (p *Policy) newHome(e *prefixEntry, key uint64, cands []scoring.Endpoint, s
 	best, bestShare, bestOK := -1, 0.0, false
 	for i := range cands {
 		ok := sc.ok[i]
-		share := p.homeShare(sc, cands, i, e.weight())
+		share := float64(sc.eps[i].homeGuessed+e.guessed()) / float64(p.capacity(&cands[i]))
 		better := best < 0 || (ok && !bestOK) ||
 			(ok == bestOK && (share < bestShare || (share == bestShare && (p.wait(sc, i) < p.wait(sc, best) ||
 				p.wait(sc, i) == p.wait(sc, best) && p.coldTie(sc, i, best)))))
@@ -573,6 +581,17 @@ func (p *Policy) divert(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 	if alt < 0 && full {
 		return p.soonestRoom(key, cands, sc, best)
 	}
+	if late && !full && (alt < 0 || 2*ea > eb) && sc.eps[best].prefill > 0 && (!miss || (alt < 0 && p.heldNowhere(key, cands, sc))) {
+		// A miss of a prefix held nowhere misses wherever it goes: any endpoint that
+		// may take it, not only an idle faster one.
+		el := eligible
+		if miss {
+			el = func(i int) bool { return i != best && sc.ok[i] && p.moveOK(sc, i, best) }
+		}
+		if r := p.besidePrefill(key, cands, sc, el, est, eb, tokens, bs); r >= 0 {
+			return r
+		}
+	}
 	if alt < 0 || (!full && !miss && 2*ea > eb) {
 		return -1
 	}
@@ -608,6 +627,37 @@ func (p *Policy) divert(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 		}
 	}
 	return alt
+}
+
+// besidePrefill returns the candidate a late request (its prefill would not finish in
+// the next step at best, behind a prefill in progress there) goes to when no candidate
+// starts it twice as soon: among eligible candidates with no prefill in progress, whose
+// prefill of the request fits one step (it starts and finishes in their next step) and
+// that have room for it and its prefix beside their live placements and requests (the
+// copy evicts nothing live, spare), the one of least estimate, if sooner than best's
+// (eb); -1 otherwise. At best the request's prefill would join the prefill in progress
+// and finish a step later: long tails' hits (1,000-token tails) behind a miss in
+// prefill took 166 and 194 ms where an idle endpoint would have started them as misses
+// in 110 and 143, and a new prefix's first request homed beside a prefill as clients
+// finished together 203 ms (long tails, N = 24: TTFT p99 at workload seeds 1 to 4 174,
+// 157, 157, 150 -> 149, 150, 150, 149 ms with the guessed size of newHome, kv 149, 150,
+// 149, 149; docs/results-workloads.md). A miss goes so only when the prefix is held
+// nowhere (a new prefix's first request) and no idle faster candidate takes it
+// (DivertMisses): for any miss, the reference grid lost N = 24, C = 16 (0.951 -> 0.940
+// x the partition). A prompt longer than a step (the reference's 2,371 tokens, long
+// contexts) is left to the twice-as-soon rule. p.mu must be held.
+func (p *Policy) besidePrefill(key uint64, cands []scoring.Endpoint, sc *scratch, eligible func(int) bool, est func(int) float64, eb float64, tokens, bs int) int {
+	r, er := -1, 0.0
+	for i := range cands {
+		if !eligible(i) || sc.eps[i].prefill+sc.otherPrefill[i] > 0 ||
+			max(0, tokens-sc.lead[i]*bs) > p.cfg.MaxNumBatchedTokens+bs || !p.spare(key, cands, sc, i) {
+			continue
+		}
+		if x := est(i); x < eb && (r < 0 || x < er) {
+			r, er = i, x
+		}
+	}
+	return r
 }
 
 // startEst estimates when candidate i would start a request of tokens prompt tokens,
@@ -871,14 +921,21 @@ func (p *Policy) copyWorth(e *prefixEntry, key uint64, cands []scoring.Endpoint,
 	if sc.lead[h] < max(heldBlocks, 1) && !p.heldNowhere(key, cands, sc) {
 		return false
 	}
-	ep := sc.eps[i]
-	if float64(ep.placedBlocks+ep.footprint+p.need(ep, key, &cands[i], len(sc.keys)))+sc.otherKV[i] > float64(p.capacity(&cands[i])) {
+	if !p.spare(key, cands, sc, i) {
 		return false
 	}
 	n := len(sc.keys) * sc.blockSize
 	prefix := min(n, e.blocks*sc.blockSize)
 	add := max(0, prefix-sc.lead[i]*sc.blockSize)
 	return add < (n-prefix)*sc.loads[h]
+}
+
+// spare reports whether candidate i has room for the request and its prefix beside its
+// live placements and in-flight requests: a copy there evicts nothing live. p.mu must be
+// held.
+func (p *Policy) spare(key uint64, cands []scoring.Endpoint, sc *scratch, i int) bool {
+	ep := sc.eps[i]
+	return float64(ep.placedBlocks+ep.footprint+p.need(ep, key, &cands[i], len(sc.keys)))+sc.otherKV[i] <= float64(p.capacity(&cands[i]))
 }
 
 // fasterCopy returns the idle candidate that takes a copy of the prefix and the

@@ -23,6 +23,9 @@ type endpointState struct {
 	placedBlocks int    // blocks of the live placements (sites) on it
 	homeBlocks   int    // of those, the blocks of the sites that are homes
 	placed       int    // how many live placements it has
+	// homeGuessed is homeBlocks with each prefix seen once counted at its guessed size
+	// (prefixEntry.guess): what newHome ranks endpoints by.
+	homeGuessed int
 	// footprint is the KV blocks the endpoint's in-flight requests (routed by this
 	// router) occupy: each active prefix's blocks once, plus each request's own.
 	footprint int
@@ -134,6 +137,12 @@ type prefixEntry struct {
 	// prefix branches into conversations (a system prompt, a shared context), so a
 	// request extending past it is named by its own block PrefixDepth past it.
 	branch int
+	// guess is the size guessed for a prefix seen once whose prompt fits one engine
+	// step (0: none, or its size is learned): the mean size learned so far (newHome).
+	// learned: its first two requests have been compared (its size counted into that
+	// mean).
+	guess   int
+	learned bool
 	// base is the blocks of the branched prefix this one extends (0 for a prefix named
 	// by its PrefixDepth-th block): its placements count only blocks - base, the rest
 	// being the parent's.
@@ -188,12 +197,16 @@ type tracked struct {
 	exact  bool // prefill is known, not estimated from a lookup cut short (pendingPick)
 }
 
-// prefix returns key's entry, creating it, and refreshes its size estimate from keys;
-// p.mu must be held.
-func (p *Policy) prefix(key uint64, keys []uint64) *prefixEntry {
+// prefix returns key's entry, creating it, and refreshes its size estimate from keys
+// (cut at bs tokens per block); p.mu must be held.
+func (p *Policy) prefix(key uint64, keys []uint64, bs int) *prefixEntry {
 	e := p.prefixes[key]
 	if e == nil {
 		e = &prefixEntry{key: key, blocks: len(keys), keys: append([]uint64(nil), keys[:min(len(keys), maxKeptKeys)]...)}
+		if p.learnedN > 0 && len(keys)*bs <= p.cfg.MaxNumBatchedTokens+bs {
+			// Named by its PrefixDepth-th block, a prefix shares at least that many.
+			e.guess = max(p.cfg.PrefixDepth, int(math.Round(float64(p.learnedBlocks)/float64(p.learnedN))))
+		}
 		p.prefixes[key] = e
 	} else if e.keys == nil {
 		// Placed by a router replica (MergePlacements), first seen here: keep its size.
@@ -206,15 +219,21 @@ func (p *Policy) prefix(key uint64, keys []uint64) *prefixEntry {
 		if common < len(keys) && common < len(e.keys) {
 			e.branch = common
 		}
-		if common != e.blocks {
-			d := max(0, common-e.base) - e.weight()
+		if !e.learned && e.base == 0 {
+			e.learned = true
+			p.learnedBlocks += common
+			p.learnedN++
+		}
+		if common != e.blocks || e.guess > 0 {
+			w, g := e.weight(), e.guessed()
+			e.blocks, e.guess = common, 0
 			for _, pl := range e.sites {
-				pl.ep.placedBlocks += d
+				pl.ep.placedBlocks += e.weight() - w
 				if pl.home {
-					pl.ep.homeBlocks += d
+					pl.ep.homeBlocks += e.weight() - w
+					pl.ep.homeGuessed += e.weight() - g
 				}
 			}
-			e.blocks = common
 		}
 		e.keys = append(e.keys[:0], keys[:min(len(keys), maxKeptKeys)]...)
 	}
@@ -251,12 +270,21 @@ func (p *Policy) unplace(e *prefixEntry, pl *site) {
 	pl.ep.placed--
 	if pl.home {
 		pl.ep.homeBlocks -= e.weight()
+		pl.ep.homeGuessed -= e.guessed()
 	}
 }
 
 // weight is the blocks e's placements count on their endpoints: its own beyond the
 // prefix it extends.
 func (e *prefixEntry) weight() int { return max(0, e.blocks-e.base) }
+
+// guessed is weight, at most the guessed size while the prefix has been seen once.
+func (e *prefixEntry) guessed() int {
+	if e.guess > 0 {
+		return min(e.guess, e.weight())
+	}
+	return e.weight()
+}
 
 // held is the leading blocks an endpoint must hold to hold e: its parent's, plus share
 // of its own (at least one).
@@ -300,6 +328,7 @@ func (p *Policy) place(e *prefixEntry, addr string, home bool) int {
 			if home && !e.sites[i].home {
 				e.sites[i].home = true
 				e.sites[i].ep.homeBlocks += e.weight()
+				e.sites[i].ep.homeGuessed += e.guessed()
 				p.decide(e)
 			}
 			return i
@@ -310,6 +339,7 @@ func (p *Policy) place(e *prefixEntry, addr string, home bool) int {
 	ep.placed++
 	if home {
 		ep.homeBlocks += e.weight()
+		ep.homeGuessed += e.guessed()
 	}
 	e.sites = append(e.sites, site{ep: ep, addr: addr, home: home, lastUsed: p.tick, placedAt: p.tick})
 	p.decide(e)
