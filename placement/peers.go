@@ -58,7 +58,7 @@ type PeerView interface {
 	// Rank is this replica's position among the live replicas by name (0 for the
 	// first) and how many they are, itself included: replicas that decide at the same
 	// instant on the same view spread by it as one router's consecutive decisions do
-	// (homeOrder, idleTurn).
+	// (coldTie, holderTurn).
 	Rank() (rank, replicas int)
 }
 

@@ -575,3 +575,106 @@ func TestPlacementReplicasCopyToAnIdleFasterEndpoint(t *testing.T) {
 		})
 	}
 }
+
+// Router replicas copying a prefix at the same instant on the same cold view (its one
+// holder busy, the other endpoints idle and empty alike) break the exact tie by rank,
+// as one router's consecutive copies take the first endpoints in turn: without it the
+// first burst of kvbench --sim --replicas 4, N = 2, C = 16 copied both prefixes onto
+// the first four endpoints and left two unused (TTFT p99 121 ms, kv 101). Rank 0
+// copies where one router does, and once a decode time is measured (the fleet warm)
+// every replica keeps the candidates' order.
+func TestPlacementReplicasRotateColdCopyTies(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		warm bool
+		want [2]int // the candidates ranks 0 and 1 copy to
+	}{
+		{"cold: copies in turn", false, [2]int{0, 1}},
+		{"warm: the candidates' order", true, [2]int{0, 0}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cs := fleet(6, nil)
+			ix := testindex.New()
+			ix.Hold(cs[3].Address, plKeysOf(prefixed(3, 0)))
+			cs[3].InFlight = 1 // the holder is busy (ReplicaLoad): the request takes a copy
+			// copyOn is where a router (a replica of rank rank, or one router for -1)
+			// sends the prefix's request.
+			copyOn := func(rank int) string {
+				clock := time.Unix(100, 0)
+				p, err := placement.New(placement.DefaultConfig(), ix, func() time.Time { return clock }, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if rank >= 0 {
+					p.SetPeers(&fakePeers{rank: rank, replicas: 2})
+				}
+				if tc.warm {
+					// A request of another prefix on the last endpoint (its only candidate:
+					// homed there by every router alike), its decode measured.
+					req := plRequest(prefixed(9, 0))
+					if _, err := p.Pick(req, cs[5:]); err != nil {
+						t.Fatal(err)
+					}
+					p.Routed(req, cs[5].Address)
+					p.FirstToken(req.ID)
+					clock = clock.Add(time.Second)
+					p.Finished(req.ID)
+				}
+				return place(t, p, prefixed(3, 1), cs)
+			}
+			one := copyOn(-1)
+			got := [2]string{copyOn(0), copyOn(1)}
+			if got[0] != one {
+				t.Fatalf("replica 0 copied to %s, one router to %s: the first replica must decide as one router", got[0], one)
+			}
+			for rank, want := range tc.want {
+				if got[rank] != cs[want].Address {
+					t.Fatalf("replica %d copied to %s, want %s (copies: %v)", rank, got[rank], cs[want].Address, got)
+				}
+			}
+		})
+	}
+}
+
+// Router replicas that find a prefix's best holder idle at the same instant, on the
+// same view, take their turns by rank: replica r takes the holder one router's (r+1)-th
+// pick in a row would (each earlier pick counted as load on its holder), instead of all
+// joining the best one (kvbench --sim --replicas 4, N = 2, C = 16: 2 to 5 requests of
+// one instant on one endpoint, TTFT p99 121 ms against kv's 101). Rank 0 takes the
+// pick one router makes.
+func TestPlacementReplicasTakeHoldersInTurn(t *testing.T) {
+	cs := fleet(6, nil)
+	ix := testindex.New()
+	for _, i := range []int{1, 3, 5} {
+		ix.Hold(cs[i].Address, plKeysOf(prefixed(4, 0)))
+	}
+	// One router's three picks in a row, each in flight on its endpoint when the next
+	// is made.
+	one := newPlacement(t, placement.DefaultConfig(), ix)
+	inRow := slices.Clone(cs)
+	var row []string
+	for n := range 3 {
+		req := plRequest(prefixed(4, n+1))
+		d, err := one.Pick(req, inRow)
+		if err != nil {
+			t.Fatal(err)
+		}
+		one.Routed(req, d.Endpoint)
+		row = append(row, d.Endpoint)
+		for i := range inRow {
+			if inRow[i].Address == d.Endpoint {
+				inRow[i].InFlight++
+			}
+		}
+	}
+	if len(slices.Compact(slices.Sorted(slices.Values(row)))) != 3 {
+		t.Fatalf("one router's three picks in a row %v do not use the three idle holders", row)
+	}
+	for rank := range 3 {
+		p := newPlacement(t, placement.DefaultConfig(), ix)
+		p.SetPeers(&fakePeers{rank: rank, replicas: 3})
+		if got := place(t, p, prefixed(4, 1), cs); got != row[rank] {
+			t.Fatalf("replica %d took %s, want %s, one router's pick %d in a row (%v)", rank, got, row[rank], rank+1, row)
+		}
+	}
+}

@@ -37,7 +37,9 @@ import (
 //     among those whose home share stays within RehomeSlack of the mean.
 //  4. The holder of least wait takes it if its load is below ReplicaLoad (with
 //     StickyHolders, the idle holder of highest rendezvous score, so that router
-//     replicas agree; with PreferHeld, holders the index shows holding it first).
+//     replicas agree; with PreferHeld, holders the index shows holding it first). A
+//     router replica of rank r takes the holder one router's (r+1)-th pick in a row
+//     would (holderTurn).
 //  5. Otherwise a less-loaded endpoint whose live placements leave room for the prefix
 //     within Fill of its capacity takes a replica (it evicts nothing live). Past Fill,
 //     an idle endpoint with room beside its live placements and requests takes one when
@@ -45,7 +47,9 @@ import (
 //     adds) is less than the request's own tokens past the prefix times the requests
 //     running at the holder, whose steps the hit's prefill would join: the smaller the
 //     share of the prompt a hit saves, the sooner a copy pays. The holder may be a home
-//     that lost a prefix held nowhere (one rule 3 keeps), judged the same way.
+//     that lost a prefix held nowhere (one rule 3 keeps), judged the same way. Router
+//     replicas break exact ties between copies by rank while the fleet is cold, as
+//     between new homes (coldTie).
 //  6. Otherwise the holder of least wait with KV room takes it; failing that, the
 //     request queues at the least-loaded holder until it reaches SpillLoad, where the
 //     prefix spills to the endpoint whose live placements it would overflow least.

@@ -41,10 +41,10 @@ type scratch struct {
 	prefixes []activeOn
 	// rank is this router's among its replicas, replicas their number (PeerView.Rank;
 	// 0 without peers); cold: no candidate's decode time is measured yet (a fleet
-	// starting); idle is idleTurn's scratch.
+	// starting); turnLoads keeps loads while holderTurn counts one router's picks.
 	rank, replicas int
 	cold           bool
-	idle           []int
+	turnLoads      []int
 	// nowhere caches heldNowhere for this pick: 0 not known yet, 1 held nowhere, 2 held
 	// or being computed somewhere.
 	nowhere int8
@@ -190,7 +190,6 @@ func (p *Policy) choose(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 	}
 	// The least-loaded holder (h), and the least-loaded holder that can take it now (g).
 	h, g := -1, -1
-	turn := p.idleTurn(key, cands, sc, heldBlocks)
 	better := func(i, j int) bool {
 		if j < 0 {
 			return true
@@ -204,11 +203,8 @@ func (p *Policy) choose(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 		if p.cfg.StickyHolders && sc.loads[i] < p.cfg.ReplicaLoad && sc.loads[j] < p.cfg.ReplicaLoad {
 			// Both idle: ranked by rendezvous score, the same for every router replica,
 			// so duplicate copies made by replicas' concurrent placements go unused and
-			// are evicted; but replicas picking at one instant take the idle holders in
-			// turn by rank (idleTurn), as one router's consecutive picks would.
-			if turn >= 0 && (i == turn || j == turn) {
-				return i == turn
-			}
+			// are evicted (replicas picking at one instant then take their turns by
+			// rank: holderTurn).
 			return p.score(key, sc.eps[i], &cands[i]) > p.score(key, sc.eps[j], &cands[j])
 		}
 		wi, wj := p.wait(sc, i), p.wait(sc, j)
@@ -238,7 +234,7 @@ func (p *Policy) choose(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 			sc.pos[f] = p.place(e, cands[f].Address, false)
 			return f, kindReplica
 		}
-		return g, kindHolder
+		return p.holderTurn(cands, sc, g, better), kindHolder
 	}
 	// The holders are busy: a replica where it evicts nothing live, on an endpoint less
 	// loaded than every holder.
@@ -252,7 +248,8 @@ func (p *Policy) choose(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 			continue
 		}
 		if r < 0 || p.wait(sc, i) < p.wait(sc, r) ||
-			(p.wait(sc, i) == p.wait(sc, r) && p.fillOf(sc.eps[i], &cands[i]) < p.fillOf(sc.eps[r], &cands[r])) {
+			(p.wait(sc, i) == p.wait(sc, r) && (p.fillOf(sc.eps[i], &cands[i]) < p.fillOf(sc.eps[r], &cands[r]) ||
+				p.fillOf(sc.eps[i], &cands[i]) == p.fillOf(sc.eps[r], &cands[r]) && p.coldTie(sc, i, r))) {
 			r = i
 		}
 	}
@@ -444,7 +441,7 @@ func (p *Policy) newHome(e *prefixEntry, key uint64, cands []scoring.Endpoint, s
 		share := float64(sc.eps[i].homeGuessed+e.guessed()) / float64(p.capacity(&cands[i]))
 		better := best < 0 || (ok && !bestOK) ||
 			(ok == bestOK && (share < bestShare || (share == bestShare && (p.wait(sc, i) < p.wait(sc, best) ||
-				p.wait(sc, i) == p.wait(sc, best) && p.homeOrder(sc, i, best)))))
+				p.wait(sc, i) == p.wait(sc, best) && p.coldTie(sc, i, best)))))
 		if better {
 			best, bestShare, bestOK = i, share, ok
 		}
@@ -453,14 +450,16 @@ func (p *Policy) newHome(e *prefixEntry, key uint64, cands []scoring.Endpoint, s
 	return best
 }
 
-// homeOrder reports whether candidate i wins an exact tie against j (i after j in
-// cands) for a new home. One router keeps the candidates' order, and its consecutive
+// coldTie reports whether candidate i wins an exact tie against j (i after j in cands)
+// for a new home or a copy. One router keeps the candidates' order, and its consecutive
 // picks take the first candidates in turn. Router replicas, while no decode time is
-// measured (a fleet starting), rotate the order by their rank: replicas that home
-// prefixes at the same instant on the same view would otherwise all take the first
-// candidate (kvbench --sim --replicas 4, N = 2: both prefixes homed on one endpoint
-// and every request sent there). p.mu must be held.
-func (p *Policy) homeOrder(sc *scratch, i, j int) bool {
+// measured (a fleet starting), rotate the order by their rank: replicas that home or
+// copy prefixes at the same instant on the same view would otherwise all take the first
+// candidates (kvbench --sim --replicas 4, N = 2: both prefixes homed on one endpoint and
+// every request sent there; with only homes rotated, C = 16's first burst copied the
+// prefixes onto the first four endpoints alone and left two unused). Rank 0 and one
+// router keep the order. p.mu must be held.
+func (p *Policy) coldTie(sc *scratch, i, j int) bool {
 	if p.peers == nil || sc.replicas < 2 || !sc.cold {
 		return false
 	}
@@ -469,30 +468,31 @@ func (p *Policy) homeOrder(sc *scratch, i, j int) bool {
 	return (i-r+n)%n < (j-r+n)%n
 }
 
-// idleTurn returns the idle holder this router replica takes when several are idle
-// (StickyHolders): the rank-th of them by rendezvous score, so that replicas picking at
-// the same instant on the same view spread over the idle holders as one router's
-// consecutive picks do, instead of all taking the first. -1 for one router, or with
-// fewer than two idle holders. p.mu must be held.
-func (p *Policy) idleTurn(key uint64, cands []scoring.Endpoint, sc *scratch, heldBlocks int) int {
-	if p.peers == nil || !p.cfg.StickyHolders || sc.replicas < 2 {
-		return -1
+// holderTurn returns the holder this router replica takes when the best holder g is
+// idle: the (rank+1)-th of the picks one router would make in a row by better, each
+// counted as load on the holder it took. Replicas picking at the same instant on the
+// same view see the same idle holder g; taking their turns by rank they spread over a
+// prefix's holders as one router's consecutive picks do, instead of all joining g
+// (kvbench --sim --replicas 4, N = 2, C = 16: 2 to 5 requests of one instant on one
+// slow endpoint, TTFT p99 121 ms against kv's 101). Rank 0 and one router take g.
+// p.mu must be held.
+func (p *Policy) holderTurn(cands []scoring.Endpoint, sc *scratch, g int, better func(i, j int) bool) int {
+	if p.peers == nil || sc.replicas < 2 || sc.rank == 0 {
+		return g
 	}
-	idle := sc.idle[:0]
-	for i := range cands {
-		if sc.pos[i] < 0 || sc.loads[i] >= p.cfg.ReplicaLoad || (p.cfg.PreferHeld && sc.lead[i] < max(heldBlocks, 1)) {
-			continue
+	sc.turnLoads = append(sc.turnLoads[:0], sc.loads...)
+	pick := g
+	for range sc.rank {
+		sc.loads[pick]++
+		pick = -1
+		for i := range cands {
+			if sc.pos[i] >= 0 && sc.ok[i] && better(i, pick) {
+				pick = i
+			}
 		}
-		idle = append(idle, i)
 	}
-	sc.idle = idle
-	if len(idle) < 2 {
-		return -1
-	}
-	slices.SortFunc(idle, func(a, b int) int {
-		return cmp.Compare(p.score(key, sc.eps[b], &cands[b]), p.score(key, sc.eps[a], &cands[a]))
-	})
-	return idle[sc.rank%len(idle)]
+	copy(sc.loads, sc.turnLoads)
+	return pick
 }
 
 // rendezvous returns the candidate of highest capacity-weighted rendezvous score for key
