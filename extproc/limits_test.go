@@ -333,3 +333,39 @@ func TestBodyBudgetRewriteCopy(t *testing.T) {
 		}
 	}
 }
+
+// TestBodyBudgetRewriteCopyOn503 checks that the reserved copy of a rewritten body is
+// returned when the request is answered 503 instead (the subset hint names only an
+// endpoint that does not serve the rewrite's target), in every body mode that rewrites.
+func TestBodyBudgetRewriteCopyOn503(t *testing.T) {
+	body := chatBody("m-alias") // rewritten to only-b, which only B serves
+	modes := map[string]fakeenvoy.Config{
+		"full duplex":           fakeenvoy.FullDuplex(),
+		"full duplex, trailers": mode(filterv3.ProcessingMode_FULL_DUPLEX_STREAMED, true),
+		"buffered":              mode(filterv3.ProcessingMode_BUFFERED, false),
+	}
+	for name, cfg := range modes {
+		t.Run(name, func(t *testing.T) {
+			h := newHarness(t, func(o *extproc.Options) {
+				o.BodyBudgetBytes = 1 << 20
+				o.Rewrites = testRewrites(t, false)
+			})
+			x := h.start(cfg)
+			defer x.Cancel()
+			req := fakeenvoy.Request{Headers: postHeaders(fakeenvoy.Header{Key: "content-length", Value: strconv.Itoa(len(body))}),
+				Body: split(body, 3), Metadata: fakeenvoy.SubsetHint(epA)}
+			if cfg.SendRequestTrailers {
+				req.Trailers = fakeenvoy.Headers{{Key: "x-t", Value: "1"}}
+			}
+			res, err := x.Request(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.Immediate == nil || res.Immediate.GetStatus().GetCode() != 503 {
+				t.Fatalf("reply %+v, want a 503 (no endpoint of the subset serves only-b)", res)
+			}
+			_ = x.Close()
+			waitFor(t, "the budget to be returned", func() bool { return h.counter("kvrouter_extproc_body_bytes_held") == 0 })
+		})
+	}
+}

@@ -39,7 +39,10 @@ import (
 //     StickyHolders, the idle holder of highest rendezvous score, so that router
 //     replicas agree; with PreferHeld, holders the index shows holding it first). A
 //     router replica of rank r takes the holder one router's (r+1)-th pick in a row
-//     would (holderTurn).
+//     would (holderTurn). With FasterCopies, router replicas give a request whose idle
+//     holder holds a shared prefix to an idle endpoint faster beyond noise
+//     (MissSpeedup) that holds no copy beyond its homes and has room for one, which
+//     takes a copy (fasterCopy): one fast copy per prefix.
 //  5. Otherwise a less-loaded endpoint whose live placements leave room for the prefix
 //     within Fill of its capacity takes a replica (it evicts nothing live). Past Fill,
 //     an idle endpoint with room beside its live placements and requests takes one when
@@ -66,9 +69,10 @@ import (
 // is then dropped (UnplaceDiverted): no request fills it.
 //
 // With LongContexts, a conversation's turn sent while its last request is still in
-// prefill goes where that request is (joinHistory), ahead of those overrides; and a
-// long miss with none of them moves where it evicts fewer recent long prompts or its
-// prefill finishes sooner at measured prefill speed (longMiss).
+// prefill goes where that request is while it is below Saturated (joinHistory), ahead
+// of those overrides; and a long miss with none of them, other than a new prefix's
+// first request (its home is the partition's), moves where it evicts fewer recent long
+// prompts or its prefill finishes sooner at measured prefill speed (longMiss).
 //
 // KV room is each endpoint's footprint, tracked from Routed to Finished: every active
 // prefix once plus each request's own blocks, against Headroom of its capacity.
