@@ -249,7 +249,7 @@ func (p *Policy) choose(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 		}
 		if r < 0 || p.wait(sc, i) < p.wait(sc, r) ||
 			(p.wait(sc, i) == p.wait(sc, r) && (p.fillOf(sc.eps[i], &cands[i]) < p.fillOf(sc.eps[r], &cands[r]) ||
-				p.fillOf(sc.eps[i], &cands[i]) == p.fillOf(sc.eps[r], &cands[r]) && p.coldTie(sc, i, r))) {
+				p.fillOf(sc.eps[i], &cands[i]) == p.fillOf(sc.eps[r], &cands[r]) && p.crowded(sc, h) && p.coldTie(sc, i, r))) {
 			r = i
 		}
 	}
@@ -466,6 +466,19 @@ func (p *Policy) coldTie(sc *scratch, i, j int) bool {
 	n := len(sc.eps)
 	r := sc.rank % n
 	return (i-r+n)%n < (j-r+n)%n
+}
+
+// crowded reports whether a copy's exact ties rotate (coldTie): when this replica's own
+// requests on the prefix's least-loaded holder h, times the number of replicas, exceed
+// the candidates. Replicas deciding at the same instant on the same view each carry
+// such a burst, so together they need more endpoints than the fleet's first ones and
+// their copies must spread (kvbench --sim --replicas 4, N = 2, C = 8 and 16: two to four
+// requests each). A smaller burst is one replica's own (--replicas 2, N = 24, C = 4: two
+// requests of one prefix, no peer on it): its copy goes where one router's would, and
+// rotating it moved the early layout (ratio -1.1 points from one router's, -0.8
+// without). p.mu must be held.
+func (p *Policy) crowded(sc *scratch, h int) bool {
+	return (sc.loads[h]-sc.others[h])*sc.replicas > len(sc.eps)
 }
 
 // holderTurn returns the holder this router replica takes when the best holder g is
