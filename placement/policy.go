@@ -220,9 +220,8 @@ func (p *Policy) Pick(req *scoring.Request, cands []scoring.Endpoint) (scoring.D
 	best, kind := p.choose(e, key, cands, sc)
 	alt := -1
 	if j := p.joinHistory(joins, sc); j >= 0 {
-		if j != best && p.cfg.UnplaceDiverted && (kind == kindReplica || kind == kindSpill) {
-			p.drop(e, cands[best].Address)
-			sc.pos[best] = -1
+		if j != best {
+			p.unplaceUnused(e, cands, sc, best, kind)
 		}
 		best, kind = j, kindHolder
 	} else {
@@ -234,10 +233,7 @@ func (p *Policy) Pick(req *scoring.Request, cands []scoring.Endpoint) (scoring.D
 		}
 	}
 	if d := alt; d >= 0 {
-		if p.cfg.UnplaceDiverted && (kind == kindReplica || kind == kindSpill) {
-			p.drop(e, cands[best].Address)
-			sc.pos[best] = -1
-		}
+		p.unplaceUnused(e, cands, sc, best, kind)
 		best, kind = d, kindDivert
 	} else {
 		p.touch(e, cands[best].Address, kind == kindHome)
@@ -325,6 +321,16 @@ func (p *Policy) followed(child uint64, base int, sc *scratch) (follow bool, joi
 	c.keys = append(c.keys[:0], sc.keys[:min(len(sc.keys), maxKeptKeys)]...)
 	c.blocks = common
 	return false, joins
+}
+
+// unplaceUnused drops the replica or spill placement the pick of kind made on best when
+// the request goes elsewhere (UnplaceDiverted): no request fills it. Homes stay, so the
+// partition stays put. p.mu must be held.
+func (p *Policy) unplaceUnused(e *prefixEntry, cands []scoring.Endpoint, sc *scratch, best int, kind string) {
+	if p.cfg.UnplaceDiverted && (kind == kindReplica || kind == kindSpill) {
+		p.drop(e, cands[best].Address)
+		sc.pos[best] = -1
+	}
 }
 
 // joinHistory returns the candidate whose state is ep, where the request's history
@@ -443,10 +449,7 @@ func (p *Policy) Routed(req *scoring.Request, endpoint string) {
 func (p *Policy) allocate(ep *endpointState, id string, tokens, prefill, bs int, exact bool) {
 	computed := (prefill + bs - 1) / bs
 	if exact && prefill > p.cfg.MaxNumBatchedTokens+bs {
-		if len(ep.histories) >= maxHistories {
-			ep.histories = slices.Delete(ep.histories, 0, 1)
-		}
-		ep.histories = append(ep.histories, history{id: id, before: ep.sent, cached: (tokens - prefill) / bs, blocks: computed})
+		ep.remember(history{id: id, before: ep.sent, cached: (tokens - prefill) / bs, blocks: computed})
 	}
 	ep.sent += computed + p.cfg.OutputBlocks
 }
@@ -480,10 +483,7 @@ func (p *Policy) Moved(reqID, endpoint string) {
 	for k, h := range r.ep.histories {
 		if h.id == reqID {
 			r.ep.histories = slices.Delete(r.ep.histories, k, k+1)
-			if len(to.histories) >= maxHistories {
-				to.histories = slices.Delete(to.histories, 0, 1)
-			}
-			to.histories = append(to.histories, history{id: reqID, before: to.sent, blocks: h.cached + h.blocks})
+			to.remember(history{id: reqID, before: to.sent, blocks: h.cached + h.blocks})
 			to.sent += h.cached + h.blocks + p.cfg.OutputBlocks
 			break
 		}

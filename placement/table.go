@@ -108,6 +108,15 @@ func prefillClass(n int) int { return min(bits.Len(uint(n)), prefillClasses-1) }
 // engine step of blocks: 64 cover 131k tokens of 2,048-token steps).
 const maxHistories = 64
 
+// remember adds h as the endpoint's newest history, forgetting the oldest past
+// maxHistories.
+func (ep *endpointState) remember(h history) {
+	if len(ep.histories) >= maxHistories {
+		ep.histories = slices.Delete(ep.histories, 0, 1)
+	}
+	ep.histories = append(ep.histories, h)
+}
+
 // history is a long prompt routed to an endpoint, kept while its blocks are likely
 // still cached there (longMiss).
 type history struct {
