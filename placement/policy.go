@@ -448,7 +448,7 @@ func (p *Policy) Routed(req *scoring.Request, endpoint string) {
 // step to recompute. p.mu must be held.
 func (p *Policy) allocate(ep *endpointState, id string, tokens, prefill, bs int, exact bool) {
 	computed := (prefill + bs - 1) / bs
-	if exact && prefill > p.cfg.MaxNumBatchedTokens+bs {
+	if exact && !p.fitsStep(prefill, bs) {
 		ep.remember(history{id: id, before: ep.sent, cached: (tokens - prefill) / bs, blocks: computed})
 	}
 	ep.sent += computed + p.cfg.OutputBlocks
@@ -563,7 +563,7 @@ func (p *Policy) FirstToken(reqID string) {
 // endpoint against 1.304 s at a full-speed one). p.mu must be held.
 func (p *Policy) measurePrefill(r *tracked, t time.Time) {
 	secs := t.Sub(r.routed).Seconds()
-	if r.routed.IsZero() || !r.exact || r.ahead > 0 || secs <= 0 || r.prefill <= p.cfg.MaxNumBatchedTokens+p.cfg.BlockSize {
+	if r.routed.IsZero() || !r.exact || r.ahead > 0 || secs <= 0 || p.fitsStep(r.prefill, p.cfg.BlockSize) {
 		return
 	}
 	m := &r.ep.prefillSpeed[prefillClass(r.prefill)]

@@ -663,7 +663,7 @@ func (p *Policy) besidePrefill(key uint64, cands []scoring.Endpoint, sc *scratch
 	r, er := -1, 0.0
 	for i := range cands {
 		if !eligible(i) || sc.eps[i].prefill+sc.otherPrefill[i] > 0 ||
-			max(0, tokens-sc.lead[i]*bs) > p.cfg.MaxNumBatchedTokens+bs || !p.spare(key, cands, sc, i) {
+			!p.fitsStep(max(0, tokens-sc.lead[i]*bs), bs) || !p.spare(key, cands, sc, i) {
 			continue
 		}
 		if x := est(i); x < eb && (r < 0 || x < er) {
@@ -762,6 +762,11 @@ func (p *Policy) longMiss(cands []scoring.Endpoint, sc *scratch, best, tokens, b
 	}
 	return alt
 }
+
+// fitsStep reports whether a prefill of n tokens counts as one engine step: at most
+// MaxNumBatchedTokens plus one block of bs tokens, the one-step test of the learned-size
+// guess, the histories, prefill timing and besidePrefill.
+func (p *Policy) fitsStep(n, bs int) bool { return n <= p.cfg.MaxNumBatchedTokens+bs }
 
 // long reports whether a prefill of n uncached tokens is long: more than
 // 1/(1-MissSpeedup) engine steps (13,653 tokens at 2,048 a step). A prefill of n steps

@@ -212,7 +212,7 @@ func (p *Policy) prefix(key uint64, keys []uint64, bs int) *prefixEntry {
 	e := p.prefixes[key]
 	if e == nil {
 		e = &prefixEntry{key: key, blocks: len(keys), keys: append([]uint64(nil), keys[:min(len(keys), maxKeptKeys)]...)}
-		if p.learnedN > 0 && len(keys)*bs <= p.cfg.MaxNumBatchedTokens+bs {
+		if p.learnedN > 0 && p.fitsStep(len(keys)*bs, bs) {
 			// Named by its PrefixDepth-th block, a prefix shares at least that many.
 			e.guess = max(p.cfg.PrefixDepth, int(math.Round(float64(p.learnedBlocks)/float64(p.learnedN))))
 		}
