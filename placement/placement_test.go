@@ -1373,3 +1373,44 @@ func TestPlacementLongMissGoesToTheFasterPrefill(t *testing.T) {
 		})
 	}
 }
+
+// TestPlacementMissLeavesALongPrefill: a new prefix's first request (longer than one
+// step, so besidePrefill does not take it) homed beside a prefill in progress is a miss
+// no idle faster endpoint takes (no speed measured). Behind a long prefill (16,000
+// tokens) it goes where it starts twice as soon; behind a short one (2,400 tokens) it
+// stays with its home.
+func TestPlacementMissLeavesALongPrefill(t *testing.T) {
+	for _, tc := range []struct {
+		name          string
+		backlogBlocks int
+		leaves        bool
+	}{
+		{"behind a long prefill: leaves", 1000, true},
+		{"behind a short prefill: stays", 150, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := newPlacement(t, placement.DefaultConfig(), testindex.New())
+			cs := fleet(2, []int{100_000, 100_000})
+			big := place(t, p, plTokens(100_000_000, 1100*16), cs)
+			backlog := plRequest(plTokens(200_000_000, tc.backlogBlocks*16))
+			d, err := p.Pick(backlog, cs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.Endpoint == big {
+				t.Fatalf("the backlog's prompt went to %s beside the larger home", d.Endpoint)
+			}
+			p.Routed(backlog, d.Endpoint) // no first token: in prefill
+			busy := d.Endpoint
+			for i := range cs {
+				if cs[i].Address == busy {
+					cs[i].InFlight = 1
+				}
+			}
+			got := place(t, p, plTokens(300_000_000, 164*16), cs)
+			if (got != busy) != tc.leaves {
+				t.Errorf("went to %s (prefill of %d blocks in progress on %s), want to leave it: %v", got, tc.backlogBlocks, busy, tc.leaves)
+			}
+		})
+	}
+}

@@ -65,7 +65,8 @@ import (
 // the soonest endpoint with no prefill in progress whose next step fits the request's
 // prefill and whose live placements leave room for its copy; a miss only of a prefix
 // held nowhere), or when it is busy, holds too little of the prefix to hit, and an idle
-// faster endpoint exists (DivertMisses). A replica or spill placement made by that pick
+// faster endpoint exists (DivertMisses; failing that, behind a long prefill there, to
+// the candidate that would start it twice as soon). A replica or spill placement made by that pick
 // is then dropped (UnplaceDiverted): no request fills it.
 //
 // With LongContexts, a conversation's turn sent while its last request is still in
