@@ -1414,3 +1414,54 @@ func TestPlacementMissLeavesALongPrefill(t *testing.T) {
 		})
 	}
 }
+
+// TestPlacementHistoryStaysWithABusyHolder: a growing prefix (a conversation's
+// history, no branch) whose holder is busy takes no replica on the idle endpoint when
+// that would recompute its history (60 blocks and more) for an 8-block turn, room
+// within Fill or not, unless another request of it is in flight: then the replica
+// shares their load. Prompts stay within one step, so no divert moves them back.
+func TestPlacementHistoryStaysWithABusyHolder(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		inFlight bool
+		moves    bool
+	}{
+		{"a turn alone stays with its busy holder", false, false},
+		{"with another request of it in flight it takes a replica", true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ix := testindex.New()
+			p := newPlacement(t, placement.DefaultConfig(), ix)
+			cs := fleet(2, []int{10_000, 10_000})
+			turn := plTokens(100_000_000, 60*16)
+			next := func() []uint32 {
+				turn = append(append([]uint32(nil), turn...), plTokens(200_000_000+len(turn), 8*16)...)
+				return turn
+			}
+			holder := place(t, p, turn, cs)
+			ix.Hold(holder, plKeysOf(turn))
+			if got := place(t, p, next(), cs); got != holder {
+				t.Fatalf("second turn went to %s, the first is on %s", got, holder)
+			}
+			ix.Hold(holder, plKeysOf(turn))
+			if tc.inFlight {
+				req := plRequest(next())
+				if _, err := p.Pick(req, cs); err != nil {
+					t.Fatal(err)
+				}
+				p.Routed(req, holder)
+				p.FirstToken(req.ID) // decoding, not finished
+				ix.Hold(holder, plKeysOf(turn))
+			}
+			for i := range cs {
+				if cs[i].Address == holder {
+					cs[i].InFlight = 2
+				}
+			}
+			got := place(t, p, next(), cs)
+			if (got != holder) != tc.moves {
+				t.Errorf("went to %s (holder %s busy), want moved=%v", got, holder, tc.moves)
+			}
+		})
+	}
+}

@@ -44,7 +44,9 @@ import (
 //     (MissSpeedup) that holds no copy beyond its homes and has room for one, which
 //     takes a copy (fasterCopy): one fast copy per prefix.
 //  5. Otherwise a less-loaded endpoint whose live placements leave room for the prefix
-//     within Fill of its capacity takes a replica (it evicts nothing live). Past Fill,
+//     within Fill of its capacity takes a replica (it evicts nothing live); a growing
+//     history with no other request in flight only when its copy is worth its miss,
+//     as past Fill (moveWorth). Past Fill,
 //     an idle endpoint with room beside its live placements and requests takes one when
 //     the prefix is a shared one that stays put and its prefill (the tokens the copy
 //     adds) is less than the request's own tokens past the prefix times the requests
