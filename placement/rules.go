@@ -243,7 +243,8 @@ func (p *Policy) choose(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 		if sc.pos[i] >= 0 || !sc.ok[i] || sc.loads[i] >= sc.loads[h] || !p.moveOK(sc, i, h) {
 			continue
 		}
-		if !(sc.loads[i] == 0 && p.copyRoom(e, cands, sc, i)) && !p.copyWorth(e, key, cands, sc, i, h, heldBlocks) {
+		c := p.capacity(&cands[i])
+		if float64(sc.eps[i].placedBlocks+e.weight()) > p.cfg.Fill*float64(c) && !p.copyWorth(e, key, cands, sc, i, h, heldBlocks) {
 			continue
 		}
 		if r < 0 || p.wait(sc, i) < p.wait(sc, r) ||
@@ -985,13 +986,18 @@ func (p *Policy) fasterCopy(e *prefixEntry, key uint64, cands []scoring.Endpoint
 			return -1 // a faster holder has it already
 		}
 	}
+	tail := max(0, len(sc.keys)-e.blocks) + p.cfg.OutputBlocks
 	best := -1
 	for i := range cands {
 		if sc.pos[i] >= 0 || !sc.ok[i] || sc.loads[i] > 0 || sc.decode[i] == 0 ||
 			sc.decode[i] >= p.cfg.MissSpeedup*sc.decode[g] || !p.moveOK(sc, i, g) {
 			continue
 		}
-		if !p.copyRoom(e, cands, sc, i) {
+		ep := sc.eps[i]
+		if ep.placedBlocks > ep.homeBlocks {
+			continue
+		}
+		if float64(ep.placedBlocks+e.weight()+(ep.placed+1)*tail)+sc.otherKV[i] > float64(p.capacity(&cands[i])) {
 			continue
 		}
 		if best < 0 || sc.decode[i] < sc.decode[best] {
@@ -999,17 +1005,6 @@ func (p *Policy) fasterCopy(e *prefixEntry, key uint64, cands []scoring.Endpoint
 		}
 	}
 	return best
-}
-
-// copyRoom reports whether candidate i holds no copy beyond its homes and has room for
-// a copy of the prefix beside its placements with a request of each, the copy's
-// included (its request's blocks past the prefix and OutputBlocks), beside peers'
-// blocks. p.mu must be held.
-func (p *Policy) copyRoom(e *prefixEntry, cands []scoring.Endpoint, sc *scratch, i int) bool {
-	ep := sc.eps[i]
-	tail := max(0, len(sc.keys)-e.blocks) + p.cfg.OutputBlocks
-	return ep.placedBlocks <= ep.homeBlocks &&
-		float64(ep.placedBlocks+e.weight()+(ep.placed+1)*tail)+sc.otherKV[i] <= float64(p.capacity(&cands[i]))
 }
 
 // heldNowhere reports whether no candidate has a block of the prefix in the index and
