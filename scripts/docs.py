@@ -362,6 +362,28 @@ def cells_table(path, metric="cached_ratio"):
     return table(["N", "C"] + (["bound"] if metric == "cached_ratio" else []) + order, rows)
 
 
+def goal_reference(ix, n, c, r):
+    """The reference point of a cell's goal: the measured perfect partition at N = 24
+    (when the grid has it), else the bound; with its name."""
+    part = ix.get(("partition", n, c))
+    if n >= 24 and part:
+        return part["cached_ratio"], "partition"
+    return r["bound_cached_ratio"], "bound"
+
+
+def goal_missed(ix, n, c, r):
+    """What a cell r of (n, c) misses of the goal: "ratio" under 0.95 x the reference,
+    "p99" over kv's (+0.5 ms), "req/s" under kv's (-0.5%); empty when met."""
+    kv = ix.get(("kv", n, c))
+    ref, _ = goal_reference(ix, n, c, r)
+    missed = [] if r["cached_ratio"] >= 0.95 * ref else ["ratio"]
+    if kv and r["ttft_p99_ms"] > kv["ttft_p99_ms"] + 0.5:
+        missed.append("p99")
+    if kv and r["requests_per_s"] < kv["requests_per_s"] * 0.995:
+        missed.append("req/s")
+    return missed
+
+
 def goal_table(path, pol="placement"):
     """Per N x C: ratio against the reference point (the bound, or the measured perfect
     partition at N = 24), TTFT p99 and throughput against kv, and whether the goal holds:
@@ -371,12 +393,9 @@ def goal_table(path, pol="placement"):
     for (p, n, c), r in sorted(ix.items(), key=lambda x: (x[0][1], x[0][2])):
         if p != pol:
             continue
-        kv, part = ix.get(("kv", n, c)), ix.get(("partition", n, c))
-        bound = r["bound_cached_ratio"]
-        ref, refname = (part["cached_ratio"], "partition") if n >= 24 and part else (bound, "bound")
-        ok = r["cached_ratio"] >= 0.95 * ref
-        if kv:
-            ok = ok and r["ttft_p99_ms"] <= kv["ttft_p99_ms"] + 0.5 and r["requests_per_s"] >= kv["requests_per_s"] * 0.995
+        kv = ix.get(("kv", n, c))
+        ref, refname = goal_reference(ix, n, c, r)
+        ok = not goal_missed(ix, n, c, r)
         fails += not ok
         rows.append([n, c, f"{r['cached_ratio']:.3f}", f"{ref:.3f} ({refname})", f"{r['cached_ratio'] / ref:.3f}",
                      f"{r['ttft_p99_ms']:.0f} / {kv['ttft_p99_ms']:.0f}" if kv else f"{r['ttft_p99_ms']:.0f} / -",
@@ -384,6 +403,42 @@ def goal_table(path, pol="placement"):
                      "met" if ok else "**missed**"])
     out = table(["N", "C", f"{pol} ratio", "reference", "ratio/ref", f"TTFT p99 ms {pol} / kv", f"req/s {pol} / kv", "goal"], rows)
     return out + f"\nCells missing the goal: {fails} of {len(rows)}.\n"
+
+
+def seeds_table(*args):
+    """The goal at several workload seeds: kvbench --json grids (kv, partition and the
+    policy, each record carrying its seed) concatenated in the files given; the last
+    argument may name the policy. Per seed, the cells missing the goal and what they miss
+    (as goal_table judges them), and the policy's N = 24 ratio against the partition at
+    each concurrency; then, per cell, the seeds missing it."""
+    pol = "placement"
+    if args and not args[-1].endswith(".json"):
+        args, pol = args[:-1], args[-1]
+    recs = records(*args)
+    seeds = sorted({r["seed"] for r in recs})
+    cs24 = sorted({r["concurrency"] for r in recs if r["prefixes"] == 24})
+    rows, per_cell, cells = [], {}, 0
+    for sd in seeds:
+        ix = by_cell([r for r in recs if r["seed"] == sd])
+        missed = []
+        for (p, n, c), r in sorted(ix.items(), key=lambda x: (x[0][1], x[0][2])):
+            if p != pol:
+                continue
+            cells += 1
+            m = goal_missed(ix, n, c, r)
+            if m:
+                missed.append(f"N = {n}, C = {c}: {', '.join(m)}")
+                per_cell.setdefault((n, c), []).append(f"{sd} ({', '.join(m)})")
+        n24 = []
+        for c in cs24:
+            r = ix.get((pol, 24, c))
+            n24.append(f"{r['cached_ratio'] / goal_reference(ix, 24, c, r)[0]:.3f}" if r else "-")
+        rows.append([sd, "; ".join(missed) or "-"] + n24)
+    out = table(["seed", "cells missing the goal"] + [f"N = 24, C = {c}: ratio/partition" for c in cs24], rows)
+    out += "\n" + table(["cell", "seeds missing it"],
+                        [[f"N = {n}, C = {c}", ", ".join(v)] for (n, c), v in sorted(per_cell.items(), key=lambda x: (-len(x[1]), x[0]))])
+    missing = sum(len(v) for v in per_cell.values())
+    return out + f"\nCells missing the goal: {missing} of {cells} ({len(seeds)} seeds).\n"
 
 
 def vs_kv_table(path, pol="placement"):
@@ -731,6 +786,7 @@ RENDERERS = {
     "results-fullstack": results_fullstack,
     "cells": cells_table,
     "goal": goal_table,
+    "seeds": seeds_table,
     "vs-kv": vs_kv_table,
     "replicas": replicas_table,
     "runs": runs_table,
