@@ -415,9 +415,35 @@ def seeds_table(*args):
     if args and not args[-1].endswith(".json"):
         args, pol = args[:-1], args[-1]
     recs = records(*args)
-    seeds = sorted({r["seed"] for r in recs})
     cs24 = sorted({r["concurrency"] for r in recs if r["prefixes"] == 24})
+
+    def n24(ix):
+        out = []
+        for c in cs24:
+            r = ix.get((pol, 24, c))
+            out.append(f"{r['cached_ratio'] / goal_reference(ix, 24, c, r)[0]:.3f}" if r else "-")
+        return out
+    return per_seed_table(recs, pol, goal_missed, [f"N = 24, C = {c}: ratio/partition" for c in cs24], n24)
+
+
+def seeds_replicas_table(path, one, pol="placement"):
+    """Router replicas at several workload seeds: per seed, the cells of `path` (grids of
+    kv and the policy at --replicas R, concatenated, records carrying their seed) missing
+    replicas_table's goal against one router's grid of the same seed in `one`."""
+    solo = records(one)
+
+    def missed(ix, n, c, r):
+        o = by_cell([x for x in solo if x["seed"] == r["seed"]]).get((pol, n, c))
+        kv = ix.get(("kv", n, c))
+        return replicas_missed(r, kv, o) if kv and o else []
+    return per_seed_table(records(path), pol, missed, [], lambda ix: [])
+
+
+def per_seed_table(recs, pol, missed_of, extra_cols, extra):
+    """Per seed of recs, the policy's cells that missed_of(ix, n, c, r) finds missing
+    something, and extra(ix)'s columns; then, per cell, the seeds missing it."""
     rows, per_cell, cells = [], {}, 0
+    seeds = sorted({r["seed"] for r in recs})
     for sd in seeds:
         ix = by_cell([r for r in recs if r["seed"] == sd])
         missed = []
@@ -425,18 +451,15 @@ def seeds_table(*args):
             if p != pol:
                 continue
             cells += 1
-            m = goal_missed(ix, n, c, r)
+            m = missed_of(ix, n, c, r)
             if m:
                 missed.append(f"N = {n}, C = {c}: {', '.join(m)}")
                 per_cell.setdefault((n, c), []).append(f"{sd} ({', '.join(m)})")
-        n24 = []
-        for c in cs24:
-            r = ix.get((pol, 24, c))
-            n24.append(f"{r['cached_ratio'] / goal_reference(ix, 24, c, r)[0]:.3f}" if r else "-")
-        rows.append([sd, "; ".join(missed) or "-"] + n24)
-    out = table(["seed", "cells missing the goal"] + [f"N = 24, C = {c}: ratio/partition" for c in cs24], rows)
-    out += "\n" + table(["cell", "seeds missing it"],
-                        [[f"N = {n}, C = {c}", ", ".join(v)] for (n, c), v in sorted(per_cell.items(), key=lambda x: (-len(x[1]), x[0]))])
+        rows.append([sd, "; ".join(missed) or "-"] + extra(ix))
+    out = table(["seed", "cells missing the goal"] + extra_cols, rows)
+    if per_cell:
+        out += "\n" + table(["cell", "seeds missing it"],
+                            [[f"N = {n}, C = {c}", ", ".join(v)] for (n, c), v in sorted(per_cell.items(), key=lambda x: (-len(x[1]), x[0]))])
     missing = sum(len(v) for v in per_cell.values())
     return out + f"\nCells missing the goal: {missing} of {cells} ({len(seeds)} seeds).\n"
 
@@ -464,6 +487,19 @@ def vs_kv_table(path, pol="placement"):
     return out + f"\nLosses against kv: {losses}.\n"
 
 
+def replicas_missed(r, kv, o):
+    """What a replicas cell r misses of issue 13's goal: "ratio" more than 1 point under
+    one router's o, "p99" over 1.05 x kv's, "req/s" under kv's; empty when met."""
+    lost = []
+    if 100 * (r["cached_ratio"] - o["cached_ratio"]) < -1:
+        lost.append("ratio")
+    if r["ttft_p99_ms"] > 1.05 * kv["ttft_p99_ms"]:
+        lost.append("p99")
+    if r["requests_per_s"] < kv["requests_per_s"]:
+        lost.append("req/s")
+    return lost
+
+
 def replicas_table(path, one, pol="placement"):
     """Router replicas against issue 13's goal, per cell: the policy's cached-token ratio
     within 1 point of one router's (the same grid in `one`), its TTFT p99 at most 5% over
@@ -475,13 +511,7 @@ def replicas_table(path, one, pol="placement"):
         if p != pol or kv is None or o is None:
             continue
         d = 100 * (r["cached_ratio"] - o["cached_ratio"])
-        lost = []
-        if d < -1:
-            lost.append("ratio")
-        if r["ttft_p99_ms"] > 1.05 * kv["ttft_p99_ms"]:
-            lost.append("p99")
-        if r["requests_per_s"] < kv["requests_per_s"]:
-            lost.append("req/s")
+        lost = replicas_missed(r, kv, o)
         missed += bool(lost)
         msgs, size = r.get("sync_messages_per_request"), r.get("sync_bytes_per_request")
         rows.append([n, c, f"{r['cached_ratio']:.3f} / {o['cached_ratio']:.3f}", f"{d:+.1f}",
@@ -787,6 +817,7 @@ RENDERERS = {
     "cells": cells_table,
     "goal": goal_table,
     "seeds": seeds_table,
+    "seeds-replicas": seeds_replicas_table,
     "vs-kv": vs_kv_table,
     "replicas": replicas_table,
     "runs": runs_table,
