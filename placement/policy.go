@@ -214,7 +214,7 @@ func (p *Policy) Pick(req *scoring.Request, cands []scoring.Endpoint) (scoring.D
 	var joins *endpointState
 	if base > 0 {
 		var follow bool
-		follow, joins = p.followed(child, base, sc)
+		follow, joins = p.followed(key, child, base, sc)
 		if follow {
 			key = child
 		}
@@ -291,11 +291,12 @@ func (p *Policy) childName(key uint64, keys []uint64) (child uint64, base int) {
 // not followed but the conversation's last request, sharing HolderShare of it, is still
 // in prefill (so the index does not show it yet), joins is that request's endpoint
 // (joinHistory). p.mu must be held.
-func (p *Policy) followed(child uint64, base int, sc *scratch) (follow bool, joins *endpointState) {
+func (p *Policy) followed(parent, child uint64, base int, sc *scratch) (follow bool, joins *endpointState) {
 	c := p.prefixes[child]
 	if c == nil {
-		p.prefixes[child] = &prefixEntry{key: child, base: base, blocks: len(sc.keys), seen: p.tick,
-			keys: append([]uint64(nil), sc.keys[:min(len(sc.keys), maxKeptKeys)]...)}
+		c := &prefixEntry{key: child, base: base, parent: parent, blocks: len(sc.keys), seen: p.tick}
+		c.keys.keep(sc.keys)
+		p.prefixes[child] = c
 		return false, nil
 	}
 	last, prefilling := p.reqs[c.last]
@@ -304,10 +305,7 @@ func (p *Policy) followed(child uint64, base int, sc *scratch) (follow bool, joi
 		return true, nil
 	}
 	// Its size once this request is counted in: the blocks it shares with the last.
-	common := 0
-	for common < len(sc.keys) && common < len(c.keys) && sc.keys[common] == c.keys[common] {
-		common++
-	}
+	common := c.keys.common(sc.keys)
 	held := base + max(1, int(math.Ceil(p.cfg.HolderShare*float64(common-base))))
 	if prefilling && common >= held {
 		joins = last.ep
@@ -321,7 +319,7 @@ func (p *Policy) followed(child uint64, base int, sc *scratch) (follow bool, joi
 		}
 	}
 	c.seen = p.tick
-	c.keys = append(c.keys[:0], sc.keys[:min(len(sc.keys), maxKeptKeys)]...)
+	c.keys.keep(sc.keys)
 	c.blocks = common
 	return false, joins
 }
@@ -429,8 +427,13 @@ func (p *Policy) Routed(req *scoring.Request, endpoint string) {
 	}
 	ep := p.endpoint(endpoint)
 	p.noteUnheardPick(ep, pd.key)
-	a := ep.activate(pd.key, pd.pblocks)
-	r := tracked{ep: ep, key: pd.key, unique: max(0, pd.blocks-a.blocks) + p.cfg.OutputBlocks, tokens: len(req.TokenIDs)}
+	base, parent := 0, uint64(0)
+	if e := p.prefixes[pd.key]; e != nil && e.base > 0 && e.parent != 0 {
+		base, parent = min(e.base, pd.pblocks), e.parent
+		ep.activate(parent, base)
+	}
+	a := ep.activate(pd.key, pd.pblocks-base)
+	r := tracked{ep: ep, key: pd.key, parent: parent, unique: max(0, pd.blocks-base-a.blocks) + p.cfg.OutputBlocks, tokens: len(req.TokenIDs)}
 	if pd.addr == endpoint {
 		r.prefill = pd.prefill
 	} else {
@@ -477,9 +480,12 @@ func (p *Policy) Moved(reqID, endpoint string) {
 	if e := p.prefixes[r.key]; e != nil {
 		p.touch(e, endpoint, false)
 	}
-	blocks := 0 // the prefix's blocks as counted at the first choice
+	blocks, pblocks := 0, 0 // the prefix's (and parent's) blocks as counted at the first choice
 	if a := r.ep.active[r.key]; a != nil {
 		blocks = a.blocks
+	}
+	if a := r.ep.active[r.parent]; r.parent != 0 && a != nil {
+		pblocks = a.blocks
 	}
 	p.leave(&r)
 	// Its prompt is computed where it was served: its history moves there.
@@ -492,6 +498,9 @@ func (p *Policy) Moved(reqID, endpoint string) {
 		}
 	}
 	r.ep = to
+	if r.parent != 0 {
+		to.activate(r.parent, pblocks)
+	}
 	to.activate(r.key, blocks)
 	if r.first.IsZero() {
 		r.prefill = r.tokens
@@ -515,6 +524,17 @@ func (ep *endpointState) activate(key uint64, blocks int) *activePrefix {
 	}
 	a.requests++
 	return a
+}
+
+// deactivate counts one request of the prefix key fewer on ep, undoing activate; p.mu
+// must be held.
+func (ep *endpointState) deactivate(key uint64) {
+	if a := ep.active[key]; a != nil {
+		if a.requests--; a.requests <= 0 {
+			ep.footprint -= a.blocks
+			delete(ep.active, key)
+		}
+	}
 }
 
 // join counts r, its prefix already activated, on r.ep: its own blocks, its place in
@@ -620,11 +640,9 @@ func (p *Policy) leave(r *tracked) {
 	if r.miss {
 		r.ep.missesInPrefill--
 	}
-	if a := r.ep.active[r.key]; a != nil {
-		if a.requests--; a.requests <= 0 {
-			r.ep.footprint -= a.blocks
-			delete(r.ep.active, r.key)
-		}
+	r.ep.deactivate(r.key)
+	if r.parent != 0 {
+		r.ep.deactivate(r.parent)
 	}
 	if p.cfg.SharedLoad {
 		r.ep.record(p.now())

@@ -95,6 +95,7 @@ func (p *Policy) choose(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 	for i := range cands {
 		sc.eps[i] = p.endpoint(cands[i].Address)
 	}
+	p.inFlight(e, key, sc)
 	p.shared(cands, sc, key)
 	sc.rank, sc.replicas, sc.nowhere = 0, 0, 0
 	if p.peers != nil {
@@ -284,6 +285,32 @@ func (p *Policy) choose(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 	}
 	sc.pos[s] = p.place(e, cands[s].Address, false)
 	return s, kindSpill
+}
+
+// inFlight counts a long prefix (more than one engine step) as held where a request of
+// it is in flight: that request holds its blocks or is computing them, and a request
+// sent there starts after its prefill and hits them (vLLM schedules running requests
+// first, so a long prefill takes each step's budget until it ends). The index shows
+// only the blocks computed so far: counted as a miss of the rest, each agent joining
+// its context's first prefill added that rest to the endpoint's prefill backlog again,
+// and the next one, measured against the inflated backlog, was sent to recompute the
+// 100k-token context elsewhere (agent workload on 4 servers). A prefix of one step
+// clears in the next step, and the hold rules time such hits (waitBehindMiss). p.mu
+// must be held.
+func (p *Policy) inFlight(e *prefixEntry, key uint64, sc *scratch) {
+	if !p.cfg.LongContexts {
+		return
+	}
+	for i, ep := range sc.eps {
+		a := ep.active[key]
+		if a == nil {
+			continue
+		}
+		b := min(a.blocks, e.blocks, sc.looked)
+		if b > sc.lead[i] && !p.fitsStep(b*sc.blockSize, sc.blockSize) {
+			sc.lead[i] = b
+		}
+	}
 }
 
 // shared sets sc.others and sc.otherKV, and adds the others to sc.loads, when
@@ -1105,9 +1132,19 @@ func (p *Policy) room(ep *endpointState, key uint64, c *scoring.Endpoint, blocks
 }
 
 // need is the KV blocks the request adds at the endpoint: its blocks and OutputBlocks,
-// less its prefix's when a request in flight there holds it. p.mu must be held.
+// less its prefix's when a request in flight there holds it and, for a conversation's
+// turn, the branched prefix's blocks when a request on that prefix is in flight there
+// (Routed activates a turn's parent beside it: counted in each turn, an agent's
+// 100k-token context looked twice its size beside another agent's turn, short of room,
+// and the turn was sent to recompute it on a cold endpoint: agent workload on 4
+// servers). p.mu must be held.
 func (p *Policy) need(ep *endpointState, key uint64, c *scoring.Endpoint, blocks int) int {
 	need := blocks + p.cfg.OutputBlocks
+	if e := p.prefixes[key]; e != nil && e.base > 0 && e.parent != 0 && ep.active[e.parent] != nil {
+		shared := min(ep.active[e.parent].blocks, e.base, blocks)
+		need -= shared
+		blocks -= shared
+	}
 	if a := ep.active[key]; a != nil {
 		need -= min(a.blocks, blocks)
 	} else if p.peers != nil && p.peers.PeerActive(c.Address, key) {
