@@ -551,6 +551,9 @@ func (p *Policy) join(r *tracked) {
 		return
 	}
 	ep.prefill += r.prefill
+	if a := ep.active[r.key]; a != nil {
+		a.prefill += r.prefill
+	}
 	if r.prefill >= p.cfg.HoldPrefillTokens {
 		r.miss = true
 		ep.missesInPrefill++
@@ -566,6 +569,9 @@ func (p *Policy) FirstToken(reqID string) {
 		r.first = t
 		p.measurePrefill(&r, t)
 		r.ep.prefill -= r.prefill
+		if a := r.ep.active[r.key]; a != nil {
+			a.prefill -= r.prefill
+		}
 		if r.miss {
 			r.miss = false
 			r.ep.missesInPrefill--
@@ -636,6 +642,9 @@ func (p *Policy) leave(r *tracked) {
 	r.ep.footprint -= r.unique
 	if r.first.IsZero() {
 		r.ep.prefill -= r.prefill
+		if a := r.ep.active[r.key]; a != nil {
+			a.prefill -= r.prefill
+		}
 	}
 	if r.miss {
 		r.ep.missesInPrefill--

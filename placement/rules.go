@@ -14,10 +14,13 @@ type scratch struct {
 	keys      []uint64
 	names     []string
 	lead      []int
-	loads     []int
-	pos       []int
-	ok        []bool
-	room      []bool
+	// own is, per candidate, the prefill backlog of the request's own long prefix in
+	// flight there (inFlight): a move does not skip it, it waits for it or redoes it.
+	own   []int
+	loads []int
+	pos   []int
+	ok    []bool
+	room  []bool
 	// decode is each candidate's measured decode time, meanDecode their mean (1 when
 	// none is measured).
 	decode     []float64
@@ -298,6 +301,8 @@ func (p *Policy) choose(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 // clears in the next step, and the hold rules time such hits (waitBehindMiss). p.mu
 // must be held.
 func (p *Policy) inFlight(e *prefixEntry, key uint64, sc *scratch) {
+	sc.own = slices.Grow(sc.own[:0], len(sc.eps))[:len(sc.eps)]
+	clear(sc.own)
 	if !p.cfg.LongContexts {
 		return
 	}
@@ -309,6 +314,7 @@ func (p *Policy) inFlight(e *prefixEntry, key uint64, sc *scratch) {
 		b := min(a.blocks, e.blocks, sc.looked)
 		if b > sc.lead[i] && !p.fitsStep(b*sc.blockSize, sc.blockSize) {
 			sc.lead[i] = b
+			sc.own[i] = a.prefill
 		}
 	}
 }
@@ -476,7 +482,62 @@ func (p *Policy) newHome(e *prefixEntry, key uint64, cands []scoring.Endpoint, s
 			best, bestShare, bestOK = i, share, ok
 		}
 	}
+	if f := p.fastHome(e, cands, sc, best); f >= 0 {
+		best = f
+	}
 	sc.pos[best] = p.place(e, cands[best].Address, true)
+	return best
+}
+
+// fastHome returns the candidate a new prefix whose first prompt is a long prefill
+// (more than 1/(1-MissSpeedup) steps) is homed on instead of the partition's choice
+// part, or -1: the one where its prefill ends soonest, its backlog plus its prompt at
+// its measured prefill speed for prompts of that size (unmeasured: the slowest
+// measured, so an unknown endpoint is not assumed fast), when that is under
+// MissSpeedup of the time at part and the prefix fits there beside its homes. The
+// partition ranks by home blocks per capacity only, and homed a 64k-token context on a
+// 0.7-speed endpoint while a full-speed one had room (mixed, seed 3: p99 TTFT 249 ms,
+// kv 195). p.mu must be held.
+func (p *Policy) fastHome(e *prefixEntry, cands []scoring.Endpoint, sc *scratch, part int) int {
+	tokens := len(sc.keys) * sc.blockSize
+	if !p.cfg.LongContexts || !p.long(tokens) {
+		return -1
+	}
+	// Seconds (or, with no prefill of its size measured anywhere, decode time) per
+	// token at each candidate, the slowest measured where it is not measured.
+	class := prefillClass(tokens)
+	speed := func(i int) float64 {
+		if m := sc.eps[i].prefillSpeed[class]; m.tokens > 0 {
+			return m.secs / m.tokens
+		}
+		return 0
+	}
+	if !slices.ContainsFunc(sc.eps, func(ep *endpointState) bool { return ep.prefillSpeed[class].tokens > 0 }) {
+		speed = func(i int) float64 { return sc.decode[i] }
+	}
+	slowest := 0.0
+	for i := range cands {
+		slowest = max(slowest, speed(i))
+	}
+	if slowest == 0 {
+		return -1
+	}
+	est := func(i int) float64 {
+		spt := speed(i)
+		if spt == 0 {
+			spt = slowest
+		}
+		return float64(sc.eps[i].prefill+tokens) * spt
+	}
+	best, limit := -1, p.cfg.MissSpeedup*est(part)
+	for i := range cands {
+		if i == part || !sc.ok[i] || sc.eps[i].homeBlocks+e.weight() > p.capacity(&cands[i]) {
+			continue
+		}
+		if x := est(i); x < limit {
+			best, limit = i, x
+		}
+	}
 	return best
 }
 
@@ -963,7 +1024,7 @@ func (p *Policy) soonestRoom(key uint64, cands []scoring.Endpoint, sc *scratch, 
 func (p *Policy) moveOK(sc *scratch, i, from int) bool {
 	n := len(sc.keys) * sc.blockSize
 	add := max(0, n-sc.lead[i]*sc.blockSize) - max(0, n-sc.lead[from]*sc.blockSize)
-	return add <= p.cfg.MaxNumBatchedTokens+sc.eps[from].prefill
+	return add <= p.cfg.MaxNumBatchedTokens+sc.eps[from].prefill-sc.own[from]
 }
 
 // copyWorth reports whether a replica on candidate i, past Fill, is worth its miss

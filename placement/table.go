@@ -175,6 +175,7 @@ type history struct {
 type activePrefix struct {
 	requests int
 	blocks   int // the prefix's blocks as counted into footprint
+	prefill  int // of the endpoint's prefill backlog, its requests' (in prefill)
 	// soonestRoom's scratch, valid in the pick whose tick is stamp: the prefix's
 	// decoding requests there and when the last of them finishes.
 	stamp    uint64
