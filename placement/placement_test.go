@@ -1465,3 +1465,117 @@ func TestPlacementHistoryStaysWithABusyHolder(t *testing.T) {
 		})
 	}
 }
+
+// TestPlacementCountsAContextOnceAcrossAgents: agents on one 100k-token context (6,400
+// blocks, longer than the keys a prefix keeps densely) on endpoints of 7,000 blocks.
+// With one agent's turn in flight on the holder, a new agent's first turn still has KV
+// room there: the context is counted once (the turn's conversation activates its
+// parent), at its whole size. Counted per conversation, or learned as its first 4,096
+// blocks, it looked twice its size and the new agent recomputed it on the other
+// endpoint.
+func TestPlacementCountsAContextOnceAcrossAgents(t *testing.T) {
+	ix := testindex.New()
+	p := newPlacement(t, placement.DefaultConfig(), ix)
+	cs := fleet(2, []int{7000, 7000})
+	context := plTokens(1_000_000, 6400*16)
+	agent := func(a, turn int) []uint32 {
+		return append(append([]uint32(nil), context...), plTokens(500_000_000+1_000_000*a, (turn+1)*8*16)...)
+	}
+	holder := place(t, p, agent(0, 0), cs)
+	ix.Hold(holder, plKeysOf(agent(0, 0)))
+	for _, toks := range [][]uint32{agent(1, 0), agent(0, 1)} {
+		if got := place(t, p, toks, cs); got != holder {
+			t.Fatalf("a turn on the context went to %s, the context is on %s", got, holder)
+		}
+		ix.Hold(holder, plKeysOf(toks))
+	}
+	routeOn(t, p, cs, agent(0, 2), holder, true) // agent 0's third turn, decoding
+	for i := range cs {
+		if cs[i].Address == holder {
+			cs[i].InFlight = 1
+		}
+	}
+	if got := place(t, p, agent(2, 0), cs); got != holder {
+		t.Errorf("a new agent went to %s, its context is on %s with room for it", got, holder)
+	}
+}
+
+// TestPlacementWaitsForItsLongPrefixInPrefill: a second agent on a 32k-token context
+// whose first request is still in prefill on the holder (the index shows half of it)
+// waits there for that prefill and hits it: a copy elsewhere would redo the whole
+// context in about the same time. Without long_contexts the holder's backlog counts as
+// one the move skips, and the request recomputes the context on the idle endpoint.
+func TestPlacementWaitsForItsLongPrefixInPrefill(t *testing.T) {
+	for _, long := range []bool{true, false} {
+		t.Run(fmt.Sprint("long_contexts=", long), func(t *testing.T) {
+			cfg := placement.DefaultConfig()
+			cfg.LongContexts = long
+			ix := testindex.New()
+			p := newPlacement(t, cfg, ix)
+			cs := fleet(2, []int{20000, 20000})
+			context := plTokens(1_000_000, 2048*16)
+			agent := func(a int) []uint32 {
+				return append(append([]uint32(nil), context...), plTokens(500_000_000+1_000_000*a, 8*16)...)
+			}
+			first := plRequest(agent(0))
+			d, err := p.Pick(first, cs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			holder := d.Endpoint
+			p.Routed(first, holder)
+			ix.Hold(holder, plKeysOf(context[:1024*16]))
+			for i := range cs {
+				if cs[i].Address == holder {
+					cs[i].InFlight = 1
+				}
+			}
+			if got := place(t, p, agent(1), cs); (got == holder) != long {
+				t.Errorf("second agent went to %s (holder %s), want holder %v", got, holder, long)
+			}
+		})
+	}
+}
+
+// TestPlacementHomesALongPrefixWhereItPrefillsSoonest: a new prefix whose first prompt
+// is a long prefill (16k tokens) is homed on the endpoint measured faster beyond noise,
+// though the partition (fewest home blocks per capacity) would take the slower one.
+func TestPlacementHomesALongPrefixWhereItPrefillsSoonest(t *testing.T) {
+	for _, long := range []bool{true, false} {
+		t.Run(fmt.Sprint("long_contexts=", long), func(t *testing.T) {
+			cfg := placement.DefaultConfig()
+			cfg.LongContexts = long
+			clock := time.Unix(100, 0)
+			p, err := placement.New(cfg, testindex.New(), func() time.Time { return clock }, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// The slow endpoint has four times the KV capacity: the partition, by
+			// home blocks per block of capacity, prefers it.
+			cs := fleet(2, []int{10000, 40000})
+			fast, slow := cs[0].Address, cs[1].Address
+			// Decode measured at 1 s on the fast endpoint and 1.5 s on the slow one
+			// (not twice as slow: the divert rules leave the request alone).
+			for k, m := range []struct {
+				addr string
+				ms   time.Duration
+			}{{fast, 1000}, {slow, 1500}} {
+				req := plRequest(prefixed(k, 0))
+				if _, err := p.Pick(req, cs); err != nil {
+					t.Fatal(err)
+				}
+				p.Routed(req, m.addr)
+				p.FirstToken(req.ID)
+				clock = clock.Add(m.ms * time.Millisecond)
+				p.Finished(req.ID)
+			}
+			want := slow
+			if long {
+				want = fast
+			}
+			if got := place(t, p, plTokens(700_000_000, 1000*16), cs); got != want {
+				t.Errorf("long new prefix homed on %s, want %s (fast %s)", got, want, fast)
+			}
+		})
+	}
+}
