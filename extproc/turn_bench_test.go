@@ -34,9 +34,9 @@ import (
 // is 32,768 blocks of 16 tokens (512k tokens: an 80 GB GPU's cache for an 8B model),
 // each holding about 60% of it in the index, as vLLM's events would show a busy fleet.
 const (
-	turnEndpoints  = 8
-	turnGPUBlocks  = 32768
-	turnBlockSize  = 16
+	turnEndpoints    = 8
+	turnGPUBlocks    = 32768
+	turnBlockSize    = 16
 	turnIndexPercent = 60
 	// envoyChunk is the size of each request body message Envoy sends in
 	// FULL_DUPLEX_STREAMED mode: one HTTP/2 DATA frame at the protocol's default
