@@ -221,6 +221,8 @@ type Server struct {
 	candidateBufs sync.Pool
 	// idBufs pools *promptBuf token-id buffers for tokenizers implementing tokenAppender.
 	idBufs sync.Pool
+	// bodies pools the buffers of request bodies reassembled from several chunks.
+	bodies bodyPool
 	// Replies that depend only on an endpoint address: decisions in a headers reply or a
 	// body reply, and the response-headers reply naming the served endpoint.
 	headerReplies, bodyReplies, servedReplies replyCache
@@ -411,6 +413,7 @@ func (s *Server) process(srv extprocv3.ExternalProcessor_ProcessServer) error {
 	defer st.release()
 	defer st.unhold()
 	defer st.unholdCopy()
+	defer st.putBody()
 	for {
 		var msg *extprocv3.ProcessingRequest
 		var err error

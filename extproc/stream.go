@@ -64,6 +64,7 @@ type stream struct {
 	// (FULL_DUPLEX_STREAMED); nil when the model was not rewritten.
 	respModel *responseModel
 	body      []byte
+	bodyBuf   *[]byte   // the pooled buffer body was reassembled into, if any; returned once body is passed on
 	declared  int       // the content-length header, when it is at most maxBody (else 0)
 	hasLength bool      // the request has a content-length header (a rewritten body's replaces it)
 	held      int       // bytes of body reserved for parsing in the server's body budget
@@ -209,8 +210,10 @@ func (st *stream) onRequestBody(b *extprocv3.HttpBody) (bool, error) {
 		}
 		switch {
 		case st.body == nil && !eos && reason == "" && st.declared > len(chunk):
-			// One buffer of the declared size instead of a chain of grown copies.
-			st.body = append(make([]byte, 0, st.declared), chunk...)
+			// One buffer of the declared size instead of a chain of grown copies,
+			// from the server's pool.
+			st.bodyBuf = st.s.bodies.get(st.declared)
+			st.body = append(*st.bodyBuf, chunk...)
 		case st.body == nil:
 			// The first chunk is kept as it is, not copied: its bytes were decoded into a
 			// buffer of their own that only this message holds, and they are often the
@@ -228,6 +231,7 @@ func (st *stream) onRequestBody(b *extprocv3.HttpBody) (bool, error) {
 			}
 			body := st.body
 			st.body = nil
+			defer st.putBody()
 			return false, st.sendBody(body, eos)
 		}
 		if !eos {
@@ -241,6 +245,7 @@ func (st *stream) onRequestBody(b *extprocv3.HttpBody) (bool, error) {
 		body := st.body
 		st.body = nil
 		defer st.unholdCopy() // a rewritten body is held until passed on
+		defer st.putBody()
 		return false, st.sendBody(body, true)
 	case filterv3.ProcessingMode_BUFFERED, filterv3.ProcessingMode_BUFFERED_PARTIAL:
 		if st.routed {
@@ -292,6 +297,7 @@ func (st *stream) onRequestTrailers() (bool, error) {
 		if len(body) > 0 {
 			err := st.sendBody(body, false)
 			st.unholdCopy() // a rewritten body is held until passed on
+			st.putBody()
 			if err != nil {
 				return false, err
 			}
@@ -504,6 +510,16 @@ func (st *stream) release() {
 	st.gie.running.Dec()
 	if st.observer != nil {
 		st.observer.Finished(st.reqID)
+	}
+}
+
+// putBody returns the pooled buffer the body was reassembled into, once the body was
+// passed on (the replies that carried it are encoded when Send returns) or the stream
+// ended.
+func (st *stream) putBody() {
+	if st.bodyBuf != nil {
+		st.s.bodies.put(st.bodyBuf)
+		st.bodyBuf, st.body = nil, nil
 	}
 }
 
