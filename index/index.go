@@ -29,7 +29,9 @@ var ErrOrphan = errors.New("index: parent block unknown")
 // Blocks is one BlockStored event's content, in the index's own, transport-free terms.
 type Blocks struct {
 	// Root is the key the chain starts from when HasParent is false: Root(model, lora,
-	// salt) of the sequence the blocks belong to.
+	// salt) of the sequence the blocks belong to. Blocks without a parent are a chain's
+	// first: lookups take a rank's block i as proof of its blocks 0..i (see
+	// LeadingBlocks), which a root that stands for a block would break.
 	Root uint64
 	// Parent is the vLLM handle of the block just before the first one, valid when
 	// HasParent. A parent handle of 0 that the rank does not hold is read as "no parent"
