@@ -465,8 +465,8 @@ type frame struct {
 //
 // Cost: a rank none of whose blocks has lost its parent (vLLM's order: see source)
 // holds block i only with blocks 0..i, so its count is found by bisection, the ranks
-// that agree sharing each probe: about log2(len(keys)) probes per distinct count (13
-// for a 128k-token prompt's 8,000 blocks). Any other rank is walked: one probe per key
+// that agree sharing each probe: one probe of the first key, then about log2(len(keys))
+// per distinct count (13 for a 128k-token prompt's 8,000 blocks). Any other rank is walked: one probe per key
 // until none of them holds the next key. A probe is one shard read-lock and one lookup,
 // whatever the number of endpoints.
 func (ix *Index) LeadingBlocks(keys []uint64, endpoints []string, dst []int) []int {
@@ -578,6 +578,9 @@ func (ix *Index) searchClean(keys []uint64, sc *scratch) {
 			continue
 		}
 		mid := f.lo + (f.hi-f.lo)/2
+		if f.lo == 0 {
+			mid = 0 // a request most ranks hold none of is told in one probe, as by a walk
+		}
 		k := keys[mid]
 		// The set splits in place into those not holding keys[mid] (kept at f.off) and
 		// those holding it (pushed above).
