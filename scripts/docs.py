@@ -14,7 +14,9 @@ A rendered block in a Markdown file under docs/ reads
 NAME is one of RENDERERS below; ARGs are paths relative to the repository root (and,
 for some renderers, a policy name). Everything between the markers is replaced by the
 renderer's output. --check also fails on a Markdown table outside any rendered block:
-every figure in a table comes from committed data, none is typed in by hand.
+every figure in a table comes from committed data, none is typed in by hand. The package
+READMEs listed in READMES are rendered and checked too, their older hand-written tables
+excepted.
 
 The reference experiment's published figures come from testbench/sim/reference.json, the one copy
 the simulator's calibration reads too.
