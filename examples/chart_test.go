@@ -26,6 +26,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	infv1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
+	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 
 	"github.com/kvrouter/kvrouter/config"
 	"github.com/kvrouter/kvrouter/discovery"
@@ -428,17 +429,59 @@ func checkNetworkPolicy(t *testing.T, objs []object, central bool) {
 	}
 	for _, o := range objs {
 		if dep, ok := o.obj.(*appsv1.Deployment); ok && dep.Name == "kvrouter-envoy" {
-			admitted := false
-			for _, peer := range byPort["extproc"] {
-				if peer.PodSelector == nil || peer.NamespaceSelector != nil {
-					continue
-				}
-				sel, _ := metav1.LabelSelectorAsSelector(peer.PodSelector)
-				admitted = admitted || sel.Matches(labels.Set(dep.Spec.Template.Labels))
-			}
-			if !admitted {
+			if !admits(byPort["extproc"], np.Namespace, np.Namespace, dep.Spec.Template.Labels) {
 				t.Errorf("the chart's Envoy pods %v are not admitted to ext_proc by %+v", dep.Spec.Template.Labels, byPort["extproc"])
 			}
 		}
+		// The InferencePool's Gateway: its proxies wherever the implementations put them.
+		if route, ok := o.obj.(*gwv1.HTTPRoute); ok {
+			for _, parent := range route.Spec.ParentRefs {
+				gw := string(parent.Name)
+				for _, proxy := range []struct {
+					impl, ns string
+					labels   map[string]string
+				}{
+					{"Istio", np.Namespace, map[string]string{"gateway.networking.k8s.io/gateway-name": gw, "istio.io/gateway-name": gw}},
+					{"Envoy Gateway", "envoy-gateway-system", map[string]string{
+						"gateway.envoyproxy.io/owning-gateway-name": gw, "gateway.envoyproxy.io/owning-gateway-namespace": np.Namespace}},
+				} {
+					if !admits(byPort["extproc"], np.Namespace, proxy.ns, proxy.labels) {
+						t.Errorf("%s's proxies of Gateway %s (namespace %s, labels %v) are not admitted to ext_proc by %+v",
+							proxy.impl, gw, proxy.ns, proxy.labels, byPort["extproc"])
+					}
+				}
+				// Another Gateway's Envoy Gateway proxies are not.
+				other := map[string]string{"gateway.envoyproxy.io/owning-gateway-name": gw, "gateway.envoyproxy.io/owning-gateway-namespace": "elsewhere"}
+				if admits(byPort["extproc"], np.Namespace, "envoy-gateway-system", other) {
+					t.Errorf("Envoy Gateway proxies of a Gateway %s in another namespace are admitted to ext_proc", gw)
+				}
+			}
+		}
 	}
+}
+
+// admits tells whether a NetworkPolicy of namespace policyNS with ingress peers lets in a
+// pod of namespace ns with podLabels (namespaces labelled as Kubernetes does,
+// kubernetes.io/metadata.name).
+func admits(peers []networkingv1.NetworkPolicyPeer, policyNS, ns string, podLabels map[string]string) bool {
+	for _, peer := range peers {
+		if peer.IPBlock != nil {
+			continue
+		}
+		if peer.NamespaceSelector == nil {
+			if ns != policyNS {
+				continue
+			}
+		} else if sel, err := metav1.LabelSelectorAsSelector(peer.NamespaceSelector); err != nil ||
+			!sel.Matches(labels.Set{"kubernetes.io/metadata.name": ns}) {
+			continue
+		}
+		if peer.PodSelector == nil {
+			return true
+		}
+		if sel, err := metav1.LabelSelectorAsSelector(peer.PodSelector); err == nil && sel.Matches(labels.Set(podLabels)) {
+			return true
+		}
+	}
+	return false
 }
