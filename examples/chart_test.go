@@ -106,6 +106,7 @@ func TestChartRefusesUnsafeUpstreams(t *testing.T) {
 		{"fallbacks to ORIGINAL_DST", []string{"envoy.enabled=true", "vllm.enabled=true", "envoy.upstream=original-dst", "config.limits.max_fallbacks=2"}, "ORIGINAL_DST cluster takes one ip:port"},
 		{"gateways disagree", []string{"envoy.enabled=true", "vllm.enabled=true", "istio.enabled=true"}, "envoy.upstream and istio.upstream differ"},
 		{"unknown upstream", []string{"envoy.enabled=true", "vllm.enabled=true", "envoy.upstream=round-robin"}, `upstream "round-robin"`},
+		{"unknown InferencePool provider", []string{"inferencePool.enabled=true", "inferencePool.provider=gke"}, `inferencePool.provider "gke": want none or istio`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			args := []string{"template", "kvrouter", chartDir, "--namespace", "llm", "--kube-version", "1.33.0"}
@@ -180,8 +181,14 @@ func checkChart(t *testing.T, name string, objs []object) {
 			t.Errorf("listen.tls.cert_file %s is not in a mounted Secret (%+v)", f, c.VolumeMounts)
 		}
 	}
-	if kinds["EnvoyFilter"] > 0 {
+	// Istio reaches kvrouter's TLS port only through a DestinationRule saying so: with the
+	// EnvoyFilter, and with an InferencePool whose Gateway is Istio's (inferencePool.provider).
+	if kinds["EnvoyFilter"] > 0 || (kinds["InferencePool"] > 0 && name == "inference-pool-istio") {
 		checkIstioTLS(t, find[*istionetv1.DestinationRule](t, objs, "kvrouter-extproc"), "kvrouter.llm.svc.cluster.local")
+	} else if kinds["DestinationRule"] > 0 {
+		t.Errorf("a DestinationRule without Istio in use: the cluster may not have its CRD")
+	}
+	if kinds["EnvoyFilter"] > 0 {
 		c, r := checkEnvoyFilter(t, find[*istionetv1alpha3.EnvoyFilter](t, objs, "kvrouter"), "vllm")
 		checkUpstream(t, objs, cfg, chartPool, c, []*routev3.Route{r})
 	}

@@ -411,6 +411,11 @@ func TestGatewayAPIManifests(t *testing.T) {
 	if ref.Port == nil || !slices.ContainsFunc(svc.Spec.Ports, func(p corev1.ServicePort) bool { return p.Port == int32(ref.Port.Number) }) || ref.Port.Number != 9002 {
 		t.Errorf("endpoint picker port %+v is not kvrouter's ext_proc port 9002", ref.Port)
 	}
+	// Istio's Gateway needs to be told to speak TLS to kvrouter's ext_proc port.
+	if gw := find[*gwv1.Gateway](t, objs, "inference-gateway"); gw.Spec.GatewayClassName == "istio" {
+		checkIstioTLS(t, find[*istionetv1.DestinationRule](t, objs, "kvrouter-extproc"),
+			string(ref.Name)+"."+pool.Namespace+".svc.cluster.local")
+	}
 	route := find[*gwv1.HTTPRoute](t, objs, "vllm-qwen")
 	br := route.Spec.Rules[0].BackendRefs[0]
 	if br.Kind == nil || *br.Kind != "InferencePool" || br.Group == nil || string(*br.Group) != infv1.GroupName || string(br.Name) != pool.Name {
