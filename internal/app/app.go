@@ -309,7 +309,8 @@ func (a *App) Run(ctx context.Context) error {
 	defer unsubscribe()
 	a.updateHealth()
 	a.probeHlth.SetServingStatus(LivenessService, healthpb.HealthCheckResponse_SERVING)
-	a.log.Info("kvrouter serving", zap.String("extproc", addrs.ExtProc), zap.Bool("extproc_tls", a.tls != nil),
+	ref, commit := buildInfo()
+	a.log.Info("kvrouter serving", zap.String("version", ref), zap.String("commit", commit), zap.String("extproc", addrs.ExtProc), zap.Bool("extproc_tls", a.tls != nil),
 		zap.String("health", addrs.Health), zap.String("metrics", addrs.Metrics), zap.String("debug", addrs.Debug),
 		zap.Int("endpoints", len(a.cfg.Endpoints)))
 

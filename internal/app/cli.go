@@ -27,6 +27,7 @@ Usage:
   kvrouter tokenize --model-dir DIR            read request bodies (JSON lines) on stdin, print
                                                {"ids":[...]} or {"error":...} per line, as vLLM's /tokenize
   kvrouter COMMAND --help                      a command's usage
+  kvrouter --version                           the build: module version and VCS revision
 
 Everything else is in FILE, one YAML document (examples/kvrouter.yaml in the repository shows
 every field, its README the reference): listen addresses, the endpoints or their discovery,
@@ -96,8 +97,14 @@ func MainIO(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	checkEvery := fs.Duration("config-check-interval", DefaultConfigCheckInterval, "how often to look for a change of the configuration file (0: only on SIGHUP)")
 	level := zapcore.InfoLevel
 	fs.Var(&level, "log-level", "`LEVEL` of the JSON logs on stderr: debug, info, warn or error (default info)")
+	version := fs.Bool("version", false, "print the build (module version and VCS revision, inference_extension_info's build_ref and commit) and exit")
 	if code, ok := parseFlags(fs, args, 0); !ok {
 		return code
+	}
+	if *version {
+		ref, commit := buildInfo()
+		fmt.Fprintf(stdout, "kvrouter %s (commit %s)\n", ref, commit)
+		return 0
 	}
 	if *cfgPath == "" {
 		fs.Usage()

@@ -2,6 +2,7 @@ package app_test
 
 import (
 	"bytes"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -102,6 +103,17 @@ func TestCheckConfig_LoadsModels(t *testing.T) {
 			t.Errorf("stdout %q lacks the model's load note", out.String())
 		}
 	})
+}
+
+// kvrouter --version prints the build on stdout and exits 0, without a configuration.
+func TestMain_Version(t *testing.T) {
+	var out, errOut bytes.Buffer
+	if code := app.Main([]string{"--version"}, &out, &errOut); code != 0 {
+		t.Fatalf("exit %d, stderr %q", code, errOut.String())
+	}
+	if !regexp.MustCompile(`^kvrouter \S+ \(commit \S+\)\n$`).MatchString(out.String()) || errOut.Len() != 0 {
+		t.Errorf("stdout %q, stderr %q; want one line: kvrouter VERSION (commit REVISION)", out.String(), errOut.String())
+	}
 }
 
 // kvrouter --help names the log level's default and, for a user coming from the Inference

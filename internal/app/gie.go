@@ -17,11 +17,10 @@ func poolName(cfg *config.Config) string {
 	return ""
 }
 
-// newExtensionInfo is the Inference Extension's inference_extension_info series for this
-// build: commit is the VCS revision the binary was built from, build_ref kvrouter's
-// module version ("unknown" for what the build does not record).
-func newExtensionInfo() prometheus.Collector {
-	commit, ref := "unknown", "unknown"
+// buildInfo is this build of kvrouter: ref its module version, commit the VCS revision
+// the binary was built from ("unknown" for what the build does not record).
+func buildInfo() (ref, commit string) {
+	commit, ref = "unknown", "unknown"
 	if bi, ok := debug.ReadBuildInfo(); ok {
 		if v := bi.Main.Version; v != "" {
 			ref = v
@@ -32,6 +31,13 @@ func newExtensionInfo() prometheus.Collector {
 			}
 		}
 	}
+	return ref, commit
+}
+
+// newExtensionInfo is the Inference Extension's inference_extension_info series for this
+// build (buildInfo): commit and build_ref.
+func newExtensionInfo() prometheus.Collector {
+	ref, commit := buildInfo()
 	return prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name:        "inference_extension_info",
 		Help:        "Inference Extension series: 1, labelled with the build of the picker (here kvrouter's): commit, build_ref.",
