@@ -31,6 +31,7 @@ import (
 	"github.com/kvrouter/kvrouter/config"
 	"github.com/kvrouter/kvrouter/discovery"
 	"github.com/kvrouter/kvrouter/envoy"
+	"github.com/kvrouter/kvrouter/tlscert"
 )
 
 // The chart is rendered by the real helm (`make chart-golden`) into
@@ -167,6 +168,7 @@ func checkChart(t *testing.T, name string, objs []object) {
 		t.Errorf("kvrouter Deployment: startup probe %+v, want gRPC on 9003 allowing at least 30 s", p)
 	}
 	checkNetworkPolicy(t, objs, central)
+	checkPickerService(t, find[*corev1.Service](t, objs, "kvrouter"), cfg.Listen.TLS.Mode != tlscert.ModeDisabled)
 	if f := cfg.Listen.TLS.CertFile; f != "" {
 		// The certificate comes from a Secret mounted where the configuration names it.
 		mounted := false
@@ -465,6 +467,26 @@ func checkNetworkPolicy(t *testing.T, objs []object, central bool) {
 			}
 		}
 	}
+}
+
+// checkPickerService: the Service an InferencePool's endpointPickerRef names declares
+// the ext_proc port's protocol as the Inference Extension's picker Service does (http2,
+// over TLS), or kubernetes.io/h2c when kvrouter serves it in cleartext.
+func checkPickerService(t *testing.T, svc *corev1.Service, tls bool) {
+	t.Helper()
+	want := "kubernetes.io/h2c"
+	if tls {
+		want = "http2"
+	}
+	for _, p := range svc.Spec.Ports {
+		if p.Port == 9002 {
+			if p.AppProtocol == nil || *p.AppProtocol != want {
+				t.Errorf("Service %s port 9002 appProtocol %v, want %s (TLS %v)", svc.Name, p.AppProtocol, want, tls)
+			}
+			return
+		}
+	}
+	t.Errorf("Service %s has no port 9002", svc.Name)
 }
 
 // admits tells whether a NetworkPolicy of namespace policyNS with ingress peers lets in a

@@ -416,6 +416,7 @@ func TestGatewayAPIManifests(t *testing.T) {
 		checkIstioTLS(t, find[*istionetv1.DestinationRule](t, objs, "kvrouter-extproc"),
 			string(ref.Name)+"."+pool.Namespace+".svc.cluster.local")
 	}
+	checkPickerService(t, svc, true)
 	route := find[*gwv1.HTTPRoute](t, objs, "vllm-qwen")
 	br := route.Spec.Rules[0].BackendRefs[0]
 	if br.Kind == nil || *br.Kind != "InferencePool" || br.Group == nil || string(*br.Group) != infv1.GroupName || string(br.Name) != pool.Name {
