@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
@@ -203,6 +204,19 @@ func checkChart(t *testing.T, name string, objs []object) {
 	k := cfg.Discovery.Kubernetes
 	if k == nil || k.Namespace != "llm" {
 		t.Fatalf("discovery %+v does not watch the release namespace", k)
+	}
+	for _, o := range objs {
+		// Streamed completions run for minutes: a route without its own request timeout
+		// gets the implementation's default (Envoy's 15s, GKE's 30s).
+		if route, ok := o.obj.(*gwv1.HTTPRoute); ok {
+			for i, r := range route.Spec.Rules {
+				if r.Timeouts == nil || r.Timeouts.Request == nil {
+					t.Errorf("HTTPRoute %s rule %d has no timeouts.request", route.Name, i)
+				} else if d, err := time.ParseDuration(string(*r.Timeouts.Request)); err != nil || d < time.Minute {
+					t.Errorf("HTTPRoute %s rule %d: timeouts.request %s (%v), want at least a minute", route.Name, i, *r.Timeouts.Request, err)
+				}
+			}
+		}
 	}
 	if kinds["InferencePool"] > 0 {
 		pool := find[*infv1.InferencePool](t, objs, k.InferencePool)
