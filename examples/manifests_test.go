@@ -634,3 +634,25 @@ func checkIstioTLS(t *testing.T, dr *istionetv1.DestinationRule, host string) {
 	}
 	t.Errorf("DestinationRule %s sets no TLS for port 9002", dr.Name)
 }
+
+// The README's by-hand configuration (Running) is a valid kvrouter configuration that
+// names the ports the rest of the block uses.
+func TestReadmeLocalConfig(t *testing.T) {
+	data, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, ok := strings.Cut(string(data), "cat > kvrouter.yaml <<'EOF'\n")
+	block, after, ok2 := strings.Cut(rest, "\nEOF\n")
+	if !ok || !ok2 {
+		t.Fatal("README.md has no `cat > kvrouter.yaml <<'EOF'` block")
+	}
+	cfg, err := config.Parse([]byte(block), "README.md (kvrouter.yaml)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep := cfg.Endpoints[0]
+	if len(cfg.Endpoints) != 1 || !strings.Contains(after, "-extproc "+cfg.Listen.ExtProc) || !strings.Contains(after, "-upstreams "+ep.Address) {
+		t.Errorf("the README's commands do not use the configuration's ext_proc %s and endpoint %s:\n%s", cfg.Listen.ExtProc, ep.Address, after)
+	}
+}
