@@ -170,6 +170,9 @@ func checkChart(t *testing.T, name string, objs []object) {
 	}
 	checkNetworkPolicy(t, objs, central)
 	checkPickerService(t, find[*corev1.Service](t, objs, "kvrouter"), cfg.Listen.TLS.Mode != tlscert.ModeDisabled)
+	if kinds["ServiceMonitor"] > 0 {
+		checkServiceMonitor(t, objs, find[*serviceMonitor](t, objs, "kvrouter"), d)
+	}
 	if f := cfg.Listen.TLS.CertFile; f != "" {
 		// The certificate comes from a Secret mounted where the configuration names it.
 		mounted := false
@@ -480,6 +483,44 @@ func checkNetworkPolicy(t *testing.T, objs []object, central bool) {
 				}
 			}
 		}
+	}
+}
+
+// checkServiceMonitor: the ServiceMonitor selects, in the release namespace, Services
+// whose named port reaches kvrouter's metrics container port, and exactly one of them, so
+// that each pod is scraped once, on /metrics.
+func checkServiceMonitor(t *testing.T, objs []object, sm *serviceMonitor, d *appsv1.Deployment) {
+	t.Helper()
+	if !slices.Equal(sm.Spec.NamespaceSelector.MatchNames, []string{"llm"}) || len(sm.Spec.Endpoints) != 1 || sm.Spec.Endpoints[0].Path != "/metrics" {
+		t.Fatalf("ServiceMonitor spec %+v: want namespace llm and one /metrics endpoint", sm.Spec)
+	}
+	sel, err := metav1.LabelSelectorAsSelector(&sm.Spec.Selector)
+	if err != nil {
+		t.Fatal(err)
+	}
+	metricsPort := ""
+	for _, p := range d.Spec.Template.Spec.Containers[0].Ports {
+		if p.ContainerPort == 9090 {
+			metricsPort = p.Name
+		}
+	}
+	scraped := 0
+	for _, o := range objs {
+		svc, ok := o.obj.(*corev1.Service)
+		if !ok || !sel.Matches(labels.Set(svc.Labels)) {
+			continue
+		}
+		for _, p := range svc.Spec.Ports {
+			if p.Name == sm.Spec.Endpoints[0].Port {
+				scraped++
+				if p.TargetPort.StrVal != metricsPort || !labels.SelectorFromSet(svc.Spec.Selector).Matches(labels.Set(d.Spec.Template.Labels)) {
+					t.Errorf("Service %s port %s reaches %v on pods %v, not kvrouter's metrics port %q", svc.Name, p.Name, p.TargetPort, svc.Spec.Selector, metricsPort)
+				}
+			}
+		}
+	}
+	if scraped != 1 {
+		t.Errorf("the ServiceMonitor scrapes kvrouter through %d Services, want 1", scraped)
 	}
 }
 

@@ -68,11 +68,34 @@ func newTyped(gvk schema.GroupVersionKind) any {
 		return &istionetv1.VirtualService{}
 	case istionetv1.SchemeGroupVersion.WithKind("DestinationRule"):
 		return &istionetv1.DestinationRule{}
+	case schema.GroupVersionKind{Group: "monitoring.coreos.com", Version: "v1", Kind: "ServiceMonitor"}:
+		return &serviceMonitor{}
 	}
 	if o, err := scheme.Scheme.New(gvk); err == nil {
 		return o
 	}
 	return nil
+}
+
+// serviceMonitor is the part of Prometheus Operator's ServiceMonitor
+// (monitoring.coreos.com/v1) the chart renders, under the CRD's field names, so that a
+// misspelt or unexpected field fails strict parsing (the operator's Go module is not a
+// dependency).
+type serviceMonitor struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata"`
+	Spec              struct {
+		JobLabel          string `json:"jobLabel"`
+		NamespaceSelector struct {
+			MatchNames []string `json:"matchNames"`
+		} `json:"namespaceSelector"`
+		Selector  metav1.LabelSelector `json:"selector"`
+		Endpoints []struct {
+			Port     string `json:"port"`
+			Path     string `json:"path"`
+			Interval string `json:"interval"`
+		} `json:"endpoints"`
+	} `json:"spec"`
 }
 
 // splitDocs splits a YAML stream on "---" lines, dropping empty documents.
