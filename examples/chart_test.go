@@ -108,7 +108,8 @@ func TestChartRefusesUnsafeUpstreams(t *testing.T) {
 		{"fallbacks to ORIGINAL_DST", []string{"envoy.enabled=true", "vllm.enabled=true", "envoy.upstream=original-dst", "config.limits.max_fallbacks=2"}, "ORIGINAL_DST cluster takes one ip:port"},
 		{"gateways disagree", []string{"envoy.enabled=true", "vllm.enabled=true", "istio.enabled=true"}, "envoy.upstream and istio.upstream differ"},
 		{"unknown upstream", []string{"envoy.enabled=true", "vllm.enabled=true", "envoy.upstream=round-robin"}, `upstream "round-robin"`},
-		{"unknown InferencePool provider", []string{"inferencePool.enabled=true", "inferencePool.provider=gke"}, `inferencePool.provider "gke": want none or istio`},
+		{"unknown InferencePool provider", []string{"inferencePool.enabled=true", "inferencePool.provider=kgateway"}, `inferencePool.provider "kgateway": want none, istio or gke`},
+		{"GKE without its proxies admitted", []string{"inferencePool.enabled=true", "inferencePool.provider=gke"}, "set networkPolicy.extprocFrom"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			args := []string{"template", "kvrouter", chartDir, "--namespace", "llm", "--kube-version", "1.33.0"}
@@ -220,6 +221,9 @@ func checkChart(t *testing.T, name string, objs []object) {
 				}
 			}
 		}
+	}
+	if kinds["HealthCheckPolicy"] > 0 || kinds["GCPBackendPolicy"] > 0 || name == "inference-pool-gke" {
+		checkGKEPolicies(t, objs, find[*infv1.InferencePool](t, objs, k.InferencePool))
 	}
 	if kinds["InferencePool"] > 0 {
 		pool := find[*infv1.InferencePool](t, objs, k.InferencePool)
@@ -459,8 +463,10 @@ func checkNetworkPolicy(t *testing.T, objs []object, central bool) {
 				t.Errorf("the chart's Envoy pods %v are not admitted to ext_proc by %+v", dep.Spec.Template.Labels, byPort["extproc"])
 			}
 		}
-		// The InferencePool's Gateway: its proxies wherever the implementations put them.
-		if route, ok := o.obj.(*gwv1.HTTPRoute); ok {
+		// The InferencePool's Gateway: its proxies wherever the implementations put them,
+		// unless the peers were named (an address block: GKE's proxies are not pods).
+		named := slices.ContainsFunc(byPort["extproc"], func(p networkingv1.NetworkPolicyPeer) bool { return p.IPBlock != nil })
+		if route, ok := o.obj.(*gwv1.HTTPRoute); ok && !named {
 			for _, parent := range route.Spec.ParentRefs {
 				gw := string(parent.Name)
 				for _, proxy := range []struct {
@@ -521,6 +527,32 @@ func checkServiceMonitor(t *testing.T, objs []object, sm *serviceMonitor, d *app
 	}
 	if scraped != 1 {
 		t.Errorf("the ServiceMonitor scrapes kvrouter through %d Services, want 1", scraped)
+	}
+}
+
+// checkGKEPolicies: behind a GKE Gateway the pool's pods are health-checked where vLLM
+// answers (/health on the pool's port) and the load balancer lets a request run for
+// minutes; ext_proc is admitted from an address block (the proxy-only subnet), since
+// GKE's proxies are not pods.
+func checkGKEPolicies(t *testing.T, objs []object, pool *infv1.InferencePool) {
+	t.Helper()
+	want := gkeTargetRef{Group: infv1.GroupName, Kind: "InferencePool", Name: pool.Name}
+	hc := find[*gkeHealthCheckPolicy](t, objs, pool.Name)
+	c := hc.Spec.Default.Config
+	if hc.Spec.TargetRef != want || c.Type != "HTTP" || c.HTTPHealthCheck.RequestPath != "/health" || c.HTTPHealthCheck.Port != int32(pool.Spec.TargetPorts[0].Number) {
+		t.Errorf("HealthCheckPolicy %+v: want an HTTP check of /health on port %d of %+v", hc.Spec, pool.Spec.TargetPorts[0].Number, want)
+	}
+	bp := find[*gkeBackendPolicy](t, objs, pool.Name)
+	if bp.Spec.TargetRef != want || bp.Spec.Default.TimeoutSec < 60 {
+		t.Errorf("GCPBackendPolicy %+v: want a timeout of a minute or more on %+v", bp.Spec, want)
+	}
+	np := find[*networkingv1.NetworkPolicy](t, objs, "kvrouter")
+	for _, r := range np.Spec.Ingress {
+		for _, p := range r.Ports {
+			if p.Port.String() == "extproc" && !slices.ContainsFunc(r.From, func(peer networkingv1.NetworkPolicyPeer) bool { return peer.IPBlock != nil }) {
+				t.Errorf("ext_proc admits %+v, no address block for GKE's proxies", r.From)
+			}
+		}
 	}
 }
 

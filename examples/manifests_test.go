@@ -70,6 +70,10 @@ func newTyped(gvk schema.GroupVersionKind) any {
 		return &istionetv1.DestinationRule{}
 	case schema.GroupVersionKind{Group: "monitoring.coreos.com", Version: "v1", Kind: "ServiceMonitor"}:
 		return &serviceMonitor{}
+	case schema.GroupVersionKind{Group: "networking.gke.io", Version: "v1", Kind: "HealthCheckPolicy"}:
+		return &gkeHealthCheckPolicy{}
+	case schema.GroupVersionKind{Group: "networking.gke.io", Version: "v1", Kind: "GCPBackendPolicy"}:
+		return &gkeBackendPolicy{}
 	}
 	if o, err := scheme.Scheme.New(gvk); err == nil {
 		return o
@@ -95,6 +99,44 @@ type serviceMonitor struct {
 			Path     string `json:"path"`
 			Interval string `json:"interval"`
 		} `json:"endpoints"`
+	} `json:"spec"`
+}
+
+// gkeTargetRef is the policies' targetRef (networking.gke.io/v1).
+type gkeTargetRef struct {
+	Group string `json:"group"`
+	Kind  string `json:"kind"`
+	Name  string `json:"name"`
+}
+
+// gkeHealthCheckPolicy and gkeBackendPolicy are the parts of GKE's HealthCheckPolicy and
+// GCPBackendPolicy (networking.gke.io/v1) the chart renders, under the API's field names
+// (as the Inference Extension's chart writes them for provider gke), for strict parsing.
+type gkeHealthCheckPolicy struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata"`
+	Spec              struct {
+		TargetRef gkeTargetRef `json:"targetRef"`
+		Default   struct {
+			Config struct {
+				Type            string `json:"type"`
+				HTTPHealthCheck struct {
+					RequestPath string `json:"requestPath"`
+					Port        int32  `json:"port"`
+				} `json:"httpHealthCheck"`
+			} `json:"config"`
+		} `json:"default"`
+	} `json:"spec"`
+}
+
+type gkeBackendPolicy struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata"`
+	Spec              struct {
+		TargetRef gkeTargetRef `json:"targetRef"`
+		Default   struct {
+			TimeoutSec int `json:"timeoutSec"`
+		} `json:"default"`
 	} `json:"spec"`
 }
 
