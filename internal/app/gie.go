@@ -17,8 +17,14 @@ func poolName(cfg *config.Config) string {
 	return ""
 }
 
-// buildInfo is this build of kvrouter: ref its module version, commit the VCS revision
-// the binary was built from ("unknown" for what the build does not record).
+// buildVersion and buildCommit name the build when the linker sets them (the Dockerfile:
+// -X github.com/kvrouter/kvrouter/internal/app.buildVersion=...): an image is built
+// without the repository's .git, so Go records no VCS revision in it.
+var buildVersion, buildCommit string
+
+// buildInfo is this build of kvrouter: ref its version, commit the VCS revision it was
+// built from; the linker's buildVersion and buildCommit when set, else what Go recorded
+// ("unknown" for what the build does not record).
 func buildInfo() (ref, commit string) {
 	commit, ref = "unknown", "unknown"
 	if bi, ok := debug.ReadBuildInfo(); ok {
@@ -30,6 +36,12 @@ func buildInfo() (ref, commit string) {
 				commit = s.Value
 			}
 		}
+	}
+	if buildVersion != "" {
+		ref = buildVersion
+	}
+	if buildCommit != "" {
+		commit = buildCommit
 	}
 	return ref, commit
 }
