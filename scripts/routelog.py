@@ -4,6 +4,7 @@
     python3 scripts/routelog.py F.jsonl
     python3 scripts/routelog.py F.jsonl --trace testbench/kvbench/testdata/trace-small.jsonl
     python3 scripts/routelog.py F.jsonl --misses
+    python3 scripts/routelog.py F.jsonl --drain
 
 Per run (policy, repetition, concurrency): the cached-token ratio from the log's finish
 lines, the ratio without the requests of at least --long prompt tokens, those requests
@@ -21,6 +22,12 @@ time to first token, the share of the measured time with a request running there
 the prefixes it served; and the servers per prefix. In a fleet of unequal speeds a
 closed loop's throughput is the clients over the mean request time, so it follows the
 share of requests on the fast servers.
+
+With --drain instead, per run: how an open-loop replay's throughput (kvbench's served
+requests over the first send to the last finish) splits into the arrivals' span (first to
+last route, fixed by the trace) and the drain after the last arrival, and which request
+finished last, with its latency; then the median run per policy. When the fleet keeps
+up, the drain is the last requests' latency, and it alone tells policies apart.
 
 With --misses instead, per policy and concurrency, summed over repetitions (a sim run of
 the reference workload: each route line carries the servers' cached blocks). A
@@ -234,6 +241,29 @@ def servers(path):
                   f"{1000 * c['ttft'] / k:>7.0f}  {c['busy'] / t['span']:>4.2f}  {c['prefixes'] / reps:>15.2f}")
 
 
+def drain(path):
+    runs = collections.defaultdict(dict)
+    for line in open(path):
+        ev = json.loads(line)
+        if ev["event"] in ("route", "finish"):
+            runs[(ev["policy"], ev["rep"], ev.get("concurrency", 0))].setdefault(ev["seq"], {})[ev["event"]] = ev["t"]
+    per = collections.defaultdict(list)
+    for run, reqs in sorted(runs.items()):
+        routes = [r["route"] for r in reqs.values() if "route" in r]
+        done = sorted((r["finish"], s) for s, r in reqs.items() if "finish" in r)
+        if not routes or not done:
+            continue
+        first, last_in = min(routes), max(routes)
+        end, seq = done[-1]
+        row = (len(done) / (end - first), last_in - first, end - last_in, seq, end - reqs[seq]["route"], len(done))
+        per[run[0]].append(row)
+        print("%s rep %d: %.3f requests/s = %d / (%.2f s of arrivals + %.2f s of drain); last done: request %d, %.2f s after its route" % (
+            run[0], run[1], row[0], row[5], row[1], row[2], row[3], row[4]))
+    for policy, rows in per.items():
+        m = sorted(rows)[(len(rows) - 1) // 2]
+        print("median %s: %.3f requests/s, drain %.2f s (request %d, latency %.2f s)" % (policy, m[0], m[2], m[3], m[4]))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("log")
@@ -242,7 +272,11 @@ def main():
     ap.add_argument("--shared-ids", type=int, default=2)
     ap.add_argument("--misses", action="store_true", help="classify the measured misses instead")
     ap.add_argument("--servers", action="store_true", help="per server: requests, decode time, busy share, prefixes")
+    ap.add_argument("--drain", action="store_true", help="per run: throughput as arrivals' span plus drain, the last request")
     args = ap.parse_args()
+    if args.drain:
+        drain(args.log)
+        return
     if args.misses:
         misses(args.log)
         return
