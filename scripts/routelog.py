@@ -36,7 +36,9 @@ server at its route (the workload's tails are unique); a request misses when it 
 admitted with fewer of them cached. Where the prefix was cached when the request was routed is the
 simulated engines' own prefix caches (`cached_blocks`), not any router's view:
 
-- misses, by where the prefix was at the route: cached on the chosen server (evicted
+- misses, by what they found of the prefix at admission (none of it, or part of it:
+  the blocks of its head that LRU eviction, tail first, left) and by where the prefix
+  was at the route: cached on the chosen server (evicted
   before admission), cached elsewhere only, or nowhere; of those held nowhere, how many
   went to the server the prefix's previous request went to ("its last server"), and of
   those how many right after a miss of it there (that previous request missed too).
@@ -133,6 +135,9 @@ def classify(events):
                   else "    previous request by another replica"] += kept
             if missed:
                 c["misses"] += 1
+                got = done.get(seq, {}).get("cached_tokens", 0) // bs
+                c["  finding part of it" if got else "  finding none of it"] += 1
+                c["partial blocks"] += got
                 if ev["server"] in held:
                     c["  prefix on the chosen server, evicted before admission"] += 1
                 elif held:
@@ -161,7 +166,8 @@ def classify(events):
     return c
 
 
-ORDER = ["misses", "  prefix on the chosen server, evicted before admission",
+ORDER = ["misses", "  finding none of it", "  finding part of it",
+         "  prefix on the chosen server, evicted before admission",
          "  prefix elsewhere only", "  prefix nowhere", "    on its last server",
          "      right after a miss of it there", "lost-prefix routes",
          "  kept on its last server", "    previous request by the same replica",
@@ -182,6 +188,9 @@ def misses(path):
                 sorted(k for k in c if k.startswith("server ") and "x routes" not in k) + \
                 sorted(k for k in c if k.startswith("survival")):
             print(f"  {k:<60} {c[k]:>6}")
+        if c["  finding part of it"]:
+            print(f"  {'blocks a miss finding part of it found (mean)':<60} "
+                  f"{c['partial blocks'] / c['  finding part of it']:>6.1f}")
         for k in sorted(k for k in c if "x routes" in k):
             name = k.replace("prefixes x routes", "prefixes served there last (mean)")
             print(f"  {name:<60} {c[k] / c['routes']:>6.2f}")
