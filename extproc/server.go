@@ -151,7 +151,8 @@ type Options struct {
 	// or more is always routed. 0 never sheds.
 	ShedWaiting int
 	// Objectives gives a request's priority from the InferenceObjective it names in the
-	// x-gateway-inference-objective header. Nil, no header or an unknown name: priority 0.
+	// x-gateway-inference-objective (or x-llm-d-inference-objective) header. Nil, no header
+	// or an unknown name: priority 0.
 	Objectives Objectives
 	// Rewrites gives the InferenceModelRewrite rule for a request's model. Nil: no rule
 	// (the x-gateway-model-name-rewrite header still rewrites).

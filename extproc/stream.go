@@ -1,6 +1,7 @@
 package extproc
 
 import (
+	"cmp"
 	"fmt"
 	"strconv"
 	"strings"
@@ -58,8 +59,8 @@ type stream struct {
 	spoofed   []string // client-sent x-gateway-destination-* header names
 	subset    []string
 	hasSubset bool
-	objective string // the x-gateway-inference-objective header: its first non-empty value of at most maxObjectiveName bytes
-	rewriteTo string // the x-gateway-model-name-rewrite header: its first non-empty value of at most maxModelName bytes
+	objective string // the objective header (llm-d-router's name, else the Inference Extension's): its first non-empty value of at most maxObjectiveName bytes
+	rewriteTo string // the model rewrite header (llm-d-router's name, else the Inference Extension's): its first non-empty value of at most maxModelName bytes
 	// respModel names the request's own model again in a rewritten request's response
 	// (FULL_DUPLEX_STREAMED); nil when the model was not rewritten.
 	respModel *responseModel
@@ -125,6 +126,9 @@ func (st *stream) onRequestHeaders(msg *extprocv3.ProcessingRequest, h *extprocv
 		return false, protocolErrorf("request_headers in phase %s", st.phase)
 	}
 	st.start = st.s.now()
+	// Each of the two headers llm-d-router renamed is read under both names; its name
+	// there (the second of each pair) wins over the Inference Extension's.
+	var objective, rewriteTo [2]string
 	for _, hv := range h.GetHeaders().GetHeaders() {
 		key := strings.ToLower(hv.GetKey())
 		switch {
@@ -136,20 +140,19 @@ func (st *stream) onRequestHeaders(msg *extprocv3.ProcessingRequest, h *extprocv
 				st.declared = n
 			}
 		case key == epp.HeaderObjective:
-			if st.objective != "" {
-				break // the first value counts
-			}
-			if v := headerValue(hv); len(v) <= maxObjectiveName {
-				st.objective = v
-			}
+			firstValue(&objective[0], hv, maxObjectiveName)
+		case key == epp.HeaderObjectiveLLMD:
+			firstValue(&objective[1], hv, maxObjectiveName)
 		case key == epp.HeaderModelRewrite:
-			if v := headerValue(hv); st.rewriteTo == "" && len(v) <= maxModelName {
-				st.rewriteTo = v // the first value counts
-			}
+			firstValue(&rewriteTo[0], hv, maxModelName)
+		case key == epp.HeaderModelRewriteLLMD:
+			firstValue(&rewriteTo[1], hv, maxModelName)
 		case strings.HasPrefix(key, epp.HeaderPrefix):
 			st.spoofed = append(st.spoofed, key)
 		}
 	}
+	st.objective = cmp.Or(objective[1], objective[0])
+	st.rewriteTo = cmp.Or(rewriteTo[1], rewriteTo[0])
 	st.subset, st.hasSubset = subsetHint(msg.GetMetadataContext())
 	st.phase = phaseRequestBody
 
@@ -612,6 +615,17 @@ func newChunkReply(chunk []byte, eos, request bool) *extprocv3.ProcessingRespons
 		c.r.Response = &c.respB
 	}
 	return &c.r
+}
+
+// firstValue keeps in *dst the header's value unless *dst holds one already (a header's
+// first non-empty value counts) or the value is over limit bytes.
+func firstValue(dst *string, hv *corev3.HeaderValue, limit int) {
+	if *dst != "" {
+		return
+	}
+	if v := headerValue(hv); len(v) <= limit {
+		*dst = v
+	}
 }
 
 func headerValue(hv *corev3.HeaderValue) string {

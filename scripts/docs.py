@@ -604,6 +604,46 @@ def workload_summary(*paths):
     return table(["workload", "placement against kv"], rows)
 
 
+def workload_margins(directory, before=None):
+    """Every workload file in directory (kvbench --policy kv,placement): placement's
+    ratio, TTFT p99 and throughput against kv's per cell, whether the goal holds, and,
+    with before, whether it held in the same file there (an earlier build's runs)."""
+    import glob
+
+    def cells(path):
+        grid, rs = workload_rows(records(path))
+        ix = {(cell, p): r for cell, p, r, _, _ in rs}
+        return {cell: (r, ix[(cell, "kv")], m) for cell, p, r, _, m in rs if p == "placement" and (cell, "kv") in ix}
+
+    rows, misses = [], 0
+    paths = sorted(glob.glob(os.path.join(ROOT, directory, "*.json")))
+    if not paths:
+        raise SystemExit(f"{directory}: no workload files")
+    for path in paths:
+        name = os.path.basename(path)[:-len(".json")]
+        old = {}
+        if before:
+            bpath = os.path.join(ROOT, before, os.path.basename(path))
+            if os.path.exists(bpath):
+                old = cells(bpath)
+        for cell, (r, kv, m) in sorted(cells(path).items()):
+            misses += bool(m)
+            goal = "met" if not m else "**missed** (" + ", ".join(m) + ")"
+            row = [name, f"N={cell[0]} C={cell[1]}" if cell else "-",
+                   f"{r['cached_ratio']:.3f} / {kv['cached_ratio']:.3f}",
+                   f"{r['ttft_p99_ms']:.0f} / {kv['ttft_p99_ms']:.0f} ({r['ttft_p99_ms'] / kv['ttft_p99_ms']:.2f})",
+                   f"{r['requests_per_s']:.2f} / {kv['requests_per_s']:.2f} ({100 * (r['requests_per_s'] / kv['requests_per_s'] - 1):+.1f}%)",
+                   goal]
+            if before:
+                b = old.get(cell)
+                row.append("-" if b is None else ("met" if not b[2] else "missed (" + ", ".join(b[2]) + ")"))
+            rows.append(row)
+    head = ["workload", "cell", "ratio placement / kv", "TTFT p99 ms placement / kv", "req/s placement / kv", "goal"]
+    if before:
+        head.append("goal before")
+    return table(head, rows) + f"\nCells missing the goal: {misses} of {len(rows)}.\n"
+
+
 # ---- docs/results.md ----
 
 def results_sweep():
@@ -866,6 +906,7 @@ RENDERERS = {
     "runs": runs_table,
     "workload": workload_table,
     "workload-summary": workload_summary,
+    "workload-margins": workload_margins,
 }
 
 # Package READMEs with rendered blocks: rendered and checked like docs/, but their older
