@@ -188,6 +188,12 @@ type Config struct {
 	// conversation's turn sent while its last request is still in prefill goes where
 	// that request is. Default true.
 	LongContexts bool `yaml:"long_contexts"`
+	// CopyCost makes a replica within Fill pay for its miss, as one past Fill does: the
+	// request's uncached tokens at the new endpoint times the requests they delay there
+	// (its running ones and itself) must be fewer than at the holder. Fill says only
+	// whether a copy evicts something live; with KV memory to spare it never binds.
+	// Default true.
+	CopyCost bool `yaml:"copy_cost"`
 }
 
 // DefaultConfig returns the defaults measured in docs/results-policy.md.
@@ -224,6 +230,7 @@ func DefaultConfig() Config {
 		HoldPrefillTokens:   600,
 		UnplaceDiverted:     true,
 		LongContexts:        true,
+		CopyCost:            true,
 		MaxNumBatchedTokens: 2048,
 	}
 }

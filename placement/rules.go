@@ -250,6 +250,9 @@ func (p *Policy) choose(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 		if !p.moveWorth(e, key, sc, i, h) {
 			continue
 		}
+		if p.cfg.CopyCost && !p.missCostsLess(sc, i, h) {
+			continue
+		}
 		if r < 0 || p.wait(sc, i) < p.wait(sc, r) ||
 			(p.wait(sc, i) == p.wait(sc, r) && (p.fillOf(sc.eps[i], &cands[i]) < p.fillOf(sc.eps[r], &cands[r]) ||
 				p.fillOf(sc.eps[i], &cands[i]) == p.fillOf(sc.eps[r], &cands[r]) && p.crowded(sc, h) && p.coldTie(sc, i, r))) {
@@ -979,6 +982,20 @@ func hitCostsMore(e *prefixEntry, sc *scratch, i, h int) bool {
 	prefix := min(n, e.blocks*sc.blockSize)
 	add := max(0, prefix-sc.lead[i]*sc.blockSize)
 	return add < (n-prefix)*sc.loads[h]
+}
+
+// missCostsLess reports whether the request's prefill at candidate i delays fewer
+// requests' steps, counted in tokens, than at the holder h: its uncached tokens at each,
+// times the requests running there plus itself. With i idle and h holding the prefix it
+// is hitCostsMore. p.mu must be held.
+func (p *Policy) missCostsLess(sc *scratch, i, h int) bool {
+	n := len(sc.keys) * sc.blockSize
+	ui := max(0, n-sc.lead[i]*sc.blockSize)
+	uh := max(0, n-sc.lead[h]*sc.blockSize)
+	if ui*(sc.loads[i]+1) < uh*(sc.loads[h]+1) {
+		return true
+	}
+	return sc.decode[i] > 0 && sc.decode[h] > 0 && sc.decode[i] < p.cfg.MissSpeedup*sc.decode[h]
 }
 
 // moveWorth reports whether a replica on candidate i of a prefix that grows (a
