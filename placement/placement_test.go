@@ -184,6 +184,7 @@ func TestPlacementReplicatesOnlyWithinFreeCapacity(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := placement.DefaultConfig()
 			cfg.Fill = tc.fill
+			cfg.CopyCost = false // Fill's room, not the copy's worth (TestPlacementCopyWithinFillPaysForItsMiss)
 			ix := testindex.New()
 			p := newPlacement(t, cfg, ix)
 			cs := fleet(2, nil)
@@ -610,7 +611,7 @@ func TestPlacementSharedLoad(t *testing.T) {
 		wantHome bool
 	}{
 		{name: "off: scraped requests ignored", shared: false, scraped: 3, wantHome: true},
-		{name: "another router's requests make the home busy", shared: true, scraped: 3, wantHome: false},
+		{name: "another router's requests make the home busy", shared: true, scraped: 9, wantHome: false}, // a copy pays for its miss (9 > 72/8 - 1)
 		{name: "own request in the scrape is not another router's", shared: true, scraped: 1, ownFirst: true, wantHome: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -685,6 +686,7 @@ func TestPlacementUnplacesADivertedReplica(t *testing.T) {
 			cfg.MaxNumBatchedTokens = 1024 // the replica's 1,152-token miss is past one step (1,024 + a block); the move adds 1,024
 			cfg.HoldMax = 0
 			cfg.UnplaceDiverted = tc.unplace
+			cfg.CopyCost = false // a replica at the first busy holder, whatever it is worth
 			ix := testindex.New()
 			p := newPlacement(t, cfg, ix)
 			cs := fleet(3, nil)
@@ -1463,5 +1465,69 @@ func TestPlacementHistoryStaysWithABusyHolder(t *testing.T) {
 				t.Errorf("went to %s (holder %s busy), want moved=%v", got, holder, tc.moves)
 			}
 		})
+	}
+}
+
+// TestPlacementCopyWithinFillPaysForItsMiss: with KV memory to spare (Fill never binds),
+// a busy holder's shared prefix takes a replica on a less loaded endpoint only when the
+// request's miss there delays fewer requests' steps than its hit at the holder (its
+// uncached tokens times the requests running there plus itself), or when that endpoint
+// is measured faster beyond noise. Without copy_cost any less loaded endpoint takes one.
+func TestPlacementCopyWithinFillPaysForItsMiss(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		load   int           // requests running at the holder
+		decode time.Duration // the other endpoint's measured decode time; the holder's is 1 s
+		copies bool
+	}{
+		{"one running, equal speeds: the hit", 1, time.Second, false},
+		{"nine running: a copy", 9, time.Second, true},
+		{"one running, the other faster beyond noise: a copy", 1, 500 * time.Millisecond, true},
+		{"one running, the other faster within noise: the hit", 1, 900 * time.Millisecond, false},
+	} {
+		for _, on := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s/copy_cost=%v", tc.name, on), func(t *testing.T) {
+				cfg := placement.DefaultConfig()
+				cfg.CopyCost = on
+				cfg.Saturated = 10
+				ix := testindex.New()
+				clock := time.Unix(100, 0)
+				p, err := placement.New(cfg, ix, func() time.Time { return clock }, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				cs := fleet(2, []int{10_000, 10_000}) // a 72-block prompt: Fill never binds
+				holder := place(t, p, prefixed(0, 0), cs)
+				other := cs[0].Address
+				if other == holder {
+					other = cs[1].Address
+				}
+				ix.Hold(holder, plKeysOf(prefixed(0, 0))[:64])
+				// Measure each endpoint's decode time with one unrelated request.
+				for k, m := range []struct {
+					addr string
+					d    time.Duration
+				}{{holder, time.Second}, {other, tc.decode}} {
+					req := plRequest(plTokens(900_000_000+10_000_000*k, 8*16))
+					if _, err := p.Pick(req, cs); err != nil {
+						t.Fatal(err)
+					}
+					p.Routed(req, m.addr)
+					p.FirstToken(req.ID)
+					clock = clock.Add(m.d)
+					p.Finished(req.ID)
+				}
+				place(t, p, prefixed(0, 1), cs) // the prefix's size is learned: 64 blocks
+				for i := range cs {
+					if cs[i].Address == holder {
+						cs[i].InFlight = tc.load
+					}
+				}
+				want := tc.copies || !on
+				if got := place(t, p, prefixed(0, 2), cs); (got != holder) != want {
+					t.Fatalf("went to %s (holder %s), want a copy elsewhere: %v", got, holder, want)
+				}
+			})
+		}
 	}
 }

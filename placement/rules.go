@@ -250,7 +250,7 @@ func (p *Policy) choose(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 		if !p.moveWorth(e, key, sc, i, h) {
 			continue
 		}
-		if p.cfg.CopyCost && !p.missCostsLess(sc, i, h) {
+		if p.cfg.CopyCost && !e.grows() && !p.missCostsLess(sc, i, h) {
 			continue
 		}
 		if r < 0 || p.wait(sc, i) < p.wait(sc, r) ||
@@ -992,7 +992,7 @@ func (p *Policy) missCostsLess(sc *scratch, i, h int) bool {
 	n := len(sc.keys) * sc.blockSize
 	ui := max(0, n-sc.lead[i]*sc.blockSize)
 	uh := max(0, n-sc.lead[h]*sc.blockSize)
-	if ui*(sc.loads[i]+1) < uh*(sc.loads[h]+1) {
+	if ui*(sc.loads[i]+1)+sc.eps[i].prefill < uh*(sc.loads[h]+1)+sc.eps[h].prefill {
 		return true
 	}
 	return sc.decode[i] > 0 && sc.decode[h] > 0 && sc.decode[i] < p.cfg.MissSpeedup*sc.decode[h]
