@@ -1032,7 +1032,11 @@ func (p *Policy) soonestHolder(cands []scoring.Endpoint, sc *scratch, g int) int
 // underShare reports whether the prefix is on fewer endpoints than its share of the
 // requests in flight (its own, this one's included, against all of them) times the
 // endpoints: the load its requests bring already needs that many, and a copy within
-// it is judged by Fill alone. p.mu must be held.
+// it is judged by Fill alone (CopyCost). Without it, small fleets' few prefixes took
+// their copies late, in the measured run instead of the warm-up (the reference at
+// workload seed 2, N = 2, C = 8: p99 TTFT 81 ms, kv 69). As a cap on copies instead of
+// an allowance it lost 12 servers, N = 7, C = 16 (27.73 requests/s, kv 27.93). p.mu
+// must be held.
 func (p *Policy) underShare(key uint64, sc *scratch) bool {
 	own, all, sites := 1, 1, 0
 	for i, ep := range sc.eps {
@@ -1047,10 +1051,20 @@ func (p *Policy) underShare(key uint64, sc *scratch) bool {
 	return sites*all < own*len(sc.eps)
 }
 
-// missCostsLess reports whether the request's prefill at candidate i delays fewer
-// requests' steps, counted in tokens, than at the holder h: its uncached tokens at each,
-// times the requests running there plus itself. With i idle and h holding the prefix it
-// is hitCostsMore. p.mu must be held.
+// missCostsLess reports whether a copy of a shared prefix on candidate i, within Fill
+// and past the prefix's share (underShare), is worth its miss against the hit at the
+// busy holder h (CopyCost): the request's prefill there delays fewer requests' steps,
+// counted in tokens, its uncached tokens at each times the requests running there plus
+// itself, plus the prefill backlog it waits behind; or i is measured faster beyond
+// noise (MissSpeedup), where the decode time it saves pays for the miss. With i idle
+// and h holding the prefix the first is hitCostsMore. Fill alone judged such copies,
+// and with KV memory to spare every busy holder's prefix was copied to every less
+// loaded endpoint: the reference at 80 GiB per server, N = 24, C = 16, put a prefix on
+// 4.58 servers for a cached-token ratio of 0.464 against kv's 3.08 and 0.593 (now 2.00
+// and 0.686; N = 7, C = 16 0.707 -> 0.782, kv 0.775; docs/results-workloads.md,
+// held-out). Loads alone, without the faster endpoint, kept 0.757 at N = 24 but lost
+// 80 GiB N = 7, C = 8 throughput (12.1 -> 11.2 requests/s, kv 11.5): copies let the
+// full-speed servers take requests from the 0.7-speed ones. p.mu must be held.
 func (p *Policy) missCostsLess(sc *scratch, i, h int) bool {
 	n := len(sc.keys) * sc.blockSize
 	ui := max(0, n-sc.lead[i]*sc.blockSize)
