@@ -69,7 +69,7 @@ import (
 // is then dropped (UnplaceDiverted): no request fills it.
 //
 // With LongContexts, a conversation's turn sent while its last request is still in
-// prefill goes where that request is while it is below Saturated (joinHistory), ahead
+// prefill goes where that request is, however loaded (joinHistory), ahead
 // of those overrides; and a long miss with none of them, other than a new prefix's
 // first request (its home is the partition's), moves where it evicts fewer recent long
 // prompts or its prefill finishes sooner at measured prefill speed (longMiss).
@@ -334,17 +334,21 @@ func (p *Policy) unplaceUnused(e *prefixEntry, cands []scoring.Endpoint, sc *scr
 }
 
 // joinHistory returns the candidate whose state is ep, where the request's history
-// (its conversation's last request) is in prefill, when it is below Saturated; -1
-// otherwise. There the request waits behind the history's prefill, as it would
-// recompute it anywhere else, and then hits it (trace-600 seed 2: the second and third
-// turns of a 35k-token document sent while its first was in prefill). p.mu must be
-// held.
+// (its conversation's last request) is in prefill; -1 when there is none. There the
+// request waits behind the rest of the history's prefill, as it would recompute all of
+// it anywhere else, and then hits it (trace-600 seed 2: the second and third turns of
+// a 35k-token document sent while its first was in prefill). It joins however loaded
+// the endpoint is: a fleet behind its arrivals has every endpoint past Saturated, and
+// gated there, the 200-request trace at 8x sent two 36k-token last turns, 0.6 s before
+// their histories' first tokens, to endpoints recomputing 35k tokens each (TTFT 6.6 s,
+// against 1.6 and 2.0 s for kv's hits; cached-token ratio 0.410 -> 0.526, kv 0.496;
+// docs/results-workloads.md). p.mu must be held.
 func (p *Policy) joinHistory(ep *endpointState, sc *scratch) int {
 	if ep == nil {
 		return -1
 	}
 	for i := range sc.eps {
-		if sc.eps[i] == ep && sc.loads[i] < p.cfg.Saturated {
+		if sc.eps[i] == ep {
 			return i
 		}
 	}
