@@ -1314,21 +1314,38 @@ func TestPlacementKeepsALongHistory(t *testing.T) {
 // TestPlacementTurnJoinsItsHistoryInPrefill: a conversation's second turn sent while
 // its first (routed to the other endpoint) is still in prefill, so the index does not
 // show it yet, goes where the first is: it waits behind that prefill instead of
-// recomputing the document where the system prompt is.
+// recomputing the document where the system prompt is. It does so however loaded that
+// endpoint is: with Saturated requests decoding there too (a fleet behind its
+// arrivals), the document would still be recomputed anywhere else.
 func TestPlacementTurnJoinsItsHistoryInPrefill(t *testing.T) {
-	for _, keep := range []bool{true, false} {
-		t.Run(fmt.Sprint("long_contexts=", keep), func(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		keep      bool
+		saturated bool // the first turn's endpoint runs Saturated other requests too
+	}{
+		{"long_contexts=true", true, false},
+		{"long_contexts=false", false, false},
+		{"past saturated it still joins", true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
 			cfg := placement.DefaultConfig()
-			cfg.LongContexts = keep
+			cfg.LongContexts = tc.keep
 			p, _, cs, holder, other, doc := branchedSystemPrompt(t, cfg, 1000, nil)
 			first := plRequest(doc(1, 150))
 			if _, err := p.Pick(first, cs); err != nil {
 				t.Fatal(err)
 			}
 			p.Routed(first, other) // no first token: in prefill
+			if tc.saturated {
+				for i := range cs {
+					if cs[i].Address == other {
+						cs[i].InFlight = 1 + cfg.Saturated // the first turn and others decoding
+					}
+				}
+			}
 			second := append(doc(1, 150), plTokens(700_000_000, 8*16)...)
 			want := holder
-			if keep {
+			if tc.keep {
 				want = other
 			}
 			if got := place(t, p, second, cs); got != want {
