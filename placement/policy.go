@@ -209,6 +209,7 @@ func (p *Policy) Pick(req *scoring.Request, cands []scoring.Endpoint) (scoring.D
 		p.sweep()
 	}
 	var joins *endpointState
+	sc.conv, sc.convBlocks = 0, 0
 	if base > 0 {
 		var follow bool
 		follow, joins = p.followed(child, base, sc)
@@ -246,8 +247,9 @@ func (p *Policy) Pick(req *scoring.Request, cands []scoring.Endpoint) (scoring.D
 		}
 	}
 	if req.ID != "" {
-		pp := pendingPick{key: key, addr: addr, blocks: len(sc.keys), pblocks: e.blocks,
-			prefill: max(0, len(req.TokenIDs)-sc.lead[best]*bs), bs: bs, exact: sc.lead[best] < look}
+		shared := sc.shared(sc.eps[best])
+		pp := pendingPick{key: key, addr: addr, blocks: len(sc.keys), pblocks: e.blocks, shared: shared,
+			prefill: max(0, len(req.TokenIDs)-max(sc.lead[best], shared)*bs), bs: bs, exact: sc.lead[best] < look}
 		if base > 0 {
 			pp.conv = child
 		}
@@ -295,15 +297,16 @@ func (p *Policy) followed(child uint64, base int, sc *scratch) (follow bool, joi
 			keys: append([]uint64(nil), sc.keys[:min(len(sc.keys), maxKeptKeys)]...)}
 		return false, nil
 	}
-	last, prefilling := p.reqs[c.last]
-	prefilling = prefilling && last.first.IsZero() && p.cfg.LongContexts
-	if len(c.sites) > 0 && !prefilling {
-		return true, nil
-	}
+	last, inFlight := p.reqs[c.last]
 	// Its size once this request is counted in: the blocks it shares with the last.
 	common := 0
 	for common < len(sc.keys) && common < len(c.keys) && sc.keys[common] == c.keys[common] {
 		common++
+	}
+	sc.conv, sc.convBlocks = child, common
+	prefilling := inFlight && last.first.IsZero() && p.cfg.LongContexts
+	if len(c.sites) > 0 && !prefilling {
+		return true, nil
 	}
 	held := base + max(1, int(math.Ceil(p.cfg.HolderShare*float64(common-base))))
 	if prefilling && common >= held {
@@ -431,7 +434,11 @@ func (p *Policy) Routed(req *scoring.Request, endpoint string) {
 	ep := p.endpoint(endpoint)
 	p.noteUnheardPick(ep, pd.key)
 	a := ep.activate(pd.key, pd.pblocks)
-	r := tracked{ep: ep, key: pd.key, unique: max(0, pd.blocks-a.blocks) + p.cfg.OutputBlocks, tokens: len(req.TokenIDs)}
+	shared := a.blocks
+	if pd.addr == endpoint {
+		shared = max(shared, pd.shared)
+	}
+	r := tracked{ep: ep, key: pd.key, conv: pd.conv, unique: max(0, pd.blocks-shared) + p.cfg.OutputBlocks, tokens: len(req.TokenIDs)}
 	if pd.addr == endpoint {
 		r.prefill = pd.prefill
 	} else {
@@ -524,6 +531,12 @@ func (p *Policy) join(r *tracked) {
 	ep := r.ep
 	ep.footprint += r.unique
 	ep.inflight++
+	if r.conv != 0 {
+		if ep.convs == nil {
+			ep.convs = make(map[uint64]int)
+		}
+		ep.convs[r.conv]++
+	}
 	if p.cfg.SharedLoad {
 		ep.record(p.now())
 	}
@@ -615,6 +628,11 @@ func (p *Policy) release(id string) {
 func (p *Policy) leave(r *tracked) {
 	r.ep.inflight--
 	r.ep.footprint -= r.unique
+	if r.conv != 0 {
+		if r.ep.convs[r.conv]--; r.ep.convs[r.conv] <= 0 {
+			delete(r.ep.convs, r.conv)
+		}
+	}
 	if r.first.IsZero() {
 		r.ep.prefill -= r.prefill
 	}
