@@ -1355,6 +1355,41 @@ func TestPlacementTurnJoinsItsHistoryInPrefill(t *testing.T) {
 	}
 }
 
+// TestPlacementTurnsShareTheirHistorysBlocks: a document's turns in flight together on
+// one endpoint share the document's blocks there, so they count once in its KV
+// footprint. The second turn (572 blocks) is sent while the first (564) is in prefill
+// and joins it; with both decoding on the holder (1,000 blocks), a third turn (580)
+// fits beside them (600 blocks with its output) and stays, where counting the second
+// turn's blocks apart (1,100) or the third's (1,164) would divert it to recompute the
+// document on the other endpoint.
+func TestPlacementTurnsShareTheirHistorysBlocks(t *testing.T) {
+	p, ix, cs, holder, _, doc := branchedSystemPrompt(t, placement.DefaultConfig(), 1000, nil)
+	var turns [][]uint32
+	for k := range 3 {
+		turns = append(turns, append(doc(1, 500), plTokens(700_000_000, k*8*16)...))
+	}
+	var reqs []*scoring.Request
+	for k, toks := range turns[:2] {
+		req := plRequest(toks)
+		d, err := p.Pick(req, cs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Endpoint != holder {
+			t.Fatalf("turn %d went to %s, its system prompt is on %s", k+1, d.Endpoint, holder)
+		}
+		p.Routed(req, d.Endpoint) // the first in prefill when the second is sent
+		reqs = append(reqs, req)
+	}
+	for k, req := range reqs {
+		p.FirstToken(req.ID) // both decoding: in flight, holding the document's blocks
+		ix.Hold(holder, plKeysOf(turns[k]))
+	}
+	if got := place(t, p, turns[2], cs); got != holder {
+		t.Errorf("third turn went to %s, want %s (its first two turns decoding there)", got, holder)
+	}
+}
+
 // TestPlacementLongMissGoesToTheFasterPrefill: a 16k-token document's first turn goes
 // where its system prompt is, unless the other endpoint was measured prefilling prompts
 // of its size twice as fast: there it starts sooner, recomputing the system prompt too.
