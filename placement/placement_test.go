@@ -957,14 +957,20 @@ func TestPlacementSharedPrefixFreesWithItsLastRequest(t *testing.T) {
 // TestPlacementDeadlineIsOneStep: a request is diverted when its prefill backlog at the
 // home (two 1,152-token misses ahead of its own 1,152) exceeds one engine step
 // (max_num_batched_tokens plus a block), and stays at the home when a step covers it.
+// An endpoint past Saturated takes it only when the home is past Saturated too (a fleet
+// behind its arrivals): queueing there then costs no more than at the home.
 func TestPlacementDeadlineIsOneStep(t *testing.T) {
+	sat := placement.DefaultConfig().Saturated
 	for _, tc := range []struct {
-		name     string
-		budget   int
-		wantHome bool
+		name                string
+		budget              int
+		homeLoad, otherLoad int // requests in flight on each beyond this router's
+		wantHome            bool
 	}{
-		{"past one step", 2048, false},
-		{"within one step", 4096, true},
+		{"past one step", 2048, 0, 0, false},
+		{"within one step", 4096, 0, 0, true},
+		{"both past saturated", 2048, sat + 1, sat, false},
+		{"only the other past saturated", 2048, 1, sat, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := placement.DefaultConfig()
@@ -981,6 +987,12 @@ func TestPlacementDeadlineIsOneStep(t *testing.T) {
 					t.Fatal(err)
 				}
 				p.Routed(req, home)
+			}
+			for i := range cs {
+				cs[i].InFlight = tc.otherLoad
+				if cs[i].Address == home {
+					cs[i].InFlight = tc.homeLoad
+				}
 			}
 			if got := place(t, p, prefixed(0, 9), cs); (got == home) != tc.wantHome {
 				t.Fatalf("went to %s (home %s), want home %v", got, home, tc.wantHome)
