@@ -1437,3 +1437,95 @@ func TestPlacementLongMissGoesToTheFasterPrefill(t *testing.T) {
 		})
 	}
 }
+
+// TestPlacementMissLeavesALongPrefill: a new prefix's first request (longer than one
+// step, so besidePrefill does not take it) homed beside a prefill in progress is a miss
+// no idle faster endpoint takes (no speed measured). Behind a long prefill (16,000
+// tokens) it goes where it starts twice as soon; behind a short one (2,400 tokens) it
+// stays with its home.
+func TestPlacementMissLeavesALongPrefill(t *testing.T) {
+	for _, tc := range []struct {
+		name          string
+		backlogBlocks int
+		leaves        bool
+	}{
+		{"behind a long prefill: leaves", 1000, true},
+		{"behind a short prefill: stays", 150, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := newPlacement(t, placement.DefaultConfig(), testindex.New())
+			cs := fleet(2, []int{100_000, 100_000})
+			big := place(t, p, plTokens(100_000_000, 1100*16), cs)
+			backlog := plRequest(plTokens(200_000_000, tc.backlogBlocks*16))
+			d, err := p.Pick(backlog, cs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.Endpoint == big {
+				t.Fatalf("the backlog's prompt went to %s beside the larger home", d.Endpoint)
+			}
+			p.Routed(backlog, d.Endpoint) // no first token: in prefill
+			busy := d.Endpoint
+			for i := range cs {
+				if cs[i].Address == busy {
+					cs[i].InFlight = 1
+				}
+			}
+			got := place(t, p, plTokens(300_000_000, 164*16), cs)
+			if (got != busy) != tc.leaves {
+				t.Errorf("went to %s (prefill of %d blocks in progress on %s), want to leave it: %v", got, tc.backlogBlocks, busy, tc.leaves)
+			}
+		})
+	}
+}
+
+// TestPlacementHistoryStaysWithABusyHolder: a growing prefix (a conversation's
+// history, no branch) whose holder is busy takes no replica on the idle endpoint when
+// that would recompute its history (60 blocks and more) for an 8-block turn, room
+// within Fill or not, unless another request of it is in flight: then the replica
+// shares their load. Prompts stay within one step, so no divert moves them back.
+func TestPlacementHistoryStaysWithABusyHolder(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		inFlight bool
+		moves    bool
+	}{
+		{"a turn alone stays with its busy holder", false, false},
+		{"with another request of it in flight it takes a replica", true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ix := testindex.New()
+			p := newPlacement(t, placement.DefaultConfig(), ix)
+			cs := fleet(2, []int{10_000, 10_000})
+			turn := plTokens(100_000_000, 60*16)
+			next := func() []uint32 {
+				turn = append(append([]uint32(nil), turn...), plTokens(200_000_000+len(turn), 8*16)...)
+				return turn
+			}
+			holder := place(t, p, turn, cs)
+			ix.Hold(holder, plKeysOf(turn))
+			if got := place(t, p, next(), cs); got != holder {
+				t.Fatalf("second turn went to %s, the first is on %s", got, holder)
+			}
+			ix.Hold(holder, plKeysOf(turn))
+			if tc.inFlight {
+				req := plRequest(next())
+				if _, err := p.Pick(req, cs); err != nil {
+					t.Fatal(err)
+				}
+				p.Routed(req, holder)
+				p.FirstToken(req.ID) // decoding, not finished
+				ix.Hold(holder, plKeysOf(turn))
+			}
+			for i := range cs {
+				if cs[i].Address == holder {
+					cs[i].InFlight = 2
+				}
+			}
+			got := place(t, p, next(), cs)
+			if (got != holder) != tc.moves {
+				t.Errorf("went to %s (holder %s busy), want moved=%v", got, holder, tc.moves)
+			}
+		})
+	}
+}

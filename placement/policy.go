@@ -44,7 +44,9 @@ import (
 //     (MissSpeedup) that holds no copy beyond its homes and has room for one, which
 //     takes a copy (fasterCopy): one fast copy per prefix.
 //  5. Otherwise a less-loaded endpoint whose live placements leave room for the prefix
-//     within Fill of its capacity takes a replica (it evicts nothing live). Past Fill,
+//     within Fill of its capacity takes a replica (it evicts nothing live); a growing
+//     history with no other request in flight only when its copy is worth its miss,
+//     as past Fill (moveWorth). Past Fill,
 //     an idle endpoint with room beside its live placements and requests takes one when
 //     the prefix is a shared one that stays put and its prefill (the tokens the copy
 //     adds) is less than the request's own tokens past the prefix times the requests
@@ -65,7 +67,8 @@ import (
 // the soonest endpoint with no prefill in progress whose next step fits the request's
 // prefill and whose live placements leave room for its copy; a miss only of a prefix
 // held nowhere), or when it is busy, holds too little of the prefix to hit, and an idle
-// faster endpoint exists (DivertMisses). A replica or spill placement made by that pick
+// faster endpoint exists (DivertMisses; failing that, behind a long prefill there, to
+// the candidate that would start it twice as soon). A replica or spill placement made by that pick
 // is then dropped (UnplaceDiverted): no request fills it.
 //
 // With LongContexts, a conversation's turn sent while its last request is still in

@@ -263,6 +263,9 @@ func (p *Policy) choose(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 		if float64(sc.eps[i].placedBlocks+e.weight()) > p.cfg.Fill*float64(c) && !p.copyWorth(e, key, cands, sc, i, h, heldBlocks) {
 			continue
 		}
+		if !p.moveWorth(e, key, sc, i, h) {
+			continue
+		}
 		if r < 0 || p.wait(sc, i) < p.wait(sc, r) ||
 			(p.wait(sc, i) == p.wait(sc, r) && (p.fillOf(sc.eps[i], &cands[i]) < p.fillOf(sc.eps[r], &cands[r]) ||
 				p.fillOf(sc.eps[i], &cands[i]) == p.fillOf(sc.eps[r], &cands[r]) && p.crowded(sc, h) && p.coldTie(sc, i, r))) {
@@ -611,6 +614,29 @@ func (p *Policy) divert(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 		}
 		if x := est(i); alt < 0 || x < ea {
 			alt, ea = i, x
+		}
+	}
+	if alt < 0 && late && miss && !full && p.long(sc.eps[best].prefill) {
+		// A miss that no idle faster endpoint takes, behind a long prefill at best,
+		// still goes where it starts twice as soon, as a late hit would: vLLM
+		// schedules its running requests first, so a long prompt's chunks take every
+		// step's whole token budget until its prefill ends, and a request behind it
+		// waits all of it (mixed, seed 2: a 2,384-token one-shot request homed beside
+		// a 65,840-token prefill took 12.9 s to its first token, a 930-token turn
+		// behind another 10.9 s; docs/results-workloads.md, held-out). Behind a
+		// shorter backlog the miss stays: it clears within a few steps, and the
+		// reference's misses diverted behind 2,371-token ones lost N = 24, C = 16
+		// (0.951 -> 0.929 x the partition).
+		for i := range cands {
+			if i == best || !sc.ok[i] || !p.moveOK(sc, i, best) {
+				continue
+			}
+			if x := est(i); 2*x <= eb && (alt < 0 || x < ea) {
+				alt, ea = i, x
+			}
+		}
+		if alt >= 0 {
+			return alt
 		}
 	}
 	if alt < 0 && full {
@@ -964,10 +990,38 @@ func (p *Policy) copyWorth(e *prefixEntry, key uint64, cands []scoring.Endpoint,
 	if !p.spare(key, cands, sc, i) {
 		return false
 	}
+	return hitCostsMore(e, sc, i, h)
+}
+
+// hitCostsMore reports whether the request's hit at the busy holder h costs more than
+// its miss at candidate i: the hit adds the request's own tokens past the prefix to the
+// steps of each request running at h, the miss the prefix's tokens i lacks.
+func hitCostsMore(e *prefixEntry, sc *scratch, i, h int) bool {
 	n := len(sc.keys) * sc.blockSize
 	prefix := min(n, e.blocks*sc.blockSize)
 	add := max(0, prefix-sc.lead[i]*sc.blockSize)
 	return add < (n-prefix)*sc.loads[h]
+}
+
+// moveWorth reports whether a replica on candidate i of a prefix that grows (a
+// conversation's or an agent's history: prefixEntry.grows) is worth its miss. With no other request of it in flight, the replica
+// moves this one request: it takes no load off the holder h and goes stale as the
+// history grows, so it must pay for itself as copyWorth's copy does (hitCostsMore).
+// Within Fill such moves went unjudged, and with KV memory to spare every busy holder
+// sent turns away: chat at 80 GiB per server spread a session over 2.54 servers for a
+// cached-token ratio of 0.662, kv 2.02 and 0.716 (docs/results-workloads.md, held-out).
+// With other requests of it in flight (agents on one context) a replica shares their
+// load, and Fill alone judges it, as before. p.mu must be held.
+func (p *Policy) moveWorth(e *prefixEntry, key uint64, sc *scratch, i, h int) bool {
+	if !e.grows() {
+		return true
+	}
+	for _, ep := range sc.eps {
+		if ep.active[key] != nil {
+			return true
+		}
+	}
+	return hitCostsMore(e, sc, i, h)
 }
 
 // spare reports whether candidate i has room for the request and its prefix beside its

@@ -299,6 +299,14 @@ func (e *prefixEntry) guessed() int {
 	return e.weight()
 }
 
+// grows reports whether e is a history that grows request by request: a conversation
+// past a branched prefix, or a prefix whose requests, compared at least once, have
+// shared more than where they last diverged (never diverged: each extended the last).
+// A shared prefix that stays put branches right past it; one seen once is not known.
+func (e *prefixEntry) grows() bool {
+	return e.base > 0 || (e.learned && (e.branch == 0 || e.blocks > e.branch))
+}
+
 // held is the leading blocks an endpoint must hold to hold e: its parent's, plus share
 // of its own (at least one).
 func (e *prefixEntry) held(share float64) int {

@@ -362,6 +362,28 @@ def cells_table(path, metric="cached_ratio"):
     return table(["N", "C"] + (["bound"] if metric == "cached_ratio" else []) + order, rows)
 
 
+def goal_reference(ix, n, c, r):
+    """The reference point of a cell's goal: the measured perfect partition at N = 24
+    (when the grid has it), else the bound; with its name."""
+    part = ix.get(("partition", n, c))
+    if n >= 24 and part:
+        return part["cached_ratio"], "partition"
+    return r["bound_cached_ratio"], "bound"
+
+
+def goal_missed(ix, n, c, r):
+    """What a cell r of (n, c) misses of the goal: "ratio" under 0.95 x the reference,
+    "p99" over kv's (+0.5 ms), "req/s" under kv's (-0.5%); empty when met."""
+    kv = ix.get(("kv", n, c))
+    ref, _ = goal_reference(ix, n, c, r)
+    missed = [] if r["cached_ratio"] >= 0.95 * ref else ["ratio"]
+    if kv and r["ttft_p99_ms"] > kv["ttft_p99_ms"] + 0.5:
+        missed.append("p99")
+    if kv and r["requests_per_s"] < kv["requests_per_s"] * 0.995:
+        missed.append("req/s")
+    return missed
+
+
 def goal_table(path, pol="placement"):
     """Per N x C: ratio against the reference point (the bound, or the measured perfect
     partition at N = 24), TTFT p99 and throughput against kv, and whether the goal holds:
@@ -371,12 +393,9 @@ def goal_table(path, pol="placement"):
     for (p, n, c), r in sorted(ix.items(), key=lambda x: (x[0][1], x[0][2])):
         if p != pol:
             continue
-        kv, part = ix.get(("kv", n, c)), ix.get(("partition", n, c))
-        bound = r["bound_cached_ratio"]
-        ref, refname = (part["cached_ratio"], "partition") if n >= 24 and part else (bound, "bound")
-        ok = r["cached_ratio"] >= 0.95 * ref
-        if kv:
-            ok = ok and r["ttft_p99_ms"] <= kv["ttft_p99_ms"] + 0.5 and r["requests_per_s"] >= kv["requests_per_s"] * 0.995
+        kv = ix.get(("kv", n, c))
+        ref, refname = goal_reference(ix, n, c, r)
+        ok = not goal_missed(ix, n, c, r)
         fails += not ok
         rows.append([n, c, f"{r['cached_ratio']:.3f}", f"{ref:.3f} ({refname})", f"{r['cached_ratio'] / ref:.3f}",
                      f"{r['ttft_p99_ms']:.0f} / {kv['ttft_p99_ms']:.0f}" if kv else f"{r['ttft_p99_ms']:.0f} / -",
@@ -384,6 +403,65 @@ def goal_table(path, pol="placement"):
                      "met" if ok else "**missed**"])
     out = table(["N", "C", f"{pol} ratio", "reference", "ratio/ref", f"TTFT p99 ms {pol} / kv", f"req/s {pol} / kv", "goal"], rows)
     return out + f"\nCells missing the goal: {fails} of {len(rows)}.\n"
+
+
+def seeds_table(*args):
+    """The goal at several workload seeds: kvbench --json grids (kv, partition and the
+    policy, each record carrying its seed) concatenated in the files given; the last
+    argument may name the policy. Per seed, the cells missing the goal and what they miss
+    (as goal_table judges them), and the policy's N = 24 ratio against the partition at
+    each concurrency; then, per cell, the seeds missing it."""
+    pol = "placement"
+    if args and not args[-1].endswith(".json"):
+        args, pol = args[:-1], args[-1]
+    recs = records(*args)
+    cs24 = sorted({r["concurrency"] for r in recs if r["prefixes"] == 24})
+
+    def n24(ix):
+        out = []
+        for c in cs24:
+            r = ix.get((pol, 24, c))
+            out.append(f"{r['cached_ratio'] / goal_reference(ix, 24, c, r)[0]:.3f}" if r else "-")
+        return out
+    return per_seed_table(recs, pol, goal_missed, [f"N = 24, C = {c}: ratio/partition" for c in cs24], n24)
+
+
+def seeds_replicas_table(path, one, pol="placement"):
+    """Router replicas at several workload seeds: per seed, the cells of `path` (grids of
+    kv and the policy at --replicas R, concatenated, records carrying their seed) missing
+    replicas_table's goal against one router's grid of the same seed in `one`."""
+    solo = records(one)
+
+    def missed(ix, n, c, r):
+        o = by_cell([x for x in solo if x["seed"] == r["seed"]]).get((pol, n, c))
+        kv = ix.get(("kv", n, c))
+        return replicas_missed(r, kv, o) if kv and o else []
+    return per_seed_table(records(path), pol, missed, [], lambda ix: [])
+
+
+def per_seed_table(recs, pol, missed_of, extra_cols, extra):
+    """Per seed of recs, the policy's cells that missed_of(ix, n, c, r) finds missing
+    something, and extra(ix)'s columns; then, per cell, the seeds missing it."""
+    rows, per_cell, cells = [], {}, 0
+    seeds = sorted({r["seed"] for r in recs})
+    for sd in seeds:
+        ix = by_cell([r for r in recs if r["seed"] == sd])
+        missed = []
+        for (p, n, c), r in sorted(ix.items(), key=lambda x: (x[0][1], x[0][2])):
+            if p != pol:
+                continue
+            cells += 1
+            m = missed_of(ix, n, c, r)
+            if m:
+                missed.append(f"N = {n}, C = {c}: {', '.join(m)}")
+                per_cell.setdefault((n, c), []).append(f"{sd} ({', '.join(m)})")
+        rows.append([sd, "; ".join(missed) or "-"] + extra(ix))
+    out = table(["seed", "cells missing the goal"] + extra_cols, rows)
+    if per_cell:
+        out += "\n" + table(["cell", "seeds missing it"],
+                            [[f"N = {n}, C = {c}", ", ".join(v)] for (n, c), v in sorted(per_cell.items(), key=lambda x: (-len(x[1]), x[0]))])
+    missing = sum(len(v) for v in per_cell.values())
+    return out + f"\nCells missing the goal: {missing} of {cells} ({len(seeds)} seeds).\n"
 
 
 def vs_kv_table(path, pol="placement"):
@@ -409,6 +487,19 @@ def vs_kv_table(path, pol="placement"):
     return out + f"\nLosses against kv: {losses}.\n"
 
 
+def replicas_missed(r, kv, o):
+    """What a replicas cell r misses of issue 13's goal: "ratio" more than 1 point under
+    one router's o, "p99" over 1.05 x kv's, "req/s" under kv's; empty when met."""
+    lost = []
+    if 100 * (r["cached_ratio"] - o["cached_ratio"]) < -1:
+        lost.append("ratio")
+    if r["ttft_p99_ms"] > 1.05 * kv["ttft_p99_ms"]:
+        lost.append("p99")
+    if r["requests_per_s"] < kv["requests_per_s"]:
+        lost.append("req/s")
+    return lost
+
+
 def replicas_table(path, one, pol="placement"):
     """Router replicas against issue 13's goal, per cell: the policy's cached-token ratio
     within 1 point of one router's (the same grid in `one`), its TTFT p99 at most 5% over
@@ -420,13 +511,7 @@ def replicas_table(path, one, pol="placement"):
         if p != pol or kv is None or o is None:
             continue
         d = 100 * (r["cached_ratio"] - o["cached_ratio"])
-        lost = []
-        if d < -1:
-            lost.append("ratio")
-        if r["ttft_p99_ms"] > 1.05 * kv["ttft_p99_ms"]:
-            lost.append("p99")
-        if r["requests_per_s"] < kv["requests_per_s"]:
-            lost.append("req/s")
+        lost = replicas_missed(r, kv, o)
         missed += bool(lost)
         msgs, size = r.get("sync_messages_per_request"), r.get("sync_bytes_per_request")
         rows.append([n, c, f"{r['cached_ratio']:.3f} / {o['cached_ratio']:.3f}", f"{d:+.1f}",
@@ -515,6 +600,46 @@ def workload_summary(*paths):
                   for cell, p, _, _, m in rs if p == "placement" and m]
         rows.append([os.path.basename(path)[:-len(".json")], "met" if not misses else "missed: " + "; ".join(misses)])
     return table(["workload", "placement against kv"], rows)
+
+
+def workload_margins(directory, before=None):
+    """Every workload file in directory (kvbench --policy kv,placement): placement's
+    ratio, TTFT p99 and throughput against kv's per cell, whether the goal holds, and,
+    with before, whether it held in the same file there (an earlier build's runs)."""
+    import glob
+
+    def cells(path):
+        grid, rs = workload_rows(records(path))
+        ix = {(cell, p): r for cell, p, r, _, _ in rs}
+        return {cell: (r, ix[(cell, "kv")], m) for cell, p, r, _, m in rs if p == "placement" and (cell, "kv") in ix}
+
+    rows, misses = [], 0
+    paths = sorted(glob.glob(os.path.join(ROOT, directory, "*.json")))
+    if not paths:
+        raise SystemExit(f"{directory}: no workload files")
+    for path in paths:
+        name = os.path.basename(path)[:-len(".json")]
+        old = {}
+        if before:
+            bpath = os.path.join(ROOT, before, os.path.basename(path))
+            if os.path.exists(bpath):
+                old = cells(bpath)
+        for cell, (r, kv, m) in sorted(cells(path).items()):
+            misses += bool(m)
+            goal = "met" if not m else "**missed** (" + ", ".join(m) + ")"
+            row = [name, f"N={cell[0]} C={cell[1]}" if cell else "-",
+                   f"{r['cached_ratio']:.3f} / {kv['cached_ratio']:.3f}",
+                   f"{r['ttft_p99_ms']:.0f} / {kv['ttft_p99_ms']:.0f} ({r['ttft_p99_ms'] / kv['ttft_p99_ms']:.2f})",
+                   f"{r['requests_per_s']:.2f} / {kv['requests_per_s']:.2f} ({100 * (r['requests_per_s'] / kv['requests_per_s'] - 1):+.1f}%)",
+                   goal]
+            if before:
+                b = old.get(cell)
+                row.append("-" if b is None else ("met" if not b[2] else "missed (" + ", ".join(b[2]) + ")"))
+            rows.append(row)
+    head = ["workload", "cell", "ratio placement / kv", "TTFT p99 ms placement / kv", "req/s placement / kv", "goal"]
+    if before:
+        head.append("goal before")
+    return table(head, rows) + f"\nCells missing the goal: {misses} of {len(rows)}.\n"
 
 
 # ---- docs/results.md ----
@@ -731,11 +856,14 @@ RENDERERS = {
     "results-fullstack": results_fullstack,
     "cells": cells_table,
     "goal": goal_table,
+    "seeds": seeds_table,
+    "seeds-replicas": seeds_replicas_table,
     "vs-kv": vs_kv_table,
     "replicas": replicas_table,
     "runs": runs_table,
     "workload": workload_table,
     "workload-summary": workload_summary,
+    "workload-margins": workload_margins,
 }
 
 BLOCK = re.compile(r"(<!-- render: ([^>]*?) -->\n)(.*?)(<!-- /render -->)", re.S)

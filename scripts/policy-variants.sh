@@ -23,3 +23,21 @@ $kvb $common --replicas 4 --json "$out/replicas4-sync.json" > /dev/null
 $kvb $common --reps 9 --json "$out/base-reps9.json" > /dev/null
 $kvb $common --replicas 2 --reps 9 --json "$out/replicas2-sync-reps9.json" > /dev/null
 $kvb $common --replicas 4 --reps 9 --json "$out/replicas4-sync-reps9.json" > /dev/null
+# The goal at held-out workload seeds (kvbench --seed S runs workload seeds S, S+1, S+2
+# as its 3 repetitions): 3 repetitions at --seed 2 to 10, and one at each seed 1 to 12,
+# each set concatenated into one file of records carrying their seed; and 2 router
+# replicas at --seed 2 to 10.
+seeds() { # reps first last file [kvbench flags]
+	tmp=$(mktemp -d)
+	reps=$1 first=$2 last=$3 file=$4
+	shift 4
+	for s in $(seq "$first" "$last"); do
+		$kvb $common --reps "$reps" --seed "$s" "$@" --json "$tmp/$s.json" > /dev/null
+	done
+	python3 -c 'import json, sys; print(json.dumps([r for f in sys.argv[1:] for r in json.load(open(f))], indent=2))' \
+		$(for s in $(seq "$first" "$last"); do echo "$tmp/$s.json"; done) > "$file"
+	rm -r "$tmp"
+}
+seeds 3 2 10 "$out/seeds-reps3.json"
+seeds 1 1 12 "$out/seeds-reps1.json"
+seeds 3 2 10 "$out/seeds-replicas2-reps3.json" --replicas 2

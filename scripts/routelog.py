@@ -4,6 +4,7 @@
     python3 scripts/routelog.py F.jsonl
     python3 scripts/routelog.py F.jsonl --trace testbench/kvbench/testdata/trace-small.jsonl
     python3 scripts/routelog.py F.jsonl --misses
+    python3 scripts/routelog.py F.jsonl --drain
 
 Per run (policy, repetition, concurrency): the cached-token ratio from the log's finish
 lines, the ratio without the requests of at least --long prompt tokens, those requests
@@ -22,6 +23,12 @@ the prefixes it served; and the servers per prefix. In a fleet of unequal speeds
 closed loop's throughput is the clients over the mean request time, so it follows the
 share of requests on the fast servers.
 
+With --drain instead, per run: how an open-loop replay's throughput (kvbench's served
+requests over the first send to the last finish) splits into the arrivals' span (first to
+last route, fixed by the trace) and the drain after the last arrival, and which request
+finished last, with its latency; then the median run per policy. When the fleet keeps
+up, the drain is the last requests' latency, and it alone tells policies apart.
+
 With --misses instead, per policy and concurrency, summed over repetitions (a sim run of
 the reference workload: each route line carries the servers' cached blocks). A
 request's prefix is as many blocks as any request of that prefix found cached on any
@@ -29,7 +36,9 @@ server at its route (the workload's tails are unique); a request misses when it 
 admitted with fewer of them cached. Where the prefix was cached when the request was routed is the
 simulated engines' own prefix caches (`cached_blocks`), not any router's view:
 
-- misses, by where the prefix was at the route: cached on the chosen server (evicted
+- misses, by what they found of the prefix at admission (none of it, or part of it:
+  the blocks of its head that LRU eviction, tail first, left) and by where the prefix
+  was at the route: cached on the chosen server (evicted
   before admission), cached elsewhere only, or nowhere; of those held nowhere, how many
   went to the server the prefix's previous request went to ("its last server"), and of
   those how many right after a miss of it there (that previous request missed too).
@@ -126,6 +135,9 @@ def classify(events):
                   else "    previous request by another replica"] += kept
             if missed:
                 c["misses"] += 1
+                got = done.get(seq, {}).get("cached_tokens", 0) // bs
+                c["  finding part of it" if got else "  finding none of it"] += 1
+                c["partial blocks"] += got
                 if ev["server"] in held:
                     c["  prefix on the chosen server, evicted before admission"] += 1
                 elif held:
@@ -154,7 +166,8 @@ def classify(events):
     return c
 
 
-ORDER = ["misses", "  prefix on the chosen server, evicted before admission",
+ORDER = ["misses", "  finding none of it", "  finding part of it",
+         "  prefix on the chosen server, evicted before admission",
          "  prefix elsewhere only", "  prefix nowhere", "    on its last server",
          "      right after a miss of it there", "lost-prefix routes",
          "  kept on its last server", "    previous request by the same replica",
@@ -175,6 +188,9 @@ def misses(path):
                 sorted(k for k in c if k.startswith("server ") and "x routes" not in k) + \
                 sorted(k for k in c if k.startswith("survival")):
             print(f"  {k:<60} {c[k]:>6}")
+        if c["  finding part of it"]:
+            print(f"  {'blocks a miss finding part of it found (mean)':<60} "
+                  f"{c['partial blocks'] / c['  finding part of it']:>6.1f}")
         for k in sorted(k for k in c if "x routes" in k):
             name = k.replace("prefixes x routes", "prefixes served there last (mean)")
             print(f"  {name:<60} {c[k] / c['routes']:>6.2f}")
@@ -234,6 +250,29 @@ def servers(path):
                   f"{1000 * c['ttft'] / k:>7.0f}  {c['busy'] / t['span']:>4.2f}  {c['prefixes'] / reps:>15.2f}")
 
 
+def drain(path):
+    runs = collections.defaultdict(dict)
+    for line in open(path):
+        ev = json.loads(line)
+        if ev["event"] in ("route", "finish"):
+            runs[(ev["policy"], ev["rep"], ev.get("concurrency", 0))].setdefault(ev["seq"], {})[ev["event"]] = ev["t"]
+    per = collections.defaultdict(list)
+    for run, reqs in sorted(runs.items()):
+        routes = [r["route"] for r in reqs.values() if "route" in r]
+        done = sorted((r["finish"], s) for s, r in reqs.items() if "finish" in r)
+        if not routes or not done:
+            continue
+        first, last_in = min(routes), max(routes)
+        end, seq = done[-1]
+        row = (len(done) / (end - first), last_in - first, end - last_in, seq, end - reqs[seq]["route"], len(done))
+        per[run[0]].append(row)
+        print("%s rep %d: %.3f requests/s = %d / (%.2f s of arrivals + %.2f s of drain); last done: request %d, %.2f s after its route" % (
+            run[0], run[1], row[0], row[5], row[1], row[2], row[3], row[4]))
+    for policy, rows in per.items():
+        m = sorted(rows)[(len(rows) - 1) // 2]
+        print("median %s: %.3f requests/s, drain %.2f s (request %d, latency %.2f s)" % (policy, m[0], m[2], m[3], m[4]))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("log")
@@ -242,7 +281,11 @@ def main():
     ap.add_argument("--shared-ids", type=int, default=2)
     ap.add_argument("--misses", action="store_true", help="classify the measured misses instead")
     ap.add_argument("--servers", action="store_true", help="per server: requests, decode time, busy share, prefixes")
+    ap.add_argument("--drain", action="store_true", help="per run: throughput as arrivals' span plus drain, the last request")
     args = ap.parse_args()
+    if args.drain:
+        drain(args.log)
+        return
     if args.misses:
         misses(args.log)
         return

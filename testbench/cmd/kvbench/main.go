@@ -103,6 +103,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		genTrace      = fs.String("gen-trace", "", "write the built-in synthetic conversation trace (seeded by --seed) to this file and exit")
 		workload      = fs.String("workload", "", "an open-loop workload instead of the reference's closed loop: chat (multi-turn conversations), agent (long shared contexts, short steps) or mixed")
 		systemPrompts = fs.Int("system-prompts", kvbench.DefaultChatConfig().SystemPrompts, "chat workload: shared system prompts conversations draw from (0 = none)")
+		conversations = fs.Int("conversations", kvbench.DefaultChatConfig().Conversations, "chat workload: conversations started over its 30 s window (more is a higher arrival rate)")
 		maxModelLen   = fs.Int("max-model-len", sc.Engine.MaxModelLen, "servers' max_model_len: longer prompt + output is refused with 400 (sim mode)")
 		routeLog      = fs.String("route-log", "", "write every routing decision (each server's state then), first token and finish (prompt and cached tokens) as JSON lines to this file (sim mode)")
 	)
@@ -264,7 +265,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	start := time.Now()
 	if scripted {
-		s, err := buildScript(*traceFile, *traceReqs, *speedup, *workload, *seed, *systemPrompts, tok)
+		s, err := buildScript(*traceFile, *traceReqs, *speedup, *workload, *seed, *systemPrompts, *conversations, tok)
 		if err != nil {
 			return err
 		}
@@ -287,7 +288,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 }
 
 // buildScript builds the open-loop workload the flags ask for.
-func buildScript(traceFile string, limit int, speedup float64, workload string, seed uint64, systemPrompts int, tok kvbench.Tokenizer) (*kvbench.Script, error) {
+func buildScript(traceFile string, limit int, speedup float64, workload string, seed uint64, systemPrompts, conversations int, tok kvbench.Tokenizer) (*kvbench.Script, error) {
 	if traceFile != "" {
 		f, err := os.Open(traceFile)
 		if err != nil {
@@ -303,7 +304,7 @@ func buildScript(traceFile string, limit int, speedup float64, workload string, 
 	switch workload {
 	case "chat":
 		c := kvbench.DefaultChatConfig()
-		c.Seed, c.SystemPrompts = seed, systemPrompts
+		c.Seed, c.SystemPrompts, c.Conversations = seed, systemPrompts, conversations
 		return kvbench.NewChatScript(c, tok)
 	case "agent":
 		c := kvbench.DefaultAgentConfig()

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -59,6 +60,24 @@ func TestRunChatWorkload(t *testing.T) {
 	}
 }
 
+// --conversations sets how many conversations the chat workload starts: 6 conversations of 4
+// to 8 turns are 24 to 48 requests (the default's 48 conversations are about 280).
+func TestRunChatConversations(t *testing.T) {
+	dir := testmodels.Dir(t, "qwen3")
+	var out, errOut strings.Builder
+	args := []string{"--sim", "--workload", "chat", "--conversations", "6", "--tokenizer", dir, "--policy", "kv", "--progress", "never"}
+	if err := run(context.Background(), args, &out, &errOut); err != nil {
+		t.Fatalf("%v\n%s", err, errOut.String())
+	}
+	var n int
+	if _, err := fmt.Sscanf(out.String(), "workload chat (sim mode, 6 servers, %d requests", &n); err != nil {
+		t.Fatalf("no request count in the output (%v):\n%s", err, out.String())
+	}
+	if n < 6*4 || n > 6*8 {
+		t.Errorf("6 conversations of 4 to 8 turns made %d requests", n)
+	}
+}
+
 func TestRun(t *testing.T) {
 	tests := []struct {
 		name    string
@@ -87,6 +106,7 @@ func TestRun(t *testing.T) {
 		{"bad trace", []string{"--sim", "--tokenizer", "none", "--trace", "main.go"}, "", "trace line 1"},
 		{"trace and workload", []string{"--sim", "--trace", "x", "--workload", "chat"}, "", "one of --trace and --workload"},
 		{"unknown workload", []string{"--sim", "--tokenizer", "none", "--workload", "poker"}, "", "--workload must be"},
+		{"negative conversations", []string{"--sim", "--tokenizer", "none", "--workload", "chat", "--conversations", "-1"}, "", "invalid chat config"},
 		{"chat workload needs the template", []string{"--sim", "--tokenizer", "none", "--workload", "chat"}, "", "need the model's tokenizer"},
 		{"route log needs sim", []string{"--url", "http://127.0.0.1:1", "--tokenizer", "none", "--route-log", "x.jsonl"}, "", "--route-log needs --sim"},
 	}
