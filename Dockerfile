@@ -5,6 +5,10 @@
 #
 #   docker build --target kvrouter -t kvrouter .
 #   docker build --target vllm-sim -t vllm-sim .
+#
+# The context has no .git (.dockerignore), so name the build for `kvrouter --version`,
+# inference_extension_info and the start-up log line:
+#   docker build --build-arg VERSION=$(git describe --tags --always) --build-arg COMMIT=$(git rev-parse HEAD) -t kvrouter .
 
 ARG GO_VERSION=1.26
 
@@ -15,9 +19,11 @@ RUN --mount=type=cache,target=/go/pkg/mod go mod download
 COPY . .
 ARG TARGETOS
 ARG TARGETARCH
+ARG VERSION=""
+ARG COMMIT=""
 ENV CGO_ENABLED=0
 RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache/go-build \
-    GOOS=$TARGETOS GOARCH=$TARGETARCH go build -trimpath -ldflags="-s -w" -o /out/ ./cmd/kvrouter ./testbench/cmd/vllm-sim
+    GOOS=$TARGETOS GOARCH=$TARGETARCH go build -trimpath -ldflags="-s -w -X github.com/kvrouter/kvrouter/internal/app.buildVersion=${VERSION} -X github.com/kvrouter/kvrouter/internal/app.buildCommit=${COMMIT}" -o /out/ ./cmd/kvrouter ./testbench/cmd/vllm-sim
 
 FROM gcr.io/distroless/static-debian12:nonroot AS vllm-sim
 COPY --from=build /out/vllm-sim /vllm-sim

@@ -19,6 +19,11 @@ const (
 	// priority; the gateway or the client sets it (the Inference Extension's
 	// metadata.ObjectiveKey).
 	HeaderObjective = "x-gateway-inference-objective"
+	// HeaderObjectiveLLMD is HeaderObjective under llm-d-router's name
+	// (metadata.ObjectiveKey there, which keeps x-gateway-inference-objective as a
+	// deprecated alias). Both are read; when a request carries both, this one wins, as
+	// llm-d-router reads its current name before the alias.
+	HeaderObjectiveLLMD = "x-llm-d-inference-objective"
 	// HeaderModelRewrite names the model a request is to be forwarded for instead of the
 	// one its body names, set by the gateway (an HTTPRoute's header filter, say) or by the
 	// client: as the Inference Extension's picker (metadata.ModelNameRewriteKey, read in
@@ -26,6 +31,11 @@ const (
 	// "model" unless an InferenceModelRewrite rule matches the request's model, which
 	// wins. It names a model, never an endpoint.
 	HeaderModelRewrite = "x-gateway-model-name-rewrite"
+	// HeaderModelRewriteLLMD is HeaderModelRewrite under llm-d-router's name
+	// (metadata.ModelNameRewriteKey there, which keeps x-gateway-model-name-rewrite as a
+	// deprecated alias). Both are read; when a request carries both, this one wins, as
+	// llm-d-router reads its current name before the alias.
+	HeaderModelRewriteLLMD = "x-llm-d-model-name-rewrite"
 	// NamespaceLB is the dynamic-metadata namespace of the decision and of the served endpoint.
 	NamespaceLB = "envoy.lb"
 	// NamespaceSubsetHint is the metadata namespace of the gateway's subset hint.

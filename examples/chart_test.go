@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
@@ -26,10 +27,12 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	infv1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
+	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 
 	"github.com/kvrouter/kvrouter/config"
 	"github.com/kvrouter/kvrouter/discovery"
 	"github.com/kvrouter/kvrouter/envoy"
+	"github.com/kvrouter/kvrouter/tlscert"
 )
 
 // The chart is rendered by the real helm (`make chart-golden`) into
@@ -105,6 +108,8 @@ func TestChartRefusesUnsafeUpstreams(t *testing.T) {
 		{"fallbacks to ORIGINAL_DST", []string{"envoy.enabled=true", "vllm.enabled=true", "envoy.upstream=original-dst", "config.limits.max_fallbacks=2"}, "ORIGINAL_DST cluster takes one ip:port"},
 		{"gateways disagree", []string{"envoy.enabled=true", "vllm.enabled=true", "istio.enabled=true"}, "envoy.upstream and istio.upstream differ"},
 		{"unknown upstream", []string{"envoy.enabled=true", "vllm.enabled=true", "envoy.upstream=round-robin"}, `upstream "round-robin"`},
+		{"unknown InferencePool provider", []string{"inferencePool.enabled=true", "inferencePool.provider=kgateway"}, `inferencePool.provider "kgateway": want none, istio or gke`},
+		{"GKE without its proxies admitted", []string{"inferencePool.enabled=true", "inferencePool.provider=gke"}, "set networkPolicy.extprocFrom"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			args := []string{"template", "kvrouter", chartDir, "--namespace", "llm", "--kube-version", "1.33.0"}
@@ -165,6 +170,10 @@ func checkChart(t *testing.T, name string, objs []object) {
 		t.Errorf("kvrouter Deployment: startup probe %+v, want gRPC on 9003 allowing at least 30 s", p)
 	}
 	checkNetworkPolicy(t, objs, central)
+	checkPickerService(t, find[*corev1.Service](t, objs, "kvrouter"), cfg.Listen.TLS.Mode != tlscert.ModeDisabled)
+	if kinds["ServiceMonitor"] > 0 {
+		checkServiceMonitor(t, objs, find[*serviceMonitor](t, objs, "kvrouter"), d)
+	}
 	if f := cfg.Listen.TLS.CertFile; f != "" {
 		// The certificate comes from a Secret mounted where the configuration names it.
 		mounted := false
@@ -179,8 +188,14 @@ func checkChart(t *testing.T, name string, objs []object) {
 			t.Errorf("listen.tls.cert_file %s is not in a mounted Secret (%+v)", f, c.VolumeMounts)
 		}
 	}
-	if kinds["EnvoyFilter"] > 0 {
+	// Istio reaches kvrouter's TLS port only through a DestinationRule saying so: with the
+	// EnvoyFilter, and with an InferencePool whose Gateway is Istio's (inferencePool.provider).
+	if kinds["EnvoyFilter"] > 0 || (kinds["InferencePool"] > 0 && name == "inference-pool-istio") {
 		checkIstioTLS(t, find[*istionetv1.DestinationRule](t, objs, "kvrouter-extproc"), "kvrouter.llm.svc.cluster.local")
+	} else if kinds["DestinationRule"] > 0 {
+		t.Errorf("a DestinationRule without Istio in use: the cluster may not have its CRD")
+	}
+	if kinds["EnvoyFilter"] > 0 {
 		c, r := checkEnvoyFilter(t, find[*istionetv1alpha3.EnvoyFilter](t, objs, "kvrouter"), "vllm")
 		checkUpstream(t, objs, cfg, chartPool, c, []*routev3.Route{r})
 	}
@@ -193,6 +208,22 @@ func checkChart(t *testing.T, name string, objs []object) {
 	k := cfg.Discovery.Kubernetes
 	if k == nil || k.Namespace != "llm" {
 		t.Fatalf("discovery %+v does not watch the release namespace", k)
+	}
+	for _, o := range objs {
+		// Streamed completions run for minutes: a route without its own request timeout
+		// gets the implementation's default (Envoy's 15s, GKE's 30s).
+		if route, ok := o.obj.(*gwv1.HTTPRoute); ok {
+			for i, r := range route.Spec.Rules {
+				if r.Timeouts == nil || r.Timeouts.Request == nil {
+					t.Errorf("HTTPRoute %s rule %d has no timeouts.request", route.Name, i)
+				} else if d, err := time.ParseDuration(string(*r.Timeouts.Request)); err != nil || d < time.Minute {
+					t.Errorf("HTTPRoute %s rule %d: timeouts.request %s (%v), want at least a minute", route.Name, i, *r.Timeouts.Request, err)
+				}
+			}
+		}
+	}
+	if kinds["HealthCheckPolicy"] > 0 || kinds["GCPBackendPolicy"] > 0 || name == "inference-pool-gke" {
+		checkGKEPolicies(t, objs, find[*infv1.InferencePool](t, objs, k.InferencePool))
 	}
 	if kinds["InferencePool"] > 0 {
 		pool := find[*infv1.InferencePool](t, objs, k.InferencePool)
@@ -428,17 +459,145 @@ func checkNetworkPolicy(t *testing.T, objs []object, central bool) {
 	}
 	for _, o := range objs {
 		if dep, ok := o.obj.(*appsv1.Deployment); ok && dep.Name == "kvrouter-envoy" {
-			admitted := false
-			for _, peer := range byPort["extproc"] {
-				if peer.PodSelector == nil || peer.NamespaceSelector != nil {
-					continue
-				}
-				sel, _ := metav1.LabelSelectorAsSelector(peer.PodSelector)
-				admitted = admitted || sel.Matches(labels.Set(dep.Spec.Template.Labels))
-			}
-			if !admitted {
+			if !admits(byPort["extproc"], np.Namespace, np.Namespace, dep.Spec.Template.Labels) {
 				t.Errorf("the chart's Envoy pods %v are not admitted to ext_proc by %+v", dep.Spec.Template.Labels, byPort["extproc"])
 			}
 		}
+		// The InferencePool's Gateway: its proxies wherever the implementations put them,
+		// unless the peers were named (an address block: GKE's proxies are not pods).
+		named := slices.ContainsFunc(byPort["extproc"], func(p networkingv1.NetworkPolicyPeer) bool { return p.IPBlock != nil })
+		if route, ok := o.obj.(*gwv1.HTTPRoute); ok && !named {
+			for _, parent := range route.Spec.ParentRefs {
+				gw := string(parent.Name)
+				for _, proxy := range []struct {
+					impl, ns string
+					labels   map[string]string
+				}{
+					{"Istio", np.Namespace, map[string]string{"gateway.networking.k8s.io/gateway-name": gw, "istio.io/gateway-name": gw}},
+					{"Envoy Gateway", "envoy-gateway-system", map[string]string{
+						"gateway.envoyproxy.io/owning-gateway-name": gw, "gateway.envoyproxy.io/owning-gateway-namespace": np.Namespace}},
+				} {
+					if !admits(byPort["extproc"], np.Namespace, proxy.ns, proxy.labels) {
+						t.Errorf("%s's proxies of Gateway %s (namespace %s, labels %v) are not admitted to ext_proc by %+v",
+							proxy.impl, gw, proxy.ns, proxy.labels, byPort["extproc"])
+					}
+				}
+				// Another Gateway's Envoy Gateway proxies are not.
+				other := map[string]string{"gateway.envoyproxy.io/owning-gateway-name": gw, "gateway.envoyproxy.io/owning-gateway-namespace": "elsewhere"}
+				if admits(byPort["extproc"], np.Namespace, "envoy-gateway-system", other) {
+					t.Errorf("Envoy Gateway proxies of a Gateway %s in another namespace are admitted to ext_proc", gw)
+				}
+			}
+		}
 	}
+}
+
+// checkServiceMonitor: the ServiceMonitor selects, in the release namespace, Services
+// whose named port reaches kvrouter's metrics container port, and exactly one of them, so
+// that each pod is scraped once, on /metrics.
+func checkServiceMonitor(t *testing.T, objs []object, sm *serviceMonitor, d *appsv1.Deployment) {
+	t.Helper()
+	if !slices.Equal(sm.Spec.NamespaceSelector.MatchNames, []string{"llm"}) || len(sm.Spec.Endpoints) != 1 || sm.Spec.Endpoints[0].Path != "/metrics" {
+		t.Fatalf("ServiceMonitor spec %+v: want namespace llm and one /metrics endpoint", sm.Spec)
+	}
+	sel, err := metav1.LabelSelectorAsSelector(&sm.Spec.Selector)
+	if err != nil {
+		t.Fatal(err)
+	}
+	metricsPort := ""
+	for _, p := range d.Spec.Template.Spec.Containers[0].Ports {
+		if p.ContainerPort == 9090 {
+			metricsPort = p.Name
+		}
+	}
+	scraped := 0
+	for _, o := range objs {
+		svc, ok := o.obj.(*corev1.Service)
+		if !ok || !sel.Matches(labels.Set(svc.Labels)) {
+			continue
+		}
+		for _, p := range svc.Spec.Ports {
+			if p.Name == sm.Spec.Endpoints[0].Port {
+				scraped++
+				if p.TargetPort.StrVal != metricsPort || !labels.SelectorFromSet(svc.Spec.Selector).Matches(labels.Set(d.Spec.Template.Labels)) {
+					t.Errorf("Service %s port %s reaches %v on pods %v, not kvrouter's metrics port %q", svc.Name, p.Name, p.TargetPort, svc.Spec.Selector, metricsPort)
+				}
+			}
+		}
+	}
+	if scraped != 1 {
+		t.Errorf("the ServiceMonitor scrapes kvrouter through %d Services, want 1", scraped)
+	}
+}
+
+// checkGKEPolicies: behind a GKE Gateway the pool's pods are health-checked where vLLM
+// answers (/health on the pool's port) and the load balancer lets a request run for
+// minutes; ext_proc is admitted from an address block (the proxy-only subnet), since
+// GKE's proxies are not pods.
+func checkGKEPolicies(t *testing.T, objs []object, pool *infv1.InferencePool) {
+	t.Helper()
+	want := gkeTargetRef{Group: infv1.GroupName, Kind: "InferencePool", Name: pool.Name}
+	hc := find[*gkeHealthCheckPolicy](t, objs, pool.Name)
+	c := hc.Spec.Default.Config
+	if hc.Spec.TargetRef != want || c.Type != "HTTP" || c.HTTPHealthCheck.RequestPath != "/health" || c.HTTPHealthCheck.Port != int32(pool.Spec.TargetPorts[0].Number) {
+		t.Errorf("HealthCheckPolicy %+v: want an HTTP check of /health on port %d of %+v", hc.Spec, pool.Spec.TargetPorts[0].Number, want)
+	}
+	bp := find[*gkeBackendPolicy](t, objs, pool.Name)
+	if bp.Spec.TargetRef != want || bp.Spec.Default.TimeoutSec < 60 {
+		t.Errorf("GCPBackendPolicy %+v: want a timeout of a minute or more on %+v", bp.Spec, want)
+	}
+	np := find[*networkingv1.NetworkPolicy](t, objs, "kvrouter")
+	for _, r := range np.Spec.Ingress {
+		for _, p := range r.Ports {
+			if p.Port.String() == "extproc" && !slices.ContainsFunc(r.From, func(peer networkingv1.NetworkPolicyPeer) bool { return peer.IPBlock != nil }) {
+				t.Errorf("ext_proc admits %+v, no address block for GKE's proxies", r.From)
+			}
+		}
+	}
+}
+
+// checkPickerService: the Service an InferencePool's endpointPickerRef names declares
+// the ext_proc port's protocol as the Inference Extension's picker Service does (http2,
+// over TLS), or kubernetes.io/h2c when kvrouter serves it in cleartext.
+func checkPickerService(t *testing.T, svc *corev1.Service, tls bool) {
+	t.Helper()
+	want := "kubernetes.io/h2c"
+	if tls {
+		want = "http2"
+	}
+	for _, p := range svc.Spec.Ports {
+		if p.Port == 9002 {
+			if p.AppProtocol == nil || *p.AppProtocol != want {
+				t.Errorf("Service %s port 9002 appProtocol %v, want %s (TLS %v)", svc.Name, p.AppProtocol, want, tls)
+			}
+			return
+		}
+	}
+	t.Errorf("Service %s has no port 9002", svc.Name)
+}
+
+// admits tells whether a NetworkPolicy of namespace policyNS with ingress peers lets in a
+// pod of namespace ns with podLabels (namespaces labelled as Kubernetes does,
+// kubernetes.io/metadata.name).
+func admits(peers []networkingv1.NetworkPolicyPeer, policyNS, ns string, podLabels map[string]string) bool {
+	for _, peer := range peers {
+		if peer.IPBlock != nil {
+			continue
+		}
+		if peer.NamespaceSelector == nil {
+			if ns != policyNS {
+				continue
+			}
+		} else if sel, err := metav1.LabelSelectorAsSelector(peer.NamespaceSelector); err != nil ||
+			!sel.Matches(labels.Set{"kubernetes.io/metadata.name": ns}) {
+			continue
+		}
+		if peer.PodSelector == nil {
+			return true
+		}
+		if sel, err := metav1.LabelSelectorAsSelector(peer.PodSelector); err == nil && sel.Matches(labels.Set(podLabels)) {
+			return true
+		}
+	}
+	return false
 }

@@ -33,7 +33,12 @@ func TestDockerfileBuildsStatic(t *testing.T) {
 		t.Fatalf("./cmd/kvrouter must be built, found %v", pkgs)
 	}
 	out := t.TempDir()
-	args := append(append([]string{"build"}, b.flags...), "-o", out+"/")
+	// The build arguments, as `docker build --build-arg` would set them.
+	flags := make([]string, len(b.flags))
+	for i, f := range b.flags {
+		flags[i] = strings.NewReplacer("${VERSION}", "v0.0.0-test", "${COMMIT}", "0123abc").Replace(f)
+	}
+	args := append(append([]string{"build"}, flags...), "-o", out+"/")
 	args = append(args, pkgs...)
 	cmd := exec.Command("go", args...)
 	cmd.Dir = ".."
@@ -61,5 +66,9 @@ func TestDockerfileBuildsStatic(t *testing.T) {
 				t.Errorf("%s keeps its symbol table: -ldflags -s was not applied", bin)
 			}
 		})
+	}
+	// VERSION and COMMIT reach kvrouter --version (and inference_extension_info).
+	if v, err := exec.Command(filepath.Join(out, "kvrouter"), "--version").Output(); err != nil || string(v) != "kvrouter v0.0.0-test (commit 0123abc)\n" {
+		t.Errorf("kvrouter --version: %q, %v; want the build arguments", v, err)
 	}
 }

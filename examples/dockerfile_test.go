@@ -1,7 +1,11 @@
 package examples_test
 
 import (
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -81,6 +85,69 @@ func parseDockerfile(t *testing.T, path string) dockerBuild {
 		}
 	}
 	return b
+}
+
+// ldflagsX matches a linker -X assignment: package path, variable, value.
+var ldflagsX = regexp.MustCompile(`-X (\S+)\.(\w+)=(\S*)`)
+
+// The Dockerfile's -X assignments name string variables the package declares (the
+// linker ignores a name it does not find, so a rename would silently drop the version).
+func TestDockerfileLinkerVariables(t *testing.T) {
+	b := parseDockerfile(t, "../Dockerfile")
+	found := 0
+	for _, f := range b.flags {
+		for _, m := range ldflagsX.FindAllStringSubmatch(f, -1) {
+			found++
+			dir, ok := strings.CutPrefix(m[1], "github.com/kvrouter/kvrouter/")
+			if !ok {
+				t.Errorf("-X %s.%s: not one of kvrouter's packages", m[1], m[2])
+				continue
+			}
+			if !declaresString(t, filepath.Join("..", dir), m[2]) {
+				t.Errorf("-X %s.%s: %s declares no package-level string variable %s", m[1], m[2], dir, m[2])
+			}
+		}
+	}
+	if found == 0 {
+		t.Error("the Dockerfile's go build sets no version with -X")
+	}
+}
+
+// declaresString tells whether the Go package in dir (its non-test files) declares a
+// package-level variable name of type string.
+func declaresString(t *testing.T, dir, name string) bool {
+	t.Helper()
+	files, err := filepath.Glob(filepath.Join(dir, "*.go"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, file := range files {
+		if strings.HasSuffix(file, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(token.NewFileSet(), file, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range f.Decls {
+			gd, ok := d.(*ast.GenDecl)
+			if !ok || gd.Tok != token.VAR {
+				continue
+			}
+			for _, spec := range gd.Specs {
+				vs := spec.(*ast.ValueSpec)
+				if id, ok := vs.Type.(*ast.Ident); !ok || id.Name != "string" {
+					continue
+				}
+				for _, n := range vs.Names {
+					if n.Name == name {
+						return true
+					}
+				}
+			}
+		}
+	}
+	return false
 }
 
 func TestDockerfileStages(t *testing.T) {

@@ -68,11 +68,76 @@ func newTyped(gvk schema.GroupVersionKind) any {
 		return &istionetv1.VirtualService{}
 	case istionetv1.SchemeGroupVersion.WithKind("DestinationRule"):
 		return &istionetv1.DestinationRule{}
+	case schema.GroupVersionKind{Group: "monitoring.coreos.com", Version: "v1", Kind: "ServiceMonitor"}:
+		return &serviceMonitor{}
+	case schema.GroupVersionKind{Group: "networking.gke.io", Version: "v1", Kind: "HealthCheckPolicy"}:
+		return &gkeHealthCheckPolicy{}
+	case schema.GroupVersionKind{Group: "networking.gke.io", Version: "v1", Kind: "GCPBackendPolicy"}:
+		return &gkeBackendPolicy{}
 	}
 	if o, err := scheme.Scheme.New(gvk); err == nil {
 		return o
 	}
 	return nil
+}
+
+// serviceMonitor is the part of Prometheus Operator's ServiceMonitor
+// (monitoring.coreos.com/v1) the chart renders, under the CRD's field names, so that a
+// misspelt or unexpected field fails strict parsing (the operator's Go module is not a
+// dependency).
+type serviceMonitor struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata"`
+	Spec              struct {
+		JobLabel          string `json:"jobLabel"`
+		NamespaceSelector struct {
+			MatchNames []string `json:"matchNames"`
+		} `json:"namespaceSelector"`
+		Selector  metav1.LabelSelector `json:"selector"`
+		Endpoints []struct {
+			Port     string `json:"port"`
+			Path     string `json:"path"`
+			Interval string `json:"interval"`
+		} `json:"endpoints"`
+	} `json:"spec"`
+}
+
+// gkeTargetRef is the policies' targetRef (networking.gke.io/v1).
+type gkeTargetRef struct {
+	Group string `json:"group"`
+	Kind  string `json:"kind"`
+	Name  string `json:"name"`
+}
+
+// gkeHealthCheckPolicy and gkeBackendPolicy are the parts of GKE's HealthCheckPolicy and
+// GCPBackendPolicy (networking.gke.io/v1) the chart renders, under the API's field names
+// (as the Inference Extension's chart writes them for provider gke), for strict parsing.
+type gkeHealthCheckPolicy struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata"`
+	Spec              struct {
+		TargetRef gkeTargetRef `json:"targetRef"`
+		Default   struct {
+			Config struct {
+				Type            string `json:"type"`
+				HTTPHealthCheck struct {
+					RequestPath string `json:"requestPath"`
+					Port        int32  `json:"port"`
+				} `json:"httpHealthCheck"`
+			} `json:"config"`
+		} `json:"default"`
+	} `json:"spec"`
+}
+
+type gkeBackendPolicy struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata"`
+	Spec              struct {
+		TargetRef gkeTargetRef `json:"targetRef"`
+		Default   struct {
+			TimeoutSec int `json:"timeoutSec"`
+		} `json:"default"`
+	} `json:"spec"`
 }
 
 // splitDocs splits a YAML stream on "---" lines, dropping empty documents.
@@ -411,6 +476,12 @@ func TestGatewayAPIManifests(t *testing.T) {
 	if ref.Port == nil || !slices.ContainsFunc(svc.Spec.Ports, func(p corev1.ServicePort) bool { return p.Port == int32(ref.Port.Number) }) || ref.Port.Number != 9002 {
 		t.Errorf("endpoint picker port %+v is not kvrouter's ext_proc port 9002", ref.Port)
 	}
+	// Istio's Gateway needs to be told to speak TLS to kvrouter's ext_proc port.
+	if gw := find[*gwv1.Gateway](t, objs, "inference-gateway"); gw.Spec.GatewayClassName == "istio" {
+		checkIstioTLS(t, find[*istionetv1.DestinationRule](t, objs, "kvrouter-extproc"),
+			string(ref.Name)+"."+pool.Namespace+".svc.cluster.local")
+	}
+	checkPickerService(t, svc, true)
 	route := find[*gwv1.HTTPRoute](t, objs, "vllm-qwen")
 	br := route.Spec.Rules[0].BackendRefs[0]
 	if br.Kind == nil || *br.Kind != "InferencePool" || br.Group == nil || string(*br.Group) != infv1.GroupName || string(br.Name) != pool.Name {
@@ -627,4 +698,26 @@ func checkIstioTLS(t *testing.T, dr *istionetv1.DestinationRule, host string) {
 		}
 	}
 	t.Errorf("DestinationRule %s sets no TLS for port 9002", dr.Name)
+}
+
+// The README's by-hand configuration (Running) is a valid kvrouter configuration that
+// names the ports the rest of the block uses.
+func TestReadmeLocalConfig(t *testing.T) {
+	data, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, ok := strings.Cut(string(data), "cat > kvrouter.yaml <<'EOF'\n")
+	block, after, ok2 := strings.Cut(rest, "\nEOF\n")
+	if !ok || !ok2 {
+		t.Fatal("README.md has no `cat > kvrouter.yaml <<'EOF'` block")
+	}
+	cfg, err := config.Parse([]byte(block), "README.md (kvrouter.yaml)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep := cfg.Endpoints[0]
+	if len(cfg.Endpoints) != 1 || !strings.Contains(after, "-extproc "+cfg.Listen.ExtProc) || !strings.Contains(after, "-upstreams "+ep.Address) {
+		t.Errorf("the README's commands do not use the configuration's ext_proc %s and endpoint %s:\n%s", cfg.Listen.ExtProc, ep.Address, after)
+	}
 }

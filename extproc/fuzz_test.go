@@ -50,7 +50,7 @@ func FuzzProcess(f *testing.F) {
 			}
 			hdrs := &corev3.HeaderMap{Headers: []*corev3.HeaderValue{{Key: ":path", RawValue: []byte("/v1/chat/completions")},
 				{Key: ":status", RawValue: []byte("200")}, {Key: "x-gateway-destination-endpoint", RawValue: payload},
-				{Key: "x-gateway-model-name-rewrite", RawValue: payload}}}
+				{Key: "x-gateway-model-name-rewrite", RawValue: payload}, {Key: "x-llm-d-model-name-rewrite", RawValue: chunk}}}
 			var m *extprocv3.ProcessingRequest
 			switch b & 0x0f % 7 {
 			case 0:

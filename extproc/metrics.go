@@ -251,7 +251,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"model_rewrite_name", "model_name", "target_model"})),
 		rewritesKept: register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvrouter_model_rewrites_kept_total",
-			Help: "Requests routed for their own model although a rewrite applied (source: rule, an InferenceModelRewrite; header, x-gateway-model-name-rewrite), because no endpoint serves a target and some serve the request's model.",
+			Help: "Requests routed for their own model although a rewrite applied (source: rule, an InferenceModelRewrite; header, x-gateway-model-name-rewrite or x-llm-d-model-name-rewrite), because no endpoint serves a target and some serve the request's model.",
 		}, []string{"source"})),
 	}
 	m.gie = newGIEMetrics(reg)

@@ -151,7 +151,8 @@ type Options struct {
 	// or more is always routed. 0 never sheds.
 	ShedWaiting int
 	// Objectives gives a request's priority from the InferenceObjective it names in the
-	// x-gateway-inference-objective header. Nil, no header or an unknown name: priority 0.
+	// x-gateway-inference-objective (or x-llm-d-inference-objective) header. Nil, no header
+	// or an unknown name: priority 0.
 	Objectives Objectives
 	// Rewrites gives the InferenceModelRewrite rule for a request's model. Nil: no rule
 	// (the x-gateway-model-name-rewrite header still rewrites).
@@ -221,6 +222,8 @@ type Server struct {
 	candidateBufs sync.Pool
 	// idBufs pools *promptBuf token-id buffers for tokenizers implementing tokenAppender.
 	idBufs sync.Pool
+	// bodies pools the buffers of request bodies reassembled from several chunks.
+	bodies bodyPool
 	// Replies that depend only on an endpoint address: decisions in a headers reply or a
 	// body reply, and the response-headers reply naming the served endpoint.
 	headerReplies, bodyReplies, servedReplies replyCache
@@ -411,6 +414,7 @@ func (s *Server) process(srv extprocv3.ExternalProcessor_ProcessServer) error {
 	defer st.release()
 	defer st.unhold()
 	defer st.unholdCopy()
+	defer st.putBody()
 	for {
 		var msg *extprocv3.ProcessingRequest
 		var err error

@@ -1,11 +1,13 @@
 package extproc_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -319,6 +321,55 @@ func TestLargeBodies(t *testing.T) {
 				t.Fatal(err)
 			}
 		})
+	}
+}
+
+// TestPooledBodies: bodies reassembled from several chunks with a content-length go
+// into buffers the server reuses; each request, one after the other and many at once,
+// is still parsed from its own body and passes it on unchanged.
+func TestPooledBodies(t *testing.T) {
+	h := newHarness(t)
+	run := func(i int) error {
+		x, err := fakeenvoy.Start(context.Background(), h.conn.Client, fakeenvoy.FullDuplex())
+		if err != nil {
+			return err
+		}
+		defer x.Close()
+		body := []byte(fmt.Sprintf(`{"model":"only-b","messages":[{"role":"user","content":"req-%d %s"}]}`, i,
+			strings.Repeat(string(rune('a'+i%26)), 20000+i*7919%300000)))
+		res, err := x.Request(fakeenvoy.Request{Body: split(body, 2+i%9),
+			Headers: postHeaders(fakeenvoy.Header{Key: "content-length", Value: strconv.Itoa(len(body))})})
+		switch {
+		case err != nil:
+			return err
+		case res.Immediate != nil:
+			return fmt.Errorf("request %d: immediate response %v", i, res.Immediate)
+		case !bytes.Equal(res.Body, body):
+			return fmt.Errorf("request %d: body passed on differs (%d vs %d bytes)", i, len(res.Body), len(body))
+		}
+		if dest, _ := res.Headers.Get(epp.HeaderDestination); dest != epB {
+			return fmt.Errorf("request %d: routed to %q, not by its parsed model to %s", i, dest, epB)
+		}
+		return nil
+	}
+	for i := range 20 { // one after the other: buffers come back
+		if err := run(i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 32)
+	for i := range 32 { // concurrently: no buffer is shared
+		wg.Go(func() {
+			if err := run(100 + i); err != nil {
+				errs <- err
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
 	}
 }
 

@@ -1,6 +1,7 @@
 package extproc
 
 import (
+	"cmp"
 	"fmt"
 	"strconv"
 	"strings"
@@ -58,12 +59,13 @@ type stream struct {
 	spoofed   []string // client-sent x-gateway-destination-* header names
 	subset    []string
 	hasSubset bool
-	objective string // the x-gateway-inference-objective header: its first non-empty value of at most maxObjectiveName bytes
-	rewriteTo string // the x-gateway-model-name-rewrite header: its first non-empty value of at most maxModelName bytes
+	objective string // the objective header (llm-d-router's name, else the Inference Extension's): its first non-empty value of at most maxObjectiveName bytes
+	rewriteTo string // the model rewrite header (llm-d-router's name, else the Inference Extension's): its first non-empty value of at most maxModelName bytes
 	// respModel names the request's own model again in a rewritten request's response
 	// (FULL_DUPLEX_STREAMED); nil when the model was not rewritten.
 	respModel *responseModel
 	body      []byte
+	bodyBuf   *[]byte   // the pooled buffer body was reassembled into, if any; returned once body is passed on
 	declared  int       // the content-length header, when it is at most maxBody (else 0)
 	hasLength bool      // the request has a content-length header (a rewritten body's replaces it)
 	held      int       // bytes of body reserved for parsing in the server's body budget
@@ -124,6 +126,9 @@ func (st *stream) onRequestHeaders(msg *extprocv3.ProcessingRequest, h *extprocv
 		return false, protocolErrorf("request_headers in phase %s", st.phase)
 	}
 	st.start = st.s.now()
+	// Each of the two headers llm-d-router renamed is read under both names; its name
+	// there (the second of each pair) wins over the Inference Extension's.
+	var objective, rewriteTo [2]string
 	for _, hv := range h.GetHeaders().GetHeaders() {
 		key := strings.ToLower(hv.GetKey())
 		switch {
@@ -135,20 +140,19 @@ func (st *stream) onRequestHeaders(msg *extprocv3.ProcessingRequest, h *extprocv
 				st.declared = n
 			}
 		case key == epp.HeaderObjective:
-			if st.objective != "" {
-				break // the first value counts
-			}
-			if v := headerValue(hv); len(v) <= maxObjectiveName {
-				st.objective = v
-			}
+			firstValue(&objective[0], hv, maxObjectiveName)
+		case key == epp.HeaderObjectiveLLMD:
+			firstValue(&objective[1], hv, maxObjectiveName)
 		case key == epp.HeaderModelRewrite:
-			if v := headerValue(hv); st.rewriteTo == "" && len(v) <= maxModelName {
-				st.rewriteTo = v // the first value counts
-			}
+			firstValue(&rewriteTo[0], hv, maxModelName)
+		case key == epp.HeaderModelRewriteLLMD:
+			firstValue(&rewriteTo[1], hv, maxModelName)
 		case strings.HasPrefix(key, epp.HeaderPrefix):
 			st.spoofed = append(st.spoofed, key)
 		}
 	}
+	st.objective = cmp.Or(objective[1], objective[0])
+	st.rewriteTo = cmp.Or(rewriteTo[1], rewriteTo[0])
 	st.subset, st.hasSubset = subsetHint(msg.GetMetadataContext())
 	st.phase = phaseRequestBody
 
@@ -209,8 +213,10 @@ func (st *stream) onRequestBody(b *extprocv3.HttpBody) (bool, error) {
 		}
 		switch {
 		case st.body == nil && !eos && reason == "" && st.declared > len(chunk):
-			// One buffer of the declared size instead of a chain of grown copies.
-			st.body = append(make([]byte, 0, st.declared), chunk...)
+			// One buffer of the declared size instead of a chain of grown copies,
+			// from the server's pool.
+			st.bodyBuf = st.s.bodies.get(st.declared)
+			st.body = append(*st.bodyBuf, chunk...)
 		case st.body == nil:
 			// The first chunk is kept as it is, not copied: its bytes were decoded into a
 			// buffer of their own that only this message holds, and they are often the
@@ -228,6 +234,7 @@ func (st *stream) onRequestBody(b *extprocv3.HttpBody) (bool, error) {
 			}
 			body := st.body
 			st.body = nil
+			defer st.putBody()
 			return false, st.sendBody(body, eos)
 		}
 		if !eos {
@@ -241,6 +248,7 @@ func (st *stream) onRequestBody(b *extprocv3.HttpBody) (bool, error) {
 		body := st.body
 		st.body = nil
 		defer st.unholdCopy() // a rewritten body is held until passed on
+		defer st.putBody()
 		return false, st.sendBody(body, true)
 	case filterv3.ProcessingMode_BUFFERED, filterv3.ProcessingMode_BUFFERED_PARTIAL:
 		if st.routed {
@@ -292,6 +300,7 @@ func (st *stream) onRequestTrailers() (bool, error) {
 		if len(body) > 0 {
 			err := st.sendBody(body, false)
 			st.unholdCopy() // a rewritten body is held until passed on
+			st.putBody()
 			if err != nil {
 				return false, err
 			}
@@ -507,6 +516,16 @@ func (st *stream) release() {
 	}
 }
 
+// putBody returns the pooled buffer the body was reassembled into, once the body was
+// passed on (the replies that carried it are encoded when Send returns) or the stream
+// ended.
+func (st *stream) putBody() {
+	if st.bodyBuf != nil {
+		st.s.bodies.put(st.bodyBuf)
+		st.bodyBuf, st.body = nil, nil
+	}
+}
+
 // hold reserves n more body bytes for parsing in the server's budget for this stream.
 func (st *stream) hold(n int) bool { return st.reserve(&st.held, n, ParseCost) }
 
@@ -596,6 +615,17 @@ func newChunkReply(chunk []byte, eos, request bool) *extprocv3.ProcessingRespons
 		c.r.Response = &c.respB
 	}
 	return &c.r
+}
+
+// firstValue keeps in *dst the header's value unless *dst holds one already (a header's
+// first non-empty value counts) or the value is over limit bytes.
+func firstValue(dst *string, hv *corev3.HeaderValue, limit int) {
+	if *dst != "" {
+		return
+	}
+	if v := headerValue(hv); len(v) <= limit {
+		*dst = v
+	}
 }
 
 func headerValue(hv *corev3.HeaderValue) string {

@@ -244,3 +244,53 @@ func BenchmarkLeadingBlocksDuringIngest(b *testing.B) {
 	b.ReportMetric(float64(lat[len(lat)*999/1000].Nanoseconds()), "p999-ns")
 	b.ReportMetric(float64(ingested)/b.Elapsed().Seconds(), "ingested-blocks/s")
 }
+
+// BenchmarkLeadingBlocksLong looks up a 128k-token conversation's 8,100 blocks (keys
+// 8,100, as the kv policy looks them up, and 4,097, as placement does) over 8 endpoints
+// holding 20k blocks each: one holds the whole conversation, the others its first 25
+// blocks (a system prompt every conversation shares).
+func BenchmarkLeadingBlocksLong(b *testing.B) {
+	ix := newIndex(b, nil)
+	rng := rand.New(rand.NewPCG(5, 6))
+	conv := randTokens(rng, 8100*benchBlock)
+	eps := make([]string, 8)
+	for e := range eps {
+		eps[e] = fmt.Sprintf("10.0.0.%d:8000", e+1)
+		p := pod{uint64(e) + 1}
+		mine := conv[:25*benchBlock]
+		if e == 0 {
+			mine = conv
+		}
+		n := len(mine) / benchBlock
+		mustStore(b, ix, eps[e], 0, index.Blocks{Root: root, Handles: p.handles(mine)[:n], Tokens: mine, BlockSize: benchBlock})
+		for n < 20_000 {
+			tokens := randTokens(rng, 1000*benchBlock)
+			h := p.handles(tokens)[:1000] // pod's handles are per 4 tokens: any distinct ones do
+			for i := range h {
+				h[i] ^= uint64(n) << 20 // distinct handles per sequence
+			}
+			mustStore(b, ix, eps[e], 0, index.Blocks{Root: root, Handles: h, Tokens: tokens, BlockSize: benchBlock})
+			n += len(h)
+		}
+	}
+	keys := index.Keys(root, conv, benchBlock, nil)
+	for _, look := range []int{len(keys), 4097} {
+		b.Run(fmt.Sprintf("keys=%d", look), func(b *testing.B) {
+			dst := ix.LeadingBlocks(keys[:look], eps, nil)
+			if dst[0] != look || dst[1] != 25 {
+				b.Fatalf("leading blocks %v", dst)
+			}
+			lat := make([]time.Duration, 0, 1<<16)
+			for b.Loop() {
+				t0 := time.Now()
+				dst = ix.LeadingBlocks(keys[:look], eps, dst)
+				if len(lat) < cap(lat) {
+					lat = append(lat, time.Since(t0))
+				}
+			}
+			slices.Sort(lat)
+			b.ReportMetric(float64(lat[len(lat)/2].Nanoseconds()), "p50-ns")
+			b.ReportMetric(float64(lat[len(lat)*99/100].Nanoseconds()), "p99-ns")
+		})
+	}
+}

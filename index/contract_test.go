@@ -286,14 +286,14 @@ func TestStats(t *testing.T) {
 	prompt := seq(0, 10*bs)
 	ix.SetCapacity("A", 6)
 	mustStore(t, ix, "A", 0, a.stored(prompt, 0, 4))
-	mustStore(t, ix, "A", 0, a.stored(prompt, 4, 8))  // evicts 2
+	mustStore(t, ix, "A", 0, a.stored(prompt, 4, 8))  // evicts 2, blocks 0 and 1: block 2 loses its parent (detached)
 	_ = ix.Store("A", 0, pod{9}.stored(prompt, 2, 3)) // orphan
 	ix.Remove("A", 0, []uint64{a.handles(prompt)[7], 12345})
 	mustStore(t, ix, "A", 1, a.stored(prompt, 0, 1))
 	ix.Clear("A", 1)
 	got := ix.Stats()
 	want := []index.EndpointStats{{Endpoint: "A", NumGPUBlocks: 6, Blocks: 5, Ranks: []index.RankStats{
-		{Rank: 0, Blocks: 5, Capacity: 6, Stored: 8, Removed: 1, Orphans: 1, Evicted: 2, UnknownRemovals: 1},
+		{Rank: 0, Blocks: 5, Capacity: 6, Stored: 8, Removed: 1, Orphans: 1, Evicted: 2, UnknownRemovals: 1, Detached: 1},
 		{Rank: 1, Blocks: 0, Capacity: 6, Stored: 1, Clears: 1},
 	}}}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
@@ -391,9 +391,10 @@ type model struct {
 }
 
 type modelRec struct {
-	key  uint64
-	refs int
-	age  int
+	key    uint64
+	refs   int
+	age    int
+	parent uint64 // the handle stored before it in its chain; 0 for a chain's first
 }
 
 type modelRank struct {
@@ -411,15 +412,18 @@ func (m *model) rank(ep string, r int) *modelRank {
 
 func (m *model) store(ep string, r int, b index.Blocks) {
 	mr := m.rank(ep, r)
-	prev := b.Root
+	prev, parent := b.Root, uint64(0)
 	if b.HasParent {
 		p, ok := mr.recs[b.Parent]
 		if !ok {
 			return
 		}
-		prev = p.key
+		prev, parent = p.key, b.Parent
 	}
 	for i, h := range b.Handles {
+		if i > 0 {
+			parent = b.Handles[i-1]
+		}
 		prev = index.Keys(prev, b.Tokens[i*bs:(i+1)*bs], bs, nil)[0]
 		mr.now++
 		if rec, ok := mr.recs[h]; ok {
@@ -437,7 +441,7 @@ func (m *model) store(ep string, r int, b index.Blocks) {
 			}
 			delete(mr.recs, oldest)
 		}
-		mr.recs[h] = &modelRec{key: prev, refs: 1, age: mr.now}
+		mr.recs[h] = &modelRec{key: prev, refs: 1, age: mr.now, parent: parent}
 	}
 }
 
@@ -505,6 +509,27 @@ func ops(rng *rand.Rand, ep string, ranks, n int, prompts [][]uint32, ix *index.
 	}
 }
 
+// leaf returns a handle of the rank that no other held block was stored under, as vLLM
+// evicts them (it frees a request's blocks tail first), or false when it holds none.
+func (m *model) leaf(rng *rand.Rand, ep string, r int) (uint64, bool) {
+	mr := m.rank(ep, r)
+	parents := map[uint64]bool{}
+	for _, rec := range mr.recs {
+		parents[rec.parent] = true
+	}
+	var leaves []uint64
+	for h := range mr.recs {
+		if !parents[h] {
+			leaves = append(leaves, h)
+		}
+	}
+	if len(leaves) == 0 {
+		return 0, false
+	}
+	slices.Sort(leaves)
+	return leaves[rng.IntN(len(leaves))], true
+}
+
 func testPrompts(rng *rand.Rand) [][]uint32 {
 	var prompts [][]uint32
 	base := seq(0, 6*bs)
@@ -550,6 +575,69 @@ func TestAgainstModel(t *testing.T) {
 			}
 			if got, _ := ix.Len(); got != blocks {
 				t.Fatalf("Len = %d blocks, model holds %d", got, blocks)
+			}
+		})
+	}
+}
+
+// TestAgainstModelInVLLMOrder checks the lookups of ranks whose blocks are removed as
+// vLLM evicts them, a block never before one stored under it (the index then bisects
+// for their counts instead of walking), beside an endpoint removed in any order (walked),
+// against the model, and that the former never lose a block's parent (Detached 0).
+func TestAgainstModelInVLLMOrder(t *testing.T) {
+	for seed := range uint64(20) {
+		t.Run(fmt.Sprint("seed ", seed), func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(seed, 2))
+			ix := newIndex(t, nil)
+			m := &model{ranks: map[string]*modelRank{}, cap: 1 << 20}
+			eps := []string{"A", "B", "C"}
+			prompts := testPrompts(rng)
+			for step := range 60 {
+				for _, ep := range eps[:2] {
+					for range 10 {
+						r := rng.IntN(2)
+						p := pod{uint64(r + 1)}
+						prompt := prompts[rng.IntN(len(prompts))]
+						nb := len(prompt) / bs
+						switch x := rng.IntN(100); {
+						case x < 45:
+							from := rng.IntN(nb)
+							to := from + 1 + rng.IntN(nb-from)
+							b := p.stored(prompt, from, to)
+							_ = ix.Store(ep, r, b)
+							m.store(ep, r, b)
+						case x < 98:
+							for range 1 + rng.IntN(3) {
+								if h, ok := m.leaf(rng, ep, r); ok {
+									ix.Remove(ep, r, []uint64{h})
+									m.remove(ep, r, []uint64{h})
+								}
+							}
+						default:
+							ix.Clear(ep, r)
+							delete(m.ranks, fmt.Sprint(ep, "/", r))
+						}
+					}
+				}
+				ops(rng, "C", 2, 10, prompts, ix, m)
+				for _, p := range prompts {
+					for n := range len(p)/bs + 1 {
+						keys := index.Keys(root, p[:n*bs], bs, nil)
+						got := ix.LeadingBlocks(keys, eps, nil)
+						for i, ep := range eps {
+							if want := m.lead(keys, ep, 2); got[i] != want {
+								t.Fatalf("step %d endpoint %s, %d keys: %d leading blocks, model says %d", step, ep, len(keys), got[i], want)
+							}
+						}
+					}
+				}
+			}
+			for _, es := range ix.Stats() {
+				for _, rs := range es.Ranks {
+					if es.Endpoint != "C" && rs.Detached != 0 {
+						t.Errorf("%s rank %d: %d detachments from removals in vLLM's order", es.Endpoint, rs.Rank, rs.Detached)
+					}
+				}
 			}
 		})
 	}

@@ -36,13 +36,22 @@
 // A key table split into 64 shards maps each key to a bitset of the ranks holding it:
 // open addressing with linear probing, one 16-byte slot per key up to 64 ranks (8 bytes
 // more per further 64 ranks), load kept in [0.64, 0.8] by growing 5/4 at a time. Per
-// rank, a slab of records (handle, key, and one word packing the links oldest-to-newest
-// and the reference count: 24 bytes) is found by handle through an open-addressing table
-// of 4-byte slots (record number plus a tag of the handle's hash, load in [0.47, 0.7]).
-// Measured with 64 endpoints x 35k, 50k and 70k distinct blocks: 56-58 bytes per (block,
-// endpoint) entry; keys shared between endpoints only lower it. A lookup walks the request's keys once, intersecting each key's bitset with
-// the ranks still matching, so its cost grows with the matched prefix, not with the
-// number of endpoints.
+// rank, a slab of records (handle, key, one word packing the links oldest-to-newest and
+// the reference count, the record it was stored under and its count of live records
+// stored under it: 32 bytes) is found by handle through an open-addressing table of
+// 4-byte slots (record number plus a tag of the handle's hash, load in [0.47, 0.7]).
+// Measured with 64 endpoints x 50k distinct blocks: 65 bytes per (block, endpoint) entry;
+// keys shared between endpoints only lower it.
+//
+// # Lookups
+//
+// A rank none of whose blocks has lost the block it was stored under (vLLM evicts a
+// request's blocks tail first, so its ranks keep that order) holds a request's block i
+// only with blocks 0..i: its leading count is found by bisection over the request's keys,
+// the ranks that agree sharing each probe. Any other rank (detached: a removal out of that
+// order, or the cap evicting a parent) is walked, each key's bitset intersected with the
+// ranks still matching until none is left, until it is empty or cleared. A probe costs
+// the same whatever the number of endpoints.
 //
 // # Concurrency
 //

@@ -3,6 +3,7 @@ package index
 import (
 	"math/bits"
 	"sync"
+	"sync/atomic"
 )
 
 // nilRec marks the absence of a record in links and free lists; record numbers stay below
@@ -24,8 +25,17 @@ const (
 // table (id) is set for every key one of its records holds; dups counts the records beyond
 // the first that hold the same key, so the bit is cleared only with the last of them.
 //
-// Per record: handle 8 + key 8 + meta 8 (links and reference count) = 24 bytes, plus its
-// handle-table slot (4 bytes at load 0.47..0.7).
+// Each record also knows the record it was stored under (its block's parent, nilRec for
+// a chain's first block) and how many live records were stored under it. While no
+// record has lost its parent (detached false), every block the rank holds has its whole
+// chain held too, so that holding a request's block i means holding its blocks 0..i and
+// LeadingBlocks can search for the depth instead of walking to it. vLLM keeps this
+// order (it frees a request's blocks tail first, so a block is evicted before its
+// parent); the first removal that breaks it sets detached, and lookups walk the rank's
+// blocks one by one until it is empty again.
+//
+// Per record: handle 8 + key 8 + meta 8 (links and reference count) + parent 4 +
+// children 4 = 32 bytes, plus its handle-table slot (4 bytes at load 0.47..0.7).
 type source struct {
 	mu       sync.Mutex
 	id       uint32
@@ -38,11 +48,19 @@ type source struct {
 	key    []uint64
 	// meta: prev (toward older), next (toward newer; on free records, the next free
 	// record) and refs (stores minus removals of the handle; 0 on free records).
-	meta   []uint64
-	free   uint32
-	oldest uint32
-	newest uint32
-	live   int
+	meta []uint64
+	// parent is the record each record was stored under (nilRec: none), children how
+	// many live records were stored under it; exact while detached is false.
+	parent   []uint32
+	children []uint32
+	// detached is set (before the parent's key leaves the key table) when a record
+	// goes while one stored under it stays, and cleared when the rank is empty.
+	// Lookups read it without the rank's lock.
+	detached atomic.Bool
+	free     uint32
+	oldest   uint32
+	newest   uint32
+	live     int
 
 	htab  []uint32 // record number + 1; 0 is empty
 	dups  map[uint64]uint32
@@ -179,8 +197,9 @@ func (s *source) hdelete(r uint32) {
 	}
 }
 
-// alloc returns a fresh record linked as the newest.
-func (s *source) alloc(h, key uint64) uint32 {
+// alloc returns a fresh record linked as the newest, stored under parent (a live
+// record, or nilRec for a chain's first block).
+func (s *source) alloc(h, key uint64, parent uint32) uint32 {
 	var r uint32
 	if s.free != nilRec {
 		r = s.free
@@ -190,8 +209,14 @@ func (s *source) alloc(h, key uint64) uint32 {
 		s.handle = append(s.handle, 0)
 		s.key = append(s.key, 0)
 		s.meta = append(s.meta, 0)
+		s.parent = append(s.parent, 0)
+		s.children = append(s.children, 0)
 	}
 	s.handle[r], s.key[r] = h, key
+	s.parent[r], s.children[r] = parent, 0
+	if parent != nilRec {
+		s.children[parent]++
+	}
 	s.setRefs(r, 1)
 	s.linkNewest(r)
 	s.live++
@@ -233,20 +258,38 @@ func (s *source) touch(r uint32) {
 	s.linkNewest(r)
 }
 
+// detach records that a live record lost its parent: until the rank is empty, its
+// chains may have gaps. It must run before the parent's key leaves the key table.
+func (s *source) detach() {
+	if !s.detached.Load() {
+		s.detached.Store(true)
+		s.stats.Detached++
+	}
+}
+
 // release frees record r and returns its key.
 func (s *source) release(r uint32) uint64 {
+	if s.children[r] > 0 {
+		s.detach()
+	} else if p := s.parent[r]; p != nilRec && s.children[p] > 0 {
+		s.children[p]--
+	}
 	s.hdelete(r)
 	s.unlink(r)
 	k := s.key[r]
 	s.setRefs(r, 0)
 	s.setNext(r, s.free)
 	s.free = r
-	s.live--
+	if s.live--; s.live == 0 {
+		s.detached.Store(false) // no record, no gap
+	}
 	return k
 }
 
 // reset drops every record and gives the memory back.
 func (s *source) reset() {
 	s.handle, s.key, s.meta, s.htab, s.dups = nil, nil, nil, nil, nil
+	s.parent, s.children = nil, nil
 	s.free, s.oldest, s.newest, s.live = nilRec, nilRec, nilRec, 0
+	s.detached.Store(false)
 }

@@ -47,6 +47,14 @@ const (
 	// every configured model's tokenizer (or found it unsupported: routed by load), so
 	// readiness never precedes the tokenizers.
 	ReadinessService = "readiness"
+	// InferenceExtensionService is SERVING on the probe port from the start of Run until
+	// the drain starts, whatever the fleet's state: the name the Inference Extension's
+	// chart (without leader election), llm-d's and Dynamo's operators give both probes of
+	// their endpoint picker, which answers it SERVING once its pool is synced, endpoints
+	// or none. kvrouter's port opens only after start-up, so a deployment written for that
+	// picker runs kvrouter unchanged, and a fleet with no eligible endpoint never fails
+	// its liveness probe (a restart would not bring an endpoint back).
+	InferenceExtensionService = "inference-extension"
 )
 
 // Options are the App's collaborators; every field may be left zero.
@@ -301,7 +309,8 @@ func (a *App) Run(ctx context.Context) error {
 	defer unsubscribe()
 	a.updateHealth()
 	a.probeHlth.SetServingStatus(LivenessService, healthpb.HealthCheckResponse_SERVING)
-	a.log.Info("kvrouter serving", zap.String("extproc", addrs.ExtProc), zap.Bool("extproc_tls", a.tls != nil),
+	ref, commit := buildInfo()
+	a.log.Info("kvrouter serving", zap.String("version", ref), zap.String("commit", commit), zap.String("extproc", addrs.ExtProc), zap.Bool("extproc_tls", a.tls != nil),
 		zap.String("health", addrs.Health), zap.String("metrics", addrs.Metrics), zap.String("debug", addrs.Debug),
 		zap.Int("endpoints", len(a.cfg.Endpoints)))
 
@@ -412,6 +421,11 @@ func (a *App) updateHealth() {
 	// The Inference Extension's endpoint picker answers the ext_proc service name on its
 	// health port too (a gateway or probe configured for it checks there).
 	a.probeHlth.SetServingStatus(ExtProcService, st)
+	started := healthpb.HealthCheckResponse_SERVING
+	if a.draining.Load() {
+		started = healthpb.HealthCheckResponse_NOT_SERVING
+	}
+	a.probeHlth.SetServingStatus(InferenceExtensionService, started)
 }
 
 func (a *App) serveReadyz(w http.ResponseWriter, _ *http.Request) {

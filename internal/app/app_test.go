@@ -216,6 +216,8 @@ func TestServeAndDrain(t *testing.T) {
 			checkHealth(t, probe, s, healthpb.HealthCheckResponse_NOT_SERVING)
 		}
 		checkHealth(t, probe, app.LivenessService, healthpb.HealthCheckResponse_SERVING)
+		// The Inference Extension chart's probe name follows start-up, not the fleet.
+		checkHealth(t, probe, app.InferenceExtensionService, healthpb.HealthCheckResponse_SERVING)
 		if code, body := httpGet(t, metricsURL+"/readyz"); code != http.StatusServiceUnavailable {
 			t.Errorf("/readyz = %d %q, want 503", code, body)
 		}
@@ -240,6 +242,7 @@ func TestServeAndDrain(t *testing.T) {
 		checkHealth(t, ext, "", healthpb.HealthCheckResponse_SERVING)
 		checkHealth(t, probe, "", healthpb.HealthCheckResponse_SERVING)
 		checkHealth(t, probe, app.ExtProcService, healthpb.HealthCheckResponse_SERVING)
+		checkHealth(t, probe, app.InferenceExtensionService, healthpb.HealthCheckResponse_SERVING)
 		if code, body := httpGet(t, metricsURL+"/readyz"); code != http.StatusOK {
 			t.Errorf("/readyz = %d %q, want 200", code, body)
 		}
@@ -285,6 +288,7 @@ func TestServeAndDrain(t *testing.T) {
 	t.Run("draining refuses new work", func(t *testing.T) {
 		waitHealth(t, probe, app.ReadinessService, healthpb.HealthCheckResponse_NOT_SERVING)
 		checkHealth(t, probe, app.LivenessService, healthpb.HealthCheckResponse_SERVING)
+		checkHealth(t, probe, app.InferenceExtensionService, healthpb.HealthCheckResponse_NOT_SERVING)
 		if code, body := httpGet(t, metricsURL+"/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "draining") {
 			t.Errorf("/readyz = %d %q, want 503 draining", code, body)
 		}

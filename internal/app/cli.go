@@ -27,6 +27,14 @@ Usage:
   kvrouter tokenize --model-dir DIR            read request bodies (JSON lines) on stdin, print
                                                {"ids":[...]} or {"error":...} per line, as vLLM's /tokenize
   kvrouter COMMAND --help                      a command's usage
+  kvrouter --version                           the build: module version and VCS revision
+
+Everything else is in FILE, one YAML document (examples/kvrouter.yaml in the repository shows
+every field, its README the reference): listen addresses, the endpoints or their discovery,
+models and tokenizers, policy, limits. The Inference Extension picker's flags are fields
+there: --pool-name, --pool-namespace: discovery.kubernetes.inference_pool, .namespace;
+--grpc-port: listen.extproc (:9002); --grpc-health-port: listen.health (:9003, plaintext);
+--metrics-port: listen.metrics (:9090); --secure-serving, --cert-path: listen.tls.
 
 Flags:
 `
@@ -85,12 +93,18 @@ func MainIO(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		}
 	}
 	fs := newFlagSet(usage, stderr)
-	cfgPath := fs.String("config", "", "path of the YAML configuration file (required); reloaded on SIGHUP and when it changes")
+	cfgPath := fs.String("config", "", "path of the YAML configuration `FILE` (required); reloaded on SIGHUP and when it changes")
 	checkEvery := fs.Duration("config-check-interval", DefaultConfigCheckInterval, "how often to look for a change of the configuration file (0: only on SIGHUP)")
 	level := zapcore.InfoLevel
-	fs.Var(&level, "log-level", "log level: debug, info, warn, error")
+	fs.Var(&level, "log-level", "`LEVEL` of the JSON logs on stderr: debug, info, warn or error (default info)")
+	version := fs.Bool("version", false, "print the build (module version and VCS revision, inference_extension_info's build_ref and commit) and exit")
 	if code, ok := parseFlags(fs, args, 0); !ok {
 		return code
+	}
+	if *version {
+		ref, commit := buildInfo()
+		fmt.Fprintf(stdout, "kvrouter %s (commit %s)\n", ref, commit)
+		return 0
 	}
 	if *cfgPath == "" {
 		fs.Usage()

@@ -2,6 +2,7 @@ package app_test
 
 import (
 	"bytes"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -33,6 +34,8 @@ func TestMain_CommandLine(t *testing.T) {
 			"../../config/testdata/invalid/no-endpoints.yaml:2: endpoints: at least one endpoint is required (or configure discovery)"},
 		{"help", []string{"--help"}, 0, "", "kvrouter: a KV-cache-aware router for vLLM fleets, serving Envoy's ext_proc."},
 		{"-h", []string{"-h"}, 0, "", "kvrouter: a KV-cache-aware router for vLLM fleets, serving Envoy's ext_proc."},
+		{"the Inference Extension picker's flags are refused with the usage", []string{"--pool-name", "vllm-qwen"}, 2, "",
+			"flag provided but not defined: -pool-name"},
 		{"check-config --help", []string{"check-config", "--help"}, 0, "", "usage: kvrouter check-config FILE"},
 		{"check-config -h", []string{"check-config", "-h"}, 0, "", "usage: kvrouter check-config FILE"},
 		{"check-config unknown flag", []string{"check-config", "--strict", "x.yaml"}, 2, "", "flag provided but not defined: -strict"},
@@ -100,4 +103,35 @@ func TestCheckConfig_LoadsModels(t *testing.T) {
 			t.Errorf("stdout %q lacks the model's load note", out.String())
 		}
 	})
+}
+
+// kvrouter --version prints the build on stdout and exits 0, without a configuration.
+func TestMain_Version(t *testing.T) {
+	var out, errOut bytes.Buffer
+	if code := app.Main([]string{"--version"}, &out, &errOut); code != 0 {
+		t.Fatalf("exit %d, stderr %q", code, errOut.String())
+	}
+	if !regexp.MustCompile(`^kvrouter \S+ \(commit \S+\)\n$`).MatchString(out.String()) || errOut.Len() != 0 {
+		t.Errorf("stdout %q, stderr %q; want one line: kvrouter VERSION (commit REVISION)", out.String(), errOut.String())
+	}
+}
+
+// kvrouter --help names the log level's default and, for a user coming from the Inference
+// Extension's picker, the configuration fields its flags became; a refused picker flag
+// prints the same usage.
+func TestMain_HelpText(t *testing.T) {
+	for _, args := range [][]string{{"--help"}, {"--grpc-port", "9002"}} {
+		var out, errOut bytes.Buffer
+		app.Main(args, &out, &errOut)
+		for _, want := range []string{
+			"-log-level LEVEL", "(default info)", "-config FILE",
+			"--pool-name, --pool-namespace: discovery.kubernetes.inference_pool, .namespace",
+			"--grpc-port: listen.extproc (:9002)", "--grpc-health-port: listen.health (:9003, plaintext)",
+			"--metrics-port: listen.metrics (:9090)", "--secure-serving, --cert-path: listen.tls",
+		} {
+			if !strings.Contains(errOut.String(), want) {
+				t.Errorf("kvrouter %v: usage lacks %q:\n%s", args, want, errOut.String())
+			}
+		}
+	}
 }

@@ -17,11 +17,16 @@ func poolName(cfg *config.Config) string {
 	return ""
 }
 
-// newExtensionInfo is the Inference Extension's inference_extension_info series for this
-// build: commit is the VCS revision the binary was built from, build_ref kvrouter's
-// module version ("unknown" for what the build does not record).
-func newExtensionInfo() prometheus.Collector {
-	commit, ref := "unknown", "unknown"
+// buildVersion and buildCommit name the build when the linker sets them (the Dockerfile:
+// -X github.com/kvrouter/kvrouter/internal/app.buildVersion=...): an image is built
+// without the repository's .git, so Go records no VCS revision in it.
+var buildVersion, buildCommit string
+
+// buildInfo is this build of kvrouter: ref its version, commit the VCS revision it was
+// built from; the linker's buildVersion and buildCommit when set, else what Go recorded
+// ("unknown" for what the build does not record).
+func buildInfo() (ref, commit string) {
+	commit, ref = "unknown", "unknown"
 	if bi, ok := debug.ReadBuildInfo(); ok {
 		if v := bi.Main.Version; v != "" {
 			ref = v
@@ -32,6 +37,19 @@ func newExtensionInfo() prometheus.Collector {
 			}
 		}
 	}
+	if buildVersion != "" {
+		ref = buildVersion
+	}
+	if buildCommit != "" {
+		commit = buildCommit
+	}
+	return ref, commit
+}
+
+// newExtensionInfo is the Inference Extension's inference_extension_info series for this
+// build (buildInfo): commit and build_ref.
+func newExtensionInfo() prometheus.Collector {
+	ref, commit := buildInfo()
 	return prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name:        "inference_extension_info",
 		Help:        "Inference Extension series: 1, labelled with the build of the picker (here kvrouter's): commit, build_ref.",

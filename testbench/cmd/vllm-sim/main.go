@@ -10,6 +10,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -26,15 +27,25 @@ import (
 )
 
 func main() {
-	if err := run(os.Args[1:]); err != nil {
-		fmt.Fprintln(os.Stderr, "vllm-sim:", err)
-		os.Exit(1)
+	os.Exit(exitCode(run(os.Args[1:], os.Stderr), os.Stderr))
+}
+
+// exitCode is vllm-sim's exit status for run's error, which it prints: 0 for none and for
+// -h/--help (the usage is printed already), as `vllm serve --help`; 1 otherwise.
+func exitCode(err error, stderr io.Writer) int {
+	switch {
+	case err == nil, errors.Is(err, flag.ErrHelp):
+		return 0
+	default:
+		fmt.Fprintln(stderr, "vllm-sim:", err)
+		return 1
 	}
 }
 
-func run(args []string) error {
+func run(args []string, stderr io.Writer) error {
 	cfg := server.DefaultConfig()
 	fs := flag.NewFlagSet("vllm-sim", flag.ContinueOnError)
+	fs.SetOutput(stderr)
 	host := fs.String("host", "0.0.0.0", "address to listen on")
 	port := fs.Int("port", 8000, "HTTP port")
 	fs.StringVar(&cfg.Model, "model", cfg.Model, "model name or path")
