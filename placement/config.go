@@ -188,6 +188,16 @@ type Config struct {
 	// conversation's turn sent while its last request is still in prefill goes where
 	// that request is. Default true.
 	LongContexts bool `yaml:"long_contexts"`
+	// CopyCost judges a busy holder's replica of a shared prefix within Fill by its
+	// worth, not only by room: once the prefix is on as many endpoints as its share of
+	// the requests in flight times the endpoints, a further copy must cost less than the
+	// hit (the request's uncached tokens, plus the prefill backlog, times the requests
+	// running there and itself) or go to an endpoint measured faster beyond noise
+	// (MissSpeedup); a refused copy's request goes to the holder that starts it soonest.
+	// Fill says only whether a copy evicts something live, and with KV memory to spare
+	// it never binds. Default true (80 GiB per server, N = 24, C = 16: cached-token ratio
+	// 0.464 -> 0.686, kv 0.593; docs/results-workloads.md, held-out).
+	CopyCost bool `yaml:"copy_cost"`
 }
 
 // DefaultConfig returns the defaults measured in docs/results-policy.md.
@@ -224,6 +234,7 @@ func DefaultConfig() Config {
 		HoldPrefillTokens:   600,
 		UnplaceDiverted:     true,
 		LongContexts:        true,
+		CopyCost:            true,
 		MaxNumBatchedTokens: 2048,
 	}
 }

@@ -184,6 +184,7 @@ func TestPlacementReplicatesOnlyWithinFreeCapacity(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := placement.DefaultConfig()
 			cfg.Fill = tc.fill
+			cfg.CopyCost = false // Fill's room, not the copy's worth (TestPlacementCopyWithinFillPaysForItsMiss)
 			ix := testindex.New()
 			p := newPlacement(t, cfg, ix)
 			cs := fleet(2, nil)
@@ -610,7 +611,7 @@ func TestPlacementSharedLoad(t *testing.T) {
 		wantHome bool
 	}{
 		{name: "off: scraped requests ignored", shared: false, scraped: 3, wantHome: true},
-		{name: "another router's requests make the home busy", shared: true, scraped: 3, wantHome: false},
+		{name: "another router's requests make the home busy", shared: true, scraped: 9, wantHome: false}, // a copy pays for its miss (9 > 72/8 - 1)
 		{name: "own request in the scrape is not another router's", shared: true, scraped: 1, ownFirst: true, wantHome: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -685,6 +686,7 @@ func TestPlacementUnplacesADivertedReplica(t *testing.T) {
 			cfg.MaxNumBatchedTokens = 1024 // the replica's 1,152-token miss is past one step (1,024 + a block); the move adds 1,024
 			cfg.HoldMax = 0
 			cfg.UnplaceDiverted = tc.unplace
+			cfg.CopyCost = false // a replica at the first busy holder, whatever it is worth
 			ix := testindex.New()
 			p := newPlacement(t, cfg, ix)
 			cs := fleet(3, nil)
@@ -1525,6 +1527,129 @@ func TestPlacementHistoryStaysWithABusyHolder(t *testing.T) {
 			got := place(t, p, next(), cs)
 			if (got != holder) != tc.moves {
 				t.Errorf("went to %s (holder %s busy), want moved=%v", got, holder, tc.moves)
+			}
+		})
+	}
+}
+
+// TestPlacementCopyWithinFillPaysForItsMiss: with KV memory to spare (Fill never binds),
+// a busy holder's shared prefix takes a replica on a less loaded endpoint only when the
+// request's miss there delays fewer requests' steps than its hit at the holder (its
+// uncached tokens times the requests running there plus itself), or when that endpoint
+// is measured faster beyond noise. Without copy_cost any less loaded endpoint takes one.
+func TestPlacementCopyWithinFillPaysForItsMiss(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		load   int           // requests running at the holder; -1: one, of the prefix
+		decode time.Duration // the other endpoint's measured decode time; the holder's is 1 s
+		copies bool
+	}{
+		{"one running, equal speeds: the hit", 1, time.Second, false},
+		{"nine running: a copy", 9, time.Second, true},
+		{"one running, the other faster beyond noise: a copy", 1, 500 * time.Millisecond, true},
+		{"one running, the other faster within noise: the hit", 1, 900 * time.Millisecond, false},
+		{"one of its own running: a copy (its share of the load needs both)", -1, time.Second, true},
+	} {
+		for _, on := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s/copy_cost=%v", tc.name, on), func(t *testing.T) {
+				cfg := placement.DefaultConfig()
+				cfg.CopyCost = on
+				cfg.Saturated = 10
+				ix := testindex.New()
+				clock := time.Unix(100, 0)
+				p, err := placement.New(cfg, ix, func() time.Time { return clock }, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				cs := fleet(2, []int{10_000, 10_000}) // a 72-block prompt: Fill never binds
+				holder := place(t, p, prefixed(0, 0), cs)
+				other := cs[0].Address
+				if other == holder {
+					other = cs[1].Address
+				}
+				ix.Hold(holder, plKeysOf(prefixed(0, 0))[:64])
+				// Measure each endpoint's decode time with one unrelated request.
+				for k, m := range []struct {
+					addr string
+					d    time.Duration
+				}{{holder, time.Second}, {other, tc.decode}} {
+					req := plRequest(plTokens(900_000_000+10_000_000*k, 8*16))
+					if _, err := p.Pick(req, cs); err != nil {
+						t.Fatal(err)
+					}
+					p.Routed(req, m.addr)
+					p.FirstToken(req.ID)
+					clock = clock.Add(m.d)
+					p.Finished(req.ID)
+				}
+				place(t, p, prefixed(0, 1), cs) // the prefix's size is learned: 64 blocks
+				if tc.load < 0 {
+					// One request of the prefix decoding at its holder, picked while idle.
+					req := plRequest(prefixed(0, 9))
+					if d, err := p.Pick(req, cs); err != nil || d.Endpoint != holder {
+						t.Fatalf("Pick = %v, %v; want the idle holder %s", d.Endpoint, err, holder)
+					}
+					p.Routed(req, holder)
+					p.FirstToken(req.ID)
+				}
+				for i := range cs {
+					if cs[i].Address == holder {
+						cs[i].InFlight = max(tc.load, 1)
+					}
+				}
+				want := tc.copies || !on
+				if got := place(t, p, prefixed(0, 2), cs); (got != holder) != want {
+					t.Fatalf("went to %s (holder %s), want a copy elsewhere: %v", got, holder, want)
+				}
+			})
+		}
+	}
+}
+
+// TestPlacementRefusedCopyGoesToTheSoonestHolder: a copy that does not pay for its miss
+// leaves the request with the holders, and it goes where a copy's request diverted back
+// to them would: to the holder that starts it soonest, the least loaded of those within
+// noise of it in measured decode time, not by wait (load + 1 times decode time) to a
+// slow holder running fewer. Without copy_cost the idle endpoint takes a copy.
+func TestPlacementRefusedCopyGoesToTheSoonestHolder(t *testing.T) {
+	for _, on := range []bool{true, false} {
+		t.Run(fmt.Sprint("copy_cost=", on), func(t *testing.T) {
+			cfg := placement.DefaultConfig()
+			cfg.CopyCost = on
+			cfg.HoldMax = 0
+			ix := testindex.New()
+			clock := time.Unix(100, 0)
+			p, err := placement.New(cfg, ix, func() time.Time { return clock }, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cs := fleet(3, []int{10_000, 10_000, 10_000})
+			fast, slow, idle := cs[0].Address, cs[1].Address, cs[2].Address
+			for k, m := range []struct {
+				addr string
+				d    time.Duration
+			}{{fast, 700 * time.Millisecond}, {slow, time.Second}, {idle, time.Second}} {
+				req := plRequest(plTokens(900_000_000+10_000_000*k, 8*16))
+				if _, err := p.Pick(req, cs[k:k+1]); err != nil {
+					t.Fatal(err)
+				}
+				p.Routed(req, m.addr)
+				p.FirstToken(req.ID)
+				clock = clock.Add(m.d)
+				p.Finished(req.ID)
+			}
+			ix.Hold(fast, plKeysOf(prefixed(0, 0))[:64])
+			ix.Hold(slow, plKeysOf(prefixed(0, 0))[:64])
+			place(t, p, prefixed(0, 1), cs[:2])
+			place(t, p, prefixed(0, 2), cs[:2]) // the prefix's size is learned: 64 blocks
+			// By wait the slow holder ((1 + 1) x 1 s) beats the fast one ((2 + 1) x 0.7 s).
+			cs[0].InFlight, cs[1].InFlight = 2, 1
+			want := fast
+			if !on {
+				want = idle
+			}
+			if got := place(t, p, prefixed(0, 3), cs); got != want {
+				t.Fatalf("went to %s, want %s (fast %s, slow %s, idle %s)", got, want, fast, slow, idle)
 			}
 		})
 	}

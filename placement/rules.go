@@ -254,7 +254,8 @@ func (p *Policy) choose(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 	}
 	// The holders are busy: a replica where it evicts nothing live, on an endpoint less
 	// loaded than every holder.
-	r := -1
+	share := p.cfg.CopyCost && p.underShare(key, sc)
+	r, refused := -1, false
 	for i := range cands {
 		if sc.pos[i] >= 0 || !sc.ok[i] || sc.loads[i] >= sc.loads[h] || !p.moveOK(sc, i, h) {
 			continue
@@ -264,6 +265,10 @@ func (p *Policy) choose(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 			continue
 		}
 		if !p.moveWorth(e, key, sc, i, h) {
+			continue
+		}
+		if p.cfg.CopyCost && !e.grows() && !share && !p.missCostsLess(sc, i, h) {
+			refused = true
 			continue
 		}
 		if r < 0 || p.wait(sc, i) < p.wait(sc, r) ||
@@ -277,6 +282,9 @@ func (p *Policy) choose(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 		return r, kindReplica
 	}
 	if g >= 0 {
+		if refused {
+			return p.soonestHolder(cands, sc, g), kindHolder
+		}
 		return g, kindHolder
 	}
 	full := p.cfg.SpillOnFull && !sc.room[h]
@@ -1001,6 +1009,92 @@ func hitCostsMore(e *prefixEntry, sc *scratch, i, h int) bool {
 	prefix := min(n, e.blocks*sc.blockSize)
 	add := max(0, prefix-sc.lead[i]*sc.blockSize)
 	return add < (n-prefix)*sc.loads[h]
+}
+
+// soonestHolder returns the holder a request whose copy did not pay for its miss
+// (copyCost) goes to: as a copy's request diverted back to the holders would, the least
+// loaded of the holders that can take it now that start it within one step, whose
+// measured decode time is within noise (MissSpeedup) of the soonest one's; g when none
+// other qualifies. Before copy_cost such copies were made and their requests diverted
+// back so (the reference at 1 GiB, N = 2, C = 8: by wait, g, the request went to a
+// 0.7-speed holder running one where the full-speed ones ran two, p99 TTFT 69 -> 71 ms,
+// kv 69). p.mu must be held.
+func (p *Policy) soonestHolder(cands []scoring.Endpoint, sc *scratch, g int) int {
+	tokens := len(sc.keys) * sc.blockSize
+	step := float64(p.cfg.MaxNumBatchedTokens + sc.blockSize)
+	holder := func(i int) bool { return sc.pos[i] >= 0 && sc.ok[i] && sc.lead[i] >= sc.lead[g] }
+	alt, ea := g, p.startEst(sc, g, tokens, sc.blockSize)
+	for i := range cands {
+		if x := p.startEst(sc, i, tokens, sc.blockSize); holder(i) && x < ea {
+			alt, ea = i, x
+		}
+	}
+	if ea > step {
+		return g
+	}
+	decode := func(i int) float64 {
+		if sc.decode[i] > 0 {
+			return sc.decode[i]
+		}
+		return sc.meanDecode
+	}
+	da, best := decode(alt), alt
+	for i := range cands {
+		if !holder(i) || p.startEst(sc, i, tokens, sc.blockSize) > step ||
+			decode(i)*p.cfg.MissSpeedup > da || da*p.cfg.MissSpeedup > decode(i) {
+			continue
+		}
+		if sc.loads[i] < sc.loads[best] {
+			best = i
+		}
+	}
+	return best
+}
+
+// underShare reports whether the prefix is on fewer endpoints than its share of the
+// requests in flight (its own, this one's included, against all of them) times the
+// endpoints: the load its requests bring already needs that many, and a copy within
+// it is judged by Fill alone (CopyCost). Without it, small fleets' few prefixes took
+// their copies late, in the measured run instead of the warm-up (the reference at
+// workload seed 2, N = 2, C = 8: p99 TTFT 81 ms, kv 69). As a cap on copies instead of
+// an allowance it lost 12 servers, N = 7, C = 16 (27.73 requests/s, kv 27.93). p.mu
+// must be held.
+func (p *Policy) underShare(key uint64, sc *scratch) bool {
+	own, all, sites := 1, 1, 0
+	for i, ep := range sc.eps {
+		if a := ep.active[key]; a != nil {
+			own += a.requests
+		}
+		all += sc.loads[i]
+		if sc.pos[i] >= 0 {
+			sites++
+		}
+	}
+	return sites*all < own*len(sc.eps)
+}
+
+// missCostsLess reports whether a copy of a shared prefix on candidate i, within Fill
+// and past the prefix's share (underShare), is worth its miss against the hit at the
+// busy holder h (CopyCost): the request's prefill there delays fewer requests' steps,
+// counted in tokens, its uncached tokens at each times the requests running there plus
+// itself, plus the prefill backlog it waits behind; or i is measured faster beyond
+// noise (MissSpeedup), where the decode time it saves pays for the miss. With i idle
+// and h holding the prefix the first is hitCostsMore. Fill alone judged such copies,
+// and with KV memory to spare every busy holder's prefix was copied to every less
+// loaded endpoint: the reference at 80 GiB per server, N = 24, C = 16, put a prefix on
+// 4.58 servers for a cached-token ratio of 0.464 against kv's 3.08 and 0.593 (now 2.00
+// and 0.686; N = 7, C = 16 0.707 -> 0.782, kv 0.775; docs/results-workloads.md,
+// held-out). Loads alone, without the faster endpoint, kept 0.757 at N = 24 but lost
+// 80 GiB N = 7, C = 8 throughput (12.1 -> 11.2 requests/s, kv 11.5): copies let the
+// full-speed servers take requests from the 0.7-speed ones. p.mu must be held.
+func (p *Policy) missCostsLess(sc *scratch, i, h int) bool {
+	n := len(sc.keys) * sc.blockSize
+	ui := max(0, n-sc.lead[i]*sc.blockSize)
+	uh := max(0, n-sc.lead[h]*sc.blockSize)
+	if ui*(sc.loads[i]+1)+sc.eps[i].prefill < uh*(sc.loads[h]+1)+sc.eps[h].prefill {
+		return true
+	}
+	return sc.decode[i] > 0 && sc.decode[h] > 0 && sc.decode[i] < p.cfg.MissSpeedup*sc.decode[h]
 }
 
 // moveWorth reports whether a replica on candidate i of a prefix that grows (a
