@@ -66,6 +66,13 @@ docs-data: ## Rerun the kvbench sim runs whose JSON docs/results-policy.md rende
 	KVBENCH=$(BIN)/kvbench sh scripts/policy-variants.sh docs/policy
 	python3 scripts/docs.py
 
+.PHONY: workloads-data
+workloads-data: ## Rerun the kvbench sim runs whose JSON docs/results-workloads.md renders (minutes).
+	@mkdir -p $(BIN)
+	$(GO) build -o $(BIN)/ ./testbench/cmd/kvbench
+	KVBENCH=$(BIN)/kvbench sh scripts/workload-data.sh docs/data/workloads
+	python3 scripts/docs.py
+
 .PHONY: docs-check
 docs-check: ## Fail when a table in docs/ differs from what its committed JSON renders.
 	python3 scripts/docs.py --check

@@ -1,0 +1,63 @@
+#!/bin/sh
+# Rebuilds the JSON records docs/results-workloads.md renders (make workloads-data): every
+# workload table, the traces at 2x (3 and 9 repetitions) and faster, and the held-out
+# seeds and sizes. The commands are the ones the page gives beside each table. kvbench's
+# sim mode runs on a virtual clock: the records do not depend on the machine's load.
+# Writes to $1 (default docs/data/workloads); `python3 scripts/docs.py` renders the tables.
+# Files named *-before.json and heldout/before/ record builds before a change and are
+# not rebuilt here.
+set -e
+out=${1:-docs/data/workloads}
+kvb=${KVBENCH:-go run ./testbench/cmd/kvbench}
+mkdir -p "$out/heldout"
+all="--sim --policy kv,round-robin,least-load,placement --reps 3"
+run() { # file [kvbench flags]
+	file=$1
+	shift
+	$kvb "$@" --progress never --json "$out/$file" > /dev/null
+}
+long="--kv-bytes 16GiB --max-model-len 131072"
+trace="--trace testbench/kvbench/testdata/trace-small.jsonl --kv-bytes 8GiB"
+run chat.json $all --workload chat
+run chat-no-system.json $all --workload chat --system-prompts 0
+run agent.json $all --workload agent $long
+run mixed.json $all --workload mixed $long
+run trace.json $all $trace --speedup 2
+run trace-reps9.json --sim --policy kv,placement --reps 9 $trace --speedup 2
+for s in 3 4 8; do
+	run trace-speedup$s.json --sim --policy kv,placement --reps 3 $trace --speedup $s
+done
+for s in 1 2; do
+	run trace-600-seed$s.json $all --trace docs/data/workloads/trace-600-seed$s.jsonl --speedup 2 --kv-bytes 8GiB
+done
+run tight-memory.json $all --prefixes 24 --concurrency 8,16 --kv-bytes 512MiB
+run long-tails.json $all --prefixes 2,7,12,24 --concurrency 8 --prefix-tokens 1024 --tail-tokens 1000
+run servers-12.json $all --workers 12 --prefixes 2,7,12,24 --concurrency 8,16
+
+# Held-out seeds and sizes: placement against kv only.
+h="--sim --policy kv,placement --reps 3"
+for s in 2 3; do
+	run heldout/chat-seed$s.json $h --workload chat --seed $s
+	run heldout/chat-no-system-seed$s.json $h --workload chat --system-prompts 0 --seed $s
+	run heldout/agent-seed$s.json $h --workload agent $long --seed $s
+	run heldout/mixed-seed$s.json $h --workload mixed $long --seed $s
+	run heldout/tight-memory-seed$s.json $h --prefixes 24 --concurrency 8,16 --kv-bytes 512MiB --seed $s
+	run heldout/servers-12-seed$s.json $h --workers 12 --prefixes 2,7,12,24 --concurrency 8,16 --seed $s
+done
+for w in 4 8; do
+	run heldout/chat-workers$w.json $h --workload chat --workers $w
+	run heldout/agent-workers$w.json $h --workload agent $long --workers $w
+	run heldout/reference-workers$w.json $h --workers $w --prefixes 2,7,12,24 --concurrency 8,16
+done
+run heldout/mixed-workers8.json $h --workload mixed $long --workers 8
+run heldout/chat-kv2GiB.json $h --workload chat --kv-bytes 2GiB
+run heldout/chat-kv80GiB.json $h --workload chat --kv-bytes 80GiB
+run heldout/reference-kv2GiB.json $h --prefixes 7,12,24 --concurrency 8,16 --kv-bytes 2GiB
+run heldout/reference-kv80GiB.json $h --prefixes 7,24 --concurrency 8,16 --kv-bytes 80GiB
+run heldout/mixed-kv80GiB.json $h --workload mixed --kv-bytes 80GiB --max-model-len 131072
+run heldout/reference-c32.json $h --prefixes 2,7,12,24 --concurrency 32
+run heldout/tight-memory-c32.json $h --prefixes 24 --concurrency 32 --kv-bytes 512MiB
+run heldout/servers-12-c32.json $h --workers 12 --prefixes 7,24 --concurrency 32
+run heldout/chat-conversations96.json $h --workload chat --conversations 96
+run heldout/chat-conversations144.json $h --workload chat --conversations 144
+run heldout/chat-no-system-conversations96.json $h --workload chat --system-prompts 0 --conversations 96
