@@ -959,14 +959,20 @@ func TestPlacementSharedPrefixFreesWithItsLastRequest(t *testing.T) {
 // TestPlacementDeadlineIsOneStep: a request is diverted when its prefill backlog at the
 // home (two 1,152-token misses ahead of its own 1,152) exceeds one engine step
 // (max_num_batched_tokens plus a block), and stays at the home when a step covers it.
+// An endpoint past Saturated takes it only when the home is past Saturated too (a fleet
+// behind its arrivals): queueing there then costs no more than at the home.
 func TestPlacementDeadlineIsOneStep(t *testing.T) {
+	sat := placement.DefaultConfig().Saturated
 	for _, tc := range []struct {
-		name     string
-		budget   int
-		wantHome bool
+		name                string
+		budget              int
+		homeLoad, otherLoad int // requests in flight on each beyond this router's
+		wantHome            bool
 	}{
-		{"past one step", 2048, false},
-		{"within one step", 4096, true},
+		{"past one step", 2048, 0, 0, false},
+		{"within one step", 4096, 0, 0, true},
+		{"both past saturated", 2048, sat + 1, sat, false},
+		{"only the other past saturated", 2048, 1, sat, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := placement.DefaultConfig()
@@ -983,6 +989,12 @@ func TestPlacementDeadlineIsOneStep(t *testing.T) {
 					t.Fatal(err)
 				}
 				p.Routed(req, home)
+			}
+			for i := range cs {
+				cs[i].InFlight = tc.otherLoad
+				if cs[i].Address == home {
+					cs[i].InFlight = tc.homeLoad
+				}
 			}
 			if got := place(t, p, prefixed(0, 9), cs); (got == home) != tc.wantHome {
 				t.Fatalf("went to %s (home %s), want home %v", got, home, tc.wantHome)
@@ -1316,27 +1328,79 @@ func TestPlacementKeepsALongHistory(t *testing.T) {
 // TestPlacementTurnJoinsItsHistoryInPrefill: a conversation's second turn sent while
 // its first (routed to the other endpoint) is still in prefill, so the index does not
 // show it yet, goes where the first is: it waits behind that prefill instead of
-// recomputing the document where the system prompt is.
+// recomputing the document where the system prompt is. It does so however loaded that
+// endpoint is: with Saturated requests decoding there too (a fleet behind its
+// arrivals), the document would still be recomputed anywhere else.
 func TestPlacementTurnJoinsItsHistoryInPrefill(t *testing.T) {
-	for _, keep := range []bool{true, false} {
-		t.Run(fmt.Sprint("long_contexts=", keep), func(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		keep      bool
+		saturated bool // the first turn's endpoint runs Saturated other requests too
+	}{
+		{"long_contexts=true", true, false},
+		{"long_contexts=false", false, false},
+		{"past saturated it still joins", true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
 			cfg := placement.DefaultConfig()
-			cfg.LongContexts = keep
+			cfg.LongContexts = tc.keep
 			p, _, cs, holder, other, doc := branchedSystemPrompt(t, cfg, 1000, nil)
 			first := plRequest(doc(1, 150))
 			if _, err := p.Pick(first, cs); err != nil {
 				t.Fatal(err)
 			}
 			p.Routed(first, other) // no first token: in prefill
+			if tc.saturated {
+				for i := range cs {
+					if cs[i].Address == other {
+						cs[i].InFlight = 1 + cfg.Saturated // the first turn and others decoding
+					}
+				}
+			}
 			second := append(doc(1, 150), plTokens(700_000_000, 8*16)...)
 			want := holder
-			if keep {
+			if tc.keep {
 				want = other
 			}
 			if got := place(t, p, second, cs); got != want {
 				t.Errorf("second turn went to %s, want %s (first turn in prefill on %s, system prompt on %s)", got, want, other, holder)
 			}
 		})
+	}
+}
+
+// TestPlacementTurnsShareTheirHistorysBlocks: a document's turns in flight together on
+// one endpoint share the document's blocks there, so they count once in its KV
+// footprint. The second turn (572 blocks) is sent while the first (564) is in prefill
+// and joins it; with both decoding on the holder (1,000 blocks), a third turn (580)
+// fits beside them (600 blocks with its output) and stays, where counting the second
+// turn's blocks apart (1,100) or the third's (1,164) would divert it to recompute the
+// document on the other endpoint.
+func TestPlacementTurnsShareTheirHistorysBlocks(t *testing.T) {
+	p, ix, cs, holder, _, doc := branchedSystemPrompt(t, placement.DefaultConfig(), 1000, nil)
+	var turns [][]uint32
+	for k := range 3 {
+		turns = append(turns, append(doc(1, 500), plTokens(700_000_000, k*8*16)...))
+	}
+	var reqs []*scoring.Request
+	for k, toks := range turns[:2] {
+		req := plRequest(toks)
+		d, err := p.Pick(req, cs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Endpoint != holder {
+			t.Fatalf("turn %d went to %s, its system prompt is on %s", k+1, d.Endpoint, holder)
+		}
+		p.Routed(req, d.Endpoint) // the first in prefill when the second is sent
+		reqs = append(reqs, req)
+	}
+	for k, req := range reqs {
+		p.FirstToken(req.ID) // both decoding: in flight, holding the document's blocks
+		ix.Hold(holder, plKeysOf(turns[k]))
+	}
+	if got := place(t, p, turns[2], cs); got != holder {
+		t.Errorf("third turn went to %s, want %s (its first two turns decoding there)", got, holder)
 	}
 }
 

@@ -72,13 +72,14 @@ import (
 // is then dropped (UnplaceDiverted): no request fills it.
 //
 // With LongContexts, a conversation's turn sent while its last request is still in
-// prefill goes where that request is while it is below Saturated (joinHistory), ahead
+// prefill goes where that request is, however loaded (joinHistory), ahead
 // of those overrides; and a long miss with none of them, other than a new prefix's
 // first request (its home is the partition's), moves where it evicts fewer recent long
 // prompts or its prefill finishes sooner at measured prefill speed (longMiss).
 //
 // KV room is each endpoint's footprint, tracked from Routed to Finished: every active
-// prefix once plus each request's own blocks, against Headroom of its capacity.
+// prefix once plus each request's own blocks (less those its conversation's requests in
+// flight there hold: scratch.shared), against Headroom of its capacity.
 // Placements not used for LiveWindow picks expire; a departed endpoint (Forget) loses
 // its placements and only its prefixes move. Requests without a full block of token ids
 // go to the least-loaded candidate.
@@ -212,6 +213,7 @@ func (p *Policy) Pick(req *scoring.Request, cands []scoring.Endpoint) (scoring.D
 		p.sweep()
 	}
 	var joins *endpointState
+	sc.conv, sc.convBlocks = 0, 0
 	if base > 0 {
 		var follow bool
 		follow, joins = p.followed(key, child, base, sc)
@@ -249,8 +251,9 @@ func (p *Policy) Pick(req *scoring.Request, cands []scoring.Endpoint) (scoring.D
 		}
 	}
 	if req.ID != "" {
-		pp := pendingPick{key: key, addr: addr, blocks: len(sc.keys), pblocks: e.blocks,
-			prefill: max(0, len(req.TokenIDs)-sc.lead[best]*bs), bs: bs, exact: sc.lead[best] < look}
+		shared := sc.shared(sc.eps[best])
+		pp := pendingPick{key: key, addr: addr, blocks: len(sc.keys), pblocks: e.blocks, shared: shared,
+			prefill: max(0, len(req.TokenIDs)-max(sc.lead[best], shared)*bs), bs: bs, exact: sc.lead[best] < look}
 		if base > 0 {
 			pp.conv = child
 		}
@@ -299,13 +302,14 @@ func (p *Policy) followed(parent, child uint64, base int, sc *scratch) (follow b
 		p.prefixes[child] = c
 		return false, nil
 	}
-	last, prefilling := p.reqs[c.last]
-	prefilling = prefilling && last.first.IsZero() && p.cfg.LongContexts
+	last, inFlight := p.reqs[c.last]
+	// Its size once this request is counted in: the blocks it shares with the last.
+	common := c.keys.common(sc.keys)
+	sc.conv, sc.convBlocks = child, common
+	prefilling := inFlight && last.first.IsZero() && p.cfg.LongContexts
 	if len(c.sites) > 0 && !prefilling {
 		return true, nil
 	}
-	// Its size once this request is counted in: the blocks it shares with the last.
-	common := c.keys.common(sc.keys)
 	held := base + max(1, int(math.Ceil(p.cfg.HolderShare*float64(common-base))))
 	if prefilling && common >= held {
 		joins = last.ep
@@ -335,17 +339,21 @@ func (p *Policy) unplaceUnused(e *prefixEntry, cands []scoring.Endpoint, sc *scr
 }
 
 // joinHistory returns the candidate whose state is ep, where the request's history
-// (its conversation's last request) is in prefill, when it is below Saturated; -1
-// otherwise. There the request waits behind the history's prefill, as it would
-// recompute it anywhere else, and then hits it (trace-600 seed 2: the second and third
-// turns of a 35k-token document sent while its first was in prefill). p.mu must be
-// held.
+// (its conversation's last request) is in prefill; -1 when there is none. There the
+// request waits behind the rest of the history's prefill, as it would recompute all of
+// it anywhere else, and then hits it (trace-600 seed 2: the second and third turns of
+// a 35k-token document sent while its first was in prefill). It joins however loaded
+// the endpoint is: a fleet behind its arrivals has every endpoint past Saturated, and
+// gated there, the 200-request trace at 8x sent two 36k-token last turns, 0.6 s before
+// their histories' first tokens, to endpoints recomputing 35k tokens each (TTFT 6.6 s,
+// against 1.6 and 2.0 s for kv's hits; cached-token ratio 0.410 -> 0.526, kv 0.496;
+// docs/results-workloads.md). p.mu must be held.
 func (p *Policy) joinHistory(ep *endpointState, sc *scratch) int {
 	if ep == nil {
 		return -1
 	}
 	for i := range sc.eps {
-		if sc.eps[i] == ep && sc.loads[i] < p.cfg.Saturated {
+		if sc.eps[i] == ep {
 			return i
 		}
 	}
@@ -436,7 +444,11 @@ func (p *Policy) Routed(req *scoring.Request, endpoint string) {
 		ep.activate(parent, base)
 	}
 	a := ep.activate(pd.key, pd.pblocks-base)
-	r := tracked{ep: ep, key: pd.key, parent: parent, unique: max(0, pd.blocks-base-a.blocks) + p.cfg.OutputBlocks, tokens: len(req.TokenIDs)}
+	shared := base + a.blocks
+	if pd.addr == endpoint {
+		shared = max(shared, pd.shared)
+	}
+	r := tracked{ep: ep, key: pd.key, parent: parent, conv: pd.conv, unique: max(0, pd.blocks-shared) + p.cfg.OutputBlocks, tokens: len(req.TokenIDs)}
 	if pd.addr == endpoint {
 		r.prefill = pd.prefill
 	} else {
@@ -546,6 +558,12 @@ func (p *Policy) join(r *tracked) {
 	ep := r.ep
 	ep.footprint += r.unique
 	ep.inflight++
+	if r.conv != 0 {
+		if ep.convs == nil {
+			ep.convs = make(map[uint64]int)
+		}
+		ep.convs[r.conv]++
+	}
 	if p.cfg.SharedLoad {
 		ep.record(p.now())
 	}
@@ -643,6 +661,11 @@ func (p *Policy) release(id string) {
 func (p *Policy) leave(r *tracked) {
 	r.ep.inflight--
 	r.ep.footprint -= r.unique
+	if r.conv != 0 {
+		if r.ep.convs[r.conv]--; r.ep.convs[r.conv] <= 0 {
+			delete(r.ep.convs, r.conv)
+		}
+	}
 	if r.first.IsZero() {
 		r.ep.prefill -= r.prefill
 		if a := r.ep.active[r.key]; a != nil {

@@ -54,6 +54,22 @@ type scratch struct {
 	// looked is how many of keys the index was asked about: a candidate's lead equal
 	// to it may hold more of the request (its uncached tokens there are not known).
 	looked int
+	// conv is the conversation the request continues (followed; 0: none), convBlocks
+	// the blocks it shares with the conversation's requests.
+	conv       uint64
+	convBlocks int
+}
+
+// shared is the request's blocks that its conversation's requests in flight on ep
+// hold there: in ep's footprint already (in prefill, not yet in the index; decoding,
+// holding them). Counted again, a document's next turn found no KV room at the
+// endpoint running its 35k-token history and was diverted to recompute it (the
+// 200-request trace at 4x: TTFT 4.6 s, kv's hit 0.5 s). p.mu must be held.
+func (sc *scratch) shared(ep *endpointState) int {
+	if sc.conv != 0 && ep.convs[sc.conv] > 0 {
+		return sc.convBlocks
+	}
+	return 0
 }
 
 type activeOn struct {
@@ -186,7 +202,7 @@ func (p *Policy) choose(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 	sc.ok = slices.Grow(sc.ok[:0], n)[:n]
 	sc.room = slices.Grow(sc.room[:0], n)[:n]
 	for i := range cands {
-		sc.room[i] = p.room(sc.eps[i], key, &cands[i], blocks, sc.otherKV[i])
+		sc.room[i] = p.room(sc.eps[i], key, &cands[i], blocks, sc.shared(sc.eps[i]), sc.otherKV[i])
 		sc.ok[i] = sc.loads[i] < p.cfg.Saturated && sc.room[i]
 	}
 	if p.cfg.RehomeLost {
@@ -672,8 +688,14 @@ func (p *Policy) divert(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 	if !late && !full && !miss {
 		return -1
 	}
+	// Past Saturated an endpoint takes no divert (queueing there costs more than a miss
+	// elsewhere), unless best is past it too: a fleet behind its arrivals has every
+	// endpoint there, and a late request then stays behind a long prefill at its
+	// holder while another endpoint would start it twice as soon (the 200-request
+	// trace at 8x: short hits waited 4.9 to 5.6 s behind a 35k-token prefill; p99
+	// 5,604 -> 4,362 ms, 10.54 -> 12.07 requests/s, kv 4,387 and 11.14).
 	eligible := func(i int) bool {
-		if i == best || !sc.ok[i] {
+		if i == best || !(sc.ok[i] || late && sc.room[i] && sc.loads[best] >= p.cfg.Saturated) {
 			return false
 		}
 		if miss && !full && (sc.loads[i] > 0 || !(sc.decode[i] > 0 && sc.decode[i] < p.cfg.MissSpeedup*sc.decode[best])) {
@@ -993,7 +1015,7 @@ func (p *Policy) soonestRoom(key uint64, cands []scoring.Endpoint, sc *scratch, 
 	// capacity once every decoding request there has finished.
 	wait := func(i int) (at, queued float64) {
 		capacity := p.cfg.Headroom * float64(p.capacity(&cands[i]))
-		used := float64(sc.eps[i].footprint) + sc.otherKV[i] + float64(p.need(sc.eps[i], key, &cands[i], blocks))
+		used := float64(sc.eps[i].footprint) + sc.otherKV[i] + float64(p.need(sc.eps[i], key, &cands[i], blocks, sc.shared(sc.eps[i])))
 		f := frees[i]
 		slices.SortFunc(f, func(a, b freeing) int { return cmp.Compare(a.at, b.at) })
 		for _, x := range f {
@@ -1189,7 +1211,7 @@ func (p *Policy) moveWorth(e *prefixEntry, key uint64, sc *scratch, i, h int) bo
 // held.
 func (p *Policy) spare(key uint64, cands []scoring.Endpoint, sc *scratch, i int) bool {
 	ep := sc.eps[i]
-	return float64(ep.placedBlocks+ep.footprint+p.need(ep, key, &cands[i], len(sc.keys)))+sc.otherKV[i] <= float64(p.capacity(&cands[i]))
+	return float64(ep.placedBlocks+ep.footprint+p.need(ep, key, &cands[i], len(sc.keys), sc.shared(ep)))+sc.otherKV[i] <= float64(p.capacity(&cands[i]))
 }
 
 // fasterCopy returns the idle candidate that takes a copy of the prefix and the
@@ -1277,36 +1299,36 @@ func (p *Policy) wait(sc *scratch, i int) float64 {
 // its footprint, plus others (blocks other routers' requests hold), plus the request's
 // blocks not already active there, stays within Headroom of its capacity. p.mu must be
 // held.
-func (p *Policy) room(ep *endpointState, key uint64, c *scoring.Endpoint, blocks int, others float64) bool {
+func (p *Policy) room(ep *endpointState, key uint64, c *scoring.Endpoint, blocks, shared int, others float64) bool {
 	capacity := float64(p.capacity(c))
 	used := float64(ep.footprint) + others
 	if p.cfg.ScrapedLoad && c.Metrics.Valid {
 		used = max(used, c.Metrics.KVCacheUsage*capacity)
 	}
-	return used+float64(p.need(ep, key, c, blocks)) <= p.cfg.Headroom*capacity
+	return used+float64(p.need(ep, key, c, blocks, shared)) <= p.cfg.Headroom*capacity
 }
 
 // need is the KV blocks the request adds at the endpoint: its blocks and OutputBlocks,
-// less its prefix's when a request in flight there holds it and, for a conversation's
-// turn on a branched prefix longer than a step, that prefix's blocks when a request on
-// it is in flight there
-// (Routed activates a turn's parent beside it: counted in each turn, an agent's
-// 100k-token context looked twice its size beside another agent's turn, short of room,
-// and the turn was sent to recompute it on a cold endpoint: agent workload on 4
-// servers). p.mu must be held.
-func (p *Policy) need(ep *endpointState, key uint64, c *scoring.Endpoint, blocks int) int {
-	need := blocks + p.cfg.OutputBlocks
+// less its prefix's when a request in flight there holds it, or the shared blocks an
+// in-flight request of its conversation holds there (scratch.shared), whichever is
+// more; for a conversation's turn on a branched prefix longer than a step, that
+// prefix's blocks count as held when a request on it is in flight there (Routed
+// activates a turn's parent beside it: counted in each turn, an agent's 100k-token
+// context looked twice its size beside another agent's turn, short of room, and the
+// turn was sent to recompute it on a cold endpoint: agent workload on 4 servers).
+// p.mu must be held.
+func (p *Policy) need(ep *endpointState, key uint64, c *scoring.Endpoint, blocks, shared int) int {
+	held, parent := shared, 0
 	if e := p.prefixes[key]; e != nil && e.base > 0 && e.parent != 0 && ep.active[e.parent] != nil &&
 		!p.fitsStep(e.base*p.blockSize(c), p.blockSize(c)) {
-		shared := min(ep.active[e.parent].blocks, e.base, blocks)
-		need -= shared
-		blocks -= shared
+		parent = min(ep.active[e.parent].blocks, e.base)
+		held = max(held, parent)
 	}
 	if a := ep.active[key]; a != nil {
-		need -= min(a.blocks, blocks)
+		held = max(held, parent+a.blocks)
 	} else if p.peers != nil && p.peers.PeerActive(c.Address, key) {
 		// A peer's request holds the prefix there (counted in others): only the tail.
-		need -= min(p.prefixes[key].blocks, blocks)
+		held = max(held, p.prefixes[key].blocks)
 	}
-	return need
+	return blocks + p.cfg.OutputBlocks - min(held, blocks)
 }

@@ -76,6 +76,8 @@ type endpointState struct {
 	// router) occupy: each active prefix's blocks once, plus each request's own.
 	footprint int
 	active    map[uint64]*activePrefix
+	// convs counts the in-flight requests per conversation (tracked.conv).
+	convs map[uint64]int
 	// prefill is the uncached prompt tokens of in-flight requests without a first token.
 	prefill int
 	// decode is a moving average of the time from first token to finish, seconds; 0
@@ -230,6 +232,7 @@ type pendingPick struct {
 	addr    string
 	blocks  int    // the request's full blocks
 	pblocks int    // its prefix's estimated blocks at the pick
+	shared  int    // its blocks its conversation's requests hold on addr (scratch.shared)
 	prefill int    // its uncached prompt tokens on addr, per the index at the pick
 	bs      int    // the block size its keys were cut at
 	conv    uint64 // the conversation it continues past a branched prefix; 0: none
@@ -246,6 +249,7 @@ type tracked struct {
 	// beside it with the blocks they share, so that turns of several conversations on
 	// one context count it once in the footprint; 0 for others.
 	parent  uint64
+	conv    uint64 // the conversation it continues (pendingPick.conv); 0: none
 	unique  int
 	prefill int       // uncached tokens, released at the first token
 	tokens  int       // prompt tokens: the prefill where the request moves (Moved)

@@ -30,6 +30,13 @@ done
 for s in 1 2; do
 	run trace-600-seed$s.json $all --trace docs/data/workloads/trace-600-seed$s.jsonl --speedup 2 --kv-bytes 8GiB
 done
+# Overload: trace-600 faster than 2x and the reference at 32 and 64 clients.
+o="--sim --policy kv,placement --reps 3"
+for s in 3 4; do
+	run overload-trace-600-seed1-speedup$s.json $o --trace docs/data/workloads/trace-600-seed1.jsonl --speedup $s --kv-bytes 8GiB
+done
+run overload-trace-600-seed2-speedup3.json $o --trace docs/data/workloads/trace-600-seed2.jsonl --speedup 3 --kv-bytes 8GiB
+run overload-concurrency.json $o --prefixes 2,7,12,24 --concurrency 32,64
 run tight-memory.json $all --prefixes 24 --concurrency 8,16 --kv-bytes 512MiB
 run long-tails.json $all --prefixes 2,7,12,24 --concurrency 8 --prefix-tokens 1024 --tail-tokens 1000
 run servers-12.json $all --workers 12 --prefixes 2,7,12,24 --concurrency 8,16
