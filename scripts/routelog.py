@@ -25,9 +25,11 @@ share of requests on the fast servers.
 
 With --drain instead, per run: how an open-loop replay's throughput (kvbench's served
 requests over the first send to the last finish) splits into the arrivals' span (first to
-last route, fixed by the trace) and the drain after the last arrival, and which request
-finished last, with its latency; then the median run per policy. When the fleet keeps
-up, the drain is the last requests' latency, and it alone tells policies apart.
+last route) and the drain after the last arrival, and which request finished last, with
+its latency; then the median run per policy. A trace fixes the arrivals' span; a chat or
+agent workload does not (a turn is sent a think time after the last one's answer, so the
+span ends with the conversation that finishes last). When the fleet keeps up with a trace,
+the drain is the last requests' latency, and it alone tells policies apart.
 
 With --misses instead, per policy and concurrency, summed over repetitions (a sim run of
 the reference workload: each route line carries the servers' cached blocks). A
