@@ -80,7 +80,7 @@ func BenchmarkDecisionTurnVsCold(b *testing.B) {
 	// The cold requests' shared system prompt, held where the first of them went.
 	d.storeRouted(b, d.coldSrv, coldChat(0))
 	for _, size := range turnSizes {
-		hist := turnHistory(size.tokens, size.conv)
+		hist := testtext.Conversation(size.tokens, size.conv)
 		// The conversation's previous turn (its history and the generation prompt),
 		// routed, then stored in the index where it went, as its events would show.
 		d.storeRouted(b, d.turnSrv, chatRequest(append(hist, ']')))
@@ -211,7 +211,7 @@ func (d *turnDecision) fill(b *testing.B, eps []scoring.Endpoint) {
 
 // systemPromptIDs are the full blocks of the ids the turns' conversations share.
 func (d *turnDecision) systemPromptIDs(b *testing.B) []uint32 {
-	ids := d.ids(b, chatRequest(append(turnHistory(1, 0), ']')))
+	ids := d.ids(b, chatRequest(append(testtext.Conversation(1, 0), ']')))
 	return ids[:len(ids)/turnBlockSize*turnBlockSize]
 }
 
@@ -296,26 +296,6 @@ func (s *destStream) Send(r *extprocv3.ProcessingResponse) error {
 		}
 	}
 	return s.memStream.Send(r)
-}
-
-// turnHistory is the messages of a conversation of about tokens tokens (a system
-// prompt, then user and assistant turns), as a JSON array without its closing
-// bracket. Conversations share only their system prompt.
-func turnHistory(tokens int, conv uint64) []byte {
-	msgs := []map[string]string{{"role": "system", "content": testtext.Prose(1, 500)}}
-	for n, i := 400, 0; n < tokens; i++ {
-		role, size := "user", 250
-		if i%2 == 1 {
-			role, size = "assistant", 350
-		}
-		msgs = append(msgs, map[string]string{"role": role, "content": testtext.Prose(conv<<32+uint64(1000+i), size)})
-		n += size * 4 / 5
-	}
-	raw, err := json.Marshal(msgs)
-	if err != nil {
-		panic(err)
-	}
-	return raw[:len(raw)-1]
 }
 
 // turnBody is the body of the turn after hist: the server's answer to its last user

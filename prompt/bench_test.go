@@ -168,7 +168,7 @@ func BenchmarkPromptTokensHuge(b *testing.B) {
 // history returns the messages JSON array (without its closing bracket) of a Qwen3
 // conversation of about tokens tokens: a system prompt, then user and assistant turns
 // (Prose of n gives about 0.8n Qwen3 tokens).
-func history(tokens int) []byte { return conversationHistory(tokens, 0) }
+func history(tokens int) []byte { return testtext.Conversation(tokens, 0) }
 
 // historySizes are the conversation lengths the long-context benchmarks measure (issue
 // 14: turn k at 2k, 32k and 128k tokens).
@@ -176,25 +176,6 @@ var historySizes = []struct {
 	name   string
 	tokens int
 }{{"2k", 2000}, {"32k", 32000}, {"128k", 128000}}
-
-// conversationHistory is history for conversation conv (conversations share nothing
-// but their system prompt).
-func conversationHistory(tokens int, conv uint64) []byte {
-	msgs := []map[string]string{{"role": "system", "content": testtext.Prose(1, 500)}}
-	for n, i := 400, 0; n < tokens; i++ {
-		role, size := "user", 250
-		if i%2 == 1 {
-			role, size = "assistant", 350
-		}
-		msgs = append(msgs, map[string]string{"role": role, "content": testtext.Prose(conv<<32+uint64(1000+i), size)})
-		n += size * 4 / 5
-	}
-	raw, err := json.Marshal(msgs)
-	if err != nil {
-		panic(err)
-	}
-	return raw[:len(raw)-1]
-}
 
 // nextTurn returns the request of the turn after hist: the server's answer to the
 // last user message and a new user message, both unique to n.
@@ -425,7 +406,7 @@ func BenchmarkConversationCacheMemory(b *testing.B) {
 		convs := max(4, 2_000_000/size.tokens)
 		reqs := make([]*openai.Request, convs)
 		for i := range reqs {
-			reqs[i] = nextTurn(conversationHistory(size.tokens, uint64(i)), i)
+			reqs[i] = nextTurn(testtext.Conversation(size.tokens, uint64(i)), i)
 		}
 		b.Run(size.name, func(b *testing.B) {
 			var heap, accounted, tokens float64

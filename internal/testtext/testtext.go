@@ -37,6 +37,27 @@ func Prose(seed uint64, n int) string {
 	return b.String()
 }
 
+// Conversation returns the messages of a chat of about tokens tokens, a system prompt
+// then alternating user (~250-token) and assistant (~350-token) turns, as a JSON array
+// without its closing bracket, so that a caller can append the next turn's messages.
+// Conversations share only their system prompt (the same for every conv).
+func Conversation(tokens int, conv uint64) []byte {
+	msgs := []map[string]string{{"role": "system", "content": Prose(1, 500)}}
+	for n, i := 400, 0; n < tokens; i++ {
+		role, size := "user", 250
+		if i%2 == 1 {
+			role, size = "assistant", 350
+		}
+		msgs = append(msgs, map[string]string{"role": role, "content": Prose(conv<<32+uint64(1000+i), size)})
+		n += size * 4 / 5
+	}
+	raw, err := json.Marshal(msgs)
+	if err != nil {
+		panic(err)
+	}
+	return raw[:len(raw)-1]
+}
+
 // maxLine is the longest JSON Lines record ReadJSONL accepts.
 const maxLine = 16 << 20
 
