@@ -1606,6 +1606,59 @@ func TestPlacementCopyWithinFillPaysForItsMiss(t *testing.T) {
 	}
 }
 
+// TestPlacementCopyShareInOneReplicasView: a router replica judges a prefix's share of
+// the load (copy_cost's allowance) from its own requests, of the prefix and in all: it
+// does not know its peers' requests per prefix, and counted against the whole fleet's
+// load (peers' included) the share of a prefix only this replica sends looked a
+// fraction of what it is, and its copy was refused (4 replicas, N = 24, C = 16: -1.6
+// points against one router; docs/results-policy.md).
+func TestPlacementCopyShareInOneReplicasView(t *testing.T) {
+	cfg := placement.DefaultConfig()
+	cfg.Saturated = 10
+	ix := testindex.New()
+	clock := time.Unix(100, 0)
+	p, err := placement.New(cfg, ix, func() time.Time { return clock }, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs := fleet(2, []int{10_000, 10_000}) // a 72-block prompt: Fill never binds
+	holder := place(t, p, prefixed(0, 0), cs)
+	other := cs[0].Address
+	if other == holder {
+		other = cs[1].Address
+	}
+	ix.Hold(holder, plKeysOf(prefixed(0, 0))[:64])
+	for _, addr := range []string{holder, other} {
+		req := plRequest(plTokens(900_000_000+len(addr), 8*16))
+		if _, err := p.Pick(req, cs); err != nil {
+			t.Fatal(err)
+		}
+		p.Routed(req, addr)
+		p.FirstToken(req.ID)
+		clock = clock.Add(time.Second)
+		p.Finished(req.ID)
+	}
+	place(t, p, prefixed(0, 1), cs) // the prefix's size is learned: 64 blocks
+	req := plRequest(prefixed(0, 9))
+	if d, err := p.Pick(req, cs); err != nil || d.Endpoint != holder {
+		t.Fatalf("Pick = %v, %v; want the idle holder %s", d.Endpoint, err, holder)
+	}
+	p.Routed(req, holder)
+	p.FirstToken(req.ID)
+	// A peer runs two requests of other prefixes on each endpoint.
+	p.SetPeers(&fakePeers{rank: 0, replicas: 2, load: map[string]placement.Load{
+		holder: {Requests: 2}, other: {Requests: 2},
+	}})
+	for i := range cs {
+		if cs[i].Address == holder {
+			cs[i].InFlight = 1
+		}
+	}
+	if got := place(t, p, prefixed(0, 2), cs); got != other {
+		t.Fatalf("went to %s (holder %s): want a copy on %s, the prefix's share of this replica's load needs both", got, holder, other)
+	}
+}
+
 // TestPlacementRefusedCopyGoesToTheSoonestHolder: a copy that does not pay for its miss
 // leaves the request with the holders, and it goes where a copy's request diverted back
 // to them would: to the holder that starts it soonest, the least loaded of those within

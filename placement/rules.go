@@ -1145,15 +1145,19 @@ func (p *Policy) soonestHolder(cands []scoring.Endpoint, sc *scratch, g int) int
 // it is judged by Fill alone (CopyCost). Without it, small fleets' few prefixes took
 // their copies late, in the measured run instead of the warm-up (the reference at
 // workload seed 2, N = 2, C = 8: p99 TTFT 81 ms, kv 69). As a cap on copies instead of
-// an allowance it lost 12 servers, N = 7, C = 16 (27.73 requests/s, kv 27.93). p.mu
-// must be held.
+// an allowance it lost 12 servers, N = 7, C = 16 (27.73 requests/s, kv 27.93). Both
+// sides of the share are this router's own view: it knows its own requests per prefix
+// but only the totals of other routers' (sc.others), and against the whole fleet's
+// load a prefix's share looked 1/replicas of what it is (4 replicas, N = 24, C = 16:
+// -1.6 points against one router, now -1.0; one router's grids unchanged). p.mu must
+// be held.
 func (p *Policy) underShare(key uint64, sc *scratch) bool {
 	own, all, sites := 1, 1, 0
 	for i, ep := range sc.eps {
 		if a := ep.active[key]; a != nil {
 			own += a.requests
 		}
-		all += sc.loads[i]
+		all += sc.loads[i] - sc.others[i]
 		if sc.pos[i] >= 0 {
 			sites++
 		}
