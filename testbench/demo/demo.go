@@ -19,11 +19,13 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/kvrouter/kvrouter/prompt"
 	"github.com/kvrouter/kvrouter/testbench/kvbench"
+	"github.com/kvrouter/kvrouter/tokenizer/testmodels"
 )
 
 // Options describe the fleet and the workload of a comparison.
@@ -73,11 +75,16 @@ type Options struct {
 // placement (kvrouter's default).
 func DefaultOptions() Options {
 	return Options{
-		Workers: 6, Model: "Qwen/Qwen3-0.6B", TokenizerDir: ".cache/models/qwen3", KVBytes: 1 << 30, TimeScale: 4,
+		Workers: 6, Model: "Qwen/Qwen3-0.6B", TokenizerDir: DefaultTokenizerDir(), KVBytes: 1 << 30, TimeScale: 4,
 		Policies: []string{"round-robin", "kv", "placement"},
 		Prefixes: 12, PrefixTokens: 2032, TailTokens: 339, OutputTokens: 32, Requests: 144, Concurrency: 8, Seed: 1,
 	}
 }
+
+// DefaultTokenizerDir is where `make models` puts the Qwen3 tokenizer files the demo's
+// model needs: under $KVROUTER_MODELS_DIR, else .cache/models at the repository root
+// (testmodels.Root, the rule the Makefile and kvbench follow).
+func DefaultTokenizerDir() string { return filepath.Join(testmodels.Root(), "qwen3") }
 
 // Validate checks the options.
 func (o *Options) Validate() error {

@@ -64,7 +64,7 @@ type LatencyOptions struct {
 // kvrouter's default policy.
 func DefaultLatencyOptions() LatencyOptions {
 	return LatencyOptions{Endpoints: []int{6, 64}, Rate: 1000, Duration: 3 * time.Second, Rounds: 2,
-		Model: "Qwen/Qwen3-0.6B", TokenizerDir: ".cache/models/qwen3", BinDir: "bin", Policy: config.DefaultPolicyConfig().Name}
+		Model: "Qwen/Qwen3-0.6B", TokenizerDir: DefaultTokenizerDir(), BinDir: "bin", Policy: config.DefaultPolicyConfig().Name}
 }
 
 // LatencyRound is one measured round of one server.

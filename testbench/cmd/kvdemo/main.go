@@ -17,7 +17,6 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
-	"path/filepath"
 	"runtime/pprof"
 	"slices"
 	"strconv"
@@ -33,7 +32,6 @@ import (
 	"github.com/kvrouter/kvrouter/testbench/demo"
 	"github.com/kvrouter/kvrouter/testbench/fakeenvoy"
 	"github.com/kvrouter/kvrouter/tlscert"
-	"github.com/kvrouter/kvrouter/tokenizer/testmodels"
 )
 
 func main() {
@@ -55,12 +53,6 @@ func exitCode(err error, stderr io.Writer) int {
 	}
 }
 
-// defaultTokenizerDir is where `make models` puts the Qwen3 tokenizer files: under
-// $KVROUTER_MODELS_DIR, else .cache/models at the repository root (testmodels.Root, the
-// rule the Makefile and kvbench follow), so that kvdemo run directly finds what make demo
-// passes with --tokenizer.
-func defaultTokenizerDir() string { return filepath.Join(testmodels.Root(), "qwen3") }
-
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) > 0 && args[0] == "latency" {
 		return latency(ctx, args[1:], stdout, stderr)
@@ -76,7 +68,6 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	start := time.Now()
 	o := demo.DefaultOptions()
-	o.TokenizerDir = defaultTokenizerDir()
 	fs := flag.NewFlagSet("kvdemo", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	bin := fs.String("bin", "bin", "directory with the vllm-sim, kvrouter and devgateway binaries (make build)")
@@ -183,7 +174,6 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 // server's, side by side (issue 6).
 func latency(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	o := demo.DefaultLatencyOptions()
-	o.TokenizerDir = defaultTokenizerDir()
 	fs := flag.NewFlagSet("kvdemo latency", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	eps := fs.String("endpoints", "6,64", "fleet sizes, comma list")
@@ -258,7 +248,6 @@ func latency(ctx context.Context, args []string, stdout, stderr io.Writer) error
 // and the dev gateway; it prints the table and, with --json, writes the rows.
 func faults(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fo := demo.DefaultFaultOptions()
-	fo.TokenizerDir = defaultTokenizerDir()
 	fs := flag.NewFlagSet("kvdemo faults", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&fo.Process.BinDir, "bin", "bin", "directory with the vllm-sim, kvrouter and devgateway binaries (make build)")
@@ -312,7 +301,6 @@ func faults(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 // prints each run and, with --json, writes the report docs/results-replicas.md renders.
 func replicas(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	o := demo.DefaultOptions()
-	o.TokenizerDir = defaultTokenizerDir()
 	o.Policies = []string{"placement", "kv"}
 	fs := flag.NewFlagSet("kvdemo replicas", flag.ContinueOnError)
 	fs.SetOutput(stderr)
