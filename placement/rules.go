@@ -703,6 +703,9 @@ func (p *Policy) divert(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 		}
 		return full || p.moveOK(sc, i, best)
 	}
+	// movable is any candidate that may take the request, not only an idle faster one,
+	// for a miss that misses wherever it goes or waits behind a long prefill.
+	movable := func(i int) bool { return i != best && sc.ok[i] && p.moveOK(sc, i, best) }
 	alt, ea := -1, 0.0
 	for i := range cands {
 		if !eligible(i) {
@@ -724,7 +727,7 @@ func (p *Policy) divert(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 		// reference's misses diverted behind 2,371-token ones lost N = 24, C = 16
 		// (0.951 -> 0.929 x the partition).
 		for i := range cands {
-			if i == best || !sc.ok[i] || !p.moveOK(sc, i, best) {
+			if !movable(i) {
 				continue
 			}
 			if x := est(i); 2*x <= eb && (alt < 0 || x < ea) {
@@ -743,7 +746,7 @@ func (p *Policy) divert(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 		// may take it, not only an idle faster one.
 		el := eligible
 		if miss {
-			el = func(i int) bool { return i != best && sc.ok[i] && p.moveOK(sc, i, best) }
+			el = movable
 		}
 		if r := p.besidePrefill(key, cands, sc, el, est, eb, tokens, bs); r >= 0 {
 			return r
