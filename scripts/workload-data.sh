@@ -68,3 +68,30 @@ run heldout/servers-12-c32.json $h --workers 12 --prefixes 7,24 --concurrency 32
 run heldout/chat-conversations96.json $h --workload chat --conversations 96
 run heldout/chat-conversations144.json $h --workload chat --conversations 144
 run heldout/chat-no-system-conversations96.json $h --workload chat --system-prompts 0 --conversations 96
+
+# Probed axes (docs/results-workloads.md "Probed axes"): placement against kv on axes the
+# tables above and the held-out set leave fixed. reference.json is the control: the same
+# cells at the calibrated defaults. --zipf, --output-tokens and --prefix-tokens/--tail-tokens
+# shape the reference workload only (the chat, agent and mixed scripts fix their own).
+p="$out/probe"
+mkdir -p "$p"
+ref="--prefixes 7,24 --concurrency 8,16"
+grid="--prefixes 2,7,12,24 --concurrency 8,16"
+mm="kv=4GiB,speed=1;kv=4GiB,speed=1;kv=1GiB,speed=0.7;kv=1GiB,speed=0.7;kv=1GiB,speed=0.7;kv=1GiB,speed=0.7"
+run probe/reference.json $h $grid
+run probe/output-tokens20.json $h $ref --output-tokens 20
+run probe/output-tokens500.json $h $ref --output-tokens 500
+run probe/prefix512-tail64.json $h $ref --prefix-tokens 512 --tail-tokens 64
+run probe/prefix8192-tail256.json $h $ref --prefix-tokens 8192 --tail-tokens 256
+run probe/zipf1.json $h $grid --zipf 1.0
+run probe/uniform-fleet.json $h $grid --speed-factors 1,1,1,1,1,1
+run probe/uniform-fleet-chat.json $h --workload chat --speed-factors 1,1,1,1,1,1
+run probe/mixed-memory.json $h $grid --servers "$mm"
+run probe/mixed-memory-chat.json $h --workload chat --servers "$mm"
+run probe/event-lag100ms.json $h $grid --event-lag 100ms
+run probe/event-lag100ms-chat.json $h --workload chat --event-lag 100ms
+run probe/scrape500ms.json $h $grid --scrape-interval 500ms
+run probe/scrape500ms-chat.json $h --workload chat --scrape-interval 500ms
+run probe/replicas2-chat.json $h --workload chat --replicas 2
+run probe/replicas2-mixed.json $h --workload mixed $long --replicas 2
+run probe/replicas2-trace-600-seed1.json $h --trace docs/data/workloads/trace-600-seed1.jsonl --speedup 2 --kv-bytes 8GiB --replicas 2
