@@ -685,3 +685,33 @@ func TestPlacementReplicasTakeHoldersInTurn(t *testing.T) {
 		}
 	}
 }
+
+// TestPlacementFollowsAConversationAPeerRouted: with router replicas a conversation's
+// turns reach any of them, so a turn may be the first of its conversation this router
+// sees while the index shows the turn before it, which a peer routed, on some endpoint.
+// The turn goes there, as its peer would send it, and not where the system prompt it
+// shares with other conversations is placed (where it would recompute its history).
+func TestPlacementFollowsAConversationAPeerRouted(t *testing.T) {
+	ix := testindex.New()
+	p := newPlacement(t, placement.DefaultConfig(), ix)
+	p.SetPeers(&fakePeers{replicas: 2})
+	cs := fleet(6, nil)
+	system := plTokens(1_000_000, 64*16)
+	turn1 := func(c int) []uint32 {
+		return append(append([]uint32(nil), system...), plTokens(500_000_000+10_000*c, 8*16)...)
+	}
+	turn2 := func(c int) []uint32 { return append(turn1(c), plTokens(700_000_000+10_000*c, 8*16)...) }
+	// This router's two first turns show the system prompt branching.
+	ix.Hold(cs[0].Address, plKeysOf(system))
+	place(t, p, turn1(100), cs)
+	place(t, p, turn1(101), cs)
+	// A peer routed conversation c's first turn to endpoint c.
+	for c := range cs {
+		ix.Hold(cs[c].Address, plKeysOf(turn1(c)))
+	}
+	for c := range cs {
+		if got := place(t, p, turn2(c), cs); got != cs[c].Address {
+			t.Errorf("conversation %d's second turn went to %s, its history is on %s", c, got, cs[c].Address)
+		}
+	}
+}

@@ -197,10 +197,12 @@ func (p *Policy) Pick(req *scoring.Request, cands []scoring.Endpoint) (scoring.D
 	// Only the prefix's blocks (plus one, to see it grow) matter: look those up.
 	look := len(sc.keys)
 	p.mu.Lock()
+	// With peers, a conversation this router has not seen is looked up whole: its
+	// earlier turns may have gone through a peer (followed).
 	child, base := p.childName(key, sc.keys)
 	if e := p.prefixes[child]; base > 0 && e != nil {
 		look = min(look, max(e.blocks+1, p.cfg.PrefixDepth))
-	} else if e := p.prefixes[key]; e != nil {
+	} else if e := p.prefixes[key]; e != nil && (base == 0 || p.peers == nil) {
 		look = min(look, max(e.blocks+1, p.cfg.PrefixDepth))
 	}
 	p.mu.Unlock()
@@ -290,7 +292,8 @@ func (p *Policy) childName(key uint64, keys []uint64) (child uint64, base int) {
 // than by the branched prefix it extends: when the table has seen the conversation
 // before and it is placed somewhere, or the index shows an endpoint holding HolderShare
 // of it. A conversation seen for the first time gets an entry (no placement) and is
-// placed by its parent, so that its next turn finds it where this one went. When it is
+// placed by its parent, so that its next turn finds it where this one went; with peers,
+// by itself where the index shows a turn of it a peer routed. When it is
 // not followed but the conversation's last request, sharing HolderShare of it, is still
 // in prefill (so the index does not show it yet), joins is that request's endpoint
 // (joinHistory). p.mu must be held.
@@ -298,6 +301,23 @@ func (p *Policy) followed(parent, child uint64, base int, sc *scratch) (follow b
 	c := p.prefixes[child]
 	if c == nil {
 		c := &prefixEntry{key: child, base: base, parent: parent, blocks: len(sc.keys), seen: p.tick}
+		// With router replicas, new to this table is not new to the fleet: an endpoint
+		// holding the block that names the conversation computed an earlier turn of
+		// it, which a peer routed (a conversation's turns reach any replica). Its size
+		// is then what the index shows of it and it is placed where that is, as its
+		// peer would place it; by its parent, the turn went to whichever holder of the
+		// system prompt ranked first and recomputed its history (the 600-request trace
+		// with 2 replicas: cached-token ratio 0.527 -> 0.549, kv 0.554; p99 TTFT 4,727
+		// -> 4,368 ms, kv 4,414; docs/results-workloads.md, "Probed axes"). One router
+		// sees every turn: it meets a conversation unseen only when the turn before
+		// came before its system prompt had branched, where this rule moved chat cells
+		// both ways (seed 2 ratio 0.700 -> 0.675, kv 0.678), so it keeps the parent.
+		if held := slices.Max(sc.lead); p.peers != nil && held >= base+p.cfg.PrefixDepth {
+			c.blocks = held
+			p.prefixes[child] = c
+			sc.conv, sc.convBlocks = child, held
+			return true, nil
+		}
 		c.keys.keep(sc.keys)
 		p.prefixes[child] = c
 		return false, nil
