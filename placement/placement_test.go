@@ -1442,9 +1442,10 @@ func TestPlacementLongMissGoesToTheFasterPrefill(t *testing.T) {
 
 // TestPlacementMissLeavesALongPrefill: a new prefix's first request (longer than one
 // step, so besidePrefill does not take it) homed beside a prefill in progress is a miss
-// no idle faster endpoint takes (no speed measured). Behind a long prefill (16,000
+// no idle faster endpoint takes (one speed measured). Behind a long prefill (16,000
 // tokens) it goes where it starts twice as soon; behind a short one (2,400 tokens) it
-// stays with its home.
+// stays with its home. (The fleet is not starting: one decode time is measured, so the
+// home is the partition's, not one beside no prefill.)
 func TestPlacementMissLeavesALongPrefill(t *testing.T) {
 	for _, tc := range []struct {
 		name          string
@@ -1455,11 +1456,25 @@ func TestPlacementMissLeavesALongPrefill(t *testing.T) {
 		{"behind a short prefill: stays", 150, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			p := newPlacement(t, placement.DefaultConfig(), testindex.New())
+			clock := time.Unix(100, 0)
+			p, err := placement.New(placement.DefaultConfig(), testindex.New(), func() time.Time { return clock }, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
 			cs := fleet(2, []int{100_000, 100_000})
-			big := place(t, p, plTokens(100_000_000, 1100*16), cs)
+			first := plRequest(plTokens(100_000_000, 1100*16))
+			d, err := p.Pick(first, cs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			big := d.Endpoint
+			p.Routed(first, big)
+			clock = clock.Add(time.Second)
+			p.FirstToken(first.ID)
+			clock = clock.Add(time.Second)
+			p.Finished(first.ID)
 			backlog := plRequest(plTokens(200_000_000, tc.backlogBlocks*16))
-			d, err := p.Pick(backlog, cs)
+			d, err = p.Pick(backlog, cs)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -1819,5 +1834,45 @@ func TestPlacementHomesALongPrefixWhereItPrefillsSoonest(t *testing.T) {
 				t.Errorf("long new prefix homed on %s, want %s (fast %s)", got, want, fast)
 			}
 		})
+	}
+}
+
+// TestPlacementColdBurstHomesBesidePrefills: a fleet starting (no decode time measured)
+// takes a burst of new prefixes at once. Each first request is a miss computed now, of
+// more than one engine step (the reference's 2,371 tokens: no divert moves it beside a
+// prefill), so it is homed, by the partition's share, among the endpoints with no
+// prefill in progress while there are any: the two endpoints of 4x the KV capacity
+// would otherwise take four homes and four simultaneous prefills while small endpoints
+// idle. Once every endpoint is prefilling, the share alone decides again.
+func TestPlacementColdBurstHomesBesidePrefills(t *testing.T) {
+	p := newPlacement(t, placement.DefaultConfig(), testindex.New())
+	cs := fleet(6, []int{4000, 4000, 1000, 1000, 1000, 1000})
+	prompt := func(k int) []uint32 { return plTokens(1_000_000*(k+1), 148*16) }
+	homes := map[string]int{}
+	for k := range cs {
+		req := plRequest(prompt(k))
+		d, err := p.Pick(req, cs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.Routed(req, d.Endpoint) // in prefill: no first token yet
+		homes[d.Endpoint]++
+		for i := range cs {
+			if cs[i].Address == d.Endpoint {
+				cs[i].InFlight++
+			}
+		}
+	}
+	for _, c := range cs {
+		if homes[c.Address] != 1 {
+			t.Fatalf("homes of the burst per endpoint = %v, want one on each", homes)
+		}
+	}
+	d, err := p.Pick(plRequest(prompt(len(cs))), cs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Endpoint != cs[0].Address && d.Endpoint != cs[1].Address {
+		t.Fatalf("with every endpoint prefilling, the next home went to %s, want a large endpoint", d.Endpoint)
 	}
 }

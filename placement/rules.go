@@ -495,9 +495,19 @@ func (p *Policy) newHome(e *prefixEntry, key uint64, cands []scoring.Endpoint, s
 			return i
 		}
 	}
+	// A fleet starting (no decode time measured) takes its clients' first requests at
+	// once, each a new prefix's miss computed now: homed by share alone, the endpoints
+	// of most KV capacity took several of them in prefill together while others idled
+	// (two 4 GiB and four 1 GiB endpoints, N = 24, C = 8: TTFT p99 266 ms, kv 189). So
+	// while an endpoint with no prefill in progress can take it, the home is chosen
+	// among those; the share still ranks them, and decides alone once each prefills.
 	best, bestShare, bestOK := -1, 0.0, false
+	free := false
 	for i := range cands {
-		ok := sc.ok[i]
+		free = free || (sc.cold && sc.ok[i] && sc.eps[i].prefill+sc.otherPrefill[i] == 0)
+	}
+	for i := range cands {
+		ok := sc.ok[i] && (!free || sc.eps[i].prefill+sc.otherPrefill[i] == 0)
 		share := float64(sc.eps[i].homeGuessed+e.guessed()) / float64(p.capacity(&cands[i]))
 		better := best < 0 || (ok && !bestOK) ||
 			(ok == bestOK && (share < bestShare || (share == bestShare && (p.wait(sc, i) < p.wait(sc, best) ||
