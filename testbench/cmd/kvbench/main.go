@@ -126,6 +126,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if *traceFile != "" && *workload != "" {
 		return errors.New("choose one of --trace and --workload")
 	}
+	if scripted {
+		// These shape the reference's closed loop; a trace or a scripted workload fixes
+		// its own prompts, outputs and arrivals, and would ignore them silently.
+		for _, name := range referenceOnly {
+			if set[name] {
+				return fmt.Errorf("--%s shapes the reference workload only: --trace and --workload fix their own", name)
+			}
+		}
+	}
 
 	wl.PrefixTokens, wl.TailTokens, wl.OutputTokens = *prefixTokens, *tailTokens, *outputTokens
 	wl.Requests, wl.Warmup, wl.Seed, wl.Zipf, wl.API = *requests, *warmup, *seed, *zipf, kvbench.API(*api)
@@ -286,6 +295,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fmt.Fprintf(stderr, "kvbench: done in %s\n", time.Since(start).Round(time.Millisecond))
 	return closeLog()
 }
+
+// referenceOnly lists the flags that shape only the reference workload (kvbench.Workload).
+var referenceOnly = []string{"prefixes", "prefix-tokens", "tail-tokens", "output-tokens", "concurrency",
+	"requests", "warmup", "zipf", "sweep", "plot", "plot-concurrency"}
 
 // buildScript builds the open-loop workload the flags ask for.
 func buildScript(traceFile string, limit int, speedup float64, workload string, seed uint64, systemPrompts, conversations int, tok kvbench.Tokenizer) (*kvbench.Script, error) {

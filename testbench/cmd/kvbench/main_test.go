@@ -105,6 +105,8 @@ func TestRun(t *testing.T) {
 			"--trace-requests", "30", "--speedup", "4", "--kv-bytes", "4GiB", "--progress", "never"}, "workload trace (sim mode, 6 servers, 30 requests", ""},
 		{"bad trace", []string{"--sim", "--tokenizer", "none", "--trace", "main.go"}, "", "trace line 1"},
 		{"trace and workload", []string{"--sim", "--trace", "x", "--workload", "chat"}, "", "one of --trace and --workload"},
+		{"zipf on a scripted workload", []string{"--sim", "--tokenizer", "none", "--workload", "chat", "--zipf", "1"}, "", "--zipf shapes the reference workload only"},
+		{"output tokens on a trace", []string{"--sim", "--tokenizer", "none", "--trace", "x", "--output-tokens", "20"}, "", "--output-tokens shapes the reference workload only"},
 		{"unknown workload", []string{"--sim", "--tokenizer", "none", "--workload", "poker"}, "", "--workload must be"},
 		{"negative conversations", []string{"--sim", "--tokenizer", "none", "--workload", "chat", "--conversations", "-1"}, "", "invalid chat config"},
 		{"chat workload needs the template", []string{"--sim", "--tokenizer", "none", "--workload", "chat"}, "", "need the model's tokenizer"},
