@@ -190,11 +190,9 @@ type Config struct {
 	LongContexts bool `yaml:"long_contexts"`
 	// CopyCost judges a busy holder's replica of a shared prefix within Fill by its
 	// worth, not only by room: once the prefix is on as many endpoints as its share of
-	// the requests in flight times the endpoints, or as its share of the requests routed
-	// since its first times the endpoints (to the nearest whole endpoint), a further copy
-	// must cost less than the hit (the request's uncached tokens, plus the prefill
-	// backlog, times the requests running there and itself; a prefix in flight at an
-	// endpoint counts as held there) or go to an endpoint measured faster beyond noise
+	// the requests in flight times the endpoints, a further copy must cost less than the
+	// hit (the request's uncached tokens, plus the prefill backlog, times the requests
+	// running there and itself) or go to an endpoint measured faster beyond noise
 	// (MissSpeedup); a refused copy's request goes to the holder that starts it soonest.
 	// Fill says only whether a copy evicts something live, and with KV memory to spare
 	// it never binds. Default true (80 GiB per server, N = 24, C = 16: cached-token ratio

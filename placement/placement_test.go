@@ -1584,11 +1584,6 @@ func TestPlacementCopyWithinFillPaysForItsMiss(t *testing.T) {
 				}
 				place(t, p, prefixed(0, 1), cs) // the prefix's size is learned: 64 blocks
 				if tc.load < 0 {
-					// Most requests since its first are its own (copy_cost's share since
-					// then: 7 of 9, two endpoints' worth).
-					for k := 3; k < 6; k++ {
-						place(t, p, prefixed(0, k), cs)
-					}
 					// One request of the prefix decoding at its holder, picked while idle.
 					req := plRequest(prefixed(0, 9))
 					if d, err := p.Pick(req, cs); err != nil || d.Endpoint != holder {
@@ -1644,10 +1639,6 @@ func TestPlacementCopyShareInOneReplicasView(t *testing.T) {
 		p.Finished(req.ID)
 	}
 	place(t, p, prefixed(0, 1), cs) // the prefix's size is learned: 64 blocks
-	// Most requests since its first are its own (7 of 9, two endpoints' worth).
-	for k := 3; k < 6; k++ {
-		place(t, p, prefixed(0, k), cs)
-	}
 	req := plRequest(prefixed(0, 9))
 	if d, err := p.Pick(req, cs); err != nil || d.Endpoint != holder {
 		t.Fatalf("Pick = %v, %v; want the idle holder %s", d.Endpoint, err, holder)
@@ -1828,114 +1819,5 @@ func TestPlacementHomesALongPrefixWhereItPrefillsSoonest(t *testing.T) {
 				t.Errorf("long new prefix homed on %s, want %s (fast %s)", got, want, fast)
 			}
 		})
-	}
-}
-
-// TestPlacementCopyShareSinceItsFirstRequest: copy_cost's allowance (a copy judged by
-// Fill alone) needs the prefix's share since its first request too, to the nearest
-// whole endpoint, not only its share of the requests in flight. Two prefixes on two
-// endpoints, one of the prefix's requests running on its holder and the other endpoint
-// idle: in flight it has every request (two endpoints' worth). Alternating with another
-// prefix, it has had half of them since its first: one endpoint, and a copy there would
-// be a miss the load does not need, as the hit at the holder costs less. With three of
-// every four requests it needs both.
-func TestPlacementCopyShareSinceItsFirstRequest(t *testing.T) {
-	for _, tc := range []struct {
-		name   string
-		others int // requests of another prefix after each of its own
-		own    int // its own requests in a row
-		copies bool
-	}{
-		{"half the requests since its first: the hit", 1, 1, false},
-		{"three of every four: a copy", 1, 3, true},
-		{"every request: a copy", 0, 1, true},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			cfg := placement.DefaultConfig()
-			cfg.Saturated = 10
-			cfg.HoldMax = 0
-			ix := testindex.New()
-			p := newPlacement(t, cfg, ix)
-			cs := fleet(2, []int{10_000, 10_000}) // 72-block prompts: Fill never binds
-			holder := place(t, p, prefixed(0, 0), cs)
-			ix.Hold(holder, plKeysOf(prefixed(0, 0))[:64])
-			tail := 1
-			for range 8 {
-				for range tc.own {
-					if got := place(t, p, prefixed(0, tail), cs); got != holder {
-						t.Fatalf("an idle holder's request went to %s, want %s", got, holder)
-					}
-					tail++
-				}
-				for k := range tc.others {
-					place(t, p, prefixed(1, tail*10+k), cs)
-				}
-			}
-			// One of its requests running at the holder, picked while the holder idled.
-			req := plRequest(prefixed(0, 999))
-			if d, err := p.Pick(req, cs); err != nil || d.Endpoint != holder {
-				t.Fatalf("Pick = %v, %v; want the idle holder %s", d.Endpoint, err, holder)
-			}
-			p.Routed(req, holder)
-			p.FirstToken(req.ID)
-			for i := range cs {
-				cs[i].InFlight = 0
-				if cs[i].Address == holder {
-					cs[i].InFlight = 1
-				}
-			}
-			if got := place(t, p, prefixed(0, 1000), cs); (got != holder) != tc.copies {
-				t.Fatalf("went to %s (holder %s), want a copy elsewhere: %v", got, holder, tc.copies)
-			}
-		})
-	}
-}
-
-// TestPlacementCopyCountsAPrefixInPrefillAsHeld: a fleet starting, the index shows no
-// block of the prefix anywhere, and its holder is prefilling the prefix's request. A
-// request of it there waits for that prefill and hits, so a copy on a less loaded
-// endpoint (a miss) must cost less than that hit, not than a second miss at the holder:
-// here it does not, and the request stays. Counted as a miss at the holder, the copy
-// went to an endpoint prefilling another request (4 servers, N = 2, C = 16: two misses
-// in one endpoint's steps, TTFT p99 247 ms against kv's 224).
-func TestPlacementCopyCountsAPrefixInPrefillAsHeld(t *testing.T) {
-	cfg := placement.DefaultConfig()
-	cfg.Saturated = 10
-	cfg.HoldMax = 0
-	ix := testindex.New()
-	p := newPlacement(t, cfg, ix)
-	cs := fleet(4, []int{10_000, 10_000, 10_000, 10_000})
-	holder := place(t, p, prefixed(0, 0), cs)
-	ix.Hold(holder, plKeysOf(prefixed(0, 0))[:64])
-	place(t, p, prefixed(0, 1), cs) // the prefix's size is learned: 64 blocks
-	// Three other prefixes after it: its share since its first is a quarter, one
-	// endpoint's worth, so only the copy's cost decides.
-	for k := 1; k <= 3; k++ {
-		place(t, p, prefixed(k, 0), cs)
-		place(t, p, prefixed(k, 1), cs)
-	}
-	ix.Clear(holder) // the cache the fleet starts with: none
-	// The holder prefills the prefix's request, every other endpoint another's.
-	req := plRequest(prefixed(0, 2))
-	if d, err := p.Pick(req, cs); err != nil || d.Endpoint != holder {
-		t.Fatalf("Pick = %v, %v; want the holder %s", d.Endpoint, err, holder)
-	}
-	p.Routed(req, holder)
-	for i := range cs {
-		cs[i].InFlight = 1
-		if cs[i].Address == holder {
-			cs[i].InFlight = 2
-			continue
-		}
-		// Another prefix's miss in prefill there: no endpoint starts the request twice
-		// as soon as the holder (the divert deadline).
-		other := plRequest(prefixed(i+10, 0))
-		if _, err := p.Pick(other, cs); err != nil {
-			t.Fatal(err)
-		}
-		p.Routed(other, cs[i].Address)
-	}
-	if got := place(t, p, prefixed(0, 3), cs); got != holder {
-		t.Fatalf("went to %s, want the holder %s prefilling the prefix", got, holder)
 	}
 }

@@ -108,8 +108,6 @@ type Policy struct {
 	// learnedBlocks sums the sizes learned from prefixes' first two requests, learnedN
 	// counts them: their mean is the guessed size of a prefix seen once (newHome).
 	learnedBlocks, learnedN int
-	// routed counts the requests routed (Routed).
-	routed uint64
 }
 
 type metrics struct {
@@ -435,13 +433,6 @@ func (p *Policy) Routed(req *scoring.Request, endpoint string) {
 			break
 		}
 	}
-	if e := p.prefixes[pd.key]; e != nil {
-		if e.routed == 0 {
-			e.since = p.routed
-		}
-		e.routed++
-	}
-	p.routed++
 	ep := p.endpoint(endpoint)
 	p.noteUnheardPick(ep, pd.key)
 	base, parent := 0, uint64(0)

@@ -258,7 +258,7 @@ func (p *Policy) choose(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 	}
 	// The holders are busy: a replica where it evicts nothing live, on an endpoint less
 	// loaded than every holder.
-	share := p.cfg.CopyCost && p.underShare(e, key, sc)
+	share := p.cfg.CopyCost && p.underShare(key, sc)
 	r, refused := -1, false
 	for i := range cands {
 		if sc.pos[i] >= 0 || !sc.ok[i] || sc.loads[i] >= sc.loads[h] || !p.moveOK(sc, i, h) {
@@ -271,7 +271,7 @@ func (p *Policy) choose(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 		if !p.moveWorth(e, key, sc, i, h) {
 			continue
 		}
-		if p.cfg.CopyCost && !e.grows() && !share && !p.missCostsLess(e, key, sc, i, h) {
+		if p.cfg.CopyCost && !e.grows() && !share && !p.missCostsLess(sc, i, h) {
 			refused = true
 			continue
 		}
@@ -1143,33 +1143,18 @@ func (p *Policy) soonestHolder(cands []scoring.Endpoint, sc *scratch, g int) int
 }
 
 // underShare reports whether the prefix is on fewer endpoints than its share of the
-// load needs, counted two ways: its requests in flight (this one's included) against
-// all of them, times the endpoints; and its requests routed since its first (this one's
-// included) against all routed since, times the endpoints, to the nearest whole
-// endpoint. A copy within both is judged by Fill alone (CopyCost). Without the
-// allowance, small fleets' few prefixes took their copies late, in the measured run
-// instead of the warm-up (the reference at workload seed 2, N = 2, C = 8: p99 TTFT 81
-// ms, kv 69). As a cap on copies instead of an allowance it lost 12 servers, N = 7, C =
-// 16 (27.73 requests/s, kv 27.93).
-//
-// The share in flight says what the load needs now; a copy stays (the index confirms
-// it and its requests keep it live), so alone it let a prefix's sites follow the
-// largest share it ever had in flight rather than its share over time: two prefixes
-// on 4 servers, C = 8, each half the requests, one had 5 of 8 in flight (2.5 servers'
-// worth) in most runs, and each ended on 3.5 servers (kv 2.5), each copy a miss
-// (cached-token ratio 0.832, kv 0.839; 8 servers, C = 16: 6.5 servers and 0.811, kv 5.0
-// and 0.821). The share since its first request is its mean; where the mean lands on a
-// whole number of endpoints (2 prefixes on 4 or 8 servers), either side of it is noise,
-// hence the nearest whole endpoint (now 2.5 servers and 0.839, 4.5 and 0.825;
-// docs/results-workloads.md, held-out). The share in flight keeps its exact test: a
-// young prefix's share since its first is its few requests against few.
-//
-// Both sides of each share are this router's own view: it knows its own requests per
-// prefix but only the totals of other routers' (sc.others), and against the whole
-// fleet's load a prefix's share looked 1/replicas of what it is (4 replicas, N = 24, C =
-// 16: -1.6 points against one router, now -1.0; one router's grids unchanged). p.mu
-// must be held.
-func (p *Policy) underShare(e *prefixEntry, key uint64, sc *scratch) bool {
+// requests in flight (its own, this one's included, against all of them) times the
+// endpoints: the load its requests bring already needs that many, and a copy within
+// it is judged by Fill alone (CopyCost). Without it, small fleets' few prefixes took
+// their copies late, in the measured run instead of the warm-up (the reference at
+// workload seed 2, N = 2, C = 8: p99 TTFT 81 ms, kv 69). As a cap on copies instead of
+// an allowance it lost 12 servers, N = 7, C = 16 (27.73 requests/s, kv 27.93). Both
+// sides of the share are this router's own view: it knows its own requests per prefix
+// but only the totals of other routers' (sc.others), and against the whole fleet's
+// load a prefix's share looked 1/replicas of what it is (4 replicas, N = 24, C = 16:
+// -1.6 points against one router, now -1.0; one router's grids unchanged). p.mu must
+// be held.
+func (p *Policy) underShare(key uint64, sc *scratch) bool {
 	own, all, sites := 1, 1, 0
 	for i, ep := range sc.eps {
 		if a := ep.active[key]; a != nil {
@@ -1180,15 +1165,7 @@ func (p *Policy) underShare(e *prefixEntry, key uint64, sc *scratch) bool {
 			sites++
 		}
 	}
-	n := len(sc.eps)
-	if sites*all >= own*n {
-		return false
-	}
-	mine, since := e.routed+1, p.routed-e.since+1
-	if e.routed == 0 {
-		mine, since = 1, 1
-	}
-	return float64(sites) < math.Round(float64(mine)*float64(n)/float64(since))
+	return sites*all < own*len(sc.eps)
 }
 
 // missCostsLess reports whether a copy of a shared prefix on candidate i, within Fill
@@ -1205,29 +1182,14 @@ func (p *Policy) underShare(e *prefixEntry, key uint64, sc *scratch) bool {
 // held-out). Loads alone, without the faster endpoint, kept 0.757 at N = 24 but lost
 // 80 GiB N = 7, C = 8 throughput (12.1 -> 11.2 requests/s, kv 11.5): copies let the
 // full-speed servers take requests from the 0.7-speed ones. p.mu must be held.
-func (p *Policy) missCostsLess(e *prefixEntry, key uint64, sc *scratch, i, h int) bool {
+func (p *Policy) missCostsLess(sc *scratch, i, h int) bool {
 	n := len(sc.keys) * sc.blockSize
-	ui := max(0, n-p.leadOrInFlight(e, key, sc, i)*sc.blockSize)
-	uh := max(0, n-p.leadOrInFlight(e, key, sc, h)*sc.blockSize)
+	ui := max(0, n-sc.lead[i]*sc.blockSize)
+	uh := max(0, n-sc.lead[h]*sc.blockSize)
 	if ui*(sc.loads[i]+1)+sc.eps[i].prefill < uh*(sc.loads[h]+1)+sc.eps[h].prefill {
 		return true
 	}
 	return sc.decode[i] > 0 && sc.decode[h] > 0 && sc.decode[i] < p.cfg.MissSpeedup*sc.decode[h]
-}
-
-// leadOrInFlight is the prefix's blocks the request finds at candidate j: what the index
-// shows there, or the whole prefix where a request of it is in flight (it holds the
-// prefix or is computing it: the request waits for that prefill, as the hold rules
-// time it, and hits). The index shows only what is computed, and a fleet starting
-// shows nothing: a holder prefilling the prefix's first request looked like a miss as
-// costly as a copy's (4 servers, N = 2, C = 16: the 12th of 16 requests sent at once
-// was copied to an endpoint already prefilling the other prefix, two misses in its
-// steps, TTFT p99 247 ms against kv's 224; now 191). p.mu must be held.
-func (p *Policy) leadOrInFlight(e *prefixEntry, key uint64, sc *scratch, j int) int {
-	if a := sc.eps[j].active[key]; a != nil {
-		return max(sc.lead[j], min(a.blocks, e.blocks, sc.looked))
-	}
-	return sc.lead[j]
 }
 
 // moveWorth reports whether a replica on candidate i of a prefix that grows (a

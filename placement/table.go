@@ -216,9 +216,6 @@ type prefixEntry struct {
 	// decided is when a decision (a placement made or dropped, here or by a router
 	// replica) last changed sites: replicas share placements, the latest decision wins.
 	decided time.Time
-	// routed counts the requests routed under this name, since the policy's routed
-	// count at the first of them.
-	routed, since uint64
 }
 
 // site is one placement of a prefix on an endpoint: its home, or a replica or spill.
