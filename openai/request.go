@@ -20,9 +20,8 @@ type Request struct {
 
 	// Messages, Tools and ChatTemplateKwargs are set for chat completions.
 	//
-	// Messages is a list Parse delimited but did not validate (its end found from the
-	// body's end when it can, lastListMember, else by ValueEnd from its start: its
-	// strings' quotes and its brackets found): whoever decodes it validates it, as the chat
+	// Messages is a list Parse delimited but did not validate (its strings' quotes and
+	// its brackets found, ValueEnd): whoever decodes it validates it, as the chat
 	// template does, decoding each element or proving it byte-equal to one it decoded
 	// before. A long conversation's history is most of its body, and validating it
 	// here cost more than computing the turn's ids (BenchmarkTurnVsCold in prompt).

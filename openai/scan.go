@@ -51,14 +51,6 @@ func objectMembers(dst []member, d []byte, delimitKey string) ([]member, error) 
 		return nil, syntaxErr(i, "body is not a JSON object")
 	}
 	members := dst
-	// The last member named delimitKey, found from the end (lastListMember): a
-	// forward scan reaching its value takes its end from there instead of scanning it.
-	guessStart, guessEnd := -1, -1
-	if delimitKey != "" {
-		if s, e, ok := lastListMember(d, delimitKey); ok {
-			guessStart, guessEnd = s, e
-		}
-	}
 	i = skipWS(d, i+1)
 	if i < len(d) && d[i] == '}' {
 		i++
@@ -82,9 +74,7 @@ func objectMembers(dst []member, d []byte, delimitKey string) ([]member, error) 
 			i = skipWS(d, i+1)
 			delimited := delimitKey != "" && i < len(d) && d[i] == '[' && string(key) == delimitKey
 			var ve int
-			if delimited && i == guessStart {
-				ve = guessEnd
-			} else if delimited {
+			if delimited {
 				end, ok := ValueEnd(d, i)
 				if !ok {
 					return nil, syntaxErr(i, "unterminated list")
@@ -112,84 +102,6 @@ func objectMembers(dst []member, d []byte, delimitKey string) ([]member, error) 
 		return nil, syntaxErr(i, "data after the object")
 	}
 	return members, nil
-}
-
-// lastListMember returns the span [start, end) of the value of the last member of the
-// JSON object d named key, when that value is a list, scanning d backward from its end
-// as ValueEnd scans forward: tracking only strings (a quote preceded by an even number
-// of backslashes ends or starts one) and nesting, so it reads only the members after
-// that one. A chat body's messages list is most of a long conversation's body and is
-// rarely its last member (OpenAI's clients send messages first): finding its end
-// forward cost a scan of the whole history on every turn, ~35 us of the 128k turn's
-// decision (BenchmarkDecisionTurnVsCold in extproc). ok is false when it finds no such
-// member or a key with escapes, or d does not end an object.
-//
-// Exact on valid JSON: scanned backward from outside every string, an unescaped quote
-// toggles in and out of a string, so the spans it finds are those a forward scan finds.
-// On invalid JSON the span may differ from ValueEnd's; objectMembers still validates
-// everything before start and after end, and the list itself is left to its decoder
-// (see Request.Messages), which rejects a span that is not one well-formed list.
-func lastListMember(d []byte, key string) (start, end int, ok bool) {
-	j := len(d) - 1
-	for j >= 0 && isWS(d[j]) {
-		j--
-	}
-	if j < 0 || d[j] != '}' {
-		return 0, 0, false
-	}
-	memberEnd := j // the ',' or '}' after the member being scanned
-	depth := 1
-	for j--; j >= 0; j-- {
-		switch d[j] {
-		case '"':
-			open := j - 1
-			for {
-				q := bytes.LastIndexByte(d[:open+1], '"')
-				if q < 0 {
-					return 0, 0, false
-				}
-				n := 0 // backslashes before the quote
-				for k := q - 1; k >= 0 && d[k] == '\\'; k-- {
-					n++
-				}
-				if n%2 == 0 {
-					open = q
-					break
-				}
-				open = q - 1
-			}
-			if depth == 1 {
-				// A key when a ':' follows it.
-				c := skipWS(d, j+1)
-				if c < len(d) && d[c] == ':' {
-					name := d[open+1 : j]
-					if bytes.IndexByte(name, '\\') >= 0 {
-						return 0, 0, false
-					}
-					if string(name) == key {
-						start, end = skipWS(d, c+1), memberEnd
-						for end > start && isWS(d[end-1]) {
-							end--
-						}
-						return start, end, start < end && d[start] == '['
-					}
-				}
-			}
-			j = open
-		case '}', ']':
-			depth++
-		case '{', '[':
-			depth--
-			if depth == 0 {
-				return 0, 0, false
-			}
-		case ',':
-			if depth == 1 {
-				memberEnd = j
-			}
-		}
-	}
-	return 0, 0, false
 }
 
 // skipValue returns the end of the JSON value starting at d[i].
