@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"runtime"
-	"runtime/pprof"
 	"strconv"
 	"testing"
 	"time"
@@ -76,7 +75,6 @@ var turnSizes = []struct {
 // exchanges' CPU, and each side's CPU.
 func BenchmarkDecisionTurnVsCold(b *testing.B) {
 	d := newTurnDecision(b)
-	ctx := context.Background()
 	cold := 0
 	coldExchange := func() *memStream { cold++; return d.exchange(coldChat(cold)) }
 	// The cold requests' shared system prompt, held where the first of them went.
@@ -93,9 +91,9 @@ func BenchmarkDecisionTurnVsCold(b *testing.B) {
 				turn, one := d.exchange(turnBody(hist, n)), coldExchange()
 				b.StartTimer()
 				t0 := cputime.Process()
-				pprof.Do(ctx, turnLabel, func(context.Context) { d.process(b, d.turnSrv, turn) })
+				d.process(b, d.turnSrv, turn)
 				t1 := cputime.Process()
-				pprof.Do(ctx, coldLabel, func(context.Context) { d.process(b, d.coldSrv, one) })
+				d.process(b, d.coldSrv, one)
 				t2 := cputime.Process()
 				turnCPU += t1 - t0
 				coldCPU += t2 - t1
@@ -117,10 +115,6 @@ func BenchmarkDecisionTurnVsCold(b *testing.B) {
 		})
 	}
 }
-
-// turnLabel and coldLabel mark each side's samples in a CPU profile of the benchmark
-// (`go tool pprof -tagfocus side=turn`), which also holds the setup's.
-var turnLabel, coldLabel = pprof.Labels("side", "turn"), pprof.Labels("side", "cold")
 
 // turnDecision is one router: the fleet registry, the index and the default policy,
 // shared by two ext_proc servers that differ in their tokenizer's caches only.
