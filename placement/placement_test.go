@@ -1821,3 +1821,89 @@ func TestPlacementHomesALongPrefixWhereItPrefillsSoonest(t *testing.T) {
 		})
 	}
 }
+
+// TestPlacementIdleEndpointKeepsItsCopy: a busy holder's copy on an idle endpoint keeps
+// its request though the request's miss there is longer than one engine step (here a
+// 72-block prompt against a 1,024-token budget), when the fleet's requests in flight
+// do not outnumber its endpoints, the holder is busy with another prefix's request and
+// the idle endpoint is not slower beyond noise (idle_copies). The divert deadline sent
+// every such copy's request back to the holder's hit, and on 8 servers at 8 clients
+// the hits shared busy endpoints' steps while others idled (N = 7: 14.40 requests/s
+// against kv's 14.45). Otherwise, or with idle_copies off, the request takes the hit.
+func TestPlacementIdleEndpointKeepsItsCopy(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		ownPrefix bool          // the holder's running request is of the same prefix
+		burst     int           // requests that just finished on the third endpoint
+		decode    time.Duration // the other endpoints' measured decode time; the holder's is 1 s
+		copies    bool
+	}{
+		{"another prefix running, fleet not full: a copy", false, 0, time.Second, true},
+		{"the prefix's own request running: the hit", true, 0, time.Second, false},
+		{"more requests than endpoints a moment ago: the hit", false, 3, time.Second, false},
+		{"idle endpoint slower beyond noise: the hit", false, 0, 1500 * time.Millisecond, false},
+	} {
+		for _, on := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s/idle_copies=%v", tc.name, on), func(t *testing.T) {
+				cfg := placement.DefaultConfig()
+				cfg.IdleCopies = on
+				cfg.HoldMax = 0
+				cfg.MaxNumBatchedTokens = 1024 // a 72-block miss takes two steps
+				ix := testindex.New()
+				clock := time.Unix(100, 0)
+				p, err := placement.New(cfg, ix, func() time.Time { return clock }, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				cs := fleet(3, []int{10_000, 10_000, 10_000}) // Fill never binds
+				holder, idle, third := cs[0].Address, cs[1].Address, cs[2].Address
+				// Measure each endpoint's decode time with one unrelated request.
+				for k, m := range []struct {
+					addr string
+					d    time.Duration
+				}{{holder, time.Second}, {idle, tc.decode}, {third, tc.decode}} {
+					req := plRequest(plTokens(900_000_000+10_000_000*k, 8*16))
+					if _, err := p.Pick(req, cs[k:k+1]); err != nil {
+						t.Fatal(err)
+					}
+					p.Routed(req, m.addr)
+					p.FirstToken(req.ID)
+					clock = clock.Add(m.d)
+					p.Finished(req.ID)
+				}
+				ix.Hold(holder, plKeysOf(prefixed(0, 0))[:64])
+				place(t, p, prefixed(0, 0), cs[:1])
+				place(t, p, prefixed(0, 1), cs[:1]) // the prefix's size is learned: 64 blocks
+				// The holder runs one decoding request: of another prefix, or of this one.
+				running := prefixed(1, 0)
+				if tc.ownPrefix {
+					running = prefixed(0, 2)
+				}
+				routeOn(t, p, cs[:1], running, holder, true)
+				// A burst that finished a moment ago: its clients are still there.
+				var burst []*scoring.Request
+				for i := range tc.burst {
+					req := plRequest(plTokens(800_000_000+10_000_000*i, 8*16))
+					if _, err := p.Pick(req, cs[2:]); err != nil {
+						t.Fatal(err)
+					}
+					p.Routed(req, third)
+					p.FirstToken(req.ID)
+					burst = append(burst, req)
+				}
+				clock = clock.Add(tc.decode * 3 / 2) // longer than a decode time ago
+				for _, req := range burst {
+					p.Finished(req.ID)
+				}
+				cs[0].InFlight = 1
+				want := holder
+				if on && tc.copies {
+					want = idle
+				}
+				if got := place(t, p, prefixed(0, 3), cs); got != want {
+					t.Fatalf("went to %s, want %s (holder %s, idle %s, third %s)", got, want, holder, idle, third)
+				}
+			})
+		}
+	}
+}
