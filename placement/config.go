@@ -198,14 +198,6 @@ type Config struct {
 	// it never binds. Default true (80 GiB per server, N = 24, C = 16: cached-token ratio
 	// 0.464 -> 0.686, kv 0.593; docs/results-workloads.md, held-out).
 	CopyCost bool `yaml:"copy_cost"`
-	// IdleCopies keeps a busy holder's replica on an idle endpoint with its request even
-	// when that request's miss there is longer than one engine step (the divert
-	// deadline would send it back to the holder's hit): when the fleet's requests in
-	// flight at their recent peak do not outnumber the endpoints, the holder is busy
-	// with other prefixes' requests only, and the endpoint is not slower beyond noise.
-	// Default true (8 servers, N = 7, C = 8: 14.40 -> 14.54 requests/s at 9
-	// repetitions, kv 14.45; docs/results-workloads.md, held-out).
-	IdleCopies bool `yaml:"idle_copies"`
 }
 
 // DefaultConfig returns the defaults measured in docs/results-policy.md.
@@ -243,7 +235,6 @@ func DefaultConfig() Config {
 		UnplaceDiverted:     true,
 		LongContexts:        true,
 		CopyCost:            true,
-		IdleCopies:          true,
 		MaxNumBatchedTokens: 2048,
 	}
 }

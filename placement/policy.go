@@ -108,10 +108,6 @@ type Policy struct {
 	// learnedBlocks sums the sizes learned from prefixes' first two requests, learnedN
 	// counts them: their mean is the guessed size of a prefix seen once (newHome).
 	learnedBlocks, learnedN int
-	// peak is the most requests this router had in flight at once (a pick's own
-	// included) within the last mean decode time before peakAt (fleetPeak).
-	peak   int
-	peakAt time.Time
 }
 
 type metrics struct {
@@ -234,9 +230,7 @@ func (p *Policy) Pick(req *scoring.Request, cands []scoring.Endpoint) (scoring.D
 		}
 		best, kind = j, kindHolder
 	} else {
-		if !sc.keepCopy {
-			alt = p.divert(e, key, cands, sc, best, len(req.TokenIDs), bs)
-		}
+		alt = p.divert(e, key, cands, sc, best, len(req.TokenIDs), bs)
 		if alt < 0 && kind != kindHome {
 			// A new prefix's home is the partition's choice: moved with its first
 			// request, the agent workload's contexts lost reuse (ratio 0.954 -> 0.938).
@@ -645,9 +639,6 @@ func (p *Policy) Finished(reqID string) {
 				r.ep.decode += decodeAlpha * (d - r.ep.decode)
 			}
 		}
-	}
-	if len(p.reqs) >= p.peak {
-		p.peakAt = t // the peak held until now (fleetPeak)
 	}
 	p.release(reqID)
 	p.mu.Unlock()

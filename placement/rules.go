@@ -58,11 +58,6 @@ type scratch struct {
 	// the blocks it shares with the conversation's requests.
 	conv       uint64
 	convBlocks int
-	// keepCopy: choose made a replica on an idle endpoint that the request's own miss
-	// alone makes late there (idleCopy); the divert deadline does not send it back.
-	keepCopy bool
-	// peak is fleetPeak's figure at this pick.
-	peak int
 }
 
 // shared is the request's blocks that its conversation's requests in flight on ep
@@ -121,7 +116,7 @@ func (p *Policy) choose(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 	}
 	p.inFlight(e, key, sc)
 	p.shared(cands, sc, key)
-	sc.rank, sc.replicas, sc.nowhere, sc.keepCopy = 0, 0, 0, false
+	sc.rank, sc.replicas, sc.nowhere = 0, 0, 0
 	if p.peers != nil {
 		sc.rank, sc.replicas = p.peers.Rank()
 	}
@@ -204,7 +199,6 @@ func (p *Policy) choose(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 		sc.meanDecode = 1
 	}
 	sc.cold = measured == 0
-	sc.peak = p.fleetPeak(sc)
 	sc.ok = slices.Grow(sc.ok[:0], n)[:n]
 	sc.room = slices.Grow(sc.room[:0], n)[:n]
 	for i := range cands {
@@ -289,7 +283,6 @@ func (p *Policy) choose(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 	}
 	if r >= 0 {
 		sc.pos[r] = p.place(e, cands[r].Address, false)
-		sc.keepCopy = p.idleCopy(e, key, sc, r, h, heldBlocks)
 		return r, kindReplica
 	}
 	if g >= 0 {
@@ -1197,44 +1190,6 @@ func (p *Policy) missCostsLess(sc *scratch, i, h int) bool {
 		return true
 	}
 	return sc.decode[i] > 0 && sc.decode[h] > 0 && sc.decode[i] < p.cfg.MissSpeedup*sc.decode[h]
-}
-
-// idleCopy reports whether the replica just made on candidate r keeps its request
-// even though the request's own miss there takes more than one engine step: r is idle
-// with no prefill backlog, the busy holder h holds the prefix (the index shows it, so
-// the copy is not of a prefix still in its first prefill), and the fleet has no more
-// requests in flight, this one included, than endpoints. Then every request could
-// run alone, and a hit at the busy holder shares its steps while r idles. p.mu must
-// be held.
-func (p *Policy) idleCopy(e *prefixEntry, key uint64, sc *scratch, r, h, heldBlocks int) bool {
-	if !p.cfg.IdleCopies || sc.loads[r] > 0 || sc.eps[r].prefill > 0 || sc.lead[h] < max(heldBlocks, 1) {
-		return false
-	}
-	if a := sc.eps[h].active[key]; a != nil && a.requests > 0 {
-		return false // h is busy with the prefix's own requests
-	}
-	if sc.decode[r] == 0 || sc.decode[h] == 0 || sc.decode[r]*p.cfg.MissSpeedup > sc.decode[h] {
-		return false // r is not measured, or slower than h beyond noise
-	}
-	return sc.peak <= len(sc.loads)
-}
-
-// fleetPeak returns the most requests this router had in flight at once, this pick's
-// included, within the last mean measured decode time, plus other routers' requests
-// now (SharedLoad). A closed loop's clients that finished together are back a round
-// trip later: the load they bring is the peak, not the gap between (the peak is held
-// until its first request finishes, Finished). p.mu must be held.
-func (p *Policy) fleetPeak(sc *scratch) int {
-	own := len(p.reqs) + 1
-	t := p.now()
-	if own >= p.peak || t.Sub(p.peakAt).Seconds() > sc.meanDecode {
-		p.peak, p.peakAt = own, t
-	}
-	others := 0
-	for _, o := range sc.others {
-		others += o
-	}
-	return p.peak + others
 }
 
 // moveWorth reports whether a replica on candidate i of a prefix that grows (a
