@@ -436,11 +436,7 @@ func TestPlacementRehomesALostPrefix(t *testing.T) {
 			cfg.Fill = 0.01 // no replicas: only a re-home moves the prefix
 			cfg.DivertDeadline = false
 			ix := testindex.New()
-			now := time.Unix(0, 0)
-			p, err := placement.New(cfg, ix, func() time.Time { return now }, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
+			p := newPlacement(t, cfg, ix)
 			cs := fleet(2, nil)
 			home := place(t, p, prefixed(0, 0), cs)
 			if tc.homeHeld {
@@ -452,10 +448,6 @@ func TestPlacementRehomesALostPrefix(t *testing.T) {
 					t.Fatal(err)
 				}
 				p.Routed(req, home)
-				// A hold step later: arriving with it, the request would go alone to the
-				// idle endpoint rather than join its prefill (aloneMiss), which is not a
-				// re-home.
-				now = now.Add(cfg.HoldStep)
 			}
 			// The home is busy with another prefix's requests; the other endpoint is idle.
 			for i := range cs {
@@ -1825,90 +1817,6 @@ func TestPlacementHomesALongPrefixWhereItPrefillsSoonest(t *testing.T) {
 			}
 			if got := place(t, p, plTokens(700_000_000, 1000*16), cs); got != want {
 				t.Errorf("long new prefix homed on %s, want %s (fast %s)", got, want, fast)
-			}
-		})
-	}
-}
-
-// TestPlacementHomesBesideNoPrefill: a new prefix whose partition choice (least home
-// blocks per capacity) has a prefill in progress is homed on an endpoint without one
-// whose home share exceeds the choice's by less than one prefix: its first request, a
-// miss, would share the prefill's steps (8 servers, N = 24, C = 8: a cold start's new
-// prefixes took 143 ms to their first token against a lone miss's 129). A whole
-// prefix ahead, or with no prefill at the choice, the partition's choice keeps it.
-func TestPlacementHomesBesideNoPrefill(t *testing.T) {
-	for _, tc := range []struct {
-		name      string
-		prefill   bool // the partition's choice has a prefill in progress
-		otherCaps int  // the other endpoints' capacity (the choice has 10,000 blocks)
-		wantAway  bool
-	}{
-		{"prefill in progress, others within a prefix: away", true, 9_000, true},
-		{"no prefill in progress: the choice", false, 9_000, false},
-		{"prefill in progress, others a prefix ahead: the choice", true, 4_000, false},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			cfg := placement.DefaultConfig()
-			cfg.HoldMax = 0
-			ix := testindex.New()
-			p := newPlacement(t, cfg, ix)
-			cs := fleet(3, []int{10_000, tc.otherCaps, tc.otherCaps})
-			// One learned 64-block home each: the first endpoint's share is the least.
-			for i := range cs {
-				place(t, p, prefixed(i, 0), cs[i:i+1])
-				place(t, p, prefixed(i, 1), cs[i:i+1])
-			}
-			choice := cs[0].Address
-			if tc.prefill {
-				// A request of its home prefix in prefill there (its tail uncached).
-				ix.Hold(choice, plKeysOf(prefixed(0, 0))[:64])
-				routeOn(t, p, cs[:1], prefixed(0, 2), choice, false)
-				cs[0].InFlight = 1
-			}
-			got := place(t, p, prefixed(9, 0), cs)
-			if (got != choice) != tc.wantAway {
-				t.Fatalf("homed on %s (the partition's choice %s), want elsewhere: %v", got, choice, tc.wantAway)
-			}
-		})
-	}
-}
-
-// TestPlacementHitLeavesAMissJustRouted: a hit that would join a miss routed to its
-// holder a moment ago (the hold rule's join: held, it would start after the miss's
-// first token) goes alone to an idle endpoint with no prefill in progress whose miss
-// of it is no longer than that backlog: joined, both would share the miss's steps.
-// With no such endpoint it joins.
-func TestPlacementHitLeavesAMissJustRouted(t *testing.T) {
-	for _, tc := range []struct {
-		name      string
-		otherLoad int // requests in flight on the other endpoint
-		missLen   int // tail blocks of the miss in prefill at the holder
-		wantAway  bool
-	}{
-		{"an idle endpoint, a miss as long: away", 0, 8, true},
-		{"the other endpoint busy: joins", 1, 8, false},
-		{"a shorter miss than its whole prompt: joins", 0, 0, false},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			ix := testindex.New()
-			now := time.Unix(0, 0)
-			cfg := placement.DefaultConfig()
-			cfg.Fill = 0.01 // no replicas: only a divert moves the request
-			p, err := placement.New(cfg, ix, func() time.Time { return now }, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			cs := fleet(2, nil)
-			holder := place(t, p, prefixed(0, 0), cs[:1])
-			ix.Hold(holder, plKeysOf(prefixed(0, 0))[:64]) // the holder has prefix 0
-			// A miss of another prefix (64 blocks plus missLen of tail) in prefill there.
-			miss := plTokens(7_000_000, (64+tc.missLen)*16)
-			routeOn(t, p, cs[:1], miss, holder, false)
-			cs[0].InFlight, cs[1].InFlight = 1, tc.otherLoad
-			now = now.Add(time.Millisecond) // less than a hold step later
-			got := place(t, p, prefixed(0, 1), cs)
-			if (got != holder) != tc.wantAway {
-				t.Fatalf("went to %s (holder %s), want elsewhere: %v", got, holder, tc.wantAway)
 			}
 		})
 	}

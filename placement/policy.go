@@ -236,11 +236,6 @@ func (p *Policy) Pick(req *scoring.Request, cands []scoring.Endpoint) (scoring.D
 			// request, the agent workload's contexts lost reuse (ratio 0.954 -> 0.938).
 			alt = p.longMiss(cands, sc, best, len(req.TokenIDs), bs)
 		}
-		if alt < 0 {
-			if _, join := p.behindMiss(req, e, key, sc, best, bs); join {
-				alt = p.aloneMiss(key, cands, sc, best, len(req.TokenIDs), bs)
-			}
-		}
 	}
 	if d := alt; d >= 0 {
 		p.unplaceUnused(e, cands, sc, best, kind)

@@ -508,43 +508,8 @@ func (p *Policy) newHome(e *prefixEntry, key uint64, cands []scoring.Endpoint, s
 	}
 	if f := p.fastHome(e, cands, sc, best); f >= 0 {
 		best = f
-	} else if f := p.idleHome(e, cands, sc, best); f >= 0 {
-		best = f
 	}
 	sc.pos[best] = p.place(e, cands[best].Address, true)
-	return best
-}
-
-// idleHome returns the candidate a new prefix is homed on instead of the partition's
-// choice part when part has a prefill in progress, or -1: of the candidates with KV
-// room and none in progress whose home share exceeds part's by less than the prefix
-// (its guessed size, at most the mean learned one: a prefix seen once counts as its
-// whole prompt when that is longer than a step), the one of least share (then wait).
-// Its first request is a miss, and beside a prefill in progress it shares that
-// prefill's steps; the partition stays even to within the one prefix, as even as
-// whole prefixes make it. p.mu must be held.
-func (p *Policy) idleHome(e *prefixEntry, cands []scoring.Endpoint, sc *scratch, part int) int {
-	busy := func(i int) bool { return sc.eps[i].prefill+sc.otherPrefill[i] > 0 }
-	if !busy(part) {
-		return -1
-	}
-	share := func(i, extra int) float64 {
-		return float64(sc.eps[i].homeGuessed+extra) / float64(p.capacity(&cands[i]))
-	}
-	w := e.guessed()
-	if p.learnedN > 0 {
-		w = min(w, p.learnedBlocks/p.learnedN)
-	}
-	limit := share(part, w)
-	best := -1
-	for i := range cands {
-		if i == part || !sc.ok[i] || busy(i) || share(i, 0) >= limit {
-			continue
-		}
-		if best < 0 || share(i, 0) < share(best, 0) || share(i, 0) == share(best, 0) && p.wait(sc, i) < p.wait(sc, best) {
-			best = i
-		}
-	}
 	return best
 }
 
