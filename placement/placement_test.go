@@ -500,9 +500,11 @@ func TestPlacementPrefersAHeldPlacement(t *testing.T) {
 }
 
 // A request that hits at an endpoint prefilling a miss is held (re-picked after
-// HoldStep) until the miss's first token, within HoldMax, unless the miss was routed
-// less than a hold step before it arrived and the endpoint has KV room for it (held, it
-// would become slower than the miss); misses are never held.
+// HoldStep) until the miss's first token, within HoldMax, unless the endpoint has no KV
+// room for it (it cannot join the miss's prefill: it waits for blocks in the engine's
+// queue, where held, later requests would go ahead of it) or the miss was routed less
+// than a hold step before it arrived (held, it would become slower than the miss);
+// misses are never held.
 func TestPlacementHoldsBehindAMiss(t *testing.T) {
 	const ms = time.Millisecond
 	tests := []struct {
@@ -522,7 +524,9 @@ func TestPlacementHoldsBehindAMiss(t *testing.T) {
 		{"released at the miss's first token", 120 * ms, prefixed(0, 2), 10 * ms, 10 * ms, 0, true, 0, "holder"},
 		{"a miss routed as it arrived: joined", 120 * ms, prefixed(0, 2), 4 * ms, 0, 0, false, 0, "holder"},
 		{"still joined after holds of its own", 120 * ms, prefixed(0, 2), 4 * ms, 20 * ms, 0, false, 0, "holder"},
-		{"no KV room: held even so", 120 * ms, prefixed(0, 2), 0, 0, 140, false, 5 * ms, "hold"},
+		{"no KV room: not held", 120 * ms, prefixed(0, 2), 10 * ms, 0, 140, false, 0, "queue"},
+		{"no KV room, the miss routed as it arrived: not held", 120 * ms, prefixed(0, 2), 0, 0, 140, false, 0, "queue"},
+		{"no KV room after holds: routed", 120 * ms, prefixed(0, 2), 10 * ms, 20 * ms, 140, false, 0, "queue"},
 		{"a miss itself is not held", 120 * ms, prefixed(2, 2), 10 * ms, 0, 0, false, 0, "home"},
 		{"holds off", 0, prefixed(0, 2), 10 * ms, 0, 0, false, 0, "holder"},
 	}
