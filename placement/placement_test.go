@@ -1373,6 +1373,58 @@ func TestPlacementTurnJoinsItsHistoryInPrefill(t *testing.T) {
 	}
 }
 
+// TestPlacementTurnLeavesASlowerHistoryInPrefill: a conversation's second turn sent
+// while its first is in prefill on the other endpoint joins it there, unless an
+// endpoint with no prefill backlog would compute the whole turn, at its measured
+// prefill speed, before the first turn's prefill ends at the other endpoint's measured
+// speed: then it is recomputed there.
+func TestPlacementTurnLeavesASlowerHistoryInPrefill(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		holderSecs time.Duration // a 16,000-token prompt's time to first token on the holder
+		otherSecs  time.Duration // and on the other endpoint, where the first turn is
+		since      time.Duration // from the first turn's routing to the second's
+		recomputed bool
+	}{
+		{"history measured slower: recomputed", 1, 2, 0, true},
+		{"history measured faster: joined", 2, 1, 0, false},
+		{"history almost prefilled: joined", 1, 2, 1500 * time.Millisecond, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clock := time.Unix(100, 0)
+			p, _, cs, holder, other, doc := branchedSystemPrompt(t, placement.DefaultConfig(), 100_000, func() time.Time { return clock })
+			for k, m := range []struct {
+				addr string
+				secs time.Duration
+			}{{holder, tc.holderSecs}, {other, tc.otherSecs}} {
+				req := plRequest(plTokens(900_000_000+10_000_000*k, 1000*16))
+				if _, err := p.Pick(req, cs); err != nil {
+					t.Fatal(err)
+				}
+				p.Routed(req, m.addr)
+				clock = clock.Add(m.secs * time.Second)
+				p.FirstToken(req.ID)
+				p.Finished(req.ID)
+			}
+			// The first turn: 15,424 tokens, routed to the other endpoint, in prefill.
+			first := plRequest(doc(1, 900))
+			if _, err := p.Pick(first, cs); err != nil {
+				t.Fatal(err)
+			}
+			p.Routed(first, other)
+			clock = clock.Add(tc.since)
+			want := other
+			if tc.recomputed {
+				want = holder
+			}
+			second := append(doc(1, 900), plTokens(700_000_000, 8*16)...)
+			if got := place(t, p, second, cs); got != want {
+				t.Errorf("second turn went to %s, want %s (first turn in prefill on %s)", got, want, other)
+			}
+		})
+	}
+}
+
 // TestPlacementTurnsShareTheirHistorysBlocks: a document's turns in flight together on
 // one endpoint share the document's blocks there, so they count once in its KV
 // footprint. The second turn (572 blocks) is sent while the first (564) is in prefill

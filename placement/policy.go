@@ -225,10 +225,14 @@ func (p *Policy) Pick(req *scoring.Request, cands []scoring.Endpoint) (scoring.D
 	best, kind := p.choose(e, key, cands, sc)
 	alt := -1
 	if j := p.joinHistory(joins, sc); j >= 0 {
-		if j != best {
-			p.unplaceUnused(e, cands, sc, best, kind)
+		if r := p.recomputeSooner(cands, sc, j, len(req.TokenIDs), bs); r >= 0 {
+			alt = r
+		} else {
+			if j != best {
+				p.unplaceUnused(e, cands, sc, best, kind)
+			}
+			best, kind = j, kindHolder
 		}
-		best, kind = j, kindHolder
 	} else {
 		alt = p.divert(e, key, cands, sc, best, len(req.TokenIDs), bs)
 		if alt < 0 && kind != kindHome {
@@ -312,7 +316,7 @@ func (p *Policy) followed(parent, child uint64, base int, sc *scratch) (follow b
 	}
 	held := base + max(1, int(math.Ceil(p.cfg.HolderShare*float64(common-base))))
 	if prefilling && common >= held {
-		joins = last.ep
+		joins, sc.history = last.ep, last
 	}
 	if len(c.sites) > 0 {
 		return true, joins
@@ -358,6 +362,48 @@ func (p *Policy) joinHistory(ep *endpointState, sc *scratch) int {
 		}
 	}
 	return -1
+}
+
+// recomputeSooner returns the candidate that would compute the request before the
+// conversation's last request (sc.history), in prefill at candidate j, ends its
+// prefill there, or -1: among candidates that may take it (below Saturated, with KV
+// room) with no prefill backlog, the one whose prefill of the request (its uncached
+// tokens there, at its measured prefill speed for their size) ends soonest, when
+// before the history's rest (its backlog and prefill at j's measured speed for their
+// size, less the time since it was routed). An endpoint with no speed measured for
+// that size is not counted, and j's speed unmeasured is the slowest measured: the
+// join is left only for a recompute measured faster. p.mu must be held.
+func (p *Policy) recomputeSooner(cands []scoring.Endpoint, sc *scratch, j, tokens, bs int) int {
+	h := &sc.history
+	class := prefillClass(h.prefill)
+	spt := 0.0
+	for i := range cands {
+		if m := sc.eps[i].prefillSpeed[class]; m.tokens > 0 {
+			spt = max(spt, m.secs/m.tokens)
+		}
+	}
+	if m := sc.eps[j].prefillSpeed[class]; m.tokens > 0 {
+		spt = m.secs / m.tokens
+	}
+	if spt == 0 {
+		return -1
+	}
+	rest := float64(h.ahead+h.prefill)*spt - p.now().Sub(h.routed).Seconds()
+	alt, ea := -1, rest
+	for i := range cands {
+		if i == j || !sc.ok[i] || sc.eps[i].prefill+sc.otherPrefill[i] > 0 {
+			continue
+		}
+		n := max(0, tokens-sc.lead[i]*bs)
+		m := sc.eps[i].prefillSpeed[prefillClass(n)]
+		if m.tokens == 0 {
+			continue
+		}
+		if x := float64(n) * m.secs / m.tokens; x < ea {
+			alt, ea = i, x
+		}
+	}
+	return alt
 }
 
 func argminLoad(loads []int, skip []bool) int {

@@ -58,6 +58,9 @@ type scratch struct {
 	// the blocks it shares with the conversation's requests.
 	conv       uint64
 	convBlocks int
+	// history is the conversation's last request, in prefill, that the request would
+	// join (followed; joinHistory).
+	history tracked
 }
 
 // shared is the request's blocks that its conversation's requests in flight on ep
