@@ -351,7 +351,8 @@ func (p *Policy) unplaceUnused(e *prefixEntry, cands []scoring.Endpoint, sc *scr
 // gated there, the 200-request trace at 8x sent two 36k-token last turns, 0.6 s before
 // their histories' first tokens, to endpoints recomputing 35k tokens each (TTFT 6.6 s,
 // against 1.6 and 2.0 s for kv's hits; cached-token ratio 0.410 -> 0.526, kv 0.496;
-// docs/results-workloads.md). p.mu must be held.
+// docs/results-workloads.md), unless another endpoint is measured to compute the whole
+// request sooner (recomputeSooner). p.mu must be held.
 func (p *Policy) joinHistory(ep *endpointState, sc *scratch) int {
 	if ep == nil {
 		return -1
@@ -372,7 +373,11 @@ func (p *Policy) joinHistory(ep *endpointState, sc *scratch) int {
 // before the history's rest (its backlog and prefill at j's measured speed for their
 // size, less the time since it was routed). An endpoint with no speed measured for
 // that size is not counted, and j's speed unmeasured is the slowest measured: the
-// join is left only for a recompute measured faster. p.mu must be held.
+// join is left only for a recompute measured faster. Trace-600 seed 1 at 4x: a
+// document's second turn sent 1.3 s into its first turn's 6 s prefill on a 0.7-speed
+// endpoint waited 5.1 s for its first token there, 4.5 s recomputed on a full-speed
+// one with no backlog (p99 TTFT 5,130 -> 4,234 ms, kv 4,259; docs/results-workloads.md).
+// p.mu must be held.
 func (p *Policy) recomputeSooner(cands []scoring.Endpoint, sc *scratch, j, tokens, bs int) int {
 	h := &sc.history
 	class := prefillClass(h.prefill)
