@@ -1496,6 +1496,51 @@ func TestPlacementLongMissGoesToTheFasterPrefill(t *testing.T) {
 	}
 }
 
+// TestPlacementLongMissWeighsItsOwnPrefill: a 16k-token document's first turn stays
+// on its system prompt's holder, measured fastest, though it evicts a history there
+// (the holder's KV holds one such prompt): the evicted history's recompute is not this
+// request's cost. Only an endpoint measured faster beyond noise takes it.
+func TestPlacementLongMissWeighsItsOwnPrefill(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		otherSecs time.Duration // a 16,000-token prompt's time to first token on the other endpoint; 1 s on the holder
+		moves     bool
+	}{
+		{"other measured slower: stays though it evicts", 1400 * time.Millisecond, false},
+		{"other measured faster: moves", 500 * time.Millisecond, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clock := time.Unix(100, 0)
+			p, _, cs, holder, other, doc := branchedSystemPrompt(t, placement.DefaultConfig(), 1100, func() time.Time { return clock })
+			for i := range cs {
+				if cs[i].Address == other {
+					cs[i].Metrics.NumGPUBlocks = 100_000 // evicts no history there
+				}
+			}
+			for k, m := range []struct {
+				addr string
+				secs time.Duration
+			}{{holder, time.Second}, {other, tc.otherSecs}} {
+				req := plRequest(plTokens(900_000_000+10_000_000*k, 1000*16))
+				if _, err := p.Pick(req, cs); err != nil {
+					t.Fatal(err)
+				}
+				p.Routed(req, m.addr)
+				clock = clock.Add(m.secs)
+				p.FirstToken(req.ID)
+				p.Finished(req.ID)
+			}
+			want := holder
+			if tc.moves {
+				want = other
+			}
+			if got := place(t, p, doc(1, 1000), cs); got != want {
+				t.Errorf("document went to %s, want %s (system prompt on %s)", got, want, holder)
+			}
+		})
+	}
+}
+
 // TestPlacementMissLeavesALongPrefill: a new prefix's first request (longer than one
 // step, so besidePrefill does not take it) homed beside a prefill in progress is a miss
 // no idle faster endpoint takes (no speed measured). Behind a long prefill (16,000
