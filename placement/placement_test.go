@@ -1381,28 +1381,28 @@ func TestPlacementTurnJoinsItsHistoryInPrefill(t *testing.T) {
 func TestPlacementTurnLeavesASlowerHistoryInPrefill(t *testing.T) {
 	for _, tc := range []struct {
 		name       string
-		holderSecs time.Duration // a 16,000-token prompt's time to first token on the holder
-		otherSecs  time.Duration // and on the other endpoint, where the first turn is
+		holderTTFT time.Duration // a 16,000-token prompt's time to first token on the holder
+		otherTTFT  time.Duration // and on the other endpoint, where the first turn is
 		since      time.Duration // from the first turn's routing to the second's
 		recomputed bool
 	}{
-		{"history measured slower: recomputed", 1, 2, 0, true},
-		{"history measured faster: joined", 2, 1, 0, false},
-		{"history almost prefilled: joined", 1, 2, 1500 * time.Millisecond, false},
+		{"history measured slower: recomputed", time.Second, 2 * time.Second, 0, true},
+		{"history measured faster: joined", 2 * time.Second, time.Second, 0, false},
+		{"history almost prefilled: joined", time.Second, 2 * time.Second, 1500 * time.Millisecond, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			clock := time.Unix(100, 0)
 			p, _, cs, holder, other, doc := branchedSystemPrompt(t, placement.DefaultConfig(), 100_000, func() time.Time { return clock })
 			for k, m := range []struct {
 				addr string
-				secs time.Duration
-			}{{holder, tc.holderSecs}, {other, tc.otherSecs}} {
+				ttft time.Duration
+			}{{holder, tc.holderTTFT}, {other, tc.otherTTFT}} {
 				req := plRequest(plTokens(900_000_000+10_000_000*k, 1000*16))
 				if _, err := p.Pick(req, cs); err != nil {
 					t.Fatal(err)
 				}
 				p.Routed(req, m.addr)
-				clock = clock.Add(m.secs * time.Second)
+				clock = clock.Add(m.ttft)
 				p.FirstToken(req.ID)
 				p.Finished(req.ID)
 			}
@@ -1503,7 +1503,7 @@ func TestPlacementLongMissGoesToTheFasterPrefill(t *testing.T) {
 func TestPlacementLongMissWeighsItsOwnPrefill(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
-		otherSecs time.Duration // a 16,000-token prompt's time to first token on the other endpoint; 1 s on the holder
+		otherTTFT time.Duration // a 16,000-token prompt's time to first token on the other endpoint; 1 s on the holder
 		moves     bool
 	}{
 		{"other measured slower: stays though it evicts", 1400 * time.Millisecond, false},
@@ -1519,14 +1519,14 @@ func TestPlacementLongMissWeighsItsOwnPrefill(t *testing.T) {
 			}
 			for k, m := range []struct {
 				addr string
-				secs time.Duration
-			}{{holder, time.Second}, {other, tc.otherSecs}} {
+				ttft time.Duration
+			}{{holder, time.Second}, {other, tc.otherTTFT}} {
 				req := plRequest(plTokens(900_000_000+10_000_000*k, 1000*16))
 				if _, err := p.Pick(req, cs); err != nil {
 					t.Fatal(err)
 				}
 				p.Routed(req, m.addr)
-				clock = clock.Add(m.secs)
+				clock = clock.Add(m.ttft)
 				p.FirstToken(req.ID)
 				p.Finished(req.ID)
 			}
