@@ -125,9 +125,11 @@ type Config struct {
 	// request's own uncached tokens there are fewer than HoldPrefillTokens, and the
 	// endpoint is prefilling a request of at least HoldPrefillTokens uncached tokens that
 	// has no first token yet. Joining would add the request's tokens to the miss's last
-	// prefill chunk and delay its first token; held, it starts after it. A request that
-	// arrives less than HoldStep after the newest miss there was routed joins it instead
-	// when the endpoint has KV room for it: held, it would start up to a hold step after
+	// prefill chunk and delay its first token; held, it starts after it. A request the
+	// endpoint has no KV room for is not held: it would join no prefill step but wait
+	// for blocks in the engine's queue, where requests routed while it was held would
+	// go ahead of it. A request that arrives less than HoldStep after the newest miss
+	// there was routed joins it instead: held, it would start up to a hold step after
 	// the miss's first token and become slower than the miss it protects. 0 disables.
 	// Default 120ms (N = 24, C = 8: p99 TTFT 189 -> 170 ms; docs/results-policy.md); the
 	// router bounds it again with limits.max_hold.

@@ -500,9 +500,11 @@ func TestPlacementPrefersAHeldPlacement(t *testing.T) {
 }
 
 // A request that hits at an endpoint prefilling a miss is held (re-picked after
-// HoldStep) until the miss's first token, within HoldMax, unless the miss was routed
-// less than a hold step before it arrived and the endpoint has KV room for it (held, it
-// would become slower than the miss); misses are never held.
+// HoldStep) until the miss's first token, within HoldMax, unless the endpoint has no KV
+// room for it (it cannot join the miss's prefill: it waits for blocks in the engine's
+// queue, where held, later requests would go ahead of it) or the miss was routed less
+// than a hold step before it arrived (held, it would become slower than the miss);
+// misses are never held.
 func TestPlacementHoldsBehindAMiss(t *testing.T) {
 	const ms = time.Millisecond
 	tests := []struct {
@@ -522,7 +524,9 @@ func TestPlacementHoldsBehindAMiss(t *testing.T) {
 		{"released at the miss's first token", 120 * ms, prefixed(0, 2), 10 * ms, 10 * ms, 0, true, 0, "holder"},
 		{"a miss routed as it arrived: joined", 120 * ms, prefixed(0, 2), 4 * ms, 0, 0, false, 0, "holder"},
 		{"still joined after holds of its own", 120 * ms, prefixed(0, 2), 4 * ms, 20 * ms, 0, false, 0, "holder"},
-		{"no KV room: held even so", 120 * ms, prefixed(0, 2), 0, 0, 140, false, 5 * ms, "hold"},
+		{"no KV room: not held", 120 * ms, prefixed(0, 2), 10 * ms, 0, 140, false, 0, "queue"},
+		{"no KV room, the miss routed as it arrived: not held", 120 * ms, prefixed(0, 2), 0, 0, 140, false, 0, "queue"},
+		{"no KV room after holds: routed", 120 * ms, prefixed(0, 2), 10 * ms, 20 * ms, 140, false, 0, "queue"},
 		{"a miss itself is not held", 120 * ms, prefixed(2, 2), 10 * ms, 0, 0, false, 0, "home"},
 		{"holds off", 0, prefixed(0, 2), 10 * ms, 0, 0, false, 0, "holder"},
 	}
@@ -1369,6 +1373,58 @@ func TestPlacementTurnJoinsItsHistoryInPrefill(t *testing.T) {
 	}
 }
 
+// TestPlacementTurnLeavesASlowerHistoryInPrefill: a conversation's second turn sent
+// while its first is in prefill on the other endpoint joins it there, unless an
+// endpoint with no prefill backlog would compute the whole turn, at its measured
+// prefill speed, before the first turn's prefill ends at the other endpoint's measured
+// speed: then it is recomputed there.
+func TestPlacementTurnLeavesASlowerHistoryInPrefill(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		holderTTFT time.Duration // a 16,000-token prompt's time to first token on the holder
+		otherTTFT  time.Duration // and on the other endpoint, where the first turn is
+		since      time.Duration // from the first turn's routing to the second's
+		recomputed bool
+	}{
+		{"history measured slower: recomputed", time.Second, 2 * time.Second, 0, true},
+		{"history measured faster: joined", 2 * time.Second, time.Second, 0, false},
+		{"history almost prefilled: joined", time.Second, 2 * time.Second, 1500 * time.Millisecond, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clock := time.Unix(100, 0)
+			p, _, cs, holder, other, doc := branchedSystemPrompt(t, placement.DefaultConfig(), 100_000, func() time.Time { return clock })
+			for k, m := range []struct {
+				addr string
+				ttft time.Duration
+			}{{holder, tc.holderTTFT}, {other, tc.otherTTFT}} {
+				req := plRequest(plTokens(900_000_000+10_000_000*k, 1000*16))
+				if _, err := p.Pick(req, cs); err != nil {
+					t.Fatal(err)
+				}
+				p.Routed(req, m.addr)
+				clock = clock.Add(m.ttft)
+				p.FirstToken(req.ID)
+				p.Finished(req.ID)
+			}
+			// The first turn: 15,424 tokens, routed to the other endpoint, in prefill.
+			first := plRequest(doc(1, 900))
+			if _, err := p.Pick(first, cs); err != nil {
+				t.Fatal(err)
+			}
+			p.Routed(first, other)
+			clock = clock.Add(tc.since)
+			want := other
+			if tc.recomputed {
+				want = holder
+			}
+			second := append(doc(1, 900), plTokens(700_000_000, 8*16)...)
+			if got := place(t, p, second, cs); got != want {
+				t.Errorf("second turn went to %s, want %s (first turn in prefill on %s)", got, want, other)
+			}
+		})
+	}
+}
+
 // TestPlacementTurnsShareTheirHistorysBlocks: a document's turns in flight together on
 // one endpoint share the document's blocks there, so they count once in its KV
 // footprint. The second turn (572 blocks) is sent while the first (564) is in prefill
@@ -1435,6 +1491,51 @@ func TestPlacementLongMissGoesToTheFasterPrefill(t *testing.T) {
 			}
 			if got := place(t, p, doc(1, 1000), cs); got != want {
 				t.Errorf("document went to %s, want %s (system prompt on %s, measured slower)", got, want, holder)
+			}
+		})
+	}
+}
+
+// TestPlacementLongMissWeighsItsOwnPrefill: a 16k-token document's first turn stays
+// on its system prompt's holder, measured fastest, though it evicts a history there
+// (the holder's KV holds one such prompt): the evicted history's recompute is not this
+// request's cost. Only an endpoint measured faster beyond noise takes it.
+func TestPlacementLongMissWeighsItsOwnPrefill(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		otherTTFT time.Duration // a 16,000-token prompt's time to first token on the other endpoint; 1 s on the holder
+		moves     bool
+	}{
+		{"other measured slower: stays though it evicts", 1400 * time.Millisecond, false},
+		{"other measured faster: moves", 500 * time.Millisecond, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clock := time.Unix(100, 0)
+			p, _, cs, holder, other, doc := branchedSystemPrompt(t, placement.DefaultConfig(), 1100, func() time.Time { return clock })
+			for i := range cs {
+				if cs[i].Address == other {
+					cs[i].Metrics.NumGPUBlocks = 100_000 // evicts no history there
+				}
+			}
+			for k, m := range []struct {
+				addr string
+				ttft time.Duration
+			}{{holder, time.Second}, {other, tc.otherTTFT}} {
+				req := plRequest(plTokens(900_000_000+10_000_000*k, 1000*16))
+				if _, err := p.Pick(req, cs); err != nil {
+					t.Fatal(err)
+				}
+				p.Routed(req, m.addr)
+				clock = clock.Add(m.ttft)
+				p.FirstToken(req.ID)
+				p.Finished(req.ID)
+			}
+			want := holder
+			if tc.moves {
+				want = other
+			}
+			if got := place(t, p, doc(1, 1000), cs); got != want {
+				t.Errorf("document went to %s, want %s (system prompt on %s)", got, want, holder)
 			}
 		})
 	}

@@ -227,10 +227,14 @@ func (p *Policy) Pick(req *scoring.Request, cands []scoring.Endpoint) (scoring.D
 	best, kind := p.choose(e, key, cands, sc)
 	alt := -1
 	if j := p.joinHistory(joins, sc); j >= 0 {
-		if j != best {
-			p.unplaceUnused(e, cands, sc, best, kind)
+		if r := p.recomputeSooner(cands, sc, j, len(req.TokenIDs), bs); r >= 0 {
+			alt = r
+		} else {
+			if j != best {
+				p.unplaceUnused(e, cands, sc, best, kind)
+			}
+			best, kind = j, kindHolder
 		}
-		best, kind = j, kindHolder
 	} else {
 		alt = p.divert(e, key, cands, sc, best, len(req.TokenIDs), bs)
 		if alt < 0 && kind != kindHome {
@@ -332,7 +336,7 @@ func (p *Policy) followed(parent, child uint64, base int, sc *scratch) (follow b
 	}
 	held := base + max(1, int(math.Ceil(p.cfg.HolderShare*float64(common-base))))
 	if prefilling && common >= held {
-		joins = last.ep
+		joins, sc.history = last.ep, last
 	}
 	if len(c.sites) > 0 {
 		return true, joins
@@ -367,7 +371,8 @@ func (p *Policy) unplaceUnused(e *prefixEntry, cands []scoring.Endpoint, sc *scr
 // gated there, the 200-request trace at 8x sent two 36k-token last turns, 0.6 s before
 // their histories' first tokens, to endpoints recomputing 35k tokens each (TTFT 6.6 s,
 // against 1.6 and 2.0 s for kv's hits; cached-token ratio 0.410 -> 0.526, kv 0.496;
-// docs/results-workloads.md). p.mu must be held.
+// docs/results-workloads.md), unless another endpoint is measured to compute the whole
+// request sooner (recomputeSooner). p.mu must be held.
 func (p *Policy) joinHistory(ep *endpointState, sc *scratch) int {
 	if ep == nil {
 		return -1
@@ -378,6 +383,52 @@ func (p *Policy) joinHistory(ep *endpointState, sc *scratch) int {
 		}
 	}
 	return -1
+}
+
+// recomputeSooner returns the candidate that would compute the request before the
+// conversation's last request (sc.history), in prefill at candidate j, ends its
+// prefill there, or -1: among candidates that may take it (below Saturated, with KV
+// room) with no prefill backlog, the one whose prefill of the request (its uncached
+// tokens there, at its measured prefill speed for their size) ends soonest, when
+// before the history's rest (its backlog and prefill at j's measured speed for their
+// size, less the time since it was routed). An endpoint with no speed measured for
+// that size is not counted, and j's speed unmeasured is the slowest measured: the
+// join is left only for a recompute measured faster. Trace-600 seed 1 at 4x: a
+// document's second turn sent 1.3 s into its first turn's 6 s prefill on a 0.7-speed
+// endpoint waited 5.1 s for its first token there, 4.5 s recomputed on a full-speed
+// one with no backlog (p99 TTFT 5,130 -> 4,234 ms, kv 4,259; docs/results-workloads.md).
+// p.mu must be held.
+func (p *Policy) recomputeSooner(cands []scoring.Endpoint, sc *scratch, j, tokens, bs int) int {
+	h := &sc.history
+	class := prefillClass(h.prefill)
+	spt := 0.0
+	for i := range cands {
+		if m := sc.eps[i].prefillSpeed[class]; m.tokens > 0 {
+			spt = max(spt, m.secs/m.tokens)
+		}
+	}
+	if m := sc.eps[j].prefillSpeed[class]; m.tokens > 0 {
+		spt = m.secs / m.tokens
+	}
+	if spt == 0 {
+		return -1
+	}
+	rest := float64(h.ahead+h.prefill)*spt - p.now().Sub(h.routed).Seconds()
+	alt, ea := -1, rest
+	for i := range cands {
+		if i == j || !sc.ok[i] || sc.eps[i].prefill+sc.otherPrefill[i] > 0 {
+			continue
+		}
+		n := max(0, tokens-sc.lead[i]*bs)
+		m := sc.eps[i].prefillSpeed[prefillClass(n)]
+		if m.tokens == 0 {
+			continue
+		}
+		if x := float64(n) * m.secs / m.tokens; x < ea {
+			alt, ea = i, x
+		}
+	}
+	return alt
 }
 
 func argminLoad(loads []int, skip []bool) int {

@@ -58,6 +58,9 @@ type scratch struct {
 	// the blocks it shares with the conversation's requests.
 	conv       uint64
 	convBlocks int
+	// history is the conversation's last request, in prefill, that the request would
+	// join (followed; joinHistory).
+	history tracked
 }
 
 // shared is the request's blocks that its conversation's requests in flight on ep
@@ -855,10 +858,15 @@ func (p *Policy) startEst(sc *scratch, i, tokens, bs int) float64 {
 // 13,653 tokens at 2,048 a step: a prefill of n steps is timed to within the step under
 // way when it comes) goes to the candidate of least cost, when less than MissSpeedup
 // times best's: its prefill there (its uncached tokens; backlogs are the divert rules'
-// to weigh, and agents' long steps, asked about their context only, inflate them) plus the
-// histories it evicts there (their next turns recompute them), in seconds at the
-// endpoint's measured prefill speed for prompts of its size (unmeasured: the mean of
-// the measured ones). Decode time does not tell speeds apart for long prefills
+// to weigh, and agents' long steps, asked about their context only, inflate them), in
+// seconds at the endpoint's measured prefill speed for prompts of its size
+// (unmeasured: the mean of the measured ones). The histories it evicts bound where it
+// may go (no more than at best) but add nothing to the cost: their recompute is paid
+// only if their next turns come, which is not known, and not by this request. Added
+// at full weight, they sent a 34k-token first turn off an idle full-speed endpoint
+// (720 history blocks, 7.5 s) to a 0.7-speed one (none, 5.8 s; its prefill took 6.2
+// s), whose next turns followed it there (trace-600 seed 2 at 3x: 5.85 -> 5.92
+// requests/s, kv 5.90; docs/results-workloads.md). Decode time does not tell speeds apart for long prefills
 // (trace-600 seed 1: 1.319 s at a 0.7-speed endpoint against 1.304 s at a full-speed
 // one), and shorter prefills' speeds moved the reference's 2,371-token misses by noise
 // (12 servers, N = 7, C = 16: throughput 27.81 -> 27.54 requests/s, kv 27.93).
@@ -884,20 +892,20 @@ func (p *Policy) longMiss(cands []scoring.Endpoint, sc *scratch, best, tokens, b
 		}
 		if n > 0 {
 			mean /= float64(n)
-			cost := func(i, evicted int) float64 {
+			cost := func(i int) float64 {
 				spt := mean
 				if m := sc.eps[i].prefillSpeed[class]; m.tokens > 0 {
 					spt = m.secs / m.tokens
 				}
-				return float64(max(0, tokens-sc.lead[i]*bs)+evicted*bs) * spt
+				return float64(max(0, tokens-sc.lead[i]*bs)) * spt
 			}
-			alt, limit := -1, p.cfg.MissSpeedup*cost(best, lost)
+			alt, limit := -1, p.cfg.MissSpeedup*cost(best)
 			for i := range cands {
 				if i == best || !sc.ok[i] || !p.moveOK(sc, i, best) {
 					continue
 				}
-				if ev := p.evicts(cands, sc, i); ev <= lost {
-					if c := cost(i, ev); c < limit {
+				if p.evicts(cands, sc, i) <= lost {
+					if c := cost(i); c < limit {
 						alt, limit = i, c
 					}
 				}

@@ -19,7 +19,10 @@ the tokens cached.
 With --servers instead, per policy and concurrency, summed over repetitions: per server
 the measured requests and their share, mean decode time (first token to finish) and
 time to first token, the share of the measured time with a request running there, and
-the prefixes it served; and the servers per prefix. In a fleet of unequal speeds a
+the prefixes it served; the servers per prefix; and, from a sim run's route lines, how
+many requests went to a server already running one while another server idled, with
+their mean decode time against that of requests sent to an idle server (a request
+sharing a server's steps decodes slower). In a fleet of unequal speeds a
 closed loop's throughput is the clients over the mean request time, so it follows the
 share of requests on the fast servers.
 
@@ -213,7 +216,8 @@ def servers(path):
         if not meas:
             continue
         span = max(r["finish"]["t"] for r in meas) - min(r["route"]["t"] for r in meas)
-        t = tot.setdefault((pol, conc), {"span": 0.0, "spp": [], "srv": collections.defaultdict(lambda: collections.defaultdict(float))})
+        t = tot.setdefault((pol, conc), {"span": 0.0, "spp": [], "srv": collections.defaultdict(lambda: collections.defaultdict(float)),
+                                         "shared": [], "alone": []})
         t["span"] += span
         sites = collections.defaultdict(set)
         spans = collections.defaultdict(list)
@@ -226,6 +230,13 @@ def servers(path):
             c["decode"] += r["finish"]["t"] - r["first_token"]["t"]
             c["ttft"] += r["first_token"]["ttft_ms"] / 1000
             c["prefixes"] += 0
+            if "servers" in rt:
+                # Joined a busy endpoint while another idled, or went to an idle one.
+                load = [x["in_flight"] for x in rt["servers"]]
+                if load[s] == 0:
+                    t["alone"].append(r["finish"]["t"] - r["first_token"]["t"])
+                elif min(load) == 0:
+                    t["shared"].append(r["finish"]["t"] - r["first_token"]["t"])
         for s, iv in spans.items():
             busy, end = 0.0, None
             for a, b in sorted(iv):
@@ -244,6 +255,10 @@ def servers(path):
         reps = len(t["spp"])
         print(f"{path}: {pol}, C = {conc}; {int(n)} measured requests in {reps} repetitions, "
               f"{statistics.mean(t['spp']):.2f} servers per prefix")
+        if t["shared"] or t["alone"]:
+            mean = lambda v: f"{1000 * statistics.mean(v):.0f}" if v else "-"
+            print(f"  routed to a busy server while another idled: {len(t['shared'])} (mean decode {mean(t['shared'])} ms); "
+                  f"to an idle server: {len(t['alone'])} (mean decode {mean(t['alone'])} ms)")
         print("  server  requests  share  decode ms  ttft ms  busy  prefixes served")
         for s in sorted(t["srv"]):
             c = t["srv"][s]
