@@ -1606,6 +1606,76 @@ func TestPlacementCopyWithinFillPaysForItsMiss(t *testing.T) {
 	}
 }
 
+// TestPlacementCopyPastFillWhereTheCacheNeverTurned: Fill bounds live placements'
+// share of an endpoint's capacity so that a copy evicts nothing live; where the blocks
+// the router ever allocated there, the request's own included, fit the capacity, the
+// cache has never turned over and a copy evicts nothing at all, so it is judged as
+// within Fill (copy_cost: here an idle endpoint measured faster beyond noise). The
+// mixed workload's 64k-token context alone took 45% of its home, the fleet's fastest
+// server, which then refused the copy of a chat's system prompt by 20 blocks of Fill's
+// line; the conversation's eight turns stayed on a slower holder (mixed: 3.04 -> 3.10
+// requests/s, kv 3.09; docs/results-workloads.md). Once the cache has turned over,
+// Fill decides again.
+func TestPlacementCopyPastFillWhereTheCacheNeverTurned(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		extra  int // blocks of another prompt the router sent to the fast endpoint
+		copies bool
+	}{
+		{"cache never turned over: a copy", 0, true},
+		{"cache turned over: Fill refuses, the hit", 450, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := placement.DefaultConfig()
+			cfg.Saturated = 10
+			ix := testindex.New()
+			clock := time.Unix(100, 0)
+			p, err := placement.New(cfg, ix, func() time.Time { return clock }, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cs := fleet(2, []int{1000, 1000})
+			// A 600-block context homed on one endpoint: past Fill (500) there alone.
+			fast := place(t, p, plTokens(700_000_000, 600*16), cs)
+			holder := place(t, p, prefixed(0, 0), cs)
+			if holder == fast {
+				t.Fatalf("prefix homed beside the context on %s", fast)
+			}
+			ix.Hold(holder, plKeysOf(prefixed(0, 0))[:64])
+			for k, m := range []struct {
+				addr string
+				d    time.Duration
+			}{{holder, time.Second}, {fast, 500 * time.Millisecond}} {
+				req := plRequest(plTokens(900_000_000+10_000_000*k, 8*16))
+				if _, err := p.Pick(req, cs); err != nil {
+					t.Fatal(err)
+				}
+				p.Routed(req, m.addr)
+				p.FirstToken(req.ID)
+				clock = clock.Add(m.d)
+				p.Finished(req.ID)
+			}
+			if tc.extra > 0 {
+				req := plRequest(plTokens(600_000_000, tc.extra*16))
+				if _, err := p.Pick(req, cs); err != nil {
+					t.Fatal(err)
+				}
+				p.Routed(req, fast)
+				p.Finished(req.ID)
+			}
+			place(t, p, prefixed(0, 1), cs) // the prefix's size is learned: 64 blocks
+			for i := range cs {
+				if cs[i].Address == holder {
+					cs[i].InFlight = 1
+				}
+			}
+			if got := place(t, p, prefixed(0, 2), cs); (got == fast) != tc.copies {
+				t.Fatalf("went to %s (holder %s, fast %s), want a copy on the fast one: %v", got, holder, fast, tc.copies)
+			}
+		})
+	}
+}
+
 // TestPlacementCopyShareInOneReplicasView: a router replica judges a prefix's share of
 // the load (copy_cost's allowance) from its own requests, of the prefix and in all: it
 // does not know its peers' requests per prefix, and counted against the whole fleet's

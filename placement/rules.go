@@ -266,7 +266,7 @@ func (p *Policy) choose(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 			continue
 		}
 		c := p.capacity(&cands[i])
-		if float64(sc.eps[i].placedBlocks+e.weight()) > p.cfg.Fill*float64(c) && !p.copyWorth(e, key, cands, sc, i, h, heldBlocks) {
+		if float64(sc.eps[i].placedBlocks+e.weight()) > p.cfg.Fill*float64(c) && !p.unturned(sc, i, c) && !p.copyWorth(e, key, cands, sc, i, h, heldBlocks) {
 			continue
 		}
 		if !p.moveWorth(e, key, sc, i, h) {
@@ -1059,6 +1059,21 @@ func (p *Policy) moveOK(sc *scratch, i, from int) bool {
 	n := len(sc.keys) * sc.blockSize
 	add := max(0, n-sc.lead[i]*sc.blockSize) - max(0, n-sc.lead[from]*sc.blockSize)
 	return add <= p.cfg.MaxNumBatchedTokens+sc.eps[from].prefill-sc.own[from]
+}
+
+// unturned reports whether candidate i's cache has never turned over, the request's
+// own blocks included: the blocks this router allocated there (its turnover, sent)
+// plus the request's uncached blocks there and OutputBlocks fit its capacity c, so
+// vLLM still has blocks never used to give and a copy there evicts nothing this
+// router placed, live or not. Fill stands in for that where the cache is full (it
+// bounds the live placements' share, leaving the rest to requests' own blocks); where
+// it is not, a copy is judged as within Fill. Only a router that routes every request
+// knows the turnover: not with peers or SharedLoad. p.mu must be held.
+func (p *Policy) unturned(sc *scratch, i, c int) bool {
+	if p.peers != nil || p.cfg.SharedLoad {
+		return false
+	}
+	return sc.eps[i].sent+len(sc.keys)-sc.lead[i]+p.cfg.OutputBlocks <= c
 }
 
 // copyWorth reports whether a replica on candidate i, past Fill, is worth its miss
