@@ -1609,8 +1609,8 @@ func TestPlacementCopyWithinFillPaysForItsMiss(t *testing.T) {
 // TestPlacementCopyPastFillWhereTheCacheNeverTurned: Fill bounds live placements'
 // share of an endpoint's capacity so that a copy evicts nothing live; where the blocks
 // the router ever allocated there, the request's own included, fit the capacity, the
-// cache has never turned over and a copy evicts nothing at all, so it is judged as
-// within Fill (copy_cost: here an idle endpoint measured faster beyond noise). The
+// cache has never turned over and a copy evicts nothing at all: to an endpoint measured
+// faster beyond noise it is worth its miss as within Fill (copy_cost). The
 // mixed workload's 64k-token context alone took 45% of its home, the fleet's fastest
 // server, which then refused the copy of a chat's system prompt by 20 blocks of Fill's
 // line; the conversation's eight turns stayed on a slower holder (mixed: 3.04 -> 3.10
@@ -1619,11 +1619,13 @@ func TestPlacementCopyWithinFillPaysForItsMiss(t *testing.T) {
 func TestPlacementCopyPastFillWhereTheCacheNeverTurned(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
-		extra  int // blocks of another prompt the router sent to the fast endpoint
+		extra  int           // blocks of another prompt the router sent to the fast endpoint
+		decode time.Duration // the fast endpoint's measured decode time; the holder's is 1 s
 		copies bool
 	}{
-		{"cache never turned over: a copy", 0, true},
-		{"cache turned over: Fill refuses, the hit", 450, false},
+		{"cache never turned over: a copy", 0, 500 * time.Millisecond, true},
+		{"cache turned over: Fill refuses, the hit", 450, 500 * time.Millisecond, false},
+		{"cache never turned over, speeds within noise: the hit", 0, 900 * time.Millisecond, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := placement.DefaultConfig()
@@ -1645,7 +1647,7 @@ func TestPlacementCopyPastFillWhereTheCacheNeverTurned(t *testing.T) {
 			for k, m := range []struct {
 				addr string
 				d    time.Duration
-			}{{holder, time.Second}, {fast, 500 * time.Millisecond}} {
+			}{{holder, time.Second}, {fast, tc.decode}} {
 				req := plRequest(plTokens(900_000_000+10_000_000*k, 8*16))
 				if _, err := p.Pick(req, cs); err != nil {
 					t.Fatal(err)
