@@ -266,8 +266,7 @@ func (p *Policy) choose(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 			continue
 		}
 		c := p.capacity(&cands[i])
-		if float64(sc.eps[i].placedBlocks+e.weight()) > p.cfg.Fill*float64(c) && !p.copyWorth(e, key, cands, sc, i, h, heldBlocks) &&
-			!(p.cfg.CopyCost && p.faster(sc, i, h) && p.unturned(sc, i, c)) {
+		if float64(sc.eps[i].placedBlocks+e.weight()) > p.cfg.Fill*float64(c) && !p.copyWorth(e, key, cands, sc, i, h, heldBlocks) {
 			continue
 		}
 		if !p.moveWorth(e, key, sc, i, h) {
@@ -1062,28 +1061,6 @@ func (p *Policy) moveOK(sc *scratch, i, from int) bool {
 	return add <= p.cfg.MaxNumBatchedTokens+sc.eps[from].prefill-sc.own[from]
 }
 
-// unturned reports whether candidate i's cache has never turned over, the request's
-// own blocks included: the blocks this router allocated there (its turnover, sent)
-// plus the request's uncached blocks there and OutputBlocks fit its capacity c, so
-// vLLM still has blocks never used to give and a copy there evicts nothing this router
-// placed, live or not. Fill stands in for eviction (it bounds the live placements'
-// share, leaving the rest to requests' own blocks and their turnover); where the cache
-// never turned over, a copy past Fill to an endpoint measured faster beyond noise is
-// worth its miss as within it (missCostsLess). The mixed workload's 64k-token context
-// took 45% of its home, the fleet's fastest server, which then refused a chat system
-// prompt's copy by 20 blocks of Fill's line; the conversation's eight turns stayed on
-// a slower holder and its last ended the run 1.5 s later (mixed: 3.04 -> 3.10
-// requests/s, kv 3.09; docs/results-workloads.md). Past a full cache such copies, the
-// room of copyWorth's spare instead, lost the reference grid 3 cells (N = 12, C = 4
-// and 8, N = 24, C = 8): they evict homes there. Only a router that routes every
-// request knows the turnover: not with peers or SharedLoad. p.mu must be held.
-func (p *Policy) unturned(sc *scratch, i, c int) bool {
-	if p.peers != nil || p.cfg.SharedLoad {
-		return false
-	}
-	return sc.eps[i].sent+len(sc.keys)-sc.lead[i]+p.cfg.OutputBlocks <= c
-}
-
 // copyWorth reports whether a replica on candidate i, past Fill, is worth its miss
 // against the request's hit at the busy holder h. The prefix must be a shared one that
 // stays put (its last two requests diverged right past it; a conversation's history
@@ -1219,12 +1196,6 @@ func (p *Policy) missCostsLess(sc *scratch, i, h int) bool {
 	if ui*(sc.loads[i]+1)+sc.eps[i].prefill+sc.otherPrefill[i] < uh*(sc.loads[h]+1)+sc.eps[h].prefill+sc.otherPrefill[h] {
 		return true
 	}
-	return p.faster(sc, i, h)
-}
-
-// faster reports whether candidate i is measured faster than h beyond noise: its
-// decode time under MissSpeedup of h's. p.mu must be held.
-func (p *Policy) faster(sc *scratch, i, h int) bool {
 	return sc.decode[i] > 0 && sc.decode[h] > 0 && sc.decode[i] < p.cfg.MissSpeedup*sc.decode[h]
 }
 
