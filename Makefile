@@ -60,17 +60,17 @@ docs: ## Render every table in docs/ from the JSON committed beside it (scripts/
 	python3 scripts/docs.py
 
 .PHONY: docs-data
-docs-data: ## Rerun the kvbench sim runs whose JSON docs/results-policy.md renders (minutes).
+docs-data: models ## Rerun the kvbench sim runs whose JSON docs/results-policy.md renders (minutes).
 	@mkdir -p $(BIN)
 	$(GO) build -o $(BIN)/ ./testbench/cmd/kvbench
-	KVBENCH=$(BIN)/kvbench sh scripts/policy-variants.sh docs/policy
+	KVROUTER_MODELS_DIR=$(MODELS) KVBENCH=$(BIN)/kvbench sh scripts/policy-variants.sh docs/policy
 	python3 scripts/docs.py
 
 .PHONY: workloads-data
-workloads-data: ## Rerun the kvbench sim runs whose JSON docs/results-workloads.md renders (minutes).
+workloads-data: models ## Rerun the kvbench sim runs whose JSON docs/results-workloads.md renders (minutes).
 	@mkdir -p $(BIN)
 	$(GO) build -o $(BIN)/ ./testbench/cmd/kvbench
-	KVBENCH=$(BIN)/kvbench sh scripts/workload-data.sh docs/data/workloads
+	KVROUTER_MODELS_DIR=$(MODELS) KVBENCH=$(BIN)/kvbench sh scripts/workload-data.sh docs/data/workloads
 	python3 scripts/docs.py
 
 .PHONY: docs-check

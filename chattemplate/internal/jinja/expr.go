@@ -41,6 +41,83 @@ type attrExpr struct {
 	// method: name is a method of dicts, strings or lists, decided once at parse time
 	// (a chat template reads message.role and message.content per message).
 	method attrMethods
+	// loopInt: name is an int attribute of a loop (index, index0, revindex,
+	// revindex0, length), decided once at parse time, for intOperand.
+	loopInt loopIntAttr
+}
+
+// loopIntAttr names the int attributes of a loop; loopNotInt is any other name.
+type loopIntAttr uint8
+
+const (
+	loopNotInt loopIntAttr = iota
+	loopIndex
+	loopIndex0
+	loopRevindex
+	loopRevindex0
+	loopLength
+)
+
+func loopIntAttrOf(name string) loopIntAttr {
+	switch name {
+	case "index":
+		return loopIndex
+	case "index0":
+		return loopIndex0
+	case "revindex":
+		return loopRevindex
+	case "revindex0":
+		return loopRevindex0
+	case "length":
+		return loopLength
+	}
+	return loopNotInt
+}
+
+// intAttr is the loop's attribute a as loopState.attr gives it, when a is an int one.
+func (l *loopState) intAttr(a loopIntAttr) (int64, bool) {
+	n := len(l.items)
+	switch a {
+	case loopIndex:
+		return int64(l.index0 + 1), true
+	case loopIndex0:
+		return int64(l.index0), true
+	case loopRevindex:
+		return int64(n - l.index0), true
+	case loopRevindex0:
+		return int64(n - l.index0 - 1), true
+	case loopLength:
+		return int64(n), true
+	}
+	return 0, false
+}
+
+// intOperand is x's value when x is an int constant, or an int attribute of a loop
+// or of a namespace that a plain name holds (loop.index0, ns.last_query_index), read
+// without building Values: a chat template compares such operands once per message
+// (Qwen3's `loop.index0 > ns.last_query_index`), and incremental rendering re-checks
+// each of those comparisons on every turn of a conversation (memo.go), so a long
+// conversation's turn spends most of its replay in them. ok is false for any other
+// expression or value, which the caller then evaluates as usual: reading these has no
+// effect, so reading one twice costs only the time.
+func intOperand(st *state, x expr) (int64, bool) {
+	switch x := x.(type) {
+	case *constExpr:
+		return x.v.n, x.v.kind == KindInt
+	case *attrExpr:
+		name, ok := x.obj.(*nameExpr)
+		if !ok {
+			return 0, false
+		}
+		switch obj := st.slots(name.ref.local)[name.ref.slot]; obj.kind {
+		case KindLoop:
+			return obj.ref.(*loopState).intAttr(x.loopInt)
+		case KindNamespace:
+			v, ok := obj.ref.(*Namespace).attrs.Get(x.name)
+			return v.n, ok && v.kind == KindInt
+		}
+	}
+	return 0, false
 }
 
 // attrMethods says of which kinds an attribute name is a method.
@@ -407,8 +484,57 @@ func (e *concatExpr) eval(st *state) (Value, error) {
 }
 
 type cmpOp struct {
-	op string // == != < <= > >= in notin
-	x  expr
+	op   string // == != < <= > >= in notin
+	x    expr
+	ints intCmp // op on two ints, for intOperand's fast path; intCmpNone for in, notin
+}
+
+// intCmp is a comparison operator applied to two int64s.
+type intCmp uint8
+
+const (
+	intCmpNone intCmp = iota
+	intCmpEq
+	intCmpNe
+	intCmpLt
+	intCmpLe
+	intCmpGt
+	intCmpGe
+)
+
+func intCmpOf(op string) intCmp {
+	switch op {
+	case "==":
+		return intCmpEq
+	case "!=":
+		return intCmpNe
+	case "<":
+		return intCmpLt
+	case "<=":
+		return intCmpLe
+	case ">":
+		return intCmpGt
+	case ">=":
+		return intCmpGe
+	}
+	return intCmpNone
+}
+
+// apply is compareOp's result for two ints (numCompare's for KindInt operands).
+func (c intCmp) apply(a, b int64) bool {
+	switch c {
+	case intCmpEq:
+		return a == b
+	case intCmpNe:
+		return a != b
+	case intCmpLt:
+		return a < b
+	case intCmpLe:
+		return a <= b
+	case intCmpGt:
+		return a > b
+	}
+	return a >= b
 }
 
 type compareExpr struct {
@@ -417,6 +543,13 @@ type compareExpr struct {
 }
 
 func (e *compareExpr) eval(st *state) (Value, error) {
+	if len(e.ops) == 1 && e.ops[0].ints != intCmpNone {
+		if a, ok := intOperand(st, e.first); ok {
+			if b, ok := intOperand(st, e.ops[0].x); ok {
+				return Bool(e.ops[0].ints.apply(a, b)), nil
+			}
+		}
+	}
 	l, err := e.first.eval(st)
 	if err != nil {
 		return Value{}, err

@@ -658,7 +658,7 @@ func (p *parser) compare() (expr, error) {
 		if err != nil {
 			return nil, err
 		}
-		ops = append(ops, cmpOp{op: op, x: x})
+		ops = append(ops, cmpOp{op: op, x: x, ints: intCmpOf(op)})
 	}
 	if len(ops) == 0 {
 		return first, nil
@@ -894,7 +894,7 @@ func (p *parser) subscript(x expr) (expr, error) {
 		t := p.advance()
 		switch t.kind {
 		case tokName:
-			return &attrExpr{obj: x, name: t.s, method: methodsOf(t.s)}, nil
+			return &attrExpr{obj: x, name: t.s, method: methodsOf(t.s), loopInt: loopIntAttrOf(t.s)}, nil
 		case tokInt:
 			return &itemExpr{obj: x, key: &constExpr{parseIntLiteral(t.s)}}, nil
 		}
