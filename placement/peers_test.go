@@ -715,3 +715,82 @@ func TestPlacementFollowsAConversationAPeerRouted(t *testing.T) {
 		}
 	}
 }
+
+// TestPlacementCopyCostCountsPeersPrefill: copy_cost weighs a busy holder's hit by the
+// requests running there, peers' included, and by the prefill backlog they wait behind:
+// peers' too, the same requests (a peer's miss in prefill at the holder delays the hit
+// as this router's own would). Counting peers' requests but only this router's backlog,
+// a replica refused the copy one router makes (kvbench --sim --replicas 4, N = 24, C =
+// 16, seed 8: the copy at a replica's 5th pick, a holder running a peer's 2,371-token
+// miss; 0.654 -> 0.665, docs/results-policy.md). Without the peer's backlog, or with
+// copy_cost off, the cases show the rule still judges the copy.
+func TestPlacementCopyCostCountsPeersPrefill(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		prefill  int // the peer's request's uncached tokens without a first token at the holder
+		copyCost bool
+		copies   bool
+	}{
+		{"a peer's miss in prefill at the holder: a copy", 72 * 16, true, true},
+		{"a peer's request decoding at the holder: the hit", 0, true, false},
+		{"copy_cost off: a copy", 0, false, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := placement.DefaultConfig()
+			cfg.CopyCost = tc.copyCost
+			cfg.Saturated = 10
+			cfg.HoldMax = 0 // the hit is not held behind the peer's miss
+			ix := testindex.New()
+			clock := time.Unix(100, 0)
+			p, err := placement.New(cfg, ix, func() time.Time { return clock }, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cs := fleet(3, []int{10_000, 10_000, 10_000}) // Fill never binds
+			holder := place(t, p, prefixed(0, 0), cs)
+			var rest []string
+			for _, c := range cs {
+				if c.Address != holder {
+					rest = append(rest, c.Address)
+				}
+			}
+			other, busy := rest[0], rest[1]
+			ix.Hold(holder, plKeysOf(prefixed(0, 0))[:64])
+			// Every endpoint measured at one decode time: none is faster.
+			for k, addr := range []string{holder, other, busy} {
+				req := plRequest(plTokens(900_000_000+10_000_000*k, 8*16))
+				if _, err := p.Pick(req, cs); err != nil {
+					t.Fatal(err)
+				}
+				p.Routed(req, addr)
+				p.FirstToken(req.ID)
+				clock = clock.Add(time.Second)
+				p.Finished(req.ID)
+			}
+			place(t, p, prefixed(0, 1), cs) // the prefix's size is learned: 64 blocks
+			// This router runs two requests of other prefixes on busy: the prefix is
+			// one in three of its requests, on one endpoint in three (no share
+			// allowance).
+			for k := range 2 {
+				req := plRequest(plTokens(800_000_000+10_000_000*k, 8*16))
+				if _, err := p.Pick(req, cs); err != nil {
+					t.Fatal(err)
+				}
+				p.Routed(req, busy)
+				p.FirstToken(req.ID)
+			}
+			for i := range cs {
+				if cs[i].Address == busy {
+					cs[i].InFlight = 2
+				}
+			}
+			p.SetPeers(&fakePeers{rank: 0, replicas: 2, load: map[string]placement.Load{
+				holder: {Requests: 1, Prefill: tc.prefill},
+			}})
+			got := place(t, p, prefixed(0, 2), cs)
+			if (got == other) != tc.copies || (!tc.copies && got != holder) {
+				t.Fatalf("went to %s (holder %s, idle %s, busy %s), want a copy on the idle one: %v", got, holder, other, busy, tc.copies)
+			}
+		})
+	}
+}

@@ -31,8 +31,9 @@ type scratch struct {
 	// the KV blocks they hold.
 	others  []int
 	otherKV []float64
-	// otherPrefill and otherMisses are peers' prefill backlog (for rehoming; not for
-	// the divert deadline) and misses in prefill on each candidate (SetPeers).
+	// otherPrefill and otherMisses are peers' prefill backlog (for rehoming and
+	// copy_cost's miss cost; not for the divert deadline) and misses in prefill on
+	// each candidate (SetPeers).
 	otherPrefill []int
 	otherMisses  []int
 	// epIndex maps each candidate's state to its index and frees lists the blocks its
@@ -1199,12 +1200,18 @@ func (p *Policy) underShare(key uint64, sc *scratch) bool {
 // and 0.686; N = 7, C = 16 0.707 -> 0.782, kv 0.775; docs/results-workloads.md,
 // held-out). Loads alone, without the faster endpoint, kept 0.757 at N = 24 but lost
 // 80 GiB N = 7, C = 8 throughput (12.1 -> 11.2 requests/s, kv 11.5): copies let the
-// full-speed servers take requests from the 0.7-speed ones. p.mu must be held.
+// full-speed servers take requests from the 0.7-speed ones. The backlog is counted
+// over the same requests as the loads, router replicas' included (sc.otherPrefill):
+// with peers' requests but this router's backlog only, a holder running a peer's
+// 2,371-token miss in prefill looked to start the hit at once, and the copy one router
+// makes there was refused (4 replicas, N = 24, C = 16, seed 8, at a replica's 5th pick:
+// 0.654 -> 0.665; the cell's median of 9 -1.02 -> -0.8 points against one router).
+// p.mu must be held.
 func (p *Policy) missCostsLess(sc *scratch, i, h int) bool {
 	n := len(sc.keys) * sc.blockSize
 	ui := max(0, n-sc.lead[i]*sc.blockSize)
 	uh := max(0, n-sc.lead[h]*sc.blockSize)
-	if ui*(sc.loads[i]+1)+sc.eps[i].prefill < uh*(sc.loads[h]+1)+sc.eps[h].prefill {
+	if ui*(sc.loads[i]+1)+sc.eps[i].prefill+sc.otherPrefill[i] < uh*(sc.loads[h]+1)+sc.eps[h].prefill+sc.otherPrefill[h] {
 		return true
 	}
 	return sc.decode[i] > 0 && sc.decode[h] > 0 && sc.decode[i] < p.cfg.MissSpeedup*sc.decode[h]
