@@ -1393,19 +1393,7 @@ func TestPlacementTurnLeavesASlowerHistoryInPrefill(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			clock := time.Unix(100, 0)
 			p, _, cs, holder, other, doc := branchedSystemPrompt(t, placement.DefaultConfig(), 100_000, func() time.Time { return clock })
-			for k, m := range []struct {
-				addr string
-				ttft time.Duration
-			}{{holder, tc.holderTTFT}, {other, tc.otherTTFT}} {
-				req := plRequest(plTokens(900_000_000+10_000_000*k, 1000*16))
-				if _, err := p.Pick(req, cs); err != nil {
-					t.Fatal(err)
-				}
-				p.Routed(req, m.addr)
-				clock = clock.Add(m.ttft)
-				p.FirstToken(req.ID)
-				p.Finished(req.ID)
-			}
+			measurePrefill(t, p, cs, &clock, timedAt{holder, tc.holderTTFT}, timedAt{other, tc.otherTTFT})
 			// The first turn: 15,424 tokens, routed to the other endpoint, in prefill.
 			first := plRequest(doc(1, 900))
 			if _, err := p.Pick(first, cs); err != nil {
@@ -1472,19 +1460,7 @@ func TestPlacementLongMissGoesToTheFasterPrefill(t *testing.T) {
 			p, _, cs, holder, other, doc := branchedSystemPrompt(t, cfg, 100_000, func() time.Time { return clock })
 			// One unrelated 16k-token prompt on each endpoint: 2 s to its first token on
 			// the holder, 1 s on the other.
-			for k, m := range []struct {
-				addr string
-				secs time.Duration
-			}{{holder, 2}, {other, 1}} {
-				req := plRequest(plTokens(900_000_000+10_000_000*k, 1000*16))
-				if _, err := p.Pick(req, cs); err != nil {
-					t.Fatal(err)
-				}
-				p.Routed(req, m.addr)
-				clock = clock.Add(m.secs * time.Second)
-				p.FirstToken(req.ID)
-				p.Finished(req.ID)
-			}
+			measurePrefill(t, p, cs, &clock, timedAt{holder, 2 * time.Second}, timedAt{other, time.Second})
 			want := holder
 			if long {
 				want = other
@@ -1517,19 +1493,7 @@ func TestPlacementLongMissWeighsItsOwnPrefill(t *testing.T) {
 					cs[i].Metrics.NumGPUBlocks = 100_000 // evicts no history there
 				}
 			}
-			for k, m := range []struct {
-				addr string
-				ttft time.Duration
-			}{{holder, time.Second}, {other, tc.otherTTFT}} {
-				req := plRequest(plTokens(900_000_000+10_000_000*k, 1000*16))
-				if _, err := p.Pick(req, cs); err != nil {
-					t.Fatal(err)
-				}
-				p.Routed(req, m.addr)
-				clock = clock.Add(m.ttft)
-				p.FirstToken(req.ID)
-				p.Finished(req.ID)
-			}
+			measurePrefill(t, p, cs, &clock, timedAt{holder, time.Second}, timedAt{other, tc.otherTTFT})
 			want := holder
 			if tc.moves {
 				want = other
@@ -1975,5 +1939,28 @@ func TestPlacementColdBurstHomesBesidePrefills(t *testing.T) {
 	}
 	if d.Endpoint != cs[0].Address && d.Endpoint != cs[1].Address {
 		t.Fatalf("with every endpoint prefilling, the next home went to %s, want a large endpoint", d.Endpoint)
+	}
+}
+
+// timedAt is an endpoint and how long a request took there.
+type timedAt struct {
+	addr string
+	d    time.Duration
+}
+
+// measurePrefill routes one 16,000-token miss to each endpoint in turn, its first token
+// at.d after its routing, so that p has measured each endpoint's prefill speed for
+// prompts of that size.
+func measurePrefill(t *testing.T, p *placement.Policy, cs []scoring.Endpoint, clock *time.Time, at ...timedAt) {
+	t.Helper()
+	for k, m := range at {
+		req := plRequest(plTokens(900_000_000+10_000_000*k, 1000*16))
+		if _, err := p.Pick(req, cs); err != nil {
+			t.Fatal(err)
+		}
+		p.Routed(req, m.addr)
+		*clock = clock.Add(m.d)
+		p.FirstToken(req.ID)
+		p.Finished(req.ID)
 	}
 }
