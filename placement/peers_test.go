@@ -696,11 +696,7 @@ func TestPlacementFollowsAConversationAPeerRouted(t *testing.T) {
 	p := newPlacement(t, placement.DefaultConfig(), ix)
 	p.SetPeers(&fakePeers{replicas: 2})
 	cs := fleet(6, nil)
-	system := plTokens(1_000_000, 64*16)
-	turn1 := func(c int) []uint32 {
-		return append(append([]uint32(nil), system...), plTokens(500_000_000+10_000*c, 8*16)...)
-	}
-	turn2 := func(c int) []uint32 { return append(turn1(c), plTokens(700_000_000+10_000*c, 8*16)...) }
+	system, turn1, turn2 := chatTurns()
 	// This router's two first turns show the system prompt branching.
 	ix.Hold(cs[0].Address, plKeysOf(system))
 	place(t, p, turn1(100), cs)

@@ -728,11 +728,7 @@ func TestConversationFollowsItsHistory(t *testing.T) {
 	ix := testindex.New()
 	p := newPlacement(t, placement.DefaultConfig(), ix)
 	cs := fleet(6, nil)
-	system := plTokens(1_000_000, 64*16)
-	turn1 := func(c int) []uint32 {
-		return append(append([]uint32(nil), system...), plTokens(500_000_000+10_000*c, 8*16)...)
-	}
-	turn2 := func(c int) []uint32 { return append(turn1(c), plTokens(700_000_000+10_000*c, 8*16)...) }
+	_, turn1, turn2 := chatTurns()
 	// Two conversations' first turns show the prefix branching at the system prompt;
 	// from then on each first turn names its conversation.
 	place(t, p, turn1(100), cs)
@@ -1963,4 +1959,15 @@ func measurePrefill(t *testing.T, p *placement.Policy, cs []scoring.Endpoint, cl
 		p.FirstToken(req.ID)
 		p.Finished(req.ID)
 	}
+}
+
+// chatTurns is a 64-block system prompt and, for conversation c, its first turn (the
+// system prompt and 8 blocks of its own) and its second (the first and 8 more blocks).
+func chatTurns() (system []uint32, turn1, turn2 func(c int) []uint32) {
+	system = plTokens(1_000_000, 64*16)
+	turn1 = func(c int) []uint32 {
+		return append(append([]uint32(nil), system...), plTokens(500_000_000+10_000*c, 8*16)...)
+	}
+	turn2 = func(c int) []uint32 { return append(turn1(c), plTokens(700_000_000+10_000*c, 8*16)...) }
+	return system, turn1, turn2
 }
