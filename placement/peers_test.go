@@ -705,11 +705,7 @@ func TestPlacementFollowsAConversationAPeerRouted(t *testing.T) {
 	for c := range cs {
 		ix.Hold(cs[c].Address, plKeysOf(turn1(c)))
 	}
-	for c := range cs {
-		if got := place(t, p, turn2(c), cs); got != cs[c].Address {
-			t.Errorf("conversation %d's second turn went to %s, its history is on %s", c, got, cs[c].Address)
-		}
-	}
+	wantTurnsOnHistory(t, p, cs, turn2)
 }
 
 // TestPlacementCopyCostCountsPeersPrefill: copy_cost weighs a busy holder's hit by the

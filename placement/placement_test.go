@@ -744,11 +744,7 @@ func TestConversationFollowsItsHistory(t *testing.T) {
 		p.Finished(req.ID)
 		ix.Hold(cs[c].Address, plKeysOf(turn1(c)))
 	}
-	for c := range cs {
-		if got := place(t, p, turn2(c), cs); got != cs[c].Address {
-			t.Errorf("conversation %d's second turn went to %s, its history is on %s", c, got, cs[c].Address)
-		}
-	}
+	wantTurnsOnHistory(t, p, cs, turn2)
 }
 
 // TestLongPrefixStaysAtBusyHolder: a prefix one engine step recomputes spills off a
@@ -1970,4 +1966,15 @@ func chatTurns() (system []uint32, turn1, turn2 func(c int) []uint32) {
 	}
 	turn2 = func(c int) []uint32 { return append(turn1(c), plTokens(700_000_000+10_000*c, 8*16)...) }
 	return system, turn1, turn2
+}
+
+// wantTurnsOnHistory places conversation c's turn (turn(c)) for each endpoint c, which
+// holds its history, and wants it there.
+func wantTurnsOnHistory(t *testing.T, p *placement.Policy, cs []scoring.Endpoint, turn func(c int) []uint32) {
+	t.Helper()
+	for c := range cs {
+		if got := place(t, p, turn(c), cs); got != cs[c].Address {
+			t.Errorf("conversation %d's turn went to %s, its history is on %s", c, got, cs[c].Address)
+		}
+	}
 }
