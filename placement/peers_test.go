@@ -749,16 +749,7 @@ func TestPlacementCopyCostCountsPeersPrefill(t *testing.T) {
 			other, busy := rest[0], rest[1]
 			ix.Hold(holder, plKeysOf(prefixed(0, 0))[:64])
 			// Every endpoint measured at one decode time: none is faster.
-			for k, addr := range []string{holder, other, busy} {
-				req := plRequest(plTokens(900_000_000+10_000_000*k, 8*16))
-				if _, err := p.Pick(req, cs); err != nil {
-					t.Fatal(err)
-				}
-				p.Routed(req, addr)
-				p.FirstToken(req.ID)
-				clock = clock.Add(time.Second)
-				p.Finished(req.ID)
-			}
+			measureDecode(t, p, cs, &clock, timedAt{holder, time.Second}, timedAt{other, time.Second}, timedAt{busy, time.Second})
 			place(t, p, prefixed(0, 1), cs) // the prefix's size is learned: 64 blocks
 			// This router runs two requests of other prefixes on busy: the prefix is
 			// one in three of its requests, on one endpoint in three (no share

@@ -1641,19 +1641,7 @@ func TestPlacementCopyWithinFillPaysForItsMiss(t *testing.T) {
 				}
 				ix.Hold(holder, plKeysOf(prefixed(0, 0))[:64])
 				// Measure each endpoint's decode time with one unrelated request.
-				for k, m := range []struct {
-					addr string
-					d    time.Duration
-				}{{holder, time.Second}, {other, tc.decode}} {
-					req := plRequest(plTokens(900_000_000+10_000_000*k, 8*16))
-					if _, err := p.Pick(req, cs); err != nil {
-						t.Fatal(err)
-					}
-					p.Routed(req, m.addr)
-					p.FirstToken(req.ID)
-					clock = clock.Add(m.d)
-					p.Finished(req.ID)
-				}
+				measureDecode(t, p, cs, &clock, timedAt{holder, time.Second}, timedAt{other, tc.decode})
 				place(t, p, prefixed(0, 1), cs) // the prefix's size is learned: 64 blocks
 				if tc.load < 0 {
 					// One request of the prefix decoding at its holder, picked while idle.
@@ -1700,16 +1688,7 @@ func TestPlacementCopyShareInOneReplicasView(t *testing.T) {
 		other = cs[1].Address
 	}
 	ix.Hold(holder, plKeysOf(prefixed(0, 0))[:64])
-	for _, addr := range []string{holder, other} {
-		req := plRequest(plTokens(900_000_000+len(addr), 8*16))
-		if _, err := p.Pick(req, cs); err != nil {
-			t.Fatal(err)
-		}
-		p.Routed(req, addr)
-		p.FirstToken(req.ID)
-		clock = clock.Add(time.Second)
-		p.Finished(req.ID)
-	}
+	measureDecode(t, p, cs, &clock, timedAt{holder, time.Second}, timedAt{other, time.Second})
 	place(t, p, prefixed(0, 1), cs) // the prefix's size is learned: 64 blocks
 	req := plRequest(prefixed(0, 9))
 	if d, err := p.Pick(req, cs); err != nil || d.Endpoint != holder {
@@ -1976,5 +1955,21 @@ func wantTurnsOnHistory(t *testing.T, p *placement.Policy, cs []scoring.Endpoint
 		if got := place(t, p, turn(c), cs); got != cs[c].Address {
 			t.Errorf("conversation %d's turn went to %s, its history is on %s", c, got, cs[c].Address)
 		}
+	}
+}
+
+// measureDecode routes one 8-block request to each endpoint in turn, its first token at
+// once and its end at.d later, so that p has measured each endpoint's decode time.
+func measureDecode(t *testing.T, p *placement.Policy, cs []scoring.Endpoint, clock *time.Time, at ...timedAt) {
+	t.Helper()
+	for k, m := range at {
+		req := plRequest(plTokens(900_000_000+10_000_000*k, 8*16))
+		if _, err := p.Pick(req, cs); err != nil {
+			t.Fatal(err)
+		}
+		p.Routed(req, m.addr)
+		p.FirstToken(req.ID)
+		*clock = clock.Add(m.d)
+		p.Finished(req.ID)
 	}
 }
