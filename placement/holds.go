@@ -44,3 +44,45 @@ func (p *Policy) waitBehindMiss(req *scoring.Request, e *prefixEntry, key uint64
 	}
 	return step
 }
+
+// missSooner returns the candidate a request behind a miss in prefill at best goes to
+// instead, as a miss of its own, or -1: an endpoint with room and no load or prefill
+// where the request's uncached tokens there take less time than it would wait at best:
+// best's prefill backlog plus the request's own uncached tokens, less the time since the
+// newest miss there was routed. Times are at each endpoint's measured prefill speed for
+// prompts of that size, the slowest measured where it is not measured (an unknown
+// endpoint is not assumed fast). p.mu must be held.
+func (p *Policy) missSooner(cands []scoring.Endpoint, sc *scratch, best, tokens, bs int) int {
+	spt := func(i, n int) float64 {
+		c := prefillClass(n)
+		if m := sc.eps[i].prefillSpeed[c]; m.tokens > 0 {
+			return m.secs / m.tokens
+		}
+		slowest := 0.0
+		for _, ep := range sc.eps {
+			if m := ep.prefillSpeed[c]; m.tokens > 0 {
+				slowest = max(slowest, m.secs/m.tokens)
+			}
+		}
+		return slowest
+	}
+	ep := sc.eps[best]
+	own := max(0, tokens-sc.lead[best]*bs)
+	sb := spt(best, max(ep.prefill, own))
+	if sb == 0 {
+		return -1
+	}
+	n := ep.prefill + own
+	rest := float64(n)*sb - p.now().Sub(ep.lastMiss).Seconds()
+	alt, ea := -1, rest
+	for i := range cands {
+		if i == best || !sc.ok[i] || sc.loads[i] > 0 || sc.eps[i].prefill+sc.otherPrefill[i] > 0 {
+			continue
+		}
+		m := max(0, tokens-sc.lead[i]*bs)
+		if x := float64(m) * spt(i, m); x > 0 && x < ea {
+			alt, ea = i, x
+		}
+	}
+	return alt
+}

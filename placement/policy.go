@@ -243,6 +243,15 @@ func (p *Policy) Pick(req *scoring.Request, cands []scoring.Endpoint) (scoring.D
 			alt = p.longMiss(cands, sc, best, len(req.TokenIDs), bs)
 		}
 	}
+	var delay time.Duration
+	if alt < 0 {
+		delay = p.waitBehindMiss(req, e, key, sc, best, bs)
+		if delay > 0 || sc.eps[best].missesInPrefill > 0 {
+			if r := p.missSooner(cands, sc, best, len(req.TokenIDs), bs); r >= 0 {
+				alt, delay = r, 0
+			}
+		}
+	}
 	if d := alt; d >= 0 {
 		p.unplaceUnused(e, cands, sc, best, kind)
 		best, kind = d, kindDivert
@@ -264,10 +273,6 @@ func (p *Policy) Pick(req *scoring.Request, cands []scoring.Endpoint) (scoring.D
 			pp.conv = child
 		}
 		p.pending[req.ID] = pp
-	}
-	var delay time.Duration
-	if kind != kindDivert {
-		delay = p.waitBehindMiss(req, e, key, sc, best, bs)
 	}
 	p.mu.Unlock()
 	if delay > 0 {

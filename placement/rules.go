@@ -48,7 +48,10 @@ type scratch struct {
 	// starting); turnLoads keeps loads while holderTurn counts one router's picks.
 	rank, replicas int
 	cold           bool
-	turnLoads      []int
+	// even: no measured decode time is under MissSpeedup times another's (speeds even;
+	// true while none is measured).
+	even      bool
+	turnLoads []int
 	// nowhere caches heldNowhere for this pick: 0 not known yet, 1 held nowhere, 2 held
 	// or being computed somewhere.
 	nowhere int8
@@ -203,6 +206,13 @@ func (p *Policy) choose(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 		sc.meanDecode = 1
 	}
 	sc.cold = measured == 0
+	lo, hi := math.Inf(1), 0.0
+	for _, d := range sc.decode {
+		if d > 0 {
+			lo, hi = min(lo, d), max(hi, d)
+		}
+	}
+	sc.even = measured == 0 || lo >= p.cfg.MissSpeedup*hi
 	sc.ok = slices.Grow(sc.ok[:0], n)[:n]
 	sc.room = slices.Grow(sc.room[:0], n)[:n]
 	for i := range cands {
@@ -508,7 +518,7 @@ func (p *Policy) newHome(e *prefixEntry, key uint64, cands []scoring.Endpoint, s
 	best, bestShare, bestOK := -1, 0.0, false
 	free := false
 	for i := range cands {
-		free = free || (sc.cold && sc.ok[i] && sc.eps[i].prefill+sc.otherPrefill[i] == 0)
+		free = free || (sc.even && sc.ok[i] && sc.eps[i].prefill+sc.otherPrefill[i] == 0)
 	}
 	for i := range cands {
 		ok := sc.ok[i] && (!free || sc.eps[i].prefill+sc.otherPrefill[i] == 0)
