@@ -76,11 +76,11 @@ func (p *Policy) missSooner(cands []scoring.Endpoint, sc *scratch, best, tokens,
 	rest := float64(n)*sb - p.now().Sub(ep.lastMiss).Seconds()
 	alt, ea := -1, rest
 	for i := range cands {
-		if i == best || !sc.ok[i] || sc.loads[i] > 0 || sc.eps[i].prefill+sc.otherPrefill[i] > 0 {
+		if i == best || !sc.ok[i] || sc.eps[i].prefill+sc.otherPrefill[i] > 0 {
 			continue
 		}
 		m := max(0, tokens-sc.lead[i]*bs)
-		if x := float64(m) * spt(i, m); x > 0 && x < ea {
+		if x := float64(m) * spt(i, m); x > 0 && (x < ea || alt >= 0 && x == ea && sc.loads[i] < sc.loads[alt]) {
 			alt, ea = i, x
 		}
 	}

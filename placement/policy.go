@@ -225,8 +225,9 @@ func (p *Policy) Pick(req *scoring.Request, cands []scoring.Endpoint) (scoring.D
 	}
 	e := p.prefix(key, sc.keys, bs)
 	best, kind := p.choose(e, key, cands, sc)
-	alt := -1
+	alt, joined := -1, false
 	if j := p.joinHistory(joins, sc); j >= 0 {
+		joined = true
 		if r := p.recomputeSooner(cands, sc, j, len(req.TokenIDs), bs); r >= 0 {
 			alt = r
 		} else {
@@ -246,7 +247,7 @@ func (p *Policy) Pick(req *scoring.Request, cands []scoring.Endpoint) (scoring.D
 	var delay time.Duration
 	if alt < 0 {
 		delay = p.waitBehindMiss(req, e, key, sc, best, bs)
-		if delay > 0 || sc.eps[best].missesInPrefill > 0 {
+		if !joined && sc.even && (delay > 0 || kind == kindHome && sc.eps[best].missesInPrefill > 0) {
 			if r := p.missSooner(cands, sc, best, len(req.TokenIDs), bs); r >= 0 {
 				alt, delay = r, 0
 			}

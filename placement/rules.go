@@ -518,7 +518,7 @@ func (p *Policy) newHome(e *prefixEntry, key uint64, cands []scoring.Endpoint, s
 	best, bestShare, bestOK := -1, 0.0, false
 	free := false
 	for i := range cands {
-		free = free || (sc.even && sc.ok[i] && sc.eps[i].prefill+sc.otherPrefill[i] == 0)
+		free = free || (sc.cold && sc.ok[i] && sc.eps[i].prefill+sc.otherPrefill[i] == 0)
 	}
 	for i := range cands {
 		ok := sc.ok[i] && (!free || sc.eps[i].prefill+sc.otherPrefill[i] == 0)
