@@ -1973,3 +1973,61 @@ func measureDecode(t *testing.T, p *placement.Policy, cs []scoring.Endpoint, clo
 		p.Finished(req.ID)
 	}
 }
+
+// TestPlacementHeldHitLeavesForASoonerMiss: a hit held behind a 15,000-token miss in
+// prefill at its holder goes, as a miss of its own, to an endpoint with no prefill
+// where its whole prompt (600 blocks) takes less time, at the measured prefill speeds,
+// than the miss's prefill left plus its own tail at the holder; it stays held when the
+// miss is nearly done, or when the other endpoint is measured slower (speeds uneven).
+func TestPlacementHeldHitLeavesForASoonerMiss(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		otherTTFT time.Duration // a 16,000-token prompt's time to first token on the other endpoint
+		since     time.Duration // from the miss's routing to the hit's arrival
+		leaves    bool
+	}{
+		{"even speeds, the miss just started: leaves", time.Second, 10 * time.Millisecond, true},
+		{"even speeds, the miss nearly done: held", time.Second, 700 * time.Millisecond, false},
+		{"the other endpoint measured slower: held", 2 * time.Second, 10 * time.Millisecond, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clock := time.Unix(100, 0)
+			ix := testindex.New()
+			p, err := placement.New(placement.DefaultConfig(), ix, func() time.Time { return clock }, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cs := fleet(2, []int{100_000, 100_000})
+			prefix := plTokens(1_000_000, 600*16)
+			hit := append(append([]uint32(nil), prefix...), plTokens(500_000_000, 8*16)...)
+			holder := place(t, p, prefix, cs)
+			other := cs[0].Address
+			if other == holder {
+				other = cs[1].Address
+			}
+			ix.Hold(holder, plKeysOf(prefix))
+			measurePrefill(t, p, cs, &clock, timedAt{holder, time.Second}, timedAt{other, tc.otherTTFT})
+			miss := plRequest(plTokens(300_000_000, 15_000))
+			if _, err := p.Pick(miss, cs); err != nil {
+				t.Fatal(err)
+			}
+			p.Routed(miss, holder) // in prefill: no first token yet
+			for i := range cs {
+				if cs[i].Address == holder {
+					cs[i].InFlight = 1
+				}
+			}
+			clock = clock.Add(tc.since)
+			d, err := p.Pick(plRequest(hit), cs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := d.Endpoint == other && d.Hold == 0; got != tc.leaves {
+				t.Fatalf("decision %+v (holder %s, other %s), want to leave for the other: %v", d, holder, other, tc.leaves)
+			}
+			if !tc.leaves && (d.Endpoint != holder || d.Hold == 0) {
+				t.Fatalf("decision %+v, want held at the holder %s", d, holder)
+			}
+		})
+	}
+}
