@@ -45,8 +45,11 @@ func (p *Policy) waitBehindMiss(req *scoring.Request, e *prefixEntry, key uint64
 	return step
 }
 
-// missSooner returns the candidate a request behind a miss in prefill at best goes to
-// instead, as a miss of its own, or -1: an endpoint with room and no load or prefill
+// missSooner returns the candidate a request behind a miss in prefill at best (a hit
+// held there, or a new prefix's first request homed there) goes to instead, as a miss
+// of its own, or -1; the caller asks only while speeds are even (scratch.even): on the
+// reference's uneven fleet it moved hits off their holders as misses (N = 24, C = 16:
+// 0.951 -> 0.899 times the partition's ratio). The candidate is an endpoint with room and no load or prefill
 // where the request's uncached tokens there take less time than it would wait at best:
 // best's prefill backlog plus the request's own uncached tokens, less the time since the
 // newest miss there was routed. Times are at each endpoint's measured prefill speed for
