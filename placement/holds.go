@@ -49,7 +49,9 @@ func (p *Policy) waitBehindMiss(req *scoring.Request, e *prefixEntry, key uint64
 // held there, or a new prefix's first request homed there) goes to instead, as a miss
 // of its own, or -1; the caller asks only while speeds are even (scratch.even): on the
 // reference's uneven fleet it moved hits off their holders as misses (N = 24, C = 16:
-// 0.951 -> 0.899 times the partition's ratio). The candidate is an endpoint with room and no load or prefill
+// 0.951 -> 0.899 times the partition's ratio). The candidate is an endpoint with room
+// and no prefill in progress (decoding ones too: a new prefix homed at 0.65 s beside a
+// miss while every endpoint decoded kept the uniform fleet's N = 24, C = 8 at 150 ms)
 // where the request's uncached tokens there take less time than it would wait at best:
 // best's prefill backlog plus the request's own uncached tokens, less the time since the
 // newest miss there was routed. Times are at each endpoint's measured prefill speed for
