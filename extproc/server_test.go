@@ -352,25 +352,7 @@ func TestPooledBodies(t *testing.T) {
 		}
 		return nil
 	}
-	for i := range 20 { // one after the other: buffers come back
-		if err := run(i); err != nil {
-			t.Fatal(err)
-		}
-	}
-	var wg sync.WaitGroup
-	errs := make(chan error, 32)
-	for i := range 32 { // concurrently: no buffer is shared
-		wg.Go(func() {
-			if err := run(100 + i); err != nil {
-				errs <- err
-			}
-		})
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
+	runSerialThenConcurrent(t, run, 32)
 }
 
 func TestRequestWithoutBody(t *testing.T) {
@@ -1122,25 +1104,7 @@ func TestPooledTokenIDs(t *testing.T) {
 		_, err = x.Request(fakeenvoy.Request{Headers: postHeaders(), Body: [][]byte{[]byte(body)}})
 		return err
 	}
-	for i := range 20 { // one after the other: buffers come back
-		if err := run(i); err != nil {
-			t.Fatal(err)
-		}
-	}
-	var wg sync.WaitGroup
-	errs := make(chan error, 64)
-	for i := range 64 { // concurrently: no buffer is shared
-		wg.Go(func() {
-			if err := run(100 + i); err != nil {
-				errs <- err
-			}
-		})
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
+	runSerialThenConcurrent(t, run, 64)
 	h.waitIdle()
 	pol.mu.Lock()
 	defer pol.mu.Unlock()
@@ -1210,5 +1174,31 @@ func TestPrefixKeysReachPolicies(t *testing.T) {
 	defer pol.mu.Unlock()
 	if pol.picks != 4 || len(pol.problems) > 0 {
 		t.Fatalf("%d picks; problems: %v", pol.picks, pol.problems)
+	}
+}
+
+// runSerialThenConcurrent calls run for 20 requests one after the other (pooled buffers
+// come back between them), then for n at once (no buffer may be shared), and fails t on
+// the first error.
+func runSerialThenConcurrent(t *testing.T, run func(i int) error, n int) {
+	t.Helper()
+	for i := range 20 {
+		if err := run(i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for i := range n {
+		wg.Go(func() {
+			if err := run(100 + i); err != nil {
+				errs <- err
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
 	}
 }
