@@ -7,7 +7,6 @@ import (
 
 	"github.com/kvrouter/kvrouter/epp"
 	"github.com/kvrouter/kvrouter/extproc"
-	"github.com/kvrouter/kvrouter/openai"
 	"github.com/kvrouter/kvrouter/scoring"
 	"github.com/kvrouter/kvrouter/testbench/fakeenvoy"
 )
@@ -76,13 +75,7 @@ func TestHeaderNamesOfLLMDRouter(t *testing.T) {
 					return
 				}
 				checkDecision(t, res, tc.wantDest)
-				got, err := openai.Parse("/v1/chat/completions", res.Body)
-				if err != nil {
-					t.Fatalf("the upstream's body does not parse: %v", err)
-				}
-				if got.Model != tc.wantModel {
-					t.Errorf("upstream model %q, want %q", got.Model, tc.wantModel)
-				}
+				checkUpstreamModel(t, res.Body, tc.wantModel)
 			})
 		}
 	}

@@ -130,13 +130,7 @@ func TestModelRewrite(t *testing.T) {
 				t.Fatal(err)
 			}
 			checkDecision(t, res, tc.wantDest)
-			got, err := openai.Parse("/v1/chat/completions", res.Body)
-			if err != nil {
-				t.Fatalf("the upstream's body does not parse: %v", err)
-			}
-			if got.Model != tc.wantModel {
-				t.Errorf("upstream model %q, want %q", got.Model, tc.wantModel)
-			}
+			checkUpstreamModel(t, res.Body, tc.wantModel)
 			if tc.wantModel == tc.model && !bytes.Equal(res.Body, body) {
 				t.Errorf("body changed without a rewrite:\n%s", res.Body)
 			}
@@ -388,5 +382,18 @@ func TestModelRewriteResponseNamesTheRequestedModel(t *testing.T) {
 				t.Errorf("the client reads\n%s\nwant\n%s", got, tc.want+tc.tail)
 			}
 		})
+	}
+}
+
+// checkUpstreamModel wants body, as the upstream receives it, to parse as a chat
+// request naming model.
+func checkUpstreamModel(t *testing.T, body []byte, model string) {
+	t.Helper()
+	got, err := openai.Parse("/v1/chat/completions", body)
+	if err != nil {
+		t.Fatalf("the upstream's body does not parse: %v", err)
+	}
+	if got.Model != model {
+		t.Errorf("upstream model %q, want %q", got.Model, model)
 	}
 }
