@@ -732,25 +732,10 @@ func TestPlacementCopyCostCountsPeersPrefill(t *testing.T) {
 			cfg.CopyCost = tc.copyCost
 			cfg.Saturated = 10
 			cfg.HoldMax = 0 // the hit is not held behind the peer's miss
-			ix := testindex.New()
 			clock := time.Unix(100, 0)
-			p, err := placement.New(cfg, ix, func() time.Time { return clock }, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			cs := fleet(3, []int{10_000, 10_000, 10_000}) // Fill never binds
-			holder := place(t, p, prefixed(0, 0), cs)
-			var rest []string
-			for _, c := range cs {
-				if c.Address != holder {
-					rest = append(rest, c.Address)
-				}
-			}
-			other, busy := rest[0], rest[1]
-			ix.Hold(holder, plKeysOf(prefixed(0, 0))[:64])
 			// Every endpoint measured at one decode time: none is faster.
-			measureDecode(t, p, cs, &clock, timedAt{holder, time.Second}, timedAt{other, time.Second}, timedAt{busy, time.Second})
-			place(t, p, prefixed(0, 1), cs) // the prefix's size is learned: 64 blocks
+			p, cs, holder, rest := heldPrefix(t, cfg, &clock, time.Second, time.Second)
+			other, busy := rest[0], rest[1]
 			// This router runs two requests of other prefixes on busy: the prefix is
 			// one in three of its requests, on one endpoint in three (no share
 			// allowance).

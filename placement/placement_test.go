@@ -1627,22 +1627,8 @@ func TestPlacementCopyWithinFillPaysForItsMiss(t *testing.T) {
 				cfg := placement.DefaultConfig()
 				cfg.CopyCost = on
 				cfg.Saturated = 10
-				ix := testindex.New()
 				clock := time.Unix(100, 0)
-				p, err := placement.New(cfg, ix, func() time.Time { return clock }, nil)
-				if err != nil {
-					t.Fatal(err)
-				}
-				cs := fleet(2, []int{10_000, 10_000}) // a 72-block prompt: Fill never binds
-				holder := place(t, p, prefixed(0, 0), cs)
-				other := cs[0].Address
-				if other == holder {
-					other = cs[1].Address
-				}
-				ix.Hold(holder, plKeysOf(prefixed(0, 0))[:64])
-				// Measure each endpoint's decode time with one unrelated request.
-				measureDecode(t, p, cs, &clock, timedAt{holder, time.Second}, timedAt{other, tc.decode})
-				place(t, p, prefixed(0, 1), cs) // the prefix's size is learned: 64 blocks
+				p, cs, holder, _ := heldPrefix(t, cfg, &clock, tc.decode)
 				if tc.load < 0 {
 					// One request of the prefix decoding at its holder, picked while idle.
 					req := plRequest(prefixed(0, 9))
@@ -1675,21 +1661,9 @@ func TestPlacementCopyWithinFillPaysForItsMiss(t *testing.T) {
 func TestPlacementCopyShareInOneReplicasView(t *testing.T) {
 	cfg := placement.DefaultConfig()
 	cfg.Saturated = 10
-	ix := testindex.New()
 	clock := time.Unix(100, 0)
-	p, err := placement.New(cfg, ix, func() time.Time { return clock }, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cs := fleet(2, []int{10_000, 10_000}) // a 72-block prompt: Fill never binds
-	holder := place(t, p, prefixed(0, 0), cs)
-	other := cs[0].Address
-	if other == holder {
-		other = cs[1].Address
-	}
-	ix.Hold(holder, plKeysOf(prefixed(0, 0))[:64])
-	measureDecode(t, p, cs, &clock, timedAt{holder, time.Second}, timedAt{other, time.Second})
-	place(t, p, prefixed(0, 1), cs) // the prefix's size is learned: 64 blocks
+	p, cs, holder, others := heldPrefix(t, cfg, &clock, time.Second)
+	other := others[0]
 	req := plRequest(prefixed(0, 9))
 	if d, err := p.Pick(req, cs); err != nil || d.Endpoint != holder {
 		t.Fatalf("Pick = %v, %v; want the idle holder %s", d.Endpoint, err, holder)
@@ -2030,4 +2004,39 @@ func TestPlacementHeldHitLeavesForASoonerMiss(t *testing.T) {
 			}
 		})
 	}
+}
+
+// heldPrefix is the copy_cost tests' fleet: a policy with cfg, its clock reading *clock,
+// over one endpoint per decode time given plus the holder, each of 10,000 blocks (a
+// 72-block prompt: Fill never binds); prefix 0 placed on holder, which holds 64 blocks
+// of it; each endpoint's decode time measured with one unrelated request (the holder's
+// 1 s, the others' decodes in fleet order); and the prefix's size learned (64 blocks).
+// It returns the policy, the fleet, the holder and the other endpoints in fleet order.
+func heldPrefix(t *testing.T, cfg placement.Config, clock *time.Time, decodes ...time.Duration) (*placement.Policy, []scoring.Endpoint, string, []string) {
+	t.Helper()
+	ix := testindex.New()
+	p, err := placement.New(cfg, ix, func() time.Time { return *clock }, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	blocks := make([]int, len(decodes)+1)
+	for i := range blocks {
+		blocks[i] = 10_000
+	}
+	cs := fleet(len(blocks), blocks)
+	holder := place(t, p, prefixed(0, 0), cs)
+	var others []string
+	for _, c := range cs {
+		if c.Address != holder {
+			others = append(others, c.Address)
+		}
+	}
+	ix.Hold(holder, plKeysOf(prefixed(0, 0))[:64])
+	at := []timedAt{{holder, time.Second}}
+	for k, d := range decodes {
+		at = append(at, timedAt{others[k], d})
+	}
+	measureDecode(t, p, cs, clock, at...)
+	place(t, p, prefixed(0, 1), cs)
+	return p, cs, holder, others
 }
