@@ -58,19 +58,7 @@ func (p *Policy) waitBehindMiss(req *scoring.Request, e *prefixEntry, key uint64
 // prompts of that size, the slowest measured where it is not measured (an unknown
 // endpoint is not assumed fast). p.mu must be held.
 func (p *Policy) missSooner(cands []scoring.Endpoint, sc *scratch, best, tokens, bs int) int {
-	spt := func(i, n int) float64 {
-		c := prefillClass(n)
-		if m := sc.eps[i].prefillSpeed[c]; m.tokens > 0 {
-			return m.secs / m.tokens
-		}
-		slowest := 0.0
-		for _, ep := range sc.eps {
-			if m := ep.prefillSpeed[c]; m.tokens > 0 {
-				slowest = max(slowest, m.secs/m.tokens)
-			}
-		}
-		return slowest
-	}
+	spt := sc.prefillSecsPerToken
 	ep := sc.eps[best]
 	own := max(0, tokens-sc.lead[best]*bs)
 	sb := spt(best, max(ep.prefill, own))
@@ -90,4 +78,21 @@ func (p *Policy) missSooner(cands []scoring.Endpoint, sc *scratch, best, tokens,
 		}
 	}
 	return alt
+}
+
+// prefillSecsPerToken is candidate i's measured prefill time per token for prompts of n
+// tokens or, where i has none measured for that size, the slowest measured candidate's
+// (an unknown endpoint is not assumed fast); 0 when no candidate has one.
+func (sc *scratch) prefillSecsPerToken(i, n int) float64 {
+	c := prefillClass(n)
+	if m := sc.eps[i].prefillSpeed[c]; m.tokens > 0 {
+		return m.secs / m.tokens
+	}
+	slowest := 0.0
+	for _, ep := range sc.eps {
+		if m := ep.prefillSpeed[c]; m.tokens > 0 {
+			slowest = max(slowest, m.secs/m.tokens)
+		}
+	}
+	return slowest
 }

@@ -406,16 +406,7 @@ func (p *Policy) joinHistory(ep *endpointState, sc *scratch) int {
 // p.mu must be held.
 func (p *Policy) recomputeSooner(cands []scoring.Endpoint, sc *scratch, j, tokens, bs int) int {
 	h := &sc.history
-	class := prefillClass(h.prefill)
-	spt := 0.0
-	for i := range cands {
-		if m := sc.eps[i].prefillSpeed[class]; m.tokens > 0 {
-			spt = max(spt, m.secs/m.tokens)
-		}
-	}
-	if m := sc.eps[j].prefillSpeed[class]; m.tokens > 0 {
-		spt = m.secs / m.tokens
-	}
+	spt := sc.prefillSecsPerToken(j, h.prefill)
 	if spt == 0 {
 		return -1
 	}
