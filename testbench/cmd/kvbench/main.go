@@ -21,6 +21,7 @@ import (
 	"github.com/kvrouter/kvrouter/openai"
 	"github.com/kvrouter/kvrouter/peersync"
 	"github.com/kvrouter/kvrouter/prompt"
+	"github.com/kvrouter/kvrouter/testbench/cmd/internal/exitcode"
 	"github.com/kvrouter/kvrouter/testbench/kvbench"
 	"github.com/kvrouter/kvrouter/tokenizer"
 	"github.com/kvrouter/kvrouter/tokenizer/testmodels"
@@ -34,16 +35,8 @@ func main() {
 }
 
 // exitCode is kvbench's exit status for run's error, which it prints: 0 for none and
-// for -h/--help (the usage is printed already), 2 otherwise.
-func exitCode(err error, stderr io.Writer) int {
-	switch {
-	case err == nil, errors.Is(err, flag.ErrHelp):
-		return 0
-	default:
-		fmt.Fprintln(stderr, "kvbench:", strings.TrimPrefix(err.Error(), "kvbench: "))
-		return 2
-	}
-}
+// for -h/--help, 2 otherwise (exitcode.Of).
+func exitCode(err error, stderr io.Writer) int { return exitcode.Of("kvbench", err, stderr, 2) }
 
 // defaultTokenizerDir is where `make models` puts the Qwen3 tokenizer files: under
 // $KVROUTER_MODELS_DIR, else .cache/models at the repository root, as the Makefile and

@@ -29,6 +29,7 @@ import (
 
 	"github.com/kvrouter/kvrouter/extproc"
 	"github.com/kvrouter/kvrouter/policy"
+	"github.com/kvrouter/kvrouter/testbench/cmd/internal/exitcode"
 	"github.com/kvrouter/kvrouter/testbench/demo"
 	"github.com/kvrouter/kvrouter/testbench/fakeenvoy"
 	"github.com/kvrouter/kvrouter/tlscert"
@@ -41,17 +42,9 @@ func main() {
 	os.Exit(code)
 }
 
-// exitCode is kvdemo's exit status for run's error, which it prints: 0 for none and for
-// -h/--help (the usage is printed already), 1 otherwise.
-func exitCode(err error, stderr io.Writer) int {
-	switch {
-	case err == nil, errors.Is(err, flag.ErrHelp):
-		return 0
-	default:
-		fmt.Fprintln(stderr, "kvdemo:", err)
-		return 1
-	}
-}
+// exitCode is kvdemo's exit status for run's error, which it prints: 0 for none and
+// for -h/--help, 1 otherwise (exitcode.Of).
+func exitCode(err error, stderr io.Writer) int { return exitcode.Of("kvdemo", err, stderr, 1) }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) > 0 && args[0] == "latency" {

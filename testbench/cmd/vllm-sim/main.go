@@ -22,6 +22,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/kvrouter/kvrouter/prompt"
+	"github.com/kvrouter/kvrouter/testbench/cmd/internal/exitcode"
 	"github.com/kvrouter/kvrouter/testbench/sim"
 	"github.com/kvrouter/kvrouter/testbench/sim/server"
 )
@@ -30,17 +31,9 @@ func main() {
 	os.Exit(exitCode(run(os.Args[1:], os.Stderr), os.Stderr))
 }
 
-// exitCode is vllm-sim's exit status for run's error, which it prints: 0 for none and for
-// -h/--help (the usage is printed already), as `vllm serve --help`; 1 otherwise.
-func exitCode(err error, stderr io.Writer) int {
-	switch {
-	case err == nil, errors.Is(err, flag.ErrHelp):
-		return 0
-	default:
-		fmt.Fprintln(stderr, "vllm-sim:", err)
-		return 1
-	}
-}
+// exitCode is vllm-sim's exit status for run's error, which it prints: 0 for none and
+// for -h/--help, 1 otherwise (exitcode.Of).
+func exitCode(err error, stderr io.Writer) int { return exitcode.Of("vllm-sim", err, stderr, 1) }
 
 func run(args []string, stderr io.Writer) error {
 	cfg := server.DefaultConfig()
