@@ -4,6 +4,7 @@
     python3 scripts/routelog.py F.jsonl
     python3 scripts/routelog.py F.jsonl --trace testbench/kvbench/testdata/trace-small.jsonl
     python3 scripts/routelog.py F.jsonl --misses
+    python3 scripts/routelog.py F.jsonl --copies
     python3 scripts/routelog.py F.jsonl --drain
 
 Per run (policy, repetition, concurrency): the cached-token ratio from the log's finish
