@@ -198,7 +198,77 @@ type TraceGenConfig struct {
 	// long-context session; with enough turns it outgrows a 40,960-token model).
 	DocumentShare  float64
 	DocumentTokens int
-	Seed           uint64
+	// OneShotShare of sessions are one request of OneShotTokens prompt tokens that shares
+	// nothing (no system prompt, every block new): traffic with no reuse.
+	OneShotShare  float64
+	OneShotTokens [2]int
+	// MaxTokens ends a conversation before a turn whose prompt + output would pass it, as a
+	// client does at the model's context (0 = no limit: longer turns are written and a
+	// replay's server rejects them).
+	MaxTokens int
+	Seed      uint64
+}
+
+// TraceShape names a preset of the trace generator (kvbench --gen-trace-shape).
+type TraceShape string
+
+// The generator's shapes. Every shape is a TraceGenConfig; TraceShapeConfig returns it.
+const (
+	// TraceShapeDefault is DefaultTraceGenConfig, the shape of every committed trace.
+	TraceShapeDefault TraceShape = "default"
+	// TraceShapeConversation is shaped like Mooncake's conversation trace (mean input about
+	// 12k tokens, mean output about 343).
+	TraceShapeConversation TraceShape = "conversation"
+	// TraceShapeToolAgent is shaped like a tool/agent trace: sessions on a few long shared
+	// tool-definition prefixes, many short appended steps, short outputs, one-shot requests
+	// mixed in.
+	TraceShapeToolAgent TraceShape = "toolagent"
+)
+
+// TraceShapes lists the generator's shapes, the default first.
+func TraceShapes() []TraceShape {
+	return []TraceShape{TraceShapeDefault, TraceShapeConversation, TraceShapeToolAgent}
+}
+
+// TraceShapeConfig is the generator's config for a shape; an unknown shape is an error
+// naming the known ones. The shapes other than the default end conversations at the
+// simulated model's max_model_len (DefaultSimConfig), so a replay at the defaults serves
+// every request; the default keeps no limit so its committed traces reproduce.
+func TraceShapeConfig(s TraceShape) (TraceGenConfig, error) {
+	c := DefaultTraceGenConfig()
+	switch s {
+	case TraceShapeDefault:
+		return c, nil
+	case TraceShapeConversation:
+		// Mooncake's conversation trace: mean input 12,035 and output 343 tokens. Longer
+		// system prompts (16 of 2,048 tokens), longer user turns and more of them, a fifth
+		// of the conversations over a 16k-token document, and 3 sessions in 10 one-shot
+		// (about 8% of the requests). 300 requests: mean input 10.5k to 11.9k, output
+		// about 335 (seeds 1 to 3).
+		c.SessionsPerSecond = 0.25
+		c.SystemPrompts, c.SystemBlocks = 16, 4
+		c.MeanTurns = 5
+		c.UserTokens, c.OutputTokens = [2]int{200, 3000}, [2]int{50, 636}
+		c.ThinkSeconds = 30
+		c.DocumentShare, c.DocumentTokens = 0.2, 16384
+		c.OneShotShare, c.OneShotTokens = 0.3, [2]int{500, 8000}
+	case TraceShapeToolAgent:
+		// Agents: 4 tool-definition sets of 6,144 tokens, 8 steps a session on average,
+		// each appending a short tool result (20 to 400 tokens) a second or two after the
+		// last, outputs of 60 to 300 tokens (mean 180); 6 sessions in 10 one-shot (about
+		// 16% of the requests). 300 requests: mean input about 7k.
+		c.SessionsPerSecond = 0.5
+		c.SystemPrompts, c.SystemBlocks = 4, 12
+		c.MeanTurns = 8
+		c.UserTokens, c.OutputTokens = [2]int{20, 400}, [2]int{60, 300}
+		c.ThinkSeconds = 2
+		c.DocumentShare, c.DocumentTokens = 0, 0
+		c.OneShotShare, c.OneShotTokens = 0.6, [2]int{200, 4000}
+	default:
+		return TraceGenConfig{}, fmt.Errorf("kvbench: unknown trace shape %q (want one of %v)", s, TraceShapes())
+	}
+	c.MaxTokens = DefaultSimConfig().Engine.MaxModelLen
+	return c, nil
 }
 
 // DefaultTraceGenConfig is a small conversation trace: about 3 minutes of 400 requests,
@@ -220,7 +290,9 @@ func GenerateTrace(cfg TraceGenConfig) ([]TraceRecord, error) {
 	if cfg.Requests < 1 || cfg.SessionsPerSecond <= 0 || cfg.MeanTurns < 1 || cfg.SystemPrompts < 0 ||
 		cfg.SystemBlocks < 0 || cfg.UserTokens[0] < 1 || cfg.UserTokens[1] < cfg.UserTokens[0] ||
 		cfg.OutputTokens[0] < 1 || cfg.OutputTokens[1] < cfg.OutputTokens[0] || cfg.ThinkSeconds < 0 ||
-		cfg.DocumentShare < 0 || cfg.DocumentShare > 1 || cfg.DocumentTokens < 0 {
+		cfg.DocumentShare < 0 || cfg.DocumentShare > 1 || cfg.DocumentTokens < 0 ||
+		cfg.OneShotShare < 0 || cfg.OneShotShare > 1 || cfg.MaxTokens < 0 ||
+		(cfg.OneShotShare > 0 && (cfg.OneShotTokens[0] < 1 || cfg.OneShotTokens[1] < cfg.OneShotTokens[0])) {
 		return nil, fmt.Errorf("kvbench: invalid trace generator config %+v", cfg)
 	}
 	rng := rand.New(rand.NewPCG(cfg.Seed, 0x7472616365)) // "trace"
@@ -233,8 +305,26 @@ func GenerateTrace(cfg TraceGenConfig) ([]TraceRecord, error) {
 	}
 	var turns []turn
 	t := 0.0
-	for len(turns) < cfg.Requests*2 { // enough conversations; the earliest Requests are kept
+	// A MaxTokens below every session's first request would loop for ever: give up after
+	// far more sessions than the trace needs.
+	for sessions := 0; len(turns) < cfg.Requests*2; sessions++ { // enough sessions; the earliest Requests are kept
+		if sessions > 100*cfg.Requests {
+			return nil, fmt.Errorf("kvbench: trace generator: max tokens %d admits %d requests of %d sessions", cfg.MaxTokens, len(turns), sessions)
+		}
 		t += rng.ExpFloat64() / cfg.SessionsPerSecond
+		if cfg.OneShotShare > 0 && rng.Float64() < cfg.OneShotShare {
+			in, out := between(cfg.OneShotTokens), between(cfg.OutputTokens)
+			if cfg.MaxTokens > 0 && in+out > cfg.MaxTokens {
+				continue
+			}
+			ids := make([]int64, (in+TraceBlockTokens-1)/TraceBlockTokens)
+			for b := range ids {
+				ids[b] = nextID
+				nextID++
+			}
+			turns = append(turns, turn{at: t, rec: TraceRecord{InputLength: in, OutputLength: out, HashIDs: ids}})
+			continue
+		}
 		var ids []int64
 		length := 0
 		if cfg.SystemPrompts > 0 && cfg.SystemBlocks > 0 {
@@ -252,6 +342,10 @@ func GenerateTrace(cfg TraceGenConfig) ([]TraceRecord, error) {
 		at := t
 		for k := 0; k < n; k++ {
 			context += between(cfg.UserTokens)
+			out := between(cfg.OutputTokens)
+			if cfg.MaxTokens > 0 && context+out > cfg.MaxTokens {
+				break // the client starts over rather than pass the model's context
+			}
 			// Keep the previous prompt's full blocks; number the rest afresh.
 			keep := length / TraceBlockTokens
 			ids = ids[:keep]
@@ -259,7 +353,6 @@ func GenerateTrace(cfg TraceGenConfig) ([]TraceRecord, error) {
 				ids = append(ids, nextID)
 				nextID++
 			}
-			out := between(cfg.OutputTokens)
 			turns = append(turns, turn{at: at, rec: TraceRecord{InputLength: context, OutputLength: out, HashIDs: append([]int64(nil), ids...)}})
 			length = context
 			context += out

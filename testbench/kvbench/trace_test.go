@@ -108,6 +108,122 @@ func TestGeneratedTraceIsCommitted(t *testing.T) {
 	}
 }
 
+// Each shape writes a valid trace of its documented shape: every request within its
+// MaxTokens, the means the shape names, the sharing it describes.
+func TestTraceShapes(t *testing.T) {
+	type stats struct {
+		meanIn, meanOut float64
+		oneShot         int // requests whose first block no other request has
+		sharedFirst     int // distinct first blocks shared by several requests
+	}
+	measure := func(recs []TraceRecord) stats {
+		var st stats
+		first := map[int64]int{}
+		for _, r := range recs {
+			st.meanIn += float64(r.InputLength) / float64(len(recs))
+			st.meanOut += float64(r.OutputLength) / float64(len(recs))
+			first[r.HashIDs[0]]++
+		}
+		for _, n := range first {
+			if n == 1 {
+				st.oneShot++
+			} else {
+				st.sharedFirst++
+			}
+		}
+		return st
+	}
+	for _, tc := range []struct {
+		shape          TraceShape
+		in, out        [2]float64 // bounds of the mean input and output lengths
+		oneShot        [2]int     // bounds of the requests sharing no first block
+		maxSharedFirst int        // most distinct shared first blocks (the system prompts)
+	}{
+		{TraceShapeDefault, [2]float64{4000, 6000}, [2]float64{200, 250}, [2]int{0, 20}, 8},
+		{TraceShapeConversation, [2]float64{10000, 14000}, [2]float64{300, 390}, [2]int{20, 60}, 16},
+		{TraceShapeToolAgent, [2]float64{6000, 9000}, [2]float64{160, 200}, [2]int{20, 60}, 4},
+	} {
+		t.Run(string(tc.shape), func(t *testing.T) {
+			c, err := TraceShapeConfig(tc.shape)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c.Requests = 300
+			recs, err := GenerateTrace(c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var buf bytes.Buffer
+			if err := WriteTrace(&buf, recs); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := DecodeTrace(&buf, 0); err != nil {
+				t.Fatalf("the generated trace does not decode: %v", err)
+			}
+			if tc.shape != TraceShapeDefault {
+				if c.MaxTokens != DefaultSimConfig().Engine.MaxModelLen {
+					t.Errorf("MaxTokens %d, want the simulated model's max_model_len %d", c.MaxTokens, DefaultSimConfig().Engine.MaxModelLen)
+				}
+				for i, r := range recs {
+					if r.InputLength+r.OutputLength > c.MaxTokens {
+						t.Errorf("request %d: %d + %d tokens, over MaxTokens %d", i, r.InputLength, r.OutputLength, c.MaxTokens)
+					}
+				}
+			}
+			st := measure(recs)
+			if st.meanIn < tc.in[0] || st.meanIn > tc.in[1] || st.meanOut < tc.out[0] || st.meanOut > tc.out[1] {
+				t.Errorf("mean input %.0f (want %v), output %.0f (want %v)", st.meanIn, tc.in, st.meanOut, tc.out)
+			}
+			if st.oneShot < tc.oneShot[0] || st.oneShot > tc.oneShot[1] || st.sharedFirst > tc.maxSharedFirst {
+				t.Errorf("%d requests share no first block (want %v), %d shared first blocks (want at most %d)",
+					st.oneShot, tc.oneShot, st.sharedFirst, tc.maxSharedFirst)
+			}
+		})
+	}
+	if _, err := TraceShapeConfig("chats"); err == nil || !strings.Contains(err.Error(), "toolagent") {
+		t.Errorf("unknown shape: %v, want an error naming the shapes", err)
+	}
+}
+
+// MaxTokens ends a conversation before a turn that would pass it; a limit no session's
+// first request fits is an error, not an endless loop; bad one-shot ranges are refused.
+func TestGenerateTraceLimits(t *testing.T) {
+	c := DefaultTraceGenConfig()
+	c.Requests, c.Seed = 600, 2
+	over := func(recs []TraceRecord, limit int) int {
+		n := 0
+		for _, r := range recs {
+			if r.InputLength+r.OutputLength > limit {
+				n++
+			}
+		}
+		return n
+	}
+	recs, err := GenerateTrace(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if over(recs, 40960) == 0 {
+		t.Fatal("no request of the unlimited trace passes 40,960 tokens: the limit below tests nothing")
+	}
+	c.MaxTokens = 40960
+	if recs, err = GenerateTrace(c); err != nil {
+		t.Fatal(err)
+	}
+	if n := over(recs, c.MaxTokens); n > 0 || len(recs) != c.Requests {
+		t.Errorf("with MaxTokens %d: %d of %d requests over it", c.MaxTokens, n, len(recs))
+	}
+	c.MaxTokens = 1000 // below the 1,024-token system prompt of every conversation
+	if _, err := GenerateTrace(c); err == nil {
+		t.Error("MaxTokens below every first request: no error")
+	}
+	c = DefaultTraceGenConfig()
+	c.OneShotShare, c.OneShotTokens = 0.5, [2]int{100, 50}
+	if _, err := GenerateTrace(c); err == nil {
+		t.Error("one-shot range 100..50: no error")
+	}
+}
+
 func TestTraceTokens(t *testing.T) {
 	vocab := []uint32{10, 11, 12, 13, 14, 15, 16, 17}
 	a := TraceTokens(&TraceRecord{InputLength: 1000, HashIDs: []int64{7, 8}}, vocab)

@@ -93,7 +93,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		traceFile     = fs.String("trace", "", "replay a Mooncake-format trace (JSON lines of timestamp ms, input_length, output_length, hash_ids) open loop")
 		speedup       = fs.Float64("speedup", 1, "divide the trace's timestamps by this factor")
 		traceReqs     = fs.Int("trace-requests", 0, "replay only the trace's first N requests (0 = all); with --gen-trace, how many to write (default 400)")
-		genTrace      = fs.String("gen-trace", "", "write the built-in synthetic conversation trace (seeded by --seed) to this file and exit")
+		genTrace      = fs.String("gen-trace", "", "write a synthetic Mooncake-format trace (shaped by --gen-trace-shape, seeded by --seed) to this file and exit")
+		genShape      = fs.String("gen-trace-shape", string(kvbench.TraceShapeDefault), "--gen-trace's shape: default (the committed traces'), conversation (Mooncake's conversation trace: ~12k input, ~343 output) or toolagent (long shared tool prefixes, short steps and outputs, one-shot requests)")
 		workload      = fs.String("workload", "", "an open-loop workload instead of the reference's closed loop: chat (multi-turn conversations), agent (long shared contexts, short steps) or mixed")
 		systemPrompts = fs.Int("system-prompts", kvbench.DefaultChatConfig().SystemPrompts, "chat workload: shared system prompts conversations draw from (0 = none)")
 		conversations = fs.Int("conversations", kvbench.DefaultChatConfig().Conversations, "chat workload: conversations started over its 30 s window (more is a higher arrival rate)")
@@ -113,7 +114,21 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	if *genTrace != "" {
-		return writeGeneratedTrace(*genTrace, *traceReqs, *seed)
+		c, err := kvbench.TraceShapeConfig(kvbench.TraceShape(*genShape))
+		if err != nil {
+			return err
+		}
+		c.Seed = *seed
+		if *traceReqs > 0 {
+			c.Requests = *traceReqs
+		}
+		if set["max-model-len"] {
+			c.MaxTokens = *maxModelLen
+		}
+		return writeGeneratedTrace(*genTrace, c)
+	}
+	if set["gen-trace-shape"] {
+		return errors.New("--gen-trace-shape shapes --gen-trace's trace only")
 	}
 	scripted := *traceFile != "" || *workload != ""
 	if *traceFile != "" && *workload != "" {
@@ -324,13 +339,8 @@ func buildScript(traceFile string, limit int, speedup float64, workload string, 
 	return nil, fmt.Errorf("--workload must be chat, agent or mixed, got %q", workload)
 }
 
-// writeGeneratedTrace writes kvbench's synthetic conversation trace.
-func writeGeneratedTrace(path string, requests int, seed uint64) error {
-	c := kvbench.DefaultTraceGenConfig()
-	c.Seed = seed
-	if requests > 0 {
-		c.Requests = requests
-	}
+// writeGeneratedTrace writes kvbench's synthetic trace of config c to path.
+func writeGeneratedTrace(path string, c kvbench.TraceGenConfig) error {
 	recs, err := kvbench.GenerateTrace(c)
 	if err != nil {
 		return err

@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
+	"github.com/kvrouter/kvrouter/testbench/kvbench"
 	"github.com/kvrouter/kvrouter/tokenizer/testmodels"
 )
 
@@ -44,6 +46,53 @@ func TestGenTraceWritesTheCommittedTrace(t *testing.T) {
 	}
 	if !bytes.Equal(got, want) {
 		t.Fatal("--gen-trace does not reproduce kvbench/testdata/trace-small.jsonl")
+	}
+}
+
+// --gen-trace-shape picks the generator's shape: toolagent's trace differs from the
+// default's and ends its conversations at --max-model-len; a bad shape, or the flag
+// without --gen-trace, is an error.
+func TestGenTraceShape(t *testing.T) {
+	dir := t.TempDir()
+	gen := func(args ...string) ([]kvbench.TraceRecord, error) {
+		path := filepath.Join(dir, "t.jsonl")
+		var out, errOut strings.Builder
+		if err := run(context.Background(), append([]string{"--gen-trace", path, "--trace-requests", "300"}, args...), &out, &errOut); err != nil {
+			return nil, err
+		}
+		f, err := os.Open(path)
+		if err != nil {
+			return nil, err
+		}
+		defer f.Close()
+		return kvbench.DecodeTrace(f, 0)
+	}
+	def, err := gen()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tool, err := gen("--gen-trace-shape", "toolagent")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(tool) != 300 || slices.EqualFunc(def, tool, func(a, b kvbench.TraceRecord) bool { return a.InputLength == b.InputLength }) {
+		t.Errorf("toolagent wrote %d records, the same lengths as the default's", len(tool))
+	}
+	limited, err := gen("--gen-trace-shape", "conversation", "--max-model-len", "20000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range limited {
+		if r.InputLength+r.OutputLength > 20000 {
+			t.Fatalf("request %d: %d + %d tokens, over --max-model-len 20000", i, r.InputLength, r.OutputLength)
+		}
+	}
+	if _, err := gen("--gen-trace-shape", "agents"); err == nil || !strings.Contains(err.Error(), "unknown trace shape") {
+		t.Errorf("bad shape: %v", err)
+	}
+	var out, errOut strings.Builder
+	if err := run(context.Background(), []string{"--sim", "--gen-trace-shape", "toolagent"}, &out, &errOut); err == nil {
+		t.Error("--gen-trace-shape without --gen-trace: no error")
 	}
 }
 
