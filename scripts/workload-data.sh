@@ -95,3 +95,13 @@ run probe/scrape500ms-chat.json $h --workload chat --scrape-interval 500ms
 run probe/replicas2-chat.json $h --workload chat --replicas 2
 run probe/replicas2-mixed.json $h --workload mixed $long --replicas 2
 run probe/replicas2-trace-600-seed1.json $h --trace docs/data/workloads/trace-600-seed1.jsonl --speedup 2 --kv-bytes 8GiB --replicas 2
+# Traces of the generator's other shapes (kvbench --gen-trace F --gen-trace-shape SHAPE
+# --trace-requests 300 --seed S): Mooncake-like conversations (seeds 1, 2) at 2x, where
+# the fleet keeps up, and 6x, where it falls behind; agents on shared tool prefixes
+# (seed 1) at 4x and 16x. Their own table in "Probed axes" renders probe/traces.
+mkdir -p "$p/traces"
+for t in conversation-seed1:2 conversation-seed1:6 conversation-seed2:2 conversation-seed2:6 toolagent-seed1:4 toolagent-seed1:16; do
+	f=${t%%:*}
+	s=${t#*:}
+	run probe/traces/$f-speedup$s.json $h --trace docs/data/workloads/trace-$f.jsonl --speedup $s --kv-bytes 8GiB
+done
