@@ -2040,3 +2040,54 @@ func heldPrefix(t *testing.T, cfg placement.Config, clock *time.Time, decodes ..
 	place(t, p, prefixed(0, 1), cs)
 	return p, cs, holder, others
 }
+
+// TestPlacementNoRoomPrefersTheShorterPrefill: with no KV room on any endpoint and room
+// coming as soon at each (a decoding request past its measured decode time frees enough
+// on both), the request goes where its prefill ends soonest, the prefill backlog ahead of
+// it included: off its prefix's holder while a 15,000-token miss prefills there (its
+// 9,728-token prompt recomputed elsewhere ends first), kept on the holder when nothing
+// prefills there (its 128 uncached tokens end first).
+func TestPlacementNoRoomPrefersTheShorterPrefill(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		missThere  bool // a 15,000-token miss in prefill on the holder
+		wantHolder bool
+	}{
+		{"a long prefill at the holder: leaves", true, false},
+		{"no prefill at the holder: stays", false, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clock := time.Unix(100, 0)
+			ix := testindex.New()
+			p, err := placement.New(placement.DefaultConfig(), ix, func() time.Time { return clock }, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cs := fleet(2, []int{2000, 2000})
+			prefix := plTokens(1_000_000, 600*16)
+			hit := append(append([]uint32(nil), prefix...), plTokens(500_000_000, 8*16)...)
+			holder := place(t, p, prefix, cs)
+			other := cs[0].Address
+			if other == holder {
+				other = cs[1].Address
+			}
+			ix.Hold(holder, plKeysOf(prefix))
+			measurePrefill(t, p, cs, &clock, timedAt{holder, time.Second}, timedAt{other, time.Second})
+			// Two 1,000-block requests decoding on the other endpoint, one on the holder:
+			// each endpoint is full, and the first decode to end frees room for the hit.
+			for k, addr := range []string{holder, other, other} {
+				routeOn(t, p, cs, plTokens(100_000_000*(k+1), 1000*16), addr, true)
+			}
+			clock = clock.Add(10 * time.Second) // past every measured decode time
+			miss := plRequest(plTokens(300_000_000, 15_000))
+			if _, err := p.Pick(miss, cs); err != nil {
+				t.Fatal(err)
+			}
+			p.Routed(miss, holder)
+			if !tc.missThere {
+				p.FirstToken(miss.ID) // decoding: nothing in prefill at the holder
+			}
+			wantHolderPick(t, p, cs, hit, holder, tc.wantHolder)
+		})
+	}
+}

@@ -763,7 +763,7 @@ func (p *Policy) divert(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 		}
 	}
 	if alt < 0 && full {
-		return p.soonestRoom(key, cands, sc, best)
+		return p.soonestRoom(key, cands, sc, best, tokens)
 	}
 	if late && !full && (alt < 0 || 2*ea > eb) && sc.eps[best].prefill > 0 && (!miss || (alt < 0 && p.heldNowhere(key, cands, sc))) {
 		// A miss of a prefix held nowhere misses wherever it goes: any endpoint that
@@ -991,8 +991,16 @@ func (p *Policy) evicts(cands []scoring.Endpoint, sc *scratch, i int) int {
 // beyond the capacity (queued) rank such candidates instead, and the request leaves
 // best only for a candidate queueing at least its own blocks less: one whole request
 // fewer ahead of it (tight memory, N = 24, C = 16: p99 TTFT 2,393 -> 2,107 ms, kv
-// 2,082, before the counting above; docs/results-workloads.md). p.mu must be held.
-func (p *Policy) soonestRoom(key uint64, cands []scoring.Endpoint, sc *scratch, best int) int {
+// 2,082, before the counting above; docs/results-workloads.md). Where room comes as
+// soon at several (decodes past their measured time free it at once), the request goes
+// where its prefill ends soonest: the prefill backlog there and its own uncached tokens
+// (tokens, less what the endpoint caches), at the endpoint's measured prefill speed for
+// that size. Kept on its tie with best, a 19,002-token first turn waited at a 0.7-speed
+// holder of its 2,048-token system prompt behind 31,452 tokens of prefill while a
+// full-speed endpoint had none, and two history hits queued behind it (Mooncake-shaped
+// conversations, seed 1, at 6x: 3.83 -> 3.98 requests/s, kv 3.98;
+// docs/results-workloads.md, "Probed axes"). p.mu must be held.
+func (p *Policy) soonestRoom(key uint64, cands []scoring.Endpoint, sc *scratch, best, tokens int) int {
 	if sc.epIndex == nil {
 		sc.epIndex = make(map[*endpointState]int, len(cands))
 	}
@@ -1064,15 +1072,25 @@ func (p *Policy) soonestRoom(key uint64, cands []scoring.Endpoint, sc *scratch, 
 		}
 		return math.Inf(1), used - capacity
 	}
+	// ends is when the request's prefill would end at i once room comes: the prefill
+	// backlog there, then its own uncached tokens, at i's measured prefill speed.
+	ends := func(i int) float64 {
+		n := sc.eps[i].prefill + sc.otherPrefill[i] + max(0, tokens-sc.lead[i]*sc.blockSize)
+		return float64(n) * sc.prefillSecsPerToken(i, n)
+	}
 	wb, qb := wait(best)
-	alt, wa, qa := -1, wb, qb
+	alt, wa, qa, ea := -1, wb, qb, ends(best)
 	for i := range cands {
 		if i == best {
 			continue
 		}
 		w, q := wait(i)
 		if w < wa || (math.IsInf(w, 1) && math.IsInf(wa, 1) && q+float64(blocks) <= qb && q < qa) {
-			alt, wa, qa = i, w, q
+			alt, wa, qa, ea = i, w, q, ends(i)
+		} else if w == wa && !math.IsInf(w, 1) {
+			if e := ends(i); e < ea {
+				alt, wa, qa, ea = i, w, q, e
+			}
 		}
 	}
 	return alt

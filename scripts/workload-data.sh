@@ -4,8 +4,8 @@
 # seeds and sizes. The commands are the ones the page gives beside each table. kvbench's
 # sim mode runs on a virtual clock: the records do not depend on the machine's load.
 # Writes to $1 (default docs/data/workloads); `python3 scripts/docs.py` renders the tables.
-# Files named *-before.json, heldout/before/ and probe/before/ record builds before a change and are
-# not rebuilt here.
+# Files named *-before.json, heldout/before/, probe/before/ and probe/traces/before/ record
+# builds before a change and are not rebuilt here.
 set -e
 out=${1:-docs/data/workloads}
 kvb=${KVBENCH:-go run ./testbench/cmd/kvbench}
