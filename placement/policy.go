@@ -294,11 +294,12 @@ func (p *Policy) Pick(req *scoring.Request, cands []scoring.Endpoint) (scoring.D
 // endpoint holding 103 of its blocks while another held 118, and one holding 85 of a
 // history that had grown to 91 blocks counted as not holding it at all (its lookup cut
 // at 56, under the half the holder check wants), so the turn went to a site that had
-// lost it. kv looks up every block and sees them apart; looked up whole, 2 replicas
-// on chat move 38 turns off the endpoint holding the most of their prompt instead of
-// 61 (kv 29 to 39), and reach a cached-token ratio of 0.654 instead of 0.547 (kv
-// 0.636; docs/results-workloads.md, "Probed axes"). One router routes every turn and
-// knows the size. p.mu must be held.
+// lost it. kv looks up every block and sees them apart; looked up whole (and replica
+// ties broken by it, choose), 2 replicas on chat move 36 turns off the endpoint
+// holding the most of their prompt instead of 61 (kv 29 to 39), for a cached-token
+// ratio of 0.648 instead of 0.547 (kv 0.636; docs/results-workloads.md, "Probed
+// axes"). The lookup is then as long as the request, as kv's always is. One router
+// routes every turn and knows the size. p.mu must be held.
 func (p *Policy) lookBlocks(e *prefixEntry, n int) int {
 	if p.peers != nil && e.grows() {
 		return n
