@@ -1300,6 +1300,9 @@ func TestPlacementKeepsALongHistory(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := placement.DefaultConfig()
 			cfg.LongContexts = tc.keep
+			// The documents fill the 2,000 blocks exactly: their output (4 blocks each) is
+			// what the second one would evict.
+			cfg.OutputBlocks = 4
 			p, ix, cs, holder, other, doc := branchedSystemPrompt(t, cfg, 2000, nil)
 			if got := place(t, p, doc(1, 1000), cs); got != holder {
 				t.Fatalf("first document went to %s, its system prompt is on %s", got, holder)
