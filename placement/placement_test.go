@@ -2047,11 +2047,12 @@ func heldPrefix(t *testing.T, cfg placement.Config, clock *time.Time, decodes ..
 // TestPlacementOutputBlocksFromMeasuredOutput: a request's output blocks are derived from
 // the engines' measured mean output per finished request (vllm:request_generation_tokens),
 // at most its max_tokens, or its max_tokens alone while nothing is measured; half of them
-// count in the footprint (allocated as it decodes). On 120-block endpoints, a holder
-// running one request of the 72-block prompt's prefix has room for a second only when
-// each holds at most 20 output blocks: 1,000-token outputs (32 held) send it to the idle
-// endpoint, where the fixed output_blocks override keeps it at the holder; 500-token
-// outputs (16 held, 32 counted whole) keep it there.
+// count in the footprint (allocated as it decodes), from the request's first token. On
+// 120-block endpoints, a holder decoding one request of the 72-block prompt's prefix has
+// room for a second only when each holds at most 20 output blocks: 1,000-token outputs
+// (32 held) send it to the idle endpoint, where the fixed output_blocks override keeps it
+// at the holder, as does the first request still in prefill; 500-token outputs (16 held,
+// 32 counted whole) keep it there.
 func TestPlacementOutputBlocksFromMeasuredOutput(t *testing.T) {
 	for _, tc := range []struct {
 		name       string
@@ -2067,13 +2068,16 @@ func TestPlacementOutputBlocksFromMeasuredOutput(t *testing.T) {
 		{"nothing measured: max_tokens", 0, 0, 1000, false},
 		{"nothing measured and no max_tokens", 0, 0, 0, true},
 		{"output_blocks overrides the measurement", 4, 1000, 0, true},
+		{"a request in prefill holds no output", 0, 1000, 0, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := placement.DefaultConfig()
 			cfg.OutputBlocks = tc.override
-			p := newPlacement(t, cfg, testindex.New())
+			ix := testindex.New()
+			p := newPlacement(t, cfg, ix)
 			cs := fleet(2, []int{120, 120})
 			holder := place(t, p, prefixed(0, 0), cs)
+			ix.Hold(holder, plKeysOf(prefixed(0, 0))[:64]) // the holder computed the prefix
 			if tc.mean > 0 {
 				for i := range cs {
 					cs[i].Metrics.FinishedRequests, cs[i].Metrics.OutputTokens = 10, 10*tc.mean
@@ -2089,7 +2093,9 @@ func TestPlacementOutputBlocksFromMeasuredOutput(t *testing.T) {
 				t.Fatal(err)
 			}
 			p.Routed(first, holder)
-			p.FirstToken(first.ID)
+			if !strings.HasSuffix(tc.name, "in prefill holds no output") {
+				p.FirstToken(first.ID)
+			}
 			d, err := p.Pick(send(2), cs)
 			if err != nil {
 				t.Fatal(err)

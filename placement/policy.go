@@ -179,7 +179,7 @@ func (p *Policy) Pick(req *scoring.Request, cands []scoring.Endpoint) (scoring.D
 	// Keys at the first candidate's block size: a fleet serving one model has one.
 	bs := p.blockSize(&cands[0])
 	sc.blockSize = bs
-	sc.out, sc.held = p.outputBlocks(req, cands, bs)
+	sc.out = p.outputBlocks(req, cands, bs)
 	if req.TokenIDs != nil {
 		sc.keys = req.Keys(bs, sc.keys[:0])
 	} else {
@@ -271,7 +271,7 @@ func (p *Policy) Pick(req *scoring.Request, cands []scoring.Endpoint) (scoring.D
 		shared := sc.shared(sc.eps[best])
 		pp := pendingPick{key: key, addr: addr, blocks: len(sc.keys), pblocks: e.blocks, shared: shared,
 			prefill: max(0, len(req.TokenIDs)-max(sc.lead[best], shared)*bs), bs: bs, exact: sc.lead[best] < look,
-			out: sc.out, held: sc.held}
+			out: sc.out}
 		if base > 0 {
 			pp.conv = child
 		}
@@ -518,7 +518,7 @@ func (p *Policy) Routed(req *scoring.Request, endpoint string) {
 	if pd.addr == endpoint {
 		shared = max(shared, pd.shared)
 	}
-	r := tracked{ep: ep, key: pd.key, parent: parent, conv: pd.conv, unique: max(0, pd.blocks-shared) + pd.held, out: pd.out, tokens: len(req.TokenIDs)}
+	r := tracked{ep: ep, key: pd.key, parent: parent, conv: pd.conv, unique: max(0, pd.blocks-shared), out: pd.out, tokens: len(req.TokenIDs)}
 	if pd.addr == endpoint {
 		r.prefill = pd.prefill
 	} else {
@@ -659,6 +659,8 @@ func (p *Policy) FirstToken(reqID string) {
 	p.mu.Lock()
 	if r, ok := p.reqs[reqID]; ok && r.first.IsZero() {
 		r.first = t
+		r.unique += r.out // decoding, it holds its output blocks
+		r.ep.footprint += r.out
 		p.measurePrefill(&r, t)
 		r.ep.prefill -= r.prefill
 		if a := r.ep.active[r.key]; a != nil {

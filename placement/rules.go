@@ -11,12 +11,11 @@ import (
 type scratch struct {
 	// blockSize is the block size the request's keys were cut at.
 	blockSize int
-	// out is the blocks the request is expected to add while decoding, held those it
-	// holds on average while in flight (outputBlocks).
-	out, held int
-	keys      []uint64
-	names     []string
-	lead      []int
+	// out is the output blocks the request counts for (outputBlocks).
+	out   int
+	keys  []uint64
+	names []string
+	lead  []int
 	// own is, per candidate, the prefill backlog of the request's own long prefix in
 	// flight there (inFlight): a move does not skip it, it waits for it or redoes it.
 	own   []int
@@ -115,19 +114,20 @@ func (p *Policy) blockSize(e *scoring.Endpoint) int {
 	return p.cfg.BlockSize
 }
 
-// outputBlocks returns the KV blocks of bs tokens the request is expected to add while
-// decoding (out: an endpoint's turnover) and those it holds on average while in flight
-// (held: its share of the footprint). With OutputBlocks set, both are that. Otherwise
-// the expected output is the fleet's measured mean per finished request (the
-// candidates' vllm:request_generation_tokens sum over count), at most the request's
-// max_tokens; with none measured yet, its max_tokens (0 when absent). vLLM allocates a
-// request's output blocks one at a time as it decodes, so over its decode it holds half
-// of them on average: counted whole, the footprint of a holder running five 500-token
-// outputs showed no room while its engine had blocks free, and hits were sent to
-// recompute their prefixes elsewhere (docs/results-workloads.md, "Probed axes").
-func (p *Policy) outputBlocks(req *scoring.Request, cands []scoring.Endpoint, bs int) (out, held int) {
+// outputBlocks returns the KV blocks of bs tokens the request counts for while it
+// decodes: OutputBlocks when set, else half its expected output. The expected output is
+// the fleet's measured mean per finished request (the candidates'
+// vllm:request_generation_tokens sum over count), at most the request's max_tokens; with
+// none measured yet, its max_tokens (0 when absent). vLLM allocates a request's output
+// blocks one at a time as it decodes, so over its decode it holds half of them on
+// average: counted whole, the footprint of a holder running three 500-token outputs
+// showed no room while its engine had blocks free, and hits were sent to recompute their
+// prefixes elsewhere (docs/results-workloads.md, "Probed axes"). Routed counts them into
+// the endpoint's turnover, FirstToken into its footprint (in prefill or queued, a request
+// holds no output blocks).
+func (p *Policy) outputBlocks(req *scoring.Request, cands []scoring.Endpoint, bs int) int {
 	if p.cfg.OutputBlocks > 0 {
-		return p.cfg.OutputBlocks, p.cfg.OutputBlocks
+		return p.cfg.OutputBlocks
 	}
 	var n, sum float64
 	for i := range cands {
@@ -143,8 +143,7 @@ func (p *Policy) outputBlocks(req *scoring.Request, cands []scoring.Endpoint, bs
 	// Bounded by the engines' longest context in practice; capped here so that a bogus
 	// figure cannot overflow the footprint's ints.
 	tokens = min(tokens, float64(maxOutputTokens))
-	b := float64(bs)
-	return int(math.Ceil(tokens / b)), int(math.Ceil(tokens / 2 / b))
+	return int(math.Ceil(tokens / 2 / float64(bs)))
 }
 
 // maxOutputTokens bounds a request's expected output tokens (outputBlocks): 2^24, past
@@ -255,7 +254,7 @@ func (p *Policy) choose(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 	sc.ok = slices.Grow(sc.ok[:0], n)[:n]
 	sc.room = slices.Grow(sc.room[:0], n)[:n]
 	for i := range cands {
-		sc.room[i] = p.room(sc.eps[i], key, &cands[i], blocks, sc.held, sc.shared(sc.eps[i]), sc.otherKV[i])
+		sc.room[i] = p.room(sc.eps[i], key, &cands[i], blocks, sc.out, sc.shared(sc.eps[i]), sc.otherKV[i])
 		sc.ok[i] = sc.loads[i] < p.cfg.Saturated && sc.room[i]
 	}
 	if p.cfg.RehomeLost {
@@ -1086,7 +1085,7 @@ func (p *Policy) soonestRoom(key uint64, cands []scoring.Endpoint, sc *scratch, 
 	// capacity once every decoding request there has finished.
 	wait := func(i int) (at, queued float64) {
 		capacity := p.cfg.Headroom * float64(p.capacity(&cands[i]))
-		used := float64(sc.eps[i].footprint) + sc.otherKV[i] + float64(p.need(sc.eps[i], key, &cands[i], blocks, sc.held, sc.shared(sc.eps[i])))
+		used := float64(sc.eps[i].footprint) + sc.otherKV[i] + float64(p.need(sc.eps[i], key, &cands[i], blocks, sc.out, sc.shared(sc.eps[i])))
 		f := frees[i]
 		slices.SortFunc(f, func(a, b freeing) int { return cmp.Compare(a.at, b.at) })
 		for _, x := range f {
@@ -1292,7 +1291,7 @@ func (p *Policy) moveWorth(e *prefixEntry, key uint64, sc *scratch, i, h int) bo
 // held.
 func (p *Policy) spare(key uint64, cands []scoring.Endpoint, sc *scratch, i int) bool {
 	ep := sc.eps[i]
-	return float64(ep.placedBlocks+ep.footprint+p.need(ep, key, &cands[i], len(sc.keys), sc.held, sc.shared(ep)))+sc.otherKV[i] <= float64(p.capacity(&cands[i]))
+	return float64(ep.placedBlocks+ep.footprint+p.need(ep, key, &cands[i], len(sc.keys), sc.out, sc.shared(ep)))+sc.otherKV[i] <= float64(p.capacity(&cands[i]))
 }
 
 // fasterCopy returns the idle candidate that takes a copy of the prefix and the
@@ -1325,7 +1324,7 @@ func (p *Policy) fasterCopy(e *prefixEntry, key uint64, cands []scoring.Endpoint
 			return -1 // a faster holder has it already
 		}
 	}
-	tail := max(0, len(sc.keys)-e.blocks) + sc.held
+	tail := max(0, len(sc.keys)-e.blocks) + sc.out
 	best := -1
 	for i := range cands {
 		if sc.pos[i] >= 0 || !sc.ok[i] || sc.loads[i] > 0 || sc.decode[i] == 0 ||
