@@ -79,7 +79,8 @@ import (
 //
 // KV room is each endpoint's footprint, tracked from Routed to Finished: every active
 // prefix once plus each request's own blocks (less those its conversation's requests in
-// flight there hold: scratch.shared), against Headroom of its capacity.
+// flight there hold: scratch.shared) and, from its first token, its output blocks
+// (outputBlocks), against Headroom of its capacity.
 // Placements not used for LiveWindow picks expire; a departed endpoint (Forget) loses
 // its placements and only its prefixes move. Requests without a full block of token ids
 // go to the least-loaded candidate.
