@@ -557,9 +557,10 @@ func (p *Policy) Routed(req *scoring.Request, endpoint string) {
 }
 
 // allocate counts a routed request's blocks, its uncached prompt's and its out output
-// blocks, into ep's turnover (sent) and remembers its prompt as a history when its uncached part is known (exact) and longer than one
-// engine step (MaxNumBatchedTokens plus a block): evicted, it would cost more than a
-// step to recompute. p.mu must be held.
+// blocks, into ep's turnover (sent) and remembers its prompt as a history when its
+// uncached part is known (exact) and longer than one engine step (MaxNumBatchedTokens
+// plus a block): evicted, it would cost more than a step to recompute. p.mu must be
+// held.
 func (p *Policy) allocate(ep *endpointState, id string, tokens, prefill, bs, out int, exact bool) {
 	computed := (prefill + bs - 1) / bs
 	if exact && !p.fitsStep(prefill, bs) {
