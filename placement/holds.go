@@ -96,3 +96,41 @@ func (sc *scratch) prefillSecsPerToken(i, n int) float64 {
 	}
 	return slowest
 }
+
+// computing reports whether the busy holder h is computing the request's prefix now: a
+// request of it is in prefill there and the index shows h less than heldBlocks of it.
+// p.mu must be held.
+func (p *Policy) computing(key uint64, sc *scratch, h, heldBlocks int) bool {
+	a := sc.eps[h].active[key]
+	return a != nil && a.prefill > 0 && sc.lead[h] < max(heldBlocks, 1)
+}
+
+// deferCopy holds a request whose copy choose deferred (a fleet starting: see choose)
+// for one HoldStep, and returns the hold: its tokens past the prefix count in the
+// prefill backlog of its holder best until then (deferredTokens), and at its next pick
+// it takes an endpoint still idle (scratch.redo). p.mu must be held.
+func (p *Policy) deferCopy(req *scoring.Request, sc *scratch, key uint64, best, bs int) time.Duration {
+	now := p.now()
+	ep := sc.eps[best]
+	if now.Sub(ep.deferredAt) >= p.cfg.HoldStep {
+		ep.deferredTokens = 0
+	}
+	have := sc.lead[best]
+	if a := ep.active[key]; a != nil {
+		have = max(have, a.blocks)
+	}
+	ep.deferredTokens += max(0, len(req.TokenIDs)-have*bs)
+	ep.deferredAt = now
+	if p.deferred == nil {
+		p.deferred = map[string]time.Time{}
+	}
+	for id, t := range p.deferred {
+		if now.Sub(t) > p.cfg.HoldMax {
+			delete(p.deferred, id) // not picked again: the router routed it without the hold
+		}
+	}
+	if req.ID != "" && len(p.deferred) < maxPending {
+		p.deferred[req.ID] = now
+	}
+	return min(p.cfg.HoldStep, p.cfg.HoldMax)
+}

@@ -2040,3 +2040,94 @@ func heldPrefix(t *testing.T, cfg placement.Config, clock *time.Time, decodes ..
 	place(t, p, prefixed(0, 1), cs)
 	return p, cs, holder, others
 }
+
+// burstRoute picks req on cs, tells p it was routed (in prefill: no first token yet),
+// counts it in the endpoint's load and returns the decision.
+func burstRoute(t *testing.T, p *placement.Policy, cs []scoring.Endpoint, req *scoring.Request) scoring.Decision {
+	t.Helper()
+	d, err := p.Pick(req, cs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Hold > 0 {
+		return d
+	}
+	p.Routed(req, d.Endpoint)
+	for i := range cs {
+		if cs[i].Address == d.Endpoint {
+			cs[i].InFlight++
+		}
+	}
+	return d
+}
+
+func TestPlacementColdBurstDefersACopyInPrefill(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		newcomer bool   // a new prefix's first request arrives during the hold
+		want     string // where the deferred request goes: "holder" or "idle"
+	}{
+		{"a new prefix takes the idle endpoint, the repeat rides its prefill", true, "holder"},
+		{"an endpoint still idle takes the copy", false, "idle"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ix := testindex.New()
+			p := newPlacement(t, placement.DefaultConfig(), ix)
+			cs := fleet(3, nil)
+			// The reference's prompts: a 2,032-token prefix and a 339-token tail, more
+			// than one engine step.
+			prompt := func(k, tail int) []uint32 {
+				return append(plTokens(1_000_000*(k+1), 2032), plTokens(500_000_000+10_000*tail, 339)...)
+			}
+			first := prompt(0, 0)
+			a := burstRoute(t, p, cs, plRequest(first))
+			burstRoute(t, p, cs, plRequest(prompt(1, 0)))
+			idle := ""
+			for _, c := range cs {
+				if c.InFlight == 0 {
+					idle = c.Address
+				}
+			}
+			// The fleet is full with this request: its copy on the idle endpoint waits.
+			repeat := plRequest(prompt(0, 1))
+			d := burstRoute(t, p, cs, repeat)
+			if d.Hold <= 0 || d.Endpoint != a.Endpoint {
+				t.Fatalf("repeat of a prefix in prefill with the fleet full: %s hold %v, want a hold at its holder %s", d.Endpoint, d.Hold, a.Endpoint)
+			}
+			if tc.newcomer {
+				if n := burstRoute(t, p, cs, plRequest(prompt(2, 0))); n.Endpoint != idle {
+					t.Fatalf("a new prefix during the hold went to %s, want the idle %s", n.Endpoint, idle)
+				}
+			}
+			// Meanwhile the holder's first engine step has cached the prefix, and the
+			// index shows it (the request is still in prefill).
+			ix.Hold(a.Endpoint, plKeysOf(first))
+			repeat.Held += d.Hold
+			d = burstRoute(t, p, cs, repeat)
+			want := a.Endpoint
+			if tc.want == "idle" {
+				want = idle
+			}
+			if d.Hold != 0 || d.Endpoint != want {
+				t.Fatalf("held repeat picked again: %s hold %v, want %s (%s)", d.Endpoint, d.Hold, want, tc.want)
+			}
+		})
+	}
+}
+
+func TestPlacementColdBurstHomesByPrefillBacklog(t *testing.T) {
+	p := newPlacement(t, placement.DefaultConfig(), testindex.New())
+	cs := fleet(3, nil)
+	a := burstRoute(t, p, cs, plRequest(prefixed(0, 0)))
+	burstRoute(t, p, cs, plRequest(prefixed(1, 0)))
+	burstRoute(t, p, cs, plRequest(prefixed(2, 0)))
+	// Every endpoint prefills one miss; the repeat rides a's.
+	if d := burstRoute(t, p, cs, plRequest(prefixed(0, 1))); d.Endpoint != a.Endpoint {
+		t.Fatalf("repeat went to %s, want its holder %s", d.Endpoint, a.Endpoint)
+	}
+	// a's home has learned its prefix's size, below the prompt-sized guesses of the
+	// others; by home share alone the next home goes there, beside two requests.
+	if d := burstRoute(t, p, cs, plRequest(prefixed(3, 0))); d.Endpoint == a.Endpoint {
+		t.Fatalf("new prefix homed on %s, beside the miss and its rider, while others prefill one miss", d.Endpoint)
+	}
+}
