@@ -98,8 +98,6 @@ type Policy struct {
 	tick     uint64
 	eps      map[string]*endpointState
 	prefixes map[uint64]*prefixEntry
-	// deferred maps the requests held for a deferred copy (deferCopy) to when.
-	deferred map[string]time.Time
 	pending  map[string]pendingPick
 	reqs     map[string]tracked
 	peers    PeerView // other router replicas' load (SetPeers); nil: none
@@ -226,9 +224,6 @@ func (p *Policy) Pick(req *scoring.Request, cands []scoring.Endpoint) (scoring.D
 		}
 	}
 	e := p.prefix(key, sc.keys, bs)
-	sc.held, sc.deferCopy = req.Held, false
-	_, sc.redo = p.deferred[req.ID]
-	delete(p.deferred, req.ID)
 	best, kind := p.choose(e, key, cands, sc)
 	alt, joined := -1, false
 	if j := p.joinHistory(joins, sc); j >= 0 {
@@ -250,9 +245,7 @@ func (p *Policy) Pick(req *scoring.Request, cands []scoring.Endpoint) (scoring.D
 		}
 	}
 	var delay time.Duration
-	if alt < 0 && sc.deferCopy && p.cfg.HoldMax > 0 {
-		delay = p.deferCopy(req, sc, key, best, bs)
-	} else if alt < 0 {
+	if alt < 0 {
 		delay = p.waitBehindMiss(req, e, key, sc, best, bs)
 		if !joined && sc.even && (delay > 0 || kind == kindHome && sc.eps[best].missesInPrefill > 0) {
 			if r := p.missSooner(cands, sc, best, len(req.TokenIDs), bs); r >= 0 {

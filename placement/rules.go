@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"math"
 	"slices"
-	"time"
 
 	"github.com/kvrouter/kvrouter/scoring"
 )
@@ -49,9 +48,6 @@ type scratch struct {
 	// starting); turnLoads keeps loads while holderTurn counts one router's picks.
 	rank, replicas int
 	cold           bool
-	// burst: cold, and this router the only one (no peers): the first requests of
-	// its clients arrive together, and it sees all of them (choose, newHome).
-	burst bool
 	// even: no measured decode time is under MissSpeedup times another's (speeds even;
 	// true while none is measured).
 	even      bool
@@ -59,12 +55,6 @@ type scratch struct {
 	// nowhere caches heldNowhere for this pick: 0 not known yet, 1 held nowhere, 2 held
 	// or being computed somewhere.
 	nowhere int8
-	// held is how long the router has held the request (scoring.Request.Held);
-	// deferCopy: choose deferred the request's copy by one hold (a fleet starting: see
-	// choose); redo: the request is such a copy, picked again.
-	held      time.Duration
-	deferCopy bool
-	redo      bool
 	// looked is how many of keys the index was asked about: a candidate's lead equal
 	// to it may hold more of the request (its uncached tokens there are not known).
 	looked int
@@ -130,9 +120,6 @@ func (p *Policy) choose(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 	sc.eps = slices.Grow(sc.eps[:0], n)[:n]
 	for i := range cands {
 		sc.eps[i] = p.endpoint(cands[i].Address)
-		if ep := sc.eps[i]; ep.deferredTokens > 0 && p.now().Sub(ep.deferredAt) >= p.cfg.HoldStep {
-			ep.deferredTokens = 0
-		}
 	}
 	p.inFlight(e, key, sc)
 	p.shared(cands, sc, key)
@@ -219,7 +206,6 @@ func (p *Policy) choose(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 		sc.meanDecode = 1
 	}
 	sc.cold = measured == 0
-	sc.burst = sc.cold && p.peers == nil
 	lo, hi := math.Inf(1), 0.0
 	for _, d := range sc.decode {
 		if d > 0 {
@@ -286,26 +272,7 @@ func (p *Policy) choose(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 	}
 	// The holders are busy: a replica where it evicts nothing live, on an endpoint less
 	// loaded than every holder.
-	if sc.redo {
-		// A copy deferred by one hold (below), picked again: an endpoint still idle
-		// takes it, as it would have before the hold. Otherwise, by then the index may
-		// show the holder's first engine step and the rules below keep the request
-		// there: on 8 servers, N = 2, C = 8, one server then took no request in the run
-		// (14.90 -> 14.74 requests/s, kv 14.95).
-		r := -1
-		for i := range cands {
-			if sc.pos[i] < 0 && sc.ok[i] && sc.loads[i] == 0 && sc.eps[i].prefill+sc.otherPrefill[i] == 0 &&
-				(r < 0 || p.homeShare(sc, cands, i, 0) < p.homeShare(sc, cands, r, 0)) {
-				r = i
-			}
-		}
-		if r >= 0 {
-			sc.pos[r] = p.place(e, cands[r].Address, false)
-			return r, kindReplica
-		}
-	}
 	share := p.cfg.CopyCost && p.underShare(key, sc)
-	computing := sc.burst && p.computing(key, sc, h, heldBlocks)
 	r, refused := -1, false
 	for i := range cands {
 		if sc.pos[i] >= 0 || !sc.ok[i] || sc.loads[i] >= sc.loads[h] || !p.moveOK(sc, i, h) {
@@ -327,21 +294,6 @@ func (p *Policy) choose(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 				p.fillOf(sc.eps[i], &cands[i]) == p.fillOf(sc.eps[r], &cands[r]) && p.crowded(sc, h) && p.coldTie(sc, i, r))) {
 			r = i
 		}
-	}
-	// A fleet starting, one router (sc.burst): a copy of a prefix its holder is still
-	// computing, made when the requests in flight (this one included) fill the fleet,
-	// takes one of its last idle endpoints as a whole miss, where riding the prefill
-	// costs the request its tail; a new prefix's first request arriving together must
-	// miss somewhere, and without that endpoint is homed beside a miss (Zipf, N = 24,
-	// C = 8: p99 TTFT 254 ms, kv 207). So the copy waits one hold (Pick, deferCopy);
-	// picked again, the request takes an endpoint still idle (sc.redo) or rides.
-	busy := 1
-	for _, l := range sc.loads {
-		busy += l
-	}
-	if r >= 0 && computing && sc.held == 0 && g >= 0 && busy >= len(cands) {
-		sc.deferCopy = true
-		return g, kindHolder
 	}
 	if r >= 0 {
 		sc.pos[r] = p.place(e, cands[r].Address, false)
@@ -562,24 +514,14 @@ func (p *Policy) newHome(e *prefixEntry, key uint64, cands []scoring.Endpoint, s
 	// of most KV capacity took several of them in prefill together while others idled
 	// (two 4 GiB and four 1 GiB endpoints, N = 24, C = 8: TTFT p99 266 ms, kv 189). So
 	// while an endpoint with no prefill in progress can take it, the home is chosen
-	// among those; the share still ranks them. Once each prefills, one router takes
-	// those of least prefill backlog (deferred copies' tails counted): by share alone,
-	// the home whose prefix a repeat had just sized, below the prompt-sized guesses
-	// elsewhere, took the next prefix beside its miss and the repeat riding it.
+	// among those; the share still ranks them, and decides alone once each prefills.
 	best, bestShare, bestOK := -1, 0.0, false
 	free := false
 	for i := range cands {
 		free = free || (sc.cold && sc.ok[i] && sc.eps[i].prefill+sc.otherPrefill[i] == 0)
 	}
-	backlog := func(i int) int { return sc.eps[i].prefill + sc.otherPrefill[i] + sc.eps[i].deferredTokens }
-	least := -1
 	for i := range cands {
-		if sc.burst && !free && sc.ok[i] && (least < 0 || backlog(i) < least) {
-			least = backlog(i)
-		}
-	}
-	for i := range cands {
-		ok := sc.ok[i] && (!free || sc.eps[i].prefill+sc.otherPrefill[i] == 0) && (least < 0 || backlog(i) == least)
+		ok := sc.ok[i] && (!free || sc.eps[i].prefill+sc.otherPrefill[i] == 0)
 		share := float64(sc.eps[i].homeGuessed+e.guessed()) / float64(p.capacity(&cands[i]))
 		better := best < 0 || (ok && !bestOK) ||
 			(ok == bestOK && (share < bestShare || (share == bestShare && (p.wait(sc, i) < p.wait(sc, best) ||

@@ -108,14 +108,8 @@ type endpointState struct {
 	// hist is a ring of its last histLen values with footprint and time, histN how many
 	// were ever recorded: SharedLoad reads this router's share of a scrape from them.
 	inflight int
-	// deferredTokens is the uncached tokens past their prefix of the requests held at
-	// deferredAt whose copy was deferred by one hold (scratch.deferCopy): each rides
-	// its prefix's prefill here unless an endpoint is idle at its next pick, and counts
-	// in the prefill backlog newHome ranks by until then.
-	deferredTokens int
-	deferredAt     time.Time
-	hist           [histLen]ownSnapshot
-	histN          int
+	hist     [histLen]ownSnapshot
+	histN    int
 }
 
 // histLen bounds each endpoint's history of its own in-flight count: 64 changes (32
