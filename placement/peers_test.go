@@ -708,6 +708,74 @@ func TestPlacementFollowsAConversationAPeerRouted(t *testing.T) {
 	wantTurnsOnHistory(t, p, cs, turn2)
 }
 
+// TestPlacementLooksUpAPeersLongerHistory: with router replicas, a conversation's turns
+// alternate between them, so what this router knows of a conversation it has routed
+// turns of is the turn it last routed, older than the history. Its lookup in the index
+// goes past that size: a peer routed the turn before to an endpoint that now holds it,
+// and this router's table holds the conversation no longer anywhere (the index shows
+// none of it where this router's own turns went). Cut at this router's old size, that
+// endpoint looked to hold less than half of the grown history, no holder at all, and
+// the turn went back to the system prompt's holder to recompute it (kvbench --sim
+// --replicas 2 --workload chat: a turn sent to a site holding none of its 91-block
+// history while another endpoint held 85 of them).
+func TestPlacementLooksUpAPeersLongerHistory(t *testing.T) {
+	ix := testindex.New()
+	p := newPlacement(t, placement.DefaultConfig(), ix)
+	p.SetPeers(&fakePeers{replicas: 2})
+	cs := fleet(6, nil)
+	system := chatTurn(0, 0)
+	ix.Hold(cs[0].Address, plKeysOf(system))
+	place(t, p, chatTurn(100, 1), cs)
+	place(t, p, chatTurn(101, 1), cs)
+	for c := range 5 {
+		// This router routes turns 1 and 3, a peer turns 2 and 4; the index shows
+		// turn 4 on endpoint c+1 and, of the rest, the system prompt alone.
+		place(t, p, chatTurn(c, 1), cs)
+		place(t, p, chatTurn(c, 3), cs)
+		for _, e := range cs {
+			ix.Clear(e.Address)
+		}
+		ix.Hold(cs[0].Address, plKeysOf(system))
+		ix.Hold(cs[c+1].Address, plKeysOf(chatTurn(c, 4)))
+		if got := place(t, p, chatTurn(c, 5), cs); got != cs[c+1].Address {
+			t.Errorf("conversation %d's turn 5 went to %s, turn 4 (its history) is on %s", c, got, cs[c+1].Address)
+		}
+	}
+}
+
+// TestPlacementTurnGoesToTheLongerHistory: holders whose waits are within replicaSpread
+// are tied for router replicas, each breaking the tie its own way to spread
+// simultaneous picks of a prefix; a conversation has one turn in flight at a time, and
+// of two tied holders the one that holds more of its history (the index shows it to
+// every replica) starts it sooner. Broken by the replica's salt, turns went to an
+// endpoint holding 103 of their blocks while another held 118 (kvbench --sim --replicas
+// 2 --workload chat).
+func TestPlacementTurnGoesToTheLongerHistory(t *testing.T) {
+	ix := testindex.New()
+	p := newPlacement(t, placement.DefaultConfig(), ix)
+	cs := fleet(6, nil)
+	busy := map[string]placement.Load{}
+	for _, e := range cs {
+		busy[e.Address] = placement.Load{Requests: 1}
+	}
+	p.SetPeers(&fakePeers{replicas: 2, load: busy})
+	system := chatTurn(0, 0)
+	ix.Hold(cs[0].Address, plKeysOf(system))
+	place(t, p, chatTurn(100, 1), cs)
+	place(t, p, chatTurn(101, 1), cs)
+	for c := range cs {
+		// A peer routed the conversation's turns 2 and 3: endpoint c holds the third,
+		// the next one the second, and every endpoint runs one request.
+		ix.Hold(cs[(c+1)%len(cs)].Address, plKeysOf(chatTurn(c, 2)))
+		ix.Hold(cs[c].Address, plKeysOf(chatTurn(c, 3)))
+	}
+	for c := range cs {
+		if got := place(t, p, chatTurn(c, 4), cs); got != cs[c].Address {
+			t.Errorf("conversation %d's turn went to %s, all its history is on %s", c, got, cs[c].Address)
+		}
+	}
+}
+
 // TestPlacementCopyCostCountsPeersPrefill: copy_cost weighs a busy holder's hit by the
 // requests running there, peers' included, and by the prefill backlog they wait behind:
 // peers' too, the same requests (a peer's miss in prefill at the holder delays the hit

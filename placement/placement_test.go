@@ -1924,12 +1924,19 @@ func measurePrefill(t *testing.T, p *placement.Policy, cs []scoring.Endpoint, cl
 // chatTurns is a 64-block system prompt and, for conversation c, its first turn (the
 // system prompt and 8 blocks of its own) and its second (the first and 8 more blocks).
 func chatTurns() (system []uint32, turn1, turn2 func(c int) []uint32) {
-	system = plTokens(1_000_000, 64*16)
-	turn1 = func(c int) []uint32 {
-		return append(append([]uint32(nil), system...), plTokens(500_000_000+10_000*c, 8*16)...)
+	turn1 = func(c int) []uint32 { return chatTurn(c, 1) }
+	turn2 = func(c int) []uint32 { return chatTurn(c, 2) }
+	return chatTurn(0, 0), turn1, turn2
+}
+
+// chatTurn is conversation c's k-th turn: the 64-block system prompt and k messages of
+// 8 blocks each, every turn extending the one before.
+func chatTurn(c, k int) []uint32 {
+	out := plTokens(1_000_000, 64*16)
+	for j := range k {
+		out = append(out, plTokens(500_000_000+200_000_000*j+10_000*c, 8*16)...)
 	}
-	turn2 = func(c int) []uint32 { return append(turn1(c), plTokens(700_000_000+10_000*c, 8*16)...) }
-	return system, turn1, turn2
+	return out
 }
 
 // wantTurnsOnHistory places conversation c's turn (turn(c)) for each endpoint c, which

@@ -198,12 +198,13 @@ func (p *Policy) Pick(req *scoring.Request, cands []scoring.Endpoint) (scoring.D
 	look := len(sc.keys)
 	p.mu.Lock()
 	// With peers, a conversation this router has not seen is looked up whole: its
-	// earlier turns may have gone through a peer (followed).
+	// earlier turns may have gone through a peer (followed); so is one it has seen
+	// (lookBlocks).
 	child, base := p.childName(key, sc.keys)
 	if e := p.prefixes[child]; base > 0 && e != nil {
-		look = min(look, max(e.blocks+1, p.cfg.PrefixDepth))
+		look = p.lookBlocks(e, look)
 	} else if e := p.prefixes[key]; e != nil && (base == 0 || p.peers == nil) {
-		look = min(look, max(e.blocks+1, p.cfg.PrefixDepth))
+		look = p.lookBlocks(e, look)
 	}
 	p.mu.Unlock()
 	sc.lead = p.ix.LeadingBlocks(sc.keys[:look], sc.names, sc.lead)
@@ -283,6 +284,27 @@ func (p *Policy) Pick(req *scoring.Request, cands []scoring.Endpoint) (scoring.D
 	d := p.decision(cands, sc, best, sc.pos)
 	d.Hold = delay
 	return d, nil
+}
+
+// lookBlocks is how many of a request's n leading blocks to look up in the index for
+// its prefix e: the prefix's size plus one (to see it grow), and all n with peers when
+// e is a history that grows (a conversation's, an agent's). Its turns reach any router
+// replica, so this router's size of it is the turn it last routed, two or more turns
+// old, and cut there every endpoint holding more looked alike: a turn went to the
+// endpoint holding 103 of its blocks while another held 118, and one holding 85 of a
+// history that had grown to 91 blocks counted as not holding it at all (its lookup cut
+// at 56, under the half the holder check wants), so the turn went to a site that had
+// lost it. kv looks up every block and sees them apart; looked up whole (and replica
+// ties broken by it, choose), 2 replicas on chat move 36 turns off the endpoint
+// holding the most of their prompt instead of 61 (kv 29 to 39), for a cached-token
+// ratio of 0.648 instead of 0.547 (kv 0.636; docs/results-workloads.md, "Probed
+// axes"). The lookup is then as long as the request, as kv's always is. One router
+// routes every turn and knows the size. p.mu must be held.
+func (p *Policy) lookBlocks(e *prefixEntry, n int) int {
+	if p.peers != nil && e.grows() {
+		return n
+	}
+	return min(n, max(e.blocks+1, p.cfg.PrefixDepth))
 }
 
 // childName returns the name of the conversation a request continues past a branched

@@ -243,6 +243,12 @@ func (p *Policy) choose(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 		}
 		wi, wj := p.wait(sc, i), p.wait(sc, j)
 		if tied, iWins := p.replicaTie(sc, i, j, wi, wj); tied {
+			if e.base > 0 && sc.lead[i] != sc.lead[j] {
+				// A conversation's turn: one in flight at a time, no simultaneous
+				// picks to spread; the holder with more of its history, which
+				// every replica sees in the index, starts it sooner (replicaTie).
+				return sc.lead[i] > sc.lead[j]
+			}
 			return iWins
 		}
 		return wi < wj ||

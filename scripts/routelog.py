@@ -4,6 +4,7 @@
     python3 scripts/routelog.py F.jsonl
     python3 scripts/routelog.py F.jsonl --trace testbench/kvbench/testdata/trace-small.jsonl
     python3 scripts/routelog.py F.jsonl --misses
+    python3 scripts/routelog.py F.jsonl --copies
     python3 scripts/routelog.py F.jsonl --drain
 
 Per run (policy, repetition, concurrency): the cached-token ratio from the log's finish
@@ -25,6 +26,15 @@ their mean decode time against that of requests sent to an idle server (a reques
 sharing a server's steps decodes slower). In a fleet of unequal speeds a
 closed loop's throughput is the clients over the mean request time, so it follows the
 share of requests on the fast servers.
+
+With --copies instead, per policy and concurrency, summed over repetitions (a sim run of
+the reference workload, as --misses): each measured miss as a cold start (its prefix
+cached nowhere, the server never sent it before), a copy (the prefix cached on another
+server only), a remake (the server had computed it before: evicted and remade) or a
+second miss within one prefill (the server's earlier request of it had no first token
+yet); per copy, the full hits it served before the next miss of its prefix there, the
+copies that served none, and the copies made while a holder finished a request within
+the copy's own time to first token (a holder's slot came free while the copy prefilled).
 
 With --drain instead, per run: how an open-loop replay's throughput (kvbench's served
 requests over the first send to the last finish) splits into the arrivals' span (first to
@@ -201,6 +211,72 @@ def misses(path):
             print(f"  {name:<60} {c[k] / c['routes']:>6.2f}")
 
 
+def copies(path):
+    """Per policy and concurrency, summed over repetitions: the measured misses split
+    into cold starts, copies, remakes and second misses within one prefill, and what
+    each copy bought (--copies in the module doc)."""
+    tot, per = collections.OrderedDict(), collections.defaultdict(list)
+    for (pol, conc, _rep), events in runs(path):
+        route, done, first = {}, {}, {}
+        for ev in events:
+            {"route": route, "finish": done, "first_token": first}.get(ev["event"], {})[ev["seq"]] = ev
+        full = collections.Counter()
+        for ev in route.values():
+            full[ev["prefix"]] = max(full[ev["prefix"]], max(x["cached_blocks"] for x in ev["servers"]))
+        bs = 16
+        for seq, ev in done.items():
+            b = route[seq]["servers"][ev["server"]]["cached_blocks"] if seq in route else 0
+            if b and ev.get("cached_tokens", 0) and ev["cached_tokens"] % b == 0:
+                bs = ev["cached_tokens"] // b
+                break
+        c = collections.Counter()
+        sent = collections.defaultdict(list)  # (server, prefix) -> seqs routed there
+        open_ = {}                            # (server, prefix) -> the copy there, until its next miss
+        for seq in sorted(route, key=lambda q: (route[q]["t"], q)):
+            ev = route[seq]
+            s, p, t = ev["server"], ev["prefix"], ev["t"]
+            k = (s, p)
+            missed = done.get(seq, {}).get("cached_tokens", 0) // bs < full[p]
+            meas = not ev.get("warmup")
+            if not missed:
+                if k in open_ and meas:
+                    open_[k]["hits"] += 1
+                sent[k].append(seq)
+                continue
+            open_.pop(k, None)
+            held = [i for i, x in enumerate(ev["servers"]) if i != s and full[p] and x["cached_blocks"] >= full[p]]
+            if sent[k]:
+                computed = any(q in first and first[q]["t"] <= t for q in sent[k])
+                kind = "remakes (evicted and remade)" if computed else "second misses within one prefill"
+            elif held:
+                kind = "copies"
+            else:
+                kind = "cold starts"
+            sent[k].append(seq)
+            if not meas:
+                continue
+            c["misses"] += 1
+            c[kind] += 1
+            if kind == "copies":
+                cp = open_[k] = {"hits": 0}
+                end = t + first[seq]["ttft_ms"] / 1000 if seq in first else t
+                c["  made while a holder finished a request within its time to first token"] += any(
+                    d["server"] in held and t < d["t"] <= end for d in done.values())
+                per[(pol, conc, "copies")].append(cp)
+        tot.setdefault((pol, conc), collections.Counter()).update(c)
+        per[(pol, conc)].append(c["misses"])
+    for (pol, conc), c in tot.items():
+        m = sorted(per[(pol, conc)])
+        cps = per[(pol, conc, "copies")]
+        print(f"{path}: {pol}, C = {conc}; misses per repetition: {' '.join(map(str, m))} (median {statistics.median(m)})")
+        for k in ["misses", "cold starts", "second misses within one prefill", "remakes (evicted and remade)", "copies",
+                  "  made while a holder finished a request within its time to first token"]:
+            print(f"  {k:<72} {c[k]:>5}")
+        if cps:
+            print(f"  {'  full hits the copies served (mean per copy)':<72} {statistics.mean(x['hits'] for x in cps):>5.1f}")
+            print(f"  {'  copies that served none':<72} {sum(x['hits'] == 0 for x in cps):>5}")
+
+
 def servers(path):
     """Per policy and concurrency, summed over repetitions: per server the measured
     requests, their mean decode time (first token to finish) and time to first token, the
@@ -298,10 +374,14 @@ def main():
     ap.add_argument("--shared-ids", type=int, default=2)
     ap.add_argument("--misses", action="store_true", help="classify the measured misses instead")
     ap.add_argument("--servers", action="store_true", help="per server: requests, decode time, busy share, prefixes")
+    ap.add_argument("--copies", action="store_true", help="misses as cold starts, copies, remakes; what each copy served")
     ap.add_argument("--drain", action="store_true", help="per run: throughput as arrivals' span plus drain, the last request")
     args = ap.parse_args()
     if args.drain:
         drain(args.log)
+        return
+    if args.copies:
+        copies(args.log)
         return
     if args.misses:
         misses(args.log)
