@@ -27,6 +27,10 @@ type Metrics struct {
 	KVCacheUsage float64 // vllm:kv_cache_usage_perc, 0..1
 	NumGPUBlocks int     // vllm:cache_config_info{num_gpu_blocks}
 	BlockSize    int     // vllm:cache_config_info{block_size}
+	// FinishedRequests and OutputTokens are vllm:request_generation_tokens' _count and
+	// _sum: the requests the engine finished since it started and their output tokens
+	// (both 0 when the family is absent). Their ratio is the endpoint's mean output.
+	FinishedRequests, OutputTokens float64
 	// At is when these figures were scraped (zero when unknown), on the clock the router
 	// gives its policies: a policy that counts its own requests can tell how many of the
 	// scraped ones were its own then, and so how many other router replicas sent.
@@ -54,6 +58,9 @@ type Request struct {
 	// requests computed (the tokenizer's prefix cache keeps them with those ids, so a
 	// conversation's turn hashes only its new blocks): see Keys. Borrowed like TokenIDs.
 	Prefix index.PrefixKeys
+	// MaxTokens is the body's max_completion_tokens or max_tokens (0 when absent): the
+	// most output tokens the request can add.
+	MaxTokens int
 	// Held is how long the router has already held the request at a policy's request
 	// (the sum of the Decision.Hold it honoured); 0 at the first Pick.
 	Held time.Duration
@@ -91,7 +98,24 @@ type Decision struct {
 	// or it does not hold at all) routes there instead. Policies bound their own holds
 	// through Request.Held; the router bounds them again.
 	Hold time.Duration
+	// Kind names the rule that made the decision, for the route log and the proxy's
+	// access log (extproc's kvrouter dynamic metadata): a short string from the policy's
+	// documented closed set, "" for a policy that does not say. kv and approximate:
+	// KindHit, KindLoad, KindUntokenized; placement: its README's decision kinds (those
+	// of kvrouter_scoring_placement_decisions_total).
+	Kind string
 }
+
+// Decision kinds of the kv and approximate policies (Decision.Kind).
+const (
+	// KindHit: the chosen endpoint holds (or is predicted to hold) some of the prompt's
+	// leading blocks.
+	KindHit = "hit"
+	// KindLoad: the chosen endpoint holds none of them; its load alone chose it.
+	KindLoad = "load"
+	// KindUntokenized: the request has no token ids; picked by load.
+	KindUntokenized = "untokenized"
+)
 
 // MaxFallbacks bounds Decision.Fallbacks: enough for the proxy's retries, and a pick
 // over many endpoints does not sort them all.

@@ -451,6 +451,7 @@ type simJob struct {
 // policy asks for (within MaxHold) waits on the virtual clock and picks again.
 func (r *simRun) pick(j simJob) {
 	sreq, replica, res, fail, done := j.sreq, j.replica, j.res, j.fail, j.done
+	sreq.MaxTokens = j.output // the body's max_tokens, as the router parses it in URL mode
 	rt := r.routers[replica]
 	cands := r.candidates(replica)
 	if len(cands) == 0 {
@@ -483,7 +484,7 @@ func (r *simRun) pick(j simJob) {
 		return
 	}
 	res.Server = d.Endpoint
-	r.logRoute(res, server, replica, sreq.Held, ids)
+	r.logRoute(res, server, replica, sreq.Held, d.Kind, ids)
 	obs := r.obs[replica]
 	if obs != nil {
 		obs.Routed(sreq, d.Endpoint)
@@ -539,9 +540,9 @@ func (r *simRun) pick(j simJob) {
 	r.kick(server)
 }
 
-// logRoute writes the routing of res (prompt ids) to server to cfg.RouteLog, with every
-// server's state.
-func (r *simRun) logRoute(res *Result, server, replica int, held time.Duration, ids []uint32) {
+// logRoute writes the routing of res (prompt ids) to server by a decision of kind to
+// cfg.RouteLog, with every server's state.
+func (r *simRun) logRoute(res *Result, server, replica int, held time.Duration, kind string, ids []uint32) {
 	if r.cfg.RouteLog == nil {
 		return
 	}
@@ -553,7 +554,7 @@ func (r *simRun) logRoute(res *Result, server, replica int, held time.Duration, 
 	}
 	r.cfg.RouteLog.write(&RouteEvent{Policy: r.policy, Rep: r.rep, Concurrency: r.concurrency,
 		Event: "route", T: r.f.Now(), Seq: res.Seq, Server: server, Replica: replica, Prefix: res.Prefix,
-		Warmup: res.Warmup, HeldMS: float64(held) / float64(time.Millisecond), Servers: views})
+		Warmup: res.Warmup, HeldMS: float64(held) / float64(time.Millisecond), Servers: views, Kind: kind})
 }
 
 // tokens is the router's tokenization: for chat, the whole body through the chat
@@ -615,6 +616,7 @@ func (r *simRun) scrapeNow() {
 		s := e.Stats()
 		r.metrics[i] = scoring.Metrics{Valid: true, Running: s.Running, Waiting: s.Waiting,
 			KVCacheUsage: s.KVCacheUsage, NumGPUBlocks: s.NumGPUBlocks, BlockSize: s.BlockSize,
+			FinishedRequests: float64(s.FinishedRequests), OutputTokens: float64(s.FinishedOutputTokens),
 			At: time.Unix(0, 0).Add(secs(r.f.Now()))}
 	}
 }
