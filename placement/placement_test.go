@@ -955,20 +955,24 @@ func TestPlacementSharedPrefixFreesWithItsLastRequest(t *testing.T) {
 // TestPlacementDeadlineIsOneStep: a request is diverted when its prefill backlog at the
 // home (two 1,152-token misses ahead of its own 1,152) exceeds one engine step
 // (max_num_batched_tokens plus a block), and stays at the home when a step covers it.
-// An endpoint past Saturated takes it only when the home is past Saturated too (a fleet
-// behind its arrivals): queueing there then costs no more than at the home.
+// An endpoint past Saturated takes it only when the fleet is behind its arrivals: the
+// home is past Saturated too, or every other endpoint is while the home's backlog is a
+// long prefill (more than 1/(1-miss_speedup) steps, which keeps the home's load low):
+// queueing there then costs no more than at the home.
 func TestPlacementDeadlineIsOneStep(t *testing.T) {
 	sat := placement.DefaultConfig().Saturated
 	for _, tc := range []struct {
 		name                string
 		budget              int
-		homeLoad, otherLoad int // requests in flight on each beyond this router's
+		homeLoad, otherLoad int  // requests in flight on each beyond this router's
+		long                bool // a 14,400-token miss in prefill at the home too
 		wantHome            bool
 	}{
-		{"past one step", 2048, 0, 0, false},
-		{"within one step", 4096, 0, 0, true},
-		{"both past saturated", 2048, sat + 1, sat, false},
-		{"only the other past saturated", 2048, 1, sat, true},
+		{"past one step", 2048, 0, 0, false, false},
+		{"within one step", 4096, 0, 0, false, true},
+		{"both past saturated", 2048, sat + 1, sat, false, false},
+		{"only the other past saturated", 2048, 1, sat, false, true},
+		{"only the other past saturated, a long prefill at the home", 2048, 1, sat, true, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := placement.DefaultConfig()
@@ -977,10 +981,17 @@ func TestPlacementDeadlineIsOneStep(t *testing.T) {
 			cfg.HoldMax = 0
 			cfg.MaxNumBatchedTokens = tc.budget
 			p := newPlacement(t, cfg, testindex.New())
-			cs := fleet(2, nil)
+			cs := fleet(2, []int{4000, 4000})
 			home := place(t, p, prefixed(0, 0), cs)
 			for i := 1; i <= 2; i++ {
 				req := plRequest(prefixed(0, i))
+				if _, err := p.Pick(req, cs); err != nil {
+					t.Fatal(err)
+				}
+				p.Routed(req, home)
+			}
+			if tc.long {
+				req := plRequest(plTokens(900_000_000, 900*16))
 				if _, err := p.Pick(req, cs); err != nil {
 					t.Fatal(err)
 				}

@@ -757,13 +757,14 @@ func (p *Policy) divert(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 		return -1
 	}
 	// Past Saturated an endpoint takes no divert (queueing there costs more than a miss
-	// elsewhere), unless best is past it too: a fleet behind its arrivals has every
-	// endpoint there, and a late request then stays behind a long prefill at its
-	// holder while another endpoint would start it twice as soon (the 200-request
-	// trace at 8x: short hits waited 4.9 to 5.6 s behind a 35k-token prefill; p99
-	// 5,604 -> 4,362 ms, 10.54 -> 12.07 requests/s, kv 4,387 and 11.14).
+	// elsewhere), unless the fleet is behind its arrivals (behind): a late request then
+	// stays behind a long prefill at its holder while another endpoint would start it
+	// twice as soon (the 200-request trace at 8x: short hits waited 4.9 to 5.6 s behind
+	// a 35k-token prefill; p99 5,604 -> 4,362 ms, 10.54 -> 12.07 requests/s, kv 4,387
+	// and 11.14).
+	behind := late && p.behind(sc, best)
 	eligible := func(i int) bool {
-		if i == best || !(sc.ok[i] || late && sc.room[i] && sc.loads[best] >= p.cfg.Saturated) {
+		if i == best || !(sc.ok[i] || behind && sc.room[i]) {
 			return false
 		}
 		if miss && !full && (sc.loads[i] > 0 || !(sc.decode[i] > 0 && sc.decode[i] < p.cfg.MissSpeedup*sc.decode[best])) {
@@ -855,6 +856,32 @@ func (p *Policy) divert(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 		}
 	}
 	return alt
+}
+
+// behind reports whether the fleet is behind its arrivals as best sees it: best is past
+// Saturated, or every other candidate is while best's prefill backlog is long (more
+// than 1/(1-MissSpeedup) steps). vLLM schedules its running requests first, so a long
+// prompt's chunks take each step's whole budget and requests routed behind it wait
+// without running: its endpoint's load stays low while it is the slowest to start
+// anything. At the 200-request trace at 8x, a 35k-token first turn's endpoint was the
+// one below Saturated (5 requests, 6 and 7 everywhere else); a hit routed there waited
+// 5.8 s for its first token and two later turns of its conversation joined it
+// (throughput 11.07 -> 11.24 requests/s, kv 11.14; docs/results-workloads.md,
+// "Overload"). Behind a short backlog best starts it within a few steps, and an
+// endpoint past Saturated costs more. p.mu must be held.
+func (p *Policy) behind(sc *scratch, best int) bool {
+	if sc.loads[best] >= p.cfg.Saturated {
+		return true
+	}
+	if !p.long(sc.eps[best].prefill) {
+		return false
+	}
+	for i, l := range sc.loads {
+		if i != best && l < p.cfg.Saturated {
+			return false
+		}
+	}
+	return true
 }
 
 // besidePrefill returns the candidate a late request (its prefill would not finish in
