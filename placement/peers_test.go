@@ -830,3 +830,62 @@ func TestPlacementCopyCostCountsPeersPrefill(t *testing.T) {
 		})
 	}
 }
+
+// TestPlacementCountsAPeersContextOnce: agents on one 100k-token context (6,400 blocks)
+// on endpoints of 7,000 blocks, a peer's agent turn in flight on the context's holder.
+// An agent's next turn, whose history the holder shows, goes there: the peer's request
+// holds the context (PeerActive names it, its blocks are in the peer's load), so the
+// turn adds only its own tail, as beside this router's own request (need). Counted
+// again in the turn's blocks, the context looked twice its size, short of room, and
+// the turn recomputed its whole history on a cold endpoint; so did a conversation this
+// router knew only from a peer's placements (MergePlacements names no parent: the
+// request names it). kvbench --sim --replicas 2 --workload agent: three 103k-token
+// turns recomputed, 30 to 44 s each, 1.91 requests/s against one router's 2.24.
+func TestPlacementCountsAPeersContextOnce(t *testing.T) {
+	depth := placement.DefaultConfig().PrefixDepth
+	context := plTokens(1_000_000, 6400*16)
+	agent := func(a, turn int) []uint32 {
+		return append(append([]uint32(nil), context...), plTokens(500_000_000+1_000_000*a, (turn+1)*8*16)...)
+	}
+	for _, tc := range []struct {
+		name   string
+		merged bool // the conversation came from a peer's placements
+	}{
+		{"a conversation new to this router", false},
+		{"a conversation a peer placed", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ix := testindex.New()
+			p := newPlacement(t, placement.DefaultConfig(), ix)
+			cs := fleet(2, []int{7000, 7000})
+			p.SetPeers(&fakePeers{replicas: 2})
+			holder := place(t, p, agent(0, 0), cs)
+			ix.Hold(holder, plKeysOf(agent(0, 0)))
+			for _, toks := range [][]uint32{agent(1, 0), agent(0, 1)} {
+				if got := place(t, p, toks, cs); got != holder {
+					t.Fatalf("a turn on the context went to %s, the context is on %s", got, holder)
+				}
+				ix.Hold(holder, plKeysOf(toks))
+			}
+			// A peer routed agent 2's first two turns to the holder and has another
+			// agent's turn in flight there, holding the context.
+			ix.Hold(holder, plKeysOf(agent(2, 1)))
+			if tc.merged {
+				conv := plKeysOf(agent(2, 0))[6400+depth-1]
+				p.MergePlacements([]placement.Placement{{Key: conv, Blocks: 6400 + 16, Base: 6400,
+					Decided: time.Unix(0, 0), Sites: []placement.Site{{Endpoint: holder, Home: true}}}}, true, 0)
+			}
+			p.SetPeers(&fakePeers{replicas: 2,
+				load:   map[string]placement.Load{holder: {Requests: 1, KVBlocks: 6400 + 8}},
+				active: map[string]uint64{holder: plKeysOf(context)[depth-1]}})
+			for i := range cs {
+				if cs[i].Address == holder {
+					cs[i].InFlight = 1
+				}
+			}
+			if got := place(t, p, agent(2, 2), cs); got != holder {
+				t.Errorf("agent 2's turn went to %s, its history and room for it are on %s", got, holder)
+			}
+		})
+	}
+}

@@ -354,6 +354,13 @@ func (p *Policy) followed(parent, child uint64, base int, sc *scratch) (follow b
 		p.prefixes[child] = c
 		return false, nil
 	}
+	if c.parent == 0 && c.base == base {
+		// Merged from a peer's placements (MergePlacements), which name no parent:
+		// the request names it. Without it the turn's context, active at the
+		// endpoint, counted twice in its KV room (need) and in its footprint
+		// (Routed).
+		c.parent = parent
+	}
 	last, inFlight := p.reqs[c.last]
 	// Its size once this request is counted in: the blocks it shares with the last.
 	common := c.keys.common(sc.keys)
