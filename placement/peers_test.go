@@ -889,3 +889,44 @@ func TestPlacementCountsAPeersContextOnce(t *testing.T) {
 		})
 	}
 }
+
+// TestPlacementLooksUpAnUnlearnedPeersHistory: a conversation without a shared system
+// prompt is a prefix of its own, and its turns alternate between router replicas. A
+// peer placed its first turn (MergePlacements: its size, 8 blocks), this router routed
+// the second (seen once here: its size is not learned from one request), the peer the
+// third, to another endpoint. At the fourth, the lookup cut at the size this router
+// knew (8 blocks plus one) showed the endpoint holding the third turn holding under
+// half of the history the fourth reveals (40 blocks shared with the second): no holder,
+// and the turn went to its placement, which had lost it (kvbench --sim --replicas 2
+// --workload chat --system-prompts 0: 22 third turns sent off the endpoint holding the
+// most of their prompt, one router 8).
+func TestPlacementLooksUpAnUnlearnedPeersHistory(t *testing.T) {
+	depth := placement.DefaultConfig().PrefixDepth
+	turn := func(c, k int) []uint32 { // conversation c's k-th turn: 8 blocks, then 32 per turn
+		out := plTokens(500_000_000+10_000*c, 8*16)
+		for j := 1; j < k; j++ {
+			out = append(out, plTokens(600_000_000+100_000_000*j+10_000*c, 32*16)...)
+		}
+		return out
+	}
+	ix := testindex.New()
+	p := newPlacement(t, placement.DefaultConfig(), ix)
+	p.SetPeers(&fakePeers{replicas: 2})
+	cs := fleet(6, nil)
+	for c := range 5 {
+		home, third := cs[c].Address, cs[c+1].Address
+		p.MergePlacements([]placement.Placement{{Key: plKeysOf(turn(c, 1))[depth-1], Blocks: 8,
+			Decided: time.Unix(0, 0), Sites: []placement.Site{{Endpoint: home, Home: true}}}}, true, 0)
+		ix.Hold(home, plKeysOf(turn(c, 1)))
+		if got := place(t, p, turn(c, 2), cs); got != home {
+			t.Fatalf("conversation %d's second turn went to %s, its first is on %s", c, got, home)
+		}
+		// The peer sent the third turn elsewhere; the home lost the conversation.
+		ix.Clear(home)
+		ix.Hold(third, plKeysOf(turn(c, 3)))
+		if got := place(t, p, turn(c, 4), cs); got != third {
+			t.Errorf("conversation %d's fourth turn went to %s, its third is on %s", c, got, third)
+		}
+		ix.Clear(third)
+	}
+}
