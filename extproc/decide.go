@@ -263,7 +263,7 @@ func (st *stream) choose(in decideInput, start time.Time) (c choice, noEndpointR
 
 	req := scoring.Request{ID: s.nextID(), Model: rw.target, BaseModel: base, LoRA: lora}
 	if parsed != nil {
-		req.CacheSalt = parsed.CacheSalt
+		req.CacheSalt, req.MaxTokens = parsed.CacheSalt, parsed.MaxTokens
 	}
 	if fallback == "" && s.tok != nil {
 		var toks []uint32

@@ -627,7 +627,7 @@ func TestFallbacksAppended(t *testing.T) {
 func TestPolicySeesParsedRequest(t *testing.T) {
 	h := newHarness(t, func(o *extproc.Options) { o.Tokenizer = fakeTokenizer{} })
 	x := h.start(fakeenvoy.FullDuplex())
-	body := []byte(`{"model":"lora-x","messages":[{"role":"user","content":"hi"}],"cache_salt":"s"}`)
+	body := []byte(`{"model":"lora-x","messages":[{"role":"user","content":"hi"}],"cache_salt":"s","max_completion_tokens":300}`)
 	if _, err := x.Request(fakeenvoy.Request{Headers: postHeaders(), Body: [][]byte{body}}); err != nil {
 		t.Fatal(err)
 	}
@@ -637,7 +637,7 @@ func TestPolicySeesParsedRequest(t *testing.T) {
 		t.Fatalf("picks %v", picks)
 	}
 	p := picks[0]
-	if p.Model != "lora-x" || p.BaseModel != "base" || p.LoRA != "lora-x" || p.CacheSalt != "s" || len(p.TokenIDs) == 0 || p.ID == "" {
+	if p.Model != "lora-x" || p.BaseModel != "base" || p.LoRA != "lora-x" || p.CacheSalt != "s" || p.MaxTokens != 300 || len(p.TokenIDs) == 0 || p.ID == "" {
 		t.Fatalf("policy saw %+v", p)
 	}
 	if len(routed) != 1 || routed[0] != p.ID+"@"+epC {

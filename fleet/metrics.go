@@ -23,7 +23,10 @@ const (
 	metricKVUsage     = "vllm:kv_cache_usage_perc"
 	metricGPUUsageOld = "vllm:gpu_cache_usage_perc" // the name before vLLM 0.10
 	metricCacheConfig = "vllm:cache_config_info"
-	labelModelName    = "model_name"
+	// metricGenTokens is the histogram of each finished request's output tokens; its
+	// _count and _sum lines belong to it.
+	metricGenTokens = "vllm:request_generation_tokens"
+	labelModelName  = "model_name"
 
 	// maxCount bounds a believable request count.
 	maxCount = 1 << 30
@@ -105,14 +108,51 @@ func parseMetrics(body []byte, models []string) (scoring.Metrics, error) {
 			}
 		}
 	}
+	if f := fams[metricGenTokens]; f != nil {
+		m.FinishedRequests, m.OutputTokens = outputTokens(f, models)
+	}
 	m.Valid = true
 	return m, nil
+}
+
+// outputTokens sums the histogram's _count and _sum over the given models' samples (all
+// samples when none match), as reduce does; a sample with a count or sum that is not a
+// finite non-negative number, or a sum without a count, makes both 0: the figure is
+// optional, and a bad one must not fail the scrape.
+func outputTokens(f *dto.MetricFamily, models []string) (count, sum float64) {
+	for pass := range 2 {
+		n := 0
+		for _, s := range f.GetMetric() {
+			h := s.GetHistogram()
+			if h == nil {
+				continue
+			}
+			if pass == 0 {
+				name, has := modelOf(s)
+				if !has || !slices.Contains(models, name) {
+					continue
+				}
+			}
+			c, x := float64(h.GetSampleCount()), h.GetSampleSum()
+			if math.IsNaN(x) || math.IsInf(x, 0) || x < 0 || (c == 0 && x > 0) {
+				return 0, 0
+			}
+			count += c
+			sum += x
+			n++
+		}
+		if n > 0 {
+			break
+		}
+	}
+	return count, sum
 }
 
 // isRead reports whether name is a family ParseMetrics reads.
 func isRead(name []byte) bool {
 	switch string(name) {
-	case metricRunning, metricWaiting, metricKVUsage, metricGPUUsageOld, metricCacheConfig:
+	case metricRunning, metricWaiting, metricKVUsage, metricGPUUsageOld, metricCacheConfig,
+		metricGenTokens, metricGenTokens + "_bucket", metricGenTokens + "_count", metricGenTokens + "_sum":
 		return true
 	}
 	return false

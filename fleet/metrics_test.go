@@ -10,6 +10,23 @@ import (
 	"github.com/kvrouter/kvrouter/scoring"
 )
 
+// genTokens is vLLM's vllm:request_generation_tokens histogram for two engines of model m
+// and one of another model (buckets trimmed).
+const genTokens = `# HELP vllm:request_generation_tokens Number of generation tokens processed.
+# TYPE vllm:request_generation_tokens histogram
+vllm:request_generation_tokens_bucket{engine="0",le="1.0",model_name="m"} 0.0
+vllm:request_generation_tokens_bucket{engine="0",le="500.0",model_name="m"} 3.0
+vllm:request_generation_tokens_bucket{engine="0",le="+Inf",model_name="m"} 4.0
+vllm:request_generation_tokens_count{engine="0",model_name="m"} 4.0
+vllm:request_generation_tokens_sum{engine="0",model_name="m"} 1400.0
+vllm:request_generation_tokens_bucket{engine="1",le="+Inf",model_name="m"} 2.0
+vllm:request_generation_tokens_count{engine="1",model_name="m"} 2.0
+vllm:request_generation_tokens_sum{engine="1",model_name="m"} 200.0
+vllm:request_generation_tokens_bucket{engine="0",le="+Inf",model_name="other"} 9.0
+vllm:request_generation_tokens_count{engine="0",model_name="other"} 9.0
+vllm:request_generation_tokens_sum{engine="0",model_name="other"} 9000.0
+`
+
 func TestParseMetrics(t *testing.T) {
 	real, err := os.ReadFile("testdata/vllm-metrics.txt")
 	if err != nil {
@@ -64,6 +81,22 @@ func TestParseMetrics(t *testing.T) {
 		{
 			name: "quoted metric names are parsed whole", models: []string{"m"},
 			text: "{\"my.metric\"} 1\nvllm:num_requests_running 2\nvllm:num_requests_waiting 1\n",
+			want: scoring.Metrics{Valid: true, Running: 2, Waiting: 1},
+		},
+		{
+			name: "request_generation_tokens summed over the model's engines", models: []string{"m"},
+			text: "vllm:num_requests_running 2\nvllm:num_requests_waiting 1\n" + genTokens,
+			want: scoring.Metrics{Valid: true, Running: 2, Waiting: 1, FinishedRequests: 6, OutputTokens: 1600},
+		},
+		{
+			name: "request_generation_tokens of no listed model counts all", models: []string{"x"},
+			text: "vllm:num_requests_running 2\nvllm:num_requests_waiting 1\n" + genTokens,
+			want: scoring.Metrics{Valid: true, Running: 2, Waiting: 1, FinishedRequests: 15, OutputTokens: 10600},
+		},
+		{
+			name: "request_generation_tokens with a NaN sum is left out", models: []string{"m"},
+			text: "vllm:num_requests_running 2\nvllm:num_requests_waiting 1\n# TYPE vllm:request_generation_tokens histogram\n" +
+				"vllm:request_generation_tokens_bucket{le=\"+Inf\"} 3\nvllm:request_generation_tokens_count 3\nvllm:request_generation_tokens_sum NaN\n",
 			want: scoring.Metrics{Valid: true, Running: 2, Waiting: 1},
 		},
 		{name: "comments and blank lines", models: []string{"m"},

@@ -3,6 +3,7 @@ package openai
 import (
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"unicode/utf8"
@@ -192,6 +193,10 @@ func Parse(path string, body []byte) (*Request, error) {
 			req.Documents = f.documents
 		}
 	}
+	req.MaxTokens = positiveInt(f.maxTokens)
+	if n := positiveInt(f.maxCompletion); n > 0 && req.Kind == KindChat {
+		req.MaxTokens = n
+	}
 	if f.truncate != nil {
 		n, err := strconv.Atoi(string(f.truncate))
 		if err != nil || n < -1 {
@@ -235,6 +240,7 @@ type fields struct {
 	model, prompt, messages, tools, kwargs, template        []byte
 	addGen, contFinal, addSpecial, stream, streamOpts, salt []byte
 	effort, documents, truncate                             []byte
+	maxTokens, maxCompletion                                []byte
 }
 
 func nonNull(raw []byte) []byte {
@@ -277,7 +283,24 @@ func (f *fields) set(key []byte, raw []byte) {
 		f.documents = raw
 	case "truncate_prompt_tokens":
 		f.truncate = raw
+	case "max_tokens":
+		f.maxTokens = raw
+	case "max_completion_tokens":
+		f.maxCompletion = raw
 	}
+}
+
+// positiveInt returns raw, a validated JSON value, as an int when it is a positive
+// integer (5 or 5.0, as pydantic's lax int accepts) up to 2^31-1, else 0.
+func positiveInt(raw []byte) int {
+	if len(raw) == 0 || !isDigit(raw[0]) {
+		return 0
+	}
+	x, err := strconv.ParseFloat(string(raw), 64)
+	if err != nil || x < 1 || x > math.MaxInt32 || x != math.Trunc(x) {
+		return 0
+	}
+	return int(x)
 }
 
 func optBool(raw []byte, field string, dst *bool) *ParseError {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"math"
 	"slices"
 	"strings"
 	"testing"
@@ -115,6 +116,41 @@ func TestParse(t *testing.T) {
 	}
 }
 
+// TestParseMaxTokens: the output bound is max_completion_tokens before max_tokens on chat
+// (vLLM's order), max_tokens on completions, and 0 for anything but a positive integer,
+// which never fails the parse (vLLM judges the value; the router only reads a bound).
+func TestParseMaxTokens(t *testing.T) {
+	for _, tc := range []struct {
+		name, path, fields string
+		want               int
+	}{
+		{"absent", "/v1/chat/completions", ``, 0},
+		{"chat max_tokens", "/v1/chat/completions", `,"max_tokens":500`, 500},
+		{"chat max_completion_tokens first", "/v1/chat/completions", `,"max_tokens":500,"max_completion_tokens":20`, 20},
+		{"chat null max_completion_tokens", "/v1/chat/completions", `,"max_completion_tokens":null,"max_tokens":7`, 7},
+		{"completions max_tokens", "/v1/completions", `,"max_tokens":100`, 100},
+		{"completions ignore max_completion_tokens", "/v1/completions", `,"max_completion_tokens":100`, 0},
+		{"integral float", "/v1/completions", `,"max_tokens":1.28e2`, 128},
+		{"last key wins", "/v1/completions", `,"max_tokens":3,"max_tokens":4`, 4},
+		{"zero", "/v1/completions", `,"max_tokens":0`, 0},
+		{"negative", "/v1/completions", `,"max_tokens":-5`, 0},
+		{"fraction", "/v1/completions", `,"max_tokens":2.5`, 0},
+		{"string", "/v1/completions", `,"max_tokens":"9"`, 0},
+		{"huge", "/v1/completions", `,"max_tokens":1e30`, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			body := `{"model":"m","prompt":"x","messages":[]` + tc.fields + `}`
+			got, err := openai.Parse(tc.path, []byte(body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.MaxTokens != tc.want {
+				t.Errorf("MaxTokens = %d, want %d", got.MaxTokens, tc.want)
+			}
+		})
+	}
+}
+
 func TestParseErrors(t *testing.T) {
 	tests := []struct {
 		name, path, body, reason, field string
@@ -200,6 +236,7 @@ func FuzzParse(f *testing.F) {
 	f.Add("/v1/completions", []byte("\xff"))
 	f.Add("/v1/chat/completions", []byte(` {"model":"m\u00e9","messages":[{"a":[1.5e3,-0,true,null,"\\\"x"]}]} `))
 	f.Add("/v1/completions", []byte(`{"model":"m","prompt":[[1,2],[]],"x":{"y":[01]}}`))
+	f.Add("/v1/chat/completions", []byte(`{"model":"m","messages":[],"max_tokens":5,"max_completion_tokens":6.0}`))
 	f.Fuzz(func(t *testing.T, path string, body []byte) {
 		orig := bytes.Clone(body)
 		req, err := openai.Parse(path, body)
@@ -224,6 +261,17 @@ func FuzzParse(f *testing.F) {
 			if err != nil || again.Model != model || again.Stream != req.Stream || again.CacheSalt != req.CacheSalt ||
 				!bytes.Equal(again.Messages, req.Messages) || !bytes.Equal(again.Prompt, req.Prompt) {
 				t.Fatalf("WithModel(%q): %+v, %v", body, again, err)
+			}
+			// MaxTokens against encoding/json's reading of the same keys (the last wins).
+			var m map[string]json.RawMessage
+			if json.Unmarshal(checked, &m) == nil {
+				want := refPositiveInt(m["max_tokens"])
+				if n := refPositiveInt(m["max_completion_tokens"]); n > 0 && req.Kind == openai.KindChat {
+					want = n
+				}
+				if req.MaxTokens != want || again.MaxTokens != want {
+					t.Fatalf("MaxTokens %d (after WithModel %d), want %d: %q", req.MaxTokens, again.MaxTokens, want, body)
+				}
 			}
 		}
 		if utf8.Valid(body) && openai.KindOf(path) != openai.KindUnknown {
@@ -388,4 +436,14 @@ func FuzzValueEnd(f *testing.F) {
 			}
 		}
 	})
+}
+
+// refPositiveInt decodes raw with encoding/json: a positive integral number up to 2^31-1,
+// else 0 (FuzzParse's reference for Request.MaxTokens).
+func refPositiveInt(raw json.RawMessage) int {
+	var x float64
+	if json.Unmarshal(raw, &x) != nil || x < 1 || x > math.MaxInt32 || x != math.Trunc(x) {
+		return 0
+	}
+	return int(x)
 }

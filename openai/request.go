@@ -53,6 +53,11 @@ type Request struct {
 	// Documents is the chat request's documents array as raw JSON (nil when absent or
 	// null): vLLM passes it to the chat template.
 	Documents json.RawMessage
+	// MaxTokens is the most output tokens the request allows: a chat body's
+	// max_completion_tokens, else its max_tokens (vLLM's order), a completions body's
+	// max_tokens; 0 when absent or not a positive integer (vLLM answers that itself; the
+	// router only reads it as a bound).
+	MaxTokens int
 	// TruncatePromptTokens is vLLM's truncate_prompt_tokens (nil when absent): vLLM
 	// keeps only that many prompt tokens, which changes the ids the pod caches.
 	TruncatePromptTokens *int

@@ -48,7 +48,11 @@ type Config struct {
 	// before a new request would wait there for blocks. A holder without room counts as
 	// saturated. Default 1.
 	Headroom float64 `yaml:"headroom"`
-	// OutputBlocks is the blocks a request is expected to add while decoding. Default 4.
+	// OutputBlocks, when > 0, is the output blocks every request counts for while it
+	// decodes. Default 0: derived per request, half its expected output (its blocks are
+	// allocated as it decodes), the expected output being the engines' measured mean
+	// (vllm:request_generation_tokens) at most its max_tokens. An override for engines
+	// that do not export the histogram.
 	OutputBlocks int `yaml:"output_blocks"`
 	// SpillOnFull spills (rule 4) as soon as the least-loaded holder has no KV room,
 	// without waiting for SpillLoad, and records the new placement. Default false (the
@@ -211,7 +215,7 @@ func DefaultConfig() Config {
 		ReplicaLoad:         1,
 		Fill:                0.5,
 		Headroom:            1,
-		OutputBlocks:        4,
+		OutputBlocks:        0,
 		SpillOnFull:         false,
 		DivertDeadline:      true,
 		DivertOnFull:        true,

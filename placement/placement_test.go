@@ -1300,6 +1300,9 @@ func TestPlacementKeepsALongHistory(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := placement.DefaultConfig()
 			cfg.LongContexts = tc.keep
+			// The documents fill the 2,000 blocks exactly: their output (4 blocks each) is
+			// what the second one would evict.
+			cfg.OutputBlocks = 4
 			p, ix, cs, holder, other, doc := branchedSystemPrompt(t, cfg, 2000, nil)
 			if got := place(t, p, doc(1, 1000), cs); got != holder {
 				t.Fatalf("first document went to %s, its system prompt is on %s", got, holder)
@@ -2046,4 +2049,67 @@ func heldPrefix(t *testing.T, cfg placement.Config, clock *time.Time, decodes ..
 	measureDecode(t, p, cs, clock, at...)
 	place(t, p, prefixed(0, 1), cs)
 	return p, cs, holder, others
+}
+
+// TestPlacementOutputBlocksFromMeasuredOutput: a request's output blocks are derived from
+// the engines' measured mean output per finished request (vllm:request_generation_tokens),
+// at most its max_tokens, or its max_tokens alone while nothing is measured; half of them
+// count in the footprint (allocated as it decodes), from the request's first token. On
+// 120-block endpoints, a holder decoding one request of the 72-block prompt's prefix has
+// room for a second only when each holds at most 20 output blocks: 1,000-token outputs
+// (32 held) send it to the idle endpoint, where the fixed output_blocks override keeps it
+// at the holder, as does the first request still in prefill; 500-token outputs (16 held,
+// 32 counted whole) keep it there.
+func TestPlacementOutputBlocksFromMeasuredOutput(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		override   int     // output_blocks; 0 derives
+		mean       float64 // measured output tokens per finished request; 0: none finished
+		maxTokens  int
+		wantHolder bool
+	}{
+		{"measured long outputs leave no room at the holder", 0, 1000, 0, false},
+		{"measured short outputs fit", 0, 50, 0, true},
+		{"half of 500-token outputs fit", 0, 500, 0, true},
+		{"max_tokens bounds the measured mean", 0, 1000, 100, true},
+		{"nothing measured: max_tokens", 0, 0, 1000, false},
+		{"nothing measured and no max_tokens", 0, 0, 0, true},
+		{"output_blocks overrides the measurement", 4, 1000, 0, true},
+		{"a request in prefill holds no output", 0, 1000, 0, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := placement.DefaultConfig()
+			cfg.OutputBlocks = tc.override
+			ix := testindex.New()
+			p := newPlacement(t, cfg, ix)
+			cs := fleet(2, []int{120, 120})
+			holder := place(t, p, prefixed(0, 0), cs)
+			ix.Hold(holder, plKeysOf(prefixed(0, 0))[:64]) // the holder computed the prefix
+			if tc.mean > 0 {
+				for i := range cs {
+					cs[i].Metrics.FinishedRequests, cs[i].Metrics.OutputTokens = 10, 10*tc.mean
+				}
+			}
+			send := func(tail int) *scoring.Request {
+				req := plRequest(prefixed(0, tail))
+				req.MaxTokens = tc.maxTokens
+				return req
+			}
+			first := send(1)
+			if _, err := p.Pick(first, cs); err != nil {
+				t.Fatal(err)
+			}
+			p.Routed(first, holder)
+			if !strings.HasSuffix(tc.name, "in prefill holds no output") {
+				p.FirstToken(first.ID)
+			}
+			d, err := p.Pick(send(2), cs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if (d.Endpoint == holder) != tc.wantHolder {
+				t.Fatalf("went to %s (holder %s), want holder %v", d.Endpoint, holder, tc.wantHolder)
+			}
+		})
+	}
 }

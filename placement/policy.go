@@ -79,7 +79,8 @@ import (
 //
 // KV room is each endpoint's footprint, tracked from Routed to Finished: every active
 // prefix once plus each request's own blocks (less those its conversation's requests in
-// flight there hold: scratch.shared), against Headroom of its capacity.
+// flight there hold: scratch.shared) and, from its first token, its output blocks
+// (outputBlocks), against Headroom of its capacity.
 // Placements not used for LiveWindow picks expire; a departed endpoint (Forget) loses
 // its placements and only its prefixes move. Requests without a full block of token ids
 // go to the least-loaded candidate.
@@ -179,6 +180,7 @@ func (p *Policy) Pick(req *scoring.Request, cands []scoring.Endpoint) (scoring.D
 	// Keys at the first candidate's block size: a fleet serving one model has one.
 	bs := p.blockSize(&cands[0])
 	sc.blockSize = bs
+	sc.out = p.outputBlocks(req, cands, bs)
 	if req.TokenIDs != nil {
 		sc.keys = req.Keys(bs, sc.keys[:0])
 	} else {
@@ -270,7 +272,8 @@ func (p *Policy) Pick(req *scoring.Request, cands []scoring.Endpoint) (scoring.D
 	if req.ID != "" {
 		shared := sc.shared(sc.eps[best])
 		pp := pendingPick{key: key, addr: addr, blocks: len(sc.keys), pblocks: e.blocks, shared: shared,
-			prefill: max(0, len(req.TokenIDs)-max(sc.lead[best], shared)*bs), bs: bs, exact: sc.lead[best] < look}
+			prefill: max(0, len(req.TokenIDs)-max(sc.lead[best], shared)*bs), bs: bs, exact: sc.lead[best] < look,
+			out: sc.out}
 		if base > 0 {
 			pp.conv = child
 		}
@@ -553,7 +556,7 @@ func (p *Policy) Routed(req *scoring.Request, endpoint string) {
 	if pd.addr == endpoint {
 		shared = max(shared, pd.shared)
 	}
-	r := tracked{ep: ep, key: pd.key, parent: parent, conv: pd.conv, unique: max(0, pd.blocks-shared) + p.cfg.OutputBlocks, tokens: len(req.TokenIDs)}
+	r := tracked{ep: ep, key: pd.key, parent: parent, conv: pd.conv, unique: max(0, pd.blocks-shared), out: pd.out, tokens: len(req.TokenIDs)}
 	if pd.addr == endpoint {
 		r.prefill = pd.prefill
 	} else {
@@ -562,22 +565,23 @@ func (p *Policy) Routed(req *scoring.Request, endpoint string) {
 	r.routed, r.ahead, r.exact = p.now(), ep.prefill, pd.exact || pd.addr != endpoint
 	p.join(&r)
 	p.reqs[req.ID] = r
-	p.allocate(ep, req.ID, r.tokens, r.prefill, pd.bs, r.exact)
+	p.allocate(ep, req.ID, r.tokens, r.prefill, pd.bs, pd.out, r.exact)
 	if c := p.prefixes[pd.conv]; pd.conv != 0 && c != nil {
 		c.last = req.ID
 	}
 }
 
-// allocate counts a routed request's blocks into ep's turnover (sent) and remembers
-// its prompt as a history when its uncached part is known (exact) and longer than one
-// engine step (MaxNumBatchedTokens plus a block): evicted, it would cost more than a
-// step to recompute. p.mu must be held.
-func (p *Policy) allocate(ep *endpointState, id string, tokens, prefill, bs int, exact bool) {
+// allocate counts a routed request's blocks, its uncached prompt's and its out output
+// blocks, into ep's turnover (sent) and remembers its prompt as a history when its
+// uncached part is known (exact) and longer than one engine step (MaxNumBatchedTokens
+// plus a block): evicted, it would cost more than a step to recompute. p.mu must be
+// held.
+func (p *Policy) allocate(ep *endpointState, id string, tokens, prefill, bs, out int, exact bool) {
 	computed := (prefill + bs - 1) / bs
 	if exact && !p.fitsStep(prefill, bs) {
 		ep.remember(history{id: id, before: ep.sent, cached: (tokens - prefill) / bs, blocks: computed})
 	}
-	ep.sent += computed + p.cfg.OutputBlocks
+	ep.sent += computed + out
 }
 
 // Moved moves a routed request to endpoint, where the proxy served it (a listed
@@ -613,7 +617,7 @@ func (p *Policy) Moved(reqID, endpoint string) {
 		if h.id == reqID {
 			r.ep.histories = slices.Delete(r.ep.histories, k, k+1)
 			to.remember(history{id: reqID, before: to.sent, blocks: h.cached + h.blocks})
-			to.sent += h.cached + h.blocks + p.cfg.OutputBlocks
+			to.sent += h.cached + h.blocks + r.out
 			break
 		}
 	}
@@ -693,6 +697,8 @@ func (p *Policy) FirstToken(reqID string) {
 	p.mu.Lock()
 	if r, ok := p.reqs[reqID]; ok && r.first.IsZero() {
 		r.first = t
+		r.unique += r.out // decoding, it holds its output blocks
+		r.ep.footprint += r.out
 		p.measurePrefill(&r, t)
 		r.ep.prefill -= r.prefill
 		if a := r.ep.active[r.key]; a != nil {

@@ -11,9 +11,11 @@ import (
 type scratch struct {
 	// blockSize is the block size the request's keys were cut at.
 	blockSize int
-	keys      []uint64
-	names     []string
-	lead      []int
+	// out is the output blocks the request counts for (outputBlocks).
+	out   int
+	keys  []uint64
+	names []string
+	lead  []int
 	// own is, per candidate, the prefill backlog of the request's own long prefix in
 	// flight there (inFlight): a move does not skip it, it waits for it or redoes it.
 	own   []int
@@ -111,6 +113,42 @@ func (p *Policy) blockSize(e *scoring.Endpoint) int {
 	}
 	return p.cfg.BlockSize
 }
+
+// outputBlocks returns the KV blocks of bs tokens the request counts for while it
+// decodes: OutputBlocks when set, else half its expected output. The expected output is
+// the fleet's measured mean per finished request (the candidates'
+// vllm:request_generation_tokens sum over count), at most the request's max_tokens; with
+// none measured yet, its max_tokens (0 when absent). vLLM allocates a request's output
+// blocks one at a time as it decodes, so over its decode it holds half of them on
+// average: counted whole, the footprint of a holder running three 500-token outputs
+// showed no room while its engine had blocks free, and hits were sent to recompute their
+// prefixes elsewhere (docs/results-workloads.md, "Probed axes"). Routed counts them into
+// the endpoint's turnover, FirstToken into its footprint (in prefill or queued, a request
+// holds no output blocks).
+func (p *Policy) outputBlocks(req *scoring.Request, cands []scoring.Endpoint, bs int) int {
+	if p.cfg.OutputBlocks > 0 {
+		return p.cfg.OutputBlocks
+	}
+	var n, sum float64
+	for i := range cands {
+		if m := &cands[i].Metrics; m.Valid {
+			n += m.FinishedRequests
+			sum += m.OutputTokens
+		}
+	}
+	tokens := float64(max(req.MaxTokens, 0))
+	if mean := sum / n; n > 0 && mean >= 0 && (req.MaxTokens <= 0 || mean < tokens) {
+		tokens = mean
+	}
+	// Bounded by the engines' longest context in practice; capped here so that a bogus
+	// figure cannot overflow the footprint's ints.
+	tokens = min(tokens, float64(maxOutputTokens))
+	return int(math.Ceil(tokens / 2 / float64(bs)))
+}
+
+// maxOutputTokens bounds a request's expected output tokens (outputBlocks): 2^24, past
+// any engine's max_model_len.
+const maxOutputTokens = 1 << 24
 
 // choose applies the rules documented on Policy and returns the chosen candidate and
 // the kind of decision; sc.pos[i] is set to candidate i's placement position or -1.
@@ -216,7 +254,7 @@ func (p *Policy) choose(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 	sc.ok = slices.Grow(sc.ok[:0], n)[:n]
 	sc.room = slices.Grow(sc.room[:0], n)[:n]
 	for i := range cands {
-		sc.room[i] = p.room(sc.eps[i], key, &cands[i], blocks, sc.shared(sc.eps[i]), sc.otherKV[i])
+		sc.room[i] = p.room(sc.eps[i], key, &cands[i], blocks, sc.out, sc.shared(sc.eps[i]), sc.otherKV[i])
 		sc.ok[i] = sc.loads[i] < p.cfg.Saturated && sc.room[i]
 	}
 	if p.cfg.RehomeLost {
@@ -962,7 +1000,7 @@ func (p *Policy) long(n int) bool {
 // vLLM evicts free blocks least recently used first, a request's tail first: a history
 // keeps its blocks while the blocks allocated there since it was routed (its own
 // included), plus its cached head, fit in the endpoint's capacity; the request's own
-// new blocks (uncached there, plus OutputBlocks) push out the part past it. Histories
+// new blocks (uncached there, plus its expected output) push out the part past it. Histories
 // already past it are forgotten. p.mu must be held.
 func (p *Policy) evicts(cands []scoring.Endpoint, sc *scratch, i int) int {
 	ep := sc.eps[i]
@@ -970,7 +1008,7 @@ func (p *Policy) evicts(cands []scoring.Endpoint, sc *scratch, i int) int {
 	ep.histories = slices.DeleteFunc(ep.histories, func(h history) bool {
 		return ep.sent-h.before+h.cached > capacity
 	})
-	add := len(sc.keys) - sc.lead[i] + p.cfg.OutputBlocks
+	add := len(sc.keys) - sc.lead[i] + sc.out
 	lost := 0
 	for _, h := range ep.histories {
 		if over := ep.sent - h.before + h.cached + add - capacity; over > 0 {
@@ -1053,7 +1091,7 @@ func (p *Policy) soonestRoom(key uint64, cands []scoring.Endpoint, sc *scratch, 
 	// capacity once every decoding request there has finished.
 	wait := func(i int) (at, queued float64) {
 		capacity := p.cfg.Headroom * float64(p.capacity(&cands[i]))
-		used := float64(sc.eps[i].footprint) + sc.otherKV[i] + float64(p.need(sc.eps[i], key, &cands[i], blocks, sc.shared(sc.eps[i])))
+		used := float64(sc.eps[i].footprint) + sc.otherKV[i] + float64(p.need(sc.eps[i], key, &cands[i], blocks, sc.out, sc.shared(sc.eps[i])))
 		f := frees[i]
 		slices.SortFunc(f, func(a, b freeing) int { return cmp.Compare(a.at, b.at) })
 		for _, x := range f {
@@ -1259,7 +1297,7 @@ func (p *Policy) moveWorth(e *prefixEntry, key uint64, sc *scratch, i, h int) bo
 // held.
 func (p *Policy) spare(key uint64, cands []scoring.Endpoint, sc *scratch, i int) bool {
 	ep := sc.eps[i]
-	return float64(ep.placedBlocks+ep.footprint+p.need(ep, key, &cands[i], len(sc.keys), sc.shared(ep)))+sc.otherKV[i] <= float64(p.capacity(&cands[i]))
+	return float64(ep.placedBlocks+ep.footprint+p.need(ep, key, &cands[i], len(sc.keys), sc.out, sc.shared(ep)))+sc.otherKV[i] <= float64(p.capacity(&cands[i]))
 }
 
 // fasterCopy returns the idle candidate that takes a copy of the prefix and the
@@ -1278,7 +1316,7 @@ func (p *Policy) spare(key uint64, cands []scoring.Endpoint, sc *scratch, i int)
 // decode time under MissSpeedup of g's), holds no copy beyond its homes, would add a
 // prefill that fits in one step (moveOK), and has room for the copy beside its
 // placements with a request of each, the copy's included (its request's blocks past
-// the prefix and OutputBlocks), beside peers' blocks. A copy past that room, or a
+// the prefix and the output blocks it holds), beside peers' blocks. A copy past that room, or a
 // second one, is evicted by the requests of the endpoint's other prefixes and made
 // again: one endpoint took five prefixes, ten misses a repetition, and N = 7, C = 4's
 // TTFT p99 became a miss's (69 -> 115 ms, kv 83). Of those candidates, the fastest.
@@ -1292,7 +1330,7 @@ func (p *Policy) fasterCopy(e *prefixEntry, key uint64, cands []scoring.Endpoint
 			return -1 // a faster holder has it already
 		}
 	}
-	tail := max(0, len(sc.keys)-e.blocks) + p.cfg.OutputBlocks
+	tail := max(0, len(sc.keys)-e.blocks) + sc.out
 	best := -1
 	for i := range cands {
 		if sc.pos[i] >= 0 || !sc.ok[i] || sc.loads[i] > 0 || sc.decode[i] == 0 ||
@@ -1345,18 +1383,18 @@ func (p *Policy) wait(sc *scratch, i int) float64 {
 
 // room reports whether candidate i can start the request without waiting for KV blocks:
 // its footprint, plus others (blocks other routers' requests hold), plus the request's
-// blocks not already active there, stays within Headroom of its capacity. p.mu must be
-// held.
-func (p *Policy) room(ep *endpointState, key uint64, c *scoring.Endpoint, blocks, shared int, others float64) bool {
+// blocks not already active there and the out output blocks it holds, stays within
+// Headroom of its capacity. p.mu must be held.
+func (p *Policy) room(ep *endpointState, key uint64, c *scoring.Endpoint, blocks, out, shared int, others float64) bool {
 	capacity := float64(p.capacity(c))
 	used := float64(ep.footprint) + others
 	if p.cfg.ScrapedLoad && c.Metrics.Valid {
 		used = max(used, c.Metrics.KVCacheUsage*capacity)
 	}
-	return used+float64(p.need(ep, key, c, blocks, shared)) <= p.cfg.Headroom*capacity
+	return used+float64(p.need(ep, key, c, blocks, out, shared)) <= p.cfg.Headroom*capacity
 }
 
-// need is the KV blocks the request adds at the endpoint: its blocks and OutputBlocks,
+// need is the KV blocks the request adds at the endpoint: its blocks and out output blocks,
 // less its prefix's when a request in flight there holds it, or the shared blocks an
 // in-flight request of its conversation holds there (scratch.shared), whichever is
 // more; for a conversation's turn on a branched prefix longer than a step, that
@@ -1368,7 +1406,7 @@ func (p *Policy) room(ep *endpointState, key uint64, c *scoring.Endpoint, blocks
 // load: 2 router replicas on the agent workload recomputed three 103k-token histories
 // beside a peer's agent on their context, 1.91 requests/s against one router's 2.24;
 // docs/results-workloads.md, "Probed axes"). p.mu must be held.
-func (p *Policy) need(ep *endpointState, key uint64, c *scoring.Endpoint, blocks, shared int) int {
+func (p *Policy) need(ep *endpointState, key uint64, c *scoring.Endpoint, blocks, out, shared int) int {
 	held, parent := shared, 0
 	if e := p.prefixes[key]; e != nil && e.base > 0 && e.parent != 0 && !p.fitsStep(e.base*p.blockSize(c), p.blockSize(c)) {
 		if a := ep.active[e.parent]; a != nil {
@@ -1384,5 +1422,5 @@ func (p *Policy) need(ep *endpointState, key uint64, c *scoring.Endpoint, blocks
 		// A peer's request holds the prefix there (counted in others): only the tail.
 		held = max(held, p.prefixes[key].blocks)
 	}
-	return blocks + p.cfg.OutputBlocks - min(held, blocks)
+	return blocks + out - min(held, blocks)
 }

@@ -94,7 +94,7 @@ type endpointState struct {
 	// lastMiss is when the newest miss was routed there (waitBehindMiss).
 	lastMiss time.Time
 	// sent counts the KV blocks this router's requests allocated there: each one's
-	// uncached prompt blocks plus OutputBlocks. vLLM evicts its free blocks least
+	// uncached prompt blocks plus its output blocks (scratch.out). vLLM evicts its free blocks least
 	// recently used first, so a prompt's blocks stay cached until about the endpoint's
 	// capacity of blocks has been allocated after it: sent is how far its cache has
 	// turned over. histories are the recent long prompts (longMiss), oldest first.
@@ -236,6 +236,7 @@ type pendingPick struct {
 	prefill int    // its uncached prompt tokens on addr, per the index at the pick
 	bs      int    // the block size its keys were cut at
 	conv    uint64 // the conversation it continues past a branched prefix; 0: none
+	out     int    // the output blocks it counts for (scratch.out)
 	// exact: the index was asked past the blocks addr holds, so prefill is its
 	// uncached part (Pick asks only about the prefix's blocks and one more).
 	exact bool
@@ -248,9 +249,13 @@ type tracked struct {
 	// parent is the branched prefix a conversation's turn (key) extends, activated
 	// beside it with the blocks they share, so that turns of several conversations on
 	// one context count it once in the footprint; 0 for others.
-	parent  uint64
-	conv    uint64 // the conversation it continues (pendingPick.conv); 0: none
-	unique  int
+	parent uint64
+	conv   uint64 // the conversation it continues (pendingPick.conv); 0: none
+	unique int
+	// out is the output blocks it counts for (pendingPick.out): in its endpoint's
+	// turnover from Routed, in unique and the footprint from FirstToken (in prefill or
+	// queued it holds none).
+	out     int
 	prefill int       // uncached tokens, released at the first token
 	tokens  int       // prompt tokens: the prefill where the request moves (Moved)
 	first   time.Time // zero until FirstToken

@@ -27,6 +27,10 @@ type Metrics struct {
 	KVCacheUsage float64 // vllm:kv_cache_usage_perc, 0..1
 	NumGPUBlocks int     // vllm:cache_config_info{num_gpu_blocks}
 	BlockSize    int     // vllm:cache_config_info{block_size}
+	// FinishedRequests and OutputTokens are vllm:request_generation_tokens' _count and
+	// _sum: the requests the engine finished since it started and their output tokens
+	// (both 0 when the family is absent). Their ratio is the endpoint's mean output.
+	FinishedRequests, OutputTokens float64
 	// At is when these figures were scraped (zero when unknown), on the clock the router
 	// gives its policies: a policy that counts its own requests can tell how many of the
 	// scraped ones were its own then, and so how many other router replicas sent.
@@ -54,6 +58,9 @@ type Request struct {
 	// requests computed (the tokenizer's prefix cache keeps them with those ids, so a
 	// conversation's turn hashes only its new blocks): see Keys. Borrowed like TokenIDs.
 	Prefix index.PrefixKeys
+	// MaxTokens is the body's max_completion_tokens or max_tokens (0 when absent): the
+	// most output tokens the request can add.
+	MaxTokens int
 	// Held is how long the router has already held the request at a policy's request
 	// (the sum of the Decision.Hold it honoured); 0 at the first Pick.
 	Held time.Duration

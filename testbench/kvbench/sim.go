@@ -451,6 +451,7 @@ type simJob struct {
 // policy asks for (within MaxHold) waits on the virtual clock and picks again.
 func (r *simRun) pick(j simJob) {
 	sreq, replica, res, fail, done := j.sreq, j.replica, j.res, j.fail, j.done
+	sreq.MaxTokens = j.output // the body's max_tokens, as the router parses it in URL mode
 	rt := r.routers[replica]
 	cands := r.candidates(replica)
 	if len(cands) == 0 {
@@ -615,6 +616,7 @@ func (r *simRun) scrapeNow() {
 		s := e.Stats()
 		r.metrics[i] = scoring.Metrics{Valid: true, Running: s.Running, Waiting: s.Waiting,
 			KVCacheUsage: s.KVCacheUsage, NumGPUBlocks: s.NumGPUBlocks, BlockSize: s.BlockSize,
+			FinishedRequests: float64(s.FinishedRequests), OutputTokens: float64(s.FinishedOutputTokens),
 			At: time.Unix(0, 0).Add(secs(r.f.Now()))}
 	}
 }

@@ -81,7 +81,11 @@ type Stats struct {
 	PrefixCacheQueries, PrefixCacheHits int64
 	PromptTokens, GenerationTokens      int64
 	Preemptions                         int64
-	NumGPUBlocks, BlockSize             int
+	// FinishedRequests and FinishedOutputTokens count the requests that ended (any
+	// reason) and their output tokens: vLLM's vllm:request_generation_tokens histogram's
+	// _count and _sum.
+	FinishedRequests, FinishedOutputTokens int64
+	NumGPUBlocks, BlockSize                int
 	// CachedBlocks counts the distinct block hashes the prefix cache holds: what a
 	// KV-event subscriber's index should hold for this engine once its events are read.
 	CachedBlocks int
@@ -514,6 +518,8 @@ func (e *Engine) finish(r *request, reason string) Result {
 	delete(e.reqs, r.id)
 	res := Result{ID: r.id, PromptTokens: r.numPrompt, OutputTokens: r.numTokens() - r.numPrompt,
 		CachedTokens: max(r.cached, 0), Preemptions: r.preemptions, Reason: reason}
+	e.stats.FinishedRequests++
+	e.stats.FinishedOutputTokens += int64(res.OutputTokens)
 	if r.cb.Finish != nil {
 		r.cb.Finish(res)
 	}

@@ -19,6 +19,22 @@ var (
 type metrics struct {
 	ttft *prometheus.HistogramVec
 	e2e  *prometheus.HistogramVec
+	// gen is vllm:request_generation_tokens: each finished request's output tokens,
+	// in vLLM's 1-2-5 buckets up to max_model_len.
+	gen *prometheus.HistogramVec
+}
+
+// buckets125 is vLLM's build_1_2_5_buckets: 1, 2, 5, 10, 20, 50, ... up to max.
+func buckets125(max int) []float64 {
+	var out []float64
+	for e := 1; ; e *= 10 {
+		for _, m := range []int{1, 2, 5} {
+			if m*e > max {
+				return out
+			}
+			out = append(out, float64(m*e))
+		}
+	}
 }
 
 // statsCollector exposes every rank's engine statistics under vLLM's names.
@@ -35,6 +51,8 @@ func newMetrics(s *Server, reg prometheus.Registerer) (*metrics, error) {
 			Help: "Histogram of time to first token in seconds.", Buckets: ttftBuckets}, labels),
 		e2e: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "vllm:e2e_request_latency_seconds",
 			Help: "Histogram of e2e request latency in seconds.", Buckets: e2eBuckets}, labels),
+		gen: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "vllm:request_generation_tokens",
+			Help: "Number of generation tokens processed.", Buckets: buckets125(s.cfg.Engine.MaxModelLen)}, labels),
 	}
 	d := func(name, help string, extra ...string) *prometheus.Desc {
 		return prometheus.NewDesc(name, help, append(append([]string{}, labels...), extra...), nil)
@@ -54,7 +72,7 @@ func newMetrics(s *Server, reg prometheus.Registerer) (*metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, col := range []prometheus.Collector{m.ttft, m.e2e, c} {
+	for _, col := range []prometheus.Collector{m.ttft, m.e2e, m.gen, c} {
 		if err := reg.Register(col); err != nil {
 			return nil, err
 		}

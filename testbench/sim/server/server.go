@@ -431,6 +431,11 @@ func (s *Server) observe(sub *submitted, first bool) {
 	h.WithLabelValues(s.cfg.servedName(), fmt.Sprint(sub.rank.idx)).Observe(el)
 }
 
+// observeOutput records a finished request's output tokens (vllm:request_generation_tokens).
+func (s *Server) observeOutput(sub *submitted, res *sim.Result) {
+	s.metrics.gen.WithLabelValues(s.cfg.servedName(), fmt.Sprint(sub.rank.idx)).Observe(float64(res.OutputTokens))
+}
+
 type usage struct {
 	PromptTokens        int            `json:"prompt_tokens"`
 	TotalTokens         int            `json:"total_tokens"`
@@ -538,6 +543,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, b *body, prompt [
 		}
 	}
 	s.observe(sub, false)
+	s.observeOutput(sub, res)
 	u := s.usage(res.PromptTokens, res.OutputTokens, res.CachedTokens)
 	var out any
 	if chat {
@@ -646,6 +652,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, sub *submitted, 
 				}
 				send(chunk(text, finishReason(ev.done)))
 				s.observe(sub, false)
+				s.observeOutput(sub, ev.done)
 				if includeUsage {
 					u := s.usage(ev.done.PromptTokens, ev.done.OutputTokens, ev.done.CachedTokens)
 					if chat {
