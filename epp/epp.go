@@ -40,6 +40,14 @@ const (
 	NamespaceLB = "envoy.lb"
 	// NamespaceSubsetHint is the metadata namespace of the gateway's subset hint.
 	NamespaceSubsetHint = "envoy.lb.subset_hint"
+	// NamespaceKVRouter is kvrouter's own dynamic-metadata namespace: debug facts about a
+	// decision for the proxy's access log (%DYNAMIC_METADATA(kvrouter:decision)%), never
+	// a header a client sees. Not part of the endpoint-picker protocol; the proxy accepts
+	// it only when its ext_proc filter lists it in metadata_options.receiving_namespaces.
+	NamespaceKVRouter = "kvrouter"
+	// KeyDecision is the NamespaceKVRouter key naming the decision's kind
+	// (scoring.Decision.Kind); absent when the policy does not say.
+	KeyDecision = "decision"
 	// KeySubset is the subset hint's key: a list of "ip:port" or one comma-separated string.
 	KeySubset = "x-gateway-destination-endpoint-subset"
 	// HeaderUpstreamServiceTime is the header Envoy's router adds to a response that came

@@ -65,6 +65,7 @@ type choice struct {
 	dest     string // header value: endpoint, then any fallbacks
 	endpoint string
 	policy   string
+	why      string // the decision's kind (scoring.Decision.Kind), "" when the policy does not say
 	fallback string // fallback reason, "" when the configured policy chose
 	req      scoring.Request
 	ids      *promptBuf       // pooled buffer behind req.TokenIDs and req.Prefix, returned once the choice is committed
@@ -96,27 +97,28 @@ func (st *stream) decideAndReply(in decideInput, kind replyKind) (done bool, err
 			// FULL_DUPLEX_STREAMED: the caller streams st.body on, then returns its copy's
 			// reservation.
 			st.body = c.body
-			return false, st.send(st.rewriteReply(c.dest, kind, c.body))
+			return false, st.send(st.rewriteReply(c.dest, c.why, kind, c.body))
 		}
 		defer st.unholdCopy() // the body reply carries the copy: passed on once sent
-		return false, st.send(st.rewriteReply(c.dest, kind, c.body))
+		return false, st.send(st.rewriteReply(c.dest, c.why, kind, c.body))
 	}
-	return false, st.send(st.decisionReply(c.dest, kind))
+	return false, st.send(st.decisionReply(c.dest, c.why, kind))
 }
 
-// decisionReply is the reply naming dest; without client-sent x-gateway-destination-*
-// headers to remove (the usual case) it comes from the server's reply cache.
-func (st *stream) decisionReply(dest string, kind replyKind) *extprocv3.ProcessingResponse {
+// decisionReply is the reply naming dest, chosen by a decision of kind why; without
+// client-sent x-gateway-destination-* headers to remove (the usual case) it comes from
+// the server's reply cache.
+func (st *stream) decisionReply(dest, why string, kind replyKind) *extprocv3.ProcessingResponse {
 	for _, h := range st.spoofed {
 		if h != epp.HeaderDestination {
-			return decisionReply(dest, st.spoofed, kind)
+			return decisionReply(dest, why, st.spoofed, kind)
 		}
 	}
 	cache := &st.s.headerReplies
 	if kind == replyBody {
 		cache = &st.s.bodyReplies
 	}
-	return cache.get(dest, func() *extprocv3.ProcessingResponse { return decisionReply(dest, nil, kind) })
+	return cache.get(replyKey{dest, why}, func() *extprocv3.ProcessingResponse { return decisionReply(dest, why, nil, kind) })
 }
 
 // reply503 answers the client directly: 429 when the request is shed, 503 otherwise.
@@ -135,10 +137,11 @@ func (st *stream) reply503(reason string) error {
 	return st.send(immediateError(reason, st.s.retry))
 }
 
-// decisionReply is the request-headers or request-body reply naming dest.
-func decisionReply(dest string, spoofed []string, kind replyKind) *extprocv3.ProcessingResponse {
+// decisionReply is the request-headers or request-body reply naming dest, chosen by a
+// decision of kind why.
+func decisionReply(dest, why string, spoofed []string, kind replyKind) *extprocv3.ProcessingResponse {
 	common := &extprocv3.CommonResponse{HeaderMutation: decisionMutation(dest, spoofed), ClearRouteCache: true}
-	r := &extprocv3.ProcessingResponse{DynamicMetadata: decisionMetadata(dest)}
+	r := &extprocv3.ProcessingResponse{DynamicMetadata: decisionMetadata(dest, why)}
 	if kind == replyHeaders {
 		r.Response = &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{Response: common}}
 	} else {
@@ -332,7 +335,7 @@ func (st *stream) choose(in decideInput, start time.Time) (c choice, noEndpointR
 	if rw.target != model {
 		body = parsed.WithModel(in.body, rw.target)
 	}
-	c = choice{dest: dest, endpoint: d.Endpoint, policy: policy.Name(), fallback: fallback, req: req, ids: ids, priority: priority,
+	c = choice{dest: dest, endpoint: d.Endpoint, policy: policy.Name(), why: d.Kind, fallback: fallback, req: req, ids: ids, priority: priority,
 		rewrite: rw, body: body}
 	c.observer = rt.observer // told of every request routed under rt, as the fallback's too
 	return c, "", nil
@@ -576,12 +579,21 @@ func decisionMutation(dest string, spoofed []string) *extprocv3.HeaderMutation {
 	return m
 }
 
-func decisionMetadata(dest string) *structpb.Struct {
-	return &structpb.Struct{Fields: map[string]*structpb.Value{
+// decisionMetadata is the decision's dynamic metadata: dest under envoy.lb (the
+// protocol's), and the decision's kind why, when the policy says, under kvrouter's own
+// namespace for the proxy's access log.
+func decisionMetadata(dest, why string) *structpb.Struct {
+	md := &structpb.Struct{Fields: map[string]*structpb.Value{
 		epp.NamespaceLB: structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
 			epp.HeaderDestination: structpb.NewStringValue(dest),
 		}}),
 	}}
+	if why != "" {
+		md.Fields[epp.NamespaceKVRouter] = structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
+			epp.KeyDecision: structpb.NewStringValue(why),
+		}})
+	}
+	return md
 }
 
 var errorBodies = map[string][]byte{

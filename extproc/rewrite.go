@@ -100,10 +100,10 @@ func (s *Server) serves(model string) bool {
 // allow_content_length_header is set, and then needs it right; a request without one,
 // chunked, stays without) and, in a body reply, carries the new body. In FULL_DUPLEX_STREAMED the
 // headers reply is this one and the new body follows as streamed chunks. The parts that
-// depend only on dest (the destination header, the envoy.lb metadata) are those of the
+// depend only on dest and why (the destination header, the metadata) are those of the
 // decision reply the stream would send otherwise, shared and never modified.
-func (st *stream) rewriteReply(dest string, kind replyKind, body []byte) *extprocv3.ProcessingResponse {
-	base := st.decisionReply(dest, kind)
+func (st *stream) rewriteReply(dest, why string, kind replyKind, body []byte) *extprocv3.ProcessingResponse {
+	base := st.decisionReply(dest, why, kind)
 	var bm *extprocv3.HeaderMutation
 	if kind == replyHeaders {
 		bm = base.GetRequestHeaders().GetResponse().GetHeaderMutation()

@@ -181,7 +181,7 @@ func (st *stream) onRequestHeaders(msg *extprocv3.ProcessingRequest, h *extprocv
 			return true, st.reply503(reason)
 		}
 		st.tentative = &c
-		return false, st.send(st.decisionReply(c.dest, replyHeaders))
+		return false, st.send(st.decisionReply(c.dest, c.why, replyHeaders))
 	default: // STREAMED, NONE, GRPC: Envoy waits for this reply before any body.
 		return st.decideAndReply(decideInput{fallback: fallbackNoBody}, replyHeaders)
 	}
@@ -374,7 +374,7 @@ func (st *stream) onResponseHeaders(msg *extprocv3.ProcessingRequest, h *extproc
 		st.markFirstToken()
 		st.endResponse()
 	}
-	return st.send(st.s.servedReplies.get(served, func() *extprocv3.ProcessingResponse { return servedReply(served) }))
+	return st.send(st.s.servedReplies.get(replyKey{addr: served}, func() *extprocv3.ProcessingResponse { return servedReply(served) }))
 }
 
 // upstreamFailed counts a response showing that the chosen endpoint did not answer and

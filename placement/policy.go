@@ -115,7 +115,7 @@ type metrics struct {
 	decisions *prometheus.CounterVec
 }
 
-// scoring.Decision kinds counted by kvrouter_scoring_placement_decisions_total.
+// scoring.Decision kinds (Decision.Kind), counted by kvrouter_scoring_placement_decisions_total.
 const (
 	kindHolder      = "holder"
 	kindHome        = "home"
@@ -189,7 +189,9 @@ func (p *Policy) Pick(req *scoring.Request, cands []scoring.Endpoint) (scoring.D
 	if len(sc.keys) == 0 {
 		best := argminLoad(sc.loads, nil)
 		p.m.decisions.WithLabelValues(kindUntokenized).Inc()
-		return p.decision(cands, sc, best, nil), nil
+		d := p.decision(cands, sc, best, nil)
+		d.Kind = kindUntokenized
+		return d, nil
 	}
 	sc.names = slices.Grow(sc.names[:0], n)[:n]
 	for i := range cands {
@@ -285,7 +287,7 @@ func (p *Policy) Pick(req *scoring.Request, cands []scoring.Endpoint) (scoring.D
 	}
 	p.m.decisions.WithLabelValues(kind).Inc()
 	d := p.decision(cands, sc, best, sc.pos)
-	d.Hold = delay
+	d.Hold, d.Kind = delay, kind
 	return d, nil
 }
 

@@ -408,7 +408,16 @@ func (c *kvCore) pick(req *Request, cands []Endpoint) (Decision, error) {
 		c.pending[req.ID] = p
 	}
 	c.mu.Unlock()
-	return c.decision(cands, sc, best), nil
+	d := c.decision(cands, sc, best)
+	switch {
+	case !tokenized:
+		d.Kind = KindUntokenized
+	case sc.overlaps[best] > 0:
+		d.Kind = KindHit
+	default:
+		d.Kind = KindLoad
+	}
+	return d, nil
 }
 
 // decision builds the answer: best first, then up to MaxFallbacks others by rising cost

@@ -98,7 +98,24 @@ type Decision struct {
 	// or it does not hold at all) routes there instead. Policies bound their own holds
 	// through Request.Held; the router bounds them again.
 	Hold time.Duration
+	// Kind names the rule that made the decision, for the route log and the proxy's
+	// access log (extproc's kvrouter dynamic metadata): a short string from the policy's
+	// documented closed set, "" for a policy that does not say. kv and approximate:
+	// KindHit, KindLoad, KindUntokenized; placement: its README's decision kinds (those
+	// of kvrouter_scoring_placement_decisions_total).
+	Kind string
 }
+
+// Decision kinds of the kv and approximate policies (Decision.Kind).
+const (
+	// KindHit: the chosen endpoint holds (or is predicted to hold) some of the prompt's
+	// leading blocks.
+	KindHit = "hit"
+	// KindLoad: the chosen endpoint holds none of them; its load alone chose it.
+	KindLoad = "load"
+	// KindUntokenized: the request has no token ids; picked by load.
+	KindUntokenized = "untokenized"
+)
 
 // MaxFallbacks bounds Decision.Fallbacks: enough for the proxy's retries, and a pick
 // over many endpoints does not sort them all.

@@ -9,7 +9,10 @@
 
 Per run (policy, repetition, concurrency): the cached-token ratio from the log's finish
 lines, the ratio without the requests of at least --long prompt tokens, those requests
-(sequence:server:cached tokens) and when the last request finished. With --trace (the
+(sequence:server:cached tokens:decision kind) and when the last request finished; then
+per policy its measured routes by decision kind (the route lines' `kind`, the rule that
+chose the server: kv's hit/load, placement's holder/home/replica/...; "-" where the
+policy names none). With --trace (the
 Mooncake-format trace the run replayed, one record per sequence number), the turns that
 continue a conversation: a turn's history is the earlier request sharing most of its
 leading hash ids, when that is more than --shared-ids (a system prompt's); counted
@@ -42,7 +45,8 @@ last route) and the drain after the last arrival, and which request finished las
 its latency; then the median run per policy. A trace fixes the arrivals' span; a chat or
 agent workload does not (a turn is sent a think time after the last one's answer, so the
 span ends with the conversation that finishes last). When the fleet keeps up with a trace,
-the drain is the last requests' latency, and it alone tells policies apart.
+the drain is the last requests' latency, and it alone tells policies apart. The last
+request is named with the kind of the decision that routed it.
 
 With --misses instead, per policy and concurrency, summed over repetitions (a sim run of
 the reference workload: each route line carries the servers' cached blocks). A
@@ -345,10 +349,14 @@ def servers(path):
 
 def drain(path):
     runs = collections.defaultdict(dict)
+    kinds = {}
     for line in open(path):
         ev = json.loads(line)
         if ev["event"] in ("route", "finish"):
-            runs[(ev["policy"], ev["rep"], ev.get("concurrency", 0))].setdefault(ev["seq"], {})[ev["event"]] = ev["t"]
+            run = (ev["policy"], ev["rep"], ev.get("concurrency", 0))
+            runs[run].setdefault(ev["seq"], {})[ev["event"]] = ev["t"]
+            if ev["event"] == "route":
+                kinds[run + (ev["seq"],)] = ev.get("kind") or "-"
     per = collections.defaultdict(list)
     for run, reqs in sorted(runs.items()):
         routes = [r["route"] for r in reqs.values() if "route" in r]
@@ -359,8 +367,8 @@ def drain(path):
         end, seq = done[-1]
         row = (len(done) / (end - first), last_in - first, end - last_in, seq, end - reqs[seq]["route"], len(done))
         per[run[0]].append(row)
-        print("%s rep %d: %.3f requests/s = %d / (%.2f s of arrivals + %.2f s of drain); last done: request %d, %.2f s after its route" % (
-            run[0], run[1], row[0], row[5], row[1], row[2], row[3], row[4]))
+        print("%s rep %d: %.3f requests/s = %d / (%.2f s of arrivals + %.2f s of drain); last done: request %d (%s), %.2f s after its route" % (
+            run[0], run[1], row[0], row[5], row[1], row[2], row[3], kinds.get(run + (seq,), "-"), row[4]))
     for policy, rows in per.items():
         m = sorted(rows)[(len(rows) - 1) // 2]
         print("median %s: %.3f requests/s, drain %.2f s (request %d, latency %.2f s)" % (policy, m[0], m[2], m[3], m[4]))
@@ -390,8 +398,15 @@ def main():
         servers(args.log)
         return
     runs = collections.defaultdict(dict)
+    kinds = {}                                          # (run, seq) -> decision kind
+    by_kind = collections.defaultdict(collections.Counter)  # policy -> measured routes by kind
     for line in open(args.log):
         ev = json.loads(line)
+        if ev["event"] == "route":
+            run = (ev["policy"], ev["rep"], ev.get("concurrency", 0))
+            kinds[run + (ev["seq"],)] = ev.get("kind") or "-"
+            if not ev.get("warmup"):
+                by_kind[ev["policy"]][ev.get("kind") or "-"] += 1
         if ev["event"] == "finish":
             run = (ev["policy"], ev["rep"], ev.get("concurrency", 0))
             runs[run][ev["seq"]] = (ev["server"], ev.get("prompt_tokens", 0), ev.get("cached_tokens", 0), ev["t"])
@@ -406,7 +421,7 @@ def main():
         rest_c = sum(r[2] for s, r in reqs.items() if s not in long_)
         line = "%s rep %d C %d: %d requests, ratio %.3f, without the %d of >= %d tokens %.3f; those %s; last done %.2f s" % (
             run[0], run[1], run[2], len(reqs), cached / max(prompt, 1), len(long_), args.long,
-            rest_c / max(rest_p, 1), " ".join("%d:%d:%d" % (s, reqs[s][0], reqs[s][2]) for s in long_),
+            rest_c / max(rest_p, 1), " ".join("%d:%d:%d:%s" % (s, reqs[s][0], reqs[s][2], kinds.get(run + (s,), "-")) for s in long_),
             max(r[3] for r in reqs.values()))
         if hist is not None:
             turns = moved = hist_tokens = got = 0
@@ -421,6 +436,10 @@ def main():
             line += "; %d turns continue a conversation, %d on another server than their history, %d of %d history tokens cached" % (
                 turns, moved, got, hist_tokens)
         print(line)
+    for policy, c in by_kind.items():
+        n = sum(c.values())
+        print("%s decisions by kind (%d measured routes, all runs): %s" % (
+            policy, n, ", ".join("%s %d (%.3f)" % (k, v, v / n) for k, v in c.most_common())))
 
 
 if __name__ == "__main__":

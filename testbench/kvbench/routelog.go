@@ -49,6 +49,9 @@ type RouteEvent struct {
 	// the router routed it.
 	HeldMS  float64      `json:"held_ms,omitempty"`
 	Servers []ServerView `json:"servers,omitempty"`
+	// Route only: the decision's kind, the rule that chose the server
+	// (scoring.Decision.Kind; absent for a policy that does not say).
+	Kind string `json:"kind,omitempty"`
 	// First token only: the request's TTFT as its client sees it.
 	TTFTMS float64 `json:"ttft_ms,omitempty"`
 	// Finish only: the request's prompt tokens and how many of them the server had

@@ -6,6 +6,8 @@ import (
 	"context"
 	"encoding/json"
 	"testing"
+
+	"github.com/kvrouter/kvrouter/scoring"
 )
 
 // TestRouteLogMatchesResults: every request of a run is logged once routed, with every
@@ -93,5 +95,53 @@ func TestRouteLogMatchesResults(t *testing.T) {
 	}
 	if cached == 0 || !cachedSomewhere {
 		t.Errorf("finishes logged %d cached tokens, a prefix logged cached somewhere: %v; the run's requests share prefixes", cached, cachedSomewhere)
+	}
+}
+
+// TestRouteLogNamesDecisionKind: each route line names the kind of the decision that
+// made it (scoring.Decision.Kind): the kv policy sends a prefix's first request by load
+// and its repeats to a server holding its blocks; a policy that does not say logs none.
+func TestRouteLogNamesDecisionKind(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		factory PolicyFactory
+		want    map[string]bool // kinds that must appear; no other may
+	}{
+		{"kv", kvRouter, map[string]bool{scoring.KindHit: true, scoring.KindLoad: true}},
+		{"round-robin", func(PolicyEnv) (Router, error) { return Router{Policy: scoring.NewRoundRobin()}, nil }, map[string]bool{"": true}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := DefaultSimConfig()
+			cfg.Policies = tc.factory
+			var buf bytes.Buffer
+			cfg.RouteLog = NewRouteLog(&buf)
+			if _, err := RunSim(context.Background(), cfg, simWorkload(t, 4, 40, 0), tc.name, 4, 0); err != nil {
+				t.Fatal(err)
+			}
+			seen := map[string]int{}
+			sc := bufio.NewScanner(&buf)
+			sc.Buffer(nil, 1<<20)
+			for sc.Scan() {
+				var ev RouteEvent
+				if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
+					t.Fatalf("line %q: %v", sc.Text(), err)
+				}
+				if ev.Event == "route" {
+					seen[ev.Kind]++
+				} else if ev.Kind != "" {
+					t.Errorf("%s line of request %d names kind %q", ev.Event, ev.Seq, ev.Kind)
+				}
+			}
+			for k, n := range seen {
+				if !tc.want[k] {
+					t.Errorf("%d route lines of kind %q, want only %v", n, k, tc.want)
+				}
+			}
+			for k := range tc.want {
+				if seen[k] == 0 {
+					t.Errorf("no route line of kind %q (saw %v)", k, seen)
+				}
+			}
+		})
 	}
 }

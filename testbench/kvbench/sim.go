@@ -484,7 +484,7 @@ func (r *simRun) pick(j simJob) {
 		return
 	}
 	res.Server = d.Endpoint
-	r.logRoute(res, server, replica, sreq.Held, ids)
+	r.logRoute(res, server, replica, sreq.Held, d.Kind, ids)
 	obs := r.obs[replica]
 	if obs != nil {
 		obs.Routed(sreq, d.Endpoint)
@@ -540,9 +540,9 @@ func (r *simRun) pick(j simJob) {
 	r.kick(server)
 }
 
-// logRoute writes the routing of res (prompt ids) to server to cfg.RouteLog, with every
-// server's state.
-func (r *simRun) logRoute(res *Result, server, replica int, held time.Duration, ids []uint32) {
+// logRoute writes the routing of res (prompt ids) to server by a decision of kind to
+// cfg.RouteLog, with every server's state.
+func (r *simRun) logRoute(res *Result, server, replica int, held time.Duration, kind string, ids []uint32) {
 	if r.cfg.RouteLog == nil {
 		return
 	}
@@ -554,7 +554,7 @@ func (r *simRun) logRoute(res *Result, server, replica int, held time.Duration, 
 	}
 	r.cfg.RouteLog.write(&RouteEvent{Policy: r.policy, Rep: r.rep, Concurrency: r.concurrency,
 		Event: "route", T: r.f.Now(), Seq: res.Seq, Server: server, Replica: replica, Prefix: res.Prefix,
-		Warmup: res.Warmup, HeldMS: float64(held) / float64(time.Millisecond), Servers: views})
+		Warmup: res.Warmup, HeldMS: float64(held) / float64(time.Millisecond), Servers: views, Kind: kind})
 }
 
 // tokens is the router's tokenization: for chat, the whole body through the chat
