@@ -830,3 +830,103 @@ func TestPlacementCopyCostCountsPeersPrefill(t *testing.T) {
 		})
 	}
 }
+
+// TestPlacementCountsAPeersContextOnce: agents on one 100k-token context (6,400 blocks)
+// on endpoints of 7,000 blocks, a peer's agent turn in flight on the context's holder.
+// An agent's next turn, whose history the holder shows, goes there: the peer's request
+// holds the context (PeerActive names it, its blocks are in the peer's load), so the
+// turn adds only its own tail, as beside this router's own request (need). Counted
+// again in the turn's blocks, the context looked twice its size, short of room, and
+// the turn recomputed its whole history on a cold endpoint; so did a conversation this
+// router knew only from a peer's placements (MergePlacements names no parent: the
+// request names it). kvbench --sim --replicas 2 --workload agent: three 103k-token
+// turns recomputed, 30 to 44 s each, 1.91 requests/s against one router's 2.24.
+func TestPlacementCountsAPeersContextOnce(t *testing.T) {
+	depth := placement.DefaultConfig().PrefixDepth
+	context := plTokens(1_000_000, 6400*16)
+	agent := func(a, turn int) []uint32 {
+		return append(append([]uint32(nil), context...), plTokens(500_000_000+1_000_000*a, (turn+1)*8*16)...)
+	}
+	for _, tc := range []struct {
+		name   string
+		merged bool // the conversation came from a peer's placements
+	}{
+		{"a conversation new to this router", false},
+		{"a conversation a peer placed", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ix := testindex.New()
+			p := newPlacement(t, placement.DefaultConfig(), ix)
+			cs := fleet(2, []int{7000, 7000})
+			p.SetPeers(&fakePeers{replicas: 2})
+			holder := place(t, p, agent(0, 0), cs)
+			ix.Hold(holder, plKeysOf(agent(0, 0)))
+			for _, toks := range [][]uint32{agent(1, 0), agent(0, 1)} {
+				if got := place(t, p, toks, cs); got != holder {
+					t.Fatalf("a turn on the context went to %s, the context is on %s", got, holder)
+				}
+				ix.Hold(holder, plKeysOf(toks))
+			}
+			// A peer routed agent 2's first two turns to the holder and has another
+			// agent's turn in flight there, holding the context.
+			ix.Hold(holder, plKeysOf(agent(2, 1)))
+			if tc.merged {
+				conv := plKeysOf(agent(2, 0))[6400+depth-1]
+				p.MergePlacements([]placement.Placement{{Key: conv, Blocks: 6400 + 16, Base: 6400,
+					Decided: time.Unix(0, 0), Sites: []placement.Site{{Endpoint: holder, Home: true}}}}, true, 0)
+			}
+			p.SetPeers(&fakePeers{replicas: 2,
+				load:   map[string]placement.Load{holder: {Requests: 1, KVBlocks: 6400 + 8}},
+				active: map[string]uint64{holder: plKeysOf(context)[depth-1]}})
+			for i := range cs {
+				if cs[i].Address == holder {
+					cs[i].InFlight = 1
+				}
+			}
+			if got := place(t, p, agent(2, 2), cs); got != holder {
+				t.Errorf("agent 2's turn went to %s, its history and room for it are on %s", got, holder)
+			}
+		})
+	}
+}
+
+// TestPlacementLooksUpAnUnlearnedPeersHistory: a conversation without a shared system
+// prompt is a prefix of its own, and its turns alternate between router replicas. A
+// peer placed its first turn (MergePlacements: its size, 8 blocks), this router routed
+// the second (seen once here: its size is not learned from one request), the peer the
+// third, to another endpoint. At the fourth, the lookup cut at the size this router
+// knew (8 blocks plus one) showed the endpoint holding the third turn holding under
+// half of the history the fourth reveals (40 blocks shared with the second): no holder,
+// and the turn went to its placement, which had lost it (kvbench --sim --replicas 2
+// --workload chat --system-prompts 0: 22 third turns sent off the endpoint holding the
+// most of their prompt, one router 8).
+func TestPlacementLooksUpAnUnlearnedPeersHistory(t *testing.T) {
+	depth := placement.DefaultConfig().PrefixDepth
+	turn := func(c, k int) []uint32 { // conversation c's k-th turn: 8 blocks, then 32 per turn
+		out := plTokens(500_000_000+10_000*c, 8*16)
+		for j := 1; j < k; j++ {
+			out = append(out, plTokens(600_000_000+100_000_000*j+10_000*c, 32*16)...)
+		}
+		return out
+	}
+	ix := testindex.New()
+	p := newPlacement(t, placement.DefaultConfig(), ix)
+	p.SetPeers(&fakePeers{replicas: 2})
+	cs := fleet(6, nil)
+	for c := range 5 {
+		home, third := cs[c].Address, cs[c+1].Address
+		p.MergePlacements([]placement.Placement{{Key: plKeysOf(turn(c, 1))[depth-1], Blocks: 8,
+			Decided: time.Unix(0, 0), Sites: []placement.Site{{Endpoint: home, Home: true}}}}, true, 0)
+		ix.Hold(home, plKeysOf(turn(c, 1)))
+		if got := place(t, p, turn(c, 2), cs); got != home {
+			t.Fatalf("conversation %d's second turn went to %s, its first is on %s", c, got, home)
+		}
+		// The peer sent the third turn elsewhere; the home lost the conversation.
+		ix.Clear(home)
+		ix.Hold(third, plKeysOf(turn(c, 3)))
+		if got := place(t, p, turn(c, 4), cs); got != third {
+			t.Errorf("conversation %d's fourth turn went to %s, its third is on %s", c, got, third)
+		}
+		ix.Clear(third)
+	}
+}

@@ -304,9 +304,17 @@ func (p *Policy) Pick(req *scoring.Request, cands []scoring.Endpoint) (scoring.D
 // holding the most of their prompt instead of 61 (kv 29 to 39), for a cached-token
 // ratio of 0.648 instead of 0.547 (kv 0.636; docs/results-workloads.md, "Probed
 // axes"). The lookup is then as long as the request, as kv's always is. One router
-// routes every turn and knows the size. p.mu must be held.
+// routes every turn and knows the size. With peers so is a prefix whose size this
+// router has not learned (seen once here, or its size a peer's placement gave):
+// whether it grows is unknown, and a conversation without a shared system prompt is
+// one, its turns alternating between replicas. Cut at the size a peer's placement of
+// its first turn gave, the endpoint holding the peer's newer turn looked to hold under
+// half of the history the turn revealed, and the turn went to a placement that had
+// lost it (chat without system prompts, 2 replicas: 22 third turns sent off the
+// endpoint holding the most of their prompt, one router 8). A shared prefix that
+// stays put is looked up whole then too: as kv's lookup always is. p.mu must be held.
 func (p *Policy) lookBlocks(e *prefixEntry, n int) int {
-	if p.peers != nil && e.grows() {
+	if p.peers != nil && (e.grows() || !e.learned) {
 		return n
 	}
 	return min(n, max(e.blocks+1, p.cfg.PrefixDepth))
@@ -358,6 +366,13 @@ func (p *Policy) followed(parent, child uint64, base int, sc *scratch) (follow b
 		c.keys.keep(sc.keys)
 		p.prefixes[child] = c
 		return false, nil
+	}
+	if c.parent == 0 && c.base == base {
+		// Merged from a peer's placements (MergePlacements), which name no parent:
+		// the request names it. Without it the turn's context, active at the
+		// endpoint, counted twice in its KV room (need) and in its footprint
+		// (Routed).
+		c.parent = parent
 	}
 	last, inFlight := p.reqs[c.last]
 	// Its size once this request is counted in: the blocks it shares with the last.

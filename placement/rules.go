@@ -1446,13 +1446,19 @@ func (p *Policy) room(ep *endpointState, key uint64, c *scoring.Endpoint, blocks
 // prefix's blocks count as held when a request on it is in flight there (Routed
 // activates a turn's parent beside it: counted in each turn, an agent's 100k-token
 // context looked twice its size beside another agent's turn, short of room, and the
-// turn was sent to recompute it on a cold endpoint: agent workload on 4 servers).
-// p.mu must be held.
+// turn was sent to recompute it on a cold endpoint: agent workload on 4 servers), and
+// so when a peer's request on it is in flight there (its blocks are in the peer's
+// load: 2 router replicas on the agent workload recomputed three 103k-token histories
+// beside a peer's agent on their context, 1.91 requests/s against one router's 2.24;
+// docs/results-workloads.md, "Probed axes"). p.mu must be held.
 func (p *Policy) need(ep *endpointState, key uint64, c *scoring.Endpoint, blocks, out, shared int) int {
 	held, parent := shared, 0
-	if e := p.prefixes[key]; e != nil && e.base > 0 && e.parent != 0 && ep.active[e.parent] != nil &&
-		!p.fitsStep(e.base*p.blockSize(c), p.blockSize(c)) {
-		parent = min(ep.active[e.parent].blocks, e.base)
+	if e := p.prefixes[key]; e != nil && e.base > 0 && e.parent != 0 && !p.fitsStep(e.base*p.blockSize(c), p.blockSize(c)) {
+		if a := ep.active[e.parent]; a != nil {
+			parent = min(a.blocks, e.base)
+		} else if p.peers != nil && p.peers.PeerActive(c.Address, e.parent) {
+			parent = e.base
+		}
 		held = max(held, parent)
 	}
 	if a := ep.active[key]; a != nil {

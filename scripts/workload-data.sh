@@ -94,6 +94,8 @@ run probe/scrape500ms.json $h $grid --scrape-interval 500ms
 run probe/scrape500ms-chat.json $h --workload chat --scrape-interval 500ms
 run probe/replicas2-chat.json $h --workload chat --replicas 2
 run probe/replicas2-mixed.json $h --workload mixed $long --replicas 2
+run probe/replicas2-agent.json $h --workload agent $long --replicas 2
+run probe/replicas2-chat-no-system.json $h --workload chat --system-prompts 0 --replicas 2
 run probe/replicas2-trace-600-seed1.json $h --trace docs/data/workloads/trace-600-seed1.jsonl --speedup 2 --kv-bytes 8GiB --replicas 2
 # Traces of the generator's other shapes (kvbench --gen-trace F --gen-trace-shape SHAPE
 # --trace-requests 300 --seed S): Mooncake-like conversations (seeds 1, 2) at 2x, where
