@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"iter"
 	"math"
 	"slices"
 	"strconv"
@@ -120,30 +121,17 @@ func parseMetrics(body []byte, models []string) (scoring.Metrics, error) {
 // finite non-negative number, or a sum without a count, makes both 0: the figure is
 // optional, and a bad one must not fail the scrape.
 func outputTokens(f *dto.MetricFamily, models []string) (count, sum float64) {
-	for pass := range 2 {
-		n := 0
-		for _, s := range f.GetMetric() {
-			h := s.GetHistogram()
-			if h == nil {
-				continue
-			}
-			if pass == 0 {
-				name, has := modelOf(s)
-				if !has || !slices.Contains(models, name) {
-					continue
-				}
-			}
-			c, x := float64(h.GetSampleCount()), h.GetSampleSum()
-			if math.IsNaN(x) || math.IsInf(x, 0) || x < 0 || (c == 0 && x > 0) {
-				return 0, 0
-			}
-			count += c
-			sum += x
-			n++
+	for s := range modelSamples(f, models) {
+		h := s.GetHistogram()
+		if h == nil {
+			continue
 		}
-		if n > 0 {
-			break
+		c, x := float64(h.GetSampleCount()), h.GetSampleSum()
+		if math.IsNaN(x) || math.IsInf(x, 0) || x < 0 || (c == 0 && x > 0) {
+			return 0, 0
 		}
+		count += c
+		sum += x
 	}
 	return count, sum
 }
@@ -263,27 +251,37 @@ func reduce(f *dto.MetricFamily, models []string, mean bool) (v float64, ok bool
 	}
 	var sum float64
 	var n int
-	for pass := range 2 {
-		for _, s := range f.GetMetric() {
-			if pass == 0 {
-				name, has := modelOf(s)
-				if !has || !slices.Contains(models, name) {
-					continue
-				}
-			}
-			x := sampleValue(s)
-			if math.IsNaN(x) || math.IsInf(x, 0) || x < 0 {
-				return 0, false, &ParseError{Reason: "value", Err: fmt.Errorf("%s has value %v", f.GetName(), x)}
-			}
-			sum += x
-			n++
+	for s := range modelSamples(f, models) {
+		x := sampleValue(s)
+		if math.IsNaN(x) || math.IsInf(x, 0) || x < 0 {
+			return 0, false, &ParseError{Reason: "value", Err: fmt.Errorf("%s has value %v", f.GetName(), x)}
 		}
-		if n > 0 {
-			break
-		}
+		sum += x
+		n++
 	}
 	if mean && n > 0 {
 		sum /= float64(n)
 	}
 	return sum, n > 0, nil
+}
+
+// modelSamples yields the family's samples for the given models or, when none is for
+// them, all of its samples (an engine that labels no model_name, or names its model
+// otherwise).
+func modelSamples(f *dto.MetricFamily, models []string) iter.Seq[*dto.Metric] {
+	forModels := func(s *dto.Metric) bool {
+		name, has := modelOf(s)
+		return has && slices.Contains(models, name)
+	}
+	return func(yield func(*dto.Metric) bool) {
+		some := slices.ContainsFunc(f.GetMetric(), forModels)
+		for _, s := range f.GetMetric() {
+			if some && !forModels(s) {
+				continue
+			}
+			if !yield(s) {
+				return
+			}
+		}
+	}
 }
