@@ -41,10 +41,7 @@ func FuzzPlacementNeverFails(f *testing.F) {
 		}
 		clock := time.Unix(1000, 0)
 		ix := testindex.New()
-		p, err := placement.New(placement.DefaultConfig(), ix, func() time.Time { return clock }, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
+		p := clockedPolicy(t, placement.DefaultConfig(), ix, &clock)
 		if r := next(); r%4 > 0 {
 			// With router replicas: this one's rank among r%4+1.
 			p.SetPeers(&fakePeers{rank: next() % (r%4 + 1), replicas: r%4 + 1,
@@ -214,10 +211,7 @@ func TestPlacementNewRulesEdgeCases(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			clock := time.Unix(100, 0)
 			ix := testindex.New()
-			p, err := placement.New(placement.DefaultConfig(), ix, func() time.Time { return clock }, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
+			p := clockedPolicy(t, placement.DefaultConfig(), ix, &clock)
 			tc.peers.load, tc.peers.active = map[string]placement.Load{}, map[string]uint64{}
 			p.SetPeers(tc.peers)
 			cs := fleet(tc.n, nil)

@@ -90,10 +90,7 @@ func TestPlacementCountsPeersLikelyPicks(t *testing.T) {
 				ix.Hold(cs[0].Address, plKeysOf(prefixed(pr, 0)))
 				ix.Hold(cs[1].Address, plKeysOf(prefixed(pr, 0)))
 			}
-			p, err := placement.New(placement.DefaultConfig(), ix, func() time.Time { return now }, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
+			p := clockedPolicy(t, placement.DefaultConfig(), ix, &now)
 			p.SetPeers(&fakePeers{load: map[string]placement.Load{cs[1].Address: {Requests: 5}},
 				unheard: tc.unheard, heard: now.Add(-time.Millisecond)})
 			pick := func(prefix, seq int) string {
@@ -221,11 +218,7 @@ func TestPlacementMovedFollowsTheRequest(t *testing.T) {
 // clockedPlacement is a placement policy on a settable clock.
 func clockedPlacement(t *testing.T, now *time.Time) *placement.Policy {
 	t.Helper()
-	p, err := placement.New(placement.DefaultConfig(), testindex.New(), func() time.Time { return *now }, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return p
+	return clockedPolicy(t, placement.DefaultConfig(), testindex.New(), now)
 }
 
 func TestPlacementSharesItsDecisions(t *testing.T) {
@@ -533,10 +526,7 @@ func TestPlacementReplicasCopyToAnIdleFasterEndpoint(t *testing.T) {
 			cfg.FasterCopies = !tc.off
 			clock := time.Unix(100, 0)
 			ix := testindex.New()
-			p, err := placement.New(cfg, ix, func() time.Time { return clock }, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
+			p := clockedPolicy(t, cfg, ix, &clock)
 			if !tc.noPeers {
 				p.SetPeers(&fakePeers{})
 			}
@@ -608,10 +598,7 @@ func TestPlacementReplicasRotateColdCopyTies(t *testing.T) {
 				clock := time.Unix(100, 0)
 				cfg := placement.DefaultConfig()
 				cfg.CopyCost = false // the copy's tie, not its worth (TestPlacementCopyWithinFillPaysForItsMiss)
-				p, err := placement.New(cfg, ix, func() time.Time { return clock }, nil)
-				if err != nil {
-					t.Fatal(err)
-				}
+				p := clockedPolicy(t, cfg, ix, &clock)
 				if rank >= 0 {
 					p.SetPeers(&fakePeers{rank: rank, replicas: 2})
 				}

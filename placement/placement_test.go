@@ -58,7 +58,14 @@ func fleet(n int, caps []int) []scoring.Endpoint {
 
 func newPlacement(t testing.TB, cfg placement.Config, ix scoring.PrefixIndex) *placement.Policy {
 	t.Helper()
-	p, err := placement.New(cfg, ix, func() time.Time { return time.Unix(0, 0) }, nil)
+	start := time.Unix(0, 0)
+	return clockedPolicy(t, cfg, ix, &start)
+}
+
+// clockedPolicy is a placement policy of cfg over ix on the settable clock now.
+func clockedPolicy(t testing.TB, cfg placement.Config, ix scoring.PrefixIndex, now *time.Time) *placement.Policy {
+	t.Helper()
+	p, err := placement.New(cfg, ix, func() time.Time { return *now }, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -627,10 +634,7 @@ func TestPlacementSharedLoad(t *testing.T) {
 			cfg.SharedLoad = tc.shared
 			cfg.RehomeLost = false
 			clock := time.Unix(100, 0)
-			p, err := placement.New(cfg, ix, func() time.Time { return clock }, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
+			p := clockedPolicy(t, cfg, ix, &clock)
 			cs := fleet(2, nil)
 			home := place(t, p, prefixed(0, 0), cs)
 			var homeIdx int
@@ -814,16 +818,13 @@ func wantHolderPick(t *testing.T, p *placement.Policy, cs []scoring.Endpoint, to
 }
 
 // holderAndOther returns a policy on a settable clock over two endpoints with KV room
-// for one 72-block request (+4 output blocks) each, a prefix placed on one of them
+// for one 72-block request each (no output measured: it counts no output blocks), a prefix placed on one of them
 // (holder), and the other endpoint.
 func holderAndOther(t *testing.T) (p *placement.Policy, clock *time.Time, cs []scoring.Endpoint, holder, other string) {
 	t.Helper()
 	clock = new(time.Time)
 	*clock = time.Unix(100, 0)
-	p, err := placement.New(placement.DefaultConfig(), testindex.New(), func() time.Time { return *clock }, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p = clockedPolicy(t, placement.DefaultConfig(), testindex.New(), clock)
 	cs = fleet(2, []int{100, 100})
 	holder = place(t, p, prefixed(0, 0), cs)
 	other = cs[0].Address
@@ -1015,10 +1016,7 @@ func TestPlacementDeadlineIsOneStep(t *testing.T) {
 // path that walks the in-flight requests for when blocks free (soonestRoom).
 func BenchmarkPlacementPickNoRoom(b *testing.B) {
 	clock := time.Unix(100, 0)
-	p, err := placement.New(placement.DefaultConfig(), testindex.New(), func() time.Time { return clock }, nil)
-	if err != nil {
-		b.Fatal(err)
-	}
+	p := clockedPolicy(b, placement.DefaultConfig(), testindex.New(), &clock)
 	cs := fleet(6, []int{200, 200, 200, 200, 200, 200})
 	for i := range 256 {
 		req := plRequest(prefixed(i, 0))
@@ -1528,10 +1526,7 @@ func TestPlacementMissLeavesALongPrefill(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			clock := time.Unix(100, 0)
-			p, err := placement.New(placement.DefaultConfig(), testindex.New(), func() time.Time { return clock }, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
+			p := clockedPolicy(t, placement.DefaultConfig(), testindex.New(), &clock)
 			cs := fleet(2, []int{100_000, 100_000})
 			first := plRequest(plTokens(100_000_000, 1100*16))
 			d, err := p.Pick(first, cs)
@@ -1711,10 +1706,7 @@ func TestPlacementRefusedCopyGoesToTheSoonestHolder(t *testing.T) {
 			cfg.HoldMax = 0
 			ix := testindex.New()
 			clock := time.Unix(100, 0)
-			p, err := placement.New(cfg, ix, func() time.Time { return clock }, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
+			p := clockedPolicy(t, cfg, ix, &clock)
 			cs := fleet(3, []int{10_000, 10_000, 10_000})
 			fast, slow, idle := cs[0].Address, cs[1].Address, cs[2].Address
 			for k, m := range []struct {
@@ -1827,10 +1819,7 @@ func TestPlacementHomesALongPrefixWhereItPrefillsSoonest(t *testing.T) {
 			cfg := placement.DefaultConfig()
 			cfg.LongContexts = long
 			clock := time.Unix(100, 0)
-			p, err := placement.New(cfg, testindex.New(), func() time.Time { return clock }, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
+			p := clockedPolicy(t, cfg, testindex.New(), &clock)
 			// The slow endpoint has four times the KV capacity: the partition, by
 			// home blocks per block of capacity, prefers it.
 			cs := fleet(2, []int{10000, 40000})
@@ -1988,10 +1977,7 @@ func TestPlacementHeldHitLeavesForASoonerMiss(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			clock := time.Unix(100, 0)
 			ix := testindex.New()
-			p, err := placement.New(placement.DefaultConfig(), ix, func() time.Time { return clock }, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
+			p := clockedPolicy(t, placement.DefaultConfig(), ix, &clock)
 			cs := fleet(2, []int{100_000, 100_000})
 			prefix := plTokens(1_000_000, 600*16)
 			hit := append(append([]uint32(nil), prefix...), plTokens(500_000_000, 8*16)...)
@@ -2036,10 +2022,7 @@ func TestPlacementHeldHitLeavesForASoonerMiss(t *testing.T) {
 func heldPrefix(t *testing.T, cfg placement.Config, clock *time.Time, decodes ...time.Duration) (*placement.Policy, []scoring.Endpoint, string, []string) {
 	t.Helper()
 	ix := testindex.New()
-	p, err := placement.New(cfg, ix, func() time.Time { return *clock }, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := clockedPolicy(t, cfg, ix, clock)
 	blocks := make([]int, len(decodes)+1)
 	for i := range blocks {
 		blocks[i] = 10_000
@@ -2080,10 +2063,7 @@ func TestPlacementNoRoomPrefersTheShorterPrefill(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			clock := time.Unix(100, 0)
 			ix := testindex.New()
-			p, err := placement.New(placement.DefaultConfig(), ix, func() time.Time { return clock }, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
+			p := clockedPolicy(t, placement.DefaultConfig(), ix, &clock)
 			cs := fleet(2, []int{2000, 2000})
 			prefix := plTokens(1_000_000, 600*16)
 			hit := append(append([]uint32(nil), prefix...), plTokens(500_000_000, 8*16)...)
