@@ -818,8 +818,8 @@ func wantHolderPick(t *testing.T, p *placement.Policy, cs []scoring.Endpoint, to
 }
 
 // holderAndOther returns a policy on a settable clock over two endpoints with KV room
-// for one 72-block request each (no output measured: it counts no output blocks), a prefix placed on one of them
-// (holder), and the other endpoint.
+// for one 72-block request each (no output measured: it counts no output blocks), a
+// prefix placed on one of them (holder), and the other endpoint.
 func holderAndOther(t *testing.T) (p *placement.Policy, clock *time.Time, cs []scoring.Endpoint, holder, other string) {
 	t.Helper()
 	clock = new(time.Time)
