@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"testing"
 
 	"github.com/kvrouter/kvrouter/scoring"
@@ -27,13 +28,7 @@ func TestRouteLogMatchesResults(t *testing.T) {
 		t.Fatal(err)
 	}
 	routed, first, finished := map[int]RouteEvent{}, map[int]RouteEvent{}, map[int]RouteEvent{}
-	sc := bufio.NewScanner(&buf)
-	sc.Buffer(nil, 1<<20)
-	for sc.Scan() {
-		var ev RouteEvent
-		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
-			t.Fatalf("line %q: %v", sc.Text(), err)
-		}
+	for _, ev := range routeEvents(t, &buf) {
 		if ev.Policy != "sticky" || ev.Rep != 2 || ev.Concurrency != 4 {
 			t.Fatalf("line names run %s rep %d C %d, want sticky rep 2 C 4", ev.Policy, ev.Rep, ev.Concurrency)
 		}
@@ -62,9 +57,6 @@ func TestRouteLogMatchesResults(t *testing.T) {
 		default:
 			t.Fatalf("unknown event %q", ev.Event)
 		}
-	}
-	if err := sc.Err(); err != nil {
-		t.Fatal(err)
 	}
 	if len(routed) != len(out.Results) || len(first) != len(out.Results) || len(finished) != len(out.Results) {
 		t.Fatalf("logged %d routed, %d first tokens, %d finished, want %d each", len(routed), len(first), len(finished), len(out.Results))
@@ -119,13 +111,7 @@ func TestRouteLogNamesDecisionKind(t *testing.T) {
 				t.Fatal(err)
 			}
 			seen := map[string]int{}
-			sc := bufio.NewScanner(&buf)
-			sc.Buffer(nil, 1<<20)
-			for sc.Scan() {
-				var ev RouteEvent
-				if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
-					t.Fatalf("line %q: %v", sc.Text(), err)
-				}
+			for _, ev := range routeEvents(t, &buf) {
 				if ev.Event == "route" {
 					seen[ev.Kind]++
 				} else if ev.Kind != "" {
@@ -144,4 +130,23 @@ func TestRouteLogNamesDecisionKind(t *testing.T) {
 			}
 		})
 	}
+}
+
+// routeEvents decodes a route log, one RouteEvent per line.
+func routeEvents(t *testing.T, r io.Reader) []RouteEvent {
+	t.Helper()
+	var evs []RouteEvent
+	sc := bufio.NewScanner(r)
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		var ev RouteEvent
+		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
+			t.Fatalf("line %q: %v", sc.Text(), err)
+		}
+		evs = append(evs, ev)
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return evs
 }
