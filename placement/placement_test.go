@@ -1976,18 +1976,7 @@ func TestPlacementHeldHitLeavesForASoonerMiss(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			clock := time.Unix(100, 0)
-			ix := testindex.New()
-			p := clockedPolicy(t, placement.DefaultConfig(), ix, &clock)
-			cs := fleet(2, []int{100_000, 100_000})
-			prefix := plTokens(1_000_000, 600*16)
-			hit := append(append([]uint32(nil), prefix...), plTokens(500_000_000, 8*16)...)
-			holder := place(t, p, prefix, cs)
-			other := cs[0].Address
-			if other == holder {
-				other = cs[1].Address
-			}
-			ix.Hold(holder, plKeysOf(prefix))
-			measurePrefill(t, p, cs, &clock, timedAt{holder, time.Second}, timedAt{other, tc.otherTTFT})
+			p, cs, hit, holder, other := prefillHolder(t, &clock, 100_000, tc.otherTTFT)
 			miss := plRequest(plTokens(300_000_000, 15_000))
 			if _, err := p.Pick(miss, cs); err != nil {
 				t.Fatal(err)
@@ -2011,6 +2000,27 @@ func TestPlacementHeldHitLeavesForASoonerMiss(t *testing.T) {
 			}
 		})
 	}
+}
+
+// prefillHolder is the prefill-hold tests' fleet: a default policy on clock over two
+// endpoints of capacity blocks each, a 600-block prefix placed on holder (the index
+// shows it there), the holder's prefill time measured at 1 s and the other's at
+// otherTTFT (measurePrefill). hit is the prefix and an 8-block tail.
+func prefillHolder(t *testing.T, clock *time.Time, capacity int, otherTTFT time.Duration) (p *placement.Policy, cs []scoring.Endpoint, hit []uint32, holder, other string) {
+	t.Helper()
+	ix := testindex.New()
+	p = clockedPolicy(t, placement.DefaultConfig(), ix, clock)
+	cs = fleet(2, []int{capacity, capacity})
+	prefix := plTokens(1_000_000, 600*16)
+	hit = append(append([]uint32(nil), prefix...), plTokens(500_000_000, 8*16)...)
+	holder = place(t, p, prefix, cs)
+	other = cs[0].Address
+	if other == holder {
+		other = cs[1].Address
+	}
+	ix.Hold(holder, plKeysOf(prefix))
+	measurePrefill(t, p, cs, clock, timedAt{holder, time.Second}, timedAt{other, otherTTFT})
+	return p, cs, hit, holder, other
 }
 
 // heldPrefix is the copy_cost tests' fleet: a policy with cfg, its clock reading *clock,
@@ -2062,18 +2072,7 @@ func TestPlacementNoRoomPrefersTheShorterPrefill(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			clock := time.Unix(100, 0)
-			ix := testindex.New()
-			p := clockedPolicy(t, placement.DefaultConfig(), ix, &clock)
-			cs := fleet(2, []int{2000, 2000})
-			prefix := plTokens(1_000_000, 600*16)
-			hit := append(append([]uint32(nil), prefix...), plTokens(500_000_000, 8*16)...)
-			holder := place(t, p, prefix, cs)
-			other := cs[0].Address
-			if other == holder {
-				other = cs[1].Address
-			}
-			ix.Hold(holder, plKeysOf(prefix))
-			measurePrefill(t, p, cs, &clock, timedAt{holder, time.Second}, timedAt{other, time.Second})
+			p, cs, hit, holder, other := prefillHolder(t, &clock, 2000, time.Second)
 			// Two 1,000-block requests decoding on the other endpoint, one on the holder:
 			// each endpoint is full, and the first decode to end frees room for the hit.
 			for k, addr := range []string{holder, other, other} {
