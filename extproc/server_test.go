@@ -560,24 +560,25 @@ func TestBadInputIsRoutedByLoad(t *testing.T) {
 		metric   string
 		labels   []string
 		policyID string // policy label of the decision
+		kind     string // the decision's kind, in the kvrouter metadata and kvrouter_routing_decision_kinds_total
 	}{
 		{name: "malformed json", body: `{"model":"only-b",`, want: epA,
-			metric: "kvrouter_request_parse_errors_total", labels: []string{"reason", "malformed_json"}, policyID: "least-load"},
+			metric: "kvrouter_request_parse_errors_total", labels: []string{"reason", "malformed_json"}, policyID: "least-load", kind: scoring.KindFallback},
 		{name: "non utf8", body: "{\"model\":\"only-b\xff\",\"messages\":[]}", want: epA,
-			metric: "kvrouter_request_parse_errors_total", labels: []string{"reason", "non_utf8"}, policyID: "least-load"},
+			metric: "kvrouter_request_parse_errors_total", labels: []string{"reason", "non_utf8"}, policyID: "least-load", kind: scoring.KindFallback},
 		{name: "missing model", body: `{"messages":[]}`, want: epA,
-			metric: "kvrouter_request_parse_errors_total", labels: []string{"reason", "missing_model"}, policyID: "least-load"},
+			metric: "kvrouter_request_parse_errors_total", labels: []string{"reason", "missing_model"}, policyID: "least-load", kind: scoring.KindFallback},
 		{name: "unknown model", body: `{"model":"nope","messages":[]}`, want: epA,
-			metric: "kvrouter_routing_fallbacks_total", labels: []string{"reason", "unknown_model"}, policyID: "least-load"},
+			metric: "kvrouter_routing_fallbacks_total", labels: []string{"reason", "unknown_model"}, policyID: "least-load", kind: scoring.KindFallback},
 		{name: "policy error", body: string(chatBody("m")), want: epA,
 			opts:   func(o *extproc.Options) { o.Policy = fixedPolicy{err: errors.New("index down")} },
-			metric: "kvrouter_routing_fallbacks_total", labels: []string{"reason", "policy_error"}, policyID: "least-load"},
+			metric: "kvrouter_routing_fallbacks_total", labels: []string{"reason", "policy_error"}, policyID: "least-load", kind: scoring.KindFallback},
 		{name: "policy names an endpoint it was not offered", body: string(chatBody("only-b")), want: epB,
 			opts:   func(o *extproc.Options) { o.Policy = fixedPolicy{endpoint: "6.6.6.6:1"} },
-			metric: "kvrouter_routing_fallbacks_total", labels: []string{"reason", "policy_error"}, policyID: "least-load"},
+			metric: "kvrouter_routing_fallbacks_total", labels: []string{"reason", "policy_error"}, policyID: "least-load", kind: scoring.KindFallback},
 		{name: "tokenizer error keeps the policy", body: string(chatBody("m")), want: epA,
 			opts:   func(o *extproc.Options) { o.Tokenizer = fakeTokenizer{fail: true} },
-			metric: "kvrouter_tokenize_errors_total", policyID: "recording"},
+			metric: "kvrouter_tokenize_errors_total", policyID: "recording"}, // least-load's kind: none
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -600,6 +601,12 @@ func TestBadInputIsRoutedByLoad(t *testing.T) {
 			}
 			if got := h.counter("kvrouter_routing_decisions_total", "policy", tc.policyID, "endpoint", tc.want); got != 1 {
 				t.Fatalf("decisions{policy=%s} = %v", tc.policyID, got)
+			}
+			if got := fakeenvoy.MetadataString(res.DynamicMetadata, epp.NamespaceKVRouter, epp.KeyDecision); got != tc.kind {
+				t.Errorf("%s:%s metadata %q, want %q", epp.NamespaceKVRouter, epp.KeyDecision, got, tc.kind)
+			}
+			if got := h.counter("kvrouter_routing_decision_kinds_total", "policy", tc.policyID, "kind", tc.kind); got != 1 {
+				t.Errorf("decision_kinds{policy=%s,kind=%q} = %v", tc.policyID, tc.kind, got)
 			}
 			x.Close()
 		})
