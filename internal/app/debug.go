@@ -239,7 +239,7 @@ func (a *App) ExplainRoute(path string, body []byte) (*RouteExplanation, error) 
 	if !ok {
 		x.Used, x.FallbackReason = pols.fallback.Name(), "unknown_model"
 	}
-	sreq := &scoring.Request{ID: "debug", Model: req.Model, BaseModel: base, LoRA: lora, CacheSalt: req.CacheSalt}
+	sreq := &scoring.Request{ID: "debug", Model: req.Model, BaseModel: base, LoRA: lora, CacheSalt: req.CacheSalt, MaxTokens: req.MaxTokens}
 	switch {
 	case !ok:
 	case a.tok == nil:
