@@ -58,8 +58,9 @@ type Request struct {
 	// requests computed (the tokenizer's prefix cache keeps them with those ids, so a
 	// conversation's turn hashes only its new blocks): see Keys. Borrowed like TokenIDs.
 	Prefix index.PrefixKeys
-	// MaxTokens is the body's max_completion_tokens or max_tokens (0 when absent): the
-	// most output tokens the request can add.
+	// MaxTokens is the body's max_completion_tokens or max_tokens, vLLM's default (16)
+	// on completions without one, 0 when unknown (openai.Request.MaxTokens): the most
+	// output tokens the request can add.
 	MaxTokens int
 	// Held is how long the router has already held the request at a policy's request
 	// (the sum of the Decision.Hold it honoured); 0 at the first Pick.
