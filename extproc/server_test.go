@@ -25,6 +25,7 @@ import (
 	"github.com/kvrouter/kvrouter/extproc"
 	"github.com/kvrouter/kvrouter/fleet"
 	"github.com/kvrouter/kvrouter/index"
+	"github.com/kvrouter/kvrouter/openai"
 	"github.com/kvrouter/kvrouter/prompt"
 	"github.com/kvrouter/kvrouter/scoring"
 	"github.com/kvrouter/kvrouter/testbench/fakeenvoy"
@@ -649,6 +650,35 @@ func TestPolicySeesParsedRequest(t *testing.T) {
 	}
 	if len(routed) != 1 || routed[0] != p.ID+"@"+epC {
 		t.Fatalf("routed %v", routed)
+	}
+}
+
+// TestPolicySeesCompletionsMaxTokens: the policy's output bound is what the server will
+// apply: a completions body's max_tokens, vLLM's default (16) without one, unknown (0) on
+// chat without either.
+func TestPolicySeesCompletionsMaxTokens(t *testing.T) {
+	for _, tc := range []struct {
+		name, path, body string
+		want             int
+	}{
+		{"completions absent", "/v1/completions", `{"model":"m","prompt":"hi"}`, openai.DefaultCompletionMaxTokens},
+		{"completions set", "/v1/completions", `{"model":"m","prompt":"hi","max_tokens":40}`, 40},
+		{"chat absent", "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}]}`, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, func(o *extproc.Options) { o.Tokenizer = fakeTokenizer{} })
+			x := h.start(fakeenvoy.FullDuplex())
+			headers := fakeenvoy.Headers{{Key: ":method", Value: "POST"}, {Key: ":path", Value: tc.path},
+				{Key: ":authority", Value: "gw"}, {Key: "content-type", Value: "application/json"}}
+			if _, err := x.Request(fakeenvoy.Request{Headers: headers, Body: [][]byte{[]byte(tc.body)}}); err != nil {
+				t.Fatal(err)
+			}
+			x.Close()
+			picks, _, _, _ := h.policy.snapshot()
+			if len(picks) != 1 || picks[0].MaxTokens != tc.want {
+				t.Fatalf("policy saw %+v, want MaxTokens %d", picks, tc.want)
+			}
+		})
 	}
 }
 
