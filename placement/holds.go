@@ -80,6 +80,15 @@ func (p *Policy) missSooner(cands []scoring.Endpoint, sc *scratch, best, tokens,
 	return alt
 }
 
+// prefillEnds is when a request of tokens would get its first token at candidate i
+// behind backlog prefill tokens there: the backlog, then its tokens i does not hold, at
+// i's measured prefill speed for that many (prefillSecsPerToken), in seconds; 0 when no
+// candidate has a speed measured for that size.
+func (sc *scratch) prefillEnds(i, backlog, tokens int) float64 {
+	n := backlog + max(0, tokens-sc.lead[i]*sc.blockSize)
+	return float64(n) * sc.prefillSecsPerToken(i, n)
+}
+
 // prefillSecsPerToken is candidate i's measured prefill time per token for prompts of n
 // tokens or, where i has none measured for that size, the slowest measured candidate's
 // (an unknown endpoint is not assumed fast); 0 when no candidate has one.

@@ -1509,6 +1509,46 @@ func TestPlacementLongMissWeighsItsOwnPrefill(t *testing.T) {
 	}
 }
 
+// TestPlacementLongMissCountsTheBacklog: a 16k-token document's first turn goes where
+// its prefill ends soonest, its prefill backlog counted: with prefill speeds measured
+// even and a 16k-token prompt in prefill on its system prompt's holder, it goes to the
+// other endpoint (no backlog, the system prompt recomputed too); with no backlog on the
+// holder it stays. (Both endpoints run a decoding request, so no replica is made, and
+// the other starts it less than twice as soon, so the divert rules leave it.)
+func TestPlacementLongMissCountsTheBacklog(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		backlog bool
+		moves   bool
+	}{
+		{"holder's prefill backlog: moves", true, true},
+		{"no backlog: stays", false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clock := time.Unix(100, 0)
+			p, _, cs, holder, other, doc := branchedSystemPrompt(t, placement.DefaultConfig(), 100_000, func() time.Time { return clock })
+			measurePrefill(t, p, cs, &clock, timedAt{holder, time.Second}, timedAt{other, time.Second})
+			for i := range cs {
+				cs[i].InFlight = 1
+			}
+			if tc.backlog {
+				req := plRequest(plTokens(800_000_000, 1000*16))
+				if _, err := p.Pick(req, cs); err != nil {
+					t.Fatal(err)
+				}
+				p.Routed(req, holder) // no first token: in prefill
+			}
+			want := holder
+			if tc.moves {
+				want = other
+			}
+			if got := place(t, p, doc(1, 1000), cs); got != want {
+				t.Errorf("document went to %s, want %s (system prompt on %s)", got, want, holder)
+			}
+		})
+	}
+}
+
 // TestPlacementMissLeavesALongPrefill: a new prefix's first request (longer than one
 // step, so besidePrefill does not take it) homed beside a prefill in progress is a miss
 // no idle faster endpoint takes (one speed measured). Behind a long prefill (16,000
@@ -2087,6 +2127,33 @@ func TestPlacementNoRoomPrefersTheShorterPrefill(t *testing.T) {
 			if !tc.missThere {
 				p.FirstToken(miss.ID) // decoding: nothing in prefill at the holder
 			}
+			wantHolderPick(t, p, cs, hit, holder, tc.wantHolder)
+		})
+	}
+}
+
+// TestPlacementNoRoomAtTheHolderWeighsTheRecompute: a hit whose holder has no KV room
+// for it while another endpoint has room waits at the holder when its first token comes
+// sooner there (room freed as a decode past its measured time ends, then its 128
+// uncached tokens) than at the other endpoint (its whole 9,728-token prompt at the
+// measured prefill speed, about 0.6 s), and leaves when the holder's decode has most of
+// its measured 10 s to run.
+func TestPlacementNoRoomAtTheHolderWeighsTheRecompute(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		since      time.Duration // from the holder's decode's first token to the hit
+		wantHolder bool
+	}{
+		{"room soon at the holder: waits there", 20 * time.Second, true},
+		{"room late at the holder: leaves", 0, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clock := time.Unix(100, 0)
+			p, cs, hit, holder, other := prefillHolder(t, &clock, 1500, time.Second)
+			measureDecode(t, p, cs, &clock, timedAt{holder, 10 * time.Second}, timedAt{other, 10 * time.Second})
+			// A 1,000-block request decoding on the holder fills it beside the prefix.
+			routeOn(t, p, cs, plTokens(100_000_000, 1000*16), holder, true)
+			clock = clock.Add(tc.since)
 			wantHolderPick(t, p, cs, hit, holder, tc.wantHolder)
 		})
 	}

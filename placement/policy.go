@@ -207,7 +207,7 @@ func (p *Policy) Pick(req *scoring.Request, cands []scoring.Endpoint) (scoring.D
 	child, base := p.childName(key, sc.keys)
 	if e := p.prefixes[child]; base > 0 && e != nil {
 		look = p.lookBlocks(e, look)
-	} else if e := p.prefixes[key]; e != nil && (base == 0 || p.peers == nil) {
+	} else if e := p.prefixes[key]; e != nil && base == 0 {
 		look = p.lookBlocks(e, look)
 	}
 	p.mu.Unlock()

@@ -825,6 +825,9 @@ func (p *Policy) divert(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 	if alt < 0 || (!full && !miss && 2*ea > eb) {
 		return -1
 	}
+	if full && sc.lead[alt] < sc.lead[best] && !p.firstSooner(key, cands, sc, alt, best, tokens) {
+		return -1
+	}
 	// Candidates whose backlog fits in one step start the request in the next step
 	// alike: their estimates differ by less than a step. Diverted to a holder of its
 	// prefix, the request goes to the least-loaded of those holders caching as much of
@@ -857,6 +860,28 @@ func (p *Policy) divert(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 		}
 	}
 	return alt
+}
+
+// firstSooner reports whether a request best has no KV room for gets its first token
+// sooner at alt, which holds less of it and has room, than it would waiting at best:
+// at best, when room comes there (roomWait) plus its prefill backlog and uncached
+// tokens; at alt, its backlog and the tokens alt does not hold; each at the endpoint's
+// measured prefill speed for that many (prefillEnds; at best, none when it fits one
+// step: it starts and ends in the step after room comes), alt's better than MissSpeedup
+// (the margin a long prefill is timed to, as longMiss's). Sent where it started
+// soonest (startEst), with no room at its holder, a 33,644-token turn left the
+// endpoint holding 1,142 of its 2,103 blocks to recompute it all on one running a
+// single request (5.5 s to its first token; Mooncake-shaped conversations, seed 2 at
+// 6x: 3.73 requests/s, kv 3.80; docs/results-workloads.md). Unmeasured speeds, or no
+// room coming at best while its decodes run, leave the move. p.mu must be held.
+func (p *Policy) firstSooner(key uint64, cands []scoring.Endpoint, sc *scratch, alt, best, tokens int) bool {
+	w, _ := p.roomWait(key, cands, sc)(best)
+	fb, fa := sc.prefillEnds(best, sc.eps[best].prefill, tokens), sc.prefillEnds(alt, sc.eps[alt].prefill, tokens)
+	short := p.fitsStep(sc.eps[best].prefill+max(0, tokens-sc.lead[best]*sc.blockSize), sc.blockSize)
+	if math.IsInf(w, 1) || fa == 0 || fb == 0 && !short {
+		return true
+	}
+	return fa < p.cfg.MissSpeedup*(w+fb)
 }
 
 // behind reports whether the fleet is behind its arrivals as best sees it: best is past
@@ -980,7 +1005,7 @@ func (p *Policy) longMiss(cands []scoring.Endpoint, sc *scratch, best, tokens, b
 				if m := sc.eps[i].prefillSpeed[class]; m.tokens > 0 {
 					spt = m.secs / m.tokens
 				}
-				return float64(max(0, tokens-sc.lead[i]*bs)) * spt
+				return float64(sc.eps[i].prefill+max(0, tokens-sc.lead[i]*bs)) * spt
 			}
 			alt, limit := -1, p.cfg.MissSpeedup*cost(best)
 			for i := range cands {
@@ -1073,6 +1098,34 @@ func (p *Policy) evicts(cands []scoring.Endpoint, sc *scratch, i int) int {
 // conversations, seed 1, at 6x: 3.83 -> 3.98 requests/s, kv 3.98;
 // docs/results-workloads.md, "Probed axes"). p.mu must be held.
 func (p *Policy) soonestRoom(key uint64, cands []scoring.Endpoint, sc *scratch, best, tokens int) int {
+	wait := p.roomWait(key, cands, sc)
+	// ends is when the request's prefill would end at i once room comes, router
+	// replicas' backlog counted.
+	ends := func(i int) float64 { return sc.prefillEnds(i, sc.eps[i].prefill+sc.otherPrefill[i], tokens) }
+	wb, qb := wait(best)
+	blocks := len(sc.keys)
+	alt, wa, qa, ea := -1, wb, qb, ends(best)
+	for i := range cands {
+		if i == best {
+			continue
+		}
+		w, q := wait(i)
+		if w < wa || (math.IsInf(w, 1) && math.IsInf(wa, 1) && q+float64(blocks) <= qb && q < qa) {
+			alt, wa, qa, ea = i, w, q, ends(i)
+		} else if w == wa && !math.IsInf(w, 1) {
+			if e := ends(i); e < ea {
+				alt, wa, qa, ea = i, w, q, e
+			}
+		}
+	}
+	return alt
+}
+
+// roomWait returns when KV room for the request (its keys in sc) comes at candidate i,
+// in seconds from now, as soonestRoom counts it, or +Inf and the blocks still queued
+// beyond i's capacity once every decoding request there has finished. p.mu must be
+// held.
+func (p *Policy) roomWait(key uint64, cands []scoring.Endpoint, sc *scratch) func(i int) (at, queued float64) {
 	if sc.epIndex == nil {
 		sc.epIndex = make(map[*endpointState]int, len(cands))
 	}
@@ -1123,9 +1176,7 @@ func (p *Policy) soonestRoom(key uint64, cands []scoring.Endpoint, sc *scratch, 
 		}
 	}
 	blocks := len(sc.keys)
-	// wait returns when room comes at i, or +Inf and the blocks still queued beyond its
-	// capacity once every decoding request there has finished.
-	wait := func(i int) (at, queued float64) {
+	return func(i int) (at, queued float64) {
 		capacity := p.cfg.Headroom * float64(p.capacity(&cands[i]))
 		used := float64(sc.eps[i].footprint) + sc.otherKV[i] + float64(p.need(sc.eps[i], key, &cands[i], blocks, sc.out, sc.shared(sc.eps[i])))
 		f := frees[i]
@@ -1144,28 +1195,6 @@ func (p *Policy) soonestRoom(key uint64, cands []scoring.Endpoint, sc *scratch, 
 		}
 		return math.Inf(1), used - capacity
 	}
-	// ends is when the request's prefill would end at i once room comes: the prefill
-	// backlog there, then its own uncached tokens, at i's measured prefill speed.
-	ends := func(i int) float64 {
-		n := sc.eps[i].prefill + sc.otherPrefill[i] + max(0, tokens-sc.lead[i]*sc.blockSize)
-		return float64(n) * sc.prefillSecsPerToken(i, n)
-	}
-	wb, qb := wait(best)
-	alt, wa, qa, ea := -1, wb, qb, ends(best)
-	for i := range cands {
-		if i == best {
-			continue
-		}
-		w, q := wait(i)
-		if w < wa || (math.IsInf(w, 1) && math.IsInf(wa, 1) && q+float64(blocks) <= qb && q < qa) {
-			alt, wa, qa, ea = i, w, q, ends(i)
-		} else if w == wa && !math.IsInf(w, 1) {
-			if e := ends(i); e < ea {
-				alt, wa, qa, ea = i, w, q, e
-			}
-		}
-	}
-	return alt
 }
 
 // moveOK reports whether the request may go to candidate i instead of from: the

@@ -290,7 +290,7 @@ func (p *Policy) prefix(key uint64, keys []uint64, bs int) *prefixEntry {
 		e.keys.keep(keys)
 	} else {
 		common := e.keys.common(keys)
-		if common < len(keys) && common < e.keys.n {
+		if common < len(keys) && common < e.keys.n && (e.branch == 0 || common < e.branch) {
 			e.branch = common
 		}
 		if !e.learned && e.base == 0 {
