@@ -201,9 +201,10 @@ func (p *Policy) Pick(req *scoring.Request, cands []scoring.Endpoint) (scoring.D
 	// Only the prefix's blocks (plus one, to see it grow) matter: look those up.
 	look := len(sc.keys)
 	p.mu.Lock()
-	// With peers, a conversation this router has not seen is looked up whole: its
-	// earlier turns may have gone through a peer (followed); so is one it has seen
-	// (lookBlocks).
+	// A conversation this router has not seen is looked up whole: with peers its
+	// earlier turns may have gone through a peer (followed); alone, its first turn is a
+	// long miss of known size (longMiss) rather than a hit of its system prompt's; one it
+	// has seen is looked up to its size (lookBlocks).
 	child, base := p.childName(key, sc.keys)
 	if e := p.prefixes[child]; base > 0 && e != nil {
 		look = p.lookBlocks(e, look)

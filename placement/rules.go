@@ -825,7 +825,7 @@ func (p *Policy) divert(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 	if alt < 0 || (!full && !miss && 2*ea > eb) {
 		return -1
 	}
-	if full && sc.lead[alt] < sc.lead[best] && !p.firstSooner(key, cands, sc, alt, best, tokens) {
+	if full && !p.fitsStep((sc.lead[best]-sc.lead[alt])*bs, bs) && !p.firstSooner(key, cands, sc, alt, best, tokens) {
 		return -1
 	}
 	// Candidates whose backlog fits in one step start the request in the next step
@@ -863,7 +863,10 @@ func (p *Policy) divert(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 }
 
 // firstSooner reports whether a request best has no KV room for gets its first token
-// sooner at alt, which holds less of it and has room, than it would waiting at best:
+// sooner at alt, which has room and holds more than one engine step less of it (a
+// prefix one step recomputes moves freely, as in moveOK: the reference's 2,032-token
+// prefixes held back by it lost N = 24, C = 16, p99 TTFT 209 -> 243 ms, kv 230), than
+// it would waiting at best:
 // at best, when room comes there (roomWait) plus its prefill backlog and uncached
 // tokens; at alt, its backlog and the tokens alt does not hold; each at the endpoint's
 // measured prefill speed for that many (prefillEnds; at best, none when it fits one
@@ -965,10 +968,12 @@ func (p *Policy) startEst(sc *scratch, i, tokens, bs int) float64 {
 // A prefill timed to better than MissSpeedup (more than 1/(1-MissSpeedup) steps,
 // 13,653 tokens at 2,048 a step: a prefill of n steps is timed to within the step under
 // way when it comes) goes to the candidate of least cost, when less than MissSpeedup
-// times best's: its prefill there (its uncached tokens; backlogs are the divert rules'
-// to weigh, and agents' long steps, asked about their context only, inflate them), in
-// seconds at the endpoint's measured prefill speed for prompts of its size
-// (unmeasured: the mean of the measured ones). The histories it evicts bound where it
+// times best's: when its prefill ends there (the prefill backlog and its uncached
+// tokens), in seconds at the endpoint's measured prefill speed for prompts of its size
+// (unmeasured: the mean of the measured ones). Weighed by its own tokens alone, a
+// 20,393-token first turn went to its system prompt's holder and waited 5.1 s behind a
+// 35,916-token prefill there (Mooncake-shaped conversations, seed 1 at 6x;
+// docs/results-workloads.md). The histories it evicts bound where it
 // may go (no more than at best) but add nothing to the cost: their recompute is paid
 // only if their next turns come, which is not known, and not by this request. Added
 // at full weight, they sent a 34k-token first turn off an idle full-speed endpoint

@@ -190,15 +190,15 @@ type activePrefix struct {
 type prefixEntry struct {
 	key    uint64 // the prefix's name
 	blocks int    // estimated shared blocks
-	// branch is the blocks shared by the last two requests under this name that
-	// diverged (neither extends the other), 0 until two have: the depth at which the
-	// prefix branches into conversations (a system prompt, a shared context), so a
-	// request extending past it is named by its own block PrefixDepth past it. It moves
-	// with each such pair, and each move renames the conversations past it (two requests
-	// sharing more than the system prompt, turns of one conversation or two over one
-	// document, move it deeper); kept at the shallowest, the conversations so followed
-	// kept more histories on their endpoints, which evicted them
-	// (docs/results-workloads.md, "Probed axes", conversations at 6x).
+	// branch is the fewest blocks shared by two requests under this name that diverged
+	// (neither extends the other), 0 until two have: the depth at which the prefix
+	// branches into conversations (a system prompt, a shared context), so a request
+	// extending past it is named by its own block PrefixDepth past it. It only moves
+	// shallower: set by the last diverging pair, two requests sharing more than the
+	// system prompt (turns of one conversation, or two over one document) moved it
+	// deeper and renamed every conversation past it, whose turns were then placed by the
+	// system prompt off their histories (docs/results-workloads.md, "Probed axes",
+	// conversations at 6x).
 	branch int
 	// guess is the size guessed for a prefix seen once whose prompt fits one engine
 	// step (0: none, or its size is learned): the mean size learned so far (newHome).
