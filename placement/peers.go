@@ -184,7 +184,7 @@ func (p *Policy) MergePlacements(ps []Placement, winsTie bool, concurrent time.D
 			if len(pl.Sites) == 0 || len(p.prefixes) >= p.cfg.MaxPrefixes {
 				continue
 			}
-			e = &prefixEntry{key: pl.Key, blocks: pl.Blocks, base: pl.Base, seen: p.tick}
+			e = &prefixEntry{key: pl.Key, blocks: pl.Blocks, base: pl.Base, seen: p.tick, born: p.tick}
 			p.prefixes[pl.Key] = e
 		} else if len(pl.Sites) > 0 && len(e.sites) > 0 && pl.Decided.Sub(e.decided).Abs() < concurrent {
 			if !concurrentWins(pl, e) {
@@ -193,13 +193,13 @@ func (p *Policy) MergePlacements(ps []Placement, winsTie bool, concurrent time.D
 		} else if pl.Decided.Before(e.decided) || (pl.Decided.Equal(e.decided) && !winsTie) {
 			continue
 		}
-		e.sites = slices.DeleteFunc(e.sites, func(s site) bool {
+		p.resite(e, slices.DeleteFunc(e.sites, func(s site) bool {
 			if slices.ContainsFunc(pl.Sites, func(r Site) bool { return r.Endpoint == s.addr }) {
 				return false
 			}
 			p.unplace(e, &s)
 			return true
-		})
+		}))
 		for _, r := range pl.Sites {
 			j := p.place(e, r.Endpoint, r.Home)
 			if s := &e.sites[j]; s.home && !r.Home {

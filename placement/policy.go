@@ -99,9 +99,11 @@ type Policy struct {
 	tick     uint64
 	eps      map[string]*endpointState
 	prefixes map[uint64]*prefixEntry
-	pending  map[string]pendingPick
-	reqs     map[string]tracked
-	peers    PeerView // other router replicas' load (SetPeers); nil: none
+	// sited counts the prefixes placed on at least one endpoint (resite).
+	sited   int
+	pending map[string]pendingPick
+	reqs    map[string]tracked
+	peers   PeerView // other router replicas' load (SetPeers); nil: none
 	// salt is this replica's tie-break (SetPeers), changed the prefixes whose placement
 	// changed since Placements last reported them (only while peers are set).
 	salt    uint64
@@ -345,7 +347,7 @@ func (p *Policy) childName(key uint64, keys []uint64) (child uint64, base int) {
 func (p *Policy) followed(parent, child uint64, base int, sc *scratch) (follow bool, joins *endpointState) {
 	c := p.prefixes[child]
 	if c == nil {
-		c := &prefixEntry{key: child, base: base, parent: parent, blocks: len(sc.keys), seen: p.tick}
+		c := &prefixEntry{key: child, base: base, parent: parent, blocks: len(sc.keys), seen: p.tick, born: p.tick}
 		// With router replicas, new to this table is not new to the fleet: an endpoint
 		// holding the block that names the conversation computed an earlier turn of
 		// it, which a peer routed (a conversation's turns reach any replica). Its size
@@ -803,7 +805,7 @@ func (p *Policy) Forget(endpoint string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, e := range p.prefixes {
-		e.sites = slices.DeleteFunc(e.sites, func(pl site) bool { return pl.addr == endpoint })
+		p.resite(e, slices.DeleteFunc(e.sites, func(pl site) bool { return pl.addr == endpoint }))
 	}
 	delete(p.eps, endpoint)
 }

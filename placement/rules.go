@@ -172,7 +172,7 @@ func (p *Policy) choose(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 	}
 	// A replica the index still does not confirm ConfirmPicks picks after it was made has
 	// been evicted: drop it. Homes stay, so the partition stays put.
-	e.sites = slices.DeleteFunc(e.sites, func(pl site) bool {
+	p.resite(e, slices.DeleteFunc(e.sites, func(pl site) bool {
 		if pl.home || p.tick-pl.placedAt <= uint64(p.cfg.ConfirmPicks) {
 			return false
 		}
@@ -183,7 +183,7 @@ func (p *Policy) choose(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 			}
 		}
 		return false
-	})
+	}))
 	placed := false
 	for i := range cands {
 		sc.pos[i] = -1
@@ -316,7 +316,8 @@ func (p *Policy) choose(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 	}
 	// The holders are busy: a replica where it evicts nothing live, on an endpoint less
 	// loaded than every holder.
-	share := p.cfg.CopyCost && p.underShare(key, sc)
+	even := p.cfg.CopyCost && p.evenShare(e, sc)
+	share := p.cfg.CopyCost && !even && p.underShare(key, sc)
 	r, refused := -1, false
 	for i := range cands {
 		if sc.pos[i] >= 0 || !sc.ok[i] || sc.loads[i] >= sc.loads[h] || !p.moveOK(sc, i, h) {
@@ -329,7 +330,7 @@ func (p *Policy) choose(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 		if !p.moveWorth(e, key, sc, i, h) {
 			continue
 		}
-		if p.cfg.CopyCost && !e.grows() && !share && !p.missCostsLess(sc, i, h) {
+		if p.cfg.CopyCost && !e.grows() && !share && !p.missCostsLess(e, key, sc, i, h, even) {
 			refused = true
 			continue
 		}
@@ -517,7 +518,7 @@ func (p *Policy) rehome(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 	}
 	j := sc.pos[old]
 	p.unplace(e, &e.sites[j])
-	e.sites = slices.Delete(e.sites, j, j+1)
+	p.resite(e, slices.Delete(e.sites, j, j+1))
 	for i := range cands {
 		if sc.pos[i] > j {
 			sc.pos[i]--
@@ -1305,15 +1306,56 @@ func (p *Policy) underShare(key uint64, sc *scratch) bool {
 // 2,371-token miss in prefill looked to start the hit at once, and the copy one router
 // makes there was refused (4 replicas, N = 24, C = 16, seed 8, at a replica's 5th pick:
 // 0.654 -> 0.665; the cell's median of 9 -1.02 -> -0.8 points against one router).
-// p.mu must be held.
-func (p *Policy) missCostsLess(sc *scratch, i, h int) bool {
+// A prefix with a request in flight at an endpoint counts as held there: that request
+// computes it, the index showing only the blocks computed so far, and counted as a
+// second miss at holders prefilling it, a cold start's copy on an endpoint prefilling
+// the other prefix looked no costlier than the hit (4 servers, N = 2, C = 16: two
+// misses in one endpoint's steps, p99 TTFT 247 ms, kv 224). With costOnly (evenShare)
+// only the cost judges. p.mu must be held.
+func (p *Policy) missCostsLess(e *prefixEntry, key uint64, sc *scratch, i, h int, costOnly bool) bool {
 	n := len(sc.keys) * sc.blockSize
-	ui := max(0, n-sc.lead[i]*sc.blockSize)
-	uh := max(0, n-sc.lead[h]*sc.blockSize)
+	lead := func(j int) int {
+		if sc.eps[j].active[key] != nil {
+			return max(sc.lead[j], min(e.blocks, len(sc.keys)))
+		}
+		return sc.lead[j]
+	}
+	ui := max(0, n-lead(i)*sc.blockSize)
+	uh := max(0, n-lead(h)*sc.blockSize)
 	if ui*(sc.loads[i]+1)+sc.eps[i].prefill+sc.otherPrefill[i] < uh*(sc.loads[h]+1)+sc.eps[h].prefill+sc.otherPrefill[h] {
 		return true
 	}
-	return sc.decode[i] > 0 && sc.decode[h] > 0 && sc.decode[i] < p.cfg.MissSpeedup*sc.decode[h]
+	return !costOnly && sc.decode[i] > 0 && sc.decode[h] > 0 && sc.decode[i] < p.cfg.MissSpeedup*sc.decode[h]
+}
+
+// evenShare reports whether the prefix is on at least its even share of the endpoints,
+// its share of the requests routed since it was first seen times the endpoints (to the
+// nearest whole endpoint, at least one), in a fleet of at least two endpoints per
+// placed prefix. There a further copy must pay for its miss by cost (missCostsLess,
+// costOnly): neither the share of the requests in flight (underShare) nor a faster
+// endpoint makes it. The share in flight is a handful of requests and swings (3 of 4 at
+// one moment), and a copy once made stays, so a prefix's endpoints followed the largest
+// share it ever had, not its mean: two prefixes on 4 servers took 3.5 each (kv 2.5),
+// each copy a cold miss of the prefix, and the faster endpoint's clause copied the
+// 0.7-speed holders' prefix onto idle full-speed servers the same way. The share since
+// its first request is the mean, and rounded to whole endpoints an even split's noise
+// buys no copy. Only with two endpoints or more per placed prefix: with fewer, a
+// prefix's copies are what spread its requests, and both clauses buy throughput (off,
+// 12 servers at N = 7 and N = 7, C = 8 at 2 and 80 GiB lost it; docs/results-workloads.md,
+// "Probed axes", N = 2). p.mu must be held.
+func (p *Policy) evenShare(e *prefixEntry, sc *scratch) bool {
+	n := len(sc.eps)
+	if 2*p.sited > n {
+		return false
+	}
+	sites := 0
+	for i := range sc.eps {
+		if sc.pos[i] >= 0 {
+			sites++
+		}
+	}
+	share := float64(e.picks) / float64(p.tick-e.born+1)
+	return sites >= max(1, int(math.Round(share*float64(n))))
 }
 
 // moveWorth reports whether a replica on candidate i of a prefix that grows (a

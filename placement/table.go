@@ -209,7 +209,11 @@ type prefixEntry struct {
 	parent uint64
 	keys   keptKeys // the last request's keys, to estimate blocks
 	seen   uint64   // the pick (tick) that last saw the prefix
-	sites  []site   // where the prefix is placed
+	// born is the pick (tick) that created the entry and picks the picks named by it
+	// since: its share of the requests routed (evenShare).
+	born  uint64
+	picks int
+	sites []site // where the prefix is placed
 	// last is the ID of the conversation's last request routed (a conversation: base
 	// > 0), to join it while it is in prefill (joinHistory).
 	last string
@@ -273,7 +277,7 @@ type tracked struct {
 func (p *Policy) prefix(key uint64, keys []uint64, bs int) *prefixEntry {
 	e := p.prefixes[key]
 	if e == nil {
-		e = &prefixEntry{key: key, blocks: len(keys)}
+		e = &prefixEntry{key: key, blocks: len(keys), born: p.tick}
 		e.keys.keep(keys)
 		if p.learnedN > 0 && p.fitsStep(len(keys)*bs, bs) {
 			// Named by its PrefixDepth-th block, a prefix shares at least that many.
@@ -307,31 +311,45 @@ func (p *Policy) prefix(key uint64, keys []uint64, bs int) *prefixEntry {
 		e.keys.keep(keys)
 	}
 	e.seen = p.tick
+	e.picks++
 	p.expire(e)
 	return e
 }
 
 // expire drops e's placements unused for LiveWindow picks; p.mu must be held.
 func (p *Policy) expire(e *prefixEntry) {
-	e.sites = slices.DeleteFunc(e.sites, func(pl site) bool {
+	p.resite(e, slices.DeleteFunc(e.sites, func(pl site) bool {
 		if p.tick-pl.lastUsed <= uint64(p.cfg.LiveWindow) {
 			return false
 		}
 		p.unplace(e, &pl)
 		return true
-	})
+	}))
 }
 
 // drop removes e's placement on addr, if any; p.mu must be held.
 func (p *Policy) drop(e *prefixEntry, addr string) {
-	e.sites = slices.DeleteFunc(e.sites, func(pl site) bool {
+	p.resite(e, slices.DeleteFunc(e.sites, func(pl site) bool {
 		if pl.addr != addr {
 			return false
 		}
 		p.unplace(e, &pl)
 		p.decide(e)
 		return true
-	})
+	}))
+}
+
+// resite sets e's sites, counting the prefixes placed somewhere (Policy.sited); p.mu
+// must be held.
+func (p *Policy) resite(e *prefixEntry, sites []site) {
+	if was, is := len(e.sites) > 0, len(sites) > 0; was != is {
+		if is {
+			p.sited++
+		} else {
+			p.sited--
+		}
+	}
+	e.sites = sites
 }
 
 func (p *Policy) unplace(e *prefixEntry, pl *site) {
@@ -385,6 +403,7 @@ func (p *Policy) sweep() {
 		for i := range e.sites {
 			p.unplace(e, &e.sites[i])
 		}
+		p.resite(e, nil)
 		delete(p.prefixes, k)
 	}
 }
@@ -418,7 +437,7 @@ func (p *Policy) place(e *prefixEntry, addr string, home bool) int {
 		ep.homeBlocks += e.weight()
 		ep.homeGuessed += e.guessed()
 	}
-	e.sites = append(e.sites, site{ep: ep, addr: addr, home: home, lastUsed: p.tick, placedAt: p.tick})
+	p.resite(e, append(e.sites, site{ep: ep, addr: addr, home: home, lastUsed: p.tick, placedAt: p.tick}))
 	p.decide(e)
 	return len(e.sites) - 1
 }
