@@ -330,7 +330,7 @@ func (p *Policy) choose(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 		if !p.moveWorth(e, key, sc, i, h) {
 			continue
 		}
-		if p.cfg.CopyCost && !e.grows() && !share && !p.missCostsLess(e, key, sc, i, h, even) {
+		if p.cfg.CopyCost && !e.grows() && !share && !p.missCostsLess(sc, i, h, even) {
 			refused = true
 			continue
 		}
@@ -1306,22 +1306,11 @@ func (p *Policy) underShare(key uint64, sc *scratch) bool {
 // 2,371-token miss in prefill looked to start the hit at once, and the copy one router
 // makes there was refused (4 replicas, N = 24, C = 16, seed 8, at a replica's 5th pick:
 // 0.654 -> 0.665; the cell's median of 9 -1.02 -> -0.8 points against one router).
-// A prefix with a request in flight at an endpoint counts as held there: that request
-// computes it, the index showing only the blocks computed so far, and counted as a
-// second miss at holders prefilling it, a cold start's copy on an endpoint prefilling
-// the other prefix looked no costlier than the hit (4 servers, N = 2, C = 16: two
-// misses in one endpoint's steps, p99 TTFT 247 ms, kv 224). With costOnly (evenShare)
-// only the cost judges. p.mu must be held.
-func (p *Policy) missCostsLess(e *prefixEntry, key uint64, sc *scratch, i, h int, costOnly bool) bool {
+// With costOnly (evenShare) only the cost judges. p.mu must be held.
+func (p *Policy) missCostsLess(sc *scratch, i, h int, costOnly bool) bool {
 	n := len(sc.keys) * sc.blockSize
-	lead := func(j int) int {
-		if sc.eps[j].active[key] != nil {
-			return max(sc.lead[j], min(e.blocks, len(sc.keys)))
-		}
-		return sc.lead[j]
-	}
-	ui := max(0, n-lead(i)*sc.blockSize)
-	uh := max(0, n-lead(h)*sc.blockSize)
+	ui := max(0, n-sc.lead[i]*sc.blockSize)
+	uh := max(0, n-sc.lead[h]*sc.blockSize)
 	if ui*(sc.loads[i]+1)+sc.eps[i].prefill+sc.otherPrefill[i] < uh*(sc.loads[h]+1)+sc.eps[h].prefill+sc.otherPrefill[h] {
 		return true
 	}
