@@ -252,7 +252,9 @@ func (p *Policy) Pick(req *scoring.Request, cands []scoring.Endpoint) (scoring.D
 	var delay time.Duration
 	if alt < 0 {
 		delay = p.waitBehindMiss(req, e, key, sc, best, bs)
-		if !joined && sc.even && (delay > 0 || kind == kindHome && sc.eps[best].missesInPrefill > 0) {
+		// A held hit, or a new prefix's first request homed beside any prefill
+		// (missSooner).
+		if !joined && sc.even && (delay > 0 || kind == kindHome && sc.eps[best].prefill > 0) {
 			if r := p.missSooner(cands, sc, best, len(req.TokenIDs), bs); r >= 0 {
 				alt, delay = r, 0
 			}
@@ -685,6 +687,9 @@ func (p *Policy) join(r *tracked) {
 	ep.prefill += r.prefill
 	if a := ep.active[r.key]; a != nil {
 		a.prefill += r.prefill
+	}
+	if r.prefill > 0 {
+		ep.lastPrefill = p.now()
 	}
 	if r.prefill >= p.cfg.HoldPrefillTokens {
 		r.miss = true
