@@ -252,9 +252,11 @@ func (p *Policy) Pick(req *scoring.Request, cands []scoring.Endpoint) (scoring.D
 	var delay time.Duration
 	if alt < 0 {
 		delay = p.waitBehindMiss(req, e, key, sc, best, bs)
-		// A held hit, or a new prefix's first request homed beside any prefill
+		// A held hit, or a new prefix's first request homed beside a miss in prefill
+		// or, once every endpoint's speed is measured even, beside any prefill
 		// (missSooner).
-		if !joined && sc.even && (delay > 0 || kind == kindHome && sc.eps[best].prefill > 0) {
+		home := kind == kindHome && (sc.eps[best].missesInPrefill > 0 || sc.measured && sc.eps[best].prefill > 0)
+		if !joined && sc.even && (delay > 0 || home) {
 			if r := p.missSooner(cands, sc, best, len(req.TokenIDs), bs); r >= 0 {
 				alt, delay = r, 0
 			}

@@ -51,9 +51,9 @@ type scratch struct {
 	rank, replicas int
 	cold           bool
 	// even: no measured decode time is under MissSpeedup times another's (speeds even;
-	// true while none is measured).
-	even      bool
-	turnLoads []int
+	// true while none is measured); measured: every candidate's decode time is.
+	even, measured bool
+	turnLoads      []int
 	// nowhere caches heldNowhere for this pick: 0 not known yet, 1 held nowhere, 2 held
 	// or being computed somewhere.
 	nowhere int8
@@ -251,6 +251,7 @@ func (p *Policy) choose(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 		}
 	}
 	sc.even = measured == 0 || lo >= p.cfg.MissSpeedup*hi
+	sc.measured = measured == n
 	sc.ok = slices.Grow(sc.ok[:0], n)[:n]
 	sc.room = slices.Grow(sc.room[:0], n)[:n]
 	for i := range cands {
