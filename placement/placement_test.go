@@ -2002,6 +2002,89 @@ func TestPlacementHeldHitLeavesForASoonerMiss(t *testing.T) {
 	}
 }
 
+// TestPlacementNewHomeLeavesAHitsPrefill: while speeds are even, a new prefix's first
+// request (a 148-block miss: two engine steps) whose home, by the partition, has a
+// prefill in progress goes to an idle endpoint with no prefill where it takes less time
+// at the measured prefill speed, though that prefill is a hit's short tail (under
+// HoldPrefillTokens, no miss): its tokens would fill the miss's steps and push its
+// first token back (8 servers, N = 24, C = 8: clients finishing together send their
+// requests at once). It stays on its home when the tail was routed long enough ago to
+// be done, when the home prefills nothing, when speeds are uneven, or while an
+// endpoint's speed is not measured (the reference's fleet, 0.7 and full speed, looks
+// even until its slow endpoints are measured).
+func TestPlacementNewHomeLeavesAHitsPrefill(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		hit         bool          // a hit's tail is routed to the home first
+		since       time.Duration // from the hit's routing to the new prefix's request
+		otherDecode time.Duration // the idle endpoint's measured decode time (the home's: 1 s; 0: not measured)
+		leaves      bool
+	}{
+		{"a hit's tail just routed: leaves", true, 0, time.Second, true},
+		{"the tail routed long ago: home", true, 500 * time.Millisecond, time.Second, false},
+		{"no prefill at the home: home", false, 0, time.Second, false},
+		{"speeds uneven: home", true, 0, 2 * time.Second, false},
+		{"the idle endpoint's speed not measured yet: home", true, 0, 0, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clock := time.Unix(100, 0)
+			ix := testindex.New()
+			p := clockedPolicy(t, placement.DefaultConfig(), ix, &clock)
+			// The first endpoint has ten times the KV capacity: the partition homes
+			// new prefixes there.
+			cs := fleet(2, []int{10_000, 1000})
+			home, other := cs[0].Address, cs[1].Address
+			decodes := []timedAt{{home, time.Second}}
+			if tc.otherDecode > 0 {
+				decodes = append(decodes, timedAt{other, tc.otherDecode})
+			}
+			measureDecode(t, p, cs, &clock, decodes...)
+			// Each endpoint's prefill speed for prompts of two steps: 100 ms each.
+			for k, addr := range []string{home, other} {
+				req := plRequest(plTokens(800_000_000+10_000_000*k, 148*16))
+				if _, err := p.Pick(req, cs); err != nil {
+					t.Fatal(err)
+				}
+				p.Routed(req, addr)
+				clock = clock.Add(100 * time.Millisecond)
+				p.FirstToken(req.ID)
+				p.Finished(req.ID)
+			}
+			if tc.hit {
+				// A prefix held on the home, and a hit of it (8 blocks of its own)
+				// routed there: in prefill, no first token yet.
+				prefix := prefixed(0, 0)
+				if got := place(t, p, prefix, cs); got != home {
+					t.Fatalf("prefix 0 homed on %s, want %s", got, home)
+				}
+				ix.Hold(home, plKeysOf(prefix))
+				req := plRequest(prefixed(0, 1))
+				d, err := p.Pick(req, cs)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if d.Endpoint != home {
+					t.Fatalf("the hit went to %s, want its holder %s", d.Endpoint, home)
+				}
+				p.Routed(req, home)
+				cs[0].InFlight = 1
+			}
+			clock = clock.Add(tc.since)
+			d, err := p.Pick(plRequest(plTokens(700_000_000, 148*16)), cs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := home
+			if tc.leaves {
+				want = other
+			}
+			if d.Endpoint != want || d.Hold != 0 {
+				t.Fatalf("decision %+v, want %s (home %s)", d, want, home)
+			}
+		})
+	}
+}
+
 // prefillHolder is the prefill-hold tests' fleet: a default policy on clock over two
 // endpoints of capacity blocks each, a 600-block prefix placed on holder (the index
 // shows it there), the holder's prefill time measured at 1 s and the other's at

@@ -254,7 +254,11 @@ func (p *Policy) Pick(req *scoring.Request, cands []scoring.Endpoint) (scoring.D
 	var delay time.Duration
 	if alt < 0 {
 		delay = p.waitBehindMiss(req, e, key, sc, best, bs)
-		if !joined && sc.even && (delay > 0 || kind == kindHome && sc.eps[best].missesInPrefill > 0) {
+		// A held hit, or a new prefix's first request homed beside a miss in prefill
+		// or, once every endpoint's speed is measured even, beside any prefill
+		// (missSooner).
+		home := kind == kindHome && (sc.eps[best].missesInPrefill > 0 || sc.measured && sc.eps[best].prefill > 0)
+		if !joined && sc.even && (delay > 0 || home) {
 			if r := p.missSooner(cands, sc, best, len(req.TokenIDs), bs); r >= 0 {
 				alt, delay = r, 0
 			}
@@ -687,6 +691,9 @@ func (p *Policy) join(r *tracked) {
 	ep.prefill += r.prefill
 	if a := ep.active[r.key]; a != nil {
 		a.prefill += r.prefill
+	}
+	if r.prefill > 0 {
+		ep.lastPrefill = p.now()
 	}
 	if r.prefill >= p.cfg.HoldPrefillTokens {
 		r.miss = true

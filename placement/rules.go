@@ -51,9 +51,9 @@ type scratch struct {
 	rank, replicas int
 	cold           bool
 	// even: no measured decode time is under MissSpeedup times another's (speeds even;
-	// true while none is measured).
-	even      bool
-	turnLoads []int
+	// true while none is measured); measured: every candidate's decode time is.
+	even, measured bool
+	turnLoads      []int
 	// nowhere caches heldNowhere for this pick: 0 not known yet, 1 held nowhere, 2 held
 	// or being computed somewhere.
 	nowhere int8
@@ -118,7 +118,8 @@ func (p *Policy) blockSize(e *scoring.Endpoint) int {
 // decodes: OutputBlocks when set, else half its expected output. The expected output is
 // the fleet's measured mean per finished request (the candidates'
 // vllm:request_generation_tokens sum over count), at most the request's max_tokens; with
-// none measured yet, its max_tokens (0 when absent). vLLM allocates a request's output
+// none measured yet, its max_tokens (vLLM's default, 16, on completions without one; 0
+// when unknown). vLLM allocates a request's output
 // blocks one at a time as it decodes, so over its decode it holds half of them on
 // average: counted whole, the footprint of a holder running three 500-token outputs
 // showed no room while its engine had blocks free, and hits were sent to recompute their
@@ -251,6 +252,7 @@ func (p *Policy) choose(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 		}
 	}
 	sc.even = measured == 0 || lo >= p.cfg.MissSpeedup*hi
+	sc.measured = measured == n
 	sc.ok = slices.Grow(sc.ok[:0], n)[:n]
 	sc.room = slices.Grow(sc.room[:0], n)[:n]
 	for i := range cands {

@@ -93,6 +93,9 @@ type endpointState struct {
 	missesInPrefill int
 	// lastMiss is when the newest miss was routed there (waitBehindMiss).
 	lastMiss time.Time
+	// lastPrefill is when the newest request with uncached tokens was routed there
+	// (missSooner).
+	lastPrefill time.Time
 	// sent counts the KV blocks this router's requests allocated there: each one's
 	// uncached prompt blocks plus its output blocks (scratch.out). vLLM evicts its free blocks least
 	// recently used first, so a prompt's blocks stay cached until about the endpoint's
