@@ -929,3 +929,39 @@ func TestPlacementLooksUpAnUnlearnedPeersHistory(t *testing.T) {
 		ix.Clear(third)
 	}
 }
+
+// TestPlacementLongMissCountsPeersHistories: with router replicas an endpoint's cache
+// turns over with every replica's requests. A 16k-token document's first turn goes
+// where its system prompt is unless it would evict a long prompt there
+// (TestPlacementKeepsALongHistory); a peer's document there, shared as the peer's
+// turnover, counts as this replica's own would, and once the blocks every replica sent
+// there since pass the capacity, it is gone and counts for nothing.
+func TestPlacementLongMissCountsPeersHistories(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		sent  int // the peer's blocks sent to the holder, its document's 1,004 included
+		doc   bool
+		moves bool
+	}{
+		{"a peer's document on the holder: goes where it evicts nothing", 1004, true, true},
+		{"a peer's document since turned over: stays", 3004, true, false},
+		{"no peer document: stays", 1004, false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := placement.DefaultConfig()
+			cfg.OutputBlocks = 4 // as TestPlacementKeepsALongHistory: the documents fill the 2,000 blocks
+			p, _, cs, holder, _, doc := branchedSystemPrompt(t, cfg, 2000, nil)
+			// This replica sent the two short conversations' 76 + 12 blocks there; the
+			// peer's document came after them, its system prompt cached.
+			peer := placement.EndpointLoad{Sent: tc.sent}
+			if tc.doc {
+				peer.Histories = []placement.History{{Before: 88, Cached: 64, Blocks: 1000}}
+			}
+			p.SetPeers(&fakePeers{turnover: map[string]placement.EndpointLoad{holder: peer}})
+			got := place(t, p, doc(2, 1000), cs)
+			if moved := got != holder; moved != tc.moves {
+				t.Errorf("document went to %s (system prompt's holder %s), want moved=%v", got, holder, tc.moves)
+			}
+		})
+	}
+}
