@@ -946,7 +946,8 @@ func (p *Policy) startEst(sc *scratch, i, tokens, bs int) float64 {
 // seconds at the endpoint's measured prefill speed for prompts of its size
 // (unmeasured: the slowest measured, prefillSecsPerToken, as the other rules timing
 // prefills count it; the mean of the measured ones kept a 34k-token first turn on an
-// unmeasured 0.7-speed endpoint, a full-speed one measured not 0.85 times the mean). The histories it evicts bound where it
+// unmeasured 0.7-speed endpoint, a full-speed one measured not 0.85 times the mean).
+// The histories it evicts bound where it
 // may go (no more than at best) but add nothing to the cost: their recompute is paid
 // only if their next turns come, which is not known, and not by this request. Added
 // at full weight, they sent a 34k-token first turn off an idle full-speed endpoint
