@@ -1476,6 +1476,57 @@ func TestPlacementLongMissGoesToTheFasterPrefill(t *testing.T) {
 	}
 }
 
+// TestPlacementLongMissCountsAnUnmeasuredEndpointSlowest: a 16k-token document's first
+// turn at its system prompt's holder, whose prefill speed for its size is unmeasured,
+// counts there as the slowest measured endpoint (1.4 s per 16,000 tokens), as the other
+// rules timing prefills count an unknown endpoint: the endpoint measured at 1 s then
+// takes it (1.06 s with the system prompt, under 0.85 x 1.4 s). Counted at the mean of
+// the measured ones (1.2 s), it stayed on the holder. With the holder measured at the
+// slow speed too it moves the same; measured as fast, it stays.
+func TestPlacementLongMissCountsAnUnmeasuredEndpointSlowest(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		holder time.Duration // the holder's measured time for 16,000 tokens; 0: unmeasured
+		moves  bool
+	}{
+		{"holder unmeasured: moves to the fast one", 0, true},
+		{"holder measured slow: moves", 1400 * time.Millisecond, true},
+		{"holder measured fast: stays", time.Second, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clock := time.Unix(100, 0)
+			ix := testindex.New()
+			p := clockedPolicy(t, placement.DefaultConfig(), ix, &clock)
+			cs := fleet(3, []int{100_000, 100_000, 100_000})
+			system := plTokens(1_000_000, 64*16)
+			doc := func(d, n int) []uint32 {
+				return append(append([]uint32(nil), system...), plTokens(500_000_000+1_000_000*d, n*16)...)
+			}
+			holder := place(t, p, doc(100, 8), cs)
+			ix.Hold(holder, plKeysOf(system))
+			var others []string
+			for _, c := range cs {
+				if c.Address != holder {
+					others = append(others, c.Address)
+				}
+			}
+			fast, slow := others[0], others[1]
+			at := []timedAt{{fast, time.Second}, {slow, 1400 * time.Millisecond}}
+			if tc.holder > 0 {
+				at = append(at, timedAt{holder, tc.holder})
+			}
+			measurePrefill(t, p, cs, &clock, at...)
+			want := holder
+			if tc.moves {
+				want = fast
+			}
+			if got := place(t, p, doc(1, 1000), cs); got != want {
+				t.Errorf("document went to %s, want %s (system prompt on %s, %s measured fastest)", got, want, holder, fast)
+			}
+		})
+	}
+}
+
 // TestPlacementLongMissWeighsItsOwnPrefill: a 16k-token document's first turn stays
 // on its system prompt's holder, measured fastest, though it evicts a history there
 // (the holder's KV holds one such prompt): the evicted history's recompute is not this

@@ -38,6 +38,8 @@ type scratch struct {
 	// each candidate (SetPeers).
 	otherPrefill []int
 	otherMisses  []int
+	// peerHistories is evicts' scratch: peers' histories on one endpoint.
+	peerHistories []History
 	// epIndex maps each candidate's state to its index and frees lists the blocks its
 	// decoding requests free, and when (soonestRoom).
 	epIndex map[*endpointState]int
@@ -945,7 +947,10 @@ func (p *Policy) startEst(sc *scratch, i, tokens, bs int) float64 {
 // times best's: its prefill there (its uncached tokens; backlogs are the divert rules'
 // to weigh, and agents' long steps, asked about their context only, inflate them), in
 // seconds at the endpoint's measured prefill speed for prompts of its size
-// (unmeasured: the mean of the measured ones). The histories it evicts bound where it
+// (unmeasured: the slowest measured, prefillSecsPerToken, as the other rules timing
+// prefills count it; the mean of the measured ones kept a 34k-token first turn on an
+// unmeasured 0.7-speed endpoint, a full-speed one measured not 0.85 times the mean).
+// The histories it evicts bound where it
 // may go (no more than at best) but add nothing to the cost: their recompute is paid
 // only if their next turns come, which is not known, and not by this request. Added
 // at full weight, they sent a 34k-token first turn off an idle full-speed endpoint
@@ -966,37 +971,22 @@ func (p *Policy) longMiss(cands []scoring.Endpoint, sc *scratch, best, tokens, b
 		return -1
 	}
 	lost := p.evicts(cands, sc, best)
-	var mean float64
-	{
-		class, n := prefillClass(uncached), 0
+	if sc.prefillSecsPerToken(best, uncached) > 0 {
+		cost := func(i int) float64 {
+			return float64(max(0, tokens-sc.lead[i]*bs)) * sc.prefillSecsPerToken(i, uncached)
+		}
+		alt, limit := -1, p.cfg.MissSpeedup*cost(best)
 		for i := range cands {
-			if m := sc.eps[i].prefillSpeed[class]; m.tokens > 0 {
-				mean += m.secs / m.tokens
-				n++
+			if i == best || !sc.ok[i] || !p.moveOK(sc, i, best) {
+				continue
+			}
+			if p.evicts(cands, sc, i) <= lost {
+				if c := cost(i); c < limit {
+					alt, limit = i, c
+				}
 			}
 		}
-		if n > 0 {
-			mean /= float64(n)
-			cost := func(i int) float64 {
-				spt := mean
-				if m := sc.eps[i].prefillSpeed[class]; m.tokens > 0 {
-					spt = m.secs / m.tokens
-				}
-				return float64(max(0, tokens-sc.lead[i]*bs)) * spt
-			}
-			alt, limit := -1, p.cfg.MissSpeedup*cost(best)
-			for i := range cands {
-				if i == best || !sc.ok[i] || !p.moveOK(sc, i, best) {
-					continue
-				}
-				if p.evicts(cands, sc, i) <= lost {
-					if c := cost(i); c < limit {
-						alt, limit = i, c
-					}
-				}
-			}
-			return alt
-		}
+		return alt
 	}
 	if lost == 0 {
 		return -1
@@ -1031,21 +1021,55 @@ func (p *Policy) long(n int) bool {
 // keeps its blocks while the blocks allocated there since it was routed (its own
 // included), plus its cached head, fit in the endpoint's capacity; the request's own
 // new blocks (uncached there, plus its expected output) push out the part past it. Histories
-// already past it are forgotten. p.mu must be held.
+// already past it are forgotten.
+//
+// With peers, the blocks allocated there are every replica's (turnover) and the
+// histories are theirs too (PeerView.PeerTurnover): the endpoint's cache turns over
+// with all of them. With its own only, a replica saw an endpoint where its peer had
+// sent ten long prompts as one where a 34k-token first turn evicted nothing, and kept
+// the turn there, a 0.7-speed endpoint, rather than move it to a full-speed one
+// evicting less of what both had sent (trace-600 seed 1 at 2x, 2 replicas: 4.65 ->
+// 4.74 requests/s, kv 4.73; docs/results-workloads.md, "Probed axes"). p.mu must be held.
 func (p *Policy) evicts(cands []scoring.Endpoint, sc *scratch, i int) int {
 	ep := sc.eps[i]
 	capacity := p.capacity(&cands[i])
+	sent := ep.sent
+	sc.peerHistories = sc.peerHistories[:0]
+	if p.peers != nil {
+		var o int
+		o, sc.peerHistories = p.peers.PeerTurnover(ep.addr, sc.peerHistories)
+		sent += o
+	}
 	ep.histories = slices.DeleteFunc(ep.histories, func(h history) bool {
-		return ep.sent-h.before+h.cached > capacity
+		return sent-h.before+h.cached > capacity
 	})
 	add := len(sc.keys) - sc.lead[i] + sc.out
 	lost := 0
-	for _, h := range ep.histories {
-		if over := ep.sent - h.before + h.cached + add - capacity; over > 0 {
-			lost += min(over, h.blocks)
+	count := func(before, cached, blocks int) {
+		if sent-before+cached > capacity {
+			return
+		}
+		if over := sent - before + cached + add - capacity; over > 0 {
+			lost += min(over, blocks)
 		}
 	}
+	for _, h := range ep.histories {
+		count(h.before, h.cached, h.blocks)
+	}
+	for _, h := range sc.peerHistories {
+		count(h.Before, h.Cached, h.Blocks)
+	}
 	return lost
+}
+
+// turnover is the KV blocks every router's requests have allocated on ep: this
+// router's (sent) plus, with peers, theirs as last heard. p.mu must be held.
+func (p *Policy) turnover(ep *endpointState) int {
+	if p.peers == nil {
+		return ep.sent
+	}
+	o, _ := p.peers.PeerTurnover(ep.addr, nil)
+	return ep.sent + o
 }
 
 // soonestRoom returns the candidate other than best where KV room for the request

@@ -65,6 +65,7 @@ const maxPending = 1 << 16
 // endpointState is what the policy keeps per endpoint: the blocks the table places
 // there, the KV footprint and prefill backlog of its in-flight requests, its speed.
 type endpointState struct {
+	addr         string
 	hash         uint64 // of the address, for rendezvous hashing
 	placedBlocks int    // blocks of the live placements (sites) on it
 	homeBlocks   int    // of those, the blocks of the sites that are homes
@@ -99,8 +100,9 @@ type endpointState struct {
 	// sent counts the KV blocks this router's requests allocated there: each one's
 	// uncached prompt blocks plus its output blocks (scratch.out). vLLM evicts its free blocks least
 	// recently used first, so a prompt's blocks stay cached until about the endpoint's
-	// capacity of blocks has been allocated after it: sent is how far its cache has
-	// turned over. histories are the recent long prompts (longMiss), oldest first.
+	// capacity of blocks has been allocated after it: sent, plus with peers theirs
+	// (turnover), is how far its cache has turned over. histories are this router's
+	// recent long prompts (longMiss), oldest first, each by that turnover.
 	sent      int
 	histories []history
 	// picks are this router's last picks of the endpoint (when, which prefix), with
@@ -172,7 +174,7 @@ func (ep *endpointState) remember(h history) {
 // still cached there (longMiss).
 type history struct {
 	id     string // the request's, to move it with Moved
-	before int    // the endpoint's sent before the prompt was routed
+	before int    // the endpoint's turnover before the prompt was routed
 	cached int    // its blocks cached there when routed (its head)
 	blocks int    // its blocks computed there (its tail)
 }
@@ -414,7 +416,7 @@ func (p *Policy) sweep() {
 func (p *Policy) endpoint(addr string) *endpointState {
 	ep := p.eps[addr]
 	if ep == nil {
-		ep = &endpointState{hash: xxhash.Sum64String(addr)}
+		ep = &endpointState{addr: addr, hash: xxhash.Sum64String(addr)}
 		p.eps[addr] = ep
 	}
 	return ep
