@@ -37,6 +37,7 @@ kvrouter_peersync_messages_total{direction="stale"} 1
 # TYPE kvrouter_peersync_snapshots_decoded_total counter
 kvrouter_peersync_snapshots_decoded_total{version="1"} 1
 kvrouter_peersync_snapshots_decoded_total{version="2"} 2
+kvrouter_peersync_snapshots_decoded_total{version="3"} 0
 # HELP kvrouter_peersync_snapshots_refused_total Peers' messages refused as malformed, by reason: magic, version, truncated, limit, invalid, trailing.
 # TYPE kvrouter_peersync_snapshots_refused_total counter
 kvrouter_peersync_snapshots_refused_total{reason="invalid"} 0

@@ -239,6 +239,25 @@ func (r *Replica) PeerLoad(endpoint string, local placement.ActiveSet) placement
 	return sum
 }
 
+// PeerTurnover is every live peer's cache turnover on endpoint (placement.PeerView):
+// the sum of their Sent there, and their histories appended to dst.
+func (r *Replica) PeerTurnover(endpoint string, dst []placement.History) (int, []placement.History) {
+	now := r.now()
+	sent := 0
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, p := range r.peers {
+		if !r.live(p, now) {
+			continue
+		}
+		if l, ok := p.loads[endpoint]; ok {
+			sent += l.Sent
+			dst = append(dst, l.Histories...)
+		}
+	}
+	return sent, dst
+}
+
 // live reports whether p was heard from within the expiry before now: a peer silent
 // longer counts for nothing (its load, its requests, its picks). r.mu must be held.
 func (r *Replica) live(p *peer, now time.Time) bool { return now.Sub(p.heard) <= r.expiry }

@@ -1,6 +1,7 @@
 package peersync
 
 import (
+	"slices"
 	"testing"
 	"time"
 
@@ -108,6 +109,35 @@ func TestReplicaSharesLoad(t *testing.T) {
 	}
 	if ps := b.Peers(); len(ps) != 1 || ps[0].Live {
 		t.Fatalf("Peers = %+v, want a, not live", ps)
+	}
+}
+
+// A peer's cache turnover on an endpoint (the blocks its requests allocated there and
+// its recent long prompts) reaches its replicas with its load, summed over live peers,
+// and counts for nothing once the peer is silent beyond the expiry.
+func TestReplicaSharesTurnover(t *testing.T) {
+	c, src, a, b := pair(time.Second)
+	hs := []placement.History{{Before: 100, Cached: 64, Blocks: 1000}, {Before: 1200, Blocks: 2000}}
+	src.loads = []placement.EndpointLoad{{Endpoint: "e1", Sent: 3300, Histories: hs}, {Endpoint: "e2", Sent: 40}}
+	d := NewReplica("d", 1, &fakeSource{loads: []placement.EndpointLoad{{Endpoint: "e1", Sent: 700}}}, time.Second, pairInterval, c.now, nil)
+	for _, r := range []*Replica{a, d} {
+		if err := b.Receive(r.Publish()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sent, got := b.PeerTurnover("e1", nil)
+	if sent != 4000 || !slices.Equal(got, hs) {
+		t.Fatalf("PeerTurnover(e1) = %d, %+v; want 4000 (3300 + 700), %+v", sent, got, hs)
+	}
+	if sent, got := b.PeerTurnover("e3", nil); sent != 0 || got != nil {
+		t.Fatalf("PeerTurnover(e3) = %d, %+v; want none", sent, got)
+	}
+	if sent, _ := a.PeerTurnover("e2", nil); sent != 0 {
+		t.Fatalf("a's own turnover counted as a peer's: %d", sent)
+	}
+	c.add(1100 * time.Millisecond)
+	if sent, got := b.PeerTurnover("e1", nil); sent != 0 || got != nil {
+		t.Fatalf("peers silent beyond the expiry still count: %d, %+v", sent, got)
 	}
 }
 

@@ -42,16 +42,23 @@ type Snapshot struct {
 //	v2: v1's body, then placements (an endpoint table and the placements)
 //	v3 and later: v2's body, then sections, each a tag (uvarint), a length (uvarint)
 //	    and that many bytes; a reader skips the tags it does not know
+//	v3: section 1, turnover: per load, in the loads' order, its Sent and its
+//	    histories (a count, then Before, Cached and Blocks of each)
 //
 // New fields go in a new section (and a new version), never inside an older body, so
 // a reader of this code shares the v2 part with any newer replica during a rolling
-// upgrade. AppendEncode writes version 2 exactly, which readers older than sections
-// (that refuse any other version and any trailing byte) accept too.
+// upgrade. AppendEncode writes version 2 exactly when no load has turnover to share
+// (readers older than sections, which refuse any other version and any trailing byte,
+// accept it too), version 3 otherwise.
 const (
 	magic = 0x6b // 'k'
-	// version is the one AppendEncode writes, minVersion the oldest Decode reads.
-	version    = 2
+	// version is the newest AppendEncode writes, minVersion the oldest Decode reads.
+	version    = 3
 	minVersion = 1
+	// tagTurnover is v3's section of the loads' turnover (Sent, Histories).
+	tagTurnover = 1
+	// maxHistories bounds the histories one load carries (placement keeps 64).
+	maxHistories = 1 << 10
 	// The max* bound what a decoder accepts (memory per message).
 	maxEndpoints = 1 << 14
 	maxActive    = 1 << 14
@@ -93,7 +100,11 @@ func (e *MalformedError) Is(target error) bool { return target == ErrMalformed }
 
 // AppendEncode appends s's encoding to dst.
 func (s *Snapshot) AppendEncode(dst []byte) []byte {
-	dst = append(dst, magic, version)
+	ver := 2
+	if slices.ContainsFunc(s.Loads, func(l placement.EndpointLoad) bool { return l.Sent > 0 || len(l.Histories) > 0 }) {
+		ver = 3
+	}
+	dst = append(dst, magic, byte(ver))
 	dst = appendString(dst, s.Origin)
 	dst = binary.AppendUvarint(dst, s.Incarnation)
 	dst = binary.AppendUvarint(dst, s.Seq)
@@ -139,6 +150,21 @@ func (s *Snapshot) AppendEncode(dst []byte) []byte {
 			dst = binary.AppendUvarint(dst, v)
 		}
 	}
+	if ver >= 3 {
+		var sec []byte
+		for _, l := range s.Loads {
+			sec = binary.AppendUvarint(sec, uint64(max(l.Sent, 0)))
+			sec = binary.AppendUvarint(sec, uint64(len(l.Histories)))
+			for _, h := range l.Histories {
+				for _, x := range [...]int{h.Before, h.Cached, h.Blocks} {
+					sec = binary.AppendUvarint(sec, uint64(max(x, 0)))
+				}
+			}
+		}
+		dst = binary.AppendUvarint(dst, tagTurnover)
+		dst = binary.AppendUvarint(dst, uint64(len(sec)))
+		dst = append(dst, sec...)
+	}
 	return dst
 }
 
@@ -172,8 +198,8 @@ func Decode(b []byte) (Snapshot, error) {
 	if s.Version >= 2 {
 		s.Placements = d.placements(s.Sent)
 	}
-	if s.Version > version {
-		d.skipSections()
+	if s.Version >= 3 {
+		d.sections(s.Loads)
 	}
 	if d.reason == "" && len(d.b) != 0 {
 		d.fail(ReasonTrailing, "%d trailing bytes", len(d.b))
@@ -241,18 +267,39 @@ func (d *decoder) placements(sent time.Time) []placement.Placement {
 	return ps
 }
 
-// skipSections reads the sections of a version newer than this code: none is known yet,
-// so each is skipped whole (a known tag would be decoded from its own bytes, so that
-// fields appended to a section are skipped the same way).
-func (d *decoder) skipSections() {
+// sections reads v3's sections and later ones: a known tag is decoded from its own
+// bytes (so fields a newer version appends to it are skipped), any other skipped whole.
+func (d *decoder) sections(loads []placement.EndpointLoad) {
 	for len(d.b) > 0 && d.reason == "" {
-		d.uvarint() // tag
+		tag := d.uvarint()
 		n := d.uvarint()
 		if d.reason == "" && n > uint64(len(d.b)) {
 			d.fail(ReasonTruncated, "section of %d bytes, %d left", n, len(d.b))
 		}
-		if d.reason == "" {
-			d.b = d.b[n:]
+		if d.reason != "" {
+			return
+		}
+		sec := &decoder{b: d.b[:n]}
+		d.b = d.b[n:]
+		if tag == tagTurnover {
+			sec.turnover(loads)
+			if sec.reason != "" {
+				d.fail(sec.reason, "turnover: %s", sec.detail)
+			}
+		}
+	}
+}
+
+// turnover reads the turnover section into loads: each one's Sent and histories.
+func (d *decoder) turnover(loads []placement.EndpointLoad) {
+	for i := 0; i < len(loads) && d.reason == ""; i++ {
+		loads[i].Sent = d.total()
+		k := d.count(maxHistories, "histories")
+		if d.reason == "" && k > 0 {
+			loads[i].Histories = make([]placement.History, 0, min(k, len(d.b)/3+1))
+		}
+		for j := 0; j < k && d.reason == ""; j++ {
+			loads[i].Histories = append(loads[i].Histories, placement.History{Before: d.total(), Cached: d.int(), Blocks: d.int()})
 		}
 	}
 }
@@ -322,6 +369,17 @@ func (d *decoder) int() int {
 	v := d.uvarint()
 	if v > 1<<31 {
 		d.fail(ReasonLimit, "count %d out of range", v)
+		return 0
+	}
+	return int(v)
+}
+
+// total reads a running total (a turnover's blocks since a router started), bounded
+// so that sums over replicas cannot overflow.
+func (d *decoder) total() int {
+	v := d.uvarint()
+	if v > 1<<52 {
+		d.fail(ReasonLimit, "total %d out of range", v)
 		return 0
 	}
 	return int(v)

@@ -32,6 +32,17 @@ func sample() Snapshot {
 	}}
 }
 
+// withTurnover is sample with the loads' cache turnover (Sent, Histories), which
+// version 3 adds.
+func withTurnover() Snapshot {
+	s := sample()
+	s.Loads = slices.Clone(s.Loads)
+	s.Loads[0].Sent = 5000
+	s.Loads[0].Histories = []placement.History{{Before: 1200, Cached: 2, Blocks: 2100}, {Before: 4000, Blocks: 900}}
+	s.Loads[1].Sent = 1 << 40
+	return s
+}
+
 // sameSnapshot fails t unless got carries want's fields (Version aside).
 func sameSnapshot(t *testing.T, got, want Snapshot) {
 	t.Helper()
@@ -41,7 +52,8 @@ func sameSnapshot(t *testing.T, got, want Snapshot) {
 	}
 	for i, w := range want.Loads {
 		g := got.Loads[i]
-		if g.Endpoint != w.Endpoint || g.Load != w.Load || !slices.Equal(g.Active, w.Active) {
+		if g.Endpoint != w.Endpoint || g.Load != w.Load || !slices.Equal(g.Active, w.Active) ||
+			g.Sent != w.Sent || !slices.Equal(g.Histories, w.Histories) {
 			t.Fatalf("load %d: got %+v, want %+v", i, g, w)
 		}
 	}
@@ -99,14 +111,44 @@ func appendNewer(dst []byte, s *Snapshot, v byte, sections ...section) []byte {
 }
 
 func TestSnapshotRoundTrip(t *testing.T) {
-	s := sample()
-	got, err := Decode(s.AppendEncode(nil))
+	for _, tc := range []struct {
+		name    string
+		s       Snapshot
+		version int
+	}{
+		{"without turnover: version 2", sample(), 2},
+		{"with turnover: version 3", withTurnover(), 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := Decode(tc.s.AppendEncode(nil))
+			if err != nil {
+				t.Fatal(err)
+			}
+			sameSnapshot(t, got, tc.s)
+			if got.Version != tc.version || got.Loads[1].Active != nil || got.Loads[1].Histories != nil {
+				t.Fatalf("version %d, second load's active %v, histories %v: want %d, nil, nil",
+					got.Version, got.Loads[1].Active, got.Loads[1].Histories, tc.version)
+			}
+		})
+	}
+}
+
+// TestSnapshotV3Golden pins version 3's bytes (v2's body, then the turnover section).
+func TestSnapshotV3Golden(t *testing.T) {
+	s := withTurnover()
+	got := hex.EncodeToString(s.AppendEncode(nil)) + "\n"
+	path := filepath.Join("testdata", "snapshot-v3.golden")
+	if *update {
+		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	sameSnapshot(t, got, s)
-	if got.Version != version || got.Loads[1].Active != nil {
-		t.Fatalf("version %d, second load's active %v: want %d, nil", got.Version, got.Loads[1].Active, version)
+	if got != string(want) {
+		t.Fatalf("version 3 encoding changed:\ngot  %swant %s", got, want)
 	}
 }
 
@@ -144,7 +186,8 @@ func TestDecodeVersions(t *testing.T) {
 	s := sample()
 	v1 := s
 	v1.Placements = nil
-	unknown := []section{{tag: 1, body: []byte("a v3 field")}, {tag: 1 << 20}, {tag: 9, body: make([]byte, 300)}}
+	unknown := []section{{tag: 2, body: []byte("a v4 field")}, {tag: 1 << 20}, {tag: 9, body: make([]byte, 300)}}
+	s3 := withTurnover()
 	for _, tc := range []struct {
 		name    string
 		b       []byte
@@ -156,6 +199,8 @@ func TestDecodeVersions(t *testing.T) {
 		{"v3 without sections", appendNewer(nil, &s, 3), s, 3},
 		{"v3 with unknown sections", appendNewer(nil, &s, 3, unknown...), s, 3},
 		{"v255 with unknown sections", appendNewer(nil, &s, 255, unknown...), s, 255},
+		{"v3 with turnover", s3.AppendEncode(nil), s3, 3},
+		{"v4 with turnover and unknown sections", appendNewer(nil, &s3, 4, unknown...), s3, 4},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := Decode(tc.b)
@@ -187,6 +232,8 @@ func TestDecodeRejects(t *testing.T) {
 		{"v1 trailing", ReasonTrailing, append(appendV1(nil, &s), 0)},
 		{"v3 truncated section", ReasonTruncated, v3[:len(v3)-1]},
 		{"v3 section without length", ReasonTruncated, append(appendNewer(nil, &s, 3), 1)},
+		{"v3 turnover truncated", ReasonTruncated, appendNewer(nil, &s, 3, section{tag: tagTurnover, body: []byte{5}})},
+		{"v3 huge histories", ReasonLimit, appendNewer(nil, &s, 3, section{tag: tagTurnover, body: []byte{5, 0xff, 0xff, 0x0f}})},
 		{"no origin", ReasonInvalid, (&Snapshot{}).AppendEncode(nil)},
 		{"huge count", ReasonLimit, append([]byte{magic, version, 1, 'a', 0, 0, 0}, 0xff, 0xff, 0xff, 0xff, 0x0f)},
 		{"huge string", ReasonLimit, append([]byte{magic, version}, 0xff, 0x0f)},
@@ -215,6 +262,8 @@ func FuzzDecode(f *testing.F) {
 	f.Add(s.AppendEncode(nil))
 	f.Add(appendV1(nil, &s))
 	f.Add(appendNewer(nil, &s, 3, section{tag: 1, body: []byte("abc")}, section{tag: 2}))
+	s3 := withTurnover()
+	f.Add(s3.AppendEncode(nil))
 	f.Add([]byte{magic, version})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		s, err := Decode(b)
@@ -228,9 +277,14 @@ func FuzzDecode(f *testing.F) {
 		if s.Version < minVersion {
 			t.Fatalf("decoded version %d", s.Version)
 		}
-		// Whatever version it came in, its known part re-encodes as version 2.
+		// Whatever version it came in, its known part re-encodes as version 2, or 3
+		// when it carries turnover.
+		want := 2
+		if slices.ContainsFunc(s.Loads, func(l placement.EndpointLoad) bool { return l.Sent > 0 || len(l.Histories) > 0 }) {
+			want = 3
+		}
 		again, err := Decode(s.AppendEncode(nil))
-		if err != nil || again.Version != version {
+		if err != nil || again.Version != want {
 			t.Fatalf("re-decoding %+v: %+v, %v", s, again, err)
 		}
 		sameSnapshot(t, again, s)

@@ -46,15 +46,23 @@ func (p *Policy) waitBehindMiss(req *scoring.Request, e *prefixEntry, key uint64
 }
 
 // missSooner returns the candidate a request behind a miss in prefill at best (a hit
-// held there, or a new prefix's first request homed there) goes to instead, as a miss
-// of its own, or -1; the caller asks only while speeds are even (scratch.even): on the
+// held there, or a new prefix's first request homed there, or homed beside any prefill
+// there, a hit's short tail included, once every endpoint's decode time is measured)
+// goes to instead, as a miss of its own, or -1; the caller asks only while speeds are even (scratch.even): on the
 // reference's uneven fleet it moved hits off their holders as misses (N = 24, C = 16:
 // 0.951 -> 0.899 times the partition's ratio). The candidate is an endpoint with room
 // and no prefill in progress (decoding ones too: a new prefix homed at 0.65 s beside a
 // miss while every endpoint decoded kept the uniform fleet's N = 24, C = 8 at 150 ms)
 // where the request's uncached tokens there take less time than it would wait at best:
 // best's prefill backlog plus the request's own uncached tokens, less the time since the
-// newest miss there was routed. Times are at each endpoint's measured prefill speed for
+// newest miss there was routed (with none, the newest request with uncached tokens).
+// A hit's tail is no miss to hold behind, but a miss homed beside it shares its steps:
+// the tail fills part of the miss's first step and pushes its first token back a step's
+// share (8 servers, N = 24, C = 8, where clients finishing together send their requests
+// at once and a new prefix was homed beside a hit just routed while endpoints idled:
+// TTFT p99 143 -> 132 ms, kv 129; docs/results-workloads.md, held-out). Before every
+// endpoint is measured the reference's fleet (0.7 and full speed) looks even, and homes
+// moved so lost N = 24, C = 16 (0.951 -> 0.944 times the partition's ratio). Times are at each endpoint's measured prefill speed for
 // prompts of that size, the slowest measured where it is not measured (an unknown
 // endpoint is not assumed fast). p.mu must be held.
 func (p *Policy) missSooner(cands []scoring.Endpoint, sc *scratch, best, tokens, bs int) int {
@@ -66,7 +74,11 @@ func (p *Policy) missSooner(cands []scoring.Endpoint, sc *scratch, best, tokens,
 		return -1
 	}
 	n := ep.prefill + own
-	rest := float64(n)*sb - p.now().Sub(ep.lastMiss).Seconds()
+	since := ep.lastMiss
+	if ep.missesInPrefill == 0 {
+		since = ep.lastPrefill
+	}
+	rest := float64(n)*sb - p.now().Sub(since).Seconds()
 	alt, ea := -1, rest
 	for i := range cands {
 		if i == best || !sc.ok[i] || sc.eps[i].prefill+sc.otherPrefill[i] > 0 {

@@ -22,10 +22,24 @@ type Load struct {
 // EndpointLoad is one router's own in-flight load on one endpoint, as it shares it:
 // Load with KVBlocks counting each request's own blocks only, and the prefixes its
 // requests there share, each with its blocks (counted once however many routers use it).
+// Sent and Histories are its share of the endpoint's cache turnover: the KV blocks its
+// requests have allocated there since it started, and its recent long prompts there.
 type EndpointLoad struct {
 	Endpoint string
 	Load
-	Active []ActivePrefix
+	Active    []ActivePrefix
+	Sent      int
+	Histories []History
+}
+
+// History is a recent long prompt (more than one engine step of uncached tokens) a
+// router sent to an endpoint: its blocks cached there when routed (Cached), those
+// computed there (Blocks), and the endpoint's turnover then (Before: the KV blocks every
+// router's requests had allocated there, the sender's own plus its peers' Sent as it
+// last heard them). vLLM evicts least recently used blocks first, so the prompt stays
+// cached while the turnover since, plus Cached, fits the endpoint's capacity.
+type History struct {
+	Before, Cached, Blocks int
 }
 
 // ActivePrefix is a prefix some in-flight request on an endpoint uses, by the key that
@@ -55,6 +69,9 @@ type PeerView interface {
 	// Unheard returns how many live peers this replica last heard from before t: what
 	// they picked since is unknown to it, as its own picks at t are to them.
 	Unheard(t time.Time) int
+	// PeerTurnover returns the KV blocks live peers' requests have allocated on endpoint
+	// (the sum of their Sent) and appends their histories there to dst.
+	PeerTurnover(endpoint string, dst []History) (int, []History)
 	// Rank is this replica's position among the live replicas by name (0 for the
 	// first) and how many they are, itself included: replicas that decide at the same
 	// instant on the same view spread by it as one router's consecutive decisions do
@@ -77,18 +94,25 @@ func (p *Policy) SetPeers(v PeerView) {
 	p.mu.Unlock()
 }
 
-// Local appends this router's own in-flight load on every endpoint where it has some
-// (what its peers need) to dst, and returns it. The Active slices are fresh.
+// Local appends this router's own in-flight load and cache turnover on every endpoint
+// where it has some (what its peers need) to dst, and returns it. The Active and
+// Histories slices are fresh.
 func (p *Policy) Local(dst []EndpointLoad) []EndpointLoad {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for addr, ep := range p.eps {
-		if ep.inflight == 0 && ep.footprint == 0 && ep.prefill == 0 {
+		if ep.inflight == 0 && ep.footprint == 0 && ep.prefill == 0 && ep.sent == 0 {
 			continue
 		}
 		l := EndpointLoad{Endpoint: addr, Load: Load{
 			Requests: ep.inflight, KVBlocks: ep.footprint, Prefill: ep.prefill, Misses: ep.missesInPrefill,
-		}}
+		}, Sent: ep.sent}
+		if len(ep.histories) > 0 {
+			l.Histories = make([]History, len(ep.histories))
+			for k, h := range ep.histories {
+				l.Histories[k] = History{Before: h.before, Cached: h.cached, Blocks: h.blocks}
+			}
+		}
 		if len(ep.active) > 0 {
 			l.Active = make([]ActivePrefix, 0, len(ep.active))
 			for k, a := range ep.active {
@@ -184,7 +208,7 @@ func (p *Policy) MergePlacements(ps []Placement, winsTie bool, concurrent time.D
 			if len(pl.Sites) == 0 || len(p.prefixes) >= p.cfg.MaxPrefixes {
 				continue
 			}
-			e = &prefixEntry{key: pl.Key, blocks: pl.Blocks, base: pl.Base, seen: p.tick}
+			e = &prefixEntry{key: pl.Key, blocks: pl.Blocks, base: pl.Base, seen: p.tick, born: p.tick}
 			p.prefixes[pl.Key] = e
 		} else if len(pl.Sites) > 0 && len(e.sites) > 0 && pl.Decided.Sub(e.decided).Abs() < concurrent {
 			if !concurrentWins(pl, e) {
@@ -193,13 +217,13 @@ func (p *Policy) MergePlacements(ps []Placement, winsTie bool, concurrent time.D
 		} else if pl.Decided.Before(e.decided) || (pl.Decided.Equal(e.decided) && !winsTie) {
 			continue
 		}
-		e.sites = slices.DeleteFunc(e.sites, func(s site) bool {
+		p.resite(e, slices.DeleteFunc(e.sites, func(s site) bool {
 			if slices.ContainsFunc(pl.Sites, func(r Site) bool { return r.Endpoint == s.addr }) {
 				return false
 			}
 			p.unplace(e, &s)
 			return true
-		})
+		}))
 		for _, r := range pl.Sites {
 			j := p.place(e, r.Endpoint, r.Home)
 			if s := &e.sites[j]; s.home && !r.Home {

@@ -14,6 +14,8 @@ import (
 type fakePeers struct {
 	load   map[string]placement.Load
 	active map[string]uint64 // endpoint -> the one prefix key a peer has in flight there
+	// turnover is peers' cache turnover per endpoint (Sent and Histories only).
+	turnover map[string]placement.EndpointLoad
 	// unheard peers were last heard from at heard.
 	unheard int
 	heard   time.Time
@@ -33,6 +35,11 @@ func (f *fakePeers) Unheard(t time.Time) int {
 func (f *fakePeers) PeerLoad(ep string, _ placement.ActiveSet) placement.Load { return f.load[ep] }
 
 func (*fakePeers) Self() string { return "self" }
+
+func (f *fakePeers) PeerTurnover(ep string, dst []placement.History) (int, []placement.History) {
+	t := f.turnover[ep]
+	return t.Sent, append(dst, t.Histories...)
+}
 
 func (f *fakePeers) PeerActive(ep string, key uint64) bool {
 	k, ok := f.active[ep]
@@ -151,13 +158,18 @@ func TestPlacementLocalSharesOwnLoad(t *testing.T) {
 	p.Routed(req, d.Endpoint)
 	loads := p.Local(nil)
 	if len(loads) != 1 || loads[0].Endpoint != d.Endpoint || loads[0].Requests != 1 || len(loads[0].Active) != 1 ||
-		loads[0].Prefill != len(req.TokenIDs) {
-		t.Fatalf("Local = %+v, want one request on %s with its prefix active and its prompt to prefill", loads, d.Endpoint)
+		loads[0].Prefill != len(req.TokenIDs) || loads[0].Sent == 0 {
+		t.Fatalf("Local = %+v, want one request on %s with its prefix active, its prompt to prefill and its blocks sent", loads, d.Endpoint)
 	}
 	p.Finished(req.ID)
-	if loads := p.Local(nil); len(loads) != 0 {
-		t.Fatalf("Local after Finished = %+v, want none", loads)
+	if loads := p.Local(nil); len(loads) != 1 || loads[0].Load != (placement.Load{}) || loads[0].Active != nil || loads[0].Sent == 0 {
+		t.Fatalf("Local after Finished = %+v, want no load left, the blocks it sent still shared", loads)
 	}
+}
+
+// inFlight is loads without the endpoints that have only turnover to share.
+func inFlight(loads []placement.EndpointLoad) []placement.EndpointLoad {
+	return slices.DeleteFunc(loads, func(l placement.EndpointLoad) bool { return l.Load == placement.Load{} && l.Active == nil })
 }
 
 // A request the proxy served on a listed fallback (Moved) counts at the served
@@ -190,7 +202,7 @@ func TestPlacementMovedFollowsTheRequest(t *testing.T) {
 			served := d.Fallbacks[0]
 			p.Moved(req.ID, served)
 
-			loads := p.Local(nil)
+			loads := inFlight(p.Local(nil))
 			if len(loads) != 1 || loads[0].Endpoint != served || loads[0].Requests != 1 || len(loads[0].Active) != 1 ||
 				loads[0].Prefill != tc.prefill || loads[0].Misses != tc.misses {
 				t.Fatalf("Local after Moved to %s = %+v, want only the request there (prefill %d, misses %d), nothing left on %s",
@@ -203,13 +215,13 @@ func TestPlacementMovedFollowsTheRequest(t *testing.T) {
 			p.Moved(req.ID, served) // again: nothing more to move
 			if !tc.firstToken {
 				p.FirstToken(req.ID)
-				if l := p.Local(nil); len(l) != 1 || l[0].Prefill != 0 || l[0].Misses != 0 {
+				if l := inFlight(p.Local(nil)); len(l) != 1 || l[0].Prefill != 0 || l[0].Misses != 0 {
 					t.Fatalf("Local after FirstToken = %+v, want the prefill and miss released at %s", l, served)
 				}
 			}
 			p.Finished(req.ID)
-			if loads := p.Local(nil); len(loads) != 0 {
-				t.Fatalf("Local after Finished = %+v, want none", loads)
+			if loads := inFlight(p.Local(nil)); len(loads) != 0 {
+				t.Fatalf("Local after Finished = %+v, want none in flight", loads)
 			}
 		})
 	}
@@ -915,5 +927,41 @@ func TestPlacementLooksUpAnUnlearnedPeersHistory(t *testing.T) {
 			t.Errorf("conversation %d's fourth turn went to %s, its third is on %s", c, got, third)
 		}
 		ix.Clear(third)
+	}
+}
+
+// TestPlacementLongMissCountsPeersHistories: with router replicas an endpoint's cache
+// turns over with every replica's requests. A 16k-token document's first turn goes
+// where its system prompt is unless it would evict a long prompt there
+// (TestPlacementKeepsALongHistory); a peer's document there, shared as the peer's
+// turnover, counts as this replica's own would, and once the blocks every replica sent
+// there since pass the capacity, it is gone and counts for nothing.
+func TestPlacementLongMissCountsPeersHistories(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		sent  int // the peer's blocks sent to the holder, its document's 1,004 included
+		doc   bool
+		moves bool
+	}{
+		{"a peer's document on the holder: goes where it evicts nothing", 1004, true, true},
+		{"a peer's document since turned over: stays", 3004, true, false},
+		{"no peer document: stays", 1004, false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := placement.DefaultConfig()
+			cfg.OutputBlocks = 4 // as TestPlacementKeepsALongHistory: the documents fill the 2,000 blocks
+			p, _, cs, holder, _, doc := branchedSystemPrompt(t, cfg, 2000, nil)
+			// This replica sent the two short conversations' 76 + 12 blocks there; the
+			// peer's document came after them, its system prompt cached.
+			peer := placement.EndpointLoad{Sent: tc.sent}
+			if tc.doc {
+				peer.Histories = []placement.History{{Before: 88, Cached: 64, Blocks: 1000}}
+			}
+			p.SetPeers(&fakePeers{turnover: map[string]placement.EndpointLoad{holder: peer}})
+			got := place(t, p, doc(2, 1000), cs)
+			if moved := got != holder; moved != tc.moves {
+				t.Errorf("document went to %s (system prompt's holder %s), want moved=%v", got, holder, tc.moves)
+			}
+		})
 	}
 }

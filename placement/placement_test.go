@@ -1476,6 +1476,57 @@ func TestPlacementLongMissGoesToTheFasterPrefill(t *testing.T) {
 	}
 }
 
+// TestPlacementLongMissCountsAnUnmeasuredEndpointSlowest: a 16k-token document's first
+// turn at its system prompt's holder, whose prefill speed for its size is unmeasured,
+// counts there as the slowest measured endpoint (1.4 s per 16,000 tokens), as the other
+// rules timing prefills count an unknown endpoint: the endpoint measured at 1 s then
+// takes it (1.06 s with the system prompt, under 0.85 x 1.4 s). Counted at the mean of
+// the measured ones (1.2 s), it stayed on the holder. With the holder measured at the
+// slow speed too it moves the same; measured as fast, it stays.
+func TestPlacementLongMissCountsAnUnmeasuredEndpointSlowest(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		holder time.Duration // the holder's measured time for 16,000 tokens; 0: unmeasured
+		moves  bool
+	}{
+		{"holder unmeasured: moves to the fast one", 0, true},
+		{"holder measured slow: moves", 1400 * time.Millisecond, true},
+		{"holder measured fast: stays", time.Second, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clock := time.Unix(100, 0)
+			ix := testindex.New()
+			p := clockedPolicy(t, placement.DefaultConfig(), ix, &clock)
+			cs := fleet(3, []int{100_000, 100_000, 100_000})
+			system := plTokens(1_000_000, 64*16)
+			doc := func(d, n int) []uint32 {
+				return append(append([]uint32(nil), system...), plTokens(500_000_000+1_000_000*d, n*16)...)
+			}
+			holder := place(t, p, doc(100, 8), cs)
+			ix.Hold(holder, plKeysOf(system))
+			var others []string
+			for _, c := range cs {
+				if c.Address != holder {
+					others = append(others, c.Address)
+				}
+			}
+			fast, slow := others[0], others[1]
+			at := []timedAt{{fast, time.Second}, {slow, 1400 * time.Millisecond}}
+			if tc.holder > 0 {
+				at = append(at, timedAt{holder, tc.holder})
+			}
+			measurePrefill(t, p, cs, &clock, at...)
+			want := holder
+			if tc.moves {
+				want = fast
+			}
+			if got := place(t, p, doc(1, 1000), cs); got != want {
+				t.Errorf("document went to %s, want %s (system prompt on %s, %s measured fastest)", got, want, holder, fast)
+			}
+		})
+	}
+}
+
 // TestPlacementLongMissWeighsItsOwnPrefill: a 16k-token document's first turn stays
 // on its system prompt's holder, measured fastest, though it evicts a history there
 // (the holder's KV holds one such prompt): the evicted history's recompute is not this
@@ -2037,6 +2088,89 @@ func TestPlacementHeldHitLeavesForASoonerMiss(t *testing.T) {
 			}
 			if !tc.leaves && (d.Endpoint != holder || d.Hold == 0) {
 				t.Fatalf("decision %+v, want held at the holder %s", d, holder)
+			}
+		})
+	}
+}
+
+// TestPlacementNewHomeLeavesAHitsPrefill: while speeds are even, a new prefix's first
+// request (a 148-block miss: two engine steps) whose home, by the partition, has a
+// prefill in progress goes to an idle endpoint with no prefill where it takes less time
+// at the measured prefill speed, though that prefill is a hit's short tail (under
+// HoldPrefillTokens, no miss): its tokens would fill the miss's steps and push its
+// first token back (8 servers, N = 24, C = 8: clients finishing together send their
+// requests at once). It stays on its home when the tail was routed long enough ago to
+// be done, when the home prefills nothing, when speeds are uneven, or while an
+// endpoint's speed is not measured (the reference's fleet, 0.7 and full speed, looks
+// even until its slow endpoints are measured).
+func TestPlacementNewHomeLeavesAHitsPrefill(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		hit         bool          // a hit's tail is routed to the home first
+		since       time.Duration // from the hit's routing to the new prefix's request
+		otherDecode time.Duration // the idle endpoint's measured decode time (the home's: 1 s; 0: not measured)
+		leaves      bool
+	}{
+		{"a hit's tail just routed: leaves", true, 0, time.Second, true},
+		{"the tail routed long ago: home", true, 500 * time.Millisecond, time.Second, false},
+		{"no prefill at the home: home", false, 0, time.Second, false},
+		{"speeds uneven: home", true, 0, 2 * time.Second, false},
+		{"the idle endpoint's speed not measured yet: home", true, 0, 0, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clock := time.Unix(100, 0)
+			ix := testindex.New()
+			p := clockedPolicy(t, placement.DefaultConfig(), ix, &clock)
+			// The first endpoint has ten times the KV capacity: the partition homes
+			// new prefixes there.
+			cs := fleet(2, []int{10_000, 1000})
+			home, other := cs[0].Address, cs[1].Address
+			decodes := []timedAt{{home, time.Second}}
+			if tc.otherDecode > 0 {
+				decodes = append(decodes, timedAt{other, tc.otherDecode})
+			}
+			measureDecode(t, p, cs, &clock, decodes...)
+			// Each endpoint's prefill speed for prompts of two steps: 100 ms each.
+			for k, addr := range []string{home, other} {
+				req := plRequest(plTokens(800_000_000+10_000_000*k, 148*16))
+				if _, err := p.Pick(req, cs); err != nil {
+					t.Fatal(err)
+				}
+				p.Routed(req, addr)
+				clock = clock.Add(100 * time.Millisecond)
+				p.FirstToken(req.ID)
+				p.Finished(req.ID)
+			}
+			if tc.hit {
+				// A prefix held on the home, and a hit of it (8 blocks of its own)
+				// routed there: in prefill, no first token yet.
+				prefix := prefixed(0, 0)
+				if got := place(t, p, prefix, cs); got != home {
+					t.Fatalf("prefix 0 homed on %s, want %s", got, home)
+				}
+				ix.Hold(home, plKeysOf(prefix))
+				req := plRequest(prefixed(0, 1))
+				d, err := p.Pick(req, cs)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if d.Endpoint != home {
+					t.Fatalf("the hit went to %s, want its holder %s", d.Endpoint, home)
+				}
+				p.Routed(req, home)
+				cs[0].InFlight = 1
+			}
+			clock = clock.Add(tc.since)
+			d, err := p.Pick(plRequest(plTokens(700_000_000, 148*16)), cs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := home
+			if tc.leaves {
+				want = other
+			}
+			if d.Endpoint != want || d.Hold != 0 {
+				t.Fatalf("decision %+v, want %s (home %s)", d, want, home)
 			}
 		})
 	}

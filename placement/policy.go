@@ -99,9 +99,11 @@ type Policy struct {
 	tick     uint64
 	eps      map[string]*endpointState
 	prefixes map[uint64]*prefixEntry
-	pending  map[string]pendingPick
-	reqs     map[string]tracked
-	peers    PeerView // other router replicas' load (SetPeers); nil: none
+	// sited counts the prefixes placed on at least one endpoint (resite).
+	sited   int
+	pending map[string]pendingPick
+	reqs    map[string]tracked
+	peers   PeerView // other router replicas' load (SetPeers); nil: none
 	// salt is this replica's tie-break (SetPeers), changed the prefixes whose placement
 	// changed since Placements last reported them (only while peers are set).
 	salt    uint64
@@ -253,7 +255,11 @@ func (p *Policy) Pick(req *scoring.Request, cands []scoring.Endpoint) (scoring.D
 	var delay time.Duration
 	if alt < 0 {
 		delay = p.waitBehindMiss(req, e, key, sc, best, bs)
-		if !joined && sc.even && (delay > 0 || kind == kindHome && sc.eps[best].missesInPrefill > 0) {
+		// A held hit, or a new prefix's first request homed beside a miss in prefill
+		// or, once every endpoint's speed is measured even, beside any prefill
+		// (missSooner).
+		home := kind == kindHome && (sc.eps[best].missesInPrefill > 0 || sc.measured && sc.eps[best].prefill > 0)
+		if !joined && sc.even && (delay > 0 || home) {
 			if r := p.missSooner(cands, sc, best, len(req.TokenIDs), bs); r >= 0 {
 				alt, delay = r, 0
 			}
@@ -346,7 +352,7 @@ func (p *Policy) childName(key uint64, keys []uint64) (child uint64, base int) {
 func (p *Policy) followed(parent, child uint64, base int, sc *scratch) (follow bool, joins *endpointState) {
 	c := p.prefixes[child]
 	if c == nil {
-		c := &prefixEntry{key: child, base: base, parent: parent, blocks: len(sc.keys), seen: p.tick}
+		c := &prefixEntry{key: child, base: base, parent: parent, blocks: len(sc.keys), seen: p.tick, born: p.tick}
 		// With router replicas, new to this table is not new to the fleet: an endpoint
 		// holding the block that names the conversation computed an earlier turn of
 		// it, which a peer routed (a conversation's turns reach any replica). Its size
@@ -582,7 +588,7 @@ func (p *Policy) Routed(req *scoring.Request, endpoint string) {
 func (p *Policy) allocate(ep *endpointState, id string, tokens, prefill, bs, out int, exact bool) {
 	computed := (prefill + bs - 1) / bs
 	if exact && !p.fitsStep(prefill, bs) {
-		ep.remember(history{id: id, before: ep.sent, cached: (tokens - prefill) / bs, blocks: computed})
+		ep.remember(history{id: id, before: p.turnover(ep), cached: (tokens - prefill) / bs, blocks: computed})
 	}
 	ep.sent += computed + out
 }
@@ -619,7 +625,7 @@ func (p *Policy) Moved(reqID, endpoint string) {
 	for k, h := range r.ep.histories {
 		if h.id == reqID {
 			r.ep.histories = slices.Delete(r.ep.histories, k, k+1)
-			to.remember(history{id: reqID, before: to.sent, blocks: h.cached + h.blocks})
+			to.remember(history{id: reqID, before: p.turnover(to), blocks: h.cached + h.blocks})
 			to.sent += h.cached + h.blocks + r.out
 			break
 		}
@@ -686,6 +692,9 @@ func (p *Policy) join(r *tracked) {
 	ep.prefill += r.prefill
 	if a := ep.active[r.key]; a != nil {
 		a.prefill += r.prefill
+	}
+	if r.prefill > 0 {
+		ep.lastPrefill = p.now()
 	}
 	if r.prefill >= p.cfg.HoldPrefillTokens {
 		r.miss = true
@@ -804,7 +813,7 @@ func (p *Policy) Forget(endpoint string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, e := range p.prefixes {
-		e.sites = slices.DeleteFunc(e.sites, func(pl site) bool { return pl.addr == endpoint })
+		p.resite(e, slices.DeleteFunc(e.sites, func(pl site) bool { return pl.addr == endpoint }))
 	}
 	delete(p.eps, endpoint)
 }

@@ -38,6 +38,8 @@ type scratch struct {
 	// each candidate (SetPeers).
 	otherPrefill []int
 	otherMisses  []int
+	// peerHistories is evicts' scratch: peers' histories on one endpoint.
+	peerHistories []History
 	// epIndex maps each candidate's state to its index and frees lists the blocks its
 	// decoding requests free, and when (soonestRoom).
 	epIndex map[*endpointState]int
@@ -51,9 +53,9 @@ type scratch struct {
 	rank, replicas int
 	cold           bool
 	// even: no measured decode time is under MissSpeedup times another's (speeds even;
-	// true while none is measured).
-	even      bool
-	turnLoads []int
+	// true while none is measured); measured: every candidate's decode time is.
+	even, measured bool
+	turnLoads      []int
 	// nowhere caches heldNowhere for this pick: 0 not known yet, 1 held nowhere, 2 held
 	// or being computed somewhere.
 	nowhere int8
@@ -173,7 +175,7 @@ func (p *Policy) choose(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 	}
 	// A replica the index still does not confirm ConfirmPicks picks after it was made has
 	// been evicted: drop it. Homes stay, so the partition stays put.
-	e.sites = slices.DeleteFunc(e.sites, func(pl site) bool {
+	p.resite(e, slices.DeleteFunc(e.sites, func(pl site) bool {
 		if pl.home || p.tick-pl.placedAt <= uint64(p.cfg.ConfirmPicks) {
 			return false
 		}
@@ -184,7 +186,7 @@ func (p *Policy) choose(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 			}
 		}
 		return false
-	})
+	}))
 	placed := false
 	for i := range cands {
 		sc.pos[i] = -1
@@ -252,6 +254,7 @@ func (p *Policy) choose(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 		}
 	}
 	sc.even = measured == 0 || lo >= p.cfg.MissSpeedup*hi
+	sc.measured = measured == n
 	sc.ok = slices.Grow(sc.ok[:0], n)[:n]
 	sc.room = slices.Grow(sc.room[:0], n)[:n]
 	for i := range cands {
@@ -317,7 +320,8 @@ func (p *Policy) choose(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 	}
 	// The holders are busy: a replica where it evicts nothing live, on an endpoint less
 	// loaded than every holder.
-	share := p.cfg.CopyCost && p.underShare(key, sc)
+	even := p.cfg.CopyCost && p.evenShare(e, sc)
+	share := p.cfg.CopyCost && !even && p.underShare(key, sc)
 	r, refused := -1, false
 	for i := range cands {
 		if sc.pos[i] >= 0 || !sc.ok[i] || sc.loads[i] >= sc.loads[h] || !p.moveOK(sc, i, h) {
@@ -330,7 +334,7 @@ func (p *Policy) choose(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 		if !p.moveWorth(e, key, sc, i, h) {
 			continue
 		}
-		if p.cfg.CopyCost && !e.grows() && !share && !p.missCostsLess(sc, i, h) {
+		if p.cfg.CopyCost && !e.grows() && !share && !p.missCostsLess(sc, i, h, even) {
 			refused = true
 			continue
 		}
@@ -518,7 +522,7 @@ func (p *Policy) rehome(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 	}
 	j := sc.pos[old]
 	p.unplace(e, &e.sites[j])
-	e.sites = slices.Delete(e.sites, j, j+1)
+	p.resite(e, slices.Delete(e.sites, j, j+1))
 	for i := range cands {
 		if sc.pos[i] > j {
 			sc.pos[i]--
@@ -970,10 +974,13 @@ func (p *Policy) startEst(sc *scratch, i, tokens, bs int) float64 {
 // way when it comes) goes to the candidate of least cost, when less than MissSpeedup
 // times best's: when its prefill ends there (the prefill backlog and its uncached
 // tokens), in seconds at the endpoint's measured prefill speed for prompts of its size
-// (unmeasured: the mean of the measured ones). Weighed by its own tokens alone, a
-// 20,393-token first turn went to its system prompt's holder and waited 5.1 s behind a
-// 35,916-token prefill there (Mooncake-shaped conversations, seed 1 at 6x;
-// docs/results-workloads.md). The histories it evicts bound where it
+// (unmeasured: the slowest measured, prefillSecsPerToken, as the other rules timing
+// prefills count it; the mean of the measured ones kept a 34k-token first turn on an
+// unmeasured 0.7-speed endpoint, a full-speed one measured not 0.85 times the mean).
+// Weighed by its own tokens alone, a 20,393-token first turn went to its system
+// prompt's holder and waited 5.1 s behind a 35,916-token prefill there
+// (Mooncake-shaped conversations, seed 1 at 6x; docs/results-workloads.md). The
+// histories it evicts bound where it
 // may go (no more than at best) but add nothing to the cost: their recompute is paid
 // only if their next turns come, which is not known, and not by this request. Added
 // at full weight, they sent a 34k-token first turn off an idle full-speed endpoint
@@ -994,37 +1001,22 @@ func (p *Policy) longMiss(cands []scoring.Endpoint, sc *scratch, best, tokens, b
 		return -1
 	}
 	lost := p.evicts(cands, sc, best)
-	var mean float64
-	{
-		class, n := prefillClass(uncached), 0
+	if sc.prefillSecsPerToken(best, uncached) > 0 {
+		cost := func(i int) float64 {
+			return float64(sc.eps[i].prefill+max(0, tokens-sc.lead[i]*bs)) * sc.prefillSecsPerToken(i, uncached)
+		}
+		alt, limit := -1, p.cfg.MissSpeedup*cost(best)
 		for i := range cands {
-			if m := sc.eps[i].prefillSpeed[class]; m.tokens > 0 {
-				mean += m.secs / m.tokens
-				n++
+			if i == best || !sc.ok[i] || !p.moveOK(sc, i, best) {
+				continue
+			}
+			if p.evicts(cands, sc, i) <= lost {
+				if c := cost(i); c < limit {
+					alt, limit = i, c
+				}
 			}
 		}
-		if n > 0 {
-			mean /= float64(n)
-			cost := func(i int) float64 {
-				spt := mean
-				if m := sc.eps[i].prefillSpeed[class]; m.tokens > 0 {
-					spt = m.secs / m.tokens
-				}
-				return float64(sc.eps[i].prefill+max(0, tokens-sc.lead[i]*bs)) * spt
-			}
-			alt, limit := -1, p.cfg.MissSpeedup*cost(best)
-			for i := range cands {
-				if i == best || !sc.ok[i] || !p.moveOK(sc, i, best) {
-					continue
-				}
-				if p.evicts(cands, sc, i) <= lost {
-					if c := cost(i); c < limit {
-						alt, limit = i, c
-					}
-				}
-			}
-			return alt
-		}
+		return alt
 	}
 	if lost == 0 {
 		return -1
@@ -1059,21 +1051,55 @@ func (p *Policy) long(n int) bool {
 // keeps its blocks while the blocks allocated there since it was routed (its own
 // included), plus its cached head, fit in the endpoint's capacity; the request's own
 // new blocks (uncached there, plus its expected output) push out the part past it. Histories
-// already past it are forgotten. p.mu must be held.
+// already past it are forgotten.
+//
+// With peers, the blocks allocated there are every replica's (turnover) and the
+// histories are theirs too (PeerView.PeerTurnover): the endpoint's cache turns over
+// with all of them. With its own only, a replica saw an endpoint where its peer had
+// sent ten long prompts as one where a 34k-token first turn evicted nothing, and kept
+// the turn there, a 0.7-speed endpoint, rather than move it to a full-speed one
+// evicting less of what both had sent (trace-600 seed 1 at 2x, 2 replicas: 4.65 ->
+// 4.74 requests/s, kv 4.73; docs/results-workloads.md, "Probed axes"). p.mu must be held.
 func (p *Policy) evicts(cands []scoring.Endpoint, sc *scratch, i int) int {
 	ep := sc.eps[i]
 	capacity := p.capacity(&cands[i])
+	sent := ep.sent
+	sc.peerHistories = sc.peerHistories[:0]
+	if p.peers != nil {
+		var o int
+		o, sc.peerHistories = p.peers.PeerTurnover(ep.addr, sc.peerHistories)
+		sent += o
+	}
 	ep.histories = slices.DeleteFunc(ep.histories, func(h history) bool {
-		return ep.sent-h.before+h.cached > capacity
+		return sent-h.before+h.cached > capacity
 	})
 	add := len(sc.keys) - sc.lead[i] + sc.out
 	lost := 0
-	for _, h := range ep.histories {
-		if over := ep.sent - h.before + h.cached + add - capacity; over > 0 {
-			lost += min(over, h.blocks)
+	count := func(before, cached, blocks int) {
+		if sent-before+cached > capacity {
+			return
+		}
+		if over := sent - before + cached + add - capacity; over > 0 {
+			lost += min(over, blocks)
 		}
 	}
+	for _, h := range ep.histories {
+		count(h.before, h.cached, h.blocks)
+	}
+	for _, h := range sc.peerHistories {
+		count(h.Before, h.Cached, h.Blocks)
+	}
 	return lost
+}
+
+// turnover is the KV blocks every router's requests have allocated on ep: this
+// router's (sent) plus, with peers, theirs as last heard. p.mu must be held.
+func (p *Policy) turnover(ep *endpointState) int {
+	if p.peers == nil {
+		return ep.sent
+	}
+	o, _ := p.peers.PeerTurnover(ep.addr, nil)
+	return ep.sent + o
 }
 
 // soonestRoom returns the candidate other than best where KV room for the request
@@ -1340,15 +1366,45 @@ func (p *Policy) underShare(key uint64, sc *scratch) bool {
 // 2,371-token miss in prefill looked to start the hit at once, and the copy one router
 // makes there was refused (4 replicas, N = 24, C = 16, seed 8, at a replica's 5th pick:
 // 0.654 -> 0.665; the cell's median of 9 -1.02 -> -0.8 points against one router).
-// p.mu must be held.
-func (p *Policy) missCostsLess(sc *scratch, i, h int) bool {
+// With costOnly (evenShare) only the cost judges. p.mu must be held.
+func (p *Policy) missCostsLess(sc *scratch, i, h int, costOnly bool) bool {
 	n := len(sc.keys) * sc.blockSize
 	ui := max(0, n-sc.lead[i]*sc.blockSize)
 	uh := max(0, n-sc.lead[h]*sc.blockSize)
 	if ui*(sc.loads[i]+1)+sc.eps[i].prefill+sc.otherPrefill[i] < uh*(sc.loads[h]+1)+sc.eps[h].prefill+sc.otherPrefill[h] {
 		return true
 	}
-	return sc.decode[i] > 0 && sc.decode[h] > 0 && sc.decode[i] < p.cfg.MissSpeedup*sc.decode[h]
+	return !costOnly && sc.decode[i] > 0 && sc.decode[h] > 0 && sc.decode[i] < p.cfg.MissSpeedup*sc.decode[h]
+}
+
+// evenShare reports whether the prefix is on at least its even share of the endpoints,
+// its share of the requests routed since it was first seen times the endpoints (to the
+// nearest whole endpoint, at least one), in a fleet of at least two endpoints per
+// placed prefix. There a further copy must pay for its miss by cost (missCostsLess,
+// costOnly): neither the share of the requests in flight (underShare) nor a faster
+// endpoint makes it. The share in flight is a handful of requests and swings (3 of 4 at
+// one moment), and a copy once made stays, so a prefix's endpoints followed the largest
+// share it ever had, not its mean: two prefixes on 4 servers took 3.5 each (kv 2.5),
+// each copy a cold miss of the prefix, and the faster endpoint's clause copied the
+// 0.7-speed holders' prefix onto idle full-speed servers the same way. The share since
+// its first request is the mean, and rounded to whole endpoints an even split's noise
+// buys no copy. Only with two endpoints or more per placed prefix: with fewer, a
+// prefix's copies are what spread its requests, and both clauses buy throughput (off,
+// 12 servers at N = 7 and N = 7, C = 8 at 2 and 80 GiB lost it; docs/results-workloads.md,
+// "Probed axes", N = 2). p.mu must be held.
+func (p *Policy) evenShare(e *prefixEntry, sc *scratch) bool {
+	n := len(sc.eps)
+	if 2*p.sited > n {
+		return false
+	}
+	sites := 0
+	for i := range sc.eps {
+		if sc.pos[i] >= 0 {
+			sites++
+		}
+	}
+	share := float64(e.picks) / float64(p.tick-e.born+1)
+	return sites >= max(1, int(math.Round(share*float64(n))))
 }
 
 // moveWorth reports whether a replica on candidate i of a prefix that grows (a

@@ -65,6 +65,7 @@ const maxPending = 1 << 16
 // endpointState is what the policy keeps per endpoint: the blocks the table places
 // there, the KV footprint and prefill backlog of its in-flight requests, its speed.
 type endpointState struct {
+	addr         string
 	hash         uint64 // of the address, for rendezvous hashing
 	placedBlocks int    // blocks of the live placements (sites) on it
 	homeBlocks   int    // of those, the blocks of the sites that are homes
@@ -93,11 +94,15 @@ type endpointState struct {
 	missesInPrefill int
 	// lastMiss is when the newest miss was routed there (waitBehindMiss).
 	lastMiss time.Time
+	// lastPrefill is when the newest request with uncached tokens was routed there
+	// (missSooner).
+	lastPrefill time.Time
 	// sent counts the KV blocks this router's requests allocated there: each one's
 	// uncached prompt blocks plus its output blocks (scratch.out). vLLM evicts its free blocks least
 	// recently used first, so a prompt's blocks stay cached until about the endpoint's
-	// capacity of blocks has been allocated after it: sent is how far its cache has
-	// turned over. histories are the recent long prompts (longMiss), oldest first.
+	// capacity of blocks has been allocated after it: sent, plus with peers theirs
+	// (turnover), is how far its cache has turned over. histories are this router's
+	// recent long prompts (longMiss), oldest first, each by that turnover.
 	sent      int
 	histories []history
 	// picks are this router's last picks of the endpoint (when, which prefix), with
@@ -169,7 +174,7 @@ func (ep *endpointState) remember(h history) {
 // still cached there (longMiss).
 type history struct {
 	id     string // the request's, to move it with Moved
-	before int    // the endpoint's sent before the prompt was routed
+	before int    // the endpoint's turnover before the prompt was routed
 	cached int    // its blocks cached there when routed (its head)
 	blocks int    // its blocks computed there (its tail)
 }
@@ -214,7 +219,11 @@ type prefixEntry struct {
 	parent uint64
 	keys   keptKeys // the last request's keys, to estimate blocks
 	seen   uint64   // the pick (tick) that last saw the prefix
-	sites  []site   // where the prefix is placed
+	// born is the pick (tick) that created the entry and picks the picks named by it
+	// since: its share of the requests routed (evenShare).
+	born  uint64
+	picks int
+	sites []site // where the prefix is placed
 	// last is the ID of the conversation's last request routed (a conversation: base
 	// > 0), to join it while it is in prefill (joinHistory).
 	last string
@@ -278,7 +287,7 @@ type tracked struct {
 func (p *Policy) prefix(key uint64, keys []uint64, bs int) *prefixEntry {
 	e := p.prefixes[key]
 	if e == nil {
-		e = &prefixEntry{key: key, blocks: len(keys)}
+		e = &prefixEntry{key: key, blocks: len(keys), born: p.tick}
 		e.keys.keep(keys)
 		if p.learnedN > 0 && p.fitsStep(len(keys)*bs, bs) {
 			// Named by its PrefixDepth-th block, a prefix shares at least that many.
@@ -312,31 +321,45 @@ func (p *Policy) prefix(key uint64, keys []uint64, bs int) *prefixEntry {
 		e.keys.keep(keys)
 	}
 	e.seen = p.tick
+	e.picks++
 	p.expire(e)
 	return e
 }
 
 // expire drops e's placements unused for LiveWindow picks; p.mu must be held.
 func (p *Policy) expire(e *prefixEntry) {
-	e.sites = slices.DeleteFunc(e.sites, func(pl site) bool {
+	p.resite(e, slices.DeleteFunc(e.sites, func(pl site) bool {
 		if p.tick-pl.lastUsed <= uint64(p.cfg.LiveWindow) {
 			return false
 		}
 		p.unplace(e, &pl)
 		return true
-	})
+	}))
 }
 
 // drop removes e's placement on addr, if any; p.mu must be held.
 func (p *Policy) drop(e *prefixEntry, addr string) {
-	e.sites = slices.DeleteFunc(e.sites, func(pl site) bool {
+	p.resite(e, slices.DeleteFunc(e.sites, func(pl site) bool {
 		if pl.addr != addr {
 			return false
 		}
 		p.unplace(e, &pl)
 		p.decide(e)
 		return true
-	})
+	}))
+}
+
+// resite sets e's sites, counting the prefixes placed somewhere (Policy.sited); p.mu
+// must be held.
+func (p *Policy) resite(e *prefixEntry, sites []site) {
+	if was, is := len(e.sites) > 0, len(sites) > 0; was != is {
+		if is {
+			p.sited++
+		} else {
+			p.sited--
+		}
+	}
+	e.sites = sites
 }
 
 func (p *Policy) unplace(e *prefixEntry, pl *site) {
@@ -390,6 +413,7 @@ func (p *Policy) sweep() {
 		for i := range e.sites {
 			p.unplace(e, &e.sites[i])
 		}
+		p.resite(e, nil)
 		delete(p.prefixes, k)
 	}
 }
@@ -397,7 +421,7 @@ func (p *Policy) sweep() {
 func (p *Policy) endpoint(addr string) *endpointState {
 	ep := p.eps[addr]
 	if ep == nil {
-		ep = &endpointState{hash: xxhash.Sum64String(addr)}
+		ep = &endpointState{addr: addr, hash: xxhash.Sum64String(addr)}
 		p.eps[addr] = ep
 	}
 	return ep
@@ -423,7 +447,7 @@ func (p *Policy) place(e *prefixEntry, addr string, home bool) int {
 		ep.homeBlocks += e.weight()
 		ep.homeGuessed += e.guessed()
 	}
-	e.sites = append(e.sites, site{ep: ep, addr: addr, home: home, lastUsed: p.tick, placedAt: p.tick})
+	p.resite(e, append(e.sites, site{ep: ep, addr: addr, home: home, lastUsed: p.tick, placedAt: p.tick}))
 	p.decide(e)
 	return len(e.sites) - 1
 }
