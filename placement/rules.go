@@ -27,6 +27,7 @@ type scratch struct {
 	// none is measured).
 	decode     []float64
 	meanDecode float64
+	grows bool
 	// eps is each candidate's state, looked up once per pick under p.mu.
 	eps []*endpointState
 	// others is each candidate's requests from other routers (SharedLoad), otherKV
@@ -161,6 +162,7 @@ func (p *Policy) choose(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 	}
 	p.inFlight(e, key, sc)
 	p.shared(cands, sc, key)
+	sc.grows = e.grows()
 	sc.rank, sc.replicas, sc.nowhere = 0, 0, 0
 	if p.peers != nil {
 		sc.rank, sc.replicas = p.peers.Rank()
@@ -1175,7 +1177,60 @@ func (p *Policy) soonestRoom(key uint64, cands []scoring.Endpoint, sc *scratch, 
 func (p *Policy) moveOK(sc *scratch, i, from int) bool {
 	n := len(sc.keys) * sc.blockSize
 	add := max(0, n-sc.lead[i]*sc.blockSize) - max(0, n-sc.lead[from]*sc.blockSize)
-	return add <= p.cfg.MaxNumBatchedTokens+sc.eps[from].prefill-sc.own[from]
+	return add <= p.cfg.MaxNumBatchedTokens+sc.eps[from].prefill-sc.own[from] || p.finishesSooner(sc, i, from)
+}
+
+// nearestSecsPerToken is candidate i's measured prefill time per token for prompts of
+// n tokens, or of the nearest size class measured there; where i has none measured,
+// the slowest candidate's at the nearest class any has measured; 0 when none has one.
+// Short prefills are not measured (measurePrefill), and a step's fixed cost makes a
+// short prefill's time per token no less than a long one's.
+func (sc *scratch) nearestSecsPerToken(i, n int) float64 {
+	c := prefillClass(n)
+	for _, only := range []bool{true, false} {
+		for d := 0; d < prefillClasses; d++ {
+			slowest := 0.0
+			for _, k := range []int{c - d, c + d} {
+				if k < 0 || k >= prefillClasses {
+					continue
+				}
+				for j, ep := range sc.eps {
+					if only && j != i {
+						continue
+					}
+					if m := ep.prefillSpeed[k]; m.tokens > 0 {
+						slowest = max(slowest, m.secs/m.tokens)
+					}
+				}
+			}
+			if slowest > 0 {
+				return slowest
+			}
+		}
+	}
+	return 0
+}
+
+// finishesSooner reports whether candidate i is measured to finish the request sooner
+// than from, beyond noise (MissSpeedup): its prefill there (the prefill backlog and the
+// request's uncached tokens, at the endpoint's measured prefill speed for that size)
+// plus the endpoint's measured decode time (first token to finish, which counts the
+// decode load it meets there: the other requests' steps it shares), against the same
+// at from. False while either's decode time or prefill speed is unmeasured. p.mu must
+// be held.
+func (p *Policy) finishesSooner(sc *scratch, i, from int) bool {
+	di, df := sc.decode[i], sc.decode[from]
+	if sc.grows || di == 0 || df == 0 {
+		return false
+	}
+	n := len(sc.keys) * sc.blockSize
+	bi := sc.eps[i].prefill + sc.otherPrefill[i] + max(0, n-sc.lead[i]*sc.blockSize)
+	bf := sc.eps[from].prefill + sc.otherPrefill[from] + max(0, n-sc.lead[from]*sc.blockSize)
+	si, sf := sc.nearestSecsPerToken(i, bi), sc.nearestSecsPerToken(from, bf)
+	if si == 0 || sf == 0 {
+		return false
+	}
+	return float64(bi)*si+di < p.cfg.MissSpeedup*(float64(bf)*sf+df)
 }
 
 // copyWorth reports whether a replica on candidate i, past Fill, is worth its miss
