@@ -2154,3 +2154,52 @@ func TestPlacementOutputBlocksFromMeasuredOutput(t *testing.T) {
 		})
 	}
 }
+
+// TestPlacementLongPrefixLeavesASlowerBusyHolder: a request of a long shared prefix
+// (600 blocks, past one engine step) at its busy holder goes to an endpoint measured to
+// finish it sooner beyond noise (its whole prompt's prefill there at the measured
+// prefill speed plus the measured decode time, against its tail's prefill and the
+// decode time at the holder), though the prefill the move adds is past a step and the
+// holder's prefill backlog (a 2,000-token miss); it stays when the holder's decode time
+// is within what the recompute costs.
+func TestPlacementLongPrefixLeavesASlowerBusyHolder(t *testing.T) {
+	for _, tc := range []struct {
+		name         string
+		holderDecode time.Duration // the other endpoint's is 1 s
+		leaves       bool
+	}{
+		{"holder decodes in 3 s: leaves", 3 * time.Second, true},
+		{"holder decodes in 1.5 s: stays", 1500 * time.Millisecond, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clock := time.Unix(100, 0)
+			ix := testindex.New()
+			p := clockedPolicy(t, placement.DefaultConfig(), ix, &clock)
+			cs := fleet(2, []int{100_000, 100_000})
+			prefix := plTokens(1_000_000, 600*16)
+			tail := func(k int) []uint32 {
+				return append(append([]uint32(nil), prefix...), plTokens(500_000_000+10_000*k, 8*16)...)
+			}
+			holder := place(t, p, tail(0), cs)
+			other := cs[0].Address
+			if other == holder {
+				other = cs[1].Address
+			}
+			ix.Hold(holder, plKeysOf(prefix))
+			if got := place(t, p, tail(1), cs); got != holder { // learns the prefix's size
+				t.Fatalf("second request went to %s, holder %s", got, holder)
+			}
+			measurePrefill(t, p, cs, &clock, timedAt{holder, time.Second}, timedAt{other, time.Second})
+			measureDecode(t, p, cs, &clock, timedAt{holder, tc.holderDecode}, timedAt{other, time.Second})
+			// A 2,000-token miss in prefill at the holder: busy, a copy may be made, and
+			// the copy's request is not sent back to start twice as soon at the holder.
+			routeOn(t, p, cs, plTokens(700_000_000, 125*16), holder, false)
+			for i := range cs {
+				if cs[i].Address == holder {
+					cs[i].InFlight = 1
+				}
+			}
+			wantHolderPick(t, p, cs, tail(2), holder, !tc.leaves)
+		})
+	}
+}
