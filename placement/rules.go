@@ -27,7 +27,7 @@ type scratch struct {
 	// none is measured).
 	decode     []float64
 	meanDecode float64
-	grows bool
+	grows      bool
 	// eps is each candidate's state, looked up once per pick under p.mu.
 	eps []*endpointState
 	// others is each candidate's requests from other routers (SharedLoad), otherKV
