@@ -2161,15 +2161,17 @@ func TestPlacementOutputBlocksFromMeasuredOutput(t *testing.T) {
 // prefill speed plus the measured decode time, against its tail's prefill and the
 // decode time at the holder), though the prefill the move adds is past a step and the
 // holder's prefill backlog (a 2,000-token miss); it stays when the holder's decode time
-// is within what the recompute costs.
+// is within what the recompute costs, or when the prefix is a history that grows.
 func TestPlacementLongPrefixLeavesASlowerBusyHolder(t *testing.T) {
 	for _, tc := range []struct {
 		name         string
 		holderDecode time.Duration // the other endpoint's is 1 s
+		grows        bool          // each request extends the last: a history, not a shared prefix
 		leaves       bool
 	}{
-		{"holder decodes in 3 s: leaves", 3 * time.Second, true},
-		{"holder decodes in 1.5 s: stays", 1500 * time.Millisecond, false},
+		{"holder decodes in 3 s: leaves", 3 * time.Second, false, true},
+		{"holder decodes in 1.5 s: stays", 1500 * time.Millisecond, false, false},
+		{"a growing history stays", 3 * time.Second, true, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			clock := time.Unix(100, 0)
@@ -2178,7 +2180,14 @@ func TestPlacementLongPrefixLeavesASlowerBusyHolder(t *testing.T) {
 			cs := fleet(2, []int{100_000, 100_000})
 			prefix := plTokens(1_000_000, 600*16)
 			tail := func(k int) []uint32 {
-				return append(append([]uint32(nil), prefix...), plTokens(500_000_000+10_000*k, 8*16)...)
+				out := append([]uint32(nil), prefix...)
+				if tc.grows {
+					for j := range k + 1 {
+						out = append(out, plTokens(500_000_000+10_000*j, 8*16)...)
+					}
+					return out
+				}
+				return append(out, plTokens(500_000_000+10_000*k, 8*16)...)
 			}
 			holder := place(t, p, tail(0), cs)
 			other := cs[0].Address
@@ -2194,9 +2203,16 @@ func TestPlacementLongPrefixLeavesASlowerBusyHolder(t *testing.T) {
 			// A 2,000-token miss in prefill at the holder: busy, a copy may be made, and
 			// the copy's request is not sent back to start twice as soon at the holder.
 			routeOn(t, p, cs, plTokens(700_000_000, 125*16), holder, false)
+			inFlight := 1
+			if tc.grows {
+				// A request of the history decoding there: its replica shares their
+				// load (moveWorth), and only finishesSooner would refuse it.
+				routeOn(t, p, cs, tail(1), holder, true)
+				inFlight++
+			}
 			for i := range cs {
 				if cs[i].Address == holder {
-					cs[i].InFlight = 1
+					cs[i].InFlight = inFlight
 				}
 			}
 			wantHolderPick(t, p, cs, tail(2), holder, !tc.leaves)
