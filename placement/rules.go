@@ -27,9 +27,6 @@ type scratch struct {
 	// none is measured).
 	decode     []float64
 	meanDecode float64
-	// grows: the request's prefix is a history that grows (prefixEntry.grows), which
-	// finishesSooner does not move.
-	grows bool
 	// eps is each candidate's state, looked up once per pick under p.mu.
 	eps []*endpointState
 	// others is each candidate's requests from other routers (SharedLoad), otherKV
@@ -164,7 +161,6 @@ func (p *Policy) choose(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 	}
 	p.inFlight(e, key, sc)
 	p.shared(cands, sc, key)
-	sc.grows = e.grows()
 	sc.rank, sc.replicas, sc.nowhere = 0, 0, 0
 	if p.peers != nil {
 		sc.rank, sc.replicas = p.peers.Rank()
@@ -1173,76 +1169,13 @@ func (p *Policy) soonestRoom(key uint64, cands []scoring.Endpoint, sc *scratch, 
 
 // moveOK reports whether the request may go to candidate i instead of from: the
 // prefill the move adds (its uncached tokens at i beyond those at from) fits in one
-// step's token budget (MaxNumBatchedTokens) plus the prefill backlog it skips at from,
-// or i is measured to finish it sooner beyond noise (finishesSooner). A prefix that one
-// step recomputes moves freely; a long context moves only past a backlog at least as
-// long as its recompute, or off an endpoint whose decode the request would wait on
-// longer than the recompute takes. p.mu must be held.
+// step's token budget (MaxNumBatchedTokens) plus the prefill backlog it skips at from.
+// A prefix that one step recomputes moves freely; a long context moves only past a
+// backlog at least as long as its recompute. p.mu must be held.
 func (p *Policy) moveOK(sc *scratch, i, from int) bool {
 	n := len(sc.keys) * sc.blockSize
 	add := max(0, n-sc.lead[i]*sc.blockSize) - max(0, n-sc.lead[from]*sc.blockSize)
-	return add <= p.cfg.MaxNumBatchedTokens+sc.eps[from].prefill-sc.own[from] || p.finishesSooner(sc, i, from)
-}
-
-// nearestSecsPerToken is candidate i's measured prefill time per token for prompts of
-// n tokens, or of the nearest size class measured there; where i has none measured,
-// the slowest candidate's at the nearest class any has measured; 0 when none has one.
-// Unlike prefillSecsPerToken it answers for any size: only prefills longer than a step
-// are measured (measurePrefill), and finishesSooner times a holder's short backlog and
-// a hit's tail beside a long recompute, both sides at the same rule.
-func (sc *scratch) nearestSecsPerToken(i, n int) float64 {
-	c := prefillClass(n)
-	for _, only := range []bool{true, false} {
-		for d := 0; d < prefillClasses; d++ {
-			slowest := 0.0
-			for _, k := range []int{c - d, c + d} {
-				if k < 0 || k >= prefillClasses {
-					continue
-				}
-				for j, ep := range sc.eps {
-					if only && j != i {
-						continue
-					}
-					if m := ep.prefillSpeed[k]; m.tokens > 0 {
-						slowest = max(slowest, m.secs/m.tokens)
-					}
-				}
-			}
-			if slowest > 0 {
-				return slowest
-			}
-		}
-	}
-	return 0
-}
-
-// finishesSooner reports whether candidate i is measured to finish the request sooner
-// than from, beyond noise (MissSpeedup): its prefill there (the prefill backlog and the
-// request's uncached tokens, at the endpoint's measured prefill speed for that size)
-// plus the endpoint's measured decode time (first token to finish: it counts the
-// endpoint's speed and the decode load the request meets there, the other requests'
-// prefill and decode steps it shares), against the same at from. moveOK weighed the
-// prefill alone, and the Mooncake-shaped tool agents at 16x kept their hottest tool
-// prefix (86 of 300 requests) on its one 0.7-speed holder, whose measured decode grew
-// to 5.2 s against 1.7 s elsewhere, refusing every move (throughput 16.98 -> 18.95
-// requests/s, kv 18.43; docs/results-workloads.md, "Probed axes"). A history that
-// grows (a conversation's, an agent's session) is not moved so: its old site keeps the
-// shorter history, and later turns sent back there recompute the rest (the same trace
-// at 4x, counted for every prefix: ratio 0.860 -> 0.839, kv 0.842). False while either
-// endpoint's decode time or prefill speed is unmeasured. p.mu must be held.
-func (p *Policy) finishesSooner(sc *scratch, i, from int) bool {
-	di, df := sc.decode[i], sc.decode[from]
-	if sc.grows || di == 0 || df == 0 {
-		return false
-	}
-	n := len(sc.keys) * sc.blockSize
-	bi := sc.eps[i].prefill + sc.otherPrefill[i] + max(0, n-sc.lead[i]*sc.blockSize)
-	bf := sc.eps[from].prefill + sc.otherPrefill[from] + max(0, n-sc.lead[from]*sc.blockSize)
-	si, sf := sc.nearestSecsPerToken(i, bi), sc.nearestSecsPerToken(from, bf)
-	if si == 0 || sf == 0 {
-		return false
-	}
-	return float64(bi)*si+di < p.cfg.MissSpeedup*(float64(bf)*sf+df)
+	return add <= p.cfg.MaxNumBatchedTokens+sc.eps[from].prefill-sc.own[from]
 }
 
 // copyWorth reports whether a replica on candidate i, past Fill, is worth its miss
