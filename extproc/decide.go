@@ -65,7 +65,7 @@ type choice struct {
 	dest     string // header value: endpoint, then any fallbacks
 	endpoint string
 	policy   string
-	why      string // the decision's kind (scoring.Decision.Kind), "" when the policy does not say
+	why      string // the decision's kind (scoring.Decision.Kind; scoring.KindFallback when fallback is set), "" when the policy does not say
 	fallback string // fallback reason, "" when the configured policy chose
 	req      scoring.Request
 	ids      *promptBuf       // pooled buffer behind req.TokenIDs and req.Prefix, returned once the choice is committed
@@ -138,10 +138,11 @@ func (st *stream) reply503(reason string) error {
 }
 
 // decisionReply is the request-headers or request-body reply naming dest, chosen by a
-// decision of kind why.
+// decision of kind why. A body reply names the kind even when it is "": it overrides the
+// tentative headers reply's (BUFFERED), whose load-based pick is the fallback's.
 func decisionReply(dest, why string, spoofed []string, kind replyKind) *extprocv3.ProcessingResponse {
 	common := &extprocv3.CommonResponse{HeaderMutation: decisionMutation(dest, spoofed), ClearRouteCache: true}
-	r := &extprocv3.ProcessingResponse{DynamicMetadata: decisionMetadata(dest, why)}
+	r := &extprocv3.ProcessingResponse{DynamicMetadata: decisionMetadata(dest, why, kind == replyBody)}
 	if kind == replyHeaders {
 		r.Response = &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{Response: common}}
 	} else {
@@ -158,6 +159,7 @@ func (st *stream) commit(c choice) {
 		s.m.fallbacks.WithLabelValues(c.fallback).Inc()
 	}
 	s.m.decisions.WithLabelValues(c.endpoint, c.policy).Inc()
+	s.m.decisionKinds.WithLabelValues(c.policy, c.why).Inc()
 	st.routed, st.endpoint, st.dest, st.reqID = true, c.endpoint, c.dest, c.req.ID
 	st.tentative = nil
 	s.fleet.Begin(c.endpoint)
@@ -335,7 +337,11 @@ func (st *stream) choose(in decideInput, start time.Time) (c choice, noEndpointR
 	if rw.target != model {
 		body = parsed.WithModel(in.body, rw.target)
 	}
-	c = choice{dest: dest, endpoint: d.Endpoint, policy: policy.Name(), why: d.Kind, fallback: fallback, req: req, ids: ids, priority: priority,
+	why := d.Kind
+	if fallback != "" {
+		why = scoring.KindFallback // the fallback's own kind (load-only: none) would hide that the router could not score it
+	}
+	c = choice{dest: dest, endpoint: d.Endpoint, policy: policy.Name(), why: why, fallback: fallback, req: req, ids: ids, priority: priority,
 		rewrite: rw, body: body}
 	c.observer = rt.observer // told of every request routed under rt, as the fallback's too
 	return c, "", nil
@@ -580,15 +586,15 @@ func decisionMutation(dest string, spoofed []string) *extprocv3.HeaderMutation {
 }
 
 // decisionMetadata is the decision's dynamic metadata: dest under envoy.lb (the
-// protocol's), and the decision's kind why, when the policy says, under kvrouter's own
-// namespace for the proxy's access log.
-func decisionMetadata(dest, why string) *structpb.Struct {
+// protocol's), and the decision's kind why, when the policy says (or always, to override
+// an earlier reply's), under kvrouter's own namespace for the proxy's access log.
+func decisionMetadata(dest, why string, always bool) *structpb.Struct {
 	md := &structpb.Struct{Fields: map[string]*structpb.Value{
 		epp.NamespaceLB: structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
 			epp.HeaderDestination: structpb.NewStringValue(dest),
 		}}),
 	}}
-	if why != "" {
+	if why != "" || always {
 		md.Fields[epp.NamespaceKVRouter] = structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
 			epp.KeyDecision: structpb.NewStringValue(why),
 		}})

@@ -10,6 +10,7 @@ import (
 // metrics is the server's typed metrics set.
 type metrics struct {
 	decisions       *prometheus.CounterVec
+	decisionKinds   *prometheus.CounterVec
 	decisionLatency prometheus.Histogram
 	parseErrors     *prometheus.CounterVec
 	tokenizeErrors  prometheus.Counter
@@ -176,6 +177,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "kvrouter_routing_decisions_total",
 			Help: "Requests routed, by chosen endpoint and by the policy that chose it.",
 		}, []string{"endpoint", "policy"})),
+		decisionKinds: register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvrouter_routing_decision_kinds_total",
+			Help: "Requests routed, by the policy that chose and the decision's kind (scoring.Decision.Kind, as in the kvrouter:decision dynamic metadata): fallback for the fallback policy's, empty for a policy that names none.",
+		}, []string{"policy", "kind"})),
 		decisionLatency: register(reg, prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "kvrouter_routing_decision_duration_seconds",
 			Help:    "Time from the last request message the decision needs to the decision (parse, tokenize, pick).",

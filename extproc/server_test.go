@@ -25,6 +25,7 @@ import (
 	"github.com/kvrouter/kvrouter/extproc"
 	"github.com/kvrouter/kvrouter/fleet"
 	"github.com/kvrouter/kvrouter/index"
+	"github.com/kvrouter/kvrouter/openai"
 	"github.com/kvrouter/kvrouter/prompt"
 	"github.com/kvrouter/kvrouter/scoring"
 	"github.com/kvrouter/kvrouter/testbench/fakeenvoy"
@@ -560,24 +561,25 @@ func TestBadInputIsRoutedByLoad(t *testing.T) {
 		metric   string
 		labels   []string
 		policyID string // policy label of the decision
+		kind     string // the decision's kind, in the kvrouter metadata and kvrouter_routing_decision_kinds_total
 	}{
 		{name: "malformed json", body: `{"model":"only-b",`, want: epA,
-			metric: "kvrouter_request_parse_errors_total", labels: []string{"reason", "malformed_json"}, policyID: "least-load"},
+			metric: "kvrouter_request_parse_errors_total", labels: []string{"reason", "malformed_json"}, policyID: "least-load", kind: scoring.KindFallback},
 		{name: "non utf8", body: "{\"model\":\"only-b\xff\",\"messages\":[]}", want: epA,
-			metric: "kvrouter_request_parse_errors_total", labels: []string{"reason", "non_utf8"}, policyID: "least-load"},
+			metric: "kvrouter_request_parse_errors_total", labels: []string{"reason", "non_utf8"}, policyID: "least-load", kind: scoring.KindFallback},
 		{name: "missing model", body: `{"messages":[]}`, want: epA,
-			metric: "kvrouter_request_parse_errors_total", labels: []string{"reason", "missing_model"}, policyID: "least-load"},
+			metric: "kvrouter_request_parse_errors_total", labels: []string{"reason", "missing_model"}, policyID: "least-load", kind: scoring.KindFallback},
 		{name: "unknown model", body: `{"model":"nope","messages":[]}`, want: epA,
-			metric: "kvrouter_routing_fallbacks_total", labels: []string{"reason", "unknown_model"}, policyID: "least-load"},
+			metric: "kvrouter_routing_fallbacks_total", labels: []string{"reason", "unknown_model"}, policyID: "least-load", kind: scoring.KindFallback},
 		{name: "policy error", body: string(chatBody("m")), want: epA,
 			opts:   func(o *extproc.Options) { o.Policy = fixedPolicy{err: errors.New("index down")} },
-			metric: "kvrouter_routing_fallbacks_total", labels: []string{"reason", "policy_error"}, policyID: "least-load"},
+			metric: "kvrouter_routing_fallbacks_total", labels: []string{"reason", "policy_error"}, policyID: "least-load", kind: scoring.KindFallback},
 		{name: "policy names an endpoint it was not offered", body: string(chatBody("only-b")), want: epB,
 			opts:   func(o *extproc.Options) { o.Policy = fixedPolicy{endpoint: "6.6.6.6:1"} },
-			metric: "kvrouter_routing_fallbacks_total", labels: []string{"reason", "policy_error"}, policyID: "least-load"},
+			metric: "kvrouter_routing_fallbacks_total", labels: []string{"reason", "policy_error"}, policyID: "least-load", kind: scoring.KindFallback},
 		{name: "tokenizer error keeps the policy", body: string(chatBody("m")), want: epA,
 			opts:   func(o *extproc.Options) { o.Tokenizer = fakeTokenizer{fail: true} },
-			metric: "kvrouter_tokenize_errors_total", policyID: "recording"},
+			metric: "kvrouter_tokenize_errors_total", policyID: "recording"}, // least-load's kind: none
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -600,6 +602,12 @@ func TestBadInputIsRoutedByLoad(t *testing.T) {
 			}
 			if got := h.counter("kvrouter_routing_decisions_total", "policy", tc.policyID, "endpoint", tc.want); got != 1 {
 				t.Fatalf("decisions{policy=%s} = %v", tc.policyID, got)
+			}
+			if got := fakeenvoy.MetadataString(res.DynamicMetadata, epp.NamespaceKVRouter, epp.KeyDecision); got != tc.kind {
+				t.Errorf("%s:%s metadata %q, want %q", epp.NamespaceKVRouter, epp.KeyDecision, got, tc.kind)
+			}
+			if got := h.counter("kvrouter_routing_decision_kinds_total", "policy", tc.policyID, "kind", tc.kind); got != 1 {
+				t.Errorf("decision_kinds{policy=%s,kind=%q} = %v", tc.policyID, tc.kind, got)
 			}
 			x.Close()
 		})
@@ -642,6 +650,35 @@ func TestPolicySeesParsedRequest(t *testing.T) {
 	}
 	if len(routed) != 1 || routed[0] != p.ID+"@"+epC {
 		t.Fatalf("routed %v", routed)
+	}
+}
+
+// TestPolicySeesCompletionsMaxTokens: the policy's output bound is what the server will
+// apply: a completions body's max_tokens, vLLM's default (16) without one, unknown (0) on
+// chat without either.
+func TestPolicySeesCompletionsMaxTokens(t *testing.T) {
+	for _, tc := range []struct {
+		name, path, body string
+		want             int
+	}{
+		{"completions absent", "/v1/completions", `{"model":"m","prompt":"hi"}`, openai.DefaultCompletionMaxTokens},
+		{"completions set", "/v1/completions", `{"model":"m","prompt":"hi","max_tokens":40}`, 40},
+		{"chat absent", "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}]}`, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, func(o *extproc.Options) { o.Tokenizer = fakeTokenizer{} })
+			x := h.start(fakeenvoy.FullDuplex())
+			headers := fakeenvoy.Headers{{Key: ":method", Value: "POST"}, {Key: ":path", Value: tc.path},
+				{Key: ":authority", Value: "gw"}, {Key: "content-type", Value: "application/json"}}
+			if _, err := x.Request(fakeenvoy.Request{Headers: headers, Body: [][]byte{[]byte(tc.body)}}); err != nil {
+				t.Fatal(err)
+			}
+			x.Close()
+			picks, _, _, _ := h.policy.snapshot()
+			if len(picks) != 1 || picks[0].MaxTokens != tc.want {
+				t.Fatalf("policy saw %+v, want MaxTokens %d", picks, tc.want)
+			}
+		})
 	}
 }
 

@@ -197,6 +197,9 @@ func Parse(path string, body []byte) (*Request, error) {
 	if n := positiveInt(f.maxCompletion); n > 0 && req.Kind == KindChat {
 		req.MaxTokens = n
 	}
+	if req.Kind == KindCompletions && !f.hasMaxTokens {
+		req.MaxTokens = DefaultCompletionMaxTokens
+	}
 	if f.truncate != nil {
 		n, err := strconv.Atoi(string(f.truncate))
 		if err != nil || n < -1 {
@@ -241,6 +244,9 @@ type fields struct {
 	addGen, contFinal, addSpecial, stream, streamOpts, salt []byte
 	effort, documents, truncate                             []byte
 	maxTokens, maxCompletion                                []byte
+	// hasMaxTokens: the body has a max_tokens member, null included (vLLM reads null as
+	// None, not as CompletionRequest's default).
+	hasMaxTokens bool
 }
 
 func nonNull(raw []byte) []byte {
@@ -251,6 +257,9 @@ func nonNull(raw []byte) []byte {
 }
 
 func (f *fields) set(key []byte, raw []byte) {
+	if string(key) == "max_tokens" {
+		f.hasMaxTokens = true
+	}
 	raw = nonNull(raw)
 	switch string(key) {
 	case "model":

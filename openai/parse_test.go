@@ -117,7 +117,8 @@ func TestParse(t *testing.T) {
 }
 
 // TestParseMaxTokens: the output bound is max_completion_tokens before max_tokens on chat
-// (vLLM's order), max_tokens on completions, and 0 for anything but a positive integer,
+// (vLLM's order), max_tokens on completions (vLLM's default, 16, when the member is
+// absent; a null is None there, unknown here), and 0 for anything but a positive integer,
 // which never fails the parse (vLLM judges the value; the router only reads a bound).
 func TestParseMaxTokens(t *testing.T) {
 	for _, tc := range []struct {
@@ -125,11 +126,14 @@ func TestParseMaxTokens(t *testing.T) {
 		want               int
 	}{
 		{"absent", "/v1/chat/completions", ``, 0},
+		{"completions absent", "/v1/completions", ``, openai.DefaultCompletionMaxTokens},
+		{"completions null", "/v1/completions", `,"max_tokens":null`, 0},
+		{"completions null last", "/v1/completions", `,"max_tokens":5,"max_tokens":null`, 0},
 		{"chat max_tokens", "/v1/chat/completions", `,"max_tokens":500`, 500},
 		{"chat max_completion_tokens first", "/v1/chat/completions", `,"max_tokens":500,"max_completion_tokens":20`, 20},
 		{"chat null max_completion_tokens", "/v1/chat/completions", `,"max_completion_tokens":null,"max_tokens":7`, 7},
 		{"completions max_tokens", "/v1/completions", `,"max_tokens":100`, 100},
-		{"completions ignore max_completion_tokens", "/v1/completions", `,"max_completion_tokens":100`, 0},
+		{"completions ignore max_completion_tokens", "/v1/completions", `,"max_completion_tokens":100`, openai.DefaultCompletionMaxTokens},
 		{"integral float", "/v1/completions", `,"max_tokens":1.28e2`, 128},
 		{"last key wins", "/v1/completions", `,"max_tokens":3,"max_tokens":4`, 4},
 		{"zero", "/v1/completions", `,"max_tokens":0`, 0},
@@ -268,6 +272,9 @@ func FuzzParse(f *testing.F) {
 				want := refPositiveInt(m["max_tokens"])
 				if n := refPositiveInt(m["max_completion_tokens"]); n > 0 && req.Kind == openai.KindChat {
 					want = n
+				}
+				if _, ok := m["max_tokens"]; !ok && req.Kind == openai.KindCompletions {
+					want = openai.DefaultCompletionMaxTokens
 				}
 				if req.MaxTokens != want || again.MaxTokens != want {
 					t.Fatalf("MaxTokens %d (after WithModel %d), want %d: %q", req.MaxTokens, again.MaxTokens, want, body)

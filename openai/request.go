@@ -55,8 +55,9 @@ type Request struct {
 	Documents json.RawMessage
 	// MaxTokens is the most output tokens the request allows: a chat body's
 	// max_completion_tokens, else its max_tokens (vLLM's order), a completions body's
-	// max_tokens; 0 when absent or not a positive integer (vLLM answers that itself; the
-	// router only reads it as a bound).
+	// max_tokens, DefaultCompletionMaxTokens when that is absent; 0 when unknown: absent
+	// on chat (vLLM then allows up to max_model_len), null, or not a positive integer
+	// (vLLM answers that itself; the router only reads it as a bound).
 	MaxTokens int
 	// TruncatePromptTokens is vLLM's truncate_prompt_tokens (nil when absent): vLLM
 	// keeps only that many prompt tokens, which changes the ids the pod caches.
@@ -101,3 +102,10 @@ const (
 	// KindChat is /v1/chat/completions.
 	KindChat
 )
+
+// DefaultCompletionMaxTokens is the max_tokens vLLM applies to a /v1/completions body
+// without one: its CompletionRequest.max_tokens defaults to 16, as OpenAI's legacy
+// completions API (vllm/entrypoints/openai/protocol.py, later
+// vllm/entrypoints/openai/completion/protocol.py). ChatCompletionRequest's max_tokens and
+// max_completion_tokens default to None: up to max_model_len less the prompt.
+const DefaultCompletionMaxTokens = 16

@@ -118,7 +118,8 @@ func (p *Policy) blockSize(e *scoring.Endpoint) int {
 // decodes: OutputBlocks when set, else half its expected output. The expected output is
 // the fleet's measured mean per finished request (the candidates'
 // vllm:request_generation_tokens sum over count), at most the request's max_tokens; with
-// none measured yet, its max_tokens (0 when absent). vLLM allocates a request's output
+// none measured yet, its max_tokens (vLLM's default, 16, on completions without one; 0
+// when unknown). vLLM allocates a request's output
 // blocks one at a time as it decodes, so over its decode it holds half of them on
 // average: counted whole, the footprint of a holder running three 500-token outputs
 // showed no room while its engine had blocks free, and hits were sent to recompute their

@@ -35,7 +35,10 @@ type Explanation struct {
 	// most likely choice.
 	Sampled bool `json:"sampled,omitempty"`
 	// Tokenized is false when the request had no token ids (scored by load alone).
-	Tokenized  bool             `json:"tokenized"`
+	Tokenized bool `json:"tokenized"`
+	// Kind is the kind Pick's decision would name (Decision.Kind) were Pick to choose
+	// Pick: KindUntokenized, KindHit (Pick holds some leading blocks) or KindLoad.
+	Kind       string           `json:"kind"`
 	Candidates []CandidateScore `json:"candidates"`
 }
 
@@ -152,5 +155,6 @@ func (c *kvCore) explain(policy string, req *Request, cands []Endpoint) (Explana
 		}
 	}
 	ex.Pick = cands[best].Address
+	ex.Kind = kvKind(ex.Tokenized, ex.Candidates[best].OverlapBlocks)
 	return ex, nil
 }

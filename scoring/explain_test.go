@@ -11,7 +11,8 @@ import (
 // TestExplainMatchesPick drives a kv policy (one endpoint with unhealthy events, so both
 // the index and the prediction are exercised) and an approximate one through a sequence
 // of requests; before every Pick, Explain must report the same costs and the same winner
-// (when it is unique), and calling it must not change what Pick then does.
+// and decision kind (when the winner is unique; the sequence has hits, load picks and
+// untokenized requests), and calling it must not change what Pick then does.
 func TestExplainMatchesPick(t *testing.T) {
 	ix := testindex.New()
 	shared := kvTokens(1000, 160)
@@ -37,6 +38,14 @@ func TestExplainMatchesPick(t *testing.T) {
 				}
 			})
 			eps := kvCands("a", "b", "c")
+			kinds := map[string]int{}
+			defer func() {
+				for _, k := range []string{scoring.KindHit, scoring.KindLoad, scoring.KindUntokenized} {
+					if kinds[k] == 0 {
+						t.Errorf("no request explained as %q: %v", k, kinds)
+					}
+				}
+			}()
 			for i := range 12 {
 				toks := append(append([]uint32{}, shared[:16*(1+i%5)]...), kvTokens(5000+100*i, 40)...)
 				if i%4 == 3 {
@@ -63,6 +72,10 @@ func TestExplainMatchesPick(t *testing.T) {
 				if ex.Ties == 1 && ex.Pick != d.Endpoint {
 					t.Errorf("request %d: Explain picks %s, Pick %s", i, ex.Pick, d.Endpoint)
 				}
+				if ex.Ties == 1 && ex.Kind != d.Kind {
+					t.Errorf("request %d: Explain's kind %q, Pick's %q", i, ex.Kind, d.Kind)
+				}
+				kinds[ex.Kind]++
 				if ex.Tokenized != (toks != nil) {
 					t.Errorf("request %d: Tokenized = %v", i, ex.Tokenized)
 				}

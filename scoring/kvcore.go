@@ -409,15 +409,21 @@ func (c *kvCore) pick(req *Request, cands []Endpoint) (Decision, error) {
 	}
 	c.mu.Unlock()
 	d := c.decision(cands, sc, best)
+	d.Kind = kvKind(tokenized, sc.overlaps[best])
+	return d, nil
+}
+
+// kvKind is the kind of a kv or approximate decision for a request (tokenized or not)
+// whose chosen endpoint holds overlap of its leading blocks.
+func kvKind(tokenized bool, overlap int) string {
 	switch {
 	case !tokenized:
-		d.Kind = KindUntokenized
-	case sc.overlaps[best] > 0:
-		d.Kind = KindHit
+		return KindUntokenized
+	case overlap > 0:
+		return KindHit
 	default:
-		d.Kind = KindLoad
+		return KindLoad
 	}
-	return d, nil
 }
 
 // decision builds the answer: best first, then up to MaxFallbacks others by rising cost

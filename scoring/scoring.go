@@ -58,8 +58,9 @@ type Request struct {
 	// requests computed (the tokenizer's prefix cache keeps them with those ids, so a
 	// conversation's turn hashes only its new blocks): see Keys. Borrowed like TokenIDs.
 	Prefix index.PrefixKeys
-	// MaxTokens is the body's max_completion_tokens or max_tokens (0 when absent): the
-	// most output tokens the request can add.
+	// MaxTokens is the body's max_completion_tokens or max_tokens, vLLM's default (16)
+	// on completions without one, 0 when unknown (openai.Request.MaxTokens): the most
+	// output tokens the request can add.
 	MaxTokens int
 	// Held is how long the router has already held the request at a policy's request
 	// (the sum of the Decision.Hold it honoured); 0 at the first Pick.
@@ -102,7 +103,8 @@ type Decision struct {
 	// access log (extproc's kvrouter dynamic metadata): a short string from the policy's
 	// documented closed set, "" for a policy that does not say. kv and approximate:
 	// KindHit, KindLoad, KindUntokenized; placement: its README's decision kinds (those
-	// of kvrouter_scoring_placement_decisions_total).
+	// of kvrouter_scoring_placement_decisions_total). The router names the fallback
+	// policy's decisions KindFallback.
 	Kind string
 }
 
@@ -116,6 +118,12 @@ const (
 	// KindUntokenized: the request has no token ids; picked by load.
 	KindUntokenized = "untokenized"
 )
+
+// KindFallback is the kind of every decision the router's fallback policy made for a
+// request it could not score (no body, a body not parsed, a model no endpoint serves, or
+// the configured policy failed): set by the router (extproc), whatever the fallback
+// (load-only, naming no kind of its own) says, never by a policy.
+const KindFallback = "fallback"
 
 // MaxFallbacks bounds Decision.Fallbacks: enough for the proxy's retries, and a pick
 // over many endpoints does not sort them all.

@@ -171,6 +171,10 @@ type PolicyView struct {
 	Policy string `json:"policy"`
 	// Pick is the endpoint it would choose now; empty when the choice is random.
 	Pick string `json:"pick"`
+	// Kind is the kind its decision would name (scoring.Decision.Kind): kv and
+	// approximate say hit, load or untokenized; empty for a policy that names none (the
+	// load-only ones) or cannot say without routing the request (placement).
+	Kind string `json:"kind,omitempty"`
 	Note string `json:"note,omitempty"`
 	// Scores holds the kv and approximate policies' cost terms per candidate.
 	Scores *scoring.Explanation `json:"scores,omitempty"`
@@ -190,12 +194,16 @@ type RouteExplanation struct {
 	TokenizeError string `json:"tokenize_error,omitempty"`
 	// Used names the policy the router would use (the configured one, or the fallback
 	// when the model is not served), and Pick its choice.
-	Used           string          `json:"used"`
-	FallbackReason string          `json:"fallback_reason,omitempty"`
-	Pick           string          `json:"pick"`
-	Endpoints      []RouteEndpoint `json:"endpoints"`
-	Policy         PolicyView      `json:"policy"`
-	Fallback       PolicyView      `json:"fallback"`
+	Used           string `json:"used"`
+	FallbackReason string `json:"fallback_reason,omitempty"`
+	Pick           string `json:"pick"`
+	// Kind is the kind the router's decision would name in the proxy's metadata
+	// (kvrouter:decision) and kvrouter_routing_decision_kinds_total: the used policy's
+	// (Policy.Kind), or fallback when the fallback policy would route the request.
+	Kind      string          `json:"kind,omitempty"`
+	Endpoints []RouteEndpoint `json:"endpoints"`
+	Policy    PolicyView      `json:"policy"`
+	Fallback  PolicyView      `json:"fallback"`
 }
 
 // errBadDebugRequest is wrapped by ExplainRoute for bodies it cannot read.
@@ -231,7 +239,7 @@ func (a *App) ExplainRoute(path string, body []byte) (*RouteExplanation, error) 
 	if !ok {
 		x.Used, x.FallbackReason = pols.fallback.Name(), "unknown_model"
 	}
-	sreq := &scoring.Request{ID: "debug", Model: req.Model, BaseModel: base, LoRA: lora, CacheSalt: req.CacheSalt}
+	sreq := &scoring.Request{ID: "debug", Model: req.Model, BaseModel: base, LoRA: lora, CacheSalt: req.CacheSalt, MaxTokens: req.MaxTokens}
 	switch {
 	case !ok:
 	case a.tok == nil:
@@ -271,9 +279,9 @@ func (a *App) ExplainRoute(path string, body []byte) (*RouteExplanation, error) 
 	}
 	x.Policy = explainPolicy(pols.policy, sreq, eps)
 	x.Fallback = explainPolicy(pols.fallback, sreq, eps)
-	x.Pick = x.Policy.Pick
+	x.Pick, x.Kind = x.Policy.Pick, x.Policy.Kind
 	if !ok {
-		x.Pick = x.Fallback.Pick
+		x.Pick, x.Kind = x.Fallback.Pick, scoring.KindFallback
 	}
 	return x, nil
 }
@@ -287,7 +295,7 @@ func explainPolicy(p scoring.Policy, req *scoring.Request, eps []scoring.Endpoin
 			v.Note = err.Error()
 			return v
 		}
-		v.Pick, v.Scores = ex.Pick, &ex
+		v.Pick, v.Kind, v.Scores = ex.Pick, ex.Kind, &ex
 		switch {
 		case ex.Sampled:
 			v.Note = "temperature > 0: the policy samples; pick is the most likely candidate"
@@ -305,8 +313,11 @@ func explainPolicy(p scoring.Policy, req *scoring.Request, eps []scoring.Endpoin
 			v.Note = err.Error()
 		}
 		v.Pick = d.Endpoint
-	default:
+	case *scoring.Random:
 		v.Note = "chooses at random"
+	default:
+		// placement keeps state its pick changes (placements, pending requests, holds).
+		v.Note = "the policy cannot explain a request without routing it: its decisions' kinds are in the proxy's metadata (kvrouter:decision) and kvrouter_routing_decision_kinds_total"
 	}
 	return v
 }

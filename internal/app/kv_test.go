@@ -19,6 +19,7 @@ import (
 	"github.com/kvrouter/kvrouter/internal/testwait"
 	"github.com/kvrouter/kvrouter/openai"
 	"github.com/kvrouter/kvrouter/prompt"
+	"github.com/kvrouter/kvrouter/scoring"
 	"github.com/kvrouter/kvrouter/testbench/sim/server"
 	"github.com/kvrouter/kvrouter/tokenizer/testmodels"
 )
@@ -206,6 +207,9 @@ func TestKVPath(t *testing.T) {
 		if x.Tokens != len(ids) || x.Used != "kv" || x.Pick != sims[1].addr || x.Policy.Scores == nil {
 			t.Fatalf("explanation = %s", raw)
 		}
+		if x.Kind != scoring.KindHit || x.Policy.Kind != scoring.KindHit || x.Fallback.Kind != "" {
+			t.Errorf("kinds: decision %q, policy %q, fallback %q; want hit, hit and none", x.Kind, x.Policy.Kind, x.Fallback.Kind)
+		}
 		for _, e := range x.Endpoints {
 			want := 0
 			if e.Address == sims[1].addr {
@@ -250,7 +254,7 @@ func TestKVPath(t *testing.T) {
 
 	t.Run("unknown model is explained as the fallback", func(t *testing.T) {
 		code, x, raw := postRoute(t, base, `{"model":"other","prompt":"hello"}`)
-		if code != http.StatusOK || x.Used != "least-load" || x.FallbackReason != "unknown_model" || x.Pick == "" {
+		if code != http.StatusOK || x.Used != "least-load" || x.FallbackReason != "unknown_model" || x.Pick == "" || x.Kind != scoring.KindFallback {
 			t.Errorf("HTTP %d %s", code, raw)
 		}
 	})

@@ -51,6 +51,9 @@ func TestPlacementKeepsPrefixesHome(t *testing.T) {
 	probe := fmt.Sprintf(`{"model":%q,"prompt":"hello"}`, model)
 	if x, err := a.ExplainRoute("", []byte(probe)); err != nil || x.Tokens == 0 {
 		t.Fatalf("the model's prompts are not tokenized: %+v, %v", x, err)
+	} else if x.Kind != "" || !strings.Contains(x.Policy.Note, "without routing") {
+		// Placement's pick changes its state: the debug view does not guess its kind.
+		t.Errorf("placement explained as kind %q, note %q", x.Kind, x.Policy.Note)
 	}
 	client := extprocv3.NewExternalProcessorClient(ext)
 

@@ -18,6 +18,7 @@ import (
 	"github.com/kvrouter/kvrouter/config"
 	"github.com/kvrouter/kvrouter/internal/app"
 	"github.com/kvrouter/kvrouter/internal/testwait"
+	"github.com/kvrouter/kvrouter/scoring"
 	"github.com/kvrouter/kvrouter/tokenizer/testmodels"
 )
 
@@ -85,9 +86,10 @@ func TestUnsupportedTokenizerRoutesByLoad(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if x.Tokens != 0 || !strings.Contains(x.TokenizeError, "unsupported") || x.Policy.Scores == nil || x.Policy.Scores.Tokenized {
+	if x.Tokens != 0 || !strings.Contains(x.TokenizeError, "unsupported") || x.Policy.Scores == nil || x.Policy.Scores.Tokenized ||
+		x.Kind != scoring.KindUntokenized {
 		b, _ := json.Marshal(x)
-		t.Errorf("explanation %s: want no tokens, an unsupported-tokenizer error and a load-only score", b)
+		t.Errorf("explanation %s: want no tokens, an unsupported-tokenizer error and a load-only score (untokenized)", b)
 	}
 	mfs, err := reg.Gather()
 	if err != nil {

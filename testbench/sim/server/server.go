@@ -280,7 +280,7 @@ type body struct {
 	AddGenerationPrompt *bool           `json:"add_generation_prompt"`
 	ContinueFinalMsg    bool            `json:"continue_final_message"`
 	AddSpecialTokens    *bool           `json:"add_special_tokens"`
-	MaxTokens           *int            `json:"max_tokens"`
+	MaxTokens           optionalInt     `json:"max_tokens"`
 	MaxCompletionTokens *int            `json:"max_completion_tokens"`
 	Stream              bool            `json:"stream"`
 	StreamOptions       *struct {
@@ -288,6 +288,18 @@ type body struct {
 	} `json:"stream_options"`
 	CacheSalt string `json:"cache_salt"`
 	N         *int   `json:"n"`
+}
+
+// optionalInt is a member that may be absent, null or a number: vLLM tells absent (the
+// field's default) from null (None).
+type optionalInt struct {
+	set bool // the member is present, null included
+	n   *int // nil when absent or null
+}
+
+func (o *optionalInt) UnmarshalJSON(b []byte) error {
+	o.set = true
+	return json.Unmarshal(b, &o.n)
 }
 
 const maxBody = 32 << 20
@@ -466,9 +478,14 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, aerr)
 		return
 	}
-	maxTokens := 16
-	if b.MaxTokens != nil {
-		maxTokens = *b.MaxTokens
+	// vLLM's CompletionRequest.max_tokens defaults to 16; an explicit null is None: up to
+	// max_model_len, as chat's.
+	maxTokens := openai.DefaultCompletionMaxTokens
+	switch {
+	case b.MaxTokens.n != nil:
+		maxTokens = *b.MaxTokens.n
+	case b.MaxTokens.set:
+		maxTokens = s.cfg.Engine.MaxModelLen - len(prompt)
 	}
 	s.serve(w, r, b, prompt, maxTokens, false)
 }
@@ -499,8 +516,8 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 	maxTokens := s.cfg.Engine.MaxModelLen - len(prompt)
 	if b.MaxCompletionTokens != nil {
 		maxTokens = *b.MaxCompletionTokens
-	} else if b.MaxTokens != nil {
-		maxTokens = *b.MaxTokens
+	} else if b.MaxTokens.n != nil {
+		maxTokens = *b.MaxTokens.n
 	}
 	s.serve(w, r, b, prompt, maxTokens, true)
 }

@@ -171,6 +171,46 @@ func TestResponses(t *testing.T) {
 	t.Run("metrics", func(t *testing.T) { golden(t, "metrics.golden", get(t, hs, "/metrics")) })
 }
 
+// TestCompletionsMaxTokensDefault: a completions body without max_tokens generates vLLM's
+// default, 16 tokens (the bound the router reads, openai.DefaultCompletionMaxTokens); an
+// explicit null is vLLM's None, up to max_model_len less the prompt, as an absent
+// max_tokens on chat.
+func TestCompletionsMaxTokensDefault(t *testing.T) {
+	_, hs := start(t, func(c *server.Config) { c.Engine.MaxModelLen = 64 })
+	for _, tc := range []struct {
+		name, path, body string
+		want             int
+	}{
+		{"absent", "/v1/completions", `{"prompt":` + ids(100, 40) + `}`, openai.DefaultCompletionMaxTokens},
+		{"null", "/v1/completions", `{"prompt":` + ids(200, 40) + `,"max_tokens":null}`, 64 - 40},
+		{"set", "/v1/completions", `{"prompt":` + ids(300, 40) + `,"max_tokens":3}`, 3},
+		{"chat absent", "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}]}`, -1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			status, body := post(t, hs, tc.path, tc.body)
+			if status != 200 {
+				t.Fatalf("status %d: %s", status, body)
+			}
+			var r struct {
+				Usage struct {
+					PromptTokens     int `json:"prompt_tokens"`
+					CompletionTokens int `json:"completion_tokens"`
+				} `json:"usage"`
+			}
+			if err := json.Unmarshal([]byte(body), &r); err != nil {
+				t.Fatal(err)
+			}
+			want := tc.want
+			if want < 0 {
+				want = 64 - r.Usage.PromptTokens
+			}
+			if r.Usage.CompletionTokens != want {
+				t.Errorf("completion_tokens %d, want %d: %s", r.Usage.CompletionTokens, want, body)
+			}
+		})
+	}
+}
+
 func TestErrors(t *testing.T) {
 	_, hs := start(t, nil)
 	tests := []struct {
