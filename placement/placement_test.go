@@ -2154,3 +2154,80 @@ func TestPlacementOutputBlocksFromMeasuredOutput(t *testing.T) {
 		})
 	}
 }
+
+// TestPlacementTurnLeavesASlowIdleHolder: a conversation's turn whose holder is idle
+// goes to an idle endpoint measured faster beyond noise (decode 0.5 s against the
+// holder's 1 s) whose cache has never turned over (the blocks the router sent there
+// and the turn's fit its capacity): its recompute fits a step and evicts nothing. It
+// stays when the other is within noise (0.9 s) or its cache has turned over (three
+// 200-block prompts sent to a 500-block cache). Once moved, the next turn stays with
+// the new holder while that one runs a request (decode 0.6 s, so by wait the idle old
+// holder, 1 s, would win): the holder with more of the history takes it.
+func TestPlacementTurnLeavesASlowIdleHolder(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		decode   time.Duration // the other endpoint's measured decode time; the holder's is 1 s
+		capacity int           // the other endpoint's KV blocks
+		sent     int           // 200-block prompts sent to the other endpoint before the turn
+		moves    bool
+	}{
+		{"faster, cache never turned over: moves", 500 * time.Millisecond, 500, 0, true},
+		{"faster by 0.6 s, cache never turned over: moves", 600 * time.Millisecond, 500, 0, true},
+		{"within noise: stays", 900 * time.Millisecond, 500, 0, false},
+		{"faster, cache turned over: stays", 500 * time.Millisecond, 500, 3, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ix := testindex.New()
+			clock := time.Unix(100, 0)
+			p := clockedPolicy(t, placement.DefaultConfig(), ix, &clock)
+			cs := fleet(2, []int{10_000, 10_000})
+			turn := plTokens(100_000_000, 60*16)
+			next := func() []uint32 {
+				turn = append(append([]uint32(nil), turn...), plTokens(200_000_000+len(turn), 8*16)...)
+				return turn
+			}
+			holder := place(t, p, turn, cs)
+			ix.Hold(holder, plKeysOf(turn))
+			other := cs[0].Address
+			if other == holder {
+				other = cs[1].Address
+			}
+			for i := range cs {
+				if cs[i].Address == other {
+					cs[i].Metrics.NumGPUBlocks = tc.capacity
+				}
+			}
+			if got := place(t, p, next(), cs); got != holder {
+				t.Fatalf("second turn went to %s, the first is on %s", got, holder)
+			}
+			for k := range tc.sent {
+				req := plRequest(plTokens(800_000_000+1_000_000*k, 200*16))
+				if _, err := p.Pick(req, cs); err != nil {
+					t.Fatal(err)
+				}
+				p.Routed(req, other)
+				p.FirstToken(req.ID)
+				p.Finished(req.ID)
+			}
+			measureDecode(t, p, cs, &clock, timedAt{holder, time.Second}, timedAt{other, tc.decode})
+			ix.Hold(holder, plKeysOf(turn))
+			got := place(t, p, next(), cs)
+			if (got == other) != tc.moves {
+				t.Fatalf("turn went to %s (holder %s, other %s), want moved=%v", got, holder, other, tc.moves)
+			}
+			if !tc.moves {
+				return
+			}
+			ix.Hold(other, plKeysOf(turn))
+			routeOn(t, p, cs, plTokens(700_000_000, 8*16), other, true)
+			for i := range cs {
+				if cs[i].Address == other {
+					cs[i].InFlight = 1
+				}
+			}
+			if got := place(t, p, next(), cs); got != other {
+				t.Errorf("next turn went to %s, want the new holder %s (busy) over the idle old one %s", got, other, holder)
+			}
+		})
+	}
+}
