@@ -273,15 +273,6 @@ func (p *Policy) choose(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 				return hi
 			}
 		}
-		if e.grows() && sc.lead[i] != sc.lead[j] && sc.loads[i] < p.cfg.Saturated && sc.loads[j] < p.cfg.Saturated {
-			// A history that grows (a conversation's, an agent's session): of two
-			// holders below Saturated, the one with more of it, which every replica
-			// sees in the index; the other recomputes the turns it lacks. Ranked by
-			// rendezvous score or wait instead, a turn fasterTurn moved off a slow
-			// idle holder went back there as soon as its new holder ran a request
-			// (mixed: 3.06 requests/s against 3.10, kv 3.09).
-			return sc.lead[i] > sc.lead[j]
-		}
 		if p.cfg.StickyHolders && sc.loads[i] < p.cfg.ReplicaLoad && sc.loads[j] < p.cfg.ReplicaLoad {
 			// Both idle: ranked by rendezvous score, the same for every router replica,
 			// so duplicate copies made by replicas' concurrent placements go unused and
@@ -318,10 +309,6 @@ func (p *Policy) choose(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 		return p.newHome(e, key, cands, sc), kindHome
 	}
 	if g >= 0 && sc.loads[g] < p.cfg.ReplicaLoad {
-		if f := p.fasterTurn(e, cands, sc, g); f >= 0 {
-			sc.pos[f] = p.place(e, cands[f].Address, false)
-			return f, kindReplica
-		}
 		if f := p.fasterCopy(e, key, cands, sc, g, heldBlocks); f >= 0 {
 			sc.pos[f] = p.place(e, cands[f].Address, false)
 			return f, kindReplica
@@ -1401,39 +1388,6 @@ func (p *Policy) fasterCopy(e *prefixEntry, key uint64, cands []scoring.Endpoint
 			continue
 		}
 		if float64(ep.placedBlocks+e.weight()+(ep.placed+1)*tail)+sc.otherKV[i] > float64(p.capacity(&cands[i])) {
-			continue
-		}
-		if best < 0 || sc.decode[i] < sc.decode[best] {
-			best = i
-		}
-	}
-	return best
-}
-
-// fasterTurn returns the idle candidate that takes the turn of a history that grows (a
-// conversation's, an agent's session) instead of its idle holder g, or -1; one router
-// only. A turn follows its history, and a history first placed on a slow endpoint
-// stays there for all its turns, each a hit that decodes at the slow speed (mixed:
-// one chat conversation's eight turns on a 0.7-speed server, 1.02 to 1.05 s each where
-// a full-speed one takes 0.74 s, and its last turn is the replay's last request:
-// docs/results-workloads.md). A candidate qualifies when it is idle and measured
-// faster than g beyond noise (decode time under MissSpeedup of g's), the recompute
-// the move adds fits in one step (moveOK), and its cache has never turned over: the
-// blocks this router ever allocated there (sent) plus the turn's and its output fit
-// its num_gpu_blocks, so the copy evicts nothing, cached or live. With router replicas
-// sent counts only this router's allocations, so turnover is not known and no turn
-// moves. Of those candidates, the fastest. p.mu must be held.
-func (p *Policy) fasterTurn(e *prefixEntry, cands []scoring.Endpoint, sc *scratch, g int) int {
-	if p.peers != nil || !e.grows() || sc.decode[g] == 0 {
-		return -1
-	}
-	best := -1
-	for i := range cands {
-		if i == g || !sc.ok[i] || sc.loads[i] > 0 || sc.decode[i] == 0 ||
-			sc.decode[i] >= p.cfg.MissSpeedup*sc.decode[g] || !p.moveOK(sc, i, g) {
-			continue
-		}
-		if sc.eps[i].sent+len(sc.keys)+sc.out > p.capacity(&cands[i]) {
 			continue
 		}
 		if best < 0 || sc.decode[i] < sc.decode[best] {
