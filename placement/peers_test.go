@@ -842,10 +842,7 @@ func TestPlacementCopyCostCountsPeersPrefill(t *testing.T) {
 // turns recomputed, 30 to 44 s each, 1.91 requests/s against one router's 2.24.
 func TestPlacementCountsAPeersContextOnce(t *testing.T) {
 	depth := placement.DefaultConfig().PrefixDepth
-	context := plTokens(1_000_000, 6400*16)
-	agent := func(a, turn int) []uint32 {
-		return append(append([]uint32(nil), context...), plTokens(500_000_000+1_000_000*a, (turn+1)*8*16)...)
-	}
+	context, agent := contextAgents()
 	for _, tc := range []struct {
 		name   string
 		merged bool // the conversation came from a peer's placements
@@ -858,14 +855,7 @@ func TestPlacementCountsAPeersContextOnce(t *testing.T) {
 			p := newPlacement(t, placement.DefaultConfig(), ix)
 			cs := fleet(2, []int{7000, 7000})
 			p.SetPeers(&fakePeers{replicas: 2})
-			holder := place(t, p, agent(0, 0), cs)
-			ix.Hold(holder, plKeysOf(agent(0, 0)))
-			for _, toks := range [][]uint32{agent(1, 0), agent(0, 1)} {
-				if got := place(t, p, toks, cs); got != holder {
-					t.Fatalf("a turn on the context went to %s, the context is on %s", got, holder)
-				}
-				ix.Hold(holder, plKeysOf(toks))
-			}
+			holder := agentsOnHolder(t, p, ix, cs, agent)
 			// A peer routed agent 2's first two turns to the holder and has another
 			// agent's turn in flight there, holding the context.
 			ix.Hold(holder, plKeysOf(agent(2, 1)))

@@ -1830,6 +1830,31 @@ func TestPlacementRefusedCopyGoesToTheSoonestHolder(t *testing.T) {
 	}
 }
 
+// contextAgents returns a 100k-token context (6,400 blocks) and agent a's turn-th
+// request on it: the context, then the agent's own 8 blocks per turn so far.
+func contextAgents() (context []uint32, agent func(a, turn int) []uint32) {
+	context = plTokens(1_000_000, 6400*16)
+	return context, func(a, turn int) []uint32 {
+		return append(append([]uint32(nil), context...), plTokens(500_000_000+1_000_000*a, (turn+1)*8*16)...)
+	}
+}
+
+// agentsOnHolder routes agent 0's first turn, then agent 1's first and agent 0's
+// second, which must follow it to the context's endpoint; the index shows that endpoint
+// holding each. It returns the endpoint.
+func agentsOnHolder(t *testing.T, p *placement.Policy, ix *testindex.Index, cs []scoring.Endpoint, agent func(a, turn int) []uint32) string {
+	t.Helper()
+	holder := place(t, p, agent(0, 0), cs)
+	ix.Hold(holder, plKeysOf(agent(0, 0)))
+	for _, toks := range [][]uint32{agent(1, 0), agent(0, 1)} {
+		if got := place(t, p, toks, cs); got != holder {
+			t.Fatalf("a turn on the context went to %s, the context is on %s", got, holder)
+		}
+		ix.Hold(holder, plKeysOf(toks))
+	}
+	return holder
+}
+
 // TestPlacementCountsAContextOnceAcrossAgents: agents on one 100k-token context (6,400
 // blocks, longer than the keys a prefix keeps densely) on endpoints of 7,000 blocks.
 // With one agent's turn in flight on the holder, a new agent's first turn still has KV
@@ -1841,18 +1866,8 @@ func TestPlacementCountsAContextOnceAcrossAgents(t *testing.T) {
 	ix := testindex.New()
 	p := newPlacement(t, placement.DefaultConfig(), ix)
 	cs := fleet(2, []int{7000, 7000})
-	context := plTokens(1_000_000, 6400*16)
-	agent := func(a, turn int) []uint32 {
-		return append(append([]uint32(nil), context...), plTokens(500_000_000+1_000_000*a, (turn+1)*8*16)...)
-	}
-	holder := place(t, p, agent(0, 0), cs)
-	ix.Hold(holder, plKeysOf(agent(0, 0)))
-	for _, toks := range [][]uint32{agent(1, 0), agent(0, 1)} {
-		if got := place(t, p, toks, cs); got != holder {
-			t.Fatalf("a turn on the context went to %s, the context is on %s", got, holder)
-		}
-		ix.Hold(holder, plKeysOf(toks))
-	}
+	_, agent := contextAgents()
+	holder := agentsOnHolder(t, p, ix, cs, agent)
 	routeOn(t, p, cs, agent(0, 2), holder, true) // agent 0's third turn, decoding
 	for i := range cs {
 		if cs[i].Address == holder {
