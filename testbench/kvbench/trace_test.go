@@ -83,11 +83,9 @@ func FuzzDecodeTrace(f *testing.F) {
 	})
 }
 
-// The committed test trace is exactly what the generator writes (kvbench --gen-trace
-// kvbench/testdata/trace-small.jsonl --trace-requests 200).
-func TestGeneratedTraceIsCommitted(t *testing.T) {
-	c := DefaultTraceGenConfig()
-	c.Requests = 200
+// generatedTrace generates the trace c describes and writes it as a trace file.
+func generatedTrace(t *testing.T, c TraceGenConfig) ([]TraceRecord, *bytes.Buffer) {
+	t.Helper()
 	recs, err := GenerateTrace(c)
 	if err != nil {
 		t.Fatal(err)
@@ -96,6 +94,15 @@ func TestGeneratedTraceIsCommitted(t *testing.T) {
 	if err := WriteTrace(&buf, recs); err != nil {
 		t.Fatal(err)
 	}
+	return recs, &buf
+}
+
+// The committed test trace is exactly what the generator writes (kvbench --gen-trace
+// kvbench/testdata/trace-small.jsonl --trace-requests 200).
+func TestGeneratedTraceIsCommitted(t *testing.T) {
+	c := DefaultTraceGenConfig()
+	c.Requests = 200
+	_, buf := generatedTrace(t, c)
 	want, err := os.ReadFile("testdata/trace-small.jsonl")
 	if err != nil {
 		t.Fatal(err)
@@ -149,15 +156,8 @@ func TestTraceShapes(t *testing.T) {
 				t.Fatal(err)
 			}
 			c.Requests = 300
-			recs, err := GenerateTrace(c)
-			if err != nil {
-				t.Fatal(err)
-			}
-			var buf bytes.Buffer
-			if err := WriteTrace(&buf, recs); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := DecodeTrace(&buf, 0); err != nil {
+			recs, buf := generatedTrace(t, c)
+			if _, err := DecodeTrace(buf, 0); err != nil {
 				t.Fatalf("the generated trace does not decode: %v", err)
 			}
 			if tc.shape != TraceShapeDefault {
