@@ -588,7 +588,8 @@ func (p *Policy) Routed(req *scoring.Request, endpoint string) {
 func (p *Policy) allocate(ep *endpointState, id string, tokens, prefill, bs, out int, exact bool) {
 	computed := (prefill + bs - 1) / bs
 	if exact && !p.fitsStep(prefill, bs) {
-		ep.remember(history{id: id, before: p.turnover(ep), cached: (tokens - prefill) / bs, blocks: computed})
+		before, _ := p.turnover(ep, nil)
+		ep.remember(history{id: id, before: before, cached: (tokens - prefill) / bs, blocks: computed})
 	}
 	ep.sent += computed + out
 }
@@ -625,7 +626,8 @@ func (p *Policy) Moved(reqID, endpoint string) {
 	for k, h := range r.ep.histories {
 		if h.id == reqID {
 			r.ep.histories = slices.Delete(r.ep.histories, k, k+1)
-			to.remember(history{id: reqID, before: p.turnover(to), blocks: h.cached + h.blocks})
+			before, _ := p.turnover(to, nil)
+			to.remember(history{id: reqID, before: before, blocks: h.cached + h.blocks})
 			to.sent += h.cached + h.blocks + r.out
 			break
 		}

@@ -1063,13 +1063,8 @@ func (p *Policy) long(n int) bool {
 func (p *Policy) evicts(cands []scoring.Endpoint, sc *scratch, i int) int {
 	ep := sc.eps[i]
 	capacity := p.capacity(&cands[i])
-	sent := ep.sent
-	sc.peerHistories = sc.peerHistories[:0]
-	if p.peers != nil {
-		var o int
-		o, sc.peerHistories = p.peers.PeerTurnover(ep.addr, sc.peerHistories)
-		sent += o
-	}
+	var sent int
+	sent, sc.peerHistories = p.turnover(ep, sc.peerHistories[:0])
 	ep.histories = slices.DeleteFunc(ep.histories, func(h history) bool {
 		return sent-h.before+h.cached > capacity
 	})
@@ -1093,13 +1088,14 @@ func (p *Policy) evicts(cands []scoring.Endpoint, sc *scratch, i int) int {
 }
 
 // turnover is the KV blocks every router's requests have allocated on ep: this
-// router's (sent) plus, with peers, theirs as last heard. p.mu must be held.
-func (p *Policy) turnover(ep *endpointState) int {
+// router's (sent) plus, with peers, theirs as last heard; the peers' histories there
+// are appended to dst. p.mu must be held.
+func (p *Policy) turnover(ep *endpointState, dst []History) (int, []History) {
 	if p.peers == nil {
-		return ep.sent
+		return ep.sent, dst
 	}
-	o, _ := p.peers.PeerTurnover(ep.addr, nil)
-	return ep.sent + o
+	o, dst := p.peers.PeerTurnover(ep.addr, dst)
+	return ep.sent + o, dst
 }
 
 // soonestRoom returns the candidate other than best where KV room for the request
