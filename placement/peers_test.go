@@ -814,11 +814,7 @@ func TestPlacementCopyCostCountsPeersPrefill(t *testing.T) {
 				p.Routed(req, busy)
 				p.FirstToken(req.ID)
 			}
-			for i := range cs {
-				if cs[i].Address == busy {
-					cs[i].InFlight = 2
-				}
-			}
+			setInFlight(cs, busy, 2)
 			p.SetPeers(&fakePeers{rank: 0, replicas: 2, load: map[string]placement.Load{
 				holder: {Requests: 1, Prefill: tc.prefill},
 			}})
@@ -867,11 +863,7 @@ func TestPlacementCountsAPeersContextOnce(t *testing.T) {
 			p.SetPeers(&fakePeers{replicas: 2,
 				load:   map[string]placement.Load{holder: {Requests: 1, KVBlocks: 6400 + 8}},
 				active: map[string]uint64{holder: plKeysOf(context)[depth-1]}})
-			for i := range cs {
-				if cs[i].Address == holder {
-					cs[i].InFlight = 1
-				}
-			}
+			setInFlight(cs, holder, 1)
 			if got := place(t, p, agent(2, 2), cs); got != holder {
 				t.Errorf("agent 2's turn went to %s, its history and room for it are on %s", got, holder)
 			}

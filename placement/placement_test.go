@@ -72,6 +72,15 @@ func clockedPolicy(t testing.TB, cfg placement.Config, ix scoring.PrefixIndex, n
 	return p
 }
 
+// setInFlight sets the requests in flight at the candidate at addr.
+func setInFlight(cs []scoring.Endpoint, addr string, n int) {
+	for i := range cs {
+		if cs[i].Address == addr {
+			cs[i].InFlight = n
+		}
+	}
+}
+
 // place picks, tells the policy it was routed and finished, and returns the endpoint.
 func place(t testing.TB, p *placement.Policy, toks []uint32, cs []scoring.Endpoint) string {
 	t.Helper()
@@ -457,11 +466,7 @@ func TestPlacementRehomesALostPrefix(t *testing.T) {
 				p.Routed(req, home)
 			}
 			// The home is busy with another prefix's requests; the other endpoint is idle.
-			for i := range cs {
-				if cs[i].Address == home {
-					cs[i].InFlight = 2
-				}
-			}
+			setInFlight(cs, home, 2)
 			got := place(t, p, prefixed(0, 2), cs)
 			if (got != home) != tc.wantMove {
 				t.Fatalf("went to %s, home %s, want moved: %v", got, home, tc.wantMove)
@@ -1640,11 +1645,7 @@ func TestPlacementMissLeavesALongPrefill(t *testing.T) {
 			}
 			p.Routed(backlog, d.Endpoint) // no first token: in prefill
 			busy := d.Endpoint
-			for i := range cs {
-				if cs[i].Address == busy {
-					cs[i].InFlight = 1
-				}
-			}
+			setInFlight(cs, busy, 1)
 			got := place(t, p, plTokens(300_000_000, 164*16), cs)
 			if (got != busy) != tc.leaves {
 				t.Errorf("went to %s (prefill of %d blocks in progress on %s), want to leave it: %v", got, tc.backlogBlocks, busy, tc.leaves)
@@ -1691,11 +1692,7 @@ func TestPlacementHistoryStaysWithABusyHolder(t *testing.T) {
 				p.FirstToken(req.ID) // decoding, not finished
 				ix.Hold(holder, plKeysOf(turn))
 			}
-			for i := range cs {
-				if cs[i].Address == holder {
-					cs[i].InFlight = 2
-				}
-			}
+			setInFlight(cs, holder, 2)
 			got := place(t, p, next(), cs)
 			if (got != holder) != tc.moves {
 				t.Errorf("went to %s (holder %s busy), want moved=%v", got, holder, tc.moves)
@@ -1774,11 +1771,7 @@ func TestPlacementCopyShareInOneReplicasView(t *testing.T) {
 	p.SetPeers(&fakePeers{rank: 0, replicas: 2, load: map[string]placement.Load{
 		holder: {Requests: 2}, other: {Requests: 2},
 	}})
-	for i := range cs {
-		if cs[i].Address == holder {
-			cs[i].InFlight = 1
-		}
-	}
+	setInFlight(cs, holder, 1)
 	if got := place(t, p, prefixed(0, 2), cs); got != other {
 		t.Fatalf("went to %s (holder %s): want a copy on %s, the prefix's share of this replica's load needs both", got, holder, other)
 	}
@@ -1869,11 +1862,7 @@ func TestPlacementCountsAContextOnceAcrossAgents(t *testing.T) {
 	_, agent := contextAgents()
 	holder := agentsOnHolder(t, p, ix, cs, agent)
 	routeOn(t, p, cs, agent(0, 2), holder, true) // agent 0's third turn, decoding
-	for i := range cs {
-		if cs[i].Address == holder {
-			cs[i].InFlight = 1
-		}
-	}
+	setInFlight(cs, holder, 1)
 	if got := place(t, p, agent(2, 0), cs); got != holder {
 		t.Errorf("a new agent went to %s, its context is on %s with room for it", got, holder)
 	}
@@ -1904,11 +1893,7 @@ func TestPlacementWaitsForItsLongPrefixInPrefill(t *testing.T) {
 			holder := d.Endpoint
 			p.Routed(first, holder)
 			ix.Hold(holder, plKeysOf(context[:1024*16]))
-			for i := range cs {
-				if cs[i].Address == holder {
-					cs[i].InFlight = 1
-				}
-			}
+			setInFlight(cs, holder, 1)
 			if got := place(t, p, agent(1), cs); (got == holder) != long {
 				t.Errorf("second agent went to %s (holder %s), want holder %v", got, holder, long)
 			}
@@ -2088,11 +2073,7 @@ func TestPlacementHeldHitLeavesForASoonerMiss(t *testing.T) {
 				t.Fatal(err)
 			}
 			p.Routed(miss, holder) // in prefill: no first token yet
-			for i := range cs {
-				if cs[i].Address == holder {
-					cs[i].InFlight = 1
-				}
-			}
+			setInFlight(cs, holder, 1)
 			clock = clock.Add(tc.since)
 			d, err := p.Pick(plRequest(hit), cs)
 			if err != nil {
