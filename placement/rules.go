@@ -361,7 +361,7 @@ func (p *Policy) choose(e *prefixEntry, key uint64, cands []scoring.Endpoint, sc
 	// A real queue: spill where the prefix overflows live placements least.
 	s, sOver := -1, 0.0
 	for i := range cands {
-		if sc.pos[i] >= 0 || !sc.ok[i] || !p.moveOK(sc, i, h) {
+		if sc.pos[i] >= 0 || !sc.ok[i] || !(p.moveOK(sc, i, h) || p.missBeforeWait(sc, i, h)) {
 			continue
 		}
 		c := float64(p.capacity(&cands[i]))
@@ -1233,6 +1233,22 @@ func (p *Policy) moveOK(sc *scratch, i, from int) bool {
 	n := len(sc.keys) * sc.blockSize
 	add := max(0, n-sc.lead[i]*sc.blockSize) - max(0, n-sc.lead[from]*sc.blockSize)
 	return add <= p.cfg.MaxNumBatchedTokens+sc.eps[from].prefill-sc.own[from]
+}
+
+// missBeforeWait reports whether the request's miss at candidate i ends before the
+// queue at holder h would: its tokens i lacks, behind i's prefill backlog, at i's
+// measured prefill speed for their size (prefillEnds), take less than h's wait exceeds
+// i's (wait: the requests in flight there, plus this one, times the endpoint's measured
+// decode time). A spill off a real queue (the holder at SpillLoad) may then add more
+// than one engine step of prefill (moveOK): with agents' histories the fleet fell
+// behind with one endpoint running 49 to 59 requests, its requests decoding in 5.1 s
+// against 1.2 to 1.7 s elsewhere, while the other endpoints ran 1 to 8 and idled 17 to
+// 28% of the time (toolagent seed 1 at 16x: throughput 17.13 requests/s, kv 18.43;
+// docs/results-workloads.md, "Mooncake-shaped traces"). Unmeasured (no prefill speed
+// for the size anywhere), it is false. p.mu must be held.
+func (p *Policy) missBeforeWait(sc *scratch, i, h int) bool {
+	t := sc.prefillEnds(i, sc.eps[i].prefill, len(sc.keys)*sc.blockSize)
+	return t > 0 && t < p.wait(sc, h)-p.wait(sc, i)
 }
 
 // copyWorth reports whether a replica on candidate i, past Fill, is worth its miss
