@@ -2351,3 +2351,29 @@ func TestPlacementOutputBlocksFromMeasuredOutput(t *testing.T) {
 		})
 	}
 }
+
+// TestPlacementSpillsWhenTheMissEndsBeforeTheWait: a hit whose holder runs SpillLoad
+// requests spills to the idle endpoint, though recomputing its 9,728-token prompt there
+// adds more than one engine step of prefill, when that prefill (about 0.6 s at the
+// measured 16,000 tokens a second) ends before the holder's wait exceeds the idle
+// endpoint's (the requests there, plus this one, times the measured decode time: 11 s
+// against 1 s); it queues at the holder when decodes are measured short (0.55 s against
+// 0.05 s).
+func TestPlacementSpillsWhenTheMissEndsBeforeTheWait(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		decode     time.Duration // measured at each endpoint
+		wantHolder bool
+	}{
+		{"long decodes: the miss ends first", time.Second, false},
+		{"short decodes: queues at the holder", 50 * time.Millisecond, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clock := time.Unix(100, 0)
+			p, cs, hit, holder, other := prefillHolder(t, &clock, 10_000, time.Second)
+			measureDecode(t, p, cs, &clock, timedAt{holder, tc.decode}, timedAt{other, tc.decode})
+			setInFlight(cs, holder, placement.DefaultConfig().SpillLoad)
+			wantHolderPick(t, p, cs, hit, holder, tc.wantHolder)
+		})
+	}
+}
