@@ -579,7 +579,7 @@ func TestBadInputIsRoutedByLoad(t *testing.T) {
 			metric: "kvrouter_routing_fallbacks_total", labels: []string{"reason", "policy_error"}, policyID: "least-load", kind: scoring.KindFallback},
 		{name: "tokenizer error keeps the policy", body: string(chatBody("m")), want: epA,
 			opts:   func(o *extproc.Options) { o.Tokenizer = fakeTokenizer{fail: true} },
-			metric: "kvrouter_tokenize_errors_total", policyID: "recording"}, // least-load's kind: none
+			metric: "kvrouter_tokenize_errors_total", policyID: "recording", kind: scoring.KindLoad}, // the policy wrapped, least-load, names its kind
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

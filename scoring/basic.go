@@ -29,7 +29,7 @@ func (p *Random) Pick(_ *Request, candidates []Endpoint) (Decision, error) {
 	p.mu.Lock()
 	i := p.rng.IntN(len(candidates))
 	p.mu.Unlock()
-	return Decision{Endpoint: candidates[i].Address}, nil
+	return Decision{Endpoint: candidates[i].Address, Kind: KindRandom}, nil
 }
 
 // RoundRobin cycles through the candidates with one counter shared by all requests, so
@@ -50,7 +50,7 @@ func (p *RoundRobin) Pick(_ *Request, candidates []Endpoint) (Decision, error) {
 		return Decision{}, ErrNoCandidates
 	}
 	n := p.next.Add(1) - 1
-	return Decision{Endpoint: candidates[n%uint64(len(candidates))].Address}, nil
+	return Decision{Endpoint: candidates[n%uint64(len(candidates))].Address, Kind: KindTurn}, nil
 }
 
 // LeastLoad picks the candidate with the least load, where load is the router's own
@@ -99,5 +99,5 @@ func (*LeastLoad) Pick(_ *Request, candidates []Endpoint) (Decision, error) {
 			best, bestLoad, bestKV = i, l, kv
 		}
 	}
-	return Decision{Endpoint: candidates[best].Address}, nil
+	return Decision{Endpoint: candidates[best].Address, Kind: KindLoad}, nil
 }

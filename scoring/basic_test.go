@@ -37,6 +37,9 @@ func TestRandom(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			if d.Kind != scoring.KindRandom {
+				t.Fatalf("kind %q, want random", d.Kind)
+			}
 			out = append(out, d.Endpoint)
 		}
 		return out
@@ -80,8 +83,8 @@ func TestRoundRobin(t *testing.T) {
 	want := []string{"a:1", "b:1", "c:1", "a:1", "b:1"}
 	for i, w := range want {
 		d, err := p.Pick(&scoring.Request{}, cands)
-		if err != nil || d.Endpoint != w {
-			t.Fatalf("pick %d = %q, %v; want %q", i, d.Endpoint, err, w)
+		if err != nil || d.Endpoint != w || d.Kind != scoring.KindTurn {
+			t.Fatalf("pick %d = %q (kind %q), %v; want %q (turn)", i, d.Endpoint, d.Kind, err, w)
 		}
 	}
 }
@@ -118,8 +121,8 @@ func TestLeastLoad(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			d, err := scoring.NewLeastLoad().Pick(&scoring.Request{}, tc.cands)
-			if err != nil || d.Endpoint != tc.want {
-				t.Fatalf("got %q, %v; want %q", d.Endpoint, err, tc.want)
+			if err != nil || d.Endpoint != tc.want || d.Kind != scoring.KindLoad {
+				t.Fatalf("got %q (kind %q), %v; want %q (load)", d.Endpoint, d.Kind, err, tc.want)
 			}
 		})
 	}

@@ -102,8 +102,9 @@ type Decision struct {
 	// Kind names the rule that made the decision, for the route log and the proxy's
 	// access log (extproc's kvrouter dynamic metadata): a short string from the policy's
 	// documented closed set, "" for a policy that does not say. kv and approximate:
-	// KindHit, KindLoad, KindUntokenized; placement: its README's decision kinds (those
-	// of kvrouter_scoring_placement_decisions_total). The router names the fallback
+	// KindHit, KindLoad, KindUntokenized; least-load KindLoad, round-robin KindTurn,
+	// random KindRandom; placement: its README's decision kinds (those of
+	// kvrouter_scoring_placement_decisions_total). The router names the fallback
 	// policy's decisions KindFallback.
 	Kind string
 }
@@ -117,6 +118,14 @@ const (
 	KindLoad = "load"
 	// KindUntokenized: the request has no token ids; picked by load.
 	KindUntokenized = "untokenized"
+)
+
+// Decision kinds of the policies that read no prompt: least-load's is KindLoad.
+const (
+	// KindTurn: round-robin's, the next endpoint in turn.
+	KindTurn = "turn"
+	// KindRandom: random's, a uniform draw.
+	KindRandom = "random"
 )
 
 // KindFallback is the kind of every decision the router's fallback policy made for a

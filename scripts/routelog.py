@@ -6,6 +6,7 @@
     python3 scripts/routelog.py F.jsonl --misses
     python3 scripts/routelog.py F.jsonl --copies
     python3 scripts/routelog.py F.jsonl --drain
+    python3 scripts/routelog.py F.jsonl --chain
 
 Per run (policy, repetition, concurrency): the cached-token ratio from the log's finish
 lines, the ratio without the requests of at least --long prompt tokens, those requests
@@ -47,6 +48,17 @@ agent workload does not (a turn is sent a think time after the last one's answer
 span ends with the conversation that finishes last). When the fleet keeps up with a trace,
 the drain is the last requests' latency, and it alone tells policies apart. The last
 request is named with the kind of the decision that routed it.
+
+With --chain instead, per run of a chat, agent or mixed workload (a route line's `prefix`
+is the script's session): the session whose last turn finished last. Its turns are sent a
+think time after each answer, so the span (first send to last finish) is its start, think
+times and round trips, fixed by the script, plus its turns' latencies (route to finish),
+which the policy moves: the span splits into those two. Then its turns
+(sequence:server:latency), how long before it the next-to-last session ended, the
+throughput without the last session's requests (over the first send to the last finish of
+the others), the mean latency of all requests, and the median run per policy. When the
+fixed part is the same in every run, the throughput is that one session's latencies: a
+makespan, not the fleet's capacity.
 
 With --misses instead, per policy and concurrency, summed over repetitions (a sim run of
 the reference workload: each route line carries the servers' cached blocks). A
@@ -374,6 +386,45 @@ def drain(path):
         print("median %s: %.3f requests/s, drain %.2f s (request %d, latency %.2f s)" % (policy, m[0], m[2], m[3], m[4]))
 
 
+def chain(path):
+    runs = collections.defaultdict(dict)
+    for line in open(path):
+        ev = json.loads(line)
+        if ev["event"] in ("route", "finish"):
+            r = runs[(ev["policy"], ev["rep"], ev.get("concurrency", 0))].setdefault(ev["seq"], {})
+            r[ev["event"]] = ev["t"]
+            r["session"] = ev["prefix"]
+            if ev["event"] == "route":
+                r["server"] = ev["server"]
+    per = collections.defaultdict(list)
+    for run, reqs in sorted(runs.items()):
+        done = {s: r for s, r in reqs.items() if "route" in r and "finish" in r}
+        if not done:
+            continue
+        first = min(r["route"] for r in reqs.values() if "route" in r)
+        ends = collections.defaultdict(float)
+        for r in done.values():
+            ends[r["session"]] = max(ends[r["session"]], r["finish"])
+        order = sorted(ends, key=ends.get)
+        last = order[-1]
+        span = ends[last] - first
+        turns = sorted((s, r) for s, r in done.items() if r["session"] == last)
+        lat = sum(r["finish"] - r["route"] for _, r in turns)
+        others = [r for r in done.values() if r["session"] != last]
+        without = len(others) / (max(r["finish"] for r in others) - first) if others else 0
+        slack = ends[last] - ends[order[-2]] if len(order) > 1 else 0
+        mean = sum(r["finish"] - r["route"] for r in done.values()) / len(done)
+        per[run[0]].append((len(done) / span, span - lat, lat, without, mean))
+        print("%s rep %d: %.3f requests/s = %d / (%.2f s fixed + %.2f s of session %d's %d latencies); "
+              "next session ended %.2f s before; without it %.3f requests/s; mean latency %.3f s" % (
+                  run[0], run[1], len(done) / span, len(done), span - lat, lat, last, len(turns), slack, without, mean))
+        print("  turns: " + " ".join("%d:%d:%.2f" % (s, r["server"], r["finish"] - r["route"]) for s, r in turns))
+    for policy, rows in per.items():
+        m = sorted(rows)[(len(rows) - 1) // 2]
+        print("median run %s: %.3f requests/s (%.2f s fixed + %.2f s of latencies); without the last session %.3f; mean latency %.3f s" % (
+            (policy,) + m))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("log")
@@ -384,7 +435,11 @@ def main():
     ap.add_argument("--servers", action="store_true", help="per server: requests, decode time, busy share, prefixes")
     ap.add_argument("--copies", action="store_true", help="misses as cold starts, copies, remakes; what each copy served")
     ap.add_argument("--drain", action="store_true", help="per run: throughput as arrivals' span plus drain, the last request")
+    ap.add_argument("--chain", action="store_true", help="per run: the session that ends last, the span as fixed part plus its latencies")
     args = ap.parse_args()
+    if args.chain:
+        chain(args.log)
+        return
     if args.drain:
         drain(args.log)
         return

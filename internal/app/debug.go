@@ -306,15 +306,15 @@ func explainPolicy(p scoring.Policy, req *scoring.Request, eps []scoring.Endpoin
 			v.Note = "no token ids: scored by load alone"
 		}
 	case *scoring.RoundRobin:
-		v.Pick, v.Note = p.Peek(eps), "the next candidate in turn"
+		v.Pick, v.Kind, v.Note = p.Peek(eps), scoring.KindTurn, "the next candidate in turn"
 	case *scoring.LeastLoad:
 		d, err := p.Pick(req, eps) // stateless
 		if err != nil {
 			v.Note = err.Error()
 		}
-		v.Pick = d.Endpoint
+		v.Pick, v.Kind = d.Endpoint, d.Kind
 	case *scoring.Random:
-		v.Note = "chooses at random"
+		v.Kind, v.Note = scoring.KindRandom, "chooses at random"
 	default:
 		// placement keeps state its pick changes (placements, pending requests, holds).
 		v.Note = "the policy cannot explain a request without routing it: its decisions' kinds are in the proxy's metadata (kvrouter:decision) and kvrouter_routing_decision_kinds_total"

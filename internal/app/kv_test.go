@@ -207,8 +207,8 @@ func TestKVPath(t *testing.T) {
 		if x.Tokens != len(ids) || x.Used != "kv" || x.Pick != sims[1].addr || x.Policy.Scores == nil {
 			t.Fatalf("explanation = %s", raw)
 		}
-		if x.Kind != scoring.KindHit || x.Policy.Kind != scoring.KindHit || x.Fallback.Kind != "" {
-			t.Errorf("kinds: decision %q, policy %q, fallback %q; want hit, hit and none", x.Kind, x.Policy.Kind, x.Fallback.Kind)
+		if x.Kind != scoring.KindHit || x.Policy.Kind != scoring.KindHit || x.Fallback.Kind != scoring.KindLoad {
+			t.Errorf("kinds: decision %q, policy %q, fallback %q; want hit, hit and load", x.Kind, x.Policy.Kind, x.Fallback.Kind)
 		}
 		for _, e := range x.Endpoints {
 			want := 0

@@ -92,7 +92,7 @@ func TestRouteLogMatchesResults(t *testing.T) {
 
 // TestRouteLogNamesDecisionKind: each route line names the kind of the decision that
 // made it (scoring.Decision.Kind): the kv policy sends a prefix's first request by load
-// and its repeats to a server holding its blocks; a policy that does not say logs none.
+// and its repeats to a server holding its blocks; round-robin logs its turn.
 func TestRouteLogNamesDecisionKind(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
@@ -100,7 +100,7 @@ func TestRouteLogNamesDecisionKind(t *testing.T) {
 		want    map[string]bool // kinds that must appear; no other may
 	}{
 		{"kv", kvRouter, map[string]bool{scoring.KindHit: true, scoring.KindLoad: true}},
-		{"round-robin", func(PolicyEnv) (Router, error) { return Router{Policy: scoring.NewRoundRobin()}, nil }, map[string]bool{"": true}},
+		{"round-robin", func(PolicyEnv) (Router, error) { return Router{Policy: scoring.NewRoundRobin()}, nil }, map[string]bool{scoring.KindTurn: true}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := DefaultSimConfig()
