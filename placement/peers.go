@@ -208,7 +208,7 @@ func (p *Policy) MergePlacements(ps []Placement, winsTie bool, concurrent time.D
 			if len(pl.Sites) == 0 || len(p.prefixes) >= p.cfg.MaxPrefixes {
 				continue
 			}
-			e = &prefixEntry{key: pl.Key, blocks: pl.Blocks, base: pl.Base, seen: p.tick, born: p.tick}
+			e = p.newPrefix(pl.Key, pl.Blocks, pl.Base, 0)
 			p.prefixes[pl.Key] = e
 		} else if len(pl.Sites) > 0 && len(e.sites) > 0 && pl.Decided.Sub(e.decided).Abs() < concurrent {
 			if !concurrentWins(pl, e) {

@@ -352,7 +352,7 @@ func (p *Policy) childName(key uint64, keys []uint64) (child uint64, base int) {
 func (p *Policy) followed(parent, child uint64, base int, sc *scratch) (follow bool, joins *endpointState) {
 	c := p.prefixes[child]
 	if c == nil {
-		c := &prefixEntry{key: child, base: base, parent: parent, blocks: len(sc.keys), seen: p.tick, born: p.tick}
+		c := p.newPrefix(child, len(sc.keys), base, parent)
 		// With router replicas, new to this table is not new to the fleet: an endpoint
 		// holding the block that names the conversation computed an earlier turn of
 		// it, which a peer routed (a conversation's turns reach any replica). Its size

@@ -282,12 +282,18 @@ type tracked struct {
 	exact  bool // prefill is known, not estimated from a lookup cut short (pendingPick)
 }
 
+// newPrefix returns a new entry for key, of blocks blocks, past base and under parent
+// (0 for none), seen and born at this pick; the caller stores it. p.mu must be held.
+func (p *Policy) newPrefix(key uint64, blocks, base int, parent uint64) *prefixEntry {
+	return &prefixEntry{key: key, blocks: blocks, base: base, parent: parent, seen: p.tick, born: p.tick}
+}
+
 // prefix returns key's entry, creating it, and refreshes its size estimate from keys
 // (cut at bs tokens per block); p.mu must be held.
 func (p *Policy) prefix(key uint64, keys []uint64, bs int) *prefixEntry {
 	e := p.prefixes[key]
 	if e == nil {
-		e = &prefixEntry{key: key, blocks: len(keys), born: p.tick}
+		e = p.newPrefix(key, len(keys), 0, 0)
 		e.keys.keep(keys)
 		if p.learnedN > 0 && p.fitsStep(len(keys)*bs, bs) {
 			// Named by its PrefixDepth-th block, a prefix shares at least that many.
