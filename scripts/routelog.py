@@ -360,17 +360,8 @@ def servers(path):
 
 
 def drain(path):
-    runs = collections.defaultdict(dict)
-    kinds = {}
-    for line in open(path):
-        ev = json.loads(line)
-        if ev["event"] in ("route", "finish"):
-            run = (ev["policy"], ev["rep"], ev.get("concurrency", 0))
-            runs[run].setdefault(ev["seq"], {})[ev["event"]] = ev["t"]
-            if ev["event"] == "route":
-                kinds[run + (ev["seq"],)] = ev.get("kind") or "-"
     per = collections.defaultdict(list)
-    for run, reqs in sorted(runs.items()):
+    for run, reqs in by_request(path, ("kind",)):
         routes = [r["route"] for r in reqs.values() if "route" in r]
         done = sorted((r["finish"], s) for s, r in reqs.items() if "finish" in r)
         if not routes or not done:
@@ -380,37 +371,44 @@ def drain(path):
         row = (len(done) / (end - first), last_in - first, end - last_in, seq, end - reqs[seq]["route"], len(done))
         per[run[0]].append(row)
         print("%s rep %d: %.3f requests/s = %d / (%.2f s of arrivals + %.2f s of drain); last done: request %d (%s), %.2f s after its route" % (
-            run[0], run[1], row[0], row[5], row[1], row[2], row[3], kinds.get(run + (seq,), "-"), row[4]))
+            run[0], run[1], row[0], row[5], row[1], row[2], row[3], reqs[seq].get("kind") or "-", row[4]))
     for policy, rows in per.items():
         m = sorted(rows)[(len(rows) - 1) // 2]
         print("median %s: %.3f requests/s, drain %.2f s (request %d, latency %.2f s)" % (policy, m[0], m[2], m[3], m[4]))
 
 
+def by_request(path, fields=()):
+    """Per run, keyed (policy, rep, concurrency) and sorted so: per request (seq) the
+    times of its route and finish lines, and the route line's fields named."""
+    out = []
+    for (pol, conc, rep), events in runs(path):
+        reqs = {}
+        for ev in events:
+            if ev["event"] in ("route", "finish"):
+                r = reqs.setdefault(ev["seq"], {})
+                r[ev["event"]] = ev["t"]
+                if ev["event"] == "route":
+                    r.update((f, ev.get(f)) for f in fields)
+        out.append(((pol, rep, conc), reqs))
+    return sorted(out, key=lambda run: run[0])
+
+
 def chain(path):
-    runs = collections.defaultdict(dict)
-    for line in open(path):
-        ev = json.loads(line)
-        if ev["event"] in ("route", "finish"):
-            r = runs[(ev["policy"], ev["rep"], ev.get("concurrency", 0))].setdefault(ev["seq"], {})
-            r[ev["event"]] = ev["t"]
-            r["session"] = ev["prefix"]
-            if ev["event"] == "route":
-                r["server"] = ev["server"]
     per = collections.defaultdict(list)
-    for run, reqs in sorted(runs.items()):
+    for run, reqs in by_request(path, ("prefix", "server")):
         done = {s: r for s, r in reqs.items() if "route" in r and "finish" in r}
         if not done:
             continue
         first = min(r["route"] for r in reqs.values() if "route" in r)
         ends = collections.defaultdict(float)
         for r in done.values():
-            ends[r["session"]] = max(ends[r["session"]], r["finish"])
+            ends[r["prefix"]] = max(ends[r["prefix"]], r["finish"])
         order = sorted(ends, key=ends.get)
         last = order[-1]
         span = ends[last] - first
-        turns = sorted((s, r) for s, r in done.items() if r["session"] == last)
+        turns = sorted((s, r) for s, r in done.items() if r["prefix"] == last)
         lat = sum(r["finish"] - r["route"] for _, r in turns)
-        others = [r for r in done.values() if r["session"] != last]
+        others = [r for r in done.values() if r["prefix"] != last]
         without = len(others) / (max(r["finish"] for r in others) - first) if others else 0
         slack = ends[last] - ends[order[-2]] if len(order) > 1 else 0
         mean = sum(r["finish"] - r["route"] for r in done.values()) / len(done)
