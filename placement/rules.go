@@ -1239,7 +1239,7 @@ func (p *Policy) moveOK(sc *scratch, i, from int) bool {
 // queue at holder h would: its tokens i lacks, behind i's prefill backlog, at i's
 // measured prefill speed for their size (prefillEnds), take less than h's wait exceeds
 // i's (wait: the requests in flight there, plus this one, times the endpoint's measured
-// decode time). A spill off a real queue (the holder at SpillLoad) may then add more
+// decode time, the fleet's mean where it has none). A spill off a real queue (the holder at SpillLoad) may then add more
 // than one engine step of prefill (moveOK): with agents' histories the fleet fell
 // behind with one endpoint running 49 to 59 requests, its requests decoding in 5.1 s
 // against 1.2 to 1.7 s elsewhere, while the other endpoints ran 1 to 8 and idled 17 to
